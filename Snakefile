@@ -1,0 +1,27 @@
+# ckptaudit: audit every checkpoint of a training run.
+#   snakemake --cores 8 audit                      # the bundled demo run
+#   snakemake --cores 8 audit --config run_dir=/path/to/run
+from snakemake.utils import min_version
+
+min_version("9.0")
+
+
+configfile: os.path.join(workflow.basedir, "config", "config.yaml")
+
+
+include: "rules/common.smk"
+include: "rules/demo.smk"
+include: "rules/inventory.smk"
+include: "rules/hash.smk"
+include: "rules/scan.smk"
+include: "rules/load.smk"
+include: "rules/configdiff.smk"
+include: "rules/structure.smk"
+include: "rules/state.smk"
+include: "rules/report.smk"
+
+
+rule audit:
+    default_target: True
+    input:
+        get_report_outputs(),

@@ -1,0 +1,162 @@
+"""``ckptaudit`` command line.
+
+``ckptaudit audit RUN_DIR --out DIR`` runs the same Snakemake workflow as
+``snakemake --cores N audit`` through Snakemake's Python API.
+
+Exit codes of ``audit`` (for cron and CI):
+
+* 0 — the newest unit is usable for resume;
+* 1 — roll back needed and possible (resume or warm-start from an older/other unit);
+* 2 — nothing usable: retrain;
+* 3 — the audit itself failed (bad arguments, unreadable folder, workflow error).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from . import __version__
+
+EXIT_FAILED = 3
+
+
+def workflow_dir() -> Path:
+    """The folder holding the Snakefile (the repository root of an editable install)."""
+    here = Path(__file__).resolve().parent.parent
+    if (here / "Snakefile").exists():
+        return here
+    raise click.ClickException(
+        f"cannot find the ckptaudit Snakefile next to the package ({here}); install ckptaudit from its "
+        "repository with `pip install -e .`")
+
+
+def load_user_config(path: str | None) -> dict:
+    """A YAML or JSON file with keys of config/config.yaml, validated by config/schema.yaml."""
+    import yaml
+    from snakemake.utils import validate
+
+    base = yaml.safe_load((workflow_dir() / "config" / "config.yaml").read_text())
+    if path:
+        try:
+            user = yaml.safe_load(Path(path).read_text()) or {}
+        except (OSError, yaml.YAMLError) as e:
+            raise click.ClickException(f"--config {path}: {e}")
+        if not isinstance(user, dict):
+            raise click.ClickException(f"--config {path}: expected a mapping of config keys")
+        base = _merge(base, user)
+    try:
+        validate(base, str(workflow_dir() / "config" / "schema.yaml"))
+    except Exception as e:  # snakemake raises WorkflowError with the jsonschema message
+        raise click.ClickException(f"invalid config: {e}")
+    return base
+
+
+def _merge(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def run_workflow(cfg: dict, workdir: Path, cores: int, targets=("audit",), quiet: bool = True,
+                 keep_going: bool = True, executor: str = "local", profile_args=None) -> bool:
+    """Run the workflow through ``snakemake.api``; True on success."""
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.enums import Quietness
+    from snakemake.settings.types import (ConfigSettings, DAGSettings, ExecutionSettings, OutputSettings,
+                                          ResourceSettings, StorageSettings)
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    out = OutputSettings(quiet={Quietness.ALL} if quiet else set(), show_failed_logs=True)
+    with SnakemakeApi(out) as api:
+        wf = api.workflow(
+            resource_settings=ResourceSettings(cores=cores),
+            config_settings=ConfigSettings(config=cfg),
+            storage_settings=StorageSettings(),
+            snakefile=workflow_dir() / "Snakefile",
+            workdir=workdir,
+        )
+        dag = wf.dag(dag_settings=DAGSettings(targets=set(targets)))
+        dag.execute_workflow(executor=executor, execution_settings=ExecutionSettings(keep_going=keep_going))
+    return True
+
+
+def summary(v: dict, out_dir: Path) -> str:
+    lines = [f"ckptaudit: {v['recommendation'].upper()}"
+             + (f" from {v['rollback']['unit']} (step {v['rollback']['step']})" if v["rollback"] else "")
+             + (f", {v['steps_lost']} steps lost" if v.get("steps_lost") else "")]
+    for u in v["units"]:
+        errs = [f["kind"] for f in u["findings"] if f["severity"] == "error"]
+        mark = {"resume": "ok  ", "warm-start": "warm", "none": "BAD "}[u["usable_for"]]
+        lines.append(f"  {mark} {u['unit']:<40} step {str(u['step']):>8}  {', '.join(errs)}")
+    for r in v["reasons"][1:4]:
+        lines.append(f"  - {r}")
+    lines.append(f"report: {out_dir / 'report.html'}")
+    return "\n".join(lines)
+
+
+@click.group()
+@click.version_option(__version__)
+def main():
+    """Audit the checkpoints of a training run and say where to roll back."""
+
+
+@main.command()
+@click.argument("run_dir")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output folder.")
+@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
+              help="YAML/JSON with keys of config/config.yaml.")
+@click.option("--cores", default=2, show_default=True, type=click.IntRange(1), help="Snakemake cores.")
+@click.option("--json", "as_json", is_flag=True, help="Print verdict.json instead of the summary.")
+@click.option("--verbose", is_flag=True, help="Show Snakemake's own output.")
+def audit(run_dir, out_dir, config_file, cores, as_json, verbose):
+    """Audit RUN_DIR; write verdict.json, report.html and tables/ into --out."""
+    from .verdict import exit_code
+
+    try:
+        cfg = load_user_config(config_file)
+        rd = Path(run_dir)
+        if not rd.is_dir():
+            raise click.ClickException(f"{run_dir}: not a folder")
+        out = Path(out_dir).resolve()
+        cfg.update(run_dir=str(rd.resolve()), out_dir=str(out))
+        run_workflow(cfg, out, cores, quiet=not verbose)
+        v = json.loads((out / "verdict.json").read_text())
+    except click.ClickException as e:
+        click.echo(f"ckptaudit: error: {e.message}", err=True)
+        sys.exit(EXIT_FAILED)
+    except Exception as e:  # noqa: BLE001 - any workflow failure is exit 3 with its cause
+        click.echo(f"ckptaudit: the audit itself failed: {type(e).__name__}: {e}", err=True)
+        sys.exit(EXIT_FAILED)
+    click.echo(json.dumps(v, indent=2) if as_json else summary(v, out))
+    sys.exit(exit_code(v))
+
+
+@main.command()
+@click.argument("out_dir", type=click.Path(file_okay=False))
+@click.option("--max-steps", default=600, show_default=True)
+@click.option("--save-every", default=100, show_default=True)
+@click.option("--seed", default=1337, show_default=True)
+@click.option("--no-incident", is_flag=True, help="Leave every checkpoint intact.")
+def demo(out_dir, max_steps, save_every, seed, no_incident):
+    """Train a tiny GPT on CPU into OUT_DIR and stage a real incident."""
+    from .demo import make_demo_run
+
+    run = make_demo_run(out_dir, max_steps=max_steps, save_every=save_every, seed=seed, incident=not no_incident)
+    click.echo(f"demo run in {run.run_dir}: steps {run.steps}; truncated {run.truncated}; flipped {run.flipped}")
+
+
+@main.command()
+def findings():
+    """Print the finding catalogue (Markdown)."""
+    from .findings import catalogue_markdown
+
+    click.echo(catalogue_markdown(), nl=False)
+
+
+if __name__ == "__main__":
+    main()

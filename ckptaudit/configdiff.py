@@ -1,0 +1,94 @@
+"""Config and environment diff: saved model arguments and versions vs the target.
+
+Each compared key is one row, classified as
+
+* ``breaking`` — changes tensor shapes or key sets (sizes, layer/head counts,
+  vocabulary, context length, bias on/off): the weights will not fit;
+* ``risky`` — dtype/precision, or a library version with known format changes;
+* ``harmless`` — everything else (dropout, learning rate, logging …).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from importlib import metadata
+from typing import List, Optional
+
+from . import components as C
+from . import findings as F
+
+BREAKING_RE = re.compile(
+    r"^(n_?embd|d|d_model|dim|hidden(_size|_dim)?|n_?layers?|num_(hidden_)?layers|n_?heads?|num_attention_heads|"
+    r"n_kv_heads|num_key_value_heads|vocab(_size)?|n_vocab|padded_vocab_size|block_size|ctx|n_ctx|seq_len|"
+    r"max_position_embeddings|max_seq_len|intermediate_size|ffn_dim|ffn_hidden_size|bias|tie_word_embeddings|"
+    r"head_dim|kv_channels|num_experts|n_positions)$", re.I)
+RISKY_RE = re.compile(r"(dtype|precision|fp16|bf16|amp|quant)", re.I)
+
+
+def installed_version(dist: str) -> str:
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return ""
+
+
+def classify(key: str) -> str:
+    if BREAKING_RE.match(key):
+        return "breaking"
+    if RISKY_RE.search(key):
+        return "risky"
+    return "harmless"
+
+
+def _fmt(v) -> str:
+    return json.dumps(v, sort_keys=True, default=str) if not isinstance(v, str) else v
+
+
+def diff_unit(unit: dict, scan_row: dict, cfg: dict, torch_version: Optional[str] = None) -> List[dict]:
+    """Rows of the ``configdiff`` table for one unit (empty when nothing is compared)."""
+    p = unit["unit"]
+    if not scan_row.get("file_ok") or not scan_row.get("security_ok"):
+        return []
+    tree = json.loads(scan_row.get("tree_json") or "{}")
+    facts = json.loads(scan_row.get("facts_json") or "{}")
+    c = C.collect(scan_row["layout"], tree, facts)
+    rows: List[dict] = []
+    exp = cfg.get("expected_model_args") or {}
+    if exp and c.model_args:
+        breaking = []
+        for key in sorted(exp):
+            if key not in c.model_args:
+                continue
+            saved, want = c.model_args[key], exp[key]
+            if saved == want:
+                continue
+            klass = classify(key)
+            fl = []
+            if klass == "breaking":
+                breaking.append(f"{key}: saved {saved!r}, expected {want!r}")
+            elif klass == "risky":
+                fl.append(F.make("config_value_differs", path=p, key=key, saved=saved, target=want, klass=klass))
+            rows.append({"unit": p, "source": c.model_args_source, "key": key, "saved": _fmt(saved),
+                         "target": _fmt(want), "klass": klass, "findings_json": json.dumps([f.to_dict() for f in fl])})
+        if breaking:
+            f = F.make("model_args_mismatch", path=p, examples="; ".join(breaking))
+            for r in rows:
+                if r["klass"] == "breaking":
+                    r["findings_json"] = json.dumps([f.to_dict()])
+                    break
+    target_torch = (cfg.get("target") or {}).get("torch_version") or torch_version or installed_version("torch")
+    saved_torch = c.versions.get("torch")
+    if saved_torch and target_torch:
+        same = saved_torch.split("+")[0] == target_torch.split("+")[0]
+        fl = [] if same else [F.make("torch_version_differs", path=p, saved=saved_torch, target=target_torch)]
+        rows.append({"unit": p, "source": "versions", "key": "torch_version", "saved": saved_torch,
+                     "target": target_torch, "klass": "harmless" if same else "risky",
+                     "findings_json": json.dumps([f.to_dict() for f in fl])})
+    for lib, v in sorted(c.versions.items()):
+        if lib == "torch":
+            continue
+        here = installed_version({"lightning": "pytorch-lightning"}.get(lib, lib))
+        rows.append({"unit": p, "source": "versions", "key": f"{lib}_version", "saved": v, "target": here or "",
+                     "klass": "harmless" if not here or here == v else "risky", "findings_json": "[]"})
+    return rows

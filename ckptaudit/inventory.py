@@ -1,0 +1,354 @@
+"""Inventory: find every checkpoint unit, pointer and leftover of a run.
+
+A *unit* is what a training job would resume from: one file
+(``ckpt_000500.pt``, ``last.ckpt``, ``model.safetensors``), a folder
+(``checkpoint-500/``, ``global_step300/``, ``iter_0000300/``, a
+torch.distributed.checkpoint folder), or an index with the shards it names
+(``model.safetensors.index.json``).  Inventory reads names, sizes, mtimes and
+at most the first 64 bytes of a file; it never opens a checkpoint further.
+
+Layouts are recognised by :mod:`ckptaudit.layouts` (one adapter per layout).
+The result is plain data (lists of dicts) so that the Snakefile can read it
+without pandas; :func:`write_tables` writes the Parquet tables.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from . import layouts
+
+# Names that are in-progress leftovers of a save, never a rollback point.
+# Sources: HF Trainer writes tmp-checkpoint-N then renames (transformers PR 28364);
+# Orbax uses *.orbax-checkpoint-tmp-*; many writers use *.tmp / *.partial.
+IN_PROGRESS_PATTERNS = [
+    (re.compile(r"^tmp-checkpoint-\d+$"), "HF Trainer temp folder (renamed to checkpoint-N when complete)"),
+    (re.compile(r"\.tmp(\.\w+)?$|\.tmp\d*$"), "temporary name (*.tmp)"),
+    (re.compile(r"\.partial$"), "partial download/copy (*.partial)"),
+    (re.compile(r"-unfinished$"), "folder marked unfinished"),
+    (re.compile(r"\.dirty"), "dirty copy (*.dirty*)"),
+    (re.compile(r"\.orbax-checkpoint-tmp"), "Orbax temporary folder"),
+    (re.compile(r"^\.ckptaudit-tmp-"), "ckptaudit.publish temporary folder"),
+]
+
+POINTER_NAMES = {
+    "latest": "DeepSpeed tag pointer",
+    "latest_universal": "DeepSpeed universal-checkpoint pointer",
+    "latest_checkpointed_iteration.txt": "Megatron tracker file",
+    "last.ckpt": "Lightning last checkpoint",
+    "LATEST": "pointer file",
+}
+
+SIDECAR_SUFFIXES = (".sha256", ".sha256sum")
+MANIFEST_NAMES = ("manifest.json", "ckptaudit.manifest.json")
+
+_STEP_PATTERNS = [
+    re.compile(r"(?:^|[^a-z])step[=_-]?(\d+)", re.I),
+    re.compile(r"global_step(\d+)", re.I),
+    re.compile(r"iter[_-]?(\d+)", re.I),
+    re.compile(r"checkpoint-(\d+)", re.I),
+    re.compile(r"(?:ckpt|model|checkpoint|state)[_-](\d+)", re.I),
+]
+_SHARD_NAME = re.compile(r"-\d{5}-of-\d{5}")
+
+
+def step_from_name(name: str) -> Optional[int]:
+    """Step parsed from a unit name (``ckpt_000500.pt`` → 500), or None.
+
+    Shard counters (``model-00001-of-00002``) and epochs are not steps.
+    """
+    base = _SHARD_NAME.sub("", name)
+    for pat in _STEP_PATTERNS:
+        m = pat.search(base)
+        if m:
+            return int(m.group(1))
+    m = re.fullmatch(r"[^\d]*?(\d+)(?:\.\w+)?", base)
+    if m and not re.search(r"epoch", base, re.I):
+        return int(m.group(1))
+    return None
+
+
+def in_progress_reason(name: str) -> Optional[str]:
+    for pat, why in IN_PROGRESS_PATTERNS:
+        if pat.search(name):
+            return why
+    return None
+
+
+@dataclass
+class Unit:
+    """One checkpoint unit.  ``files`` are paths relative to the run folder."""
+
+    unit: str  # path relative to run_dir ("ckpt_000500.pt", "global_step6", ".")
+    layout: str
+    kind: str  # "file" | "folder" | "index"
+    files: List[str]
+    size_bytes: int
+    mtime_ns: int
+    step_from_name: Optional[int]
+    in_progress: str = ""  # reason, when the name marks a save in progress
+    sidecars: List[str] = field(default_factory=list)
+    manifest: str = ""
+    missing_files: List[str] = field(default_factory=list)  # files the layout expects but cannot find
+    part: str = ""
+
+    def to_dict(self) -> Dict:
+        return asdict(self)
+
+
+@dataclass
+class Pointer:
+    """A file or symlink that names a unit (``latest``, tracker, ``last.ckpt``)."""
+
+    path: str
+    kind: str  # which pointer convention
+    target: str  # what it names, as written
+    resolved: str  # unit it resolves to, relative to run_dir ("" when none)
+    exists: bool
+    is_symlink: bool
+
+
+def _stat(p: Path):
+    try:
+        return p.stat()
+    except OSError:
+        return None
+
+
+def discover(run_dir: str | os.PathLike) -> tuple[List[Unit], List[Pointer], List[str]]:
+    """Walk ``run_dir`` and return (units, pointers, stray_files).
+
+    Units are sorted by (step, name).  Raises ``NotADirectoryError`` /
+    ``FileNotFoundError`` when ``run_dir`` is not a readable folder (an
+    infrastructure failure, not a finding).
+    """
+    root = Path(run_dir)
+    if not root.exists():
+        raise FileNotFoundError(f"{root}: run folder does not exist")
+    if not root.is_dir():
+        raise NotADirectoryError(f"{root}: not a folder")
+    units: List[Unit] = []
+    pointers: List[Pointer] = []
+    stray: List[str] = []
+    _walk(root, root, units, pointers, stray)
+    names = {u.unit for u in units}
+    for p in pointers:
+        p.resolved = _resolve_pointer(root, p, names)
+    units.sort(key=lambda u: (u.step_from_name if u.step_from_name is not None else -1, u.unit))
+    return units, pointers, stray
+
+
+def _rel(root: Path, p: Path) -> str:
+    r = os.path.relpath(p, root)
+    return "." if r == "." else r.replace(os.sep, "/")
+
+
+def _walk(root: Path, d: Path, units, pointers, stray):
+    try:
+        entries = sorted(os.scandir(d), key=lambda e: e.name)
+    except OSError as e:
+        raise PermissionError(f"{d}: cannot list folder ({e.strerror})") from e
+    names = [e.name for e in entries]
+    claimed: set = set()
+    # 1. index files claim their shards (the folder stays a plain folder)
+    for adapter in layouts.INDEX_ADAPTERS:
+        for u in adapter.claim_index(root, d, names):
+            units.append(u)
+            claimed.update(Path(f).name for f in u.files if Path(f).parent == Path(_rel(root, d)) or _rel(root, d) == ".")
+    for e in entries:
+        path = Path(e.path)
+        rel = _rel(root, path)
+        if e.name in claimed:
+            continue
+        if e.is_symlink():
+            target = os.readlink(path)
+            pointers.append(Pointer(rel, POINTER_NAMES.get(e.name, "symbolic link"), target, "",
+                                    path.exists(), True))
+            continue
+        if e.name in POINTER_NAMES and e.is_file():
+            try:
+                target = path.read_text(errors="replace")[:4096].strip()
+            except OSError:
+                target = ""
+            if e.name == "last.ckpt":  # a real file, not a pointer: audit it as a unit too
+                units.append(_file_unit(root, path, names))
+            else:
+                pointers.append(Pointer(rel, POINTER_NAMES[e.name], target, "", True, False))
+            continue
+        if e.is_dir():
+            why = in_progress_reason(e.name)
+            adapter = layouts.claim_dir(path)
+            if adapter is not None or why:
+                units.append(_dir_unit(root, path, adapter, why))
+            else:
+                _walk(root, path, units, pointers, stray)
+            continue
+        if e.name.endswith(SIDECAR_SUFFIXES) or e.name in MANIFEST_NAMES or e.name.endswith(".manifest.json"):
+            continue
+        if layouts.is_checkpoint_file(e.name):
+            units.append(_file_unit(root, path, names))
+        else:
+            stray.append(rel)
+
+
+def _sidecars_for(path: Path, names) -> List[str]:
+    return [path.name + s for s in SIDECAR_SUFFIXES if path.name + s in names]
+
+
+def _file_unit(root: Path, path: Path, names) -> Unit:
+    st = _stat(path)
+    rel = _rel(root, path)
+    parent = _rel(root, path.parent)
+    pre = "" if parent == "." else parent + "/"
+    manifest = next((n for n in (path.name + ".manifest.json",) if n in names), "")
+    return Unit(
+        unit=rel,
+        layout=layouts.file_layout(path),
+        kind="file",
+        files=[rel],
+        size_bytes=st.st_size if st else 0,
+        mtime_ns=st.st_mtime_ns if st else 0,
+        step_from_name=step_from_name(path.name),
+        in_progress=in_progress_reason(path.name) or "",
+        sidecars=[pre + s for s in _sidecars_for(path, names)],
+        manifest=(pre + manifest) if manifest else "",
+    )
+
+
+def _dir_unit(root: Path, path: Path, adapter, why) -> Unit:
+    files: List[str] = []
+    sidecars: List[str] = []
+    manifest = ""
+    size = 0
+    mtime = 0
+    for dirpath, dirnames, filenames in os.walk(path):
+        dirnames.sort()
+        fn_set = set(filenames)
+        for fn in sorted(filenames):
+            fp = Path(dirpath) / fn
+            rel = _rel(root, fp)
+            if fn.endswith(SIDECAR_SUFFIXES):
+                sidecars.append(rel)
+                continue
+            if fn in MANIFEST_NAMES:
+                manifest = rel
+                continue
+            st = _stat(fp)
+            if st is None:
+                continue
+            files.append(rel)
+            size += st.st_size
+            mtime = max(mtime, st.st_mtime_ns)
+        del fn_set
+    layout = adapter.name if adapter else "in-progress"
+    return Unit(
+        unit=_rel(root, path),
+        layout=layout,
+        kind="folder",
+        files=files,
+        size_bytes=size,
+        mtime_ns=mtime,
+        step_from_name=step_from_name(path.name),
+        in_progress=why or "",
+        sidecars=sidecars,
+        manifest=manifest,
+    )
+
+
+def _resolve_pointer(root: Path, p: Pointer, unit_names: set) -> str:
+    base = Path(p.path).parent
+    t = p.target.strip()
+    if not t:
+        return ""
+    cands = [t]
+    if p.kind == "Megatron tracker file":
+        if t == "release":
+            cands = ["release"]
+        elif t.isdigit():
+            cands = [f"iter_{int(t):07d}"]
+    for c in cands:
+        rel = os.path.normpath(str(base / c)).replace(os.sep, "/")
+        if rel in unit_names:
+            return rel
+        if (root / rel).exists():
+            return rel
+    return ""
+
+
+def auto_units_per_job(n_units: int) -> int:
+    """One unit per job up to 64 units; beyond, the smallest power of two that
+    keeps the job count at or under 64 (stable while a run grows)."""
+    if n_units <= 64:
+        return 1
+    return 1 << math.ceil(math.log2(math.ceil(n_units / 64)))
+
+
+def assign_parts(units: List[Unit], units_per_job) -> Dict[str, List[str]]:
+    """Group units (already in (step, name) order) into Snakemake jobs.
+
+    Returns {part_id: [unit, ...]}; part ids are ``p0000``, ``p0001``…  The
+    grouping depends only on the order, so new (later) units only touch the
+    last part.
+    """
+    per = auto_units_per_job(len(units)) if units_per_job in (None, "auto") else int(units_per_job)
+    parts: Dict[str, List[str]] = {}
+    for i, u in enumerate(units):
+        pid = f"p{i // per:04d}"
+        u.part = pid
+        parts.setdefault(pid, []).append(u.unit)
+    return parts
+
+
+def listing_fingerprint(run_dir: str) -> str:
+    """A cheap fingerprint of names, sizes and mtimes under ``run_dir``.
+
+    The Snakefile passes it to the inventory rule as a param, so Snakemake
+    re-runs inventory (and only inventory) when the folder's listing changes.
+    """
+    import hashlib
+
+    h = hashlib.sha256()
+    root = Path(run_dir)
+    if not root.exists():
+        return "missing"
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        dirnames.sort()
+        for fn in sorted(filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]):
+            fp = os.path.join(dirpath, fn)
+            try:
+                st = os.lstat(fp)
+            except OSError:
+                continue
+            h.update(f"{os.path.relpath(fp, root)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def run_inventory(run_dir: str, units_per_job="auto") -> Dict:
+    """Discover units and pointers; return the plain-data inventory document."""
+    units, pointers, stray = discover(run_dir)
+    parts = assign_parts(units, units_per_job)
+    return {
+        "run_dir": str(run_dir),
+        "units": [u.to_dict() for u in units],
+        "pointers": [asdict(p) for p in pointers],
+        "stray_files": stray,
+        "parts": parts,
+    }
+
+
+def write_inventory(doc: Dict, parquet_path: str, json_path: str) -> None:
+    """Write ``inventory.parquet`` (one row per unit) and the JSON the Snakefile reads."""
+    from . import tables
+
+    Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+    tables.write("inventory", doc["units"], parquet_path)
+    tmp = json_path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1, sort_keys=True)
+    os.replace(tmp, json_path)

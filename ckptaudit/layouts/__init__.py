@@ -1,0 +1,52 @@
+"""Layout adapters: one module per checkpoint layout.
+
+Each adapter answers "is this mine?" (``claim_dir`` for folders,
+``claim_index`` for index files) and "what is wrong with it?" (``scan``), the
+way torch.distributed.checkpoint lets each storage backend answer
+``validate_checkpoint_id``.  Adding a layout means adding one module here and
+its finding kinds to :mod:`ckptaudit.findings`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from . import dcp, deepspeed, hf, megatron, single
+
+# Order matters: the first adapter that claims a folder owns it.
+DIR_ADAPTERS = [deepspeed.ADAPTER, megatron.ADAPTER, dcp.ADAPTER, hf.TRAINER]
+INDEX_ADAPTERS = [hf.INDEX]
+BY_NAME = {a.name: a for a in DIR_ADAPTERS + INDEX_ADAPTERS}
+
+CHECKPOINT_SUFFIXES = (
+    ".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".pkl", ".pickle", ".npz", ".npy", ".tar", ".model",
+)
+
+
+def is_checkpoint_file(name: str) -> bool:
+    """True for names a checkpoint is saved under (by suffix, also ``x.pt.tmp``)."""
+    n = name.lower()
+    for suffix in (".tmp", ".partial"):
+        if n.endswith(suffix):
+            n = n[: -len(suffix)]
+    return n.endswith(CHECKPOINT_SUFFIXES)
+
+
+def claim_dir(path: Path):
+    """The adapter that owns folder ``path`` as one unit, or None."""
+    for a in DIR_ADAPTERS:
+        if a.claim_dir(path):
+            return a
+    return None
+
+
+def file_layout(path: Path) -> str:
+    """Layout of a single-file unit from its name and first bytes."""
+    return single.layout_of(path)
+
+
+def adapter_for(unit: dict):
+    if unit["kind"] == "file":
+        return single.ADAPTER
+    return BY_NAME.get(unit["layout"], single.IN_PROGRESS)

@@ -1,0 +1,306 @@
+"""What every layout adapter returns from a scan, and the shared file scanner.
+
+A scan reads bytes only: sniffing, zip/safetensors/legacy structure, CRCs,
+and a static walk of every pickle (:mod:`ckptaudit.pickle_walk`).  Nothing is
+unpickled and torch is never imported here.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from .. import findings as F
+from ..findings import Finding
+
+# Element formats for reading small tensors (scalars such as an optimizer's
+# per-parameter ``step``) straight from the bytes, little-endian as torch writes
+# them (torch/serialization.py records ``byteorder``).
+_STRUCT = {
+    "float64": "d", "float32": "f", "float16": "e", "int64": "q", "int32": "i",
+    "int16": "h", "int8": "b", "uint8": "B", "bool": "?",
+}
+SMALL_TENSOR_NUMEL = 8
+
+
+@dataclass
+class TensorRow:
+    """One tensor of a unit, located in its file.
+
+    ``data_offset`` is the absolute byte offset of the tensor's first element in
+    ``file`` (−1 when unknown); ``nbytes`` = numel × itemsize.
+    """
+
+    unit: str
+    file: str
+    name: str  # dotted path from the pickle root, e.g. "model.wte.weight"
+    dtype: str
+    shape: List[int]
+    numel: int
+    nbytes: int
+    storage_key: str
+    data_offset: int
+    is_parameter: bool = False
+
+
+@dataclass
+class UnitScan:
+    unit: str
+    layout: str
+    findings: List[Finding] = field(default_factory=list)
+    imports: List[Dict[str, Any]] = field(default_factory=list)  # one per pickle import
+    tensors: List[TensorRow] = field(default_factory=list)
+    tree: Dict[str, Any] = field(default_factory=dict)  # per file: pruned object tree
+    facts: Dict[str, Any] = field(default_factory=dict)  # layout facts (world sizes, steps …)
+    files_checked: List[str] = field(default_factory=list)
+    pickle_bytes: int = 0
+    walk_seconds: float = 0.0
+
+    def add(self, f: Finding | List[Finding]):
+        if isinstance(f, list):
+            self.findings.extend(f)
+        else:
+            self.findings.append(f)
+
+    def row(self) -> Dict[str, Any]:
+        errs = [f for f in self.findings if f.severity == "error"]
+        return {
+            "unit": self.unit,
+            "layout": self.layout,
+            "n_files": len(self.files_checked),
+            "n_tensors": len(self.tensors),
+            "n_imports": len(self.imports),
+            "pickle_bytes": self.pickle_bytes,
+            "walk_seconds": self.walk_seconds,
+            "file_ok": not any(f.layer == "file" for f in errs),
+            "security_ok": not any(f.layer == "security" for f in errs),
+            "benign_globals": sorted({f"{i['module']}.{i['name']}" for i in self.imports if i.get("category") == "benign"}),
+            "facts_json": json.dumps(self.facts, sort_keys=True, default=str),
+            "tree_json": json.dumps(self.tree, sort_keys=True, default=str),
+            "findings_json": json.dumps([f.to_dict() for f in self.findings]),
+        }
+
+
+# ---------------------------------------------------------------- pruning
+def prune(obj: Any, values: Dict[int, Any], depth: int = 0, max_items: int = 4096) -> Any:
+    """A JSON-able description of a walked pickle object.
+
+    Tensors become ``{"__tensor__": dtype, "shape": [...], "value": x}``
+    (``value`` only for tensors of ≤ 8 elements whose bytes were readable);
+    symbolic instances keep their class name and state.  ``values`` maps
+    ``id(TensorMeta)`` to decoded small values.
+    """
+    from ..pickle_walk import Call, GlobalRef, Instance, TensorMeta
+
+    if depth > 40:
+        return "<deep>"
+    if isinstance(obj, TensorMeta):
+        d = {"__tensor__": obj.dtype, "shape": list(obj.shape)}
+        if id(obj) in values:
+            d["value"] = values[id(obj)]
+        return d
+    if isinstance(obj, dict):
+        out = {}
+        for i, (k, v) in enumerate(obj.items()):
+            if i >= max_items:
+                out["__truncated__"] = len(obj)
+                break
+            out[str(k)] = prune(v, values, depth + 1, max_items)
+        return out
+    if isinstance(obj, (list, tuple)):
+        if len(obj) > 64 and all(isinstance(x, (int, float)) for x in obj[:64]):
+            return {"__list__": len(obj)}
+        return [prune(v, values, depth + 1, max_items) for v in obj[:max_items]]
+    if isinstance(obj, (str, int, float, bool)) or obj is None:
+        return obj
+    if isinstance(obj, (bytes, bytearray)):
+        return {"__bytes__": len(obj)}
+    if isinstance(obj, GlobalRef):
+        return {"__global__": f"{obj.module}.{obj.name}"}
+    if isinstance(obj, Instance):
+        cls = obj.cls
+        name = f"{cls.module}.{cls.name}" if isinstance(cls, GlobalRef) else str(cls)
+        d: Dict[str, Any] = {"__instance__": name}
+        if obj.args:
+            d["args"] = prune(list(obj.args), values, depth + 1, max_items)
+        if obj.state is not None:
+            d["state"] = prune(obj.state, values, depth + 1, max_items)
+        if obj.items:
+            d["items"] = prune(obj.items, values, depth + 1, max_items)
+        return d
+    if isinstance(obj, Call):
+        f = obj.func
+        name = f"{f.module}.{f.name}" if isinstance(f, GlobalRef) else "<computed>"
+        return {"__call__": name, "args": prune(list(obj.args), values, depth + 1, max_items)}
+    if isinstance(obj, (set, frozenset)):
+        return [prune(v, values, depth + 1, max_items) for v in list(obj)[:max_items]]
+    return repr(obj)[:200]
+
+
+def read_small(fh, offset: int, dtype: str, numel: int):
+    """Decode a tensor of ≤ 8 elements at ``offset``; None when not decodable."""
+    if numel > SMALL_TENSOR_NUMEL or offset < 0:
+        return None
+    if dtype == "bfloat16":
+        fh.seek(offset)
+        raw = fh.read(2 * numel)
+        if len(raw) != 2 * numel:
+            return None
+        vals = [struct.unpack("<f", b"\x00\x00" + raw[i:i + 2])[0] for i in range(0, len(raw), 2)]
+    else:
+        fmt = _STRUCT.get(dtype)
+        if fmt is None:
+            return None
+        size = struct.calcsize(fmt)
+        fh.seek(offset)
+        raw = fh.read(size * numel)
+        if len(raw) != size * numel:
+            return None
+        vals = list(struct.unpack("<" + fmt * numel, raw))
+    vals = [v if not isinstance(v, float) or v == v and abs(v) != float("inf") else str(v) for v in vals]
+    return vals[0] if numel == 1 else vals
+
+
+# --------------------------------------------------------- single files
+def scan_file(run_dir: Path, rel: str, unit: str, scan: UnitScan, cfg: Dict[str, Any],
+              extra_allowed: Optional[List[str]] = None, tree_key: Optional[str] = None) -> Dict[str, Any]:
+    """Scan one file of a unit by its bytes; findings and tensors go into ``scan``.
+
+    Returns a dict of what was learnt: ``kind`` (sniffed format), ``obj`` (the
+    walked top-level object, or None), ``header`` (safetensors header).
+    """
+    import time
+
+    from ..formats import sniff as sniff_mod
+    from .. import security
+
+    path = run_dir / rel
+    scan.files_checked.append(rel)
+    allowed = list(cfg.get("security", {}).get("allow_globals", [])) + list(extra_allowed or [])
+    s = sniff_mod.sniff(path)
+    scan.facts.setdefault("file_kinds", {})[rel] = s.kind
+    generic = sniff_mod.generic_findings(s)
+    for f in generic:
+        f.path = rel
+    scan.add(generic)
+    out: Dict[str, Any] = {"kind": s.kind, "obj": None, "header": None, "size_bytes": s.size_bytes}
+    if generic and any(f.severity == "error" for f in generic):
+        return out
+    values: Dict[int, Any] = {}
+    if s.kind in ("torch_zip", "zip"):
+        from ..formats import torchzip
+
+        rep = torchzip.check_zip(path)
+        for f in rep.findings:
+            f.path = f.path or rel
+        scan.add(rep.findings)
+        if rep.data_pkl is None:
+            return out
+        t0 = time.perf_counter()
+        from ..pickle_walk import walk
+
+        res = walk(rep.data_pkl)
+        scan.walk_seconds += time.perf_counter() - t0
+        scan.pickle_bytes += len(rep.data_pkl)
+        member = f"{rep.prefix}/data.pkl" if rep.prefix else "data.pkl"
+        verdicts, sec = security.scan(res, path=rel, member=member, extra_allowed=allowed)
+        scan.add(sec)
+        scan.imports.extend({"file": rel, "member": member, **asdict(v)} for v in verdicts)
+        if res.error:
+            scan.add(F.make("pickle_unreadable", path=rel, member=member, why=res.error))
+        storages = {}
+        for key, sref in res.storages.items():
+            if sref.numel is not None:
+                storages[key] = (sref.numel * sref.itemsize, sref.dtype, sref.numel)
+        scan.add(torchzip.check_storages(rep, storages, rel))
+        members = {m.name: m for m in rep.members}
+        with open(path, "rb") as fh:
+            for name, tm in res.tensors:
+                m = members.get(f"{rep.prefix}/data/{tm.storage.key}")
+                off = m.data_offset + tm.storage_offset * tm.storage.itemsize if m else -1
+                scan.tensors.append(TensorRow(unit, rel, name, tm.dtype, list(tm.shape), tm.numel,
+                                              tm.nbytes, tm.storage.key, off, tm.is_parameter))
+                if tm.numel <= SMALL_TENSOR_NUMEL and m is not None:
+                    try:
+                        v = read_small(fh, off, tm.dtype, tm.numel)
+                    except OSError:
+                        v = None
+                    if v is not None:
+                        values[id(tm)] = v
+        out["obj"] = res.obj
+        scan.tree[tree_key or rel] = prune(res.obj, values)
+    elif s.kind == "torch_legacy":
+        from ..formats import legacy
+
+        res, fl = legacy.check_legacy(path)
+        for f in fl:
+            f.path = f.path or rel
+        scan.add(fl)
+        if res is not None:
+            verdicts, sec = security.scan(res, path=rel, member="(legacy pickle)", extra_allowed=allowed)
+            scan.add(sec)
+            scan.imports.extend({"file": rel, "member": "(legacy pickle)", **asdict(v)} for v in verdicts)
+            for name, tm in res.tensors:
+                scan.tensors.append(TensorRow(unit, rel, name, tm.dtype, list(tm.shape), tm.numel,
+                                              tm.nbytes, tm.storage.key, -1, tm.is_parameter))
+            out["obj"] = res.obj
+            scan.tree[tree_key or rel] = prune(res.obj, values)
+    elif s.kind == "safetensors":
+        from ..formats.safetensors_check import check_safetensors
+
+        header, fl = check_safetensors(path)
+        for f in fl:
+            f.path = f.path or rel
+        scan.add(fl)
+        if header is not None:
+            hlen = _safetensors_header_len(path)
+            tree: Dict[str, Any] = {}
+            for name, info in header.items():
+                if name == "__metadata__" or not isinstance(info, dict):
+                    continue
+                a, b = info.get("data_offsets", [0, 0])
+                dtype = _ST_DTYPES.get(info.get("dtype"), str(info.get("dtype")).lower())
+                shape = list(info.get("shape", []))
+                numel = 1
+                for d in shape:
+                    numel *= int(d)
+                scan.tensors.append(TensorRow(unit, rel, name, dtype, shape, numel, b - a, name, 8 + hlen + a))
+                tree[name] = {"__tensor__": dtype, "shape": shape}
+            out["header"] = header
+            out["obj"] = tree
+            scan.tree[tree_key or rel] = {"__safetensors__": tree, "__metadata__": header.get("__metadata__")}
+    elif s.kind == "pickle":
+        # a plain pickle that generic_findings did not reject (e.g. training_args.bin
+        # written with torch.save's legacy path is handled above): walk it for security only
+        from ..pickle_walk import walk
+
+        data = path.read_bytes() if s.size_bytes < (256 << 20) else b""
+        res = walk(data)
+        verdicts, sec = security.scan(res, path=rel, member="(pickle)", extra_allowed=allowed)
+        scan.add(sec)
+        scan.imports.extend({"file": rel, "member": "(pickle)", **asdict(v)} for v in verdicts)
+        out["obj"] = res.obj
+        scan.tree[tree_key or rel] = prune(res.obj, values)
+    elif s.kind == "json":
+        try:
+            with open(path, "rb") as fh:
+                out["obj"] = json.loads(fh.read(16 << 20))
+            scan.tree[tree_key or rel] = out["obj"]
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+_ST_DTYPES = {
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
+    "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
+    "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "U16": "uint16", "U32": "uint32", "U64": "uint64",
+}
+
+
+def _safetensors_header_len(path: Path) -> int:
+    with open(path, "rb") as fh:
+        return struct.unpack("<Q", fh.read(8))[0]

@@ -1,0 +1,165 @@
+"""Hugging Face layouts: sharded weights with an index, and Trainer folders.
+
+Format facts (transformers docs, "Sharded checkpoints"; modeling_utils.py):
+``model.safetensors.index.json`` / ``pytorch_model.bin.index.json`` hold
+``{"metadata": {"total_size": bytes}, "weight_map": {tensor: shard file}}``.
+A Trainer ``checkpoint-N/`` folder holds the weights (``model.safetensors``,
+sharded or not, or ``pytorch_model.bin``), ``optimizer.pt``, ``scheduler.pt``,
+``rng_state.pth`` (``rng_state_<rank>.pth`` with several processes),
+``trainer_state.json`` (with ``global_step``) and ``training_args.bin``
+(transformers trainer.py ``_save_checkpoint``); ``scaler.pt`` with fp16 AMP.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import List
+
+from .. import findings as F
+from .base import UnitScan, scan_file
+
+INDEX_RE = re.compile(r".*\.index\.json$")
+
+
+class HFIndex:
+    name = "hf-sharded"
+
+    def claim_dir(self, path: Path) -> bool:
+        return False
+
+    def claim_index(self, root: Path, d: Path, names: List[str]):
+        """Units for each ``*.index.json`` in folder ``d`` (with the shards it names)."""
+        from ..inventory import Unit, _rel, step_from_name
+
+        units = []
+        if (d / "trainer_state.json").exists() and d != root:
+            return units  # part of a Trainer folder, which is its own unit
+        for n in names:
+            if not INDEX_RE.match(n):
+                continue
+            p = d / n
+            shards: List[str] = []
+            try:
+                doc = json.loads(p.read_text())
+                wm = doc.get("weight_map", {}) if isinstance(doc, dict) else {}
+                shards = sorted({str(v) for v in wm.values()}) if isinstance(wm, dict) else []
+            except (OSError, ValueError):
+                pass
+            files = [_rel(root, p)]
+            missing = []
+            size = p.stat().st_size
+            mtime = p.stat().st_mtime_ns
+            for s in shards:
+                sp = d / s
+                if sp.exists():
+                    files.append(_rel(root, sp))
+                    st = sp.stat()
+                    size += st.st_size
+                    mtime = max(mtime, st.st_mtime_ns)
+                else:
+                    missing.append(_rel(root, sp))
+            sidecars = [_rel(root, d / (Path(f).name + ".sha256")) for f in files if Path(f).name + ".sha256" in names]
+            units.append(Unit(unit=_rel(root, p), layout=self.name, kind="index", files=files, size_bytes=size,
+                              mtime_ns=mtime, step_from_name=step_from_name(d.name) if d != root else None,
+                              sidecars=sidecars, missing_files=missing))
+        return units
+
+    def scan(self, run_dir: Path, unit: dict, cfg: dict) -> UnitScan:
+        scan = UnitScan(unit["unit"], self.name)
+        index_rel = unit["files"][0]
+        check_index(run_dir, index_rel, scan, cfg, unit_name=unit["unit"])
+        return scan
+
+
+def check_index(run_dir: Path, index_rel: str, scan: UnitScan, cfg: dict, unit_name: str) -> None:
+    """Check an index and every shard it names; shards' tensors go into ``scan``."""
+    ip = run_dir / index_rel
+    base = Path(index_rel).parent
+    scan.files_checked.append(index_rel)
+    try:
+        doc = json.loads(ip.read_text())
+        wm = doc["weight_map"]
+        if not isinstance(wm, dict):
+            raise ValueError("weight_map is not an object")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        scan.add(F.make("index_invalid", path=index_rel, why=f"{type(e).__name__}: {e}"))
+        return
+    by_shard = {}
+    for t, s in wm.items():
+        by_shard.setdefault(str(s), []).append(t)
+    missing = [s for s in sorted(by_shard) if not (run_dir / base / s).exists()]
+    for s in missing:
+        scan.add(F.make("index_references_missing_shard", path=index_rel, shard=s, n_tensors=len(by_shard[s]),
+                        shards=", ".join(missing)))
+    merged = {}
+    for s in sorted(by_shard):
+        if s in missing:
+            continue
+        rel = str((base / s).as_posix()) if str(base) != "." else s
+        info = scan_file(run_dir, rel, unit_name, scan, cfg, tree_key=rel)
+        names = set()
+        if info.get("header"):
+            names = {k for k in info["header"] if k != "__metadata__"}
+        elif isinstance(info.get("obj"), dict):
+            names = {str(k) for k in info["obj"]}
+        if info.get("header") or isinstance(info.get("obj"), dict):
+            for t in sorted(set(by_shard[s]) - names)[:20]:
+                scan.add(F.make("index_tensor_not_in_shard", path=index_rel, tensor=t, shard=s))
+        if isinstance(info.get("obj"), dict):
+            merged.update({str(k): v for k, v in info["obj"].items()})
+    scan.facts["index_total_size"] = (doc.get("metadata") or {}).get("total_size")
+    scan.facts["n_shards"] = len(by_shard)
+    scan.tree["weights"] = {"__index__": index_rel, "n_tensors": len(wm)}
+
+
+class HFTrainer:
+    name = "hf-trainer"
+
+    def claim_dir(self, path: Path) -> bool:
+        return re.fullmatch(r"checkpoint-\d+", path.name) is not None or (path / "trainer_state.json").exists()
+
+    def scan(self, run_dir: Path, unit: dict, cfg: dict) -> UnitScan:
+        scan = UnitScan(unit["unit"], self.name)
+        files = unit["files"]
+        names = {Path(f).name: f for f in files}
+        index = [f for f in files if INDEX_RE.match(Path(f).name)]
+        claimed = set()
+        if index:
+            check_index(run_dir, index[0], scan, cfg, unit_name=unit["unit"])
+            claimed.update(scan.files_checked)
+        for f in files:
+            n = Path(f).name
+            if f in claimed or n.endswith((".json", ".txt", ".md", ".model", ".jinja")) and n != "trainer_state.json":
+                continue
+            if n == "trainer_state.json":
+                scan.files_checked.append(f)
+                try:
+                    st = json.loads((run_dir / f).read_text())
+                    scan.tree["trainer_state.json"] = {k: st.get(k) for k in ("global_step", "epoch", "best_metric",
+                                                                              "best_model_checkpoint", "max_steps")}
+                    scan.facts["global_step"] = st.get("global_step")
+                except (OSError, ValueError) as e:
+                    scan.add(F.make("text_error_page", path=f, size_bytes=os.path.getsize(run_dir / f), head=str(e)[:40]))
+                continue
+            extra = ["transformers.training_args.TrainingArguments"] if n == "training_args.bin" else []
+            scan_file(run_dir, f, unit["unit"], scan, cfg, extra_allowed=extra, tree_key=n)
+        has_weights = bool(index) or any(n in names for n in ("model.safetensors", "pytorch_model.bin", "adapter_model.safetensors", "adapter_model.bin"))
+        missing = []
+        if not has_weights:
+            missing.append("model weights (model.safetensors / pytorch_model.bin)")
+        for need in ("optimizer.pt", "scheduler.pt", "trainer_state.json"):
+            if need not in names:
+                missing.append(need)
+        if not any(n.startswith("rng_state") for n in names):
+            missing.append("rng_state*.pth")
+        # completeness is judged by the state layer (components), not here
+        scan.facts["trainer_missing"] = missing
+        scan.facts["trainer_files"] = sorted(names)
+        return scan
+
+
+INDEX = HFIndex()
+TRAINER = HFTrainer()

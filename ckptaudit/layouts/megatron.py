@@ -1,0 +1,76 @@
+"""Megatron-LM iteration folders and the tracker file.
+
+Format facts (megatron/training/checkpointing.py ``get_checkpoint_name``,
+``read_metadata``): ``latest_checkpointed_iteration.txt`` holds an iteration
+number or ``release``; ``iter_NNNNNNN/mp_rank_TT[_PPP]/model_optim_rng.pt``
+holds one file per tensor (TT) and pipeline (PPP) rank, each recording
+``iteration``, ``args`` (with ``tensor_model_parallel_size`` and
+``pipeline_model_parallel_size``) and ``checkpoint_version``.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from .. import findings as F
+from .base import UnitScan, scan_file
+
+ITER_RE = re.compile(r"^(iter_\d{7}|release)$")
+RANK_RE = re.compile(r"^mp_rank_(\d{2})(?:_(\d{3}))?$")
+
+
+class Megatron:
+    name = "megatron"
+
+    def claim_dir(self, path: Path) -> bool:
+        if not ITER_RE.match(path.name):
+            return False
+        try:
+            return any(RANK_RE.match(p.name) for p in path.iterdir() if p.is_dir())
+        except OSError:
+            return False
+
+    def scan(self, run_dir: Path, unit: dict, cfg: dict) -> UnitScan:
+        from .dcp import _state
+
+        scan = UnitScan(unit["unit"], self.name)
+        iterations = {}
+        ranks = set()
+        tp = pp = None
+        for f in unit["files"]:
+            parts = Path(f).parts
+            rank_dir = parts[-2] if len(parts) >= 2 else ""
+            m = RANK_RE.match(rank_dir)
+            if not m:
+                continue
+            ranks.add((int(m.group(1)), int(m.group(2) or 0)))
+            info = scan_file(run_dir, f, unit["unit"], scan, cfg, tree_key=f"{rank_dir}/{Path(f).name}")
+            obj = info.get("obj")
+            if isinstance(obj, dict):
+                it = obj.get("iteration")
+                if isinstance(it, int):
+                    iterations[rank_dir] = it
+                args = _state(obj.get("args"))
+                if isinstance(args, dict):
+                    tp = args.get("tensor_model_parallel_size", tp)
+                    pp = args.get("pipeline_model_parallel_size", pp)
+        scan.facts.update(iterations=iterations, ranks=sorted(ranks), tensor_parallel=tp, pipeline_parallel=pp)
+        distinct = sorted(set(iterations.values()))
+        if len(distinct) > 1:
+            desc = ", ".join(f"{r}: {it}" for r, it in sorted(iterations.items()))
+            scan.add(F.make("mixed_step_shards", path=unit["unit"], iterations=desc))
+        if distinct:
+            scan.facts["step"] = max(distinct) if len(distinct) == 1 else min(distinct)
+        want_tp = tp if isinstance(tp, int) else (max(r[0] for r in ranks) + 1 if ranks else 0)
+        want_pp = pp if isinstance(pp, int) else 1
+        if ranks:
+            have_tp = {r[0] for r in ranks}
+            missing = [f"mp_rank_{t:02d}" for t in range(want_tp) if t not in have_tp]
+            if missing:
+                scan.add(F.make("megatron_rank_missing", path=unit["unit"], missing=", ".join(missing),
+                                found=len(ranks)))
+        return scan
+
+
+ADAPTER = Megatron()

@@ -1,0 +1,70 @@
+"""Single-file units: torch.save zip, legacy torch.save, safetensors, Lightning ``.ckpt``.
+
+Format facts: torch.save writes a zip archive since torch 1.6 (its first bytes
+are the zip local-header magic ``PK\\x03\\x04``); earlier files start with a
+pickled magic number (torch/serialization.py ``MAGIC_NUMBER``); safetensors
+starts with an 8-byte little-endian header length followed by ``{``
+(safetensors README, "Format").
+"""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+from .. import findings as F
+from .base import UnitScan, scan_file
+
+
+def layout_of(path: Path) -> str:
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(16)
+    except OSError:
+        return "file"
+    name = path.name.lower()
+    if head.startswith(b"PK\x03\x04") or head.startswith(b"PK\x05\x06"):
+        return "lightning" if name.endswith(".ckpt") else "torch-zip"
+    if head.startswith(b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8"):
+        return "torch-legacy"
+    if len(head) >= 9 and name.endswith(".safetensors"):
+        (n,) = struct.unpack("<Q", head[:8])
+        if 0 < n < (100 << 20) and head[8:9] == b"{":
+            return "safetensors"
+    if name.endswith(".safetensors"):
+        return "safetensors"
+    return "file"
+
+
+class SingleFile:
+    name = "single-file"
+
+    def claim_dir(self, path: Path) -> bool:
+        return False
+
+    def scan(self, run_dir: Path, unit: dict, cfg: dict) -> UnitScan:
+        scan = UnitScan(unit["unit"], unit["layout"])
+        if unit.get("in_progress"):
+            scan.add(F.make("unit_in_progress", path=unit["unit"], why=unit["in_progress"]))
+        rel = unit["files"][0]
+        info = scan_file(run_dir, rel, unit["unit"], scan, cfg, tree_key="root")
+        scan.facts["sniffed"] = info["kind"]
+        return scan
+
+
+class InProgressFolder:
+    """A folder whose name marks an unfinished save (``tmp-checkpoint-500``)."""
+
+    name = "in-progress"
+
+    def claim_dir(self, path: Path) -> bool:
+        return False
+
+    def scan(self, run_dir: Path, unit: dict, cfg: dict) -> UnitScan:
+        scan = UnitScan(unit["unit"], unit["layout"])
+        scan.add(F.make("unit_in_progress", path=unit["unit"], why=unit.get("in_progress") or "temporary folder"))
+        return scan
+
+
+ADAPTER = SingleFile()
+IN_PROGRESS = InProgressFolder()

@@ -1,0 +1,240 @@
+"""Isolated CPU load test: does the framework's own loader accept each file?
+
+Only units without file-layer or security errors are loaded, and only with
+``torch.load(path, map_location="cpu", weights_only=True, mmap=True)``
+(legacy pre-1.6 files cannot be memory-mapped — torch/serialization.py raises
+for ``mmap=True`` on them — so they load without ``mmap`` under the same
+limits) or ``safetensors.safe_open``.  Each load runs in a forked child with an
+address-space limit (``RLIMIT_AS``) and a wall-clock timeout; torch is
+imported once in the parent, so each child costs a ``fork``, not an import.
+
+Globals that the static scan classified as known-benign (``argparse.Namespace``,
+numpy scalars …) are allowed for the child with
+``torch.serialization.add_safe_globals``; one whose module is not importable
+here (e.g. Lightning's ``AttributeDict`` without Lightning) is mapped by name to
+``dict`` (``add_safe_globals`` accepts ``(obj, "module.Name")`` pairs since
+torch 2.5).
+
+Errors are classified into plain words (:func:`explain`); the raw message stays
+in the ``load`` table for the postmortem, never in the headline.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import select
+import signal
+import time
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+from . import findings as F
+
+LOADABLE = ("torch_zip", "torch_legacy", "safetensors")
+
+# (substring of the error, plain words).  Sources: messages of
+# torch/serialization.py, caffe2/serialize/inline_container.cc (PytorchStreamReader)
+# and torch/_weights_only_unpickler.py in torch 2.x.
+_EXPLAIN: List[Tuple[str, str]] = [
+    ("failed finding central directory", "the zip central directory is missing (the file is truncated)"),
+    ("failed reading zip archive", "the zip archive is damaged or truncated"),
+    ("invalid header or archive is corrupted", "a zip record header is damaged"),
+    ("Unsupported global", "the pickle names a global that weights_only does not allow"),
+    ("Unsupported operand", "the bytes are not a pickle torch can read (text, an LFS pointer, or garbage)"),
+    ("invalid load key", "the file is not a torch.save file (wrong first byte)"),
+    ("Ran out of input", "the pickle ends early (the file is truncated)"),
+    ("unexpected EOF", "the file ends early (truncated)"),
+    ("storage has wrong byte size", "a tensor's storage has the wrong size (truncated or overwritten)"),
+    ("size mismatch", "a tensor's size disagrees with its storage"),
+    ("Cannot allocate memory", "the load ran out of its memory limit"),
+    ("MemoryError", "the load ran out of its memory limit"),
+    ("HeaderTooLarge", "the safetensors header length is impossible"),
+    ("MetadataIncompleteBuffer", "the safetensors data is shorter than its header says"),
+    ("InvalidHeaderDeserialization", "the safetensors JSON header is broken"),
+    ("Weights only load failed", "torch refused the pickle under weights_only=True"),
+]
+
+
+def explain(message: str) -> str:
+    for needle, words in _EXPLAIN:
+        if needle in message:
+            return words
+    return "the loader raised an error the audit does not recognise (see the load table)"
+
+
+def _resolve_benign(names: List[str]):
+    import importlib
+
+    out = []
+    if any(n.endswith(("numpy.dtype", "numpy.core.multiarray.scalar", "numpy._core.multiarray.scalar")) for n in names):
+        # numpy.dtype(...) builds an instance of a numpy.dtypes.*DType class, which
+        # weights_only checks too (torch docs, "weights_only" numpy example)
+        try:
+            import numpy.dtypes as npd
+
+            out.extend(getattr(npd, a) for a in dir(npd) if a.endswith("DType") and isinstance(getattr(npd, a), type))
+        except ImportError:
+            pass
+    for full in names:
+        mod, _, attr = full.rpartition(".")
+        obj = None
+        try:
+            obj = getattr(importlib.import_module(mod), attr)
+        except Exception:  # noqa: BLE001 - any failure means "use the stand-in"
+            obj = None
+        # not installed here: map the name to plain dict (the weights_only unpickler
+        # only allows SETITEMS on dict itself, and the benign non-stdlib classes on
+        # the list, Lightning's AttributeDict, are dict subclasses)
+        out.append((obj, full) if obj is not None else (dict, full))
+    return out
+
+
+def _child(path: str, kind: str, benign: List[str], limit_bytes: int, wfd: int) -> None:
+    """Runs in the forked child: limit memory, load, report over the pipe, exit."""
+    try:
+        resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+    except (ValueError, OSError):
+        pass
+    result: Dict = {}
+    try:
+        import torch
+
+        torch.set_num_threads(1)
+        if kind == "safetensors":
+            from safetensors import safe_open
+
+            n = 0
+            with safe_open(path, framework="pt", device="cpu") as f:
+                for k in f.keys():
+                    f.get_tensor(k)
+                    n += 1
+            result = {"status": "ok", "n_top_level_keys": n}
+        else:
+            if benign:
+                torch.serialization.add_safe_globals(_resolve_benign(benign))
+            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=(kind == "torch_zip"))
+            result = {"status": "ok", "n_top_level_keys": len(obj) if isinstance(obj, dict) else -1}
+    except MemoryError as e:
+        result = {"status": "memory", "error_type": "MemoryError", "error_message": str(e)[:2000]}
+    except BaseException as e:  # noqa: BLE001 - the child reports every failure as data
+        msg = str(e)
+        status = "memory" if "alloc" in msg.lower() and "memory" in msg.lower() else "failed"
+        result = {"status": status, "error_type": type(e).__name__, "error_message": msg[:4000]}
+    try:
+        os.write(wfd, json.dumps(result).encode())
+    finally:
+        os._exit(0)
+
+
+def load_in_child(path: str, kind: str, benign: List[str], *, timeout_seconds: float,
+                  memory_limit_bytes: int) -> Dict:
+    """Fork a child that loads ``path``; return {status, error_type, error_message,
+    load_seconds, peak_rss_bytes, n_top_level_keys}.  status is ok | failed |
+    timeout | memory."""
+    r, w = os.pipe()
+    t0 = time.perf_counter()
+    pid = os.fork()
+    if pid == 0:  # child
+        os.close(r)
+        _child(path, kind, benign, memory_limit_bytes, w)
+    os.close(w)
+    chunks = []
+    deadline = t0 + timeout_seconds
+    timed_out = False
+    while True:
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            timed_out = True
+            break
+        ready, _, _ = select.select([r], [], [], left)
+        if not ready:
+            continue
+        data = os.read(r, 1 << 16)
+        if not data:
+            break
+        chunks.append(data)
+    if timed_out:
+        os.kill(pid, signal.SIGKILL)
+    _, status, usage = os.wait4(pid, 0)
+    os.close(r)
+    dt = time.perf_counter() - t0
+    rss = int(usage.ru_maxrss) * 1024  # Linux reports KiB
+    if timed_out:
+        return {"status": "timeout", "error_type": "Timeout", "error_message": f"killed after {timeout_seconds} s",
+                "load_seconds": dt, "peak_rss_bytes": rss}
+    try:
+        res = json.loads(b"".join(chunks).decode() or "{}")
+    except ValueError:
+        res = {}
+    if not res:
+        sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+        res = {"status": "memory" if sig == signal.SIGKILL else "failed", "error_type": "ChildDied",
+               "error_message": f"load child exited with status {status} (signal {sig})"}
+    res.update(load_seconds=dt, peak_rss_bytes=rss)
+    return res
+
+
+def load_units(run_dir: Path, units: List[dict], scans: Dict[str, dict], hashes: Dict[str, List[dict]],
+               cfg: dict) -> List[dict]:
+    """Rows of the ``load`` table for ``units``.
+
+    ``scans`` maps unit → its ``scan`` row; a unit with a file or security
+    error is skipped (and never opened by torch), as are all units when
+    ``load.enabled`` is false.
+    """
+    lcfg = cfg.get("load", {})
+    timeout = float(lcfg.get("timeout_seconds", 120))
+    limit = int(lcfg.get("memory_limit_mib", 8192)) << 20
+    rows: List[dict] = []
+    todo: List[Tuple[dict, str, str, List[str]]] = []
+    for u in units:
+        s = scans.get(u["unit"])
+        if s is None:
+            rows.append(_skip(u["unit"], "", "the unit was not scanned"))
+            continue
+        if not s["security_ok"]:
+            rows.append(_skip(u["unit"], "", "security: the static scan found imports that could run code"))
+            continue
+        if not s["file_ok"]:
+            rows.append(_skip(u["unit"], "", "file layer: the bytes are already known to be damaged"))
+            continue
+        if not lcfg.get("enabled", True):
+            rows.append(_skip(u["unit"], "", "load test disabled in the config (load.enabled: false)"))
+            continue
+        kinds = json.loads(s.get("facts_json") or "{}").get("file_kinds", {})
+        # training_args.bin is not read on resume (transformers Trainer) and pickles
+        # TrainingArguments, which needs transformers installed to rebuild
+        loadable = [(f, k) for f, k in kinds.items() if k in LOADABLE and not f.endswith("training_args.bin")]
+        if not loadable:
+            rows.append(_skip(u["unit"], "", "no file of this unit has a weights_only loader "
+                                             f"(layout {s['layout']})"))
+            continue
+        for f, k in loadable:
+            todo.append((u, f, k, list(s.get("benign_globals") or [])))
+    if todo:
+        import torch  # noqa: F401 - imported once here so each forked child is cheap
+
+        for u, f, k, benign in todo:
+            res = load_in_child(str(run_dir / f), k, benign, timeout_seconds=timeout, memory_limit_bytes=limit)
+            fl = []
+            if res["status"] == "timeout":
+                fl.append(F.make("load_timeout", path=f, timeout_seconds=timeout))
+            elif res["status"] == "memory":
+                fl.append(F.make("load_memory_limit", path=f, memory_limit_bytes=limit))
+            elif res["status"] != "ok":
+                fl.append(F.make("load_failed", path=f, why=explain(res.get("error_message", ""))))
+            rows.append({"unit": u["unit"], "file": f, "status": res["status"], "skipped_reason": "",
+                         "error_type": res.get("error_type", ""), "error_message": res.get("error_message", ""),
+                         "load_seconds": res["load_seconds"], "peak_rss_bytes": res["peak_rss_bytes"],
+                         "n_top_level_keys": res.get("n_top_level_keys"),
+                         "findings_json": json.dumps([x.to_dict() for x in fl])})
+    return rows
+
+
+def _skip(unit: str, file: str, why: str) -> dict:
+    return {"unit": unit, "file": file, "status": "skipped", "skipped_reason": why, "error_type": "",
+            "error_message": "", "load_seconds": 0.0, "peak_rss_bytes": 0, "n_top_level_keys": None,
+            "findings_json": "[]"}
+

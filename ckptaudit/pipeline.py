@@ -1,0 +1,66 @@
+"""The audit's stages run in one process, in workflow order, without Snakemake.
+
+Same stage functions as the rules call (:mod:`ckptaudit.stages`), for library
+use (:func:`ckptaudit.safe_load_checkpoint` uses the file layer; tests audit
+every case folder with it).  The command line and ``snakemake … audit`` run
+the Snakemake workflow instead.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+from . import report, stages
+
+
+def default_config() -> dict:
+    """Stage config with the defaults of config/config.yaml (no file needed)."""
+    return {
+        "expected_model_args": {}, "model_factory": "", "reference": "",
+        "target": {"world_size": None, "zero_stage": None, "tensor_parallel": None, "pipeline_parallel": None,
+                   "torch_version": ""},
+        "load": {"enabled": True, "timeout_seconds": 120, "memory_limit_mib": 8192},
+        "security": {"allow_globals": []},
+        "state": {"nan_scan": True, "chunk_mib": 16, "norm_jump_ratio": 10.0},
+        "run_name": "",
+    }
+
+
+def audit_in_process(run_dir: str | Path, cfg: Optional[dict] = None, out_dir: Optional[str | Path] = None) -> dict:
+    """Audit ``run_dir``; return the verdict dict (also written to ``out_dir``).
+
+    Raises ``FileNotFoundError``/``NotADirectoryError`` for a missing run folder.
+    """
+    import json
+
+    c = default_config()
+    for k, v in (cfg or {}).items():
+        c[k] = {**c[k], **v} if isinstance(v, dict) and isinstance(c.get(k), dict) else v
+    tmp = None
+    if out_dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="ckptaudit-")
+        out_dir = tmp.name
+    out = Path(out_dir)
+    work = out / "work"
+    parts_dir = out / "tables" / "parts"
+    try:
+        inv = stages.stage_inventory(str(run_dir), "auto", str(out / "tables" / "inventory.parquet"),
+                                     str(work / "inventory.json"), str(work / "pointers.parquet"))
+        (work / "config.json").write_text(json.dumps(c))
+        paths = {s: [] for s in report.STAGES}
+        for part in sorted(inv["parts"]):
+            p = {s: str(parts_dir / s / f"{part}.parquet") for s in report.STAGES}
+            stages.stage_hash(inv, part, p["hash"])
+            stages.stage_scan(inv, part, c, p["scan"], p["tensors"], p["imports"])
+            stages.stage_load(inv, part, c, p["scan"], p["hash"], p["load"])
+            stages.stage_configdiff(inv, part, c, p["scan"], p["configdiff"])
+            stages.stage_structure(inv, part, c, p["scan"], p["tensors"], p["structure"])
+            stages.stage_state(inv, part, c, p["scan"], p["tensors"], p["state"])
+            for s in report.STAGES:
+                paths[s].append(p[s])
+        return report.run_report(str(work / "inventory.json"), paths, c, str(out))
+    finally:
+        if tmp is not None:
+            tmp.cleanup()

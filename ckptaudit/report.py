@@ -1,0 +1,127 @@
+"""The report stage: join the parts into tables, ``verdict.json``, ``units.parquet``
+and one self-contained ``report.html`` (inline CSS, no scripts, no fonts —
+it is attached to postmortems and opened offline)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import glob
+import json
+import os
+from pathlib import Path
+from typing import Dict, List
+
+from . import __version__, tables, verdict
+
+STAGES = ("hash", "scan", "tensors", "imports", "load", "structure", "configdiff", "state")
+LAYERS = ("file", "structure", "state", "security")
+
+
+def _worst(fs: List[dict]) -> str:
+    sev = {f["severity"] for f in fs}
+    for s in ("error", "warning", "info"):
+        if s in sev:
+            return s
+    return "ok"
+
+
+def stage_costs(bench_dir: str) -> List[dict]:
+    """Per-stage cost from Snakemake ``benchmark:`` files (seconds, max RSS MiB)."""
+    out: Dict[str, dict] = {}
+    for p in sorted(glob.glob(os.path.join(bench_dir, "*", "*.tsv")) + glob.glob(os.path.join(bench_dir, "*.tsv"))):
+        stage = Path(p).parent.name if Path(p).parent != Path(bench_dir) else Path(p).stem
+        try:
+            lines = Path(p).read_text().splitlines()
+            head, vals = lines[0].split("\t"), lines[1].split("\t")
+            d = dict(zip(head, vals))
+            c = out.setdefault(stage, {"stage": stage, "jobs": 0, "seconds": 0.0, "max_rss": 0.0})
+            c["jobs"] += 1
+            c["seconds"] += float(d.get("s", 0) or 0)
+            rss = d.get("max_rss", "-")
+            c["max_rss"] = max(c["max_rss"], float(rss) if rss not in ("-", "NA", "") else 0.0)
+        except (OSError, IndexError, ValueError):
+            continue
+    for c in out.values():
+        c["max_rss"] = f"{c['max_rss']:.0f} MiB" if c["max_rss"] else "-"
+    return list(out.values())
+
+
+def render_html(v: dict, all_tables: Dict[str, List[dict]], run_name: str, costs: List[dict]) -> str:
+    import jinja2
+
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("ckptaudit", "templates"),
+        autoescape=jinja2.select_autoescape(["html", "j2"]),
+        undefined=jinja2.StrictUndefined,
+    )
+    tpl = env.get_template("report.html.j2")
+    return tpl.render(
+        verdict=v, run_name=run_name, layers=LAYERS, version=__version__,
+        generated=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        state_rows=all_tables.get("state", []), load_rows=all_tables.get("load", []),
+        hash_rows=all_tables.get("hash", []), stage_costs=costs, worst_severity=_worst,
+        yn=lambda x: "yes" if x else ("no" if x is not None else ""),
+        mib=lambda b: f"{b / 2**20:.0f} MiB" if b else "",
+    )
+
+
+def run_report(inventory_json: str, parts: Dict[str, List[str]], cfg: dict, out_dir: str,
+               bench_dir: str = "") -> dict:
+    """Concatenate part tables into ``out_dir/tables``; write verdict.json,
+    units.parquet (in tables/) and report.html.  Returns the verdict."""
+    with open(inventory_json) as f:
+        inv = json.load(f)
+    out = Path(out_dir)
+    tdir = out / "tables"
+    all_tables: Dict[str, List[dict]] = {}
+    for stage in STAGES:
+        all_tables[stage] = tables.concat(stage, parts.get(stage, []), tdir / f"{stage}.parquet")
+    v = verdict.build(inv, all_tables, cfg)
+    sizes = {u["unit"]: u["size_bytes"] for u in inv["units"]}
+    tables.write("units", verdict.units_rows(v, sizes), tdir / "units.parquet")
+    ptr_rows = []
+    by_path = {p["path"]: p for p in inv.get("pointers", [])}
+    for p in v["pointers"]:
+        src = by_path.get(p["path"], {})
+        f = next((x for x in v["pointer_findings"] if x.get("path") == p["path"]), None)
+        ptr_rows.append({"path": p["path"], "kind": src.get("kind", ""), "target": p["target"],
+                         "resolved": src.get("resolved", ""), "exists": src.get("exists"),
+                         "is_symlink": src.get("is_symlink"), "ok": p["ok"], "finding_kind": p["kind"],
+                         "findings_json": json.dumps([f] if f else [])})
+    tables.write("pointers", ptr_rows, tdir / "pointers.parquet")
+    _write_json(out / "verdict.json", v)
+    run_name = cfg.get("run_name") or Path(inv["run_dir"].rstrip("/")).name
+    html = render_html(v, all_tables, run_name, stage_costs(bench_dir) if bench_dir else [])
+    tmp = out / "report.html.tmp"
+    tmp.write_text(html)
+    tmp.replace(out / "report.html")
+    return v
+
+
+def _write_json(path: Path, doc: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")
+    tmp.replace(path)
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m ckptaudit.report")
+    ap.add_argument("--inventory", required=True)
+    ap.add_argument("--config", required=True)
+    ap.add_argument("--out-dir", required=True)
+    ap.add_argument("--bench-dir", default="")
+    for s in STAGES:
+        ap.add_argument(f"--{s}", nargs="*", default=[])
+    a = ap.parse_args(argv)
+    with open(a.config) as f:
+        cfg = json.load(f)
+    parts = {s: getattr(a, s) for s in STAGES}
+    run_report(a.inventory, parts, cfg, a.out_dir, a.bench_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

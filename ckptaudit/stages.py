@@ -1,0 +1,209 @@
+"""Entry points of the workflow's rules: ``python -m ckptaudit.stages STAGE …``.
+
+Each stage is a plain function over files, so it is testable without
+Snakemake; the rules in ``rules/*.smk`` only wire paths.  Per-unit stages take
+a *part* (a group of units, see :func:`ckptaudit.inventory.assign_parts`) and
+write one Parquet table for it; the report stage concatenates the parts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+
+def _inventory(path: str) -> dict:
+    with open(path) as f:
+        return json.load(f)
+
+
+def _config(path: str | None) -> dict:
+    if not path:
+        return {}
+    with open(path) as f:
+        return json.load(f)
+
+
+def part_units(inv: dict, part: str) -> List[dict]:
+    wanted = set(inv["parts"].get(part, []))
+    return [u for u in inv["units"] if u["unit"] in wanted]
+
+
+def stage_inventory(run_dir: str, units_per_job, out_parquet: str, out_json: str, out_pointers: str) -> dict:
+    from . import inventory, tables
+
+    doc = inventory.run_inventory(run_dir, units_per_job)
+    inventory.write_inventory(doc, out_parquet, out_json)
+    tables.write("pointers", [{**p, "ok": None, "finding_kind": "", "findings_json": "[]"} for p in doc["pointers"]],
+                 out_pointers)
+    return doc
+
+
+def stage_hash(inv: dict, part: str, out: str) -> List[dict]:
+    from . import hashing, tables
+
+    run_dir = Path(inv["run_dir"])
+    rows: List[dict] = []
+    for u in part_units(inv, part):
+        rows.extend(hashing.hash_unit(run_dir, u))
+    tables.write("hash", rows, out)
+    return rows
+
+
+def scan_units(run_dir: Path, units: List[dict], cfg: dict):
+    """Scan units by bytes; returns (scan rows, tensor rows, import rows)."""
+    from dataclasses import asdict
+
+    from . import findings as F
+    from . import layouts
+
+    scans, tensors, imports = [], [], []
+    for u in units:
+        adapter = layouts.adapter_for(u)
+        s = adapter.scan(run_dir, u, cfg)
+        for mf in u.get("missing_files", []):
+            s.facts.setdefault("missing_files", []).append(mf)
+        if u.get("in_progress") and u["kind"] != "file" and not any(f.kind == "unit_in_progress" for f in s.findings):
+            s.add(F.make("unit_in_progress", path=u["unit"], why=u["in_progress"]))
+        scans.append(s.row())
+        tensors.extend(asdict(t) for t in s.tensors)
+        imports.extend({"unit": u["unit"], **{k: i.get(k) for k in ("file", "member", "module", "name", "category",
+                                                                      "source", "add_safe")}} for i in s.imports)
+    return scans, tensors, imports
+
+
+def stage_scan(inv: dict, part: str, cfg: dict, out: str, out_tensors: str, out_imports: str) -> List[dict]:
+    from . import tables
+
+    scans, tensors, imports = scan_units(Path(inv["run_dir"]), part_units(inv, part), cfg)
+    tables.write("scan", scans, out)
+    tables.write("tensors", tensors, out_tensors)
+    tables.write("imports", imports, out_imports)
+    return scans
+
+
+def _by_unit(rows: List[dict]) -> Dict[str, List[dict]]:
+    out: Dict[str, List[dict]] = {}
+    for r in rows:
+        out.setdefault(r["unit"], []).append(r)
+    return out
+
+
+def stage_load(inv: dict, part: str, cfg: dict, scan_path: str, hash_path: str, out: str) -> List[dict]:
+    from . import loadtest, tables
+
+    scans = {r["unit"]: r for r in tables.read_rows(scan_path)}
+    hashes = _by_unit(tables.read_rows(hash_path))
+    rows = loadtest.load_units(Path(inv["run_dir"]), part_units(inv, part), scans, hashes, cfg)
+    tables.write("load", rows, out)
+    return rows
+
+
+def load_reference(cfg: dict):
+    """Weights structure {name: tensor desc} of ``cfg['reference']`` (scanned statically), or None."""
+    ref = cfg.get("reference")
+    if not ref:
+        return None
+    from . import components as C
+    from . import inventory
+
+    p = Path(ref)
+    if not p.exists():
+        raise FileNotFoundError(f"reference checkpoint {ref} does not exist")
+    if p.is_dir():
+        units, _, _ = inventory.discover(p)
+        root = p
+        if not units:
+            raise ValueError(f"reference {ref}: no checkpoint unit found")
+        u = units[-1].to_dict()
+    else:
+        root = p.parent
+        u = inventory._file_unit(root, p, [p.name]).to_dict()
+        u["files"] = [p.name]
+        u["unit"] = p.name
+    scans, _, _ = scan_units(root, [u], {})
+    s = scans[0]
+    c = C.collect(s["layout"], json.loads(s["tree_json"]), json.loads(s["facts_json"]))
+    return c.weights
+
+
+def stage_structure(inv: dict, part: str, cfg: dict, scan_path: str, tensors_path: str, out: str) -> List[dict]:
+    from . import structure, tables
+
+    scans = {r["unit"]: r for r in tables.read_rows(scan_path)}
+    tens = _by_unit(tables.read_rows(tensors_path))
+    reference = load_reference(cfg)
+    rows = [structure.analyse_unit(u, scans[u["unit"]], tens.get(u["unit"], []), cfg, reference)
+            for u in part_units(inv, part) if u["unit"] in scans]
+    tables.write("structure", rows, out)
+    return rows
+
+
+def stage_configdiff(inv: dict, part: str, cfg: dict, scan_path: str, out: str) -> List[dict]:
+    from . import configdiff, tables
+
+    scans = {r["unit"]: r for r in tables.read_rows(scan_path)}
+    rows: List[dict] = []
+    for u in part_units(inv, part):
+        if u["unit"] in scans:
+            rows.extend(configdiff.diff_unit(u, scans[u["unit"]], cfg))
+    tables.write("configdiff", rows, out)
+    return rows
+
+
+def stage_state(inv: dict, part: str, cfg: dict, scan_path: str, tensors_path: str, out: str) -> List[dict]:
+    from . import state, tables
+
+    scans = {r["unit"]: r for r in tables.read_rows(scan_path)}
+    tens = _by_unit(tables.read_rows(tensors_path))
+    run_dir = Path(inv["run_dir"])
+    rows = [state.analyse_unit(u, scans[u["unit"]], tens.get(u["unit"], []), run_dir, cfg)
+            for u in part_units(inv, part) if u["unit"] in scans]
+    tables.write("state", rows, out)
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m ckptaudit.stages")
+    ap.add_argument("stage")
+    ap.add_argument("--run-dir")
+    ap.add_argument("--units-per-job", default="auto")
+    ap.add_argument("--inventory")
+    ap.add_argument("--part")
+    ap.add_argument("--config")
+    ap.add_argument("--scan")
+    ap.add_argument("--hash")
+    ap.add_argument("--tensors")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--out-json")
+    ap.add_argument("--out-pointers")
+    ap.add_argument("--out-tensors")
+    ap.add_argument("--out-imports")
+    a = ap.parse_args(argv)
+    cfg = _config(a.config)
+    if a.stage == "inventory":
+        stage_inventory(a.run_dir, a.units_per_job, a.out, a.out_json, a.out_pointers)
+        return 0
+    inv = _inventory(a.inventory)
+    if a.stage == "hash":
+        stage_hash(inv, a.part, a.out)
+    elif a.stage == "scan":
+        stage_scan(inv, a.part, cfg, a.out, a.out_tensors, a.out_imports)
+    elif a.stage == "load":
+        stage_load(inv, a.part, cfg, a.scan, a.hash, a.out)
+    elif a.stage == "structure":
+        stage_structure(inv, a.part, cfg, a.scan, a.tensors, a.out)
+    elif a.stage == "configdiff":
+        stage_configdiff(inv, a.part, cfg, a.scan, a.out)
+    elif a.stage == "state":
+        stage_state(inv, a.part, cfg, a.scan, a.tensors, a.out)
+    else:
+        ap.error(f"unknown stage {a.stage!r}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

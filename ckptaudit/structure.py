@@ -1,0 +1,241 @@
+"""Structure layer, per unit: does the checkpoint fit the job that will resume?
+
+Compares key names, shapes and dtypes of the weights with the target (a
+``reference`` checkpoint, or shapes implied by ``expected_model_args``),
+detects wrapper prefixes (``module.`` from DDP/DataParallel, ``_orig_mod.``
+from ``torch.compile`` — torch/_dynamo/eval_frame.py ``OptimizedModule``),
+tied weights stored once (safetensors ``save_model`` de-duplicates shared
+tensors: safetensors/torch.py ``_remove_duplicate_names``), optimizer state
+against the parameters, and the parallel layout (DeepSpeed ZeRO world size and
+stage, Megatron tensor/pipeline sizes) against ``target``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections import Counter
+from typing import Dict, List, Optional
+
+from . import components as C
+from . import findings as F
+
+WRAPPER_PREFIXES = {"module.": "DistributedDataParallel/DataParallel", "_orig_mod.": "torch.compile"}
+# Buffers that are in a state_dict but are not parameters (no optimizer state).
+BUFFER_RE = re.compile(r"(running_mean|running_var|num_batches_tracked|\.attn\.bias$|masked_bias|inv_freq|"
+                       r"position_ids$|\.mask$)")
+# Known tied pairs (output head <-> input embedding) by naming convention:
+# nanoGPT (lm_head/wte), HF GPT-2 (transformer.wte), Llama (model.embed_tokens),
+# T5 (shared), Megatron (word_embeddings).
+# Each entry: (head, embedding, a key that shows the embedding's family is present).
+TIED_FAMILIES = [
+    ("lm_head.weight", "wte.weight", "wpe.weight"),
+    ("lm_head.weight", "transformer.wte.weight", "transformer.wpe.weight"),
+    ("lm_head.weight", "model.embed_tokens.weight", "model.norm.weight"),
+    ("output.weight", "tok_embeddings.weight", "norm.weight"),
+    ("lm_head.weight", "shared.weight", "encoder.final_layer_norm.weight"),
+]
+TIED = [(h, tuple(e for hh, e, _ in TIED_FAMILIES if hh == h)) for h in sorted({h for h, _, _ in TIED_FAMILIES})]
+
+
+def missing_tied_aliases(keys) -> List[tuple]:
+    """(kept, missing) names of tied pairs where only one name was stored."""
+    out = []
+    for head, emb, sibling in TIED_FAMILIES:
+        if sibling not in keys:
+            continue
+        if head in keys and emb not in keys:
+            out.append((head, emb))
+        elif emb in keys and head not in keys:
+            out.append((emb, head))
+    return out
+
+
+def tied_pairs_present(weights: Dict[str, dict]) -> int:
+    """Known tied pairs stored under both names with equal shapes (one parameter each)."""
+    n = 0
+    for head, emb, _ in TIED_FAMILIES:
+        if head in weights and emb in weights and weights[head].get("shape") == weights[emb].get("shape"):
+            n += 1
+    return n
+VOCAB_KEYS = ("vocab", "vocab_size", "n_vocab", "padded_vocab_size")
+
+
+def strip_prefix(keys: List[str]) -> str:
+    """The wrapper prefix every key carries (e.g. "module._orig_mod."), or ""."""
+    prefix = ""
+    rest = list(keys)
+    while rest:
+        hit = None
+        for p in WRAPPER_PREFIXES:
+            if all(k.startswith(p) for k in rest):
+                hit = p
+                break
+        if not hit:
+            break
+        prefix += hit
+        rest = [k[len(hit):] for k in rest]
+    return prefix
+
+
+def structure_hash(weights: Dict[str, dict]) -> str:
+    h = hashlib.sha256()
+    for k in sorted(weights):
+        t = weights[k]
+        h.update(f"{k}:{t.get('__tensor__')}:{t.get('shape')}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def _examples(items: List[str], n: int = 4) -> str:
+    shown = ", ".join(items[:n])
+    return shown + (f" and {len(items) - n} more" if len(items) > n else "")
+
+
+def analyse_unit(unit: dict, scan_row: dict, tensors: List[dict], cfg: dict,
+                 reference: Optional[Dict[str, dict]] = None) -> dict:
+    """One row of the ``structure`` table for a unit."""
+    p = unit["unit"]
+    row = {"unit": p, "findings_json": "[]"}
+    if not scan_row.get("file_ok") or not scan_row.get("security_ok"):
+        return row
+    tree = json.loads(scan_row.get("tree_json") or "{}")
+    facts = json.loads(scan_row.get("facts_json") or "{}")
+    c = C.collect(scan_row["layout"], tree, facts)
+    fl: List[F.Finding] = []
+    target = cfg.get("target") or {}
+    # parallel layout
+    dp, stage = facts.get("dp_world_size"), facts.get("zero_stage")
+    row.update(dp_world_size=dp, zero_stage=stage)
+    if scan_row["layout"] == "deepspeed":
+        tws, tst = target.get("world_size"), target.get("zero_stage")
+        if tws and dp and stage and tws != dp and stage >= 1:
+            fl.append(F.make("zero_dp_world_size_mismatch", path=p, stage=stage, saved=dp, target=tws))
+        if tst is not None and stage is not None and tst != stage:
+            fl.append(F.make("zero_stage_mismatch", path=p, saved=stage, target=tst))
+    if scan_row["layout"] == "megatron":
+        for what, key in (("tensor_model_parallel_size", "tensor_parallel"),
+                          ("pipeline_model_parallel_size", "pipeline_parallel")):
+            saved, want = facts.get(key), target.get(key)
+            if saved and want and saved != want:
+                fl.append(F.make("model_parallel_mismatch", path=p, what=what, saved=saved, target=want))
+    w = c.weights or {}
+    if not w:
+        row["findings_json"] = json.dumps([f.to_dict() for f in fl])
+        return row
+    keys = sorted(w)
+    row.update(weights_component=c.weights_source, n_weight_keys=len(keys), structure_hash=structure_hash(w))
+    ref_keys = sorted(reference) if reference else None
+    prefix = strip_prefix(keys)
+    if prefix and not (ref_keys and strip_prefix(ref_keys) == prefix):
+        wrappers = " + ".join(WRAPPER_PREFIXES[x + "."] for x in prefix.rstrip(".").split(".") if x + "." in WRAPPER_PREFIXES)
+        comp = c.weights_source.split(":")[-1] or "the weights"
+        fl.append(F.make("key_prefix_mismatch", path=p, component=repr(comp), prefix=prefix, wrapper=wrappers))
+        row["prefix"] = prefix
+    bare = {k[len(prefix):]: v for k, v in w.items()} if prefix else w
+    # against a reference structure
+    shape_bad: List[str] = []
+    if reference:
+        missing = sorted(set(reference) - set(bare))
+        unexpected = sorted(set(bare) - set(reference))
+        tied_ok = _tied_aliases(bare, reference)
+        missing = [m for m in missing if m not in tied_ok]
+        for k in sorted(set(reference) & set(bare)):
+            if list(reference[k].get("shape", [])) != list(bare[k].get("shape", [])):
+                shape_bad.append(f"{k}: saved {tuple(bare[k]['shape'])}, expected {tuple(reference[k]['shape'])}")
+        if missing:
+            fl.append(F.make("missing_keys", path=p, n=len(missing), examples=_examples([repr(m) for m in missing])))
+        if unexpected:
+            fl.append(F.make("unexpected_keys", path=p, n=len(unexpected),
+                             examples=_examples([repr(m) for m in unexpected])))
+        row.update(n_missing=len(missing), n_unexpected=len(unexpected))
+    # shapes implied by expected_model_args
+    exp = cfg.get("expected_model_args") or {}
+    vocab_text = ""
+    if exp and c.model_args and not reference:
+        changed = {k: (c.model_args.get(k), v) for k, v in exp.items()
+                   if k in c.model_args and isinstance(v, int) and isinstance(c.model_args.get(k), int)
+                   and c.model_args.get(k) != v}
+        for k, (saved, want) in changed.items():
+            for name in sorted(bare):
+                shape = bare[name].get("shape") or []
+                if saved in shape:
+                    dim = shape.index(saved)
+                    new = list(shape)
+                    new[dim] = want
+                    shape_bad.append(f"{name}: saved {tuple(shape)}, expected {tuple(new)} ({k} {saved} -> {want})")
+            if k in VOCAB_KEYS:
+                vocab_text = f"; this is a vocabulary resize ({k} {want} -> {saved} at save time)"
+    if shape_bad:
+        fl.append(F.make("size_mismatch", path=p, n=len(shape_bad), examples=_examples(shape_bad, 3),
+                         vocab_text=vocab_text))
+    row["n_shape_mismatch"] = len(shape_bad)
+    # tied weights stored once
+    if not reference and c.weights_only_format:
+        for kept, alias in missing_tied_aliases(bare):
+            fl.append(F.make("tied_weight_alias_missing", path=p, alias=repr(alias), kept=repr(kept)))
+    # optimizer vs parameters
+    fl.extend(_optimizer_checks(p, c, tensors, bare, prefix, row))
+    row["findings_json"] = json.dumps([f.to_dict() for f in fl])
+    return row
+
+
+def _tied_aliases(bare: Dict[str, dict], reference: Dict[str, dict]) -> set:
+    out = set()
+    for alias, kept_names in TIED:
+        if any(k in bare for k in kept_names) and alias not in bare and alias in reference:
+            out.add(alias)
+    return out
+
+
+def _optimizer_checks(p: str, c: C.Components, tensors: List[dict], bare: Dict[str, dict], prefix: str,
+                      row: dict) -> List[F.Finding]:
+    opt = c.optimizer
+    if not opt or c.optimizer_partitioned or not isinstance(opt.get("param_groups"), list):
+        return []
+    groups = opt["param_groups"]
+    sizes = [len(g.get("params", [])) for g in groups if isinstance(g.get("params"), list)]
+    if not sizes:
+        return []
+    # parameters: weight tensors minus buffers, de-duplicated by shared storage (tied weights)
+    wsrc = c.weights_source.split(":")[-1]
+    storage_of = {}
+    for t in tensors:
+        name = t["name"]
+        if wsrc and wsrc != "(root)" and name.startswith(wsrc + "."):
+            storage_of[name[len(wsrc) + 1:]] = (t["file"], t["storage_key"])
+    params = []
+    seen = set()
+    for k in sorted(bare, key=lambda x: list(bare).index(x)):
+        if BUFFER_RE.search(k):
+            continue
+        sk = storage_of.get(prefix + k)
+        if sk is not None and sk in seen:
+            continue
+        seen.add(sk if sk is not None else k)
+        params.append(k)
+    n_saved = sum(sizes)
+    row.update(model_params=len(params), optimizer_params=n_saved)
+    out = []
+    # a tied pair saved as two separate storages is still one parameter
+    tied = tied_pairs_present({k: bare[k] for k in params})
+    if n_saved != len(params) and n_saved == len(params) - tied:
+        params = [k for k in params if k not in {h for h, e, _ in TIED_FAMILIES if e in params}]
+        row["model_params"] = len(params)
+    if n_saved != len(params):
+        out.append(F.make("optimizer_param_group_size_mismatch", path=p, saved=n_saved,
+                          groups=f"{len(sizes)} group(s) of {', '.join(map(str, sizes))}", model=len(params)))
+        return out
+    state = opt.get("state") or {}
+    moment_shapes = Counter()
+    for v in state.values():
+        if isinstance(v, dict):
+            m = v.get("exp_avg") or v.get("momentum_buffer")
+            if C.is_tensor(m):
+                moment_shapes[tuple(m.get("shape", []))] += 1
+    param_shapes = Counter(tuple(bare[k].get("shape", [])) for k in params)
+    if moment_shapes and sum(moment_shapes.values()) == len(params) and moment_shapes != param_shapes:
+        diff = list((moment_shapes - param_shapes).items())[:3]
+        out.append(F.make("optimizer_state_shape_mismatch", path=p,
+                          examples=", ".join(f"{n} moment(s) of shape {s} with no parameter of that shape" for s, n in diff)))
+    return out

@@ -1,0 +1,273 @@
+"""The verdict: join every layer, read the run as a whole, pick the rollback point.
+
+``verdict.json`` (schema ``ckptaudit.verdict/1``) is a stable contract::
+
+    {"schema": "ckptaudit.verdict/1", "run_dir": "...",
+     "recommendation": "resume" | "warm-start" | "retrain",
+     "rollback": {"unit": "<path relative to run_dir>", "step": 400} | null,
+     "steps_lost": 100 | null,
+     "alternatives": [{"unit", "step", "usable_for", "steps_lost"}],
+     "reasons": ["plain words", ...],
+     "units": [{"unit", "step", "layout", "usable_for", "findings": [...]}],
+     "pointers": [{"path", "target", "ok", "kind"}]}
+
+A unit's ``usable_for`` is the minimum of its findings' caps (see
+:mod:`ckptaudit.findings`).  The rollback point is the newest unit usable for
+``resume``; newer warm-start units are listed as alternatives with the steps
+each option loses.  With no resumable unit the newest warm-start unit is the
+rollback point; with neither the recommendation is ``retrain``.  ``steps_lost``
+counts from the newest unit's step (damaged or not).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from typing import Dict, List, Optional
+
+from . import findings as F
+
+SCHEMA = "ckptaudit.verdict/1"
+EXIT_NEWEST_OK, EXIT_ROLLBACK, EXIT_RETRAIN, EXIT_FAILED = 0, 1, 2, 3
+
+
+def _loads(s: Optional[str]) -> List[dict]:
+    return json.loads(s) if s else []
+
+
+def unit_findings(unit: str, tables: Dict[str, List[dict]]) -> List[dict]:
+    out: List[dict] = []
+    for name in ("hash", "scan", "load", "structure", "configdiff", "state"):
+        for r in tables.get(name, []):
+            if r["unit"] == unit:
+                out.extend(_loads(r.get("findings_json")))
+    # de-duplicate identical findings (a kind on the same path with the same message)
+    seen, uniq = set(), []
+    for f in out:
+        k = (f["kind"], f.get("path"), f["message"])
+        if k not in seen:
+            seen.add(k)
+            uniq.append(f)
+    return uniq
+
+
+def _step(u: dict, state_row: Optional[dict]) -> Optional[int]:
+    if state_row and state_row.get("step") is not None:
+        return int(state_row["step"])
+    return u.get("step_from_name")
+
+
+def run_findings(units: List[dict], state_rows: Dict[str, dict], structure_rows: Dict[str, dict],
+                 cfg: dict) -> Dict[str, List[dict]]:
+    """Findings that only the run as a whole shows: counters going back, gaps,
+    norm jumps, the structure changing.  Units are taken in save order (name
+    step, then name)."""
+    out: Dict[str, List[dict]] = {}
+    ordered = [u for u in units if u.get("step_from_name") is not None and not u.get("in_progress")]
+    prev = None
+    for u in ordered:
+        s = state_rows.get(u["unit"]) or {}
+        if s.get("step") is None or s.get("has_weights") is None:
+            continue
+        if prev is not None and s["step"] <= prev[1]:
+            out.setdefault(u["unit"], []).append(F.make(
+                "step_not_increasing", path=u["unit"], step=s["step"], previous=prev[1]).to_dict())
+        prev = (u["unit"], s["step"])
+    steps = [u["step_from_name"] for u in ordered]
+    if len(steps) >= 3:
+        gaps = [b - a for a, b in zip(steps, steps[1:]) if b > a]
+        interval = statistics.median(gaps) if gaps else 0
+        for u, a, b in zip(ordered[1:], steps, steps[1:]):
+            if interval and b - a > 1.5 * interval:
+                out.setdefault(u["unit"], []).append(F.make(
+                    "step_gap", path=u["unit"], gap=b - a, previous=a, interval=int(interval)).to_dict())
+    # weight-norm jumps and the first poisoned unit are read in save order too
+    ratio = float((cfg.get("state") or {}).get("norm_jump_ratio", 10.0))
+    prev_norm = None
+    for u in ordered:
+        s = state_rows.get(u["unit"]) or {}
+        n = s.get("weight_norm")
+        if n and prev_norm and prev_norm[1] > 0:
+            r = max(n / prev_norm[1], prev_norm[1] / n)
+            if r >= ratio:
+                out.setdefault(u["unit"], []).append(F.make(
+                    "weight_norm_jump", path=u["unit"], ratio=r, previous=prev_norm[0],
+                    examples=f"{prev_norm[1]:.4g} -> {n:.4g}").to_dict())
+        if n:
+            prev_norm = (u["unit"], n)
+    # structure changes inside the run
+    prev_s = None
+    for u in ordered:
+        sr = structure_rows.get(u["unit"]) or {}
+        h = sr.get("structure_hash")
+        if h and prev_s and h != prev_s[1]:
+            out.setdefault(u["unit"], []).append(F.make(
+                "model_changed_in_run", path=u["unit"], previous=prev_s[0],
+                examples=f"structure {prev_s[1]} -> {h}").to_dict())
+        if h:
+            prev_s = (u["unit"], h)
+    return out
+
+
+def pointer_verdicts(pointers: List[dict], units_out: List[dict], inv_units: List[dict]) -> List[dict]:
+    usable = [u for u in units_out if u["usable_for"] != "none"]
+    best = max(usable, key=lambda u: (u["step"] if u["step"] is not None else -1), default=None)
+    suggestion = best["unit"].rsplit("/", 1)[-1] if best else "none"
+    by_unit = {u["unit"]: u for u in units_out}
+    out = []
+    for p in pointers:
+        res = p.get("resolved") or ""
+        kind, ok, f = "", True, None
+        if p["kind"] == "Megatron tracker file" and not (p["target"].isdigit() or p["target"] == "release"):
+            kind, ok = "megatron_tracker_invalid", False
+            f = F.make(kind, path=p["path"], pointer=p["path"], content=p["target"][:40], suggestion=suggestion)
+        elif p["is_symlink"] and not p["exists"]:
+            kind, ok = "dangling_symlink", False
+            f = F.make(kind, path=p["path"], pointer=p["path"], target=p["target"], suggestion=suggestion)
+        elif not res or res not in by_unit:
+            if res and res not in by_unit and p["exists"]:
+                pass  # names something that is not a unit (e.g. a plain file): nothing to judge
+            else:
+                kind, ok = "latest_pointer_dangling", False
+                ctext = f"; the newest complete checkpoint is {suggestion}" if best else "; no complete checkpoint exists"
+                f = F.make(kind, path=p["path"], pointer=p["path"], target=p["target"], suggestion=suggestion,
+                           complete_text=ctext)
+        else:
+            u = by_unit[res]
+            if u["usable_for"] == "none":
+                kind, ok = "latest_pointer_incomplete", False
+                errs = [x["kind"] for x in u["findings"] if x["severity"] == "error"]
+                f = F.make(kind, path=p["path"], pointer=p["path"], target=p["target"], suggestion=suggestion,
+                           why=", ".join(errs) or "not usable")
+                u["findings"].append(f.to_dict())
+            elif best and u["step"] is not None and best["step"] is not None and best["step"] > u["step"]:
+                kind = "latest_pointer_not_newest"
+                f = F.make(kind, path=p["path"], pointer=p["path"], target=p["target"], suggestion=suggestion)
+        out.append({"path": p["path"], "target": p["target"], "resolved": res, "ok": ok, "kind": kind,
+                    "finding": f.to_dict() if f else None})
+    return out
+
+
+def build(inv: dict, tables: Dict[str, List[dict]], cfg: dict) -> dict:
+    """The verdict document from the inventory and every stage's rows."""
+    state_rows = {r["unit"]: r for r in tables.get("state", [])}
+    structure_rows = {r["unit"]: r for r in tables.get("structure", [])}
+    extra = run_findings(inv["units"], state_rows, structure_rows, cfg)
+    units_out = []
+    for u in inv["units"]:
+        fl = unit_findings(u["unit"], tables) + extra.get(u["unit"], [])
+        for mf in u.get("missing_files", []):
+            pass  # reported by the layout's own check (e.g. index_references_missing_shard)
+        units_out.append({
+            "unit": u["unit"], "step": _step(u, state_rows.get(u["unit"])), "layout": u["layout"],
+            "size_bytes": u["size_bytes"], "usable_for": F.usable_for(fl), "findings": fl,
+        })
+    pointers = pointer_verdicts(inv.get("pointers", []), units_out, inv["units"])
+    for u in units_out:  # pointer findings may have lowered a unit
+        u["usable_for"] = F.usable_for(u["findings"])
+    return decide(inv["run_dir"], units_out, pointers)
+
+
+def _key(u: dict):
+    return (u["step"] if u["step"] is not None else -1, u["unit"])
+
+
+def decide(run_dir: str, units_out: List[dict], pointers: List[dict]) -> dict:
+    ordered = sorted(units_out, key=_key)
+    newest = ordered[-1] if ordered else None
+    newest_step = max((u["step"] for u in ordered if u["step"] is not None), default=None)
+    resume = [u for u in ordered if u["usable_for"] == "resume"]
+    warm = [u for u in ordered if u["usable_for"] == "warm-start"]
+
+    def lost(u):
+        if newest_step is None or u["step"] is None:
+            return None
+        return newest_step - u["step"]
+
+    rollback, rec = None, "retrain"
+    alternatives = []
+    if resume:
+        rollback, rec = resume[-1], "resume"
+        alternatives = [u for u in warm if _key(u) > _key(rollback)]
+    elif warm:
+        rollback, rec = warm[-1], "warm-start"
+    reasons = _reasons(ordered, rollback, rec, alternatives, lost, pointers)
+    return {
+        "schema": SCHEMA,
+        "run_dir": run_dir,
+        "recommendation": rec,
+        "rollback": {"unit": rollback["unit"], "step": rollback["step"]} if rollback else None,
+        "steps_lost": lost(rollback) if rollback else None,
+        "newest": {"unit": newest["unit"], "step": newest["step"]} if newest else None,
+        "alternatives": [{"unit": a["unit"], "step": a["step"], "usable_for": a["usable_for"],
+                          "steps_lost": lost(a)} for a in reversed(alternatives)],
+        "reasons": reasons,
+        "units": [{k: u[k] for k in ("unit", "step", "layout", "usable_for", "findings")} for u in ordered],
+        "pointers": [{"path": p["path"], "target": p["target"], "ok": p["ok"], "kind": p["kind"]} for p in pointers],
+        "pointer_findings": [p["finding"] for p in pointers if p.get("finding")],
+    }
+
+
+def _first_error(u: dict) -> Optional[dict]:
+    errs = [f for f in u["findings"] if f["severity"] == "error"]
+    order = {"security": 0, "file": 1, "structure": 2, "state": 3}
+    return sorted(errs, key=lambda f: order.get(f["layer"], 9))[0] if errs else None
+
+
+def _reasons(ordered, rollback, rec, alternatives, lost, pointers) -> List[str]:
+    r: List[str] = []
+    if not ordered:
+        return ["No checkpoint unit was found in the run folder."]
+    newer = [u for u in ordered if rollback is None or _key(u) > _key(rollback)]
+    for u in reversed(newer):
+        e = _first_error(u)
+        if e:
+            r.append(f"{u['unit']} (step {u['step']}) is not usable for resume: {e['message']} "
+                     f"Next: {e['next_step']}")
+        elif u["usable_for"] != "resume":
+            w = next((f for f in u["findings"] if F.CATALOGUE[f["kind"]].caps != "resume"), None)
+            if w:
+                r.append(f"{u['unit']} (step {u['step']}) is usable for {u['usable_for']} only: {w['message']}")
+    poisoned = [u for u in ordered if any(f["kind"] == "nan_in_weights" for f in u["findings"])]
+    if poisoned:
+        r.append(f"The first checkpoint with non-finite weights is {poisoned[0]['unit']} (step {poisoned[0]['step']}); "
+                 "every later one inherits the divergence.")
+    if rollback:
+        n = lost(rollback)
+        lost_txt = f", losing {n} steps" if n else ""
+        verb = "Resume" if rec == "resume" else "Warm-start (weights only, fresh optimizer)"
+        r.insert(0, f"{verb} from {rollback['unit']} (step {rollback['step']}){lost_txt}.")
+        repairs = [f["repair"] for f in rollback["findings"] if f.get("repair")]
+        if repairs:
+            r.append(f"Before using {rollback['unit']}, apply: " + " | ".join(repairs))
+        for a in alternatives:
+            r.append(f"Alternative: warm-start from {a['unit']} (step {a['step']}) loses "
+                     f"{lost(a) or 0} steps of weights but restarts the optimizer state.")
+    else:
+        r.insert(0, "Retrain: no checkpoint of this run has usable weights.")
+    for p in pointers:
+        if not p["ok"] and p.get("finding"):
+            r.append(p["finding"]["message"] + " " + p["finding"]["next_step"])
+    return r
+
+
+def exit_code(verdict: dict) -> int:
+    """0 newest unit usable for resume; 1 roll back needed and possible; 2 retrain."""
+    if verdict["recommendation"] == "retrain":
+        return EXIT_RETRAIN
+    rb, newest = verdict["rollback"], verdict.get("newest")
+    if verdict["recommendation"] == "resume" and rb and newest and rb["unit"] == newest["unit"]:
+        return EXIT_NEWEST_OK
+    return EXIT_ROLLBACK
+
+
+def units_rows(verdict: dict, sizes: Dict[str, int]) -> List[dict]:
+    rows = []
+    for u in verdict["units"]:
+        fl = u["findings"]
+        rows.append({"unit": u["unit"], "step": u["step"], "layout": u["layout"], "usable_for": u["usable_for"],
+                     "n_errors": sum(f["severity"] == "error" for f in fl),
+                     "n_warnings": sum(f["severity"] == "warning" for f in fl),
+                     "kinds": sorted({f["kind"] for f in fl}), "layers": sorted({f["layer"] for f in fl}),
+                     "size_bytes": sizes.get(u["unit"]), "findings_json": json.dumps(fl)})
+    return rows

@@ -1,0 +1,71 @@
+# Config validation, paths, wildcard constraints and named input functions.
+# Logic lives in the ckptaudit package (plain functions, testable without
+# Snakemake); nothing heavy is imported here.
+import json
+import os
+import sys
+
+from snakemake.utils import validate
+
+import ckptaudit
+from ckptaudit import workflow_support as ws
+
+validate(config, os.path.join(workflow.basedir, "config", "schema.yaml"))
+
+PYTHON = sys.executable
+VERSION = ckptaudit.__version__
+DEMO_DIR = "demo_run"
+RUN_DIR = config["run_dir"] or DEMO_DIR
+RUN_NAME = config["run_name"] or ws.run_name(RUN_DIR)
+OUT = (config["out_dir"] or os.path.join("reports", RUN_NAME)).rstrip("/")
+TABLES = f"{OUT}/tables"
+PARTS = f"{OUT}/tables/parts"
+LOGS = f"{OUT}/logs"
+BENCH = f"{OUT}/benchmarks"
+WORK = f"{OUT}/work"
+
+
+wildcard_constraints:
+    part=r"p\d{4}",
+
+
+def get_run_dir_input(wildcards):
+    """The demo run is made by the workflow; any other run is only read."""
+    return DEMO_DIR if RUN_DIR == DEMO_DIR and not config["run_dir"] else []
+
+
+def get_listing_fingerprint(wildcards):
+    return ws.listing_fingerprint(RUN_DIR)
+
+
+def get_stage_config(wildcards):
+    return json.dumps(ws.stage_config(config, RUN_DIR, RUN_NAME), sort_keys=True)
+
+
+def get_inventory():
+    """The inventory document (after the inventory checkpoint has run)."""
+    return ws.read_inventory(checkpoints.inventory.get().output.json)
+
+
+def get_part_ids():
+    return sorted(get_inventory()["parts"])
+
+
+def get_part_files(wildcards):
+    return ws.part_files(get_inventory(), wildcards.part)
+
+
+def get_part_units(wildcards):
+    return ws.part_signature(get_inventory(), wildcards.part)
+
+
+def get_parts_of(stage):
+    def _parts(wildcards):
+        return expand(f"{PARTS}/{stage}/{{part}}.parquet", part=get_part_ids())
+
+    _parts.__name__ = f"get_{stage}_parts"
+    return _parts
+
+
+def get_report_outputs():
+    return [f"{OUT}/verdict.json", f"{OUT}/report.html", f"{TABLES}/units.parquet"]

@@ -1,0 +1,21 @@
+# Config/environment diff: saved model args and versions vs the target.
+
+
+rule configdiff:
+    input:
+        scan=f"{PARTS}/scan/{{part}}.parquet",
+        load=f"{PARTS}/load/{{part}}.parquet",
+        config=f"{WORK}/config.json",
+    output:
+        f"{PARTS}/configdiff/{{part}}.parquet",
+    params:
+        inventory=f"{WORK}/inventory.json",
+        units=get_part_units,
+        version=VERSION,
+    log:
+        f"{LOGS}/configdiff/{{part}}.log",
+    benchmark:
+        f"{BENCH}/configdiff/{{part}}.tsv"
+    shell:
+        "{PYTHON} -m ckptaudit.stages configdiff --inventory {params.inventory} --part {wildcards.part} "
+        "--config {input.config} --scan {input.scan} --out {output} > {log} 2>&1"

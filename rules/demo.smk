@@ -1,0 +1,18 @@
+# The bundled demo run: a real tiny GPT trained on CPU, with a real crash
+# (SIGKILL during torch.save) and one silently flipped byte.
+
+
+rule demo:
+    output:
+        directory(DEMO_DIR),
+    params:
+        max_steps=config["demo"]["max_steps"],
+        save_every=config["demo"]["save_every"],
+        seed=config["demo"]["seed"],
+    log:
+        f"{LOGS}/demo/demo.log",
+    benchmark:
+        f"{BENCH}/demo/demo.tsv"
+    shell:
+        "{PYTHON} -m ckptaudit.demo {output} --max-steps {params.max_steps} "
+        "--save-every {params.save_every} --seed {params.seed} > {log} 2>&1"

@@ -1,0 +1,36 @@
+# Inventory: every unit, pointer and leftover of the run.  Re-runs when the
+# folder's listing (names, sizes, mtimes) changes, so new checkpoints are
+# picked up; per-part jobs re-run only when their own units change.
+
+
+rule stage_config:
+    output:
+        f"{WORK}/config.json",
+    params:
+        cfg=get_stage_config,
+    log:
+        f"{LOGS}/stage_config/stage_config.log",
+    shell:
+        "{PYTHON} -m ckptaudit.workflow_support write-config {params.cfg:q} {output} > {log} 2>&1"
+
+
+checkpoint inventory:
+    input:
+        get_run_dir_input,
+    output:
+        parquet=f"{TABLES}/inventory.parquet",
+        json=f"{WORK}/inventory.json",
+        pointers=f"{WORK}/pointers.parquet",
+    params:
+        run_dir=RUN_DIR,
+        listing=get_listing_fingerprint,
+        units_per_job=config["units_per_job"],
+        version=VERSION,
+    log:
+        f"{LOGS}/inventory/inventory.log",
+    benchmark:
+        f"{BENCH}/inventory/inventory.tsv"
+    shell:
+        "{PYTHON} -m ckptaudit.stages inventory --run-dir {params.run_dir:q} "
+        "--units-per-job {params.units_per_job} --out {output.parquet} --out-json {output.json} "
+        "--out-pointers {output.pointers} > {log} 2>&1"

@@ -1,0 +1,23 @@
+# Load: torch.load(weights_only=True) in a forked child with a timeout and an
+# address-space limit, only for units without file or security errors.  The
+# only stage that imports torch.
+
+
+rule load:
+    input:
+        scan=f"{PARTS}/scan/{{part}}.parquet",
+        hash=f"{PARTS}/hash/{{part}}.parquet",
+        config=f"{WORK}/config.json",
+    output:
+        f"{PARTS}/load/{{part}}.parquet",
+    params:
+        inventory=f"{WORK}/inventory.json",
+        units=get_part_units,
+        version=VERSION,
+    log:
+        f"{LOGS}/load/{{part}}.log",
+    benchmark:
+        f"{BENCH}/load/{{part}}.tsv"
+    shell:
+        "{PYTHON} -m ckptaudit.stages load --inventory {params.inventory} --part {wildcards.part} "
+        "--config {input.config} --scan {input.scan} --hash {input.hash} --out {output} > {log} 2>&1"

@@ -1,0 +1,24 @@
+# Scan: file and security layers from bytes alone (zip/safetensors/legacy
+# structure, CRCs, static pickle walk).  Nothing is unpickled.
+
+
+rule scan:
+    input:
+        hash=f"{PARTS}/hash/{{part}}.parquet",
+        config=f"{WORK}/config.json",
+    output:
+        scan=f"{PARTS}/scan/{{part}}.parquet",
+        tensors=f"{PARTS}/tensors/{{part}}.parquet",
+        imports=f"{PARTS}/imports/{{part}}.parquet",
+    params:
+        inventory=f"{WORK}/inventory.json",
+        units=get_part_units,
+        version=VERSION,
+    log:
+        f"{LOGS}/scan/{{part}}.log",
+    benchmark:
+        f"{BENCH}/scan/{{part}}.tsv"
+    shell:
+        "{PYTHON} -m ckptaudit.stages scan --inventory {params.inventory} --part {wildcards.part} "
+        "--config {input.config} --out {output.scan} --out-tensors {output.tensors} "
+        "--out-imports {output.imports} > {log} 2>&1"

@@ -1,0 +1,22 @@
+# State: components present and sound, counters, streamed NaN/Inf scan.
+
+
+rule state:
+    input:
+        scan=f"{PARTS}/scan/{{part}}.parquet",
+        tensors=f"{PARTS}/tensors/{{part}}.parquet",
+        configdiff=f"{PARTS}/configdiff/{{part}}.parquet",
+        config=f"{WORK}/config.json",
+    output:
+        f"{PARTS}/state/{{part}}.parquet",
+    params:
+        inventory=f"{WORK}/inventory.json",
+        units=get_part_units,
+        version=VERSION,
+    log:
+        f"{LOGS}/state/{{part}}.log",
+    benchmark:
+        f"{BENCH}/state/{{part}}.tsv"
+    shell:
+        "{PYTHON} -m ckptaudit.stages state --inventory {params.inventory} --part {wildcards.part} "
+        "--config {input.config} --scan {input.scan} --tensors {input.tensors} --out {output} > {log} 2>&1"

@@ -1,0 +1,22 @@
+# Structure: keys, shapes, prefixes, tied weights, optimizer vs parameters,
+# parallel layout vs the job that will resume.
+
+
+rule structure:
+    input:
+        scan=f"{PARTS}/scan/{{part}}.parquet",
+        tensors=f"{PARTS}/tensors/{{part}}.parquet",
+        config=f"{WORK}/config.json",
+    output:
+        f"{PARTS}/structure/{{part}}.parquet",
+    params:
+        inventory=f"{WORK}/inventory.json",
+        units=get_part_units,
+        version=VERSION,
+    log:
+        f"{LOGS}/structure/{{part}}.log",
+    benchmark:
+        f"{BENCH}/structure/{{part}}.tsv"
+    shell:
+        "{PYTHON} -m ckptaudit.stages structure --inventory {params.inventory} --part {wildcards.part} "
+        "--config {input.config} --scan {input.scan} --tensors {input.tensors} --out {output} > {log} 2>&1"
