@@ -151,10 +151,16 @@ def demo(out_dir, max_steps, save_every, seed, no_incident):
 
 
 @main.command()
-def findings():
+@click.option("--update-readme", is_flag=True, help="Rewrite the catalogue section of the repository README.")
+def findings(update_readme):
     """Print the finding catalogue (Markdown)."""
     from .findings import catalogue_markdown
+    from .findings import update_readme as _update
 
+    if update_readme:
+        changed = _update(workflow_dir() / "README.md")
+        click.echo("README.md updated" if changed else "README.md already current")
+        return
     click.echo(catalogue_markdown(), nl=False)
 
 

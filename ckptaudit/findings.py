@@ -456,6 +456,12 @@ def worse_use(a: str, b: str) -> str:
 def catalogue_markdown() -> str:
     """The catalogue as a Markdown table (used to generate docs/findings.md)."""
     lines = [
+        "## Finding catalogue",
+        "",
+        "Generated from `ckptaudit/findings.py` by `ckptaudit findings --update-readme`; a test keeps the",
+        "two equal. *Unit still usable for* is the best use left to a unit carrying the finding (the verdict",
+        "takes the minimum over a unit's findings). `{fields}` are filled with the unit's values.",
+        "",
         "| kind | layer | severity | unit still usable for | what it means | next step |",
         "|---|---|---|---|---|---|",
     ]
@@ -464,3 +470,18 @@ def catalogue_markdown() -> str:
         nxt = k.next_step.replace("|", "\\|")
         lines.append(f"| `{k.kind}` | {k.layer} | {k.severity} | {k.caps} | {msg} | {nxt} |")
     return "\n".join(lines) + "\n"
+
+
+def update_readme(path) -> bool:
+    """Rewrite the catalogue between the findings markers of README ``path``; True if it changed."""
+    from pathlib import Path
+
+    p = Path(path)
+    text = p.read_text()
+    start, end = "<!-- findings:start -->", "<!-- findings:end -->"
+    i, j = text.index(start) + len(start), text.index(end)
+    new = text[:i] + "\n" + catalogue_markdown() + text[j:]
+    if new != text:
+        p.write_text(new)
+        return True
+    return False

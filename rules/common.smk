@@ -69,3 +69,8 @@ def get_parts_of(stage):
 
 def get_report_outputs():
     return [f"{OUT}/verdict.json", f"{OUT}/report.html", f"{TABLES}/units.parquet"]
+
+
+def get_out_dir(wildcards, output):
+    """The report folder, derived from the verdict's path."""
+    return os.path.dirname(output.verdict)

@@ -2,6 +2,8 @@
 
 
 rule configdiff:
+    conda:
+        "envs/ckptaudit.yaml"
     input:
         scan=f"{PARTS}/scan/{{part}}.parquet",
         load=f"{PARTS}/load/{{part}}.parquet",
@@ -9,6 +11,7 @@ rule configdiff:
     output:
         f"{PARTS}/configdiff/{{part}}.parquet",
     params:
+        python=PYTHON,
         inventory=f"{WORK}/inventory.json",
         units=get_part_units,
         version=VERSION,
@@ -17,5 +20,5 @@ rule configdiff:
     benchmark:
         f"{BENCH}/configdiff/{{part}}.tsv"
     shell:
-        "{PYTHON} -m ckptaudit.stages configdiff --inventory {params.inventory} --part {wildcards.part} "
+        "{params.python} -m ckptaudit.stages configdiff --inventory {params.inventory} --part {wildcards.part} "
         "--config {input.config} --scan {input.scan} --out {output} > {log} 2>&1"

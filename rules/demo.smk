@@ -3,9 +3,12 @@
 
 
 rule demo:
+    conda:
+        "envs/ckptaudit.yaml"
     output:
         directory(DEMO_DIR),
     params:
+        python=PYTHON,
         max_steps=config["demo"]["max_steps"],
         save_every=config["demo"]["save_every"],
         seed=config["demo"]["seed"],
@@ -14,5 +17,5 @@ rule demo:
     benchmark:
         f"{BENCH}/demo/demo.tsv"
     shell:
-        "{PYTHON} -m ckptaudit.demo {output} --max-steps {params.max_steps} "
+        "{params.python} -m ckptaudit.demo {output} --max-steps {params.max_steps} "
         "--save-every {params.save_every} --seed {params.seed} > {log} 2>&1"

@@ -2,11 +2,14 @@
 
 
 rule hash:
+    conda:
+        "envs/ckptaudit.yaml"
     input:
         get_part_files,
     output:
         f"{PARTS}/hash/{{part}}.parquet",
     params:
+        python=PYTHON,
         inventory=f"{WORK}/inventory.json",
         units=get_part_units,
         version=VERSION,
@@ -15,5 +18,5 @@ rule hash:
     benchmark:
         f"{BENCH}/hash/{{part}}.tsv"
     shell:
-        "{PYTHON} -m ckptaudit.stages hash --inventory {params.inventory} --part {wildcards.part} "
+        "{params.python} -m ckptaudit.stages hash --inventory {params.inventory} --part {wildcards.part} "
         "--out {output} > {log} 2>&1"

@@ -4,17 +4,22 @@
 
 
 rule stage_config:
+    conda:
+        "envs/ckptaudit.yaml"
     output:
         f"{WORK}/config.json",
     params:
+        python=PYTHON,
         cfg=get_stage_config,
     log:
         f"{LOGS}/stage_config/stage_config.log",
     shell:
-        "{PYTHON} -m ckptaudit.workflow_support write-config {params.cfg:q} {output} > {log} 2>&1"
+        "{params.python} -m ckptaudit.workflow_support write-config {params.cfg:q} {output} > {log} 2>&1"
 
 
 checkpoint inventory:
+    conda:
+        "envs/ckptaudit.yaml"
     input:
         get_run_dir_input,
     output:
@@ -22,6 +27,7 @@ checkpoint inventory:
         json=f"{WORK}/inventory.json",
         pointers=f"{WORK}/pointers.parquet",
     params:
+        python=PYTHON,
         run_dir=RUN_DIR,
         listing=get_listing_fingerprint,
         units_per_job=config["units_per_job"],
@@ -31,6 +37,6 @@ checkpoint inventory:
     benchmark:
         f"{BENCH}/inventory/inventory.tsv"
     shell:
-        "{PYTHON} -m ckptaudit.stages inventory --run-dir {params.run_dir:q} "
+        "{params.python} -m ckptaudit.stages inventory --run-dir {params.run_dir:q} "
         "--units-per-job {params.units_per_job} --out {output.parquet} --out-json {output.json} "
         "--out-pointers {output.pointers} > {log} 2>&1"

@@ -4,6 +4,8 @@
 
 
 rule load:
+    conda:
+        "envs/ckptaudit.yaml"
     input:
         scan=f"{PARTS}/scan/{{part}}.parquet",
         hash=f"{PARTS}/hash/{{part}}.parquet",
@@ -11,6 +13,7 @@ rule load:
     output:
         f"{PARTS}/load/{{part}}.parquet",
     params:
+        python=PYTHON,
         inventory=f"{WORK}/inventory.json",
         units=get_part_units,
         version=VERSION,
@@ -19,5 +22,5 @@ rule load:
     benchmark:
         f"{BENCH}/load/{{part}}.tsv"
     shell:
-        "{PYTHON} -m ckptaudit.stages load --inventory {params.inventory} --part {wildcards.part} "
+        "{params.python} -m ckptaudit.stages load --inventory {params.inventory} --part {wildcards.part} "
         "--config {input.config} --scan {input.scan} --hash {input.hash} --out {output} > {log} 2>&1"

@@ -3,6 +3,8 @@
 
 
 rule report:
+    conda:
+        "envs/ckptaudit.yaml"
     input:
         inventory=f"{WORK}/inventory.json",
         config=f"{WORK}/config.json",
@@ -19,13 +21,14 @@ rule report:
         html=f"{OUT}/report.html",
         units=f"{TABLES}/units.parquet",
     params:
-        out=OUT,
+        python=PYTHON,
+        out=get_out_dir,
         bench=BENCH,
         version=VERSION,
     log:
         f"{LOGS}/report/report.log",
     shell:
-        "{PYTHON} -m ckptaudit.report --inventory {input.inventory} --config {input.config} "
+        "{params.python} -m ckptaudit.report --inventory {input.inventory} --config {input.config} "
         "--out-dir {params.out} --bench-dir {params.bench} --hash {input.hash} --scan {input.scan} "
         "--tensors {input.tensors} --imports {input.imports} --load {input.load} "
         "--structure {input.structure} --configdiff {input.configdiff} --state {input.state} > {log} 2>&1"

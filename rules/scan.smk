@@ -3,6 +3,8 @@
 
 
 rule scan:
+    conda:
+        "envs/ckptaudit.yaml"
     input:
         hash=f"{PARTS}/hash/{{part}}.parquet",
         config=f"{WORK}/config.json",
@@ -11,6 +13,7 @@ rule scan:
         tensors=f"{PARTS}/tensors/{{part}}.parquet",
         imports=f"{PARTS}/imports/{{part}}.parquet",
     params:
+        python=PYTHON,
         inventory=f"{WORK}/inventory.json",
         units=get_part_units,
         version=VERSION,
@@ -19,6 +22,6 @@ rule scan:
     benchmark:
         f"{BENCH}/scan/{{part}}.tsv"
     shell:
-        "{PYTHON} -m ckptaudit.stages scan --inventory {params.inventory} --part {wildcards.part} "
+        "{params.python} -m ckptaudit.stages scan --inventory {params.inventory} --part {wildcards.part} "
         "--config {input.config} --out {output.scan} --out-tensors {output.tensors} "
         "--out-imports {output.imports} > {log} 2>&1"

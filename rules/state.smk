@@ -2,6 +2,8 @@
 
 
 rule state:
+    conda:
+        "envs/ckptaudit.yaml"
     input:
         scan=f"{PARTS}/scan/{{part}}.parquet",
         tensors=f"{PARTS}/tensors/{{part}}.parquet",
@@ -10,6 +12,7 @@ rule state:
     output:
         f"{PARTS}/state/{{part}}.parquet",
     params:
+        python=PYTHON,
         inventory=f"{WORK}/inventory.json",
         units=get_part_units,
         version=VERSION,
@@ -18,5 +21,5 @@ rule state:
     benchmark:
         f"{BENCH}/state/{{part}}.tsv"
     shell:
-        "{PYTHON} -m ckptaudit.stages state --inventory {params.inventory} --part {wildcards.part} "
+        "{params.python} -m ckptaudit.stages state --inventory {params.inventory} --part {wildcards.part} "
         "--config {input.config} --scan {input.scan} --tensors {input.tensors} --out {output} > {log} 2>&1"

@@ -164,6 +164,25 @@ def read_small(fh, offset: int, dtype: str, numel: int):
     return vals[0] if numel == 1 else vals
 
 
+def relabel(fl: List[Finding], rel: str) -> List[Finding]:
+    """Re-render findings of a byte checker with the file's run-relative path.
+
+    The format checkers name the path they opened (absolute); findings shown to
+    people name the file as it sits in the run folder.
+    """
+    out = []
+    for f in fl:
+        vals = {k: v for k, v in f.detail.items() if k != "path"}
+        if f.kind in F.CATALOGUE:
+            g = F.make(f.kind, path=rel, **vals)
+            g.detail = f.detail | {"path": rel}
+            out.append(g)
+        else:
+            f.path = rel
+            out.append(f)
+    return out
+
+
 # --------------------------------------------------------- single files
 def scan_file(run_dir: Path, rel: str, unit: str, scan: UnitScan, cfg: Dict[str, Any],
               extra_allowed: Optional[List[str]] = None, tree_key: Optional[str] = None) -> Dict[str, Any]:
@@ -182,9 +201,7 @@ def scan_file(run_dir: Path, rel: str, unit: str, scan: UnitScan, cfg: Dict[str,
     allowed = list(cfg.get("security", {}).get("allow_globals", [])) + list(extra_allowed or [])
     s = sniff_mod.sniff(path)
     scan.facts.setdefault("file_kinds", {})[rel] = s.kind
-    generic = sniff_mod.generic_findings(s)
-    for f in generic:
-        f.path = rel
+    generic = relabel(sniff_mod.generic_findings(s), rel)
     scan.add(generic)
     out: Dict[str, Any] = {"kind": s.kind, "obj": None, "header": None, "size_bytes": s.size_bytes}
     if generic and any(f.severity == "error" for f in generic):
@@ -194,9 +211,7 @@ def scan_file(run_dir: Path, rel: str, unit: str, scan: UnitScan, cfg: Dict[str,
         from ..formats import torchzip
 
         rep = torchzip.check_zip(path)
-        for f in rep.findings:
-            f.path = f.path or rel
-        scan.add(rep.findings)
+        scan.add(relabel(rep.findings, rel))
         if rep.data_pkl is None:
             return out
         t0 = time.perf_counter()
@@ -215,7 +230,7 @@ def scan_file(run_dir: Path, rel: str, unit: str, scan: UnitScan, cfg: Dict[str,
         for key, sref in res.storages.items():
             if sref.numel is not None:
                 storages[key] = (sref.numel * sref.itemsize, sref.dtype, sref.numel)
-        scan.add(torchzip.check_storages(rep, storages, rel))
+        scan.add(relabel(torchzip.check_storages(rep, storages, rel), rel))
         members = {m.name: m for m in rep.members}
         with open(path, "rb") as fh:
             for name, tm in res.tensors:
@@ -236,9 +251,7 @@ def scan_file(run_dir: Path, rel: str, unit: str, scan: UnitScan, cfg: Dict[str,
         from ..formats import legacy
 
         res, fl = legacy.check_legacy(path)
-        for f in fl:
-            f.path = f.path or rel
-        scan.add(fl)
+        scan.add(relabel(fl, rel))
         if res is not None:
             verdicts, sec = security.scan(res, path=rel, member="(legacy pickle)", extra_allowed=allowed)
             scan.add(sec)
@@ -252,9 +265,7 @@ def scan_file(run_dir: Path, rel: str, unit: str, scan: UnitScan, cfg: Dict[str,
         from ..formats.safetensors_check import check_safetensors
 
         header, fl = check_safetensors(path)
-        for f in fl:
-            f.path = f.path or rel
-        scan.add(fl)
+        scan.add(relabel(fl, rel))
         if header is not None:
             hlen = _safetensors_header_len(path)
             tree: Dict[str, Any] = {}

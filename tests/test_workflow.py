@@ -1,0 +1,115 @@
+"""The real Snakemake workflow, end to end, on a real demo run with a real crash."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from .conftest import REPO, tree_digest
+
+CLI = [sys.executable, "-m", "ckptaudit.cli"]
+
+
+def run_cli(*args, cwd=None):
+    return subprocess.run(CLI + list(args), capture_output=True, text=True, cwd=cwd, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def audited(demo_run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("audit")
+    before = tree_digest(demo_run.run_dir)
+    p = run_cli("audit", str(demo_run.run_dir), "--out", str(out), "--cores", "2")
+    return demo_run, out, p, before
+
+
+def test_demo_audit_verdict(audited):
+    run, out, p, before = audited
+    assert p.returncode == 1, p.stdout + p.stderr  # roll back needed and possible
+    v = json.loads((out / "verdict.json").read_text())
+    assert v["schema"] == "ckptaudit.verdict/1"
+    units = {u["unit"]: u for u in v["units"]}
+    assert sorted(units) == [f"ckpt_{s:06d}.pt" for s in (50, 100, 150, 200, 250, 300)]
+    trunc = units[run.truncated]
+    assert trunc["usable_for"] == "none"
+    assert [(f["layer"], f["kind"]) for f in trunc["findings"] if f["severity"] == "error"] == [
+        ("file", "truncated_zip_no_central_directory")]
+    flipped = units[run.flipped]
+    assert flipped["usable_for"] == "none"
+    assert {f["kind"] for f in flipped["findings"] if f["severity"] == "error"} == {"checksum_mismatch",
+                                                                                  "zip_crc_mismatch"}
+    assert v["recommendation"] == "resume"
+    assert v["rollback"] == {"unit": "ckpt_000250.pt", "step": 250}
+    assert v["steps_lost"] == 50
+    for name in ("ckpt_000050.pt", "ckpt_000100.pt", "ckpt_000200.pt", "ckpt_000250.pt"):
+        assert units[name]["usable_for"] == "resume"
+        assert [f for f in units[name]["findings"] if f["severity"] != "info"] == []
+    assert v["reasons"][0] == "Resume from ckpt_000250.pt (step 250), losing 50 steps."
+    assert "RESUME from ckpt_000250.pt (step 250), 50 steps lost" in p.stdout
+
+
+def test_demo_audit_outputs(audited):
+    run, out, p, before = audited
+    html = (out / "report.html").read_text()
+    assert "<script" not in html and "http://" not in html.replace("https://pytorch.org", "")
+    assert "Recommendation: RESUME" in html and "ckpt_000250.pt" in html
+    import pyarrow.parquet as pq
+
+    for t in ("inventory", "hash", "scan", "tensors", "imports", "load", "structure", "configdiff", "state",
+              "units", "pointers"):
+        assert (out / "tables" / f"{t}.parquet").exists(), t
+    hashes = pq.read_table(out / "tables" / "hash.parquet").to_pylist()
+    by_file = {h["file"]: h for h in hashes}
+    assert by_file[run.flipped]["verified"] is False
+    assert by_file["ckpt_000250.pt"]["verified"] is True
+    load = {r["unit"]: r for r in pq.read_table(out / "tables" / "load.parquet").to_pylist()}
+    assert load["ckpt_000250.pt"]["status"] == "ok"
+    assert load[run.truncated]["status"] == "skipped"
+
+
+def test_audit_changes_nothing(audited):
+    run, out, p, before = audited
+    assert tree_digest(run.run_dir) == before
+
+
+def part_mtimes(out: Path):
+    return {str(p.relative_to(out / "tables" / "parts")): p.stat().st_mtime_ns for p in (out / "tables" / "parts").rglob("*.parquet")}
+
+
+def test_rerun_does_nothing_then_picks_up_new_unit(demo_run, tmp_path):
+    """Re-auditing an unchanged run must not re-hash anything; a new checkpoint
+    re-runs only inventory, its own part and the report."""
+    run = tmp_path / "run"
+    shutil.copytree(demo_run.run_dir, run)
+    out = tmp_path / "audit"
+    assert run_cli("audit", str(run), "--out", str(out), "--cores", "2").returncode == 1
+    first = part_mtimes(out)
+    assert len([k for k in first if k.startswith("hash/")]) == 6
+    assert run_cli("audit", str(run), "--out", str(out), "--cores", "2").returncode == 1
+    assert part_mtimes(out) == first, "an unchanged run was audited again"
+    shutil.copy(run / "ckpt_000250.pt", run / "ckpt_000350.pt")
+    p = run_cli("audit", str(run), "--out", str(out), "--cores", "2")
+    assert p.returncode == 1, p.stdout + p.stderr
+    after = part_mtimes(out)
+    assert {k: after[k] for k in first} == first, "old parts were recomputed"
+    assert sorted(set(after) - set(first)) == sorted(f"{s}/p0006.parquet" for s in (
+        "configdiff", "hash", "imports", "load", "scan", "state", "structure", "tensors"))
+    v = json.loads((out / "verdict.json").read_text())
+    u = next(u for u in v["units"] if u["unit"] == "ckpt_000350.pt")
+    assert {f["kind"] for f in u["findings"]} >= {"step_name_disagrees"}
+
+
+def test_bad_arguments_exit_3(tmp_path):
+    p = run_cli("audit", str(tmp_path / "missing"), "--out", str(tmp_path / "o"))
+    assert p.returncode == 3
+    assert "not a folder" in p.stderr
+
+
+def test_snakemake_lint_is_clean():
+    p = subprocess.run([sys.executable, "-m", "snakemake", "--lint"], cwd=REPO, capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "Congratulations" in p.stdout + p.stderr
