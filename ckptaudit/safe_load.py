@@ -68,8 +68,6 @@ def check_unit(run_dir: Path, unit: dict, allow_globals: Sequence[str] = ()) -> 
 
     if unit.get("in_progress"):
         return f"in-progress save ({unit['in_progress']})"
-    if unit["kind"] != "file" or unit["layout"] not in ("torch-zip", "torch-legacy", "safetensors", "lightning"):
-        return f"layout {unit['layout']} is not a single torch/safetensors file; load it with its framework"
     cfg = {"security": {"allow_globals": list(allow_globals)}}
     scans, _, _ = scan_units(run_dir, [unit], cfg)
     import json
@@ -77,6 +75,8 @@ def check_unit(run_dir: Path, unit: dict, allow_globals: Sequence[str] = ()) -> 
     errs = [f for f in json.loads(scans[0]["findings_json"]) if f["severity"] == "error"]
     if errs:
         return f"{errs[0]['kind']}: {errs[0]['message']}"
+    if unit["kind"] != "file" or unit["layout"] not in ("torch-zip", "torch-legacy", "safetensors", "lightning"):
+        return f"layout {unit['layout']} is not a single torch/safetensors file; load it with its framework"
     for row in hashing.hash_unit(run_dir, unit):
         bad = [f for f in json.loads(row["findings_json"]) if f["severity"] == "error"]
         if bad:

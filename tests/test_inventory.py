@@ -1,0 +1,65 @@
+"""Inventory finds units, pointers and leftovers by name and layout."""
+
+import os
+import shutil
+
+import pytest
+
+from ckptaudit import inventory
+
+from .conftest import CASES
+
+
+@pytest.mark.parametrize("name,step", [
+    ("ckpt_000500.pt", 500), ("checkpoint-1200", 1200), ("global_step300", 300), ("iter_0000009", 9),
+    ("epoch=3-step=1200.ckpt", 1200), ("step-6", 6), ("model-00001-of-00002.safetensors", None),
+    ("ckpt.pt", None), ("last.ckpt", None), ("model_legacy.pt", None),
+])
+def test_step_from_name(name, step):
+    assert inventory.step_from_name(name) == step
+
+
+def test_units_pointers_and_leftovers(tmp_path):
+    src = CASES / "ok_full_torch" / "ckpt.pt"
+    for s in (100, 200):
+        shutil.copy(src, tmp_path / f"ckpt_{s:06d}.pt")
+    shutil.copy(src, tmp_path / "ckpt_000300.pt.tmp")
+    (tmp_path / "tmp-checkpoint-400").mkdir()
+    (tmp_path / "notes.txt").write_text("hi")
+    os.symlink("ckpt_000900.pt", tmp_path / "last.ckpt")
+    (tmp_path / "ckpt_000100.pt.sha256").write_text("0" * 64 + "  ckpt_000100.pt\n")
+    units, pointers, stray = inventory.discover(tmp_path)
+    by = {u.unit: u for u in units}
+    assert sorted(by) == ["ckpt_000100.pt", "ckpt_000200.pt", "ckpt_000300.pt.tmp", "tmp-checkpoint-400"]
+    assert by["ckpt_000100.pt"].sidecars == ["ckpt_000100.pt.sha256"]
+    assert by["ckpt_000300.pt.tmp"].in_progress.startswith("temporary name")
+    assert by["tmp-checkpoint-400"].in_progress.startswith("HF Trainer temp folder")
+    assert by["ckpt_000100.pt"].layout == "torch-zip" and by["ckpt_000100.pt"].size_bytes == src.stat().st_size
+    assert [(p.path, p.is_symlink, p.exists) for p in pointers] == [("last.ckpt", True, False)]
+    assert stray == ["notes.txt"]
+
+
+def test_layout_folders_are_units():
+    units, pointers, _ = inventory.discover(CASES / "ds_latest_points_to_missing_tag")
+    assert [(u.unit, u.layout, u.step_from_name) for u in units] == [
+        ("global_step3", "deepspeed", 3), ("global_step6", "deepspeed", 6)]
+    assert [(p.path, p.target, p.resolved) for p in pointers] == [("latest", "global_step9", "")]
+    units, pointers, _ = inventory.discover(CASES / "megatron_mixed_step_shards")
+    assert [u.unit for u in units] == ["iter_0000006", "iter_0000009"]
+    assert [(p.path, p.resolved) for p in pointers] == [("latest_checkpointed_iteration.txt", "iter_0000009")]
+    units, _, _ = inventory.discover(CASES / "hf_index_missing_shard")
+    assert [(u.unit, u.layout, u.missing_files) for u in units] == [
+        ("model.safetensors.index.json", "hf-sharded", ["model-00002-of-00002.safetensors"])]
+
+
+def test_parts_are_stable_as_the_run_grows():
+    assert inventory.auto_units_per_job(1) == 1
+    assert inventory.auto_units_per_job(64) == 1
+    assert inventory.auto_units_per_job(65) == 2
+    assert inventory.auto_units_per_job(1000) == 16
+    assert inventory.auto_units_per_job(4096) == 64
+
+
+def test_missing_run_folder_is_an_error(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        inventory.discover(tmp_path / "missing")

@@ -1,0 +1,56 @@
+"""The isolated load test: limits, classification, and units it must never open."""
+
+import json
+import os
+
+import pytest
+
+from ckptaudit import loadtest
+from ckptaudit.stages import scan_units
+from ckptaudit import inventory
+
+from .conftest import CASES
+
+
+def test_good_file_loads_in_child():
+    r = loadtest.load_in_child(str(CASES / "ok_full_torch" / "ckpt.pt"), "torch_zip", [], timeout_seconds=60,
+                               memory_limit_bytes=8 << 30)
+    assert r["status"] == "ok" and r["n_top_level_keys"] == 10
+    assert r["peak_rss_bytes"] > 0 and r["load_seconds"] > 0
+
+
+def test_truncated_file_is_explained():
+    r = loadtest.load_in_child(str(CASES / "trunc_zip_at_50pct" / "ckpt.pt"), "torch_zip", [],
+                               timeout_seconds=60, memory_limit_bytes=8 << 30)
+    assert r["status"] == "failed"
+    assert loadtest.explain(r["error_message"]) == "the zip central directory is missing (the file is truncated)"
+
+
+def test_timeout_kills_the_child(tmp_path):
+    fifo = tmp_path / "never.pt"
+    os.mkfifo(fifo)  # opening it for reading blocks forever: a stand-in for a hung network filesystem
+    r = loadtest.load_in_child(str(fifo), "torch_legacy", [], timeout_seconds=1.0, memory_limit_bytes=8 << 30)
+    assert r["status"] == "timeout" and r["error_message"] == "killed after 1.0 s"
+    assert 1.0 <= r["load_seconds"] < 10
+
+
+def test_memory_limit_is_enforced():
+    r = loadtest.load_in_child(str(CASES / "ok_full_torch" / "ckpt.pt"), "torch_legacy", [], timeout_seconds=60,
+                               memory_limit_bytes=32 << 20)
+    assert r["status"] in ("memory", "failed")
+    assert r["status"] != "ok"
+
+
+@pytest.mark.parametrize("case", ["security_malicious_reduce_zip", "security_malicious_dcp_metadata"])
+def test_load_never_starts_for_dangerous_imports(case, monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("the load test was started for a unit with a dangerous import")
+
+    monkeypatch.setattr(loadtest, "load_in_child", boom)
+    units, _, _ = inventory.discover(CASES / case)
+    ud = [u.to_dict() for u in units]
+    scans, _, _ = scan_units(CASES / case, ud, {})
+    rows = loadtest.load_units(CASES / case, ud, {s["unit"]: s for s in scans}, {}, {})
+    assert [r["status"] for r in rows] == ["skipped"]
+    assert rows[0]["skipped_reason"] == "security: the static scan found imports that could run code"
+    assert json.loads(scans[0]["findings_json"])[0]["kind"] == "malicious_pickle_code_exec"
