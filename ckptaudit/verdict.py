@@ -69,10 +69,12 @@ def run_findings(units: List[dict], state_rows: Dict[str, dict], structure_rows:
         s = state_rows.get(u["unit"]) or {}
         if s.get("step") is None or s.get("has_weights") is None:
             continue
+        # compare with the highest step saved so far: every unit after a restart is flagged
         if prev is not None and s["step"] <= prev[1]:
             out.setdefault(u["unit"], []).append(F.make(
                 "step_not_increasing", path=u["unit"], step=s["step"], previous=prev[1]).to_dict())
-        prev = (u["unit"], s["step"])
+        if prev is None or s["step"] > prev[1]:
+            prev = (u["unit"], s["step"])
     steps = [u["step_from_name"] for u in ordered]
     if len(steps) >= 3:
         gaps = [b - a for a, b in zip(steps, steps[1:]) if b > a]
@@ -159,7 +161,8 @@ def build(inv: dict, tables: Dict[str, List[dict]], cfg: dict) -> dict:
         for mf in u.get("missing_files", []):
             pass  # reported by the layout's own check (e.g. index_references_missing_shard)
         units_out.append({
-            "unit": u["unit"], "step": _step(u, state_rows.get(u["unit"])), "layout": u["layout"],
+            "unit": u["unit"], "step": _step(u, state_rows.get(u["unit"])), "name_step": u.get("step_from_name"),
+            "layout": u["layout"],
             "size_bytes": u["size_bytes"], "usable_for": F.usable_for(fl), "findings": fl,
         })
     pointers = pointer_verdicts(inv.get("pointers", []), units_out, inv["units"])
@@ -168,21 +171,28 @@ def build(inv: dict, tables: Dict[str, List[dict]], cfg: dict) -> dict:
     return decide(inv["run_dir"], units_out, pointers)
 
 
+def _order(u: dict) -> int:
+    """Save order: the step in the unit's name, else the step it records."""
+    if u.get("name_step") is not None:
+        return u["name_step"]
+    return u["step"] if u["step"] is not None else -1
+
+
 def _key(u: dict):
-    return (u["step"] if u["step"] is not None else -1, u["unit"])
+    return (_order(u), u["unit"])
 
 
 def decide(run_dir: str, units_out: List[dict], pointers: List[dict]) -> dict:
     ordered = sorted(units_out, key=_key)
     newest = ordered[-1] if ordered else None
-    newest_step = max((u["step"] for u in ordered if u["step"] is not None), default=None)
+    newest_step = max((_order(u) for u in ordered if _order(u) >= 0), default=None)
     resume = [u for u in ordered if u["usable_for"] == "resume"]
     warm = [u for u in ordered if u["usable_for"] == "warm-start"]
 
     def lost(u):
-        if newest_step is None or u["step"] is None:
+        if newest_step is None or _order(u) < 0:
             return None
-        return newest_step - u["step"]
+        return newest_step - _order(u)
 
     rollback, rec = None, "retrain"
     alternatives = []
