@@ -177,9 +177,11 @@ _ENTRIES: List[Kind] = [
        "{path}: the safetensors header is intact but the tensor data is cut short: {missing_bytes} of "
        "{expected_bytes} data bytes are missing. {intact_text}",
        "Treat it as lost; download or copy it again and compare sizes."),
-    _k("safetensors_trailing_bytes", "file", "warning", "resume",
-       "{path}: {extra_bytes} bytes after the last tensor are not covered by the header.",
-       "Check how the file was written; the tensors themselves are intact."),
+    _k("safetensors_trailing_bytes", "file", "error", "resume",
+       "{path}: {extra_bytes} bytes after the last tensor are not covered by the header; safetensors (0.4+) refuses "
+       "such a file ('file not fully covered'), though every tensor is intact.",
+       "Cut a copy back to the {expected_bytes} bytes the header covers and load the copy.",
+       "cp {path} {path}.fixed && truncate -s {expected_bytes} {path}.fixed"),
     _k("index_invalid", "file", "error", "none",
        "{path}: the sharded-checkpoint index does not parse or has no weight_map ({why}).",
        "Download or copy the index again from the source."),

@@ -49,6 +49,9 @@ def audit_in_process(run_dir: str | Path, cfg: Optional[dict] = None, out_dir: O
         inv = stages.stage_inventory(str(run_dir), "auto", str(out / "tables" / "inventory.parquet"),
                                      str(work / "inventory.json"), str(work / "pointers.parquet"))
         (work / "config.json").write_text(json.dumps(c))
+        from . import target
+
+        target.write(c, str(work / "target.json"))
         paths = {s: [] for s in report.STAGES}
         for part in sorted(inv["parts"]):
             p = {s: str(parts_dir / s / f"{part}.parquet") for s in report.STAGES}
@@ -56,7 +59,8 @@ def audit_in_process(run_dir: str | Path, cfg: Optional[dict] = None, out_dir: O
             stages.stage_scan(inv, part, c, p["scan"], p["tensors"], p["imports"])
             stages.stage_load(inv, part, c, p["scan"], p["hash"], p["load"])
             stages.stage_configdiff(inv, part, c, p["scan"], p["configdiff"])
-            stages.stage_structure(inv, part, c, p["scan"], p["tensors"], p["structure"])
+            stages.stage_structure(inv, part, c, p["scan"], p["tensors"], p["structure"],
+                                   str(work / "target.json"))
             stages.stage_state(inv, part, c, p["scan"], p["tensors"], p["state"])
             for s in report.STAGES:
                 paths[s].append(p[s])

@@ -130,12 +130,17 @@ def load_reference(cfg: dict):
     return c.weights
 
 
-def stage_structure(inv: dict, part: str, cfg: dict, scan_path: str, tensors_path: str, out: str) -> List[dict]:
-    from . import structure, tables
+def stage_structure(inv: dict, part: str, cfg: dict, scan_path: str, tensors_path: str, out: str,
+                    target_path: str | None = None) -> List[dict]:
+    from . import structure, tables, target
 
     scans = {r["unit"]: r for r in tables.read_rows(scan_path)}
     tens = _by_unit(tables.read_rows(tensors_path))
-    reference = load_reference(cfg)
+    if target_path:
+        with open(target_path) as f:
+            reference = json.load(f).get("weights")
+    else:
+        reference = target.build(cfg).get("weights")
     rows = [structure.analyse_unit(u, scans[u["unit"]], tens.get(u["unit"], []), cfg, reference)
             for u in part_units(inv, part) if u["unit"] in scans]
     tables.write("structure", rows, out)
@@ -177,6 +182,7 @@ def main(argv=None) -> int:
     ap.add_argument("--scan")
     ap.add_argument("--hash")
     ap.add_argument("--tensors")
+    ap.add_argument("--target")
     ap.add_argument("--out", required=True)
     ap.add_argument("--out-json")
     ap.add_argument("--out-pointers")
@@ -195,7 +201,7 @@ def main(argv=None) -> int:
     elif a.stage == "load":
         stage_load(inv, a.part, cfg, a.scan, a.hash, a.out)
     elif a.stage == "structure":
-        stage_structure(inv, a.part, cfg, a.scan, a.tensors, a.out)
+        stage_structure(inv, a.part, cfg, a.scan, a.tensors, a.out, a.target)
     elif a.stage == "configdiff":
         stage_configdiff(inv, a.part, cfg, a.scan, a.out)
     elif a.stage == "state":

@@ -140,9 +140,14 @@ def analyse_unit(unit: dict, scan_row: dict, tensors: List[dict], cfg: dict,
         unexpected = sorted(set(bare) - set(reference))
         tied_ok = _tied_aliases(bare, reference)
         missing = [m for m in missing if m not in tied_ok]
+        dtype_bad = []
         for k in sorted(set(reference) & set(bare)):
             if list(reference[k].get("shape", [])) != list(bare[k].get("shape", [])):
                 shape_bad.append(f"{k}: saved {tuple(bare[k]['shape'])}, expected {tuple(reference[k]['shape'])}")
+            elif reference[k].get("__tensor__") != bare[k].get("__tensor__"):
+                dtype_bad.append(f"{k}: {bare[k].get('__tensor__')} vs {reference[k].get('__tensor__')}")
+        if dtype_bad:
+            fl.append(F.make("dtype_mismatch", path=p, n=len(dtype_bad), examples=_examples(dtype_bad, 3)))
         if missing:
             fl.append(F.make("missing_keys", path=p, n=len(missing), examples=_examples([repr(m) for m in missing])))
         if unexpected:

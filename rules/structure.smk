@@ -2,6 +2,24 @@
 # parallel layout vs the job that will resume.
 
 
+rule target:
+    conda:
+        "envs/ckptaudit.yaml"
+    input:
+        config=f"{WORK}/config.json",
+    output:
+        f"{WORK}/target.json",
+    params:
+        python=PYTHON,
+        version=VERSION,
+    log:
+        f"{LOGS}/target/target.log",
+    benchmark:
+        f"{BENCH}/target/target.tsv"
+    shell:
+        "{params.python} -m ckptaudit.target write {input.config} {output} > {log} 2>&1"
+
+
 rule structure:
     conda:
         "envs/ckptaudit.yaml"
@@ -9,6 +27,7 @@ rule structure:
         scan=f"{PARTS}/scan/{{part}}.parquet",
         tensors=f"{PARTS}/tensors/{{part}}.parquet",
         config=f"{WORK}/config.json",
+        target=f"{WORK}/target.json",
     output:
         f"{PARTS}/structure/{{part}}.parquet",
     params:
@@ -22,4 +41,4 @@ rule structure:
         f"{BENCH}/structure/{{part}}.tsv"
     shell:
         "{params.python} -m ckptaudit.stages structure --inventory {params.inventory} --part {wildcards.part} "
-        "--config {input.config} --scan {input.scan} --tensors {input.tensors} --out {output} > {log} 2>&1"
+        "--config {input.config} --scan {input.scan} --tensors {input.tensors} --target {input.target} --out {output} > {log} 2>&1"

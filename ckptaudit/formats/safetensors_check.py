@@ -1,0 +1,242 @@
+"""Check a ``.safetensors`` file from its bytes (no safetensors import, no torch).
+
+Layout (huggingface/safetensors README, "Format"; checks mirror the Rust
+``SafeTensors::read_metadata`` / ``Metadata::validate``):
+
+* 8 bytes: ``N``, u64 little-endian, the header length; the Rust reader
+  refuses ``N > 100_000_000`` (``MAX_HEADER_SIZE``) and ``8 + N > file size``;
+* ``N`` bytes: UTF-8 JSON object starting with ``{`` (it may be padded with
+  trailing spaces): ``name -> {"dtype", "shape", "data_offsets": [begin, end]}``
+  plus an optional ``"__metadata__"`` string-to-string map;
+* the data buffer: offsets are relative to its start; sorted by offset the
+  tensors must be contiguous from 0 (no gap, no overlap), each exactly
+  ``prod(shape) * dtype bits / 8`` bytes, and the last ``end`` must be the
+  buffer's length.  (The Rust reader also refuses extra bytes after the last
+  tensor: "incomplete metadata, file not fully covered".)
+
+The format has no checksum: a changed byte inside tensor data cannot be seen
+from the bytes alone (that needs a sidecar SHA-256).  What *can* be seen is a
+zeroed block, within limits, see :func:`_suspicious_zero_runs`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from typing import List, Optional, Tuple
+
+from .. import findings
+from ..findings import Finding
+from .sniff import generic_findings, sniff, zero_runs
+
+#: Largest header the safetensors Rust reader accepts (``MAX_HEADER_SIZE``), bytes.
+MAX_HEADER_BYTES = 100_000_000
+#: Bits per element of each safetensors dtype (safetensors ``Dtype::bitsize``).
+DTYPE_BITS = {
+    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8,
+    "F8_E8M0": 8, "E8M0": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
+    "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
+    "I32": 32, "U32": 32, "F32": 32,
+    "I64": 64, "U64": 64, "F64": 64, "C64": 64,
+}
+#: Shortest NUL run in the data buffer that can count as a lost block, bytes
+#: (one filesystem block / page: the unit in which unflushed data is lost).
+MIN_ZERO_RUN_BYTES = 4096
+#: A flagged run must reach at least this many bytes into the partly non-zero
+#: tensor(s) it cuts into (16 float32 zeros in a row at a tensor's edge).
+MIN_ZERO_EDGE_BYTES = 64
+_MAX_OFFSET_FINDINGS = 10
+_NOT_SAFETENSORS = ("empty", "all_zero", "lfs_pointer", "html", "text", "json", "npy", "npz", "pickle")
+
+
+def check_safetensors(path, *, scan_zeros: bool = True, chunk: int = 1 << 20,
+                      min_zero_run: int = MIN_ZERO_RUN_BYTES) -> Tuple[Optional[dict], List[Finding]]:
+    """Parse and validate the safetensors file at ``path``.
+
+    Returns ``(header, findings)``: ``header`` is the parsed JSON header
+    (tensor name -> ``{"dtype", "shape", "data_offsets"}``, plus
+    ``"__metadata__"``) whenever it parsed as a JSON object, else None.
+    Reads the 8-byte prefix and the header (at most :data:`MAX_HEADER_BYTES`);
+    with ``scan_zeros`` the data buffer is streamed once in ``chunk``-byte reads
+    to look for zeroed blocks.  Never raises on bad content; raises OSError only
+    if the file cannot be opened.
+    """
+    path = os.fspath(path)
+    s = sniff(path)
+    if s.kind in _NOT_SAFETENSORS:
+        return None, generic_findings(s)
+    size = s.size_bytes
+    if size < 8:
+        return None, [findings.make("header_too_small", path=path, size_bytes=size)]
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        if n > MAX_HEADER_BYTES or 8 + n > size:
+            return None, [findings.make("header_too_large", path=path, header_len=n, size_bytes=size,
+                                        max_header_bytes=MAX_HEADER_BYTES)]
+        zh = s.detail.get("zero_head_bytes") or 0
+        if n == 0:
+            if zh >= 64:
+                return None, [findings.make("zero_filled_head", path=path, zero_bytes=zh, size_bytes=size)]
+            return None, [findings.make("invalid_header_json", path=path, header_len=0,
+                                        why="the header length prefix is 0 (an empty header is not a JSON object)")]
+        raw = f.read(n)
+    header, why = _parse_header(raw)
+    if header is None:
+        return None, [findings.make("invalid_header_json", path=path, header_len=n, why=why)]
+    if why:
+        return header, [findings.make("invalid_header_json", path=path, header_len=n, why=why)]
+
+    out: List[Finding] = []
+    tensors = sorted(((name, e) for name, e in header.items() if name != "__metadata__"),
+                     key=lambda t: (t[1]["data_offsets"][0], t[1]["data_offsets"][1], t[0]))
+    expected = 0
+    prev = None
+    for name, e in tensors:
+        b, en = e["data_offsets"]
+        problem = None
+        if en < b:
+            problem = f"end ({en}) before they begin ({b})"
+        elif b < expected:
+            problem = (f"overlap the previous tensor {prev!r}, which ends at {expected}"
+                       if prev else f"do not start at 0")
+        elif b > expected:
+            problem = (f"leave a gap of {b - expected} bytes after {prev!r} (which ends at {expected})"
+                       if prev else f"leave the first {b} bytes of the data buffer uncovered")
+        else:
+            nbits = math.prod(e["shape"]) * DTYPE_BITS[e["dtype"]]
+            if nbits % 8:
+                problem = f"cannot hold {e['dtype']} x {e['shape']} ({nbits} bits is not whole bytes)"
+            elif nbits // 8 != en - b:
+                problem = (f"span {en - b} bytes but {e['dtype']} x {list(e['shape'])} needs "
+                           f"{nbits // 8} bytes")
+        if problem:
+            if len(out) < _MAX_OFFSET_FINDINGS:
+                out.append(findings.make("safetensors_offsets_invalid", path=path, tensor=name,
+                                         offsets=[b, en], why=problem))
+        expected = max(expected, en)
+        prev = name
+    data_len = expected
+    present = size - 8 - n
+    if present < data_len:
+        out.append(_truncated(path, tensors, present, data_len))
+    elif present > data_len:
+        out.append(findings.make("safetensors_trailing_bytes", path=path, extra_bytes=present - data_len,
+                                 expected_bytes=8 + n + data_len, size_bytes=size))
+    if scan_zeros and not any(x.severity == "error" for x in out) and data_len >= min_zero_run:
+        out.extend(_suspicious_zero_runs(path, tensors, 8 + n, data_len, min_zero_run, chunk))
+    return header, out
+
+
+def _parse_header(raw: bytes) -> Tuple[Optional[dict], str]:
+    """``(header, why)``: header None if not a JSON object; ``why`` non-empty on any violation."""
+    nul = raw.find(b"\0")
+    nul_text = ""
+    if nul >= 0:
+        k = len(raw) - nul - len(raw[nul:].lstrip(b"\0"))
+        nul_text = f"; {k} NUL bytes from header byte {nul} (a zeroed or lost block?)"
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return None, f"not UTF-8 at header byte {e.start}{nul_text}"
+    if not text.startswith("{"):
+        return None, f"it starts with {text[:8]!r}, not '{{'{nul_text}"
+    dup: List[str] = []
+
+    def pairs(kv):
+        d = {}
+        for k, v in kv:
+            if k in d:
+                dup.append(k)
+            d[k] = v
+        return d
+
+    try:
+        obj = json.loads(text, object_pairs_hook=pairs)
+    except json.JSONDecodeError as e:
+        return None, f"{e.msg} (header byte {e.pos}){nul_text}"
+    except RecursionError:
+        return None, "nesting too deep"
+    if not isinstance(obj, dict):
+        return None, "the header is not a JSON object"
+    if dup:
+        return obj, f"duplicate key(s) {sorted(set(dup))}"
+    meta = obj.get("__metadata__")
+    if meta is not None and not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
+        return obj, "__metadata__ is not a map of strings to strings"
+    for name, e in obj.items():
+        if name == "__metadata__":
+            continue
+        if not isinstance(e, dict):
+            return obj, f"entry {name!r} is not an object"
+        missing = sorted({"dtype", "shape", "data_offsets"} - set(e))
+        if missing:
+            return obj, f"tensor {name!r} lacks {missing}"
+        if e["dtype"] not in DTYPE_BITS:
+            return obj, f"tensor {name!r} has unknown dtype {e['dtype']!r}"
+        sh = e["shape"]
+        if not (isinstance(sh, list) and all(type(d) is int and d >= 0 for d in sh)):
+            return obj, f"tensor {name!r} has shape {sh!r}, not a list of non-negative integers"
+        off = e["data_offsets"]
+        if not (isinstance(off, list) and len(off) == 2 and all(type(d) is int and d >= 0 for d in off)):
+            return obj, f"tensor {name!r} has data_offsets {off!r}, not two non-negative integers"
+    return obj, ""
+
+
+def _truncated(path: str, tensors, present: int, data_len: int) -> Finding:
+    whole = [t for t in tensors if t[1]["data_offsets"][1] <= present]
+    cut = next((t for t in tensors if t[1]["data_offsets"][0] <= present < t[1]["data_offsets"][1]), None)
+    text = f"{len(whole)} of {len(tensors)} tensors lie wholly inside the file"
+    if cut is not None:
+        b, e = cut[1]["data_offsets"]
+        text += (f"; the cut falls inside {cut[0]!r} after {present - b} of its {e - b} bytes "
+                 f"(data byte {present})")
+    text += "."
+    return findings.make("truncated_in_data", path=path, missing_bytes=data_len - present,
+                         expected_bytes=data_len, intact_text=text, n_tensors_intact=len(whole),
+                         n_tensors=len(tensors))
+
+
+def _suspicious_zero_runs(path: str, tensors, data_start: int, data_len: int, min_run: int,
+                          chunk: int) -> List[Finding]:
+    """Zero-filled spans in the data buffer that a legitimate save cannot explain.
+
+    Choice (and why): tensors that are legitimately all zero are common (biases
+    and LayerNorm shifts initialised to 0, Adam moments at step 0, masks), so a
+    NUL run that merely covers whole tensors is never flagged.  A run is flagged
+    only when it is at least ``min_run`` bytes (default 4096, one block) *and*
+    cuts across a tensor boundary *and* reaches at least
+    :data:`MIN_ZERO_EDGE_BYTES` into a tensor that is not all zero on the other
+    side of the cut (the first tensor it touches has non-zero bytes before it;
+    the last has non-zero bytes after it, or the run runs to EOF).  A lost block
+    lands anywhere, so it cuts tensors; a legitimate zero tensor starts and
+    ends on its own boundaries.  Remaining false positive: a tensor that ends in
+    >= 16 exact float32 zeros right before an all-zero tensor.  Missed: a lost
+    block inside one tensor (indistinguishable from bytes alone; that needs a
+    checksum).  A run reaching EOF is reported as ``zero_filled_tail``.
+    """
+    spans = [(t[1]["data_offsets"][0], t[1]["data_offsets"][1], t[0]) for t in tensors
+             if t[1]["data_offsets"][1] > t[1]["data_offsets"][0]]
+    out: List[Finding] = []
+    file_end = data_start + data_len
+    for off, length in zero_runs(path, min_run=min_run, chunk=chunk, start=data_start, end=file_end):
+        rb, re_ = off - data_start, off - data_start + length
+        touched = [s for s in spans if s[0] < re_ and s[1] > rb]
+        if len(touched) < 2:
+            continue
+        first, last = touched[0], touched[-1]
+        starts_inside = rb > first[0] and first[1] - rb >= MIN_ZERO_EDGE_BYTES
+        to_eof = off + length >= file_end
+        ends_inside = re_ < last[1] and re_ - last[0] >= MIN_ZERO_EDGE_BYTES
+        if not starts_inside or not (ends_inside or to_eof):
+            continue
+        member = f"tensors {first[2]!r}..{last[2]!r}" if len(touched) > 2 else \
+            f"tensors {first[2]!r} and {last[2]!r}"
+        if to_eof:
+            out.append(findings.make("zero_filled_tail", path=path, zero_bytes=length, offset=off,
+                                     member=member))
+        else:
+            out.append(findings.make("zero_filled_span", path=path, zero_bytes=length, offset=off,
+                                     member=member))
+    return out

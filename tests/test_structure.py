@@ -1,0 +1,72 @@
+"""Structure layer: does each checkpoint fit the job that will resume?"""
+
+import shutil
+
+import pytest
+
+from ckptaudit import structure
+from ckptaudit.pipeline import audit_in_process
+
+from .conftest import CASES
+
+MODEL = {"vocab": 64, "ctx": 16, "d": 32, "n_layer": 2, "n_head": 2}
+
+
+def kinds(v, unit):
+    return {f["kind"] for u in v["units"] if u["unit"] == unit for f in u["findings"]}
+
+
+@pytest.mark.parametrize("keys,prefix", [
+    (["module.a", "module.b"], "module."),
+    (["_orig_mod.a"], "_orig_mod."),
+    (["module._orig_mod.a", "module._orig_mod.b"], "module._orig_mod."),
+    (["_orig_mod.module.a"], "_orig_mod.module."),
+    (["module.a", "b"], ""),
+    (["a"], ""),
+])
+def test_strip_prefix(keys, prefix):
+    assert structure.strip_prefix(keys) == prefix
+
+
+def test_mixed_structures_pick_the_newest_unit_that_fits(tmp_path):
+    shutil.copy(CASES / "ok_full_torch" / "ckpt.pt", tmp_path / "ckpt_000006.pt")
+    shutil.copy(CASES / "shape_mismatch_vocab_resize" / "ckpt.pt", tmp_path / "ckpt_000012.pt")
+    v = audit_in_process(tmp_path, {"expected_model_args": MODEL})
+    assert "size_mismatch" in kinds(v, "ckpt_000012.pt")
+    f = next(f for u in v["units"] if u["unit"] == "ckpt_000012.pt" for f in u["findings"]
+             if f["kind"] == "size_mismatch")
+    assert "vocabulary resize (vocab 64 -> 72 at save time)" in f["message"]
+    assert "wte.weight: saved (72, 32), expected (64, 32) (vocab 72 -> 64)" in f["message"]
+    assert v["rollback"] == {"unit": "ckpt_000006.pt", "step": 6}
+    # without a target the change inside the run is itself a finding
+    v2 = audit_in_process(tmp_path)
+    assert "model_changed_in_run" in kinds(v2, "ckpt_000012.pt")
+
+
+def test_reference_checkpoint_names_the_prefix_only(tmp_path):
+    shutil.copy(CASES / "prefix_module_ddp" / "ckpt.pt", tmp_path / "ckpt.pt")
+    v = audit_in_process(tmp_path, {"reference": str(CASES / "ok_full_torch" / "ckpt.pt")})
+    f = next(f for f in v["units"][0]["findings"] if f["kind"] == "key_prefix_mismatch")
+    assert f["repair"] == "state_dict = {k.removeprefix('module.'): v for k, v in state_dict.items()}"
+    assert {x["kind"] for x in v["units"][0]["findings"] if x["layer"] == "structure"} == {"key_prefix_mismatch"}
+
+
+def test_model_factory_on_the_meta_device(demo_run, tmp_path):
+    import torch
+
+    args = torch.load(demo_run.run_dir / "ckpt_000250.pt", weights_only=True)["model_args"]
+    v = audit_in_process(demo_run.run_dir, {"model_factory": "ckptaudit.demo:build_model",
+                                            "expected_model_args": args})
+    assert not [f for u in v["units"] for f in u["findings"] if f["layer"] == "structure"]
+    deeper = dict(args, n_layer=args["n_layer"] + 1)
+    v = audit_in_process(demo_run.run_dir, {"model_factory": "ckptaudit.demo:build_model",
+                                            "expected_model_args": deeper})
+    assert "missing_keys" in kinds(v, "ckpt_000250.pt")
+    assert v["recommendation"] == "retrain"
+
+
+def test_bad_factory_is_an_audit_error(demo_run):
+    from ckptaudit.target import TargetError
+
+    with pytest.raises(TargetError, match="no_such_module"):
+        audit_in_process(demo_run.run_dir, {"model_factory": "no_such_module:fn"})
