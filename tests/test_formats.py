@@ -702,7 +702,10 @@ def test_safetensors_header_errors(tmp_path):
 def test_safetensors_trailing_bytes(tmp_path, small_st):
     p = _write(tmp_path, small_st.read_bytes() + b"junk", "t.safetensors")
     h, (f,) = check_safetensors(p)
-    assert (f.kind, f.severity, f.detail["extra_bytes"]) == ("safetensors_trailing_bytes", "warning", 4)
+    # safetensors refuses uncovered bytes, so it is an error whose repair is a truncated copy
+    assert (f.kind, f.severity, f.caps, f.detail["extra_bytes"]) == ("safetensors_trailing_bytes", "error",
+                                                                     "resume", 4)
+    assert f.repair == f"cp {p} {p}.fixed && truncate -s {p.stat().st_size - 4} {p}.fixed"
 
 
 def test_safetensors_zero_block_across_tensors(tmp_path):
