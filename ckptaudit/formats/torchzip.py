@@ -917,7 +917,8 @@ def _describe_cut(st: dict, members: List[Member], prefix: str, storages: Option
         where = "the gap between records"
     lead = "the zero fill starts inside" if zero_fill else "the cut falls inside"
     if complete:
-        intact = (f"The first {len(complete)} of {n_total} records ({_names_text(complete, prefix)}) are "
+        of_total = f" of {n_total}" if n_total != "?" else ""
+        intact = (f"The first {len(complete)}{of_total} records ({_names_text(complete, prefix)}) are "
                   f"complete; {lead} {where} at byte {at}.")
     else:
         intact = f"No record is complete; {lead} {where} at byte {at}."
