@@ -206,7 +206,7 @@ def test_truncated_zip_message():
     assert f.kind == "truncated_zip_no_central_directory"
     assert f.message == (
         f"{p} is a torch.save zip cut short: it is 186108 bytes and has no end-of-central-directory record "
-        "(at least 174216 bytes of tensor data are missing, and the central directory). The first 61 of ? "
+        "(at least 174216 bytes of tensor data are missing, and the central directory). The first 61 "
         "records (data.pkl, .format_version, .storage_alignment, byteorder, data/0..data/56) are complete; "
         "the cut falls inside the local header of data/57 at byte 186108. 57 of the 113 storages named in "
         "data.pkl are intact."
