@@ -89,3 +89,12 @@ def test_megatron_rank_missing(tmp_path):
     v = audit_in_process(tmp_path)
     assert "megatron_rank_missing" in kinds(v, "iter_0000006")
     assert v["pointers"][0]["kind"] == "latest_pointer_incomplete"
+
+
+def test_pickle_disguised_as_safetensors(tmp_path):
+    shutil.copy(CASES / "ok_full_torch" / "ckpt.pt", tmp_path / "model.safetensors")
+    v = audit_in_process(tmp_path)
+    f = next(f for f in v["units"][0]["findings"] if f["kind"] == "pickle_obfuscation")
+    assert f["layer"] == "security" and f["severity"] == "error"
+    assert "named like a pickle-free format but its bytes are a torch zip" in f["message"]
+    assert v["units"][0]["usable_for"] == "none"

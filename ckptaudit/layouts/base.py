@@ -207,11 +207,18 @@ def scan_file(run_dir: Path, rel: str, unit: str, scan: UnitScan, cfg: Dict[str,
     if generic and any(f.severity == "error" for f in generic):
         return out
     values: Dict[int, Any] = {}
+    _disguise(rel, s.kind, scan)
     if s.kind in ("torch_zip", "zip"):
         from ..formats import torchzip
 
         rep = torchzip.check_zip(path)
         scan.add(relabel(rep.findings, rel))
+        prefixes = sorted({m.name.split("/", 1)[0] for m in rep.members if "/" in m.name})
+        pkls = sorted(m.name for m in rep.members if m.name.endswith("data.pkl"))
+        if len(prefixes) > 1 or len(pkls) > 1:
+            scan.add(F.make("pickle_obfuscation", path=rel, member=", ".join(pkls) or "(none)",
+                            why=f"the archive mixes record folders {prefixes} or holds several data.pkl "
+                                f"({len(pkls)}); torch reads one and other tools another"))
         if rep.data_pkl is None:
             return out
         t0 = time.perf_counter()
@@ -310,6 +317,21 @@ _ST_DTYPES = {
     "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
     "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "U16": "uint16", "U32": "uint32", "U64": "uint64",
 }
+
+
+_PICKLE_KINDS = ("torch_zip", "torch_legacy", "pickle", "zip")
+
+
+def _disguise(rel: str, kind: str, scan: UnitScan) -> None:
+    """A file whose name promises a pickle-free format but whose bytes are a pickle.
+
+    Loaders that dispatch on content (e.g. ``torch.load`` on anything) would
+    unpickle it although its name says it is safe (safetensors, npy/npz).
+    """
+    name = rel.lower()
+    if name.endswith((".safetensors", ".npy", ".npz")) and kind in _PICKLE_KINDS:
+        scan.add(F.make("pickle_obfuscation", path=rel, member=rel,
+                        why=f"it is named like a pickle-free format but its bytes are a {kind.replace('_', ' ')}"))
 
 
 def _safetensors_header_len(path: Path) -> int:
