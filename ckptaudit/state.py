@@ -39,23 +39,20 @@ def _chunk_stats(a, dtype: str) -> Tuple[int, float]:
     """(non-finite count, sum of squares of the finite values) of one chunk."""
     import numpy as np
 
-    if dtype == "bfloat16":
-        bad = np.count_nonzero((a & 0x7F80) == 0x7F80)
-        f = (a.astype(np.uint32) << 16).view(np.float32)
-    elif dtype == "float8_e4m3fn":
+    if dtype == "float8_e4m3fn":
         return int(np.count_nonzero((a & 0x7F) == 0x7F)), 0.0
-    elif dtype == "float8_e5m2":
+    if dtype == "float8_e5m2":
         return int(np.count_nonzero((a & 0x7C) == 0x7C)), 0.0
+    if dtype == "bfloat16":
+        bad = int(np.count_nonzero((a & 0x7F80) == 0x7F80))
+        f = (a.astype(np.uint32) << 16).view(np.float32)
     else:
-        fin = np.isfinite(a)
-        bad = a.size - int(np.count_nonzero(fin))
-        f = a if bad == 0 else a[fin]
-        if dtype == "bfloat16":
-            pass
-    if dtype == "bfloat16" and bad:
+        f = a
+        bad = f.size - int(np.count_nonzero(np.isfinite(f)))
+    if bad:
         f = f[np.isfinite(f)]
-    sq = float(np.dot(f.astype(np.float64), f.astype(np.float64))) if f.size else 0.0
-    return int(bad), sq
+    f64 = f.astype(np.float64)
+    return bad, float(np.dot(f64, f64)) if f64.size else 0.0
 
 
 def scan_values(run_dir: Path, tensors: List[dict], chunk_bytes: int) -> Dict[str, dict]:

@@ -1,0 +1,54 @@
+"""The streamed value scan: NaN/Inf by bit pattern, norms, bounded reads."""
+
+import math
+
+import numpy as np
+import pytest
+
+from ckptaudit import state
+
+
+def _tensor_file(tmp_path, arr: np.ndarray, dtype: str):
+    p = tmp_path / "t.bin"
+    raw = arr.tobytes()
+    p.write_bytes(b"\xff" * 16 + raw)  # data starts at offset 16
+    return p, [{"file": "t.bin", "name": "w", "dtype": dtype, "data_offset": 16, "nbytes": len(raw)}]
+
+
+@pytest.mark.parametrize("chunk", [4, 64, 1 << 20])
+def test_float32_nan_inf_and_norm(tmp_path, chunk):
+    a = np.arange(1000, dtype=np.float32)
+    a[7], a[500] = np.nan, np.inf
+    p, t = _tensor_file(tmp_path, a, "float32")
+    r = state.scan_values(tmp_path, t, chunk)["w"]
+    finite = np.delete(a, [7, 500]).astype(np.float64)
+    assert r["nonfinite"] == 2 and not r["short"]
+    assert r["norm"] == pytest.approx(math.sqrt(float(finite @ finite)))
+
+
+def test_bfloat16_by_bit_pattern(tmp_path):
+    f32 = np.array([1.0, -2.0, np.nan, np.inf, 3.0], dtype=np.float32)
+    bf16 = (f32.view(np.uint32) >> 16).astype(np.uint16)
+    p, t = _tensor_file(tmp_path, bf16, "bfloat16")
+    r = state.scan_values(tmp_path, t, 1 << 20)["w"]
+    assert r["nonfinite"] == 2
+    assert r["norm"] == pytest.approx(math.sqrt(1 + 4 + 9))
+
+
+def test_float16_and_short_file(tmp_path):
+    a = np.array([1, 2, np.nan], dtype=np.float16)
+    p, t = _tensor_file(tmp_path, a, "float16")
+    t[0]["nbytes"] += 100  # the file ends before the tensor does
+    r = state.scan_values(tmp_path, t, 1 << 20)["w"]
+    assert r["short"] is True
+
+
+def test_tied_tensors_are_read_once(tmp_path, monkeypatch):
+    a = np.ones(10, dtype=np.float32)
+    p, t = _tensor_file(tmp_path, a, "float32")
+    t.append(dict(t[0], name="alias"))
+    calls = []
+    real = state._chunk_stats
+    monkeypatch.setattr(state, "_chunk_stats", lambda *x: calls.append(1) or real(*x))
+    r = state.scan_values(tmp_path, t, 1 << 20)
+    assert r["w"] == r["alias"] and len(calls) == 1
