@@ -106,6 +106,9 @@ def _write_json(path: Path, doc: dict) -> None:
 
 
 def main(argv=None) -> int:
+    from .tables import without_pandas
+
+    without_pandas()
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m ckptaudit.report")

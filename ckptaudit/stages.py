@@ -172,6 +172,9 @@ def stage_state(inv: dict, part: str, cfg: dict, scan_path: str, tensors_path: s
 
 
 def main(argv=None) -> int:
+    from .tables import without_pandas
+
+    without_pandas()
     ap = argparse.ArgumentParser(prog="python -m ckptaudit.stages")
     ap.add_argument("stage")
     ap.add_argument("--run-dir")

@@ -12,11 +12,32 @@ Only pyarrow is imported (≈0.2 s); pandas is not needed to write.
 
 from __future__ import annotations
 
+import sys
+from importlib.abc import MetaPathFinder
 from pathlib import Path
 from typing import Dict, List
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+class _NoPandas(MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "pandas" or name.startswith("pandas."):
+            raise ModuleNotFoundError("pandas is not used by ckptaudit stage jobs", name=name)
+        return None
+
+
+def without_pandas() -> None:
+    """Make ``import pandas`` fail in this process (stage jobs only).
+
+    pyarrow probes for pandas whenever it builds an array (its pandas shim) and
+    importing pandas costs ~0.4 s — more than a small stage job's own work.  The
+    short-lived ``python -m ckptaudit.stages`` processes call this first; library
+    users never do.
+    """
+    if "pandas" not in sys.modules and not any(isinstance(f, _NoPandas) for f in sys.meta_path):
+        sys.meta_path.insert(0, _NoPandas())
+
 
 S, I, F, B = pa.string(), pa.int64(), pa.float64(), pa.bool_()
 LS = pa.list_(pa.string())

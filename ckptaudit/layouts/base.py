@@ -238,6 +238,7 @@ def scan_file(run_dir: Path, rel: str, unit: str, scan: UnitScan, cfg: Dict[str,
             if sref.numel is not None:
                 storages[key] = (sref.numel * sref.itemsize, sref.dtype, sref.numel)
         scan.add(relabel(torchzip.check_storages(rep, storages, rel), rel))
+        _name_damaged_tensors(scan, rel, rep.prefix, res.tensors)
         members = {m.name: m for m in rep.members}
         with open(path, "rb") as fh:
             for name, tm in res.tensors:
@@ -317,6 +318,24 @@ _ST_DTYPES = {
     "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
     "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "U16": "uint16", "U32": "uint32", "U64": "uint64",
 }
+
+
+def _name_damaged_tensors(scan: UnitScan, rel: str, prefix: str, tensors) -> None:
+    """Say which tensors live in a storage record whose CRC failed."""
+    by_key: Dict[str, List[str]] = {}
+    for name, tm in tensors:
+        by_key.setdefault(str(tm.storage.key), []).append(name)
+    for i, f in enumerate(scan.findings):
+        if f.kind != "zip_crc_mismatch" or f.path != rel:
+            continue
+        member = str(f.detail.get("member", ""))
+        key = member.rsplit("/", 1)[-1] if f"{prefix}/data/" in member else None
+        names = by_key.get(key or "", [])
+        if names:
+            shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+            vals = {k: v for k, v in f.detail.items() if k != "path"}
+            vals["tensor_text"] = f"; it holds {shown}"
+            scan.findings[i] = F.make(f.kind, path=rel, **vals)
 
 
 _PICKLE_KINDS = ("torch_zip", "torch_legacy", "pickle", "zip")
