@@ -237,9 +237,6 @@ _ENTRIES: List[Kind] = [
     _k("unit_in_progress", "file", "error", "none",
        "{path} is an in-progress save ({why}): it was never published.",
        "Never resume from it; it can be deleted once no training job is writing to it."),
-    _k("hf_trainer_incomplete", "file", "warning", "warm-start",
-       "{path}: Hugging Face Trainer folder lacks {missing}.",
-       "Resuming with resume_from_checkpoint will start the missing state fresh; roll back if a complete folder exists."),
     _k("pickle_unreadable", "file", "error", "none",
        "{path}: the pickle in {member} cannot be walked ({why}).",
        "Treat it as corrupt; roll back to an older checkpoint."),
@@ -324,9 +321,10 @@ _ENTRIES: List[Kind] = [
        "{path}: the optimizer entry is present but its per-parameter state is empty while the step is {step}: it "
        "was saved from a fresh optimizer.",
        "Roll back to a checkpoint with optimizer moments to resume; otherwise warm-start from this one."),
-    _k("optimizer_state_incomplete", "state", "warning", "warm-start",
-       "{path}: optimizer state covers {have} of {want} parameters.",
-       "Roll back to a checkpoint with complete optimizer state to resume."),
+    _k("optimizer_state_incomplete", "state", "warning", "resume",
+       "{path}: optimizer state covers {have} of {want} parameters; the others (frozen, or never given a "
+       "gradient) restart with fresh moments.",
+       "Check that the missing parameters are the frozen or unused ones; otherwise roll back further."),
     _k("missing_scheduler_state", "state", "warning", "resume",
        "{path} has no LR-scheduler state: a plain resume rebuilds the schedule from step 0 and re-warms the "
        "learning rate.",
@@ -394,6 +392,17 @@ _ENTRIES: List[Kind] = [
        "{path}: storage {storage} of this legacy torch.save file is prefixed with {found} elements at offset "
        "{offset} but the pickle declares {expected} ({dtype}): the storage records are misaligned or overwritten.",
        "Treat it as corrupt; roll back to an older checkpoint."),
+    # ------------------------------------- file (hashing: ckptaudit.publish manifests)
+    _k("chunk_checksum_mismatch", "file", "error", "none",
+       "{path}: bytes {start} to {last} ({n_bytes} bytes: chunk(s) {chunks} of {n_chunks}, {chunk_bytes} bytes "
+       "each) do not match the SHA-256 recorded in the {source}; {where_text}.",
+       "Do not use it; roll back to the newest checkpoint whose checksums verify. Only that byte range changed: "
+       "an intact copy of the file can be compared or repaired over that range alone."),
+    _k("manifest_file_missing", "file", "error", "none",
+       "{path} is listed in {manifest} ({size_bytes} bytes, SHA-256 {sha256_hex}) but is not in the unit: it "
+       "was deleted, or the unit was copied only in part.",
+       "Do not use the unit; restore the file from a copy whose SHA-256 matches, or roll back to the previous "
+       "checkpoint."),
 ]
 
 CATALOGUE: Dict[str, Kind] = {e.kind: e for e in _ENTRIES}

@@ -143,6 +143,12 @@ def analyse_unit(unit: dict, scan_row: dict, tensors: List[dict], run_dir: Path,
             fl.append(F.make("empty_optimizer_state", path=p, step=step if step is not None else "unknown"))
         elif c.optimizer_partitioned and not c.optimizer_nonempty:
             fl.append(F.make("empty_optimizer_state", path=p, step=step if step is not None else "unknown"))
+        elif c.optimizer_nonempty:
+            want = sum(len(g.get("params", [])) for g in c.optimizer.get("param_groups", [])
+                       if isinstance(g.get("params"), list))
+            have = len(c.optimizer.get("state", {}))
+            if want and have < want:
+                fl.append(F.make("optimizer_state_incomplete", path=p, have=have, want=want))
         if c.scheduler is None:
             fl.append(F.make("missing_scheduler_state", path=p, step=step if step is not None else name_step))
         if not c.rng and scan_row["layout"] not in ("deepspeed",):
