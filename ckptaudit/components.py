@@ -74,6 +74,19 @@ def tensor_map(d: Any, prefix: str = "") -> Dict[str, dict]:
     return out
 
 
+def group_size(group: Any) -> Optional[int]:
+    """Number of parameter ids in an optimizer param group (long id lists are pruned
+    to ``{"__list__": n}`` in the scan tree)."""
+    if not isinstance(group, dict):
+        return None
+    p = group.get("params")
+    if isinstance(p, list):
+        return len(p)
+    if isinstance(p, dict) and isinstance(p.get("__list__"), int):
+        return p["__list__"]
+    return None
+
+
 def _scalar(x: Any) -> Optional[float]:
     if isinstance(x, bool):
         return None

@@ -144,8 +144,7 @@ def analyse_unit(unit: dict, scan_row: dict, tensors: List[dict], run_dir: Path,
         elif c.optimizer_partitioned and not c.optimizer_nonempty:
             fl.append(F.make("empty_optimizer_state", path=p, step=step if step is not None else "unknown"))
         elif c.optimizer_nonempty:
-            want = sum(len(g.get("params", [])) for g in c.optimizer.get("param_groups", [])
-                       if isinstance(g.get("params"), list))
+            want = sum(C.group_size(g) or 0 for g in c.optimizer.get("param_groups", []))
             have = len(c.optimizer.get("state", {}))
             if want and have < want:
                 fl.append(F.make("optimizer_state_incomplete", path=p, have=have, want=want))

@@ -199,7 +199,7 @@ def _optimizer_checks(p: str, c: C.Components, tensors: List[dict], bare: Dict[s
     if not opt or c.optimizer_partitioned or not isinstance(opt.get("param_groups"), list):
         return []
     groups = opt["param_groups"]
-    sizes = [len(g.get("params", [])) for g in groups if isinstance(g.get("params"), list)]
+    sizes = [n for n in (C.group_size(g) for g in groups) if n is not None]
     if not sizes:
         return []
     # parameters: weight tensors minus buffers, de-duplicated by shared storage (tied weights)

@@ -85,3 +85,12 @@ def test_all_damaged_run_is_retrain_exit_2(tmp_path):
     v = audit_in_process(tmp_path)
     assert v["recommendation"] == "retrain" and v["rollback"] is None
     assert verdict.exit_code(v) == 2
+
+
+def test_large_param_groups_are_counted(tmp_path):
+    """Regression: a group of more than 64 parameter ids was pruned away and gave a false mismatch."""
+    from ckptaudit.demo import DEFAULT_MODEL_ARGS
+
+    train(tmp_path, max_steps=4, save_every=4, model_args=dict(DEFAULT_MODEL_ARGS, n_layer=12, n_embd=16, n_head=4))
+    v = audit_in_process(tmp_path)
+    assert v["units"][0]["usable_for"] == "resume", [f["kind"] for f in v["units"][0]["findings"]]
