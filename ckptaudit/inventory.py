@@ -227,17 +227,32 @@ def _dir_unit(root: Path, path: Path, adapter, why) -> Unit:
     manifest = ""
     size = 0
     mtime = 0
+    # ckptaudit.publish protocol (see ckptaudit/publish.py): a top-level ``COMPLETE`` marker is not
+    # a data file, and a ckptaudit manifest.json without it means the publish (or seal) never
+    # finished, so the folder is in progress.  The manifest is recognised from its first 64 bytes.
+    has_marker = False
+    our_manifest = False
     for dirpath, dirnames, filenames in os.walk(path):
         dirnames.sort()
         fn_set = set(filenames)
+        at_top = Path(dirpath) == path
         for fn in sorted(filenames):
             fp = Path(dirpath) / fn
             rel = _rel(root, fp)
+            if at_top and fn == "COMPLETE":
+                has_marker = True
+                continue
             if fn.endswith(SIDECAR_SUFFIXES):
                 sidecars.append(rel)
                 continue
             if fn in MANIFEST_NAMES:
                 manifest = rel
+                if at_top and fn == "manifest.json":
+                    try:
+                        with open(fp, "rb") as fh:
+                            our_manifest = b'"ckptaudit.manifest/' in fh.read(64)
+                    except OSError:
+                        our_manifest = False
                 continue
             st = _stat(fp)
             if st is None:
@@ -246,6 +261,8 @@ def _dir_unit(root: Path, path: Path, adapter, why) -> Unit:
             size += st.st_size
             mtime = max(mtime, st.st_mtime_ns)
         del fn_set
+    if our_manifest and not has_marker and not why:
+        why = "manifest.json written but no COMPLETE marker: a ckptaudit publish or seal that did not finish"
     layout = adapter.name if adapter else "in-progress"
     return Unit(
         unit=_rel(root, path),
@@ -282,11 +299,18 @@ def _resolve_pointer(root: Path, p: Pointer, unit_names: set) -> str:
 
 
 def auto_units_per_job(n_units: int) -> int:
-    """One unit per job up to 64 units; beyond, the smallest power of two that
-    keeps the job count at or under 64 (stable while a run grows)."""
-    if n_units <= 64:
+    """One unit per job up to 16 units; beyond, the smallest power of two that keeps
+    the part count at or under 16 (stable while a run grows: parts change only when
+    the run crosses 16·2^k units).
+
+    Each part costs ~7 Snakemake jobs of a fresh Python process (~0.25 s each, the
+    load job ~1.5 s for ``import torch``), and Snakemake's own scheduling cost grows
+    with the job count; 16 parts keep a 1,000-unit audit bounded by hashing and
+    parsing, not by process start-up (BENCHMARKS.md, "scale").
+    """
+    if n_units <= 16:
         return 1
-    return 1 << math.ceil(math.log2(math.ceil(n_units / 64)))
+    return 1 << math.ceil(math.log2(math.ceil(n_units / 16)))
 
 
 def assign_parts(units: List[Unit], units_per_job) -> Dict[str, List[str]]:

@@ -37,7 +37,8 @@ def stage_costs(bench_dir: str) -> List[dict]:
             c = out.setdefault(stage, {"stage": stage, "jobs": 0, "seconds": 0.0, "max_rss": 0.0})
             c["jobs"] += 1
             c["seconds"] += float(d.get("s", 0) or 0)
-            rss = d.get("max_rss", "-")
+            # max_rss sums the job's processes (shared torch pages counted twice); PSS does not
+            rss = d.get("max_pss", d.get("max_rss", "-"))
             c["max_rss"] = max(c["max_rss"], float(rss) if rss not in ("-", "NA", "") else 0.0)
         except (OSError, IndexError, ValueError):
             continue

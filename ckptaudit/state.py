@@ -20,6 +20,7 @@ from typing import Dict, List, Optional, Tuple
 
 from . import components as C
 from . import findings as F
+from . import fs
 
 FLOAT_DTYPES = {"float32", "float64", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"}
 OPTIMIZER_PREFIXES = tuple(k + "." for k in C.OPTIMIZER_KEYS) + ("optimizer_state_dict.",)
@@ -51,8 +52,32 @@ def _chunk_stats(a, dtype: str) -> Tuple[int, float]:
         bad = f.size - int(np.count_nonzero(np.isfinite(f)))
     if bad:
         f = f[np.isfinite(f)]
-    f64 = f.astype(np.float64)
-    return bad, float(np.dot(f64, f64)) if f64.size else 0.0
+    return bad, _sum_squares(f)
+
+
+_BLOCK = 1 << 16
+
+
+def _sum_squares(f) -> float:
+    """Σx² of finite values: float32 dot products over 64 Ki-element blocks, added
+    in float64 (no float64 copy of the chunk); recomputed in float64 only when a
+    block overflows float32."""
+    import numpy as np
+
+    if f.size == 0:
+        return 0.0
+    if f.dtype == np.float64:
+        return float(np.dot(f, f))
+    total = 0.0
+    for i in range(0, f.size, _BLOCK):
+        b = f[i:i + _BLOCK]
+        if b.dtype != np.float32:
+            b = b.astype(np.float32)
+        total += float(np.dot(b, b))
+    if not np.isfinite(total):
+        f64 = f.astype(np.float64)
+        total = float(np.dot(f64, f64))
+    return total
 
 
 def scan_values(run_dir: Path, tensors: List[dict], chunk_bytes: int) -> Dict[str, dict]:
@@ -71,7 +96,7 @@ def scan_values(run_dir: Path, tensors: List[dict], chunk_bytes: int) -> Dict[st
     for rel, ts in by_file.items():
         seen: Dict[Tuple[int, int, str], dict] = {}
         try:
-            fh = open(run_dir / rel, "rb")
+            fh = fs.open_binary(run_dir / rel, block_size=fs.STREAM_BLOCK_BYTES)
         except OSError:
             continue
         with fh:

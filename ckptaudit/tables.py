@@ -128,7 +128,7 @@ def write(name: str, rows: List[dict], path: str | Path) -> None:
 
 def read_rows(path: str | Path) -> List[dict]:
     """Rows of a Parquet table as dicts (no pandas)."""
-    return pq.read_table(path).to_pylist()
+    return pq.ParquetFile(path).read().to_pylist()  # ParquetFile avoids importing pyarrow.dataset
 
 
 def concat(name: str, paths: List[str], out: str | Path) -> List[dict]:

@@ -9,10 +9,25 @@ import sys
 from pathlib import Path
 from typing import Dict, List
 
-from .inventory import listing_fingerprint  # noqa: F401 - re-exported for rules/common.smk
+from . import fs
+from .inventory import listing_fingerprint as _local_listing_fingerprint
 
 STAGE_KEYS = ("expected_model_args", "model_factory", "reference", "target", "load", "security", "state",
-              "run_name")
+              "run_name", "s3")
+
+
+def configure_storage(config: dict) -> None:
+    """Apply the config's ``s3:`` block (endpoint, profile, anon; never keys) to this process
+    and, through ``CKPTAUDIT_S3_*`` environment variables, to the jobs it starts."""
+    fs.configure(config.get("s3"))
+
+
+def listing_fingerprint(run_dir: str) -> str:
+    """Fingerprint of the run's listing (names, sizes, mtimes; for ``s3://`` runs names,
+    sizes, ETags and unfinished multipart uploads): a param of the inventory rule."""
+    if fs.is_remote(run_dir):
+        return fs.listing_fingerprint(run_dir)
+    return _local_listing_fingerprint(run_dir)
 
 
 def run_name(run_dir: str) -> str:
@@ -25,6 +40,8 @@ def stage_config(config: dict, run_dir: str, name: str) -> dict:
     """The part of the audit config the stages read (written to work/config.json)."""
     out = {k: config.get(k) for k in STAGE_KEYS}
     out["run_dir"] = run_dir
+    if fs.is_remote(run_dir):  # endpoint/profile for this process and the jobs it starts (no keys)
+        fs.configure(config.get("s3"))
     out["run_name"] = name
     return out
 
@@ -34,6 +51,19 @@ def read_inventory(path: str) -> dict:
         return json.load(f)
 
 
+_INV_CACHE: Dict[tuple, dict] = {}
+
+
+def read_inventory_cached(path: str) -> dict:
+    """:func:`read_inventory`, cached on (path, size, mtime)."""
+    st = os.stat(path)
+    key = (os.path.abspath(path), st.st_size, st.st_mtime_ns)
+    if key not in _INV_CACHE:
+        _INV_CACHE.clear()
+        _INV_CACHE[key] = read_inventory(path)
+    return _INV_CACHE[key]
+
+
 def part_units(inv: dict, part: str) -> List[dict]:
     wanted = set(inv["parts"].get(part, []))
     return [u for u in inv["units"] if u["unit"] in wanted]
@@ -41,8 +71,11 @@ def part_units(inv: dict, part: str) -> List[dict]:
 
 def part_files(inv: dict, part: str) -> List[str]:
     """The run's files that a part's jobs read (Snakemake inputs: a changed file
-    re-runs its part)."""
+    re-runs its part).  None for an ``s3://`` run: objects are not local files, so
+    :func:`part_signature` carries their sizes and ETags instead."""
     root = inv["run_dir"]
+    if fs.is_remote(root):
+        return []
     out: List[str] = []
     for u in part_units(inv, part):
         out.extend(os.path.join(root, f) for f in u["files"])
@@ -53,9 +86,29 @@ def part_files(inv: dict, part: str) -> List[str]:
 
 
 def part_signature(inv: dict, part: str) -> str:
-    """What a part holds (units and their files); a param, so a changed membership re-runs the part."""
-    return json.dumps([[u["unit"], u["files"], u["sidecars"], u["manifest"]] for u in part_units(inv, part)],
-                      sort_keys=True)
+    """What a part holds, as a Snakemake param (a change re-runs only this part).
+
+    Per unit: its name, files, sizes and newest mtime (from the inventory), and the
+    size and mtime of its sidecars and manifest; for ``s3://`` runs also each
+    object's size and ETag.  The part jobs do not list the run's files as inputs:
+    Snakemake would ``stat`` every one of them in every scheduling round
+    (BENCHMARKS.md, "scale"), while the inventory already recorded them.
+    """
+    osd = inv.get("object_store") or {}
+    root = inv["run_dir"]
+    rows = []
+    for u in part_units(inv, part):
+        extra = []
+        if not fs.is_remote(root):
+            for f in list(u.get("sidecars", [])) + ([u["manifest"]] if u.get("manifest") else []):
+                try:
+                    st = os.stat(os.path.join(root, f))
+                    extra.append([f, st.st_size, st.st_mtime_ns])
+                except OSError:
+                    extra.append([f, None, None])
+        rows.append([u["unit"], u["files"], u.get("size_bytes"), u.get("mtime_ns"), extra]
+                    + ([osd[u["unit"]]] if u["unit"] in osd else []))
+    return json.dumps(rows, sort_keys=True)
 
 
 def write_config(doc_json: str, out: str) -> None:

@@ -43,8 +43,9 @@ def get_stage_config(wildcards):
 
 
 def get_inventory():
-    """The inventory document (after the inventory checkpoint has run)."""
-    return ws.read_inventory(checkpoints.inventory.get().output.json)
+    """The inventory document (after the inventory checkpoint has run), parsed once
+    per version of the file (input functions call this for every job)."""
+    return ws.read_inventory_cached(checkpoints.inventory.get().output.json)
 
 
 def get_part_ids():

@@ -5,7 +5,7 @@ rule hash:
     conda:
         "envs/ckptaudit.yaml"
     input:
-        get_part_files,
+        inventory_done=get_inventory_done,
     output:
         f"{PARTS}/hash/{{part}}.parquet",
     params:
@@ -17,6 +17,12 @@ rule hash:
         f"{LOGS}/hash/{{part}}.log",
     benchmark:
         f"{BENCH}/hash/{{part}}.tsv"
+    threads: STAGE_THREADS
+    resources:
+        mem_mb=get_part_mem_mb("hash"),
+        runtime=get_part_runtime("hash"),
+    group:
+        PART_GROUP
     shell:
         "{params.python} -m ckptaudit.stages hash --inventory {params.inventory} --part {wildcards.part} "
         "--out {output} > {log} 2>&1"

@@ -54,10 +54,10 @@ def test_layout_folders_are_units():
 
 def test_parts_are_stable_as_the_run_grows():
     assert inventory.auto_units_per_job(1) == 1
-    assert inventory.auto_units_per_job(64) == 1
-    assert inventory.auto_units_per_job(65) == 2
-    assert inventory.auto_units_per_job(1000) == 16
-    assert inventory.auto_units_per_job(4096) == 64
+    assert inventory.auto_units_per_job(16) == 1
+    assert inventory.auto_units_per_job(17) == 2
+    assert inventory.auto_units_per_job(1000) == 64
+    assert inventory.auto_units_per_job(4096) == 256
 
 
 def test_missing_run_folder_is_an_error(tmp_path):

@@ -1,0 +1,183 @@
+"""Targets 2 and 3: a 1,000-unit run on 2 cores; re-runs on an unchanged / grown run.
+
+1. Generates N small but real checkpoints with :func:`ckptaudit.demo.train`
+   (a tiny nanoGPT GPT, 1 layer, n_embd 16: ``model`` state_dict, AdamW
+   ``optimizer``, LambdaLR ``scheduler``, ``rng``, ``iter_num`` …, one real
+   optimizer step per checkpoint) with ``sha256sum`` sidecars, written with
+   :func:`ckptaudit.demo.serialize` (no fsync, to keep generation short).  The
+   checkpoint of step N+1 is kept aside for step 3.
+2. Times ``snakemake --cores 2 audit --config run_dir=RUN out_dir=OUT`` on the
+   repository's Snakefile (Snakemake's ``.snakemake/`` goes to a temp workdir).
+3. Runs the same command again on the unchanged run (expects "Nothing to be
+   done" and no file under OUT rewritten), then adds the step N+1 unit and runs
+   it once more (expects inventory + the last part's six jobs + report only).
+
+    /work/venv/bin/python benchmarks/bench_scale.py [--units 1000] [--cores 2] [--keep]
+
+Targets: first run ≤ 120 s wall; unchanged re-run ≤ 5 % of the first, no part job.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common as C  # noqa: E402
+
+PART_STAGES = ("hash", "scan", "load", "configdiff", "structure", "state")
+
+
+def generate(run_dir: Path, extra_dir: Path, n: int) -> float:
+    """Train n+1 steps, saving every step; the last save goes to ``extra_dir``."""
+    import hashlib
+
+    from ckptaudit import demo
+
+    args = dict(demo.DEFAULT_MODEL_ARGS, n_layer=1, n_head=2, n_embd=16, block_size=16)
+
+    def save(ckpt, path: Path):
+        step = ckpt["iter_num"]
+        dest = (extra_dir if step > n else run_dir) / path.name
+        data = demo.serialize(ckpt)
+        dest.write_bytes(data)
+        dest.with_name(dest.name + ".sha256").write_text(f"{hashlib.sha256(data).hexdigest()}  {dest.name}\n")
+
+    t0 = time.perf_counter()
+    run_dir.mkdir(parents=True)
+    extra_dir.mkdir(parents=True)
+    demo.train(run_dir, max_steps=n + 1, save_every=1, seed=1, model_args=args,
+               config=dict(eval_iters=1, batch_size=2), save=save)
+    return time.perf_counter() - t0
+
+
+_JOB = re.compile(r"^\s*(?:local)?(?:rule|checkpoint) (\w+):\s*$", re.M)
+_WILD = re.compile(r"^\s*wildcards: part=(p\d{4})", re.M)
+
+
+def jobs_run(log: str) -> Counter:
+    """Counter of rule names of the jobs Snakemake started (from its log)."""
+    return Counter(m.group(1) for m in _JOB.finditer(log))
+
+
+def changed(before: dict, after: dict) -> list:
+    return sorted(k for k in after if before.get(k) != after[k])
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--units", type=int, default=1000)
+    ap.add_argument("--cores", type=int, default=2)
+    ap.add_argument("--tmp", default="/tmp")
+    ap.add_argument("--units-per-job", default="auto", help="config units_per_job (default: auto)")
+    ap.add_argument("--keep", action="store_true", help="keep the temp folder (printed)")
+    a = ap.parse_args(argv)
+    C.require_gnu_time()
+    tmp = Path(tempfile.mkdtemp(prefix="ckptaudit-bench-scale-", dir=a.tmp))
+    run_dir, extra, out, work = tmp / "run", tmp / "extra", tmp / "out", tmp / "work"
+    work.mkdir()
+    try:
+        gen_s = generate(run_dir, extra, a.units)
+        files = sorted(run_dir.iterdir())
+        run_bytes = sum(p.stat().st_size for p in files)
+        print(f"# generated {a.units} units ({len(files)} files, {run_bytes / C.MIB:.1f} MiB) in {gen_s:.1f} s",
+              file=sys.stderr)
+        cmd = C.snakemake_cmd(run_dir, out, work, a.cores)
+        if a.units_per_job != "auto":
+            cmd.append(f"units_per_job={a.units_per_job}")
+
+        r1 = C.run_gnu_time(cmd)
+        log1 = r1["stderr"] + r1["stdout"]
+        j1 = jobs_run(log1)
+        m1 = C.mtimes(out)
+        bench = C.read_benchmark_tsvs(out)
+        print(f"# first run {r1['wall_s']:.1f} s", file=sys.stderr)
+
+        r2 = C.run_gnu_time(cmd)
+        log2 = r2["stderr"] + r2["stdout"]
+        j2 = jobs_run(log2)
+        m2 = C.mtimes(out)
+        nothing = "Nothing to be done" in log2
+        ch2 = changed(m1, m2)
+        print(f"# unchanged re-run {r2['wall_s']:.1f} s", file=sys.stderr)
+
+        new = sorted(extra.iterdir())
+        for p in new:
+            shutil.move(str(p), run_dir / p.name)
+        r3 = C.run_gnu_time(cmd)
+        log3 = r3["stderr"] + r3["stdout"]
+        j3 = jobs_run(log3)
+        parts3 = sorted(set(_WILD.findall(log3)))
+        m3 = C.mtimes(out)
+        ch3 = changed(m2, m3)
+        print(f"# grown re-run {r3['wall_s']:.1f} s", file=sys.stderr)
+
+        n_parts1 = len({b["job"] for b in bench if b["stage"] == "hash"})
+        stage_rows = []
+        for st in ("inventory",) + PART_STAGES:
+            bs = [b for b in bench if b["stage"] == st]
+            if not bs:
+                continue
+            secs = [C.as_float(b.get("s")) for b in bs]
+            rss = [C.as_float(b.get("max_rss")) for b in bs]
+            rss_ok = [x for x in rss if x == x]
+            stage_rows.append([st, len(bs), f"{sum(secs):.1f}", f"{C.median(secs):.2f}", f"{max(secs):.2f}",
+                               f"{max(rss_ok):.0f}" if rss_ok else "NA"])
+
+        print(f"\nMachine: {C.machine_line()}\n")
+        print(f"Run: {a.units} units ({len(files)} files incl. sidecars, {run_bytes / C.MIB:.1f} MiB, "
+              f"generated in {gen_s:.1f} s), units_per_job {a.units_per_job} → {n_parts1} parts, "
+              f"--cores {a.cores}.  'CPU s' is user+sys of the whole Snakemake process tree; 'others' is "
+              "CPU time other processes used on the machine meanwhile (noise).\n")
+        first = r1["wall_s"]
+        rows = [
+            ["first audit", f"{first:.1f}", f"{r1['cpu_s']:.0f}", f"{r1['other_cpu_s']:.0f}",
+             f"{r1['max_rss_mib']:.0f}", sum(j1.values()),
+             f"{1000 * first / a.units:.0f} ms/unit", "100 %", "–"],
+            ["re-run, unchanged", f"{r2['wall_s']:.2f}", f"{r2['cpu_s']:.1f}", f"{r2['other_cpu_s']:.0f}",
+             f"{r2['max_rss_mib']:.0f}", sum(j2.values()),
+             "–", f"{100 * r2['wall_s'] / first:.1f} %",
+             f"{len(ch2)} files rewritten; 'Nothing to be done': {nothing}"],
+            [f"re-run, +1 unit (step {a.units + 1})", f"{r3['wall_s']:.1f}", f"{r3['cpu_s']:.1f}",
+             f"{r3['other_cpu_s']:.0f}", f"{r3['max_rss_mib']:.0f}",
+             sum(j3.values()), "–", f"{100 * r3['wall_s'] / first:.1f} %",
+             "jobs: " + ", ".join(f"{k}×{v}" for k, v in sorted(j3.items())) + f"; parts: {', '.join(parts3)}"],
+        ]
+        print(C.md_table(["invocation", "wall s", "CPU s", "others' CPU s", "peak RSS MiB (largest process)", "jobs run", "per unit",
+                          "vs first", "what ran"], rows))
+        print("\nFirst run, per stage (Snakemake `benchmark:` files; s = job wall seconds):\n")
+        print(C.md_table(["stage", "jobs", "sum s", "median s/job", "max s/job", "max max_rss MiB"], stage_rows))
+        print("\nFirst run jobs: " + ", ".join(f"{k}×{v}" for k, v in sorted(j1.items())))
+        parts_changed3 = sorted({c.split("/")[-1] for c in ch3 if c.startswith("tables/parts/")})
+        print(f"Grown re-run rewrote part files: {', '.join(parts_changed3) or 'none'}")
+        ok2 = first <= 120
+        ok3 = r2["wall_s"] <= 0.05 * first and nothing and not ch2 and not j2
+        ok3b = set(parts3) <= {max(parts3)} if parts3 else False
+        ok3b = ok3b and set(j3) <= {"inventory", "report", "audit", *PART_STAGES} and \
+            all(j3.get(s, 0) == 1 for s in PART_STAGES)
+        scope = "" if a.units == 1000 else f" [only meaningful at --units 1000; this was {a.units}]"
+        print(f"\nTarget 2 (first run ≤ 120 s){scope}: {'MET' if ok2 else 'MISSED'} ({first:.1f} s)")
+        print(f"Target 3 (unchanged re-run ≤ 5 % and no job): {'MET' if ok3 else 'MISSED'} "
+              f"({100 * r2['wall_s'] / first:.1f} %, jobs {sum(j2.values())}, files rewritten {len(ch2)})")
+        print(f"Target 3b (+1 unit re-runs only inventory, the last part, report): {'MET' if ok3b else 'MISSED'}")
+        if not (ok2 and ok3 and ok3b) or a.keep:
+            keep = tmp / "logs"
+            keep.mkdir(exist_ok=True)
+            for i, lg in enumerate((log1, log2, log3), 1):
+                (keep / f"snakemake_{i}.log").write_text(lg)
+    finally:
+        if a.keep:
+            print(f"# kept {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
