@@ -403,6 +403,17 @@ _ENTRIES: List[Kind] = [
        "was deleted, or the unit was copied only in part.",
        "Do not use the unit; restore the file from a copy whose SHA-256 matches, or roll back to the previous "
        "checkpoint."),
+    # ------------------------------------- file (object storage: ckptaudit.fs, s3:// runs only)
+    _k("incomplete_multipart_upload", "file", "error", "none",
+       "{path}: a multipart upload started at {initiated} was never completed (S3 ListMultipartUploads, upload id "
+       "{upload_id}): a save that died before CompleteMultipartUpload; its parts are invisible as an object but "
+       "are stored and billed.",
+       "Do not count on this save; roll back to an older checkpoint. Abort the upload "
+       "(`aws s3api abort-multipart-upload`) or set a lifecycle rule AbortIncompleteMultipartUpload."),
+    _k("suspiciously_small_object", "file", "warning", "resume",
+       "{path} is an object of only {size_bytes} bytes under a checkpoint name: an upload that wrote a "
+       "placeholder, an error body or a pointer instead of the checkpoint.",
+       "Check the object's content and the uploader's log; re-upload it from the training host if it is short."),
 ]
 
 CATALOGUE: Dict[str, Kind] = {e.kind: e for e in _ENTRIES}

@@ -30,13 +30,17 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from . import findings as F
+from . import fs
 
 _LINE = re.compile(r"^\\?([0-9a-fA-F]{64}) [ *](.+)$")
 
 
 def sha256_file(path: str | Path) -> str:
-    """Hex SHA-256 of a file, streamed (constant memory).  Raises ``OSError``."""
-    with open(path, "rb") as fh:
+    """Hex SHA-256 of a file, streamed (constant memory).  Raises ``OSError``.
+
+    An ``s3://`` object is streamed with ranged GETs of :data:`ckptaudit.fs.STREAM_BLOCK_BYTES`
+    (the hash stage reads every byte once; the CRC check of the file layer reads zip members once more)."""
+    with fs.open_binary(path, block_size=fs.STREAM_BLOCK_BYTES) as fh:
         return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
@@ -100,6 +104,22 @@ def chunk_sha256(path: str | Path, chunk_bytes: int, workers: Optional[int] = No
     cores).  Raises ``OSError`` and ``ValueError`` for ``chunk_bytes`` < 1."""
     if chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
+    if fs.is_remote(path):  # object storage: one streamed pass, one digest per chunk
+        out: List[str] = []
+        with fs.open_binary(path, block_size=fs.STREAM_BLOCK_BYTES) as fh:
+            while True:
+                h, left = hashlib.sha256(), chunk_bytes
+                while left:
+                    b = fh.read(min(left, _READ_BYTES))
+                    if not b:
+                        break
+                    h.update(b)
+                    left -= len(b)
+                if left == chunk_bytes:
+                    return out
+                out.append(h.hexdigest())
+                if left:
+                    return out
     fd = os.open(path, os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size

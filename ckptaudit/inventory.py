@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from . import layouts
+from . import fs, layouts
 
 # Names that are in-progress leftovers of a save, never a rollback point.
 # Sources: HF Trainer writes tmp-checkpoint-N then renames (transformers PR 28364);
@@ -128,7 +128,9 @@ def discover(run_dir: str | os.PathLike) -> tuple[List[Unit], List[Pointer], Lis
     ``FileNotFoundError`` when ``run_dir`` is not a readable folder (an
     infrastructure failure, not a finding).
     """
-    root = Path(run_dir)
+    root = fs.path(run_dir)
+    if fs.is_remote(root):
+        fs.refresh(root)  # one LIST of every object under the prefix; later looks use it
     if not root.exists():
         raise FileNotFoundError(f"{root}: run folder does not exist")
     if not root.is_dir():
@@ -145,13 +147,12 @@ def discover(run_dir: str | os.PathLike) -> tuple[List[Unit], List[Pointer], Lis
 
 
 def _rel(root: Path, p: Path) -> str:
-    r = os.path.relpath(p, root)
-    return "." if r == "." else r.replace(os.sep, "/")
+    return fs.relpath(p, root)
 
 
 def _walk(root: Path, d: Path, units, pointers, stray):
     try:
-        entries = sorted(os.scandir(d), key=lambda e: e.name)
+        entries = sorted(fs.scandir(d), key=lambda e: e.name)
     except OSError as e:
         raise PermissionError(f"{d}: cannot list folder ({e.strerror})") from e
     names = [e.name for e in entries]
@@ -162,7 +163,7 @@ def _walk(root: Path, d: Path, units, pointers, stray):
             units.append(u)
             claimed.update(Path(f).name for f in u.files if Path(f).parent == Path(_rel(root, d)) or _rel(root, d) == ".")
     for e in entries:
-        path = Path(e.path)
+        path = fs.path(e.path)
         rel = _rel(root, path)
         if e.name in claimed:
             continue
@@ -232,12 +233,12 @@ def _dir_unit(root: Path, path: Path, adapter, why) -> Unit:
     # finished, so the folder is in progress.  The manifest is recognised from its first 64 bytes.
     has_marker = False
     our_manifest = False
-    for dirpath, dirnames, filenames in os.walk(path):
+    for dirpath, dirnames, filenames in fs.walk(path):
         dirnames.sort()
         fn_set = set(filenames)
-        at_top = Path(dirpath) == path
+        at_top = fs.path(dirpath) == path
         for fn in sorted(filenames):
-            fp = Path(dirpath) / fn
+            fp = fs.path(dirpath) / fn
             rel = _rel(root, fp)
             if at_top and fn == "COMPLETE":
                 has_marker = True
@@ -249,7 +250,7 @@ def _dir_unit(root: Path, path: Path, adapter, why) -> Unit:
                 manifest = rel
                 if at_top and fn == "manifest.json":
                     try:
-                        with open(fp, "rb") as fh:
+                        with fs.open_binary(fp) as fh:
                             our_manifest = b'"ckptaudit.manifest/' in fh.read(64)
                     except OSError:
                         our_manifest = False
@@ -339,6 +340,8 @@ def listing_fingerprint(run_dir: str) -> str:
 
     h = hashlib.sha256()
     root = Path(run_dir)
+    if fs.is_remote(run_dir):
+        return fs.listing_fingerprint(run_dir)
     if not root.exists():
         return "missing"
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
@@ -353,11 +356,51 @@ def listing_fingerprint(run_dir: str) -> str:
     return h.hexdigest()[:16]
 
 
+SMALL_OBJECT_BYTES = 1024  # a checkpoint-named object of 1 to 1023 bytes is suspicious (0 is empty_file)
+
+
+def _object_store(run_dir, units: List[Unit]) -> Dict[str, dict]:
+    """Object-storage facts per unit of an ``s3://`` run: ``objects`` {file: [size bytes, ETag]}
+    (the part signature, so a replaced object re-runs its part), ``multipart_uploads`` that never
+    completed under the unit's keys, ``small_objects`` {file: size bytes}.
+
+    An unfinished upload whose key belongs to no unit becomes a unit of its own (layout
+    ``in-progress``, no files): a save that never completed.  ``units`` is changed in place.
+    """
+    root = fs.path(run_dir)
+    out: Dict[str, dict] = {}
+    for u in units:
+        d = out.setdefault(u.unit, {"objects": {}, "multipart_uploads": [], "small_objects": {}})
+        for f in u.files + u.sidecars + ([u.manifest] if u.manifest else []):
+            try:
+                info = (root / f).info()
+            except OSError:
+                continue
+            d["objects"][f] = [info["size"], info["etag"]]
+            if f in u.files and 0 < info["size"] < SMALL_OBJECT_BYTES and layouts.is_checkpoint_file(Path(f).name):
+                d["small_objects"][f] = info["size"]
+    for m in fs.multipart_uploads(run_dir):
+        key = m["key"]
+        owner = next((u for u in units if key in u.files or key == u.unit or key.startswith(u.unit.rstrip("/") + "/")
+                      or u.unit == "."), None)
+        if owner is None:
+            owner = Unit(unit=key, layout="in-progress", kind="file", files=[], size_bytes=0, mtime_ns=0,
+                         step_from_name=step_from_name(Path(key).name),
+                         in_progress="multipart upload started but never completed (no object exists)")
+            units.append(owner)
+            out[key] = {"objects": {}, "multipart_uploads": [], "small_objects": {}}
+        out[owner.unit]["multipart_uploads"].append(m)
+    units.sort(key=lambda u: (u.step_from_name if u.step_from_name is not None else -1, u.unit))
+    return {k: v for k, v in out.items() if v["objects"] or v["multipart_uploads"]}
+
+
 def run_inventory(run_dir: str, units_per_job="auto") -> Dict:
     """Discover units and pointers; return the plain-data inventory document."""
     units, pointers, stray = discover(run_dir)
+    object_store = _object_store(run_dir, units) if fs.is_remote(run_dir) else {}
     parts = assign_parts(units, units_per_job)
     return {
+        "object_store": object_store,
         "run_dir": str(run_dir),
         "units": [u.to_dict() for u in units],
         "pointers": [asdict(p) for p in pointers],

@@ -26,11 +26,14 @@ import os
 import resource
 import select
 import signal
+import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Dict, List, Tuple
 
 from . import findings as F
+from . import fs
 
 LOADABLE = ("torch_zip", "torch_legacy", "safetensors")
 
@@ -217,7 +220,27 @@ def load_units(run_dir: Path, units: List[dict], scans: Dict[str, dict], hashes:
         import torch  # noqa: F401 - imported once here so each forked child is cheap
 
         for u, f, k, benign in todo:
-            res = load_in_child(str(run_dir / f), k, benign, timeout_seconds=timeout, memory_limit_bytes=limit)
+            src, scratch = run_dir / f, None
+            if fs.is_remote(src):  # object storage: download to a scratch folder under a size limit
+                dl_limit = int((cfg.get("s3") or {}).get("download_limit_mib", 4096)) << 20
+                scratch = tempfile.mkdtemp(prefix="ckptaudit-load-")
+                try:
+                    local = fs.download(src, scratch, dl_limit)
+                except OSError as e:
+                    local, why = None, f"cannot download the object: {type(e).__name__}"
+                else:
+                    why = (f"the object is {fs.size(src)} bytes, over s3.download_limit_mib "
+                           f"({dl_limit >> 20} MiB): not downloaded for the load test")
+                if local is None:
+                    shutil.rmtree(scratch, ignore_errors=True)
+                    rows.append(_skip(u["unit"], f, why))
+                    continue
+                src = local
+            try:
+                res = load_in_child(str(src), k, benign, timeout_seconds=timeout, memory_limit_bytes=limit)
+            finally:
+                if scratch:
+                    shutil.rmtree(scratch, ignore_errors=True)
             fl = []
             if res["status"] == "timeout":
                 fl.append(F.make("load_timeout", path=f, timeout_seconds=timeout))

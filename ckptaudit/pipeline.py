@@ -25,6 +25,7 @@ def default_config() -> dict:
         "security": {"allow_globals": []},
         "state": {"nan_scan": True, "chunk_mib": 16, "norm_jump_ratio": 10.0},
         "run_name": "",
+        "s3": {"endpoint_url": "", "profile": "", "anon": False, "download_limit_mib": 4096},
     }
 
 
@@ -34,6 +35,8 @@ def audit_in_process(run_dir: str | Path, cfg: Optional[dict] = None, out_dir: O
     Raises ``FileNotFoundError``/``NotADirectoryError`` for a missing run folder.
     """
     import json
+
+    from . import fs
 
     c = default_config()
     for k, v in (cfg or {}).items():
@@ -45,6 +48,8 @@ def audit_in_process(run_dir: str | Path, cfg: Optional[dict] = None, out_dir: O
     out = Path(out_dir)
     work = out / "work"
     parts_dir = out / "tables" / "parts"
+    if fs.is_remote(run_dir):
+        fs.configure(c.get("s3"))
     try:
         inv = stages.stage_inventory(str(run_dir), "auto", str(out / "tables" / "inventory.parquet"),
                                      str(work / "inventory.json"), str(work / "pointers.parquet"))

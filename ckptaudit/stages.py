@@ -32,6 +32,15 @@ def part_units(inv: dict, part: str) -> List[dict]:
     return [u for u in inv["units"] if u["unit"] in wanted]
 
 
+def _run_dir(inv: dict, cfg: dict):
+    """The run folder as a path (``RPath`` for ``s3://…``), after applying the config's ``s3:`` block."""
+    from . import fs
+
+    if fs.is_remote(inv["run_dir"]) and cfg.get("s3"):
+        fs.configure(cfg["s3"])
+    return fs.path(inv["run_dir"])
+
+
 def stage_inventory(run_dir: str, units_per_job, out_parquet: str, out_json: str, out_pointers: str) -> dict:
     from . import inventory, tables
 
@@ -45,7 +54,9 @@ def stage_inventory(run_dir: str, units_per_job, out_parquet: str, out_json: str
 def stage_hash(inv: dict, part: str, out: str) -> List[dict]:
     from . import hashing, tables
 
-    run_dir = Path(inv["run_dir"])
+    from . import fs
+
+    run_dir = fs.path(inv["run_dir"])
     rows: List[dict] = []
     for u in part_units(inv, part):
         rows.extend(hashing.hash_unit(run_dir, u))
@@ -66,6 +77,7 @@ def scan_units(run_dir: Path, units: List[dict], cfg: dict):
         s = adapter.scan(run_dir, u, cfg)
         for mf in u.get("missing_files", []):
             s.facts.setdefault("missing_files", []).append(mf)
+        s.add(object_store_findings(u))
         if u.get("in_progress") and u["kind"] != "file" and not any(f.kind == "unit_in_progress" for f in s.findings):
             s.add(F.make("unit_in_progress", path=u["unit"], why=u["in_progress"]))
         scans.append(s.row())
@@ -75,10 +87,32 @@ def scan_units(run_dir: Path, units: List[dict], cfg: dict):
     return scans, tensors, imports
 
 
+def _with_object_store(inv: dict, units: List[dict]) -> List[dict]:
+    """Units with the inventory's object-store facts (``inv["object_store"][unit]``) attached."""
+    osd = inv.get("object_store") or {}
+    return [{**u, "object_store": osd[u["unit"]]} if u["unit"] in osd else u for u in units]
+
+
+def object_store_findings(u: dict):
+    """Findings the inventory recorded from object storage (``u["object_store"]``, from
+    ``inv["object_store"]`` that :func:`ckptaudit.inventory.run_inventory` writes for ``s3://`` runs): multipart uploads that
+    never completed under the unit's keys, and suspiciously small objects."""
+    from . import findings as F
+
+    out = []
+    osd = u.get("object_store") or {}
+    for m in osd.get("multipart_uploads", []):
+        out.append(F.make("incomplete_multipart_upload", path=m["key"], initiated=m.get("initiated", ""),
+                          upload_id=m.get("upload_id", "")))
+    for rel, n in sorted((osd.get("small_objects") or {}).items()):
+        out.append(F.make("suspiciously_small_object", path=rel, size_bytes=n))
+    return out
+
+
 def stage_scan(inv: dict, part: str, cfg: dict, out: str, out_tensors: str, out_imports: str) -> List[dict]:
     from . import tables
 
-    scans, tensors, imports = scan_units(Path(inv["run_dir"]), part_units(inv, part), cfg)
+    scans, tensors, imports = scan_units(_run_dir(inv, cfg), _with_object_store(inv, part_units(inv, part)), cfg)
     tables.write("scan", scans, out)
     tables.write("tensors", tensors, out_tensors)
     tables.write("imports", imports, out_imports)
@@ -97,7 +131,7 @@ def stage_load(inv: dict, part: str, cfg: dict, scan_path: str, hash_path: str, 
 
     scans = {r["unit"]: r for r in tables.read_rows(scan_path)}
     hashes = _by_unit(tables.read_rows(hash_path))
-    rows = loadtest.load_units(Path(inv["run_dir"]), part_units(inv, part), scans, hashes, cfg)
+    rows = loadtest.load_units(_run_dir(inv, cfg), part_units(inv, part), scans, hashes, cfg)
     tables.write("load", rows, out)
     return rows
 
@@ -164,7 +198,7 @@ def stage_state(inv: dict, part: str, cfg: dict, scan_path: str, tensors_path: s
 
     scans = {r["unit"]: r for r in tables.read_rows(scan_path)}
     tens = _by_unit(tables.read_rows(tensors_path))
-    run_dir = Path(inv["run_dir"])
+    run_dir = _run_dir(inv, cfg)
     rows = [state.analyse_unit(u, scans[u["unit"]], tens.get(u["unit"], []), run_dir, cfg)
             for u in part_units(inv, part) if u["unit"] in scans]
     tables.write("state", rows, out)

@@ -11,6 +11,7 @@ import ckptaudit
 from ckptaudit import workflow_support as ws
 
 validate(config, os.path.join(workflow.basedir, "config", "schema.yaml"))
+ws.configure_storage(config)  # s3: settings for this process and the jobs it starts (no secrets)
 
 PYTHON = sys.executable
 VERSION = ckptaudit.__version__

@@ -26,7 +26,7 @@ import pickletools
 import struct
 from typing import Any, List, Optional, Tuple
 
-from .. import findings
+from .. import findings, fs
 from ..findings import Finding
 from ..pickle_walk import WalkResult, walk
 from .sniff import TORCH_LEGACY_MAGIC, TORCH_LEGACY_PROTOCOL_VERSION, generic_findings, sniff
@@ -67,7 +67,7 @@ def check_legacy(path) -> Tuple[Optional[WalkResult], List[Finding]]:
     sniff-level kinds when the file is not legacy torch at all.  Never raises
     on bad content.
     """
-    path = os.fspath(path)
+    path = fs.fspath(path)
     s = sniff(path)
     size = s.size_bytes
     if s.kind != "torch_legacy":
@@ -80,7 +80,7 @@ def check_legacy(path) -> Tuple[Optional[WalkResult], List[Finding]]:
     def cut(why: str, **extra: Any) -> Finding:
         return findings.make("truncated_legacy_pickle", path=path, size_bytes=size, why=why, **extra)
 
-    with open(path, "rb") as f:
+    with fs.open_binary(path) as f:
         ends: List[int] = []
         pos = 0
         res: Optional[WalkResult] = None
@@ -116,7 +116,7 @@ def check_legacy(path) -> Tuple[Optional[WalkResult], List[Finding]]:
     if res is None or res.error:
         return res, [findings.make("pickle_unreadable", path=path, member="object pickle",
                                    why=(res.error if res is not None else "larger than the read limit"))]
-    with open(path, "rb") as f:
+    with fs.open_binary(path) as f:
         return res, _check_storages(f, path, size, res, keys, ends[4])
 
 

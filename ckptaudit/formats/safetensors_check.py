@@ -27,7 +27,7 @@ import os
 import struct
 from typing import List, Optional, Tuple
 
-from .. import findings
+from .. import findings, fs
 from ..findings import Finding
 from .sniff import generic_findings, sniff, zero_runs
 
@@ -63,14 +63,14 @@ def check_safetensors(path, *, scan_zeros: bool = True, chunk: int = 1 << 20,
     to look for zeroed blocks.  Never raises on bad content; raises OSError only
     if the file cannot be opened.
     """
-    path = os.fspath(path)
+    path = fs.fspath(path)
     s = sniff(path)
     if s.kind in _NOT_SAFETENSORS:
         return None, generic_findings(s)
     size = s.size_bytes
     if size < 8:
         return None, [findings.make("header_too_small", path=path, size_bytes=size)]
-    with open(path, "rb") as f:
+    with fs.open_binary(path) as f:
         n = struct.unpack("<Q", f.read(8))[0]
         if n > MAX_HEADER_BYTES or 8 + n > size:
             return None, [findings.make("header_too_large", path=path, header_len=n, size_bytes=size,

@@ -33,7 +33,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Tuple
 
-from .. import findings
+from .. import findings, fs
 from ..findings import Finding
 
 #: ``MAGIC_NUMBER`` of torch/serialization.py (legacy torch.save format).
@@ -158,11 +158,11 @@ def sniff(path) -> Sniff:
     with a zeroed head.  Raises only ``OSError`` when the file cannot be opened
     or read at all (the caller's I/O problem, not the checkpoint's).
     """
-    path = os.fspath(path)
-    size = os.path.getsize(path)
+    path = fs.fspath(path)
+    size = fs.size(path)
     if size == 0:
         return Sniff(path, 0, "empty", b"", {})
-    with open(path, "rb") as f:
+    with fs.open_binary(path, exact=True) as f:
         first = f.read(SNIFF_BYTES)
         head = first[:64]
         detail: Dict[str, Any] = {}
@@ -305,12 +305,12 @@ def zero_runs(path, *, min_run: int = 64, chunk: int = 1 << 20, start: int = 0,
     search is ``bytes.find`` of ``min_run`` NULs (C speed), then a regex for the
     run's first non-NUL byte.
     """
-    path = os.fspath(path)
+    path = fs.fspath(path)
     runs: List[Tuple[int, int]] = []
     min_run = max(1, int(min_run))
     needle = b"\0" * min_run
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
+    with fs.open_binary(path, block_size=fs.STREAM_BLOCK_BYTES) as f:
+        size = fs.size(path)
         stop = size if end is None else min(end, size)
         pos = max(0, start)
         f.seek(pos)

@@ -39,7 +39,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from .. import findings
+from .. import findings, fs
 from ..findings import Finding
 from .sniff import generic_findings, sniff
 
@@ -103,17 +103,45 @@ class ZipReport:
 
 
 class _File:
-    """Positional reads on one open file (``os.pread``: no shared seek state)."""
+    """Positional reads on one open file (``os.pread``: no shared seek state).
+
+    A remote object (``s3://…``, see :mod:`ckptaudit.fs`) is read with ranged GETs
+    (seek + read on an fsspec file); the central directory, local headers and
+    data.pkl cost a few small GETs, while CRC verification streams every member
+    (as hashing does: each streams the object once).
+    """
 
     def __init__(self, path: str) -> None:
-        self.f = open(path, "rb", buffering=0)
-        self.fd = self.f.fileno()
-        self.size = os.fstat(self.fd).st_size
+        self.path = path
+        if fs.is_remote(path):
+            self.f = fs.open_binary(path, exact=True)
+            self.fd = None
+            self.size = fs.size(path)
+        else:
+            self.f = open(path, "rb", buffering=0)
+            self.fd = self.f.fileno()
+            self.size = os.fstat(self.fd).st_size
 
     def pread(self, off: int, n: int) -> bytes:
         if off < 0 or n <= 0 or off >= self.size:
             return b""
         n = min(n, self.size - off)
+        if self.fd is None:  # remote: small reads are exact GETs; large ones (the record walk of a
+            # damaged archive, which may pass over the same bytes again) go through an LRU of
+            # 1 MiB blocks (at most 32 MiB held)
+            # 1 MiB blocks (at most 32 MiB held).  A small read fetches at least 256 bytes and keeps
+            # them, so a local header and the name/extra that follow it cost one GET.
+            if n >= (64 << 10):
+                if getattr(self, "_blocks", None) is None:
+                    self._blocks = fs.open_binary(self.path, block_size=1 << 20, cache_type="blockcache")
+                self._blocks.seek(off)
+                return self._blocks.read(n)
+            w0, win = getattr(self, "_win", (0, b""))
+            if not (w0 <= off and off + n <= w0 + len(win)):
+                self.f.seek(off)
+                w0, win = off, self.f.read(max(n, 256))
+                self._win = (w0, win)
+            return win[off - w0: off - w0 + n]
         out = os.pread(self.fd, n, off)
         while len(out) < n:  # pread may return short on some filesystems
             more = os.pread(self.fd, n - len(out), off + len(out))
@@ -128,6 +156,10 @@ class _File:
         done = 0
         view = memoryview(buf)
         f = self.f
+        if self.fd is None:  # remote: stream with large ranged GETs, not the small readahead
+            if getattr(self, "_stream", None) is None:
+                self._stream = fs.open_binary(self.path, block_size=fs.STREAM_BLOCK_BYTES)
+            f = self._stream
         f.seek(off)
         while done < n:
             k = f.readinto(view[: min(len(buf), n - done)])
@@ -139,6 +171,9 @@ class _File:
 
     def close(self) -> None:
         self.f.close()
+        for extra in (getattr(self, "_stream", None), getattr(self, "_blocks", None)):
+            if extra is not None:
+                extra.close()
 
 
 def _hex(v: Optional[int]) -> str:
@@ -206,7 +241,7 @@ def check_zip(path, *, verify_crc: bool = True, chunk: int = 1 << 20) -> ZipRepo
     directory entries and data.pkl.  Never raises on bad content; OSError only
     when the file cannot be opened.
     """
-    path = os.fspath(path)
+    path = fs.fspath(path)
     rep = ZipReport()
     s = sniff(path)
     if s.kind in ("empty", "all_zero"):
@@ -568,7 +603,7 @@ def _crc_deflated(fh: _File, m: Member, chunk: int) -> Tuple[int, Optional[int]]
 def _longest_zero_run(fh: _File, off: int, n: int, chunk: int) -> Optional[Tuple[int, int]]:
     from .sniff import zero_runs
 
-    runs = zero_runs(fh.f.name, min_run=64, chunk=chunk, start=off, end=off + n)
+    runs = zero_runs(fh.path, min_run=64, chunk=chunk, start=off, end=off + n)
     return max(runs, key=lambda r: r[1]) if runs else None
 
 

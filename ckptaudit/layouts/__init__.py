@@ -47,6 +47,8 @@ def file_layout(path: Path) -> str:
 
 
 def adapter_for(unit: dict):
+    if unit["layout"] == "in-progress":  # incl. an object-store save that never completed (no files)
+        return single.IN_PROGRESS
     if unit["kind"] == "file":
         return single.ADAPTER
     return BY_NAME.get(unit["layout"], single.IN_PROGRESS)

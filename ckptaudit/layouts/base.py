@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from .. import findings as F
+from .. import fs
 from ..findings import Finding
 
 # Element formats for reading small tensors (scalars such as an optimizer's
@@ -240,7 +241,7 @@ def scan_file(run_dir: Path, rel: str, unit: str, scan: UnitScan, cfg: Dict[str,
         scan.add(relabel(torchzip.check_storages(rep, storages, rel), rel))
         _name_damaged_tensors(scan, rel, rep.prefix, res.tensors)
         members = {m.name: m for m in rep.members}
-        with open(path, "rb") as fh:
+        with fs.open_binary(path, exact=True) as fh:
             for name, tm in res.tensors:
                 m = members.get(f"{rep.prefix}/data/{tm.storage.key}")
                 off = m.data_offset + tm.storage_offset * tm.storage.itemsize if m else -1
@@ -305,7 +306,7 @@ def scan_file(run_dir: Path, rel: str, unit: str, scan: UnitScan, cfg: Dict[str,
         scan.tree[tree_key or rel] = prune(res.obj, values)
     elif s.kind == "json":
         try:
-            with open(path, "rb") as fh:
+            with fs.open_binary(path) as fh:
                 out["obj"] = json.loads(fh.read(16 << 20))
             scan.tree[tree_key or rel] = out["obj"]
         except (OSError, ValueError):
@@ -354,5 +355,5 @@ def _disguise(rel: str, kind: str, scan: UnitScan) -> None:
 
 
 def _safetensors_header_len(path: Path) -> int:
-    with open(path, "rb") as fh:
+    with fs.open_binary(path) as fh:
         return struct.unpack("<Q", fh.read(8))[0]

@@ -19,6 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from .. import findings as F
+from .. import fs
 from .base import UnitScan, prune
 
 DISTCP = re.compile(r"^__(\d+)_(\d+)\.distcp$")
@@ -50,7 +51,7 @@ class DCP:
 
     def claim_dir(self, path: Path) -> bool:
         try:
-            names = os.listdir(path)
+            names = fs.listdir(path)
         except OSError:
             return False
         return ".metadata" in names or ".metadata.tmp" in names or any(DISTCP.match(n) for n in names)
@@ -61,7 +62,7 @@ class DCP:
 
         scan = UnitScan(unit["unit"], self.name)
         folder = run_dir / unit["unit"]
-        names = sorted(os.listdir(folder))
+        names = sorted(fs.listdir(folder))
         data_files = [n for n in names if DISTCP.match(n)]
         scan.facts["data_files"] = data_files
         scan.facts["ranks"] = sorted({int(DISTCP.match(n).group(1)) for n in data_files})
@@ -164,7 +165,7 @@ def _read_small_bytes_items(folder: Path, storage: dict, tree: dict, limit: int 
         if not 0 < length <= limit:
             continue
         try:
-            with open(folder / str(sinfo.get("relative_path")), "rb") as fh:
+            with fs.open_binary(folder / str(sinfo.get("relative_path")), exact=True) as fh:
                 fh.seek(int(sinfo.get("offset", 0)))
                 blob = fh.read(length)
             with zipfile.ZipFile(io.BytesIO(blob)) as zf:

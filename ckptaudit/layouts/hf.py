@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import List
 
 from .. import findings as F
+from .. import fs
 from .base import UnitScan, scan_file
 
 INDEX_RE = re.compile(r".*\.index\.json$")
@@ -142,7 +143,7 @@ class HFTrainer:
                                                                               "best_model_checkpoint", "max_steps")}
                     scan.facts["global_step"] = st.get("global_step")
                 except (OSError, ValueError) as e:
-                    scan.add(F.make("text_error_page", path=f, size_bytes=os.path.getsize(run_dir / f), head=str(e)[:40]))
+                    scan.add(F.make("text_error_page", path=f, size_bytes=fs.size(run_dir / f), head=str(e)[:40]))
                 continue
             extra = ["transformers.training_args.TrainingArguments"] if n == "training_args.bin" else []
             scan_file(run_dir, f, unit["unit"], scan, cfg, extra_allowed=extra, tree_key=n)

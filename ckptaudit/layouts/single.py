@@ -13,12 +13,13 @@ import struct
 from pathlib import Path
 
 from .. import findings as F
+from .. import fs
 from .base import UnitScan, scan_file
 
 
 def layout_of(path: Path) -> str:
     try:
-        with open(path, "rb") as fh:
+        with fs.open_binary(path, exact=True) as fh:
             head = fh.read(16)
     except OSError:
         return "file"
