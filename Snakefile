@@ -10,6 +10,7 @@ configfile: os.path.join(workflow.basedir, "config", "config.yaml")
 
 
 include: "rules/common.smk"
+include: "rules/resources.smk"
 include: "rules/demo.smk"
 include: "rules/inventory.smk"
 include: "rules/hash.smk"
@@ -19,6 +20,7 @@ include: "rules/configdiff.smk"
 include: "rules/structure.smk"
 include: "rules/state.smk"
 include: "rules/report.smk"
+include: "rules/drill.smk"
 
 
 rule audit:

@@ -1,7 +1,9 @@
 """``ckptaudit`` command line.
 
 ``ckptaudit audit RUN_DIR --out DIR`` runs the same Snakemake workflow as
-``snakemake --cores N audit`` through Snakemake's Python API.
+``snakemake --cores N audit`` through Snakemake's Python API; with ``--profile``
+(e.g. ``slurm``: ``config/profiles/slurm``) or ``--executor``, through Snakemake's
+command line in this process (:func:`run_snakemake_cli`), which reads profiles.
 
 Exit codes of ``audit`` (for cron and CI):
 
@@ -85,6 +87,78 @@ def run_workflow(cfg: dict, workdir: Path, cores: int, targets=("audit",), quiet
     return True
 
 
+def resolve_profile(name_or_path: str) -> str:
+    """A ``--profile`` value as Snakemake should see it.
+
+    An existing path (folder or YAML file) is used as is; otherwise a name of a profile
+    bundled with the workflow (``config/profiles/NAME``, e.g. ``slurm``); otherwise the
+    name is handed to Snakemake, which looks in ``~/.config/snakemake/NAME`` and
+    ``/etc/xdg/snakemake/NAME``.  Raises :class:`click.ClickException` when none exists.
+    """
+    from snakemake.cli import get_profile_dir
+
+    if Path(name_or_path).exists():
+        return str(Path(name_or_path).resolve())
+    bundled = workflow_dir() / "config" / "profiles" / name_or_path
+    if bundled.is_dir():
+        return str(bundled)
+    if get_profile_dir(name_or_path) is None:
+        names = sorted(p.name for p in (workflow_dir() / "config" / "profiles").glob("*") if p.is_dir())
+        raise click.ClickException(
+            f"--profile {name_or_path}: no such profile: not a path, not one of the bundled profiles "
+            f"{names} in {workflow_dir() / 'config' / 'profiles'}, and not in Snakemake's profile folders")
+    return name_or_path
+
+
+def run_snakemake_cli(cfg: dict, workdir: Path, *, profile: str | None = None, executor: str | None = None,
+                      cores: int | None = None, quiet: bool = True, extra_args=(), targets=("audit",)) -> bool:
+    """Run the workflow through Snakemake's own command line, in this process; True on success.
+
+    Used for ``--profile`` / ``--executor`` (and Snakemake arguments after ``--``).
+    ``snakemake.api`` does not read profiles: a profile is read by the command-line parser,
+    which maps each key to its option, including the settings of executor plugins
+    (``slurm-…``) that exist only once the plugin is installed.  Translating a profile
+    into API settings would re-implement that mapping for every key and plugin, so this
+    builds the argument list ``snakemake --profile …`` would get and calls
+    ``snakemake.cli.parse_args`` + ``args_to_api``: the same code path, the same result.
+
+    The audit config (defaults, ``--config`` file, run and output folders) is written to
+    ``WORKDIR/work/audit_config.yaml`` and passed with ``--configfile``; cluster jobs read
+    it as well, so ``workdir`` must be on a file system the cluster nodes share.
+    Snakemake's own state (``.snakemake/``, SLURM logs in ``.snakemake/slurm_logs/``) goes
+    to ``workdir``.  ``cores`` is passed only when given; without a profile and with the
+    local executor it defaults to 2, as in :func:`run_workflow`.
+    """
+    import yaml
+    from snakemake.cli import args_to_api, parse_args
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    cfg_file = workdir / "work" / "audit_config.yaml"
+    cfg_file.parent.mkdir(parents=True, exist_ok=True)
+    cfg_file.write_text(yaml.safe_dump(cfg, sort_keys=True))
+    argv = ["--snakefile", str(workflow_dir() / "Snakefile"), "--directory", str(workdir),
+            "--configfile", str(cfg_file), "--show-failed-logs"]
+    if profile:
+        argv += ["--profile", resolve_profile(profile)]
+    if executor:
+        argv += ["--executor", executor]
+    if cores is None and not profile and executor in (None, "local"):
+        cores = 2
+    if cores is not None:
+        argv += ["--cores", str(cores)]
+    if quiet:
+        argv += ["--quiet", "all"]
+    argv += [*extra_args, "--", *targets]
+    try:
+        parser, args = parse_args(argv)
+        ok = args_to_api(args, parser)
+    except SystemExit as e:  # argparse and profile errors exit
+        raise click.ClickException(f"snakemake {' '.join(argv)}: exited with {e.code}")
+    if not ok:
+        raise RuntimeError(f"snakemake failed (its log is in {workdir / '.snakemake' / 'log'})")
+    return True
+
+
 def summary(v: dict, out_dir: Path) -> str:
     lines = [f"ckptaudit: {v['recommendation'].upper()}"
              + (f" from {v['rollback']['unit']} (step {v['rollback']['step']})" if v["rollback"] else "")
@@ -107,24 +181,39 @@ def main():
 
 @main.command()
 @click.argument("run_dir")
+@click.argument("snakemake_args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output folder.")
 @click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
               help="YAML/JSON with keys of config/config.yaml.")
-@click.option("--cores", default=2, show_default=True, type=click.IntRange(1), help="Snakemake cores.")
+@click.option("--cores", default=None, type=click.IntRange(1),
+              help="Snakemake cores (default 2; with --profile, the profile's).")
+@click.option("--profile", default=None, metavar="NAME_OR_PATH",
+              help="Snakemake profile: a bundled one (config/profiles/NAME, e.g. slurm) or a path.")
+@click.option("--executor", default=None, metavar="NAME",
+              help="Snakemake executor plugin (e.g. slurm); overrides the profile's.")
 @click.option("--json", "as_json", is_flag=True, help="Print verdict.json instead of the summary.")
 @click.option("--verbose", is_flag=True, help="Show Snakemake's own output.")
-def audit(run_dir, out_dir, config_file, cores, as_json, verbose):
-    """Audit RUN_DIR; write verdict.json, report.html and tables/ into --out."""
+def audit(run_dir, snakemake_args, out_dir, config_file, cores, profile, executor, as_json, verbose):
+    """Audit RUN_DIR; write verdict.json, report.html and tables/ into --out.
+
+    With --profile or --executor, or Snakemake arguments after `--` (e.g.
+    `-- --default-resources slurm_account=ACC`), the workflow runs through
+    Snakemake's command line, which reads profiles; otherwise through its API.
+    """
     from .verdict import exit_code
 
     try:
         cfg = load_user_config(config_file)
         rd = Path(run_dir)
-        if not rd.is_dir():
+        if "://" not in run_dir and not rd.is_dir():  # s3://… is checked by the inventory stage
             raise click.ClickException(f"{run_dir}: not a folder")
         out = Path(out_dir).resolve()
-        cfg.update(run_dir=str(rd.resolve()), out_dir=str(out))
-        run_workflow(cfg, out, cores, quiet=not verbose)
+        cfg.update(run_dir=run_dir if "://" in run_dir else str(rd.resolve()), out_dir=str(out))
+        if profile or executor or snakemake_args:
+            run_snakemake_cli(cfg, out, profile=profile, executor=executor, cores=cores, quiet=not verbose,
+                              extra_args=snakemake_args)
+        else:
+            run_workflow(cfg, out, cores or 2, quiet=not verbose)
         v = json.loads((out / "verdict.json").read_text())
     except click.ClickException as e:
         click.echo(f"ckptaudit: error: {e.message}", err=True)
@@ -162,6 +251,15 @@ def findings(update_readme):
         click.echo("README.md updated" if changed else "README.md already current")
         return
     click.echo(catalogue_markdown(), nl=False)
+
+
+from .publish import prune_command, seal_command  # noqa: E402
+
+main.add_command(seal_command, "seal")
+main.add_command(prune_command, "prune")
+
+from .drill import drill_command  # noqa: E402
+main.add_command(drill_command, "drill")
 
 
 if __name__ == "__main__":

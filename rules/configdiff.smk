@@ -8,6 +8,7 @@ rule configdiff:
         scan=f"{PARTS}/scan/{{part}}.parquet",
         load=f"{PARTS}/load/{{part}}.parquet",
         config=f"{WORK}/config.json",
+        inventory_done=get_inventory_done,
     output:
         f"{PARTS}/configdiff/{{part}}.parquet",
     params:
@@ -19,6 +20,12 @@ rule configdiff:
         f"{LOGS}/configdiff/{{part}}.log",
     benchmark:
         f"{BENCH}/configdiff/{{part}}.tsv"
+    threads: STAGE_THREADS
+    resources:
+        mem_mb=get_part_mem_mb("configdiff"),
+        runtime=get_part_runtime("configdiff"),
+    group:
+        PART_GROUP
     shell:
         "{params.python} -m ckptaudit.stages configdiff --inventory {params.inventory} --part {wildcards.part} "
         "--config {input.config} --scan {input.scan} --out {output} > {log} 2>&1"

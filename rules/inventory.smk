@@ -3,6 +3,11 @@
 # picked up; per-part jobs re-run only when their own units change.
 
 
+# Writes a small JSON from the config: not worth a cluster job.
+localrules:
+    stage_config,
+
+
 rule stage_config:
     conda:
         "envs/ckptaudit.yaml"
@@ -36,6 +41,9 @@ checkpoint inventory:
         f"{LOGS}/inventory/inventory.log",
     benchmark:
         f"{BENCH}/inventory/inventory.tsv"
+    resources:
+        mem_mb=get_inventory_mem_mb,
+        runtime=get_inventory_runtime,
     shell:
         "{params.python} -m ckptaudit.stages inventory --run-dir {params.run_dir:q} "
         "--units-per-job {params.units_per_job} --out {output.parquet} --out-json {output.json} "

@@ -10,6 +10,7 @@ rule load:
         scan=f"{PARTS}/scan/{{part}}.parquet",
         hash=f"{PARTS}/hash/{{part}}.parquet",
         config=f"{WORK}/config.json",
+        inventory_done=get_inventory_done,
     output:
         f"{PARTS}/load/{{part}}.parquet",
     params:
@@ -21,6 +22,12 @@ rule load:
         f"{LOGS}/load/{{part}}.log",
     benchmark:
         f"{BENCH}/load/{{part}}.tsv"
+    threads: STAGE_THREADS
+    resources:
+        mem_mb=get_part_mem_mb("load"),
+        runtime=get_part_runtime("load"),
+    group:
+        PART_GROUP
     shell:
         "{params.python} -m ckptaudit.stages load --inventory {params.inventory} --part {wildcards.part} "
         "--config {input.config} --scan {input.scan} --hash {input.hash} --out {output} > {log} 2>&1"

@@ -27,6 +27,9 @@ rule report:
         version=VERSION,
     log:
         f"{LOGS}/report/report.log",
+    resources:
+        mem_mb=get_report_mem_mb,
+        runtime=get_report_runtime,
     shell:
         "{params.python} -m ckptaudit.report --inventory {input.inventory} --config {input.config} "
         "--out-dir {params.out} --bench-dir {params.bench} --hash {input.hash} --scan {input.scan} "

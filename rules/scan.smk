@@ -8,6 +8,7 @@ rule scan:
     input:
         hash=f"{PARTS}/hash/{{part}}.parquet",
         config=f"{WORK}/config.json",
+        inventory_done=get_inventory_done,
     output:
         scan=f"{PARTS}/scan/{{part}}.parquet",
         tensors=f"{PARTS}/tensors/{{part}}.parquet",
@@ -21,6 +22,12 @@ rule scan:
         f"{LOGS}/scan/{{part}}.log",
     benchmark:
         f"{BENCH}/scan/{{part}}.tsv"
+    threads: STAGE_THREADS
+    resources:
+        mem_mb=get_part_mem_mb("scan"),
+        runtime=get_part_runtime("scan"),
+    group:
+        PART_GROUP
     shell:
         "{params.python} -m ckptaudit.stages scan --inventory {params.inventory} --part {wildcards.part} "
         "--config {input.config} --out {output.scan} --out-tensors {output.tensors} "

@@ -9,6 +9,7 @@ rule state:
         tensors=f"{PARTS}/tensors/{{part}}.parquet",
         configdiff=f"{PARTS}/configdiff/{{part}}.parquet",
         config=f"{WORK}/config.json",
+        inventory_done=get_inventory_done,
     output:
         f"{PARTS}/state/{{part}}.parquet",
     params:
@@ -20,6 +21,12 @@ rule state:
         f"{LOGS}/state/{{part}}.log",
     benchmark:
         f"{BENCH}/state/{{part}}.tsv"
+    threads: STAGE_THREADS
+    resources:
+        mem_mb=get_part_mem_mb("state"),
+        runtime=get_part_runtime("state"),
+    group:
+        PART_GROUP
     shell:
         "{params.python} -m ckptaudit.stages state --inventory {params.inventory} --part {wildcards.part} "
         "--config {input.config} --scan {input.scan} --tensors {input.tensors} --out {output} > {log} 2>&1"

@@ -2,6 +2,11 @@
 # parallel layout vs the job that will resume.
 
 
+# Writes the target's JSON from the config: not worth a cluster job.
+localrules:
+    target,
+
+
 rule target:
     conda:
         "envs/ckptaudit.yaml"
@@ -28,6 +33,7 @@ rule structure:
         tensors=f"{PARTS}/tensors/{{part}}.parquet",
         config=f"{WORK}/config.json",
         target=f"{WORK}/target.json",
+        inventory_done=get_inventory_done,
     output:
         f"{PARTS}/structure/{{part}}.parquet",
     params:
@@ -39,6 +45,12 @@ rule structure:
         f"{LOGS}/structure/{{part}}.log",
     benchmark:
         f"{BENCH}/structure/{{part}}.tsv"
+    threads: STAGE_THREADS
+    resources:
+        mem_mb=get_part_mem_mb("structure"),
+        runtime=get_part_runtime("structure"),
+    group:
+        PART_GROUP
     shell:
         "{params.python} -m ckptaudit.stages structure --inventory {params.inventory} --part {wildcards.part} "
         "--config {input.config} --scan {input.scan} --tensors {input.tensors} --target {input.target} --out {output} > {log} 2>&1"
