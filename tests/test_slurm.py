@@ -192,7 +192,13 @@ def test_slurm_audit_equals_local(demo_run, tmp_path):
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     local = subprocess.run(CLI + ["audit", run, "--out", str(local_out), "--cores", "2"], capture_output=True,
                            text=True, timeout=600)
-    s_out, s_err = slurm.communicate(timeout=900)
+    try:
+        s_out, s_err = slurm.communicate(timeout=900)
+    except subprocess.TimeoutExpired:  # e.g. the controller was restarted and forgot the jobs
+        slurm.kill()
+        s_out, s_err = slurm.communicate()
+        queue = subprocess.run(["squeue", "-t", "all"], capture_output=True, text=True).stdout
+        pytest.fail(f"the SLURM audit did not finish in 900 s; squeue -t all:\n{queue}\n{s_out[-3000:]}{s_err[-3000:]}")
     assert local.returncode == 1, local.stdout + local.stderr
     assert slurm.returncode == 1, s_out + s_err  # 1: roll back needed and possible, as locally
     v_local = json.loads((local_out / "verdict.json").read_text())
