@@ -411,24 +411,28 @@ class HashingWriter:
                 os.fsync(self.fd)
             chunks = [f.result() for f in self._chunks]
         finally:
-            for f in self._chunks:  # never close the fd while a worker may still read it
-                f.cancel()
-                if not f.cancelled():
-                    f.exception()
-            os.close(self.fd)
-            self.closed = True
+            self._release()
         self.record = FileRecord(self.rel, self.written, self._full.hexdigest(), cb, chunks, self.rank)
         return self.record
 
     def abort(self) -> None:
-        if self.closed:
-            return
-        for f in self._chunks:
+        if not self.closed:
+            self._release()
+
+    def _release(self) -> None:
+        """Wait for the chunk workers, then close the descriptor exactly once.
+
+        Safe to call again after a :class:`Preempted` raised part-way through it: the
+        descriptor is taken out of ``self.fd`` before it is closed, so a second call never
+        closes a number the process may have reused (at worst one descriptor leaks)."""
+        for f in self._chunks:  # never close the fd while a worker may still read it
             f.cancel()
             if not f.cancelled():
                 f.exception()
-        os.close(self.fd)
+        fd, self.fd = self.fd, -1
         self.closed = True
+        if fd >= 0:
+            os.close(fd)
 
     def __enter__(self) -> "HashingWriter":
         return self
@@ -673,6 +677,8 @@ class _Publish:
 
     # ----------------------------------------------------------------- exit
     def __exit__(self, exc_type, exc, tb) -> bool:
+        if _PHASES:  # from here on a preemption signal is only recorded (PreemptionGuard._handler)
+            _PHASES[-1] = "closing"
         t_exit = time.perf_counter()
         self.clock.seconds["write_seconds"] = t_exit - self.t_enter
         try:
@@ -1304,6 +1310,9 @@ def seal(run_dir: str | os.PathLike, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES, 
 
 
 # --------------------------------------------------------------------------- preemption
+_EXIT_CODE = _Publish.__exit__.__code__
+
+
 class PreemptionGuard:
     """Turn preemption signals into a flag the training loop checks, with no torn unit.
 
@@ -1313,9 +1322,11 @@ class PreemptionGuard:
     what ``sbatch --signal=USR1@90`` sends ahead of the time limit).  A signal sets
     ``guard.requested`` (the signal number) and nothing else, so a save in flight finishes
     (``mode="finish"``).  With ``mode="abandon"`` a signal that arrives while a publish in
-    this process is still writing data raises :class:`Preempted` there; the publish removes
-    its temporary files and the exception propagates (a signal during the commit, which
-    is short, is only recorded).  The loop then saves or stops::
+    this process is still inside the body of its ``with publish(…)`` block raises
+    :class:`Preempted` there; the publish removes its temporary files and the exception
+    propagates.  A signal that arrives once the body has ended (fsync, hashing, commit:
+    finishing is quicker than undoing and leaves a usable unit) is only recorded.  The
+    loop then saves or stops::
 
         with PreemptionGuard() as guard:
             for it in range(start, max_iters):
@@ -1345,10 +1356,15 @@ class PreemptionGuard:
     def _handler(self, signum, frame) -> None:
         if self.requested is None:
             self.requested, self.requested_at = signum, time.time()
+        # Abandon only while the block body of a publish runs.  Once _Publish.__exit__ has
+        # started, the save is finished instead: its cleanup and commit must not be cut short
+        # (a Preempted there would leave the temporary file behind).  The frame test covers
+        # the signal that is handled on entry to __exit__, before its first statement ran.
+        abandon = (self.mode == "abandon" and bool(_PHASES) and _PHASES[-1] == "writing"
+                   and (frame is None or frame.f_code is not _EXIT_CODE))
         log.warning("received %s: %s", signal.Signals(signum).name,
-                    "abandoning the save in flight" if self.mode == "abandon" and _PHASES and
-                    _PHASES[-1] == "writing" else "will stop after the current step/save")
-        if self.mode == "abandon" and _PHASES and _PHASES[-1] == "writing":
+                    "abandoning the save in flight" if abandon else "will stop after the current step/save")
+        if abandon:
             raise Preempted(signum)
 
     def __enter__(self) -> "PreemptionGuard":

@@ -25,6 +25,7 @@ import random
 import resource
 import select
 import signal
+import sys
 import time
 import traceback
 from collections import Counter
@@ -411,6 +412,8 @@ def _preempt_child(run: Path, mode: str, ready_w: int, slow: bool) -> None:
                     (run.parent / "outcome").write_text(f"finished {step}")
                     code = 0
                     break
+    except BaseException:  # the parent shows this traceback when the exit status is not 0
+        (run.parent / "error").write_text(traceback.format_exc())
     finally:
         os._exit(code)
 
@@ -433,7 +436,8 @@ def test_preemption_signal_leaves_no_torn_unit(tmp_path, mode):
         time.sleep(rng.uniform(0.02, 0.3))
         os.kill(pid, rng.choice([signal.SIGTERM, signal.SIGUSR1]))
         _, status = os.waitpid(pid, 0)
-        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+        err = tmp_path / f"r{i}" / "error"
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, (status, err.read_text() if err.exists() else "")
         what, at = (tmp_path / f"r{i}" / "outcome").read_text().split()
         outcomes[what] += 1
         at = int(at)
@@ -449,3 +453,68 @@ def test_preemption_signal_leaves_no_torn_unit(tmp_path, mode):
         assert outcomes["abandoned"] >= 1, outcomes
     else:
         assert outcomes == {"finished": 8}
+
+
+def _publish_with_signal_at(run: Path, step: int, k: int, folder: bool, guard: "P.PreemptionGuard") -> tuple:
+    """Publish unit ``step`` while a tracer delivers ``guard``'s SIGTERM handler at the
+    ``k``-th call or line event of a ckptaudit/publish.py frame on the main thread (where
+    CPython runs signal handlers), i.e. as if the signal had arrived right there.  Returns
+    (outcome, events seen): "finished", "abandoned" or "delivered-late" (the handler ran but
+    chose to record only), or "no-signal" when the save had fewer than k events."""
+    count, fired = [0], [False]
+    state = {"w": torch.full((4, 4), float(step)), "step": step}
+
+    def tracer(frame, event, arg):
+        if frame.f_code.co_filename != P.__file__:
+            return tracer  # follow calls; only publish.py frames are signal points
+        if event in ("call", "line") and not fired[0]:
+            count[0] += 1
+            if count[0] == k:
+                fired[0] = True
+                guard._handler(signal.SIGTERM, frame)  # raises Preempted where the real one would
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        with P.publish(run, step, folder=folder) as pub:
+            pub.save(state, "model.pt" if folder else None)
+        outcome = "finished"
+    except P.Preempted:
+        outcome = "abandoned"
+    finally:
+        sys.settrace(None)
+    if outcome == "finished" and fired[0]:
+        outcome = "delivered-late"
+    return (outcome if fired[0] or outcome != "finished" else "no-signal"), count[0]
+
+
+@pytest.mark.parametrize("folder", [False, True], ids=["file-unit", "folder-unit"])
+def test_abandon_signal_at_every_publish_line_leaves_no_torn_unit(tmp_path, folder):
+    """Deterministic companion of the test above: the signal is delivered at every call and
+    line event of ckptaudit/publish.py in turn (a real signal lands wherever CPython next
+    checks for one; the random test above found a window only one run in hundreds hit)."""
+    guard = P.PreemptionGuard(mode="abandon")
+    outcomes = Counter()
+    k = 0
+    while True:
+        k += 1
+        run = tmp_path / f"k{k}"
+        outcome, events = _publish_with_signal_at(run, k, k, folder, guard)
+        guard.requested = None
+        assert P._PHASES == [], (k, P._PHASES)
+        left = [n for n in os.listdir(run) if n.startswith(P.TMP_PREFIX)]
+        assert not left, (k, outcome, left)
+        name = f"checkpoint-{k}" if folder else f"ckpt_{k:06d}.pt"
+        if outcome == "abandoned":
+            assert not (run / name).exists() and not (run / f"{name}.sha256").exists(), k
+        else:
+            units = {u.unit: u.to_dict() for u in inventory.discover(run)[0]}
+            ok, why = P.verify_unit(run, units[name])
+            assert ok and not units[name]["in_progress"], (k, outcome, why)
+            assert P.read_latest(run) == name
+        outcomes[outcome] += 1
+        if outcome == "no-signal":
+            break
+    # every point of the body abandons; every point once __exit__ has begun finishes
+    assert outcomes["abandoned"] >= 20 and outcomes["delivered-late"] >= 20, outcomes
+    assert outcomes["no-signal"] == 1, outcomes
