@@ -15,6 +15,24 @@ allowlist and the known-benign list skips the unit), SHA-256 against the
 sidecar or manifest when there is one, and only then
 ``torch.load(path, map_location=…, weights_only=True)``.  Every skipped unit is
 logged as a warning with its reason.
+
+What a unit loads as (``ckpt.state``):
+
+* a single file (``ckpt_000500.pt``, ``model.safetensors``): its object, as
+  ``torch.load`` or ``safetensors.torch.load_file`` returns it;
+* a Hugging Face sharded index (``model.safetensors.index.json`` + shards): one
+  state_dict, the union of its shards (the index maps every tensor to one shard);
+* a folder of plain files (``checkpoint-500/`` of the HF ``Trainer``, a
+  ``ckptaudit.publish(folder=True)`` unit): a dict from each file's path inside the
+  unit to its contents (``ckpt["optimizer.pt"]``, ``ckpt["trainer_state.json"]``).
+  Torch and safetensors files are loaded as above, ``.json`` files parsed; files that
+  are not training state (``training_args.bin``, a whole pickled ``TrainingArguments``
+  that ``weights_only`` refuses; tokenizer files) are listed in ``ckpt.not_loaded``
+  with why.
+* torch.distributed.checkpoint, DeepSpeed and Megatron folders are resharded by their
+  own framework, so they are only checked: ``safe_load_checkpoint(d, load=False)``
+  returns the newest such unit that passes every check, with ``state`` None, for
+  ``dcp.load(…, checkpoint_id=ckpt.path)`` or ``engine.load_checkpoint(…)``.
 """
 
 from __future__ import annotations
@@ -47,6 +65,7 @@ class LoadedCheckpoint:
     path: Path
     step: Optional[int]
     skipped: Dict[str, str] = field(default_factory=dict)  # newer units passed over, with why
+    not_loaded: Dict[str, str] = field(default_factory=dict)  # files of a folder unit left out, with why
 
     def __getitem__(self, key):
         return self.state[key]
@@ -61,8 +80,30 @@ class LoadedCheckpoint:
         return self.state.keys()
 
 
-def check_unit(run_dir: Path, unit: dict, allow_globals: Sequence[str] = ()) -> Optional[str]:
-    """Why ``unit`` must not be loaded, or None when it passes every check before loading."""
+# Layouts safe_load_checkpoint can turn into objects itself (see the module docstring).
+FILE_LAYOUTS = ("torch-zip", "torch-legacy", "safetensors", "lightning")
+FOLDER_LAYOUTS = ("hf-trainer", "single-file")
+INDEX_LAYOUTS = ("hf-sharded",)
+# Files of a folder unit that are not training state (HF Trainer): never loaded.
+NOT_STATE_FILES = {
+    "training_args.bin": "the Trainer's arguments: a whole pickled TrainingArguments, which "
+                         "torch.load(weights_only=True) refuses; load it with transformers if you need it",
+}
+
+
+def loadable(unit: dict) -> bool:
+    """Whether :func:`safe_load_checkpoint` can load ``unit`` (an inventory unit dict) itself."""
+    kind, layout = unit["kind"], unit["layout"]
+    return ((kind == "file" and layout in FILE_LAYOUTS) or (kind == "folder" and layout in FOLDER_LAYOUTS)
+            or (kind == "index" and layout in INDEX_LAYOUTS))
+
+
+def check_unit(run_dir: Path, unit: dict, allow_globals: Sequence[str] = (), *, need_loadable: bool = True
+               ) -> Optional[str]:
+    """Why ``unit`` must not be used, or None when it passes every check short of loading.
+
+    ``need_loadable`` (default) also refuses layouts :func:`safe_load_checkpoint` cannot
+    load itself (torch.distributed.checkpoint, DeepSpeed, Megatron)."""
     from . import hashing
     from .stages import scan_units
 
@@ -75,8 +116,9 @@ def check_unit(run_dir: Path, unit: dict, allow_globals: Sequence[str] = ()) -> 
     errs = [f for f in json.loads(scans[0]["findings_json"]) if f["severity"] == "error"]
     if errs:
         return f"{errs[0]['kind']}: {errs[0]['message']}"
-    if unit["kind"] != "file" or unit["layout"] not in ("torch-zip", "torch-legacy", "safetensors", "lightning"):
-        return f"layout {unit['layout']} is not a single torch/safetensors file; load it with its framework"
+    if need_loadable and not loadable(unit):
+        return (f"layout {unit['layout']} is resharded by its own framework; call "
+                "safe_load_checkpoint(..., load=False) to get the newest verified unit and load it with that framework")
     for row in hashing.hash_unit(run_dir, unit):
         bad = [f for f in json.loads(row["findings_json"]) if f["severity"] == "error"]
         if bad:
@@ -85,18 +127,77 @@ def check_unit(run_dir: Path, unit: dict, allow_globals: Sequence[str] = ()) -> 
     return None
 
 
+def _load_file(path: Path, layout: str, map_location: Any, benign: Sequence[str]) -> Any:
+    import torch
+
+    from .loadtest import _resolve_benign
+
+    if layout == "safetensors" or path.name.endswith(".safetensors"):
+        from safetensors.torch import load_file
+
+        return load_file(str(path), device=str(map_location))
+    with torch.serialization.safe_globals(_resolve_benign(list(benign))):
+        return torch.load(path, map_location=map_location, weights_only=True)
+
+
+def _load_unit(root: Path, ud: dict, map_location: Any, benign: Sequence[str]) -> tuple:
+    """(state, not_loaded) of a unit that passed :func:`check_unit`; raises what the loaders raise."""
+    import json
+
+    from .formats.sniff import sniff
+
+    if ud["kind"] == "file":
+        return _load_file(root / ud["files"][0], ud["layout"], map_location, benign), {}
+    if ud["kind"] == "index":
+        state: Dict[str, Any] = {}
+        for rel in ud["files"]:
+            if not rel.endswith(".json"):
+                state.update(_load_file(root / rel, "", map_location, benign))
+        return state, {}
+    state, not_loaded = {}, {}
+    unit_root = root / ud["unit"]
+    for rel in ud["files"]:
+        p = root / rel
+        inner = p.relative_to(unit_root).as_posix()
+        if p.name in NOT_STATE_FILES:
+            not_loaded[inner] = NOT_STATE_FILES[p.name]
+        elif p.name.endswith(".json"):
+            state[inner] = json.loads(p.read_text())
+        elif (kind := sniff(p).kind) in ("torch_zip", "torch_legacy", "safetensors"):
+            state[inner] = _load_file(p, "safetensors" if kind == "safetensors" else "", map_location, benign)
+        else:
+            not_loaded[inner] = "not a torch or safetensors file"
+    return state, not_loaded
+
+
+def _step_of(state: Any, unit: Any) -> Optional[int]:
+    if isinstance(state, dict):
+        for k in ("iter_num", "global_step", "step", "iteration"):
+            if isinstance(state.get(k), int) and not isinstance(state.get(k), bool):
+                return state[k]
+        ts = state.get("trainer_state.json")
+        if isinstance(ts, dict) and isinstance(ts.get("global_step"), int):
+            return ts["global_step"]
+    return unit.step_from_name
+
+
 def safe_load_checkpoint(ckpt_dir: str | Path, *, map_location: Any = "cpu",
-                         allow_globals: Sequence[str] = (), logger: Optional[logging.Logger] = None
-                         ) -> LoadedCheckpoint:
+                         allow_globals: Sequence[str] = (), load: bool = True,
+                         logger: Optional[logging.Logger] = None) -> LoadedCheckpoint:
     """Load the newest unit of ``ckpt_dir`` that passes every check.
 
-    Returns a :class:`LoadedCheckpoint`.  Raises :class:`NoUsableCheckpointError`
-    (listing every unit and why) when none passes, and ``FileNotFoundError``
-    when ``ckpt_dir`` does not exist.  ``allow_globals`` lists extra
-    ``"package.module.Name"`` types the caller trusts.
+    Returns a :class:`LoadedCheckpoint` (what ``state`` holds per layout: module
+    docstring).  With ``load=False`` nothing is unpickled or loaded: the newest unit of
+    any layout that passes every check short of loading is returned with ``state`` None
+    (for DCP, DeepSpeed and Megatron folders, which their frameworks load).  ``step`` is
+    the saved ``iter_num``/``global_step``/``step``/``iteration``, HF ``trainer_state.json``
+    ``global_step``, else the step in the unit's name.  Raises
+    :class:`NoUsableCheckpointError` (listing every unit and why) when none passes, and
+    ``FileNotFoundError`` when ``ckpt_dir`` does not exist.  ``allow_globals`` lists
+    extra ``"package.module.Name"`` types the caller trusts.
     """
     from . import inventory
-    from .loadtest import _resolve_benign, explain
+    from .loadtest import explain
 
     lg = logger or log
     root = Path(ckpt_dir)
@@ -105,36 +206,27 @@ def safe_load_checkpoint(ckpt_dir: str | Path, *, map_location: Any = "cpu",
     for u in sorted(units, key=lambda x: (x.step_from_name if x.step_from_name is not None else -1, x.unit),
                     reverse=True):
         ud = u.to_dict()
-        why = check_unit(root, ud, allow_globals)
+        why = check_unit(root, ud, allow_globals, need_loadable=load)
         if why is None:
-            import torch
-
-            path = root / ud["files"][0]
-            try:
-                if ud["layout"] == "safetensors":
-                    from safetensors.torch import load_file
-
-                    state = load_file(str(path), device=str(map_location))
-                else:
-                    benign = list(ud.get("_benign", [])) + list(allow_globals)
-                    with torch.serialization.safe_globals(_resolve_benign(benign)):
-                        state = torch.load(path, map_location=map_location, weights_only=True)
-            except Exception as e:  # noqa: BLE001 - any load failure means "try the next unit"
-                why = f"load_failed: {explain(str(e))} ({type(e).__name__})"
-            else:
-                step = u.step_from_name
-                if isinstance(state, dict):
-                    for k in ("iter_num", "global_step", "step", "iteration"):
-                        if isinstance(state.get(k), int):
-                            step = state[k]
-                            break
+            path = root / (ud["files"][0] if ud["kind"] == "file" else ud["unit"])
+            state, not_loaded = None, {}
+            if load:
+                try:
+                    state, not_loaded = _load_unit(root, ud, map_location,
+                                                   list(ud.get("_benign", [])) + list(allow_globals))
+                except Exception as e:  # noqa: BLE001 - any load failure means "try the next unit"
+                    why = f"load_failed: {explain(str(e))} ({type(e).__name__})"
+            if why is None:
+                step = _step_of(state, u)
                 if reasons:
                     lg.warning("safe_load_checkpoint: using %s (step %s) after skipping %d newer unit(s)",
                                u.unit, step, len(reasons))
-                return LoadedCheckpoint(state=state, unit=u.unit, path=path, step=step, skipped=dict(reasons))
+                return LoadedCheckpoint(state=state, unit=u.unit, path=path, step=step, skipped=dict(reasons),
+                                        not_loaded=not_loaded)
         lg.warning("safe_load_checkpoint: skipping %s: %s", u.unit, why)
         reasons[u.unit] = why
     raise NoUsableCheckpointError(str(ckpt_dir), reasons)
 
 
-__all__: List[str] = ["safe_load_checkpoint", "LoadedCheckpoint", "NoUsableCheckpointError", "check_unit"]
+__all__: List[str] = ["safe_load_checkpoint", "LoadedCheckpoint", "NoUsableCheckpointError", "check_unit",
+                       "loadable"]

@@ -51,3 +51,104 @@ def test_every_unit_damaged_lists_each_reason(tmp_path):
 def test_missing_folder_raises(tmp_path):
     with pytest.raises(FileNotFoundError):
         safe_load_checkpoint(tmp_path / "nope")
+
+
+def _hf_trainer_folder(d, step: int) -> None:
+    """A Hugging Face Trainer ``checkpoint-N/`` folder as transformers writes it (file names
+    from transformers' trainer.py: model.safetensors, optimizer.pt, scheduler.pt,
+    rng_state.pth, trainer_state.json, training_args.bin)."""
+    import json
+    import sys
+    import types
+
+    import torch
+    from safetensors.torch import save_file
+
+    d.mkdir(parents=True)
+    g = torch.Generator().manual_seed(step)
+    w = torch.randn(4, 4, generator=g)
+    save_file({"lin.weight": w}, str(d / "model.safetensors"))
+    torch.save({"state": {0: {"step": torch.tensor(float(step)), "exp_avg": w * 0.1, "exp_avg_sq": w * w}},
+                "param_groups": [{"lr": 1e-3, "params": [0]}]}, d / "optimizer.pt")
+    torch.save({"last_epoch": step, "_step_count": step + 1}, d / "scheduler.pt")
+    torch.save({"python": 1, "cpu": torch.get_rng_state()}, d / "rng_state.pth")
+    (d / "trainer_state.json").write_text(json.dumps({"global_step": step, "epoch": 0.5}))
+    # training_args.bin pickles a whole TrainingArguments; a stand-in class of that name
+    mod = types.ModuleType("transformers.training_args")
+
+    class TrainingArguments:
+        def __init__(self):
+            self.output_dir, self.learning_rate = "out", 1e-3
+
+    TrainingArguments.__module__, TrainingArguments.__qualname__ = "transformers.training_args", "TrainingArguments"
+    mod.TrainingArguments = TrainingArguments
+    pkg = types.ModuleType("transformers")
+    pkg.training_args = mod
+    saved = {k: sys.modules.get(k) for k in ("transformers", "transformers.training_args")}
+    sys.modules.update({"transformers": pkg, "transformers.training_args": mod})
+    try:
+        torch.save(TrainingArguments(), d / "training_args.bin")
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                del sys.modules[k]
+            else:
+                sys.modules[k] = v
+
+
+def test_hf_trainer_folder_loads_as_a_dict_of_files_and_falls_back(tmp_path):
+    import torch
+
+    run = tmp_path / "run"
+    _hf_trainer_folder(run / "checkpoint-100", 100)
+    _hf_trainer_folder(run / "checkpoint-200", 200)
+    opt = run / "checkpoint-200" / "optimizer.pt"
+    opt.write_bytes(opt.read_bytes()[: opt.stat().st_size // 2])  # the node died mid-save
+    ckpt = safe_load_checkpoint(run)
+    assert ckpt.unit == "checkpoint-100" and ckpt.step == 100 and ckpt.path == run / "checkpoint-100"
+    assert sorted(ckpt.skipped) == ["checkpoint-200"]
+    assert ckpt.skipped["checkpoint-200"].startswith("truncated_zip_no_central_directory: ")
+    assert sorted(ckpt.keys()) == ["model.safetensors", "optimizer.pt", "rng_state.pth", "scheduler.pt",
+                                   "trainer_state.json"]
+    assert list(ckpt.not_loaded) == ["training_args.bin"]
+    w = torch.randn(4, 4, generator=torch.Generator().manual_seed(100))
+    assert torch.equal(ckpt["model.safetensors"]["lin.weight"], w)
+    assert torch.equal(ckpt["optimizer.pt"]["state"][0]["exp_avg_sq"], w * w)
+    assert ckpt["trainer_state.json"] == {"global_step": 100, "epoch": 0.5}
+    assert ckpt["scheduler.pt"]["last_epoch"] == 100
+
+
+def test_publish_folder_unit_loads_and_an_unsealed_one_is_in_progress(tmp_path):
+    import torch
+
+    from ckptaudit import publish as P
+
+    run = tmp_path / "run"
+    for step in (10, 20):
+        with P.publish(run, step, folder=True) as pub:
+            pub.save({"w": torch.full((3,), float(step))}, "model.pt")
+            pub.save({"iter_num": step}, "meta/train_state.pt")
+    (run / "checkpoint-20" / "COMPLETE").unlink()  # killed before the marker was written
+    ckpt = safe_load_checkpoint(run)
+    assert ckpt.unit == "checkpoint-10" and ckpt.step == 10
+    assert ckpt.skipped["checkpoint-20"].startswith("in-progress save (manifest.json written but no COMPLETE")
+    assert sorted(ckpt.keys()) == ["meta/train_state.pt", "model.pt"]
+    assert torch.equal(ckpt["model.pt"]["w"], torch.full((3,), 10.0))
+
+
+def test_hf_sharded_index_loads_as_one_state_dict():
+    ckpt = safe_load_checkpoint(CASES / "ok_hf_sharded")
+    assert ckpt.unit == "model.safetensors.index.json"
+    import json
+
+    wm = json.loads((CASES / "ok_hf_sharded" / "model.safetensors.index.json").read_text())["weight_map"]
+    assert sorted(ckpt.keys()) == sorted(wm)
+
+
+@pytest.mark.parametrize("case,unit,step", [("ok_dcp", "step-6", 6), ("ok_deepspeed_layout", "global_step6", 6)])
+def test_framework_layouts_are_checked_not_loaded(case, unit, step):
+    with pytest.raises(NoUsableCheckpointError) as ei:
+        safe_load_checkpoint(CASES / case)
+    assert "load=False" in ei.value.reasons[unit]
+    ckpt = safe_load_checkpoint(CASES / case, load=False)
+    assert (ckpt.unit, ckpt.step, ckpt.state, ckpt.path) == (unit, step, None, CASES / case / unit)
