@@ -132,6 +132,7 @@ import secrets
 import shutil
 import signal
 import socket
+import stat
 import sys
 import tempfile
 import time
@@ -1076,6 +1077,60 @@ def _stale_leftovers(run_dir: Path) -> List[Tuple[str, str]]:
     return out
 
 
+def _orphan_integrity_files(run_dir: Path) -> Dict[str, Tuple[str, Tuple[int, int]]]:
+    """{name: (why, (st_ino, st_mtime_ns))} of sidecars and manifests this module wrote for
+    a file unit that is not there and is not being written.
+
+    A file publish writes ``X.sha256`` and ``X.manifest.json`` before it renames its temp
+    file to ``X`` (see :func:`publish`), and :func:`_delete_unit` removes them after the
+    unit; a kill in between leaves them behind.  Only files in exactly our format are
+    candidates (a single ``sha256sum`` line naming ``X``; a ``ckptaudit.manifest/1`` whose
+    ``unit`` is ``X``), only when neither ``X`` nor any temp file of ``X`` (from any host)
+    exists, and only for names with a step.  The stat key lets the caller skip a file that
+    a new publish of ``X`` replaced in the meantime."""
+    from .hashing import parse_sidecar
+    from .inventory import step_from_name
+
+    try:
+        names = sorted(os.listdir(run_dir))
+    except OSError:
+        return {}
+    in_flight = {m.group(4) for n in names if (m := _TMP_RE.match(n))}
+    present = set(names)
+    out: Dict[str, Tuple[str, Tuple[int, int]]] = {}
+    for n in names:
+        if n.endswith(SIDECAR_SUFFIX):
+            target, what = n[: -len(SIDECAR_SUFFIX)], "SHA-256 sidecar"
+        elif n.endswith(".manifest.json"):
+            target, what = n[: -len(".manifest.json")], "manifest"
+        else:
+            continue
+        if not target or target in present or target in in_flight or step_from_name(target) is None:
+            continue
+        p = run_dir / n
+        try:
+            st = os.lstat(p)
+            if not stat.S_ISREG(st.st_mode) or st.st_size > (1 << 20):
+                continue
+            text = p.read_text(errors="replace")
+        except OSError:
+            continue
+        if what == "manifest":
+            try:
+                doc = json.loads(text)
+            except ValueError:
+                continue
+            if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or doc.get("unit") != target:
+                continue
+        else:
+            entries, err = parse_sidecar(text)
+            if err or list(entries) != [target]:
+                continue
+        out[n] = (f"{what} of {target}, which does not exist and is not being written (a save or delete "
+                  "that was killed between the two)", (st.st_ino, st.st_mtime_ns))
+    return out
+
+
 def _delete_unit(run_dir: Path, unit: Dict[str, Any], clock: _Clock) -> None:
     """Delete a unit without ever leaving a torn one: rename it to a temp name (in progress
     for the audit), fsync the folder, then remove it and, for a file unit, its sidecars and
@@ -1105,7 +1160,8 @@ def prune(run_dir: str | os.PathLike, *, keep_last: Optional[int] = None, keep_e
     complete, verified (:func:`verify_unit`) and of an older step than the rollback point;
     anything that does not verify, is in progress or has no step is kept and the plan
     says why.  ``sweep_stale``: also remove ``.ckptaudit-tmp-*`` leftovers whose writer
-    process on this host is gone.  ``dry_run``: delete nothing, and ``echo`` each line
+    process on this host is gone, and sidecars/manifests of file units that no longer
+    exist and are not being written (:func:`_orphan_integrity_files`).  ``dry_run``: delete nothing, and ``echo`` each line
     of what would be deleted (``echo=None`` prints nothing).
 
     Raises ``ValueError`` without any keep rule or with a bad value, and
@@ -1131,6 +1187,7 @@ def prune(run_dir: str | os.PathLike, *, keep_last: Optional[int] = None, keep_e
                      key=lambda u: (u["step_from_name"], u["mtime_ns"]), reverse=True)
     decisions: List[PruneDecision] = []
     stale = dict(_stale_leftovers(root)) if sweep_stale else {}
+    orphans = _orphan_integrity_files(root) if sweep_stale else {}
     keep: Dict[str, str] = {}
     verified: Dict[str, Tuple[bool, str]] = {}
 
@@ -1191,6 +1248,8 @@ def prune(run_dir: str | os.PathLike, *, keep_last: Optional[int] = None, keep_e
             decisions.append(PruneDecision(u["unit"], None, "keep", "no step in its name"))
     for n, why in stale.items():
         decisions.append(PruneDecision(n, None, "sweep", why))
+    for n, (why, _) in orphans.items():
+        decisions.append(PruneDecision(n, None, "sweep", why))
     plan = PrunePlan(root, rollback["unit"] if rollback else None, decisions, dry_run)
     for d in decisions:
         if d.action == "keep":
@@ -1201,6 +1260,14 @@ def prune(run_dir: str | os.PathLike, *, keep_last: Optional[int] = None, keep_e
             continue
         if d.action == "delete":
             _delete_unit(root, by_name[d.unit], clock)
+        elif d.unit in orphans:
+            try:  # a publish of the same unit may have replaced it since the listing: leave that one
+                st = os.lstat(root / d.unit)
+                if (st.st_ino, st.st_mtime_ns) != orphans[d.unit][1]:
+                    continue
+            except OSError:
+                continue
+            _unlink_quiet(root / d.unit)
         else:
             _remove_tree_quiet(root / d.unit)
         log.info("%s: deleted %s (%s)", root, d.unit, d.reason)
@@ -1409,7 +1476,8 @@ def seal_command(run_dir, chunk_mib, dry_run):
 @click.option("--keep-best", type=click.IntRange(1), help="Keep the N units with the best --metric.")
 @click.option("--metric", help="Manifest metrics key for --keep-best.")
 @click.option("--mode", type=click.Choice(["min", "max"]), default="min", show_default=True)
-@click.option("--sweep-stale", is_flag=True, help="Also remove temp leftovers of dead writers on this host.")
+@click.option("--sweep-stale", is_flag=True, help="Also remove temp leftovers of dead writers on this host, and "
+              "sidecars/manifests left without their file unit by a killed save or delete.")
 @click.option("--dry-run", is_flag=True, help="Print what would be deleted; delete nothing.")
 def prune_command(run_dir, keep_last, keep_every, keep_best, metric, mode, sweep_stale, dry_run):
     """Delete old verified checkpoints of RUN_DIR; never the newest verified one.

@@ -569,3 +569,31 @@ def test_readme_training_loop_runs(tmp_path, monkeypatch):
         "ckpt_000040.pt", "ckpt_000050.pt", "ckpt_000060.pt"]
     ck = safe_load_checkpoint(tmp_path / "out")
     assert ck.step == 60 and ck["iter_num"] == 60
+
+
+def test_sweep_removes_orphan_sidecars_and_manifests_only(tmp_path):
+    """A kill between writing X.sha256 / X.manifest.json and the rename (or in the middle of
+    a prune's delete) leaves them without X; sweep_stale removes exactly those."""
+    run = tmp_path
+    for s in (1, 2):
+        P.save(state(s), run, s)
+    sc, mf = (run / "ckpt_000002.pt.sha256").read_text(), (run / "ckpt_000002.pt.manifest.json").read_text()
+    # killed before the rename of ckpt_000003.pt, its temp file already swept: both orphaned
+    (run / "ckpt_000003.pt.sha256").write_text(sc.replace("ckpt_000002.pt", "ckpt_000003.pt"))
+    (run / "ckpt_000003.pt.manifest.json").write_text(mf.replace('"ckpt_000002.pt"', '"ckpt_000003.pt"'))
+    # being written right now by another host: its temp file exists, so nothing is touched
+    (run / "ckpt_000004.pt.sha256").write_text(sc.replace("ckpt_000002.pt", "ckpt_000004.pt"))
+    (run / f"{P.TMP_PREFIX}0badc0de-1-deadbeef-ckpt_000004.pt").write_bytes(b"PK\x03\x04")
+    # not ours: a checksum list of several files, and a hand-written sidecar naming another file
+    (run / "release-5.sha256").write_text(sc.replace("ckpt_000002.pt", "a.bin") + sc.replace("ckpt_000002.pt", "b.bin"))
+    (run / "ckpt_000006.pt.sha256").write_text(sc.replace("ckpt_000002.pt", "other.pt"))
+    before = sorted(os.listdir(run))
+    plan = P.prune(run, keep_last=5, sweep_stale=True, dry_run=True, echo=None)
+    assert sorted(d.unit for d in plan.decisions if d.action == "sweep") == [
+        "ckpt_000003.pt.manifest.json", "ckpt_000003.pt.sha256"]
+    assert sorted(os.listdir(run)) == before
+    P.prune(run, keep_last=5, sweep_stale=False)
+    assert sorted(os.listdir(run)) == before
+    P.prune(run, keep_last=5, sweep_stale=True)
+    assert sorted(set(before) - set(os.listdir(run))) == ["ckpt_000003.pt.manifest.json", "ckpt_000003.pt.sha256"]
+    assert _units(run) == ["ckpt_000001.pt", "ckpt_000002.pt"]
