@@ -9,7 +9,7 @@ pickles; "streamed" bytes are whole-object passes (hashing, the zip CRC check, t
 NaN/Inf value scan, the load test's download).  Wall times include loopback HTTP only,
 so they say nothing about a real bucket's latency.
 
-    /work/venv/bin/python benchmarks/bench_s3.py [--max-steps 600] [--save-every 100]
+    /work/venv/bin/python benchmarks/bench_s3.py [--max-steps 600] [--save-every 100] [--window-bytes N] [--no-prefetch] [--latency-ms MS]
 """
 
 from __future__ import annotations
@@ -31,7 +31,31 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--max-steps", type=int, default=600)
     ap.add_argument("--save-every", type=int, default=100)
+    ap.add_argument("--window-bytes", type=int, default=None,
+                    help="override ckptaudit.formats.torchzip.REMOTE_WINDOW_BYTES (least bytes per small GET)")
+    ap.add_argument("--latency-ms", type=float, default=0.0,
+                    help="add this many ms before every S3 request the audit sends (aiobotocore, as a real "
+                         "bucket's round trip would; concurrent requests wait concurrently)")
+    ap.add_argument("--no-prefetch", action="store_true",
+                    help="read zip local headers and small tensor values one GET at a time (torchzip.REMOTE_PREFETCH = False)")
     a = ap.parse_args()
+    from ckptaudit.formats import torchzip
+
+    if a.window_bytes is not None:
+        torchzip.REMOTE_WINDOW_BYTES = a.window_bytes
+    torchzip.REMOTE_PREFETCH = not a.no_prefetch
+    if a.latency_ms > 0:
+        import asyncio
+
+        from aiobotocore import httpsession
+
+        send = httpsession.AIOHTTPSession.send
+
+        async def slow_send(self, request):
+            await asyncio.sleep(a.latency_ms / 1000)
+            return await send(self, request)
+
+        httpsession.AIOHTTPSession.send = slow_send
 
     import boto3
 
@@ -57,7 +81,8 @@ def main() -> int:
                 fs.reset_bytes_read()
                 t0 = time.perf_counter()
                 out = fn()
-                rows.append((name, fs.bytes_read("ranged"), fs.bytes_read("streamed"), time.perf_counter() - t0))
+                rows.append((name, fs.bytes_read("ranged"), fs.bytes_read("streamed"), fs.gets_issued(),
+                             fs.round_trips(), time.perf_counter() - t0))
                 return out
 
             url_run = f"s3://{BUCKET}/run"
@@ -81,7 +106,8 @@ def main() -> int:
             fs.reset_bytes_read()
             t0 = time.perf_counter()
             v_s3 = audit_in_process(url_run, None, tmp / "out_s3")
-            s3_s, s3_total = time.perf_counter() - t0, fs.bytes_read()
+            s3_s, s3_total, s3_gets, s3_rounds = (time.perf_counter() - t0, fs.bytes_read(), fs.gets_issued(),
+                                                  fs.round_trips())
             t0 = time.perf_counter()
             v_local = audit_in_process(run.run_dir, None, tmp / "out_local")
             local_s = time.perf_counter() - t0
@@ -92,16 +118,20 @@ def main() -> int:
             == [(u["unit"], u.get("usable_for"), u.get("status")) for u in v_local["units"]])
     print(C.machine_line() if hasattr(C, "machine_line") else "")
     print()
+    from ckptaudit.formats import torchzip
+
+    print(f"REMOTE_WINDOW_BYTES = {torchzip.REMOTE_WINDOW_BYTES:,}, REMOTE_PREFETCH = {torchzip.REMOTE_PREFETCH}, "
+          f"added latency per request = {a.latency_ms:g} ms")
     print(f"Demo run: {n_obj} objects, {total} bytes ({total / C.MIB:.2f} MiB); "
           f"{len(inv['units'])} units.")
     print()
-    print("| stage | ranged bytes | streamed bytes | total / object bytes | seconds |")
-    print("|---|---:|---:|---:|---:|")
-    for name, r, s, dt in rows:
-        print(f"| {name} | {r:,} | {s:,} | {(r + s) / total:.3f} | {dt:.2f} |")
+    print("| stage | ranged bytes | streamed bytes | total / object bytes | GETs | round trips | seconds |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for name, r, s, g, rt, dt in rows:
+        print(f"| {name} | {r:,} | {s:,} | {(r + s) / total:.3f} | {g:,} | {rt:,} | {dt:.2f} |")
     print()
     print(f"Whole audit (audit_in_process): s3 {s3_total:,} bytes read = {s3_total / total:.2f}× the object bytes, "
-          f"{s3_s:.1f} s; local audit of the same files {local_s:.1f} s; unit verdicts equal: {same}.")
+          f"{s3_gets:,} GETs in {s3_rounds:,} round trips, {s3_s:.1f} s; local audit of the same files {local_s:.1f} s; unit verdicts equal: {same}.")
     return 0
 
 

@@ -42,6 +42,8 @@ _ENV = {"endpoint_url": "CKPTAUDIT_S3_ENDPOINT_URL", "profile": "CKPTAUDIT_S3_PR
 
 _lock = threading.Lock()
 _bytes: Dict[str, int] = {"ranged": 0, "streamed": 0}
+_gets: Dict[str, int] = {"ranged": 0, "streamed": 0}
+_rounds: Dict[str, int] = {"ranged": 0, "streamed": 0}
 _fs_cache: Dict[Tuple, object] = {}
 _snapshots: Dict[str, "Snapshot"] = {}
 
@@ -363,6 +365,8 @@ class _Counted:
         data = self.fetch(start, end)
         with _lock:
             _bytes[self.purpose] += len(data)
+            _gets[self.purpose] += 1
+            _rounds[self.purpose] += 1
         return data
 
 
@@ -390,16 +394,63 @@ def open_binary(p, block_size: int = RANGE_BLOCK_BYTES, exact: bool = False, cac
     return f
 
 
+def read_ranges(p, ranges: List[Tuple[int, int]]) -> List[Optional[bytes]]:
+    """Bytes of each ``(offset, length)`` of remote object ``p``, fetched concurrently
+    (fsspec ``cat_ranges``: s3fs issues the ranged GETs together, in batches of fsspec's
+    ``gather_batch_size``), so N scattered small reads cost about one round trip rather
+    than N.  A range that failed is None (the caller reads it again on its own).  Counted
+    in :func:`bytes_read` / :func:`gets_issued` as "ranged".  Local paths raise
+    ``ValueError``: read them with ``os.pread``."""
+    if not is_remote(p):
+        raise ValueError(f"{p}: read_ranges is for remote objects")
+    if not ranges:
+        return []
+    proto, key = _split(path(p).url)
+    fsys = filesystem(proto)
+    starts = [int(o) for o, _ in ranges]
+    ends = [int(o) + int(n) for o, n in ranges]
+    try:
+        blobs = fsys.cat_ranges([key] * len(ranges), starts, ends, on_error="return")
+    except TypeError:  # an fsspec implementation without on_error
+        blobs = fsys.cat_ranges([key] * len(ranges), starts, ends)
+    out: List[Optional[bytes]] = []
+    got = 0
+    for b in blobs:
+        ok = isinstance(b, (bytes, bytearray))
+        out.append(bytes(b) if ok else None)
+        got += len(b) if ok else 0
+    with _lock:
+        _bytes["ranged"] += got
+        _gets["ranged"] += len(ranges)
+        _rounds["ranged"] += 1
+    return out
+
+
 def bytes_read(purpose: str = "") -> int:
     """Remote bytes fetched by this process so far: all, or only "ranged" (small reads of
     headers, directories, pickles) or "streamed" (whole-object passes)."""
     return _bytes[purpose] if purpose else sum(_bytes.values())
 
 
+def gets_issued(purpose: str = "") -> int:
+    """Ranged GET requests this process issued for object data so far (all, "ranged" or
+    "streamed", as :func:`bytes_read`); listings and HEADs are not counted."""
+    return _gets[purpose] if purpose else sum(_gets.values())
+
+
+def round_trips(purpose: str = "") -> int:
+    """Sequential request rounds behind :func:`gets_issued`: one per single GET, one per
+    :func:`read_ranges` batch (whose GETs run concurrently).  What latency multiplies."""
+    return _rounds[purpose] if purpose else sum(_rounds.values())
+
+
 def reset_bytes_read() -> None:
+    """Zero :func:`bytes_read`, :func:`gets_issued` and :func:`round_trips`."""
     with _lock:
         for k in _bytes:
             _bytes[k] = 0
+            _gets[k] = 0
+            _rounds[k] = 0
 
 
 def download(p, dest_dir, limit_bytes: int) -> Optional[str]:

@@ -32,6 +32,7 @@ Torch's writer conventions (c10 ``PyTorchStreamWriter`` over miniz, driven by
 
 from __future__ import annotations
 
+import bisect
 import os
 import re
 import struct
@@ -54,6 +55,14 @@ _LOCAL_SIZE = 30
 _CENTRAL_SIZE = 46
 #: Largest data.pkl kept in memory, bytes (a 10k-tensor model has a few MB).
 MAX_DATA_PKL_BYTES = 256 << 20
+#: Least bytes one small ranged GET of a remote archive fetches (and keeps for the reads that
+#: follow): 64 KiB costs ~1 ms more transfer at 100 MB/s than 256 bytes, against 10–30 ms of
+#: latency per GET saved whenever the next local header lies within it.
+REMOTE_WINDOW_BYTES = 64 << 10
+#: Fetch the local headers and data descriptors of a remote archive (:meth:`_File.prefetch`),
+#: and the values of its small tensors (``layouts.base``), in concurrent batches of ranged
+#: GETs; False reads each with its own GET (kept for benchmarks/bench_s3.py --no-prefetch).
+REMOTE_PREFETCH = True
 #: Longest NUL run inside a member that fails its CRC before it is reported as
 #: a zeroed block (``zero_filled_span``), bytes: one filesystem block.
 MIN_ZERO_SPAN_BYTES = 4096
@@ -122,15 +131,40 @@ class _File:
             self.fd = self.f.fileno()
             self.size = os.fstat(self.fd).st_size
 
+    def prefetch(self, ranges: List[Tuple[int, int]]) -> None:
+        """Remote only (a no-op locally): fetch these ``(offset, length)`` ranges now, all
+        at once (:func:`ckptaudit.fs.read_ranges`), for the :meth:`pread` calls that follow
+        (the local header of every member, whose offsets the central directory gives)."""
+        if self.fd is not None or not ranges or not REMOTE_PREFETCH:
+            return
+        ranges = sorted({(o, min(n, self.size - o)) for o, n in ranges if 0 <= o < self.size and n > 0})
+        blobs = fs.read_ranges(self.path, ranges)
+        self._pre = sorted(getattr(self, "_pre", []) + [(o, b) for (o, _), b in zip(ranges, blobs) if b],
+                           key=lambda t: t[0])
+        self._pre_starts = [o for o, _ in self._pre]
+
+    def _prefetched(self, off: int, n: int) -> Optional[bytes]:
+        pre = getattr(self, "_pre", None)
+        if not pre:
+            return None
+        i = bisect.bisect_right(self._pre_starts, off) - 1
+        if i >= 0:
+            o, b = pre[i]
+            if off + n <= o + len(b):
+                return b[off - o: off - o + n]
+        return None
+
     def pread(self, off: int, n: int) -> bytes:
         if off < 0 or n <= 0 or off >= self.size:
             return b""
         n = min(n, self.size - off)
-        if self.fd is None:  # remote: small reads are exact GETs; large ones (the record walk of a
-            # damaged archive, which may pass over the same bytes again) go through an LRU of
-            # 1 MiB blocks (at most 32 MiB held)
-            # 1 MiB blocks (at most 32 MiB held).  A small read fetches at least 256 bytes and keeps
-            # them, so a local header and the name/extra that follow it cost one GET.
+        if self.fd is None and (hit := self._prefetched(off, n)) is not None:
+            return hit
+        if self.fd is None:  # remote: large reads (the record walk of a damaged archive, which may
+            # pass over the same bytes again) go through an LRU of 1 MiB blocks (at most 32 MiB
+            # held).  A small read fetches at least REMOTE_WINDOW_BYTES and keeps them: a local
+            # header with its name/extra is one GET, and the headers of the small members that
+            # follow it (torch aligns members to 64 bytes) come with it.
             if n >= (64 << 10):
                 if getattr(self, "_blocks", None) is None:
                     self._blocks = fs.open_binary(self.path, block_size=1 << 20, cache_type="blockcache")
@@ -139,7 +173,7 @@ class _File:
             w0, win = getattr(self, "_win", (0, b""))
             if not (w0 <= off and off + n <= w0 + len(win)):
                 self.f.seek(off)
-                w0, win = off, self.f.read(max(n, 256))
+                w0, win = off, self.f.read(max(n, REMOTE_WINDOW_BYTES))
                 self._win = (w0, win)
             return win[off - w0: off - w0 + n]
         out = os.pread(self.fd, n, off)
@@ -474,6 +508,24 @@ def _check_with_cd(fh: _File, path: str, cd: dict, rep: ZipReport, verify_crc: b
         rep.prefix = first.split("/", 1)[0] if "/" in first else ""
     cd_start = cd["cd_offset"]
     n_hdr_findings = 0
+    # Object storage: every local header (fixed part, name, and torch's ≤ 64-byte alignment
+    # padding in the extra field, with room to spare) in one concurrent batch of GETs.  Each
+    # range starts 24 bytes early: a data descriptor (flag bit 3, 16 or 24 bytes) ends where
+    # the next record begins, so the previous member's descriptor comes in the same GET; the
+    # last member's sits before the central directory.  Descriptors elsewhere (a gap between
+    # records) are fetched in a second batch.
+    fh.prefetch([(max(0, e["lho"] - 24), 24 + _LOCAL_SIZE + len(e["name_bytes"]) + 256) for e in entries]
+                + [(max(0, cd_start - 24), 48)])
+    if fh.fd is None and REMOTE_PREFETCH:
+        dds = []
+        for e in entries:
+            lh = fh._prefetched(e["lho"], _LOCAL_SIZE) if e["flags"] & 8 else None
+            if lh and lh[:4] == SIG_LOCAL:
+                nlen, xlen = struct.unpack_from("<HH", lh, 26)
+                off = e["lho"] + _LOCAL_SIZE + nlen + xlen + e["csize"]
+                if fh._prefetched(off, 24) is None:
+                    dds.append((off, 24))
+        fh.prefetch(dds)
     for e in entries:
         name = e["name"]
         m = Member(name=name, header_offset=e["lho"], data_offset=-1, size_bytes=e["usize"], crc32=e["crc"],

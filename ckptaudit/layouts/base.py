@@ -141,28 +141,37 @@ def prune(obj: Any, values: Dict[int, Any], depth: int = 0, max_items: int = 409
     return repr(obj)[:200]
 
 
-def read_small(fh, offset: int, dtype: str, numel: int):
-    """Decode a tensor of ≤ 8 elements at ``offset``; None when not decodable."""
-    if numel > SMALL_TENSOR_NUMEL or offset < 0:
+def small_nbytes(dtype: str, numel: int) -> Optional[int]:
+    """Bytes of a tensor of ≤ 8 elements that :func:`decode_small` can decode, else None."""
+    if numel > SMALL_TENSOR_NUMEL:
         return None
     if dtype == "bfloat16":
-        fh.seek(offset)
-        raw = fh.read(2 * numel)
-        if len(raw) != 2 * numel:
-            return None
+        return 2 * numel
+    fmt = _STRUCT.get(dtype)
+    return None if fmt is None else struct.calcsize(fmt) * numel
+
+
+def decode_small(raw: bytes, dtype: str, numel: int):
+    """The value(s) of a small tensor from its little-endian bytes; None when not decodable
+    (short read, unknown dtype).  NaN/Inf become the strings ``"nan"``/``"inf"``."""
+    n = small_nbytes(dtype, numel)
+    if n is None or len(raw) != n:
+        return None
+    if dtype == "bfloat16":
         vals = [struct.unpack("<f", b"\x00\x00" + raw[i:i + 2])[0] for i in range(0, len(raw), 2)]
     else:
-        fmt = _STRUCT.get(dtype)
-        if fmt is None:
-            return None
-        size = struct.calcsize(fmt)
-        fh.seek(offset)
-        raw = fh.read(size * numel)
-        if len(raw) != size * numel:
-            return None
-        vals = list(struct.unpack("<" + fmt * numel, raw))
+        vals = list(struct.unpack("<" + _STRUCT[dtype] * numel, raw))
     vals = [v if not isinstance(v, float) or v == v and abs(v) != float("inf") else str(v) for v in vals]
     return vals[0] if numel == 1 else vals
+
+
+def read_small(fh, offset: int, dtype: str, numel: int):
+    """Decode a tensor of ≤ 8 elements at ``offset`` of open file ``fh``; None when not decodable."""
+    n = small_nbytes(dtype, numel)
+    if n is None or offset < 0:
+        return None
+    fh.seek(offset)
+    return decode_small(fh.read(n), dtype, numel)
 
 
 def relabel(fl: List[Finding], rel: str) -> List[Finding]:
@@ -241,13 +250,27 @@ def scan_file(run_dir: Path, rel: str, unit: str, scan: UnitScan, cfg: Dict[str,
         scan.add(relabel(torchzip.check_storages(rep, storages, rel), rel))
         _name_damaged_tensors(scan, rel, rep.prefix, res.tensors)
         members = {m.name: m for m in rep.members}
-        with fs.open_binary(path, exact=True) as fh:
-            for name, tm in res.tensors:
-                m = members.get(f"{rep.prefix}/data/{tm.storage.key}")
-                off = m.data_offset + tm.storage_offset * tm.storage.itemsize if m else -1
-                scan.tensors.append(TensorRow(unit, rel, name, tm.dtype, list(tm.shape), tm.numel,
-                                              tm.nbytes, tm.storage.key, off, tm.is_parameter))
-                if tm.numel <= SMALL_TENSOR_NUMEL and m is not None:
+        small = []
+        for name, tm in res.tensors:
+            m = members.get(f"{rep.prefix}/data/{tm.storage.key}")
+            off = m.data_offset + tm.storage_offset * tm.storage.itemsize if m else -1
+            scan.tensors.append(TensorRow(unit, rel, name, tm.dtype, list(tm.shape), tm.numel,
+                                          tm.nbytes, tm.storage.key, off, tm.is_parameter))
+            if tm.numel <= SMALL_TENSOR_NUMEL and m is not None:
+                small.append((off, tm))
+        small = [(off, tm, n) for off, tm in small if off >= 0 and (n := small_nbytes(tm.dtype, tm.numel))]
+        if small and fs.is_remote(path) and torchzip.REMOTE_PREFETCH:  # all small values in one batch
+            try:
+                raws = fs.read_ranges(path, [(off, n) for off, _, n in small])
+            except OSError:
+                raws = [None] * len(small)
+            for (off, tm, n), raw in zip(small, raws):
+                v = decode_small(raw, tm.dtype, tm.numel) if raw is not None else None
+                if v is not None:
+                    values[id(tm)] = v
+        elif small:
+            with fs.open_binary(path, exact=True) as fh:
+                for off, tm, n in small:
                     try:
                         v = read_small(fh, off, tm.dtype, tm.numel)
                     except OSError:
