@@ -166,7 +166,8 @@ def summary(v: dict, out_dir: Path) -> str:
     for u in v["units"]:
         errs = [f["kind"] for f in u["findings"] if f["severity"] == "error"]
         mark = {"resume": "ok  ", "warm-start": "warm", "none": "BAD "}[u["usable_for"]]
-        lines.append(f"  {mark} {u['unit']:<40} step {str(u['step']):>8}  {', '.join(errs)}")
+        step = "?" if u["step"] is None else str(u["step"])
+        lines.append(f"  {mark} {u['unit']:<40} step {step:>8}  {', '.join(errs)}")
     for r in v["reasons"][1:4]:
         lines.append(f"  - {r}")
     lines.append(f"report: {out_dir / 'report.html'}")

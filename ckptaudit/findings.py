@@ -120,7 +120,7 @@ _ENTRIES: List[Kind] = [
     _k("truncated_zip_no_central_directory", "file", "error", "none",
        "{path} is a torch.save zip cut short: it is {size_bytes} bytes and has no end-of-central-directory "
        "record{missing_text}. {intact_text}",
-       "Treat it as lost (the save was killed or the disk filled); roll back to the previous checkpoint."),
+       "Treat it as lost (the save was killed or the disk filled); roll back to the rollback point the verdict names."),
     _k("zip_member_header_corrupted", "file", "error", "none",
        "{path}: the zip local header of {member} at offset {offset} is damaged ({why}); the central directory "
        "is intact, so the file has the right size but a block in the middle was lost or overwritten.",
@@ -195,17 +195,17 @@ _ENTRIES: List[Kind] = [
     _k("dcp_metadata_missing", "file", "error", "none",
        "{path} holds torch.distributed.checkpoint data files ({n_files}) but no .metadata: the save never "
        "committed (crash, or an async save that did not finish){tmp_text}.",
-       "Treat it as lost; roll back to the previous checkpoint. DCP writes .metadata last, so its absence means "
+       "Treat it as lost; roll back to the rollback point the verdict names. DCP writes .metadata last, so its absence means "
        "the save was incomplete."),
     _k("dcp_shard_missing", "file", "error", "none",
        "{path}: .metadata names data file {file} ({n_items} storage items, rank {rank}) but it is not there.",
-       "The rank that wrote {file} did not finish or the file was removed; roll back to the previous checkpoint."),
+       "The rank that wrote {file} did not finish or the file was removed; roll back to the rollback point the verdict names."),
     _k("dcp_shard_too_short", "file", "error", "none",
        "{path}: {file} is {actual} bytes but .metadata needs at least {expected} (item {item}).",
-       "The file was cut short; roll back to the previous checkpoint."),
+       "The file was cut short; roll back to the rollback point the verdict names."),
     _k("dcp_metadata_unreadable", "file", "error", "none",
        "{path}: .metadata could not be walked ({why}).",
-       "Treat it as corrupt; roll back to the previous checkpoint."),
+       "Treat it as corrupt; roll back to the rollback point the verdict names."),
     _k("ds_rank_files_missing", "file", "error", "none",
        "{path}: DeepSpeed ZeRO files for data-parallel ranks {ranks} are missing (found {found} of {expected}).",
        "A rank did not finish its save; roll back to the previous complete tag."),

@@ -34,7 +34,7 @@ IN_PROGRESS_PATTERNS = [
     (re.compile(r"-unfinished$"), "folder marked unfinished"),
     (re.compile(r"\.dirty"), "dirty copy (*.dirty*)"),
     (re.compile(r"\.orbax-checkpoint-tmp"), "Orbax temporary folder"),
-    (re.compile(r"^\.ckptaudit-tmp-"), "ckptaudit.publish temporary folder"),
+    (re.compile(r"^\.ckptaudit-tmp-"), "ckptaudit.publish temporary file or folder"),
 ]
 
 POINTER_NAMES = {

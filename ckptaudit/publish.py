@@ -1256,7 +1256,7 @@ def prune(run_dir: str | os.PathLike, *, keep_last: Optional[int] = None, keep_e
             continue
         if dry_run:
             if echo is not None:
-                echo(f"would delete {d.unit} (step {d.step}): {d.reason}")
+                echo(f"would delete {d.unit}" + (f" (step {d.step})" if d.step is not None else "") + f": {d.reason}")
             continue
         if d.action == "delete":
             _delete_unit(root, by_name[d.unit], clock)
@@ -1485,16 +1485,17 @@ def prune_command(run_dir, keep_last, keep_every, keep_best, metric, mode, sweep
     Exit 0 on success, 3 on bad arguments or an unreadable folder."""
     try:
         plan = prune(run_dir, keep_last=keep_last, keep_every=keep_every, keep_best=keep_best, metric=metric,
-                     mode=mode, sweep_stale=sweep_stale, dry_run=dry_run, echo=click.echo)
+                     mode=mode, sweep_stale=sweep_stale, dry_run=dry_run, echo=None)
     except (ValueError, OSError) as e:
         click.echo(f"ckptaudit prune: error: {e}", err=True)
         sys.exit(3)
     click.echo(f"rollback point: {plan.rollback or 'none (no unit verifies)'}")
-    for d in plan.decisions:
+    for d in sorted(plan.decisions, key=lambda d: d.action != "keep"):  # keeps first, then deletions
+        step = f" (step {d.step})" if d.step is not None else ""
         if d.action == "keep":
-            click.echo(f"keep    {d.unit}: {d.reason}")
-        elif not dry_run:
-            click.echo(f"deleted {d.unit}: {d.reason}")
+            click.echo(f"keep    {d.unit}{step}: {d.reason}")
+        else:
+            click.echo(f"{'would delete' if dry_run else 'deleted'} {d.unit}{step}: {d.reason}")
     sys.exit(0)
 
 

@@ -510,13 +510,17 @@ def test_prune_cli(tmp_path):
         P.save(state(s), tmp_path, s)
     r = CliRunner().invoke(_cli(), ["prune", str(tmp_path), "--keep-last", "1", "--dry-run"])
     assert r.exit_code == 0, r.output
-    assert r.output.splitlines()[:3] == [
+    assert r.output.splitlines() == [
+        "rollback point: ckpt_000003.pt",
+        "keep    ckpt_000003.pt (step 3): rollback point (newest verified unit)",
         "would delete ckpt_000002.pt (step 2): verified, older than the rollback point ckpt_000003.pt, kept by no rule",
-        "would delete ckpt_000001.pt (step 1): verified, older than the rollback point ckpt_000003.pt, kept by no rule",
-        "rollback point: ckpt_000003.pt"]
+        "would delete ckpt_000001.pt (step 1): verified, older than the rollback point ckpt_000003.pt, kept by no rule"]
     assert _units(tmp_path) == ["ckpt_000001.pt", "ckpt_000002.pt", "ckpt_000003.pt"]
     r = CliRunner().invoke(_cli(), ["prune", str(tmp_path), "--keep-last", "1"])
     assert r.exit_code == 0 and _units(tmp_path) == ["ckpt_000003.pt"]
+    assert r.output.splitlines()[2:] == [
+        "deleted ckpt_000002.pt (step 2): verified, older than the rollback point ckpt_000003.pt, kept by no rule",
+        "deleted ckpt_000001.pt (step 1): verified, older than the rollback point ckpt_000003.pt, kept by no rule"]
     r = CliRunner().invoke(_cli(), ["prune", str(tmp_path)])
     assert r.exit_code == 3 and "prune needs at least one of" in r.output
 
