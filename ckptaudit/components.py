@@ -1,16 +1,12 @@
-"""Which training-state components a unit holds, per producer, as data.
+"""Which training-state components a unit holds: recognised by structure, placed by contract.
 
-The producers' contracts (where each component lives) come from their save
-code: nanoGPT ``train.py`` (``model``, ``optimizer``, ``model_args``,
-``iter_num``, ``best_val_loss``, ``config``); Lightning
-``trainer/connectors/checkpoint_connector.py`` (``state_dict``,
-``optimizer_states``, ``lr_schedulers``, ``global_step``, ``epoch``,
-``loops``, ``hyper_parameters``, ``native_amp_scaling_state``); Hugging Face
-``Trainer._save_checkpoint`` (files, see :mod:`ckptaudit.layouts.hf`);
-DeepSpeed ``engine.save_checkpoint`` (``module``, ``lr_scheduler``,
-``global_steps``, ZeRO optimizer files); Megatron ``checkpointing.py``
-(``model``, ``optimizer``, ``opt_param_scheduler``, ``rng_state``,
-``iteration``, ``args``).
+:func:`collect` finds every component of a unit's scan tree by its shape
+(:mod:`ckptaudit.recognise`): optimizer state_dicts, schedulers, scalers, RNG
+state and the model weights, wherever they are stored and whatever their key
+is called.  When a producer contract (:mod:`ckptaudit.producers`) matches, it
+names the producer, picks the weights and step among candidates by the
+producer's own paths, and says which components the producer never writes;
+the structural result stands on its own when contracts are off.
 
 Everything works on the *pruned tree* the scan stored (tensors described as
 ``{"__tensor__": dtype, "shape": [...], "value": small}``), never on loaded
@@ -19,57 +15,54 @@ objects.
 
 from __future__ import annotations
 
+import fnmatch
+import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
-WEIGHT_KEYS = ["model", "state_dict", "model_state_dict", "module", "net", "network", "params", "weights",
-               "model_state"]
-OPTIMIZER_KEYS = ["optimizer", "optimizer_state_dict", "optimizer_states", "optim", "opt", "optimizers"]
-SCHEDULER_KEYS = ["scheduler", "lr_scheduler", "lr_schedulers", "opt_param_scheduler", "sched", "schedulers"]
-SCALER_KEYS = ["scaler", "grad_scaler", "amp", "native_amp_scaling_state", "loss_scaler", "amp_scaling_state"]
-RNG_KEYS = ["rng", "rng_state", "rng_states", "torch_rng_state", "cuda_rng_state", "numpy_rng_state",
-            "python_rng_state", "random_rng_state", "rng_tracker_states"]
+from . import optimizers, producers
+from . import recognise as R
+
+STEP_KEYS = ["global_step", "iter_num", "step", "iteration", "global_steps", "num_updates", "steps", "train_step",
+             "total_steps", "curr_step"]
+EPOCH_KEYS = ["epoch", "epochs", "current_epoch"]
+BEST_KEYS = ["best_val_loss", "best_metric", "best_loss", "best_score", "best_model_score"]
 SAMPLER_KEYS = ["sampler", "sampler_state", "dataloader", "data_loader", "dataloader_state", "data_state", "loops",
                 "consumed_samples", "consumed_train_samples", "train_iterator", "data_iter"]
-STEP_KEYS = ["iter_num", "global_step", "step", "iteration", "global_steps", "num_updates", "steps", "train_step"]
-EPOCH_KEYS = ["epoch", "epochs"]
-EMA_KEYS = ["ema", "ema_state_dict", "model_ema", "ema_model", "ema_state", "averaged_model"]
-BEST_KEYS = ["best_val_loss", "best_metric", "best_loss", "best_score", "best_model_score"]
 MODEL_ARG_KEYS = ["model_args", "model_config", "hparams", "hyper_parameters", "args", "config", "model_cfg"]
 VERSION_KEYS = {"torch_version": "torch", "pytorch-lightning_version": "lightning", "ds_version": "deepspeed",
                 "transformers_version": "transformers", "cuda_version": "cuda"}
+EMA_RE = re.compile(r"(^|[._])(ema|averaged?|shadow|swa)([._]|$)|^ema|_ema$", re.I)
+# kept for callers that name components by key (state.py's tensor classification of old rows)
+OPTIMIZER_KEYS = ["optimizer", "optimizer_state_dict", "optimizer_states", "optim", "opt", "optimizers"]
+MAX_SCALAR_DEPTH = 3
 
 
 def is_tensor(x: Any) -> bool:
-    return isinstance(x, dict) and "__tensor__" in x
+    return R.is_tensor(x)
 
 
 def state_of(x: Any) -> Any:
-    """The attribute dict of a pruned instance (argparse.Namespace, AttributeDict…)."""
+    """The attribute dict of a pruned instance (argparse.Namespace, AttributeDict…), else ``x``."""
     if isinstance(x, dict) and "__instance__" in x:
-        st = x.get("state")
-        if isinstance(st, list) and len(st) == 2 and isinstance(st[1], dict):
-            st = {**(st[0] or {}), **st[1]}
-        if isinstance(st, dict):
-            return st
-        if isinstance(x.get("items"), dict):
-            return x["items"]
-        return {}
+        f = R._fields(x)
+        return f if isinstance(f, dict) else {}
     return x
 
 
 def tensor_map(d: Any, prefix: str = "") -> Dict[str, dict]:
-    """Flatten nested dicts of tensors into {"a.b.c": tensor-desc}."""
+    """Flatten nested mappings of tensors into {"a.b.c": tensor-desc}."""
     out: Dict[str, dict] = {}
-    if not isinstance(d, dict):
+    d = R._fields(d) if isinstance(d, dict) else None
+    if not d:
         return out
     for k, v in d.items():
-        if k in ("__truncated__",):
+        if k == "__truncated__":
             continue
         name = f"{prefix}{k}"
-        if is_tensor(v):
+        if R.is_tensor(v):
             out[name] = v
-        elif isinstance(v, dict) and "__instance__" not in v and "__tensor__" not in v:
+        elif isinstance(v, dict) and "__tensor__" not in v:
             out.update(tensor_map(v, name + "."))
     return out
 
@@ -87,43 +80,35 @@ def group_size(group: Any) -> Optional[int]:
     return None
 
 
-def _scalar(x: Any) -> Optional[float]:
+def scalar(x: Any) -> Optional[float]:
+    """A number stored as a Python number or a one-element tensor whose value was read."""
     if isinstance(x, bool):
         return None
     if isinstance(x, (int, float)):
         return x
-    if is_tensor(x) and isinstance(x.get("value"), (int, float)) and not isinstance(x.get("value"), bool):
+    if R.is_tensor(x) and isinstance(x.get("value"), (int, float)) and not isinstance(x.get("value"), bool):
         return x["value"]
     return None
 
 
-def _first(d: dict, keys: List[str]) -> Tuple[Optional[str], Any]:
-    for k in keys:
-        if k in d and d[k] is not None:
-            return k, d[k]
-    return None, None
-
-
-def _mostly_tensors(d: Any) -> bool:
-    if not isinstance(d, dict) or not d:
-        return False
-    vals = [v for k, v in d.items() if k != "__truncated__"]
-    n = sum(1 for v in vals if is_tensor(v))
-    return n >= max(1, len(vals) // 2)
-
-
 @dataclass
 class Components:
-    """What one unit holds.  Shapes are lists of ints; steps are optimizer steps."""
+    """What one unit holds.  Steps count optimizer updates; paths are ``file:dotted.path``."""
 
+    producer: str = ""  # the producer contract that matched ("" = recognised by structure alone)
     weights: Optional[Dict[str, dict]] = None  # name -> tensor desc
     weights_source: str = ""
+    weights_at: List[Tuple[str, str]] = field(default_factory=list)  # (file key, dotted prefix) of weight tensors
     weights_only_format: bool = False  # safetensors / HF weights without any training state
     optimizer: Optional[dict] = None  # {"state": {...}, "param_groups": [...]} (merged over files)
     optimizer_source: str = ""
+    optimizer_at: List[Tuple[str, str]] = field(default_factory=list)  # (file key, dotted prefix of "state")
     optimizer_partitioned: bool = False  # ZeRO: state lives in per-rank partitions
     optimizer_nonempty: Optional[bool] = None
+    optimizer_needs: Optional[optimizers.OptimizerNeeds] = None
     scheduler: Optional[dict] = None
+    schedulers: List[dict] = field(default_factory=list)
+    scheduler_source: str = ""
     scaler: bool = False
     rng: bool = False
     sampler: bool = False
@@ -136,6 +121,8 @@ class Components:
     model_args_source: str = ""
     versions: Dict[str, str] = field(default_factory=dict)
     top_keys: List[str] = field(default_factory=list)
+    never_saves: frozenset = frozenset()  # components the producer does not write
+    name_number: str = "step"  # what the number in the unit's name counts: "step" | "save_index"
 
     @property
     def optimizer_step(self) -> Optional[float]:
@@ -145,7 +132,7 @@ class Components:
         vals = []
         for v in st.values():
             if isinstance(v, dict):
-                s = _scalar(v.get("step"))
+                s = scalar(v.get("step"))
                 if s is not None:
                     vals.append(s)
         return max(vals) if vals else None
@@ -153,71 +140,114 @@ class Components:
     @property
     def scheduler_last_epoch(self) -> Optional[int]:
         sch = self.scheduler
-        if isinstance(sch, list) and sch:
-            sch = sch[0]
         if isinstance(sch, dict):
-            v = _scalar(sch.get("last_epoch"))
+            v = scalar(sch.get("last_epoch"))
             if v is None:
-                v = _scalar(sch.get("num_steps"))  # Megatron OptimizerParamScheduler
+                v = scalar(sch.get("num_steps"))  # Megatron OptimizerParamScheduler
             return int(v) if v is not None else None
         return None
 
+    @property
+    def scheduler_step_count(self) -> Optional[int]:
+        v = scalar(self.scheduler.get("_step_count")) if isinstance(self.scheduler, dict) else None
+        return int(v) if v is not None else None
 
-def from_dict(root: dict, c: Components, source: str) -> None:
-    """Fill ``c`` from one checkpoint dict (nanoGPT, Lightning, DeepSpeed, Megatron, plain)."""
-    if not isinstance(root, dict):
+
+def collect(layout: str, tree: Dict[str, Any], facts: Dict[str, Any]) -> Components:
+    """Components of a unit from its scan tree (keys are file keys, or ``"root"`` for a file unit)."""
+    c = Components()
+    tree = {k: v for k, v in (tree or {}).items()}
+    contract = producers.identify(layout, list(facts.get("unit_files") or []) + list(tree), tree)
+    if contract is not None:
+        c.producer = contract.producer
+        c.never_saves = contract.never_saves
+        c.name_number = contract.name_number
+    for sub in tree.values():
+        if isinstance(sub, dict) and "__safetensors__" not in sub:
+            c.top_keys = sorted(set(c.top_keys) | {str(k) for k in sub if not str(k).startswith("__")})
+    found = R.find(tree)
+    _weights(c, found, contract)
+    _optimizer(c, found)
+    for n in found.of("scheduler"):
+        c.schedulers.append(R._fields(n.node) or {})
+    if c.schedulers:
+        c.scheduler = c.schedulers[0]
+        c.scheduler_source = found.of("scheduler")[0].where
+    c.scaler = bool(found.of("scaler"))
+    c.rng = bool(found.of("rng"))
+    _scalars(c, tree, found, contract, facts, layout)
+    c.weights_only_format = bool(c.weights) and c.optimizer is None and c.scheduler is None and all(
+        n.key == "__safetensors__" for n in found.of("weights") if (n.file, n.path) in c.weights_at)
+    return c
+
+
+# ------------------------------------------------------------------ weights
+def _weights(c: Components, found: R.Found, contract) -> None:
+    cands = found.of("weights")
+    if not cands:
         return
-    c.top_keys = sorted(set(c.top_keys) | {str(k) for k in root})
-    if c.weights is None:
-        k, v = _first(root, WEIGHT_KEYS)
-        if k and isinstance(v, dict):
-            c.weights, c.weights_source = tensor_map(v), f"{source}:{k}"
-        elif _mostly_tensors(root):
-            c.weights, c.weights_source = tensor_map(root), f"{source}:(root)"
-    k, v = _first(root, OPTIMIZER_KEYS)
-    if k is not None:
-        opt = v[0] if isinstance(v, list) and v else v
-        if isinstance(opt, dict):
-            inner = opt.get("base_optimizer_state") if isinstance(opt.get("base_optimizer_state"), dict) else opt
-            merge_optimizer(c, inner, f"{source}:{k}")
-            if "zero_stage" in opt or "partition_count" in opt:
-                c.optimizer_partitioned = True
-    k, v = _first(root, SCHEDULER_KEYS)
-    if k is not None and c.scheduler is None:
-        c.scheduler = v if isinstance(v, (dict, list)) else {"value": v}
-    if _first(root, SCALER_KEYS)[0]:
-        c.scaler = True
-    if _first(root, RNG_KEYS)[0]:
-        c.rng = True
-    if _first(root, SAMPLER_KEYS)[0]:
-        c.sampler = True
-    if _first(root, EMA_KEYS)[0]:
-        c.ema = True
-    for key in STEP_KEYS:
-        if key in root:
-            s = _scalar(root[key])
-            if s is not None and c.step is None:
-                c.step, c.step_source = int(s), f"{source}:{key}"
-                break
-    k, v = _first(root, EPOCH_KEYS)
-    if k and _scalar(v) is not None:
-        c.epoch = float(_scalar(v))
-    k, v = _first(root, BEST_KEYS)
-    if k and _scalar(v) is not None:
-        c.best_metric = float(_scalar(v))
-    if c.model_args is None:
-        for key in MODEL_ARG_KEYS:
-            v = state_of(root.get(key))
-            if isinstance(v, dict) and v:
-                c.model_args, c.model_args_source = v, f"{source}:{key}"
-                break
-    for key, name in VERSION_KEYS.items():
-        if isinstance(root.get(key), (str, int, float)):
-            c.versions[name] = str(root[key])
-        elif isinstance(root.get(key), dict) and "__instance__" in root[key]:
-            args = root[key].get("args")
-            if isinstance(args, list) and args and isinstance(args[0], str):
-                c.versions[name] = args[0]
+    want = (contract.keys.get("weights") if contract else None) or ()
+    chosen = [n for n in cands if n.path in want] if want else []
+    if not chosen:
+        plain = [n for n in cands if not EMA_RE.search(n.key or "")]
+        pool = plain or cands
+        groups: Dict[Any, List[R.Node]] = {}
+        for n in pool:
+            groups.setdefault(_group_key(n), []).append(n)
+        chosen = max(groups.values(), key=lambda g: (sum(_numel(n.node) for n in g), -len(g[0].path)))
+    c.weights = {}
+    for n in chosen:
+        c.weights.update(tensor_map(n.node))
+        c.weights_at.append((n.file, n.path))
+    c.weights_source = f"{chosen[0].file}:{chosen[0].path or '(root)'}"
+    keys = set(c.weights)
+    shapes = {k: v.get("shape") for k, v in c.weights.items()}
+    for n in cands:
+        if n in chosen:
+            continue
+        other = tensor_map(n.node)
+        if EMA_RE.search(n.key or "") or (set(other) == keys and {k: v.get("shape") for k, v in other.items()} == shapes):
+            c.ema = True
+
+
+def _group_key(n: R.Node):
+    if n.path:
+        return ("path", n.path)
+    base = n.file.rsplit("/", 1)[-1]
+    if n.key == "__safetensors__" or re.match(r"(pytorch_)?model([-_.]|$)", base) or n.file == "root":
+        return ("model-files",)
+    return ("file", n.file)
+
+
+def _numel(node: Any) -> int:
+    total = 0
+    for v in tensor_map(node).values():
+        k = 1
+        for d in v.get("shape") or []:
+            k *= int(d) if isinstance(d, int) else 1
+        total += k
+    return total
+
+
+# ---------------------------------------------------------------- optimizer
+def _optimizer(c: Components, found: R.Found) -> None:
+    zero_paths = [(n.file, n.path) for n in found.of("zero")]
+    for n in found.of("optimizer"):
+        d = R._fields(n.node) or {}
+        if R.is_flat_optimizer(n.node):
+            d = R.unflatten_optimizer(d)
+        merge_optimizer(c, d, n.where)
+        c.optimizer_at.append((n.file, f"{n.path}.state" if n.path else "state"))
+        if any(f == n.file and (p == "" or n.path.startswith(p + ".")) for f, p in zero_paths):
+            c.optimizer_partitioned = True
+    if zero_paths:
+        c.optimizer_partitioned = True
+        if c.optimizer is None:  # ZeRO-3 wrapper without a nested torch state_dict
+            c.optimizer = {"state": {}, "param_groups": []}
+            c.optimizer_source = f"{found.of('zero')[0].where}"
+            c.optimizer_nonempty = True
+    if c.optimizer is not None:
+        c.optimizer_needs = optimizers.recognise(c.optimizer.get("param_groups"))
 
 
 def merge_optimizer(c: Components, opt: dict, source: str) -> None:
@@ -231,80 +261,116 @@ def merge_optimizer(c: Components, opt: dict, source: str) -> None:
             c.optimizer["state"][f"{len(c.optimizer['state'])}:{k}" if k in c.optimizer["state"] else k] = v
     if isinstance(groups, list):
         c.optimizer["param_groups"].extend(g for g in groups if isinstance(g, dict))
-    c.optimizer_nonempty = bool(c.optimizer["state"])
+    c.optimizer_nonempty = bool(c.optimizer["state"]) or bool(c.optimizer_nonempty)
 
 
-def collect(layout: str, tree: Dict[str, Any], facts: Dict[str, Any]) -> Components:
-    """Components of a unit from its scan tree (keys are files or "root")."""
-    c = Components()
-    if layout in ("hf-trainer", "hf-sharded"):
-        names = facts.get("trainer_files") or []
-        for fname, sub in tree.items():
-            base = fname.rsplit("/", 1)[-1]
-            if isinstance(sub, dict) and "__safetensors__" in sub:
-                if c.weights is None:
-                    c.weights = {}
-                    c.weights_source = fname
-                c.weights.update(tensor_map(sub["__safetensors__"]))
-            elif base in ("pytorch_model.bin",) or base.startswith("pytorch_model-"):
-                if c.weights is None:
-                    c.weights, c.weights_source = {}, fname
-                c.weights.update(tensor_map(sub))
-            elif base == "optimizer.pt" and isinstance(sub, dict):
-                merge_optimizer(c, sub, fname)
-            elif base == "scheduler.pt":
-                c.scheduler = sub if isinstance(sub, dict) else {"value": sub}
-            elif base == "scaler.pt":
-                c.scaler = True
-            elif base.startswith("rng_state"):
-                c.rng = True
-            elif base == "trainer_state.json" and isinstance(sub, dict):
-                if isinstance(sub.get("global_step"), int):
-                    c.step, c.step_source = sub["global_step"], "trainer_state.json:global_step"
-                if isinstance(sub.get("epoch"), (int, float)):
-                    c.epoch = float(sub["epoch"])
-                if isinstance(sub.get("best_metric"), (int, float)):
-                    c.best_metric = float(sub["best_metric"])
-            elif base == "training_args.bin":
-                pass
-        if layout == "hf-sharded" and not names:
-            c.weights_only_format = True
-        return c
-    for fname, sub in tree.items():
-        if isinstance(sub, dict) and "__safetensors__" in sub:
-            c.weights = tensor_map(sub["__safetensors__"])
-            c.weights_source = fname
-            c.weights_only_format = True
-            md = sub.get("__metadata__")
-            if isinstance(md, dict):
-                for k in STEP_KEYS:
-                    if k in md and str(md[k]).isdigit():
-                        c.step, c.step_source = int(md[k]), f"{fname}:__metadata__.{k}"
+# ------------------------------------------------------------------ scalars
+def lookup(tree: Dict[str, Any], spec: str) -> Tuple[Optional[Any], str]:
+    """The value at ``"file pattern:dotted.path"`` in a unit's tree, and where it was found."""
+    pat, _, dotted = spec.partition(":")
+    for fkey, sub in tree.items():
+        base = fkey.rsplit("/", 1)[-1]
+        if pat != "*" and not fnmatch.fnmatch(base, pat):
             continue
-        if layout == "dcp" and isinstance(sub, dict):
-            # DCP flattens the optimizer: "optim.state.<fqn>.exp_avg", "optim.param_groups.0.params"
-            # (torch/distributed/checkpoint/state_dict.py); rebuild the nested shape first
-            sub = dict(sub)
-            for key in ("optim", "optimizer"):
-                flat = sub.get(key)
-                if isinstance(flat, dict) and "state" not in flat:
-                    state: Dict[str, dict] = {}
-                    groups: Dict[str, dict] = {}
-                    for k, v in flat.items():
-                        if k.startswith("state."):
-                            fqn, _, leaf = k[len("state."):].rpartition(".")
-                            state.setdefault(fqn, {})[leaf] = v
-                        elif k.startswith("param_groups."):
-                            gi, _, leaf = k[len("param_groups."):].partition(".")
-                            groups.setdefault(gi, {})[leaf] = v
-                    sub[key] = {"state": state, "param_groups": [groups[g] for g in sorted(groups)]}
-            from_dict(sub, c, fname)
+        node = sub
+        for part in dotted.split("."):
+            node = dict(R.children(node)).get(part) if isinstance(node, (dict, list)) else None
+            if node is None:
+                break
+        if node is not None:
+            return node, f"{fkey}:{dotted}"
+    return None, ""
+
+
+def _inside(found: R.Found, fkey: str, path: str) -> bool:
+    """True when ``path`` lies inside a recognised component (its internals are not run counters)."""
+    return any(n.file == fkey and n.kind != "zero" and (not n.path or path == n.path or path.startswith(n.path + "."))
+               for n in found.nodes)
+
+
+def _search(tree: Dict[str, Any], found: R.Found, keys: List[str], max_depth: int = MAX_SCALAR_DEPTH):
+    """(value, where) of the shallowest scalar under one of ``keys`` outside every component."""
+    best = None
+    for fkey, sub in tree.items():
+        todo = [(sub, "", 0)]
+        while todo:
+            node, path, depth = todo.pop(0)
+            for k, v in R.children(node):
+                p = f"{path}.{k}" if path else k
+                if _inside(found, fkey, p):
+                    continue
+                if k in keys and scalar(v) is not None:
+                    rank = (depth, keys.index(k))
+                    if best is None or rank < best[0]:
+                        best = (rank, scalar(v), f"{fkey}:{p}")
+                elif isinstance(v, (dict, list)) and not R.is_tensor(v) and depth + 1 < max_depth:
+                    todo.append((v, p, depth + 1))
+    return (best[1], best[2]) if best else (None, "")
+
+
+def _scalars(c: Components, tree, found, contract, facts, layout) -> None:
+    for spec in (contract.step_at if contract else ()):
+        v, where = lookup(tree, spec)
+        if scalar(v) is not None:
+            c.step, c.step_source = int(scalar(v)), where
+            break
+    if c.step is None:
+        v, where = _search(tree, found, STEP_KEYS)
+        if v is not None:
+            c.step, c.step_source = int(v), where
+    if c.step is None and isinstance(facts.get("step"), int):  # DeepSpeed global_steps, Megatron iteration
+        c.step, c.step_source = facts["step"], "layout:" + layout
+    for sub in tree.values():  # safetensors __metadata__ may carry a step
+        md = sub.get("__metadata__") if isinstance(sub, dict) and "__safetensors__" in sub else None
+        if c.step is None and isinstance(md, dict):
+            for k in STEP_KEYS:
+                if str(md.get(k, "")).isdigit():
+                    c.step, c.step_source = int(md[k]), f"__metadata__.{k}"
+                    break
+    if c.step is None and c.optimizer_step is not None:  # updates counted by the optimizer itself
+        c.step, c.step_source = int(c.optimizer_step), c.optimizer_source + ".state.*.step"
+    for spec in (contract.epoch_at if contract else ()):
+        v, _ = lookup(tree, spec)
+        if scalar(v) is not None:
+            c.epoch = float(scalar(v))
+            break
+    if c.epoch is None:
+        v, _ = _search(tree, found, EPOCH_KEYS, 2)
+        c.epoch = float(v) if v is not None else None
+    v, _ = _search(tree, found, BEST_KEYS, 4)
+    c.best_metric = float(v) if v is not None else None
+    c.sampler = any(k in SAMPLER_KEYS for k in c.top_keys) or any(
+        fnmatch.fnmatch(f.rsplit("/", 1)[-1], pat) for f in tree for pat in ("sampler*.bin", "dl_state_dict*"))
+    if not c.ema:
+        c.ema = any(EMA_RE.search(k) for k in c.top_keys)
+    _model_args(c, tree)
+    _versions(c, tree)
+
+
+def _model_args(c: Components, tree) -> None:
+    for fkey, sub in tree.items():
+        if fkey.rsplit("/", 1)[-1] == "config.json" and isinstance(sub, dict):
+            c.model_args, c.model_args_source = sub, f"{fkey}"
+            return
+    for fkey, sub in tree.items():
+        if not isinstance(sub, dict):
             continue
-        from_dict(sub, c, fname)
-    if layout == "deepspeed":
-        steps = facts.get("global_steps") or []
-        if c.step is None and steps:
-            c.step, c.step_source = max(steps), "model_states:global_steps"
-    if layout == "megatron" and c.step is None and isinstance(facts.get("step"), int):
-        c.step, c.step_source = facts["step"], "model_optim_rng.pt:iteration"
-    return c
+        for key in MODEL_ARG_KEYS:
+            v = state_of(sub.get(key))
+            if isinstance(v, dict) and v:
+                c.model_args, c.model_args_source = v, f"{fkey}:{key}"
+                return
+
+
+def _versions(c: Components, tree) -> None:
+    for sub in tree.values():
+        if not isinstance(sub, dict):
+            continue
+        for key, name in VERSION_KEYS.items():
+            v = sub.get(key)
+            if isinstance(v, (str, int, float)) and not isinstance(v, bool):
+                c.versions.setdefault(name, str(v))
+            elif isinstance(v, dict) and "__instance__" in v:
+                args = v.get("args")
+                if isinstance(args, list) and args and isinstance(args[0], str):
+                    c.versions.setdefault(name, args[0])

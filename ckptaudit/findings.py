@@ -318,8 +318,8 @@ _ENTRIES: List[Kind] = [
        "spike); fine for a warm start, not a faithful resume point.",
        "Roll back to a checkpoint with optimizer state to resume; otherwise warm-start from this one."),
     _k("empty_optimizer_state", "state", "error", "warm-start",
-       "{path}: the optimizer entry is present but its per-parameter state is empty while the step is {step}: it "
-       "was saved from a fresh optimizer.",
+       "{path}: the optimizer entry ({optimizer}, which keeps per-parameter state) is present but that state is "
+       "empty while the step is {step}: it was saved from a fresh optimizer.",
        "Roll back to a checkpoint with optimizer moments to resume; otherwise warm-start from this one."),
     _k("optimizer_state_incomplete", "state", "warning", "resume",
        "{path}: optimizer state covers {have} of {want} parameters; the others (frozen, or never given a "
@@ -336,12 +336,12 @@ _ENTRIES: List[Kind] = [
        "Accept a non-bit-exact resume, or roll back to a checkpoint with RNG state."),
     _k("missing_step", "state", "warning", "resume",
        "{path} records no global step / iteration counter.",
-       "Take the step from the checkpoint name ({name_step}) when resuming.",
-       "state['step'] = {name_step}"),
+       "Set the step when resuming{name_text}; check it against the training log.",
+       "{repair_code}"),
     _k("step_counter_reset", "state", "error", "resume",
        "{path}: {field} = {saved} but {evidence}: the counter was reset (a restart from scratch or a reset "
        "scheduler), so a resume re-warms the learning rate and restarts step counting.",
-       "Restore the counters before resuming.",
+       "Restore the counters before resuming{scheduler_text}.",
        "{repair_code}"),
     _k("step_name_disagrees", "state", "warning", "resume",
        "{path}: the name says step {name_step} but the contents say {content_step}.",

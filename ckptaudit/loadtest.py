@@ -80,9 +80,15 @@ def _resolve_benign(names: List[str]):
             out.extend(getattr(npd, a) for a in dir(npd) if a.endswith("DType") and isinstance(getattr(npd, a), type))
         except ImportError:
             pass
+    from .security import BENIGN
+
     for full in names:
         mod, _, attr = full.rpartition(".")
         obj = None
+        if BENIGN.get(full) is not None and BENIGN[full].add_safe.startswith("(dict,"):
+            # a dict subclass that torch's SETITEMS check refuses even when allowlisted: load it as dict
+            out.append((dict, full))
+            continue
         try:
             obj = getattr(importlib.import_module(mod), attr)
         except Exception:  # noqa: BLE001 - any failure means "use the stand-in"

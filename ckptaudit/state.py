@@ -23,7 +23,6 @@ from . import findings as F
 from . import fs
 
 FLOAT_DTYPES = {"float32", "float64", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"}
-OPTIMIZER_PREFIXES = tuple(k + "." for k in C.OPTIMIZER_KEYS) + ("optimizer_state_dict.",)
 
 
 def _np_view(buf, dtype: str):
@@ -127,9 +126,29 @@ def scan_values(run_dir: Path, tensors: List[dict], chunk_bytes: int) -> Dict[st
     return out
 
 
-def is_optimizer_tensor(name: str) -> bool:
-    return name.startswith(OPTIMIZER_PREFIXES) or ".optimizer_state_dict." in name or name.startswith(
-        ("optimizer.pt:", "zero_pp_rank"))
+def _file_matches(tensor_file: str, fkey: str) -> bool:
+    return fkey == "root" or tensor_file == fkey or tensor_file.endswith("/" + fkey)
+
+
+def _under(name: str, prefix: str) -> bool:
+    return not prefix or name == prefix or name.startswith(prefix + ".")
+
+
+def tensor_role(t: dict, c: C.Components) -> str:
+    """``weights``, ``optimizer`` (moments) or ``other`` for one tensor row of a unit.
+
+    Roles come from where the structural recognition found the components
+    (``c.weights_at``, ``c.optimizer_at``); other float tensors (callback
+    sentinels such as Lightning's ``kth_value = inf``, metrics, RNG) are
+    counted, never judged as weights.
+    """
+    for fkey, prefix in c.optimizer_at:
+        if _file_matches(t["file"], fkey) and _under(t["name"], prefix):
+            return "optimizer"
+    for fkey, prefix in c.weights_at:
+        if _file_matches(t["file"], fkey) and _under(t["name"], prefix):
+            return "weights"
+    return "other"
 
 
 def analyse_unit(unit: dict, scan_row: dict, tensors: List[dict], run_dir: Path, cfg: dict) -> dict:
@@ -143,7 +162,7 @@ def analyse_unit(unit: dict, scan_row: dict, tensors: List[dict], run_dir: Path,
         row.update(step=unit.get("step_from_name"), step_source="name" if unit.get("step_from_name") is not None else "")
         return row
     c = C.collect(scan_row["layout"], tree, facts)
-    name_step = unit.get("step_from_name")
+    name_step = unit.get("step_from_name") if c.name_number == "step" else None
     p = unit["unit"]
     step = c.step
     row.update(
@@ -155,52 +174,68 @@ def analyse_unit(unit: dict, scan_row: dict, tensors: List[dict], run_dir: Path,
         has_scaler=c.scaler, has_rng=c.rng, has_sampler=c.sampler, has_ema=c.ema,
         epoch=c.epoch, best_metric=c.best_metric,
     )
-    training_state = c.optimizer is not None or c.scheduler is not None or c.step is not None
-    if not c.weights:
-        if scan_row["layout"] not in ("dcp",) or not tree:
-            fl.append(F.make("missing_model_weights", path=p, keys=", ".join(repr(k) for k in c.top_keys[:12]) or "none"))
-    elif c.weights_only_format or not training_state:
-        fl.append(F.make("weights_only_checkpoint", path=p))
-    else:
-        if c.optimizer is None:
-            fl.append(F.make("missing_optimizer_state", path=p))
-        elif not c.optimizer_nonempty and not c.optimizer_partitioned:
-            fl.append(F.make("empty_optimizer_state", path=p, step=step if step is not None else "unknown"))
-        elif c.optimizer_partitioned and not c.optimizer_nonempty:
-            fl.append(F.make("empty_optimizer_state", path=p, step=step if step is not None else "unknown"))
-        elif c.optimizer_nonempty:
-            want = sum(C.group_size(g) or 0 for g in c.optimizer.get("param_groups", []))
-            have = len(c.optimizer.get("state", {}))
-            if want and have < want:
-                fl.append(F.make("optimizer_state_incomplete", path=p, have=have, want=want))
-        if c.scheduler is None:
-            fl.append(F.make("missing_scheduler_state", path=p, step=step if step is not None else name_step))
-        if not c.rng and scan_row["layout"] not in ("deepspeed",):
-            fl.append(F.make("missing_rng_state", path=p))
-        if step is None:
-            fl.append(F.make("missing_step", path=p, name_step=name_step if name_step is not None else "?"))
-        fl.extend(_counter_findings(p, c, step, name_step))
-    # values
+    fl.extend(_completeness(p, c, step, name_step))
+    fl.extend(_counter_findings(p, c, step, name_step))
     if scfg.get("nan_scan", True) and c.weights:
-        t0 = time.perf_counter()
-        vals = scan_values(run_dir, tensors, int(scfg.get("chunk_mib", 16)) << 20)
-        row["scan_seconds"] = time.perf_counter() - t0
-        row["scanned_bytes"] = sum(t["nbytes"] for t in tensors if t["name"] in vals)
-        row["n_float_tensors"] = len(vals)
-        bad_w = sorted(n for n, v in vals.items() if v["nonfinite"] and not is_optimizer_tensor(n))
-        bad_o = sorted(n for n, v in vals.items() if v["nonfinite"] and is_optimizer_tensor(n))
-        row["n_nonfinite_tensors"] = len(bad_w) + len(bad_o)
-        row["nonfinite_tensors"] = bad_w + bad_o
-        wn = [v["norm"] for n, v in vals.items() if not is_optimizer_tensor(n) and not v["nonfinite"]]
-        row["weight_norm"] = math.sqrt(sum(x * x for x in wn)) if wn and not bad_w else None
-        row["tensor_norms_json"] = json.dumps({n: round(v["norm"], 6) for n, v in vals.items()
-                                               if not is_optimizer_tensor(n) and not v["nonfinite"]})
-        if bad_w:
-            fl.append(F.make("nan_in_weights", path=p, n_tensors=len(bad_w), examples=_examples(bad_w)))
-        if bad_o:
-            fl.append(F.make("nonfinite_optimizer_state", path=p, examples=_examples(bad_o)))
+        fl.extend(_value_findings(p, c, tensors, run_dir, scfg, row))
     row["findings_json"] = json.dumps([f.to_dict() for f in fl])
     return row
+
+
+def _completeness(p: str, c: C.Components, step: Optional[int], name_step: Optional[int]) -> List[F.Finding]:
+    """Which components a faithful resume needs and the unit lacks."""
+    training_state = c.optimizer is not None or c.scheduler is not None or c.step is not None
+    if not c.weights:
+        return [F.make("missing_model_weights", path=p, keys=", ".join(repr(k) for k in c.top_keys[:12]) or "none")]
+    if c.weights_only_format or not training_state:
+        return [F.make("weights_only_checkpoint", path=p)]
+    out: List[F.Finding] = []
+    needs = c.optimizer_needs
+    if c.optimizer is None:
+        out.append(F.make("missing_optimizer_state", path=p))
+    elif not c.optimizer_nonempty and needs is not None and needs.needs_state and (step is None or step > 0):
+        out.append(F.make("empty_optimizer_state", path=p, step=step if step is not None else "unknown",
+                          optimizer=needs.name))
+    elif c.optimizer_nonempty and not c.optimizer_partitioned:
+        want = sum(C.group_size(g) or 0 for g in c.optimizer.get("param_groups", []))
+        have = len(c.optimizer.get("state", {}))
+        if want and have < want and (needs is None or needs.needs_state is not False):
+            out.append(F.make("optimizer_state_incomplete", path=p, have=have, want=want))
+    if c.scheduler is None and "scheduler" not in c.never_saves:
+        out.append(F.make("missing_scheduler_state", path=p, step=step if step is not None else name_step))
+    if not c.rng and "rng" not in c.never_saves:
+        out.append(F.make("missing_rng_state", path=p))
+    if step is None:
+        out.append(F.make("missing_step", path=p, name_step=name_step, repair_code="",
+                          name_text=f" (the name says step {name_step})" if name_step is not None else ""))
+    return out
+
+
+def _value_findings(p: str, c: C.Components, tensors: List[dict], run_dir: Path, scfg: dict,
+                    row: dict) -> List[F.Finding]:
+    """Non-finite values and norms of the weights and optimizer moments (other tensors are only counted)."""
+    out: List[F.Finding] = []
+    roles = {(t["file"], t["name"]): tensor_role(t, c) for t in tensors}
+    judged = [t for t in tensors if roles[(t["file"], t["name"])] != "other"]
+    t0 = time.perf_counter()
+    vals = scan_values(run_dir, judged, int(scfg.get("chunk_mib", 16)) << 20)
+    row["scan_seconds"] = time.perf_counter() - t0
+    row["scanned_bytes"] = sum(t["nbytes"] for t in judged if t["name"] in vals)
+    row["n_float_tensors"] = len(vals)
+    role_of = {t["name"]: roles[(t["file"], t["name"])] for t in judged}
+    bad_w = sorted(n for n, v in vals.items() if v["nonfinite"] and role_of.get(n) == "weights")
+    bad_o = sorted(n for n, v in vals.items() if v["nonfinite"] and role_of.get(n) == "optimizer")
+    row["n_nonfinite_tensors"] = len(bad_w) + len(bad_o)
+    row["nonfinite_tensors"] = bad_w + bad_o
+    wn = [v["norm"] for n, v in vals.items() if role_of.get(n) == "weights" and not v["nonfinite"]]
+    row["weight_norm"] = math.sqrt(sum(x * x for x in wn)) if wn and not bad_w else None
+    row["tensor_norms_json"] = json.dumps({n: round(v["norm"], 6) for n, v in vals.items()
+                                           if role_of.get(n) == "weights" and not v["nonfinite"]})
+    if bad_w:
+        out.append(F.make("nan_in_weights", path=p, n_tensors=len(bad_w), examples=_examples(bad_w)))
+    if bad_o:
+        out.append(F.make("nonfinite_optimizer_state", path=p, examples=_examples(bad_o)))
+    return out
 
 
 def _examples(names: List[str], n: int = 4) -> str:
@@ -209,9 +244,16 @@ def _examples(names: List[str], n: int = 4) -> str:
 
 
 def _counter_findings(p: str, c: C.Components, step: Optional[int], name_step: Optional[int]) -> List[F.Finding]:
+    """Counters of one unit that contradict each other.
+
+    Only evidence inside the unit is used: the optimizer's own per-parameter
+    step counts every update since the optimizer was built, so a global step
+    far below it means the global counter was reset.  A scheduler's
+    ``last_epoch`` is not compared here: its cadence (per step, per epoch,
+    per accumulation cycle) is learnt across the run (:mod:`ckptaudit.verdict`).
+    """
     out: List[F.Finding] = []
     opt_step = c.optimizer_step
-    last_epoch = c.scheduler_last_epoch
     evidence = []
     if opt_step is not None and step is not None and opt_step > 0 and step < 0.5 * opt_step:
         evidence.append(f"the optimizer's per-parameter step is {opt_step:g}")
@@ -219,21 +261,29 @@ def _counter_findings(p: str, c: C.Components, step: Optional[int], name_step: O
         evidence.append(f"the name says step {name_step}")
     if evidence:
         true_step = int(opt_step) if opt_step else name_step
-        field = c.step_source.split(":")[-1] if c.step_source else "step"
-        lines = [f"ckpt[{field!r}] = {true_step}"]
-        if last_epoch is not None and last_epoch < 0.5 * (true_step or 0):
-            lines.append(f"ckpt['scheduler']['last_epoch'] = {true_step}; ckpt['scheduler']['_step_count'] = {true_step + 1}")
-        out.append(F.make("step_counter_reset", path=p, field=field, saved=step,
-                          evidence=" and ".join(evidence), true_step=true_step,
-                          repair_code="; ".join(lines)))
-        return out
-    if last_epoch is not None and step is not None and step > 0 and last_epoch < 0.5 * step:
-        out.append(F.make("step_counter_reset", path=p, field="scheduler.last_epoch", saved=last_epoch,
-                          evidence=f"the global step is {step}", true_step=step,
-                          repair_code=f"ckpt['scheduler']['last_epoch'] = {step}; ckpt['scheduler']['_step_count'] = {step + 1}"))
+        le = c.scheduler_last_epoch
+        sched = (f"; the scheduler's last_epoch is {le}: if it steps once per optimizer step, set it to {true_step} "
+                 "too (its cadence could not be learnt from this unit alone)") if le is not None and le < (true_step or 0) else ""
+        out.append(F.make("step_counter_reset", path=p, field=_field_text(c.step_source), saved=step,
+                          evidence=" and ".join(evidence), true_step=true_step, scheduler_text=sched,
+                          repair_code=_step_repair(p, c.step_source, true_step)))
         return out
     if name_step is not None and step is not None and name_step != step:
         out.append(F.make("step_name_disagrees", path=p, name_step=name_step, content_step=step))
     if opt_step is not None and step is not None and abs(opt_step - step) > max(2, 0.1 * step):
         out.append(F.make("optimizer_step_mismatch", path=p, opt_step=f"{opt_step:g}", step=step))
     return out
+
+
+def _field_text(step_source: str) -> str:
+    return step_source.split(":", 1)[-1] if step_source else "step"
+
+
+def _step_repair(unit: str, step_source: str, true_step: Optional[int]) -> str:
+    """The statement that restores the step counter in the loaded checkpoint dict ``ckpt``
+    of a single-file unit (``ckpt = torch.load(path)`` in the resume script), else ""."""
+    fkey, _, dotted = step_source.partition(":")
+    if fkey != "root" or not dotted or true_step is None or "*" in dotted:
+        return ""
+    access = "".join(f"[{k!r}]" for k in dotted.split("."))
+    return f"ckpt{access} = {true_step}"

@@ -99,9 +99,7 @@ class DCP:
         for fqn, md in sdm.items():
             st = _state(md)
             if isinstance(st, dict) and "size" in st:
-                props = _state(st.get("properties")) or {}
-                dtype = props.get("dtype") if isinstance(props, dict) else None
-                dname = getattr(dtype, "name", None) or str(dtype)
+                dname = _dtype_name(st.get("properties"))
                 shape = list(st["size"]) if isinstance(st["size"], (list, tuple)) else []
                 tree[str(fqn)] = {"__tensor__": dname, "shape": shape}
             else:
@@ -176,6 +174,22 @@ def _read_small_bytes_items(folder: Path, storage: dict, tree: dict, limit: int 
         res = walk(data)
         if res.error is None and not res.globals and isinstance(res.obj, (int, float, str, bool)):
             tree[fqn] = res.obj
+
+
+def _dtype_name(props) -> str:
+    """The dtype of a walked ``TensorProperties``: a dataclass field ``dtype``, or the first item of
+    the tuple its ``__getstate__`` returns (torch/distributed/checkpoint/metadata.py:
+    ``(dtype, layout, requires_grad, memory_format, pin_memory)``)."""
+    from ..pickle_walk import GlobalRef, Instance
+
+    dtype = None
+    if isinstance(props, Instance) and isinstance(props.state, tuple) and props.state \
+            and isinstance(props.state[0], GlobalRef):
+        dtype = props.state[0]
+    else:
+        st = _state(props)
+        dtype = st.get("dtype") if isinstance(st, dict) else None
+    return getattr(dtype, "name", None) or str(dtype)
 
 
 def _fqn(idx) -> str:

@@ -1,0 +1,257 @@
+"""Structural recognition: find training-state components in a pruned tree by their shape.
+
+A component is what it looks like, wherever it is stored and whatever its key
+is called.  The shapes come from the code that writes them:
+
+* optimizer state_dict — ``torch.optim.Optimizer.state_dict()`` (torch/optim/optimizer.py):
+  ``{"state": {param_id: {...}}, "param_groups": [{"params": [ids], "lr": ..., ...}]}``;
+  DCP flattens it to ``state.<fqn>.<leaf>`` / ``param_groups.<fqn>.<leaf>`` keys
+  (torch/distributed/checkpoint/state_dict.py ``_flatten_optim_state_dict``);
+* ZeRO optimizer wrapper — DeepSpeed ``DeepSpeedZeroOptimizer.state_dict()``
+  (deepspeed/runtime/zero/stage_1_and_2.py): ``base_optimizer_state`` plus
+  ``partition_count`` / ``zero_stage``; stage 3 keeps ``fp32_flat_groups``;
+* LR scheduler — ``torch.optim.lr_scheduler.LRScheduler.state_dict()``: its ``__dict__``
+  less the optimizer (``last_epoch``, ``base_lrs``, ``_step_count``, ``_last_lr``);
+  Megatron's ``OptimizerParamScheduler`` (``num_steps``, ``max_lr``, ``warmup_steps``);
+* gradient scaler — ``torch.amp.GradScaler.state_dict()`` (``scale``, ``growth_factor``,
+  ``backoff_factor``, ``growth_interval``, ``_growth_tracker``); DeepSpeed's ``LossScaler``;
+* RNG state — ``torch.get_rng_state()`` (a uint8 tensor of 5056 bytes: the CPU
+  mt19937 generator), ``torch.cuda.get_rng_state()`` (uint8, 16 bytes),
+  ``random.getstate()`` (``(3, <625 ints>, None)``), ``numpy.random.get_state()``
+  (``("MT19937", <624 uint32>, pos, has_gauss, cached)``);
+* model weights — a mapping whose values are mostly tensors, outside every
+  component above; an EMA copy has the same keys and shapes as the weights.
+
+Tree conventions (:func:`ckptaudit.layouts.base.prune`): tensors are
+``{"__tensor__": dtype, "shape": [...], "value": v?}``, instances
+``{"__instance__": "module.Name", "args", "state", "items"}``, long numeric
+lists ``{"__list__": n}``.  Paths are returned in the dotted form that the
+scan's tensor rows use (dict key, list index, instance state key), so a
+component's path is also the prefix of its tensors' names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+__all__ = ["Node", "Found", "find", "is_tensor", "children", "unflatten_optimizer"]
+
+SCHEDULER_FIELDS = {"base_lrs", "_step_count", "_last_lr", "_get_lr_called_within_step", "lr_lambdas",
+                    "T_max", "eta_min", "step_size", "gamma", "milestones", "total_steps", "_schedulers"}
+MEGATRON_SCHEDULER_FIELDS = {"num_steps", "max_lr", "warmup_steps"}
+SCALER_FIELDS = {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"}
+TORCH_CPU_RNG_BYTES = 5056  # torch/csrc/CPUGeneratorImpl.cpp: sizeof(CPUGeneratorImplState)
+TORCH_CUDA_RNG_BYTES = 16  # seed + offset (CUDAGeneratorImpl get_state)
+MAX_NODES = 200_000
+
+
+def is_tensor(x: Any) -> bool:
+    return isinstance(x, dict) and "__tensor__" in x
+
+
+def _state_dict_of(inst: dict) -> Optional[dict]:
+    st = inst.get("state")
+    if isinstance(st, list) and len(st) == 2 and isinstance(st[0], dict):
+        st = st[0]
+    return st if isinstance(st, dict) else None
+
+
+def children(x: Any) -> Iterator[Tuple[str, Any]]:
+    """(name, child) pairs of a tree node, named as the scan names tensors."""
+    if isinstance(x, dict):
+        if "__tensor__" in x or "__list__" in x or "__bytes__" in x or "__global__" in x:
+            return
+        if "__instance__" in x or "__call__" in x:
+            for i, a in enumerate(x.get("args") or []):
+                yield f"<arg{i}>", a
+            st = _state_dict_of(x)
+            if st is not None:
+                yield from st.items()
+            items = x.get("items")
+            if isinstance(items, dict):
+                yield from items.items()
+            elif isinstance(items, list):
+                yield from ((str(i), v) for i, v in enumerate(items))
+            return
+        for k, v in x.items():
+            if k != "__truncated__":
+                yield str(k), v
+    elif isinstance(x, list):
+        yield from ((str(i), v) for i, v in enumerate(x))
+
+
+def _fields(x: Any) -> Optional[dict]:
+    """The key → value view of a mapping-like node (dict or instance state)."""
+    if isinstance(x, dict) and "__tensor__" not in x:
+        if "__instance__" in x:
+            return _state_dict_of(x) or (x.get("items") if isinstance(x.get("items"), dict) else None)
+        return x
+    return None
+
+
+def is_optimizer(x: Any) -> bool:
+    d = _fields(x)
+    if not d:
+        return False
+    groups = d.get("param_groups")
+    return isinstance(d.get("state"), dict) and isinstance(groups, list) and all(
+        isinstance(g, dict) and "params" in g for g in groups)
+
+
+def is_flat_optimizer(x: Any) -> bool:
+    d = _fields(x)
+    if not d or "state" in d:
+        return False
+    keys = list(d)
+    return any(k.startswith("param_groups.") for k in keys) and all(
+        k.startswith(("state.", "param_groups.")) for k in keys)
+
+
+def unflatten_optimizer(d: dict) -> dict:
+    """A flattened optimizer state_dict as a nested one.
+
+    Two flat forms exist: a plain flatten of ``Optimizer.state_dict()``
+    (``param_groups.<index>.<leaf>``, with a ``params`` leaf) and the per-parameter
+    form of ``torch.distributed.checkpoint.state_dict.get_state_dict``
+    (``state.<fqn>.<leaf>``, ``param_groups.<fqn>.<leaf>``, no ``params``; each fqn is one
+    parameter of the group with its hyper-parameters).
+    """
+    state: Dict[str, dict] = {}
+    groups: Dict[str, dict] = {}
+    by_index = any(k.startswith("param_groups.") and k.endswith(".params") for k in d)
+    for k, v in d.items():
+        if k.startswith("state."):
+            fqn, _, leaf = k[len("state."):].rpartition(".")
+            state.setdefault(fqn, {})[leaf] = v
+        elif k.startswith("param_groups."):
+            rest = k[len("param_groups."):]
+            gid, _, leaf = rest.partition(".") if by_index else rest.rpartition(".")
+            groups.setdefault(gid, {})[leaf] = v
+    if by_index:
+        return {"state": state, "param_groups": [groups[g] for g in sorted(groups)]}
+    merged: Dict[str, dict] = {}
+    for fqn, g in groups.items():
+        key = repr(sorted((k, repr(v)) for k, v in g.items() if k != "params"))
+        merged.setdefault(key, {**g, "params": []})["params"].append(fqn)
+    return {"state": state, "param_groups": list(merged.values())}
+
+
+def is_zero_wrapper(x: Any) -> bool:
+    d = _fields(x)
+    return bool(d) and ("partition_count" in d or "zero_stage" in d) and (
+        "base_optimizer_state" in d or "optimizer_state_dict" in d or "fp32_flat_groups" in d
+        or "single_partition_of_fp32_groups" in d)
+
+
+def is_scheduler(x: Any) -> bool:
+    d = _fields(x)
+    if not d or is_optimizer(x):
+        return False
+    if "last_epoch" in d and SCHEDULER_FIELDS & set(d):
+        return True
+    return MEGATRON_SCHEDULER_FIELDS <= set(d)
+
+
+def is_scaler(x: Any) -> bool:
+    d = _fields(x)
+    if isinstance(x, dict) and str(x.get("__instance__", "")).endswith(("LossScaler", "DynamicLossScaler")):
+        return True
+    return bool(d) and len(SCALER_FIELDS & set(d)) >= 3
+
+
+def is_rng(x: Any) -> bool:
+    if is_tensor(x):
+        return x.get("__tensor__") == "uint8" and x.get("shape") in ([TORCH_CPU_RNG_BYTES], [TORCH_CUDA_RNG_BYTES])
+    if isinstance(x, list) and len(x) == 3 and x[0] == 3 and x[2] is None and isinstance(x[1], (dict, list)):
+        n = x[1].get("__list__") if isinstance(x[1], dict) else len(x[1])
+        return n == 625  # random.getstate(): version 3, 624 words + position
+    if isinstance(x, list) and len(x) == 5 and x[0] == "MT19937":
+        return True
+    return False
+
+
+def _tensor_share(d: dict) -> Tuple[int, int]:
+    vals = [v for k, v in d.items() if k != "__truncated__"]
+    return sum(1 for v in vals if is_tensor(v)), len(vals)
+
+
+def is_weights(x: Any) -> bool:
+    """A mapping of parameter names to tensors (at least half of its values are tensors,
+    at least one of them a float tensor with elements)."""
+    d = _fields(x)
+    if not d or is_optimizer(x) or is_scheduler(x) or is_scaler(x):
+        return False
+    n_t, n = _tensor_share(d)
+    if n_t == 0 or n_t < max(1, n // 2):
+        return False
+    return any(is_tensor(v) and str(v["__tensor__"]).startswith(("float", "bfloat")) and v.get("shape")
+               for v in d.values())
+
+
+@dataclass
+class Node:
+    """One recognised component: where it is (file key of the tree, dotted path) and the node."""
+
+    kind: str  # optimizer | zero | scheduler | scaler | rng | weights
+    file: str
+    path: str  # dotted, as tensor names ("" = the file's root)
+    node: Any
+    key: str = ""  # the last key of the path (its name in the checkpoint)
+
+    @property
+    def where(self) -> str:
+        return f"{self.file}:{self.path or '(root)'}"
+
+
+@dataclass
+class Found:
+    nodes: List[Node] = field(default_factory=list)
+
+    def of(self, kind: str) -> List[Node]:
+        return [n for n in self.nodes if n.kind == kind]
+
+
+def find(tree: Dict[str, Any]) -> Found:
+    """Every component in a unit's tree (``{file key: pruned object}``).
+
+    Components do not nest into each other's insides: an optimizer's ``state``
+    is not searched for weights, a recognised weights mapping is not searched
+    further.  Work is bounded by :data:`MAX_NODES` nodes.
+    """
+    out = Found()
+    budget = [MAX_NODES]
+    for fkey, sub in tree.items():
+        if isinstance(sub, dict) and "__safetensors__" in sub:
+            out.nodes.append(Node("weights", fkey, "", sub["__safetensors__"], "__safetensors__"))
+            continue
+        _visit(fkey, sub, "", "", out, budget, 0)
+    return out
+
+
+def _visit(fkey: str, x: Any, path: str, key: str, out: Found, budget: List[int], depth: int) -> None:
+    budget[0] -= 1
+    if budget[0] < 0 or depth > 40:
+        return
+    kind = None
+    if is_zero_wrapper(x):
+        kind = "zero"
+    elif is_optimizer(x) or is_flat_optimizer(x):
+        kind = "optimizer"
+    elif is_scheduler(x):
+        kind = "scheduler"
+    elif is_scaler(x):
+        kind = "scaler"
+    elif is_rng(x):
+        kind = "rng"
+    elif is_weights(x):
+        kind = "weights"
+    if kind:
+        out.nodes.append(Node(kind, fkey, path, x, key))
+        if kind != "zero":
+            return
+    for k, v in children(x):
+        if isinstance(v, (dict, list)) and not is_tensor(v):
+            _visit(fkey, v, f"{path}.{k}" if path else k, k, out, budget, depth + 1)
+        elif is_rng(v):
+            out.nodes.append(Node("rng", fkey, f"{path}.{k}" if path else k, v, k))
