@@ -144,6 +144,8 @@ class Components:
             v = scalar(sch.get("last_epoch"))
             if v is None:
                 v = scalar(sch.get("num_steps"))  # Megatron OptimizerParamScheduler
+            if v is None:
+                v = scalar(sch.get("last_batch_iteration"))  # DeepSpeed lr_schedules
             return int(v) if v is not None else None
         return None
 
@@ -240,6 +242,10 @@ def _optimizer(c: Components, found: R.Found) -> None:
         c.optimizer_at.append((n.file, f"{n.path}.state" if n.path else "state"))
         if any(f == n.file and (p == "" or n.path.startswith(p + ".")) for f, p in zero_paths):
             c.optimizer_partitioned = True
+    for n in found.of("zero"):  # ZeRO's fp32 master weights: the values a resume continues from
+        for key in ("fp32_flat_groups", "single_partition_of_fp32_groups"):
+            if key in (R._fields(n.node) or {}):
+                c.weights_at.append((n.file, f"{n.path}.{key}" if n.path else key))
     if zero_paths:
         c.optimizer_partitioned = True
         if c.optimizer is None:  # ZeRO-3 wrapper without a nested torch state_dict

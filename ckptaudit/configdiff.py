@@ -17,6 +17,7 @@ from typing import List, Optional
 
 from . import components as C
 from . import findings as F
+from . import roles
 
 BREAKING_RE = re.compile(
     r"^(n_?embd|d|d_model|dim|hidden(_size|_dim)?|n_?layers?|num_(hidden_)?layers|n_?heads?|num_attention_heads|"
@@ -48,7 +49,7 @@ def _fmt(v) -> str:
 def diff_unit(unit: dict, scan_row: dict, cfg: dict, torch_version: Optional[str] = None) -> List[dict]:
     """Rows of the ``configdiff`` table for one unit (empty when nothing is compared)."""
     p = unit["unit"]
-    if not scan_row.get("file_ok") or not scan_row.get("security_ok"):
+    if not roles.weights_intact(scan_row) or not scan_row.get("security_ok"):
         return []
     tree = json.loads(scan_row.get("tree_json") or "{}")
     facts = json.loads(scan_row.get("facts_json") or "{}")

@@ -207,7 +207,8 @@ _ENTRIES: List[Kind] = [
        "{path}: .metadata could not be walked ({why}).",
        "Treat it as corrupt; roll back to the rollback point the verdict names."),
     _k("ds_rank_files_missing", "file", "error", "none",
-       "{path}: DeepSpeed ZeRO files for data-parallel ranks {ranks} are missing (found {found} of {expected}).",
+       "{unit}: DeepSpeed ZeRO files for data-parallel ranks {ranks} are missing (found {found} of {expected}; "
+       "the first missing is {path}).",
        "A rank did not finish its save; roll back to the previous complete tag."),
     _k("latest_pointer_dangling", "file", "error", "none",
        "{pointer} names {target!r}, which does not exist{complete_text}.",
@@ -237,6 +238,9 @@ _ENTRIES: List[Kind] = [
     _k("unit_in_progress", "file", "error", "none",
        "{path} is an in-progress save ({why}): it was never published.",
        "Never resume from it; it can be deleted once no training job is writing to it."),
+    _k("unit_file_missing", "file", "error", "none",
+       "{path}: {file} is missing ({why}).",
+       "Do not resume from it; roll back to the rollback point the verdict names, or restore the file from a copy."),
     _k("pickle_unreadable", "file", "error", "none",
        "{path}: the pickle in {member} cannot be walked ({why}).",
        "Treat it as corrupt; roll back to an older checkpoint."),
@@ -306,7 +310,7 @@ _ENTRIES: List[Kind] = [
        "{path}: saved with torch {saved}; resuming with torch {target}.",
        "Usually harmless; check the release notes for serialization changes between those versions."),
     # ------------------------------------------------------------------ state
-    _k("weights_only_checkpoint", "state", "info", "warm-start",
+    _k("weights_only_checkpoint", "state", "warning", "warm-start",
        "{path} holds model weights only (no optimizer, scheduler or step): it can start a new run, not "
        "continue this one faithfully.",
        "Warm-start from it (fresh optimizer and schedule)."),
@@ -350,6 +354,11 @@ _ENTRIES: List[Kind] = [
        "{path}: step {step} is not after the previous unit's step {previous} in save order: the run restarted "
        "from scratch or was overwritten.",
        "Roll back to the newest unit before the restart."),
+    _k("unit_written_after_newer", "state", "warning", "resume",
+       "{path} (step {step}) was written {minutes} min after {newer} (step {newer_step}): the run restarted from "
+       "an earlier point or from scratch and saved over older names, so the furthest progress is in {newer}.",
+       "Resume from the furthest unit the verdict names unless the restart was deliberate; check the training "
+       "log for why the job went back."),
     _k("step_gap", "state", "info", "resume",
        "{path}: {gap} steps since the previous unit ({previous}), wider than the usual save interval {interval}.",
        "Check whether checkpoints in between were lost or deleted."),

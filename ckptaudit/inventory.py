@@ -177,8 +177,11 @@ def _walk(root: Path, d: Path, units, pointers, stray):
                 target = path.read_text(errors="replace")[:4096].strip()
             except OSError:
                 target = ""
-            if e.name == "last.ckpt":  # a real file, not a pointer: audit it as a unit too
+            if e.name == "last.ckpt":
+                # Lightning's save_last writes a real copy where it cannot (or was told not to) link:
+                # audit it as a unit, and as the pointer a `ckpt_path="last"` resume follows
                 units.append(_file_unit(root, path, names))
+                pointers.append(Pointer(rel, "Lightning last checkpoint (a copy)", e.name, "", True, False))
             else:
                 pointers.append(Pointer(rel, POINTER_NAMES[e.name], target, "", True, False))
             continue
@@ -284,6 +287,8 @@ def _resolve_pointer(root: Path, p: Pointer, unit_names: set) -> str:
     t = p.target.strip()
     if not t:
         return ""
+    if p.kind == "Lightning last checkpoint (a copy)":
+        return p.path
     cands = [t]
     if p.kind == "Megatron tracker file":
         if t == "release":

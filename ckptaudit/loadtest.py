@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Dict, List, Tuple
 
 from . import findings as F
+from . import roles
 from . import fs
 
 LOADABLE = ("torch_zip", "torch_legacy", "safetensors")
@@ -206,16 +207,22 @@ def load_units(run_dir: Path, units: List[dict], scans: Dict[str, dict], hashes:
         if not s["security_ok"]:
             rows.append(_skip(u["unit"], "", "security: the static scan found imports that could run code"))
             continue
+        damaged = set()
         if not s["file_ok"]:
-            rows.append(_skip(u["unit"], "", "file layer: the bytes are already known to be damaged"))
-            continue
+            if not roles.weights_intact(s):
+                rows.append(_skip(u["unit"], "", "file layer: the bytes are already known to be damaged"))
+                continue
+            damaged = set(roles.damaged_files(json.loads(s.get("findings_json") or "[]")))
+            for f in sorted(damaged):
+                rows.append(_skip(u["unit"], f, "file layer: this file's bytes are already known to be damaged"))
         if not lcfg.get("enabled", True):
             rows.append(_skip(u["unit"], "", "load test disabled in the config (load.enabled: false)"))
             continue
         kinds = json.loads(s.get("facts_json") or "{}").get("file_kinds", {})
         # training_args.bin is not read on resume (transformers Trainer) and pickles
         # TrainingArguments, which needs transformers installed to rebuild
-        loadable = [(f, k) for f, k in kinds.items() if k in LOADABLE and not f.endswith("training_args.bin")]
+        loadable = [(f, k) for f, k in kinds.items() if k in LOADABLE and not f.endswith("training_args.bin")
+                    and f not in damaged]
         if not loadable:
             rows.append(_skip(u["unit"], "", "no file of this unit has a weights_only loader "
                                              f"(layout {s['layout']})"))

@@ -150,6 +150,8 @@ def is_scheduler(x: Any) -> bool:
         return False
     if "last_epoch" in d and SCHEDULER_FIELDS & set(d):
         return True
+    if "last_batch_iteration" in d and all(isinstance(v, (int, float, list, type(None))) for v in d.values()):
+        return True  # DeepSpeed lr_schedules (WarmupLR, OneCycle, LRRangeTest) state_dict
     return MEGATRON_SCHEDULER_FIELDS <= set(d)
 
 

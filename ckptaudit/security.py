@@ -209,6 +209,28 @@ BENIGN: Dict[str, _Benign] = {
     "transformers.trainer_utils.SchedulerType": _plain("transformers.trainer_utils.SchedulerType", _HF_ENUM_SRC),
     "transformers.trainer_utils.FSDPOption": _plain("transformers.trainer_utils.FSDPOption", _HF_ENUM_SRC),
     "transformers.debug_utils.DebugOption": _plain("transformers.debug_utils.DebugOption", _HF_ENUM_SRC),
+    # framework data classes seen in the real-framework fixtures (tests/frameworks), each rebuilt from
+    # constants with NEWOBJ/REDUCE + BUILD; the version is the one they were seen in
+    "transformers.trainer_pt_utils.AcceleratorConfig": _plain(
+        "transformers.trainer_pt_utils.AcceleratorConfig", _HF_SRC + " (accelerator_config field; transformers 5.24.0)"),
+    "accelerate.state.PartialState": _plain(
+        "accelerate.state.PartialState", "accelerate process-state holder pickled inside TrainingArguments "
+        "(distributed_state field), rebuilt without calling __init__; accelerate 1.15.0, transformers 5.24.0"),
+    "accelerate.utils.dataclasses.DistributedType": _plain(
+        "accelerate.utils.dataclasses.DistributedType", "accelerate enum (NO, MULTI_GPU, DEEPSPEED…) pickled "
+        "inside TrainingArguments; accelerate 1.15.0"),
+    "deepspeed.runtime.fp16.loss_scaler.LossScaler": _plain(
+        "deepspeed.runtime.fp16.loss_scaler.LossScaler", "DeepSpeed static loss-scaler state (cur_scale, "
+        "dynamic=False) in ZeRO optim_states files; deepspeed 0.19.8"),
+    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler": _plain(
+        "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler", "DeepSpeed dynamic loss-scaler state (cur_scale, "
+        "scale_window, hysteresis counters) in fp16 ZeRO optim_states files; deepspeed 0.19.8"),
+    "deepspeed.runtime.zero.config.ZeroStageEnum": _plain(
+        "deepspeed.runtime.zero.config.ZeroStageEnum", "DeepSpeed ZeRO stage enum in optim_states files; "
+        "deepspeed 0.19.8"),
+    "deepspeed.utils.tensor_fragment.fragment_address": _plain(
+        "deepspeed.utils.tensor_fragment.fragment_address", "DeepSpeed dataclass (numel, start) of a parameter's "
+        "slice in a flat ZeRO partition (param_slice_mappings); deepspeed 0.19.8"),
     **{f"builtins.{t}": _plain(t, _BUILTIN_SRC)
        for t in ("dict", "list", "tuple", "int", "float", "str", "bool", "bytes", "frozenset", "slice", "range")},
     **{f"torch.distributed.checkpoint.metadata.{t}": _plain(f"torch.distributed.checkpoint.metadata.{t}", _DCP_SRC)

@@ -75,6 +75,8 @@ def scan_units(run_dir: Path, units: List[dict], cfg: dict):
     for u in units:
         adapter = layouts.adapter_for(u)
         s = adapter.scan(run_dir, u, cfg)
+        s.facts["unit_files"] = list(u["files"])
+        s.facts["file_roles"] = _file_roles(u, s)
         for mf in u.get("missing_files", []):
             s.facts.setdefault("missing_files", []).append(mf)
         s.add(object_store_findings(u))
@@ -85,6 +87,20 @@ def scan_units(run_dir: Path, units: List[dict], cfg: dict):
         imports.extend({"unit": u["unit"], **{k: i.get(k) for k in ("file", "member", "module", "name", "category",
                                                                       "source", "add_safe")}} for i in s.imports)
     return scans, tensors, imports
+
+
+def _file_roles(u: dict, s) -> Dict[str, str]:
+    """{file: role} of a unit's files (and of files its findings name), from its layout and producer."""
+    from . import producers, roles
+
+    files = list(u["files"]) + [f.path for f in s.findings if f.path and f.path not in u["files"]]
+    out = roles.roles_for(s.layout, files, s.facts)
+    contract = producers.identify(s.layout, u["files"], s.tree)
+    for f in files:
+        r = producers.role_of(contract, f)
+        if r is not None and (out.get(f) == "mixed" or r.loaded_by == "never"):
+            out[f] = "metadata" if r.loaded_by == "never" else r.role
+    return out
 
 
 def _with_object_store(inv: dict, units: List[dict]) -> List[dict]:

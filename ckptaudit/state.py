@@ -20,6 +20,7 @@ from typing import Dict, List, Optional, Tuple
 
 from . import components as C
 from . import findings as F
+from . import roles
 from . import fs
 
 FLOAT_DTYPES = {"float32", "float64", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"}
@@ -68,11 +69,12 @@ def _sum_squares(f) -> float:
     if f.dtype == np.float64:
         return float(np.dot(f, f))
     total = 0.0
-    for i in range(0, f.size, _BLOCK):
-        b = f[i:i + _BLOCK]
-        if b.dtype != np.float32:
-            b = b.astype(np.float32)
-        total += float(np.dot(b, b))
+    with np.errstate(over="ignore", invalid="ignore"):  # an overflowing block is redone in float64 below
+        for i in range(0, f.size, _BLOCK):
+            b = f[i:i + _BLOCK]
+            if b.dtype != np.float32:
+                b = b.astype(np.float32)
+            total += float(np.dot(b, b))
     if not np.isfinite(total):
         f64 = f.astype(np.float64)
         total = float(np.dot(f64, f64))
@@ -158,7 +160,7 @@ def analyse_unit(unit: dict, scan_row: dict, tensors: List[dict], run_dir: Path,
     fl: List[F.Finding] = []
     tree = json.loads(scan_row.get("tree_json") or "{}")
     facts = json.loads(scan_row.get("facts_json") or "{}")
-    if not scan_row.get("file_ok") or not scan_row.get("security_ok") or not tree:
+    if not roles.weights_intact(scan_row) or not scan_row.get("security_ok") or not tree:
         row.update(step=unit.get("step_from_name"), step_source="name" if unit.get("step_from_name") is not None else "")
         return row
     c = C.collect(scan_row["layout"], tree, facts)

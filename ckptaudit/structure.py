@@ -20,6 +20,7 @@ from typing import Dict, List, Optional
 
 from . import components as C
 from . import findings as F
+from . import roles
 
 WRAPPER_PREFIXES = {"module.": "DistributedDataParallel/DataParallel", "_orig_mod.": "torch.compile"}
 # Buffers that are in a state_dict but are not parameters (no optimizer state).
@@ -97,7 +98,7 @@ def analyse_unit(unit: dict, scan_row: dict, tensors: List[dict], cfg: dict,
     """One row of the ``structure`` table for a unit."""
     p = unit["unit"]
     row = {"unit": p, "findings_json": "[]"}
-    if not scan_row.get("file_ok") or not scan_row.get("security_ok"):
+    if not roles.weights_intact(scan_row) or not scan_row.get("security_ok"):
         return row
     tree = json.loads(scan_row.get("tree_json") or "{}")
     facts = json.loads(scan_row.get("facts_json") or "{}")

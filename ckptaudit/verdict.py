@@ -26,6 +26,7 @@ import statistics
 from typing import Dict, List, Optional
 
 from . import findings as F
+from . import roles
 
 SCHEMA = "ckptaudit.verdict/1"
 EXIT_NEWEST_OK, EXIT_ROLLBACK, EXIT_RETRAIN, EXIT_FAILED = 0, 1, 2, 3
@@ -56,6 +57,22 @@ def unit_findings(unit: str, tables: Dict[str, List[dict]]) -> List[dict]:
     return uniq
 
 
+def _weigh_by_role(fl: List[dict], scan_row: Optional[dict]) -> List[dict]:
+    """File-layer findings weighed by what the damaged file is for (:mod:`ckptaudit.roles`):
+    a damaged optimizer or RNG file leaves intact weights usable for a warm start."""
+    if not scan_row:
+        return fl
+    file_roles = (json.loads(scan_row.get("facts_json") or "{}").get("file_roles")) or {}
+    intact = roles.weights_intact(scan_row)
+    out = []
+    for f in fl:
+        caps = roles.capped(f, file_roles, intact)
+        if caps != f.get("caps"):
+            f = {**f, "caps": caps, "detail": {**(f.get("detail") or {}), "file_role": file_roles.get(f.get("path"))}}
+        out.append(f)
+    return out
+
+
 def _step(u: dict, state_row: Optional[dict]) -> Optional[int]:
     if state_row and state_row.get("step") is not None:
         return int(state_row["step"])
@@ -75,11 +92,15 @@ def run_findings(units: List[dict], state_rows: Dict[str, dict], structure_rows:
         if s.get("step") is None or s.get("has_weights") is None:
             continue
         # compare with the highest step saved so far: every unit after a restart is flagged
-        if prev is not None and s["step"] <= prev[1]:
+        if prev is not None and (s["step"] < prev[1] or (s["step"] == prev[1] and u["step_from_name"] != prev[2])):
             out.setdefault(u["unit"], []).append(F.make(
                 "step_not_increasing", path=u["unit"], step=s["step"], previous=prev[1]).to_dict())
         if prev is None or s["step"] > prev[1]:
-            prev = (u["unit"], s["step"])
+            prev = (u["unit"], s["step"], u["step_from_name"])
+    for unit, f in written_out_of_order(ordered, state_rows):
+        out.setdefault(unit, []).append(f.to_dict())
+    for unit, f in scheduler_resets(ordered, state_rows):
+        out.setdefault(unit, []).append(f.to_dict())
     steps = [u["step_from_name"] for u in ordered]
     if len(steps) >= 3:
         gaps = [b - a for a, b in zip(steps, steps[1:]) if b > a]
@@ -116,13 +137,101 @@ def run_findings(units: List[dict], state_rows: Dict[str, dict], structure_rows:
     return out
 
 
+def written_out_of_order(ordered: List[dict], state_rows: Dict[str, dict], min_gap_s: float = 5.0) -> List[tuple]:
+    """Units written after a unit of a higher step: a restart from an earlier point (or from
+    scratch) that overwrote older names (``unit_written_after_newer``).
+
+    Write times are the files' mtimes, so a copy of the run folder reorders them by
+    milliseconds; only a unit written more than ``max(min_gap_s, half the median save
+    interval)`` after a higher-step unit is reported.
+    """
+    pts = []
+    for u in ordered:
+        s = state_rows.get(u["unit"]) or {}
+        step = s.get("step") if s.get("step") is not None else u.get("step_from_name")
+        if step is not None and u.get("mtime_ns"):
+            pts.append((u["unit"], int(step), u["mtime_ns"] / 1e9))
+    if len(pts) < 2:
+        return []
+    by_step = sorted(pts, key=lambda x: x[1])
+    gaps = [b[2] - a[2] for a, b in zip(by_step, by_step[1:]) if b[2] > a[2]]
+    tol = max(min_gap_s, 0.5 * statistics.median(gaps)) if gaps else min_gap_s
+    out = []
+    for unit, step, t in pts:
+        newer = [(n, st, tt) for n, st, tt in pts if st > step and t - tt > tol]
+        if newer:
+            n, st, tt = max(newer, key=lambda x: x[1])
+            out.append((unit, F.make("unit_written_after_newer", path=unit, step=step, newer=n, newer_step=st,
+                                     minutes=round((t - tt) / 60, 1))))
+    return out
+
+
+def scheduler_resets(ordered: List[dict], state_rows: Dict[str, dict]) -> List[tuple]:
+    """``step_counter_reset`` findings from the scheduler's counter read across the run.
+
+    A scheduler's ``last_epoch`` counts its own ``step()`` calls, whose cadence
+    (per optimizer step, per epoch, per accumulation cycle) is the run's
+    choice, so it is never compared with the global step through an assumed
+    ratio.  A reset is a break in the relation across units: ``last_epoch``
+    going back while the step goes on, or one unit whose ratio
+    ``last_epoch / step`` falls below half of what the other units agree on.
+    The repair is printed only when the run shows a per-step cadence (ratio 1).
+    """
+    pts = []
+    for u in ordered:
+        s = state_rows.get(u["unit"]) or {}
+        if s.get("step") is not None and s.get("scheduler_last_epoch") is not None and s["step"] > 0:
+            pts.append((u["unit"], int(s["step"]), int(s["scheduler_last_epoch"])))
+    out = []
+    flagged = set()
+    for (ua, sa, la), (ub, sb, lb) in zip(pts, pts[1:]):
+        if sb > sa and lb < la:
+            flagged.add(ub)
+            out.append((ub, _reset(ub, lb, f"it was {la} at {ua} (step {sa}) and went back while the step rose to {sb}",
+                                   sb, pts)))
+    ratios = [(u, le / st, st, le) for u, st, le in pts if u not in flagged]
+    if len(ratios) >= 3:
+        for u, r, st, le in ratios:
+            others = [x[1] for x in ratios if x[0] != u]
+            med = statistics.median(others)
+            if med > 0 and r < 0.5 * med and max(others) <= 1.25 * min(others):
+                out.append((u, _reset(u, le, f"the other units keep last_epoch/step near {med:.3g} and this one "
+                                             f"has {r:.3g}", st, pts)))
+    return out
+
+
+def _reset(unit: str, last_epoch: int, evidence: str, step: int, pts: List[tuple]) -> "F.Finding":
+    ratios = [le / st for _, st, le in pts if st]
+    per_step = bool(ratios) and statistics.median(ratios) > 0.9 and statistics.median(ratios) < 1.1
+    repair = (f"ckpt['scheduler']['last_epoch'] = {step}; ckpt['scheduler']['_step_count'] = {step + 1}"
+              if per_step and unit.endswith((".pt", ".pth", ".ckpt", ".tar")) else "")
+    nxt = "" if repair else ("; this run's scheduler cadence is not one step per optimizer step, so set "
+                             "last_epoch to what the schedule had reached at this point")
+    return F.make("step_counter_reset", path=unit, field="scheduler.last_epoch", saved=last_epoch,
+                  evidence=evidence, true_step=step, repair_code=repair, scheduler_text=nxt)
+
+
+def name_counts_saves(units_out: List[dict]) -> bool:
+    """True when the numbers in the units' names are save counters, not steps (learnt from the run).
+
+    That is the case when every unit that has both a name number and a recorded
+    step disagrees, and the recorded steps grow with the name numbers
+    (accelerate's ``checkpoint_<save count>``).
+    """
+    both = sorted((u["name_step"], u["step"]) for u in units_out
+                  if u.get("name_step") is not None and u.get("step") is not None)
+    if len(both) < 2 or any(n == s for n, s in both):
+        return False
+    return all(b[1] > a[1] for a, b in zip(both, both[1:]))
+
+
 def pointer_verdicts(pointers: List[dict], units_out: List[dict], inv_units: List[dict]) -> List[dict]:
-    usable = [u for u in units_out if u["usable_for"] != "none"]
-    best = max(usable, key=lambda u: (u["step"] if u["step"] is not None else -1), default=None)
-    suggestion = best["unit"].rsplit("/", 1)[-1] if best else "none"
     by_unit = {u["unit"]: u for u in units_out}
     out = []
     for p in pointers:
+        usable = [u for u in units_out if u["usable_for"] != "none" and u["unit"] != p.get("resolved")]
+        best = max(usable, key=_key, default=None)
+        suggestion = best["unit"].rsplit("/", 1)[-1] if best else "none"
         res = p.get("resolved") or ""
         kind, ok, f = "", True, None
         if p["kind"] == "Megatron tracker file" and not (p["target"].isdigit() or p["target"] == "release"):
@@ -141,12 +250,16 @@ def pointer_verdicts(pointers: List[dict], units_out: List[dict], inv_units: Lis
                            complete_text=ctext)
         else:
             u = by_unit[res]
-            if u["usable_for"] == "none":
+            file_errs = [x["kind"] for x in u["findings"] if x["severity"] == "error" and x["layer"] == "file"]
+            if file_errs:
+                # a resume through this pointer reads damaged or missing bytes; a unit that is unusable for
+                # other reasons (a changed world size, NaN weights) says so in its own findings
                 kind, ok = "latest_pointer_incomplete", False
-                errs = [x["kind"] for x in u["findings"] if x["severity"] == "error"]
+                errs = file_errs
                 f = F.make(kind, path=p["path"], pointer=p["path"], target=p["target"], suggestion=suggestion,
                            why=", ".join(errs) or "not usable")
-                u["findings"].append(f.to_dict())
+                if u["usable_for"] == "none":
+                    u["findings"].append(f.to_dict())
             elif best and u["step"] is not None and best["step"] is not None and best["step"] > u["step"]:
                 kind = "latest_pointer_not_newest"
                 f = F.make(kind, path=p["path"], pointer=p["path"], target=p["target"], suggestion=suggestion)
@@ -161,8 +274,9 @@ def build(inv: dict, tables: Dict[str, List[dict]], cfg: dict) -> dict:
     structure_rows = {r["unit"]: r for r in tables.get("structure", [])}
     extra = run_findings(inv["units"], state_rows, structure_rows, cfg)
     units_out = []
+    scan_rows = {r["unit"]: r for r in tables.get("scan", [])}
     for u in inv["units"]:
-        fl = unit_findings(u["unit"], tables) + extra.get(u["unit"], [])
+        fl = _weigh_by_role(unit_findings(u["unit"], tables) + extra.get(u["unit"], []), scan_rows.get(u["unit"]))
         for mf in u.get("missing_files", []):
             pass  # reported by the layout's own check (e.g. index_references_missing_shard)
         units_out.append({
@@ -170,6 +284,11 @@ def build(inv: dict, tables: Dict[str, List[dict]], cfg: dict) -> dict:
             "layout": u["layout"],
             "size_bytes": u["size_bytes"], "usable_for": F.usable_for(fl), "findings": fl,
         })
+    if name_counts_saves(units_out):
+        for u in units_out:
+            u["findings"] = [f for f in u["findings"] if f["kind"] != "step_name_disagrees"]
+            u["usable_for"] = F.usable_for(u["findings"])
+            u["name_is_save_index"] = True
     pointers = pointer_verdicts(inv.get("pointers", []), units_out, inv["units"])
     for u in units_out:  # pointer findings may have lowered a unit
         u["usable_for"] = F.usable_for(u["findings"])
@@ -184,7 +303,9 @@ def _order(u: dict) -> int:
 
 
 def _key(u: dict):
-    return (_order(u), u["unit"])
+    """Save order; among units of the same step, one named with its step ranks above an unnamed
+    copy (Lightning's ``last.ckpt``), so the rollback point is the named unit."""
+    return (_order(u), u.get("name_step") is not None, u["unit"])
 
 
 def decide(run_dir: str, units_out: List[dict], pointers: List[dict]) -> dict:
@@ -194,7 +315,11 @@ def decide(run_dir: str, units_out: List[dict], pointers: List[dict]) -> dict:
     resume = [u for u in ordered if u["usable_for"] == "resume"]
     warm = [u for u in ordered if u["usable_for"] == "warm-start"]
 
+    content = [u["step"] for u in ordered if u["step"] is not None]
+
     def lost(u):
+        if u["step"] is not None and content and (u.get("name_is_save_index") or u.get("name_step") is None):
+            return max(content) - u["step"]  # steps recorded in the units themselves
         if newest_step is None or _order(u) < 0:
             return None
         return newest_step - _order(u)

@@ -12,10 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from . import dcp, deepspeed, hf, megatron, single
+from . import accelerate, dcp, deepspeed, hf, megatron, single
 
 # Order matters: the first adapter that claims a folder owns it.
-DIR_ADAPTERS = [deepspeed.ADAPTER, megatron.ADAPTER, dcp.ADAPTER, hf.TRAINER]
+DIR_ADAPTERS = [deepspeed.ADAPTER, megatron.ADAPTER, dcp.ADAPTER, hf.TRAINER, accelerate.ADAPTER]
 INDEX_ADAPTERS = [hf.INDEX]
 BY_NAME = {a.name: a for a in DIR_ADAPTERS + INDEX_ADAPTERS}
 

@@ -19,6 +19,8 @@ from .. import findings as F
 from .base import UnitScan, scan_file
 
 MODEL_RE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
+# ZeRO-3 writes one model-states file per data-parallel rank (engine._get_zero_ckpt_name)
+ZERO3_MODEL_RE = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
 OPTIM_RE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
 LAYER_RE = re.compile(r"^layer_(\d+)-model_(\d+)-model_states\.pt$")
 
@@ -30,7 +32,8 @@ class DeepSpeed:
         if re.fullmatch(r"global_step\d+", path.name):
             return True
         try:
-            return any(MODEL_RE.match(p.name) or OPTIM_RE.match(p.name) for p in path.iterdir())
+            return any(MODEL_RE.match(p.name) or OPTIM_RE.match(p.name) or ZERO3_MODEL_RE.match(p.name)
+                       for p in path.iterdir())
         except OSError:
             return False
 
@@ -40,15 +43,19 @@ class DeepSpeed:
         for f in unit["files"]:
             n = Path(f).name
             m = MODEL_RE.match(n)
+            z = ZERO3_MODEL_RE.match(n)
             o = OPTIM_RE.match(n)
             if m:
-                model_files[int(m.group(1))] = f
+                model_files[(0, int(m.group(1)))] = f
+            elif z:
+                model_files[(int(z.group(1)), int(z.group(2)))] = f
             elif o:
                 optim_files[(int(o.group(1)), int(o.group(2)))] = f
         facts = scan.facts
         dp_sizes, stages, partition_counts, steps = set(), set(), set(), set()
         for mp, f in sorted(model_files.items()):
             info = scan_file(run_dir, f, unit["unit"], scan, cfg, tree_key=Path(f).name)
+            _zero3_shapes(scan.tree.get(Path(f).name))
             obj = info.get("obj")
             if isinstance(obj, dict):
                 if isinstance(obj.get("dp_world_size"), int):
@@ -74,7 +81,7 @@ class DeepSpeed:
         dp_ranks = sorted({dp for dp, _ in optim_files})
         facts.update(dp_world_size=max(dp_sizes | partition_counts) if (dp_sizes | partition_counts) else None,
                      zero_stage=max(stages) if stages else None, optim_dp_ranks=dp_ranks,
-                     mp_ranks=sorted(model_files), global_steps=sorted(steps))
+                     mp_ranks=sorted({mp for _, mp in model_files}), global_steps=sorted(steps))
         if steps:
             facts["step"] = max(steps)
         if not model_files:
@@ -83,9 +90,38 @@ class DeepSpeed:
         if optim_files and expected:
             missing = sorted(set(range(expected)) - set(dp_ranks))
             if missing:
-                scan.add(F.make("ds_rank_files_missing", path=unit["unit"], ranks=missing, found=len(dp_ranks),
-                                expected=expected))
+                # name the first missing partition file (same pattern as the ones present), so the
+                # verdict can weigh it by role: an optimizer partition under ZeRO-1/2, weights under ZeRO-3
+                present = optim_files[min(optim_files)]
+                gone = re.sub(r"zero_pp_rank_\d+_", f"zero_pp_rank_{missing[0]}_", present)
+                scan.add(F.make("ds_rank_files_missing", path=gone, ranks=missing, found=len(dp_ranks),
+                                expected=expected, unit=unit["unit"]))
         return scan
+
+
+def _zero3_shapes(tree) -> None:
+    """Give ZeRO-3 placeholder weights their real shapes.
+
+    Under ZeRO-3 each parameter in ``module`` is saved as an empty placeholder
+    (shape ``[0]``); its shape is in ``param_shapes`` (a list of {name: shape}
+    per parameter group) and its values in the optimizer files'
+    ``fp32_flat_groups`` (deepspeed/runtime/engine.py ``_save_checkpoint``,
+    utils/zero_to_fp32.py).  The pruned tree keeps the real shape and marks the
+    tensor ``"partitioned": True`` so structure checks see the model as it is.
+    """
+    if not isinstance(tree, dict) or not isinstance(tree.get("module"), dict):
+        return
+    shapes = {}
+    for group in tree.get("param_shapes") or []:
+        if isinstance(group, dict):
+            for name, shape in group.items():
+                sh = shape.get("args", [None])[0] if isinstance(shape, dict) else shape
+                if isinstance(sh, list):
+                    shapes[name] = sh
+    for name, t in tree["module"].items():
+        if isinstance(t, dict) and t.get("shape") == [0] and name in shapes:
+            t["shape"] = shapes[name]
+            t["partitioned"] = True
 
 
 ADAPTER = DeepSpeed()

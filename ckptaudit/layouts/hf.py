@@ -23,6 +23,7 @@ from .. import fs
 from .base import UnitScan, scan_file
 
 INDEX_RE = re.compile(r".*\.index\.json$")
+TEMP_RE = re.compile(r"^\.tmp[A-Za-z0-9_]{6,}$")  # tempfile.mkstemp(prefix=".tmp") names
 
 
 class HFIndex:
@@ -131,9 +132,23 @@ class HFTrainer:
         if index:
             check_index(run_dir, index[0], scan, cfg, unit_name=unit["unit"])
             claimed.update(scan.files_checked)
+        temps = [f for f in files if TEMP_RE.match(Path(f).name)]
+        for f in temps:
+            scan.add(F.make("unit_in_progress", path=f, why="a temporary file of a write-then-rename (safetensors and "
+                                                            "transformers 5 write model.safetensors through a "
+                                                            "dot-prefixed .tmpXXXXXXXX) that was never renamed"))
         for f in files:
             n = Path(f).name
-            if f in claimed or n.endswith((".json", ".txt", ".md", ".model", ".jinja")) and n != "trainer_state.json":
+            if f in temps:
+                continue
+            if f in claimed or n.endswith((".json", ".txt", ".md", ".model", ".jinja")) and n not in (
+                    "trainer_state.json", "config.json"):
+                continue
+            if n == "config.json":  # the model configuration, compared with expected_model_args
+                scan.files_checked.append(f)
+                cfg_doc = _read_json(run_dir / f)
+                if isinstance(cfg_doc, dict):
+                    scan.tree["config.json"] = cfg_doc
                 continue
             if n == "trainer_state.json":
                 scan.files_checked.append(f)
@@ -151,6 +166,10 @@ class HFTrainer:
         missing = []
         if not has_weights:
             missing.append("model weights (model.safetensors / pytorch_model.bin)")
+            if "trainer_state.json" in names or "optimizer.pt" in names:
+                scan.add(F.make("unit_file_missing", path=unit["unit"], file="model.safetensors or pytorch_model.bin",
+                                why="a Trainer checkpoint folder holds the model weights beside optimizer.pt and "
+                                    "trainer_state.json; they were deleted, never copied, or the save died first"))
         for need in ("optimizer.pt", "scheduler.pt", "trainer_state.json"):
             if need not in names:
                 missing.append(need)
@@ -160,6 +179,17 @@ class HFTrainer:
         scan.facts["trainer_missing"] = missing
         scan.facts["trainer_files"] = sorted(names)
         return scan
+
+
+def _read_json(path: Path, limit: int = 1 << 20):
+    """A small JSON document (at most ``limit`` bytes), or None when unreadable or larger."""
+    try:
+        if fs.size(path) > limit:
+            return None
+        with fs.open_binary(path) as fh:
+            return json.loads(fh.read(limit))
+    except (OSError, ValueError):
+        return None
 
 
 INDEX = HFIndex()
