@@ -247,6 +247,11 @@ _ENTRIES: List[Kind] = [
     _k("load_failed", "file", "error", "none",
        "{path}: torch.load(weights_only=True) failed in an isolated process: {why}.",
        "Treat it as unusable; roll back to an older checkpoint. The raw error is in the load table."),
+    _k("load_not_checked", "file", "warning", "resume",
+       "{path}: not load-tested: its pickle names classes of {packages}, which is not installed where the audit "
+       "runs (import failed), so torch.load cannot rebuild them here. The bytes were checked; the load was not.",
+       "Install it where the audit runs (`pip install torch==<your torch> {install}`, matching the training "
+       "environment's version) and re-run the audit to load-test this file."),
     _k("load_timeout", "file", "error", "none",
        "{path}: the isolated load test did not finish in {timeout_seconds} s.",
        "Raise load.timeout_seconds if the file is very large and storage slow; otherwise treat it as unusable."),

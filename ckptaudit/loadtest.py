@@ -227,8 +227,14 @@ def load_units(run_dir: Path, units: List[dict], scans: Dict[str, dict], hashes:
             rows.append(_skip(u["unit"], "", "no file of this unit has a weights_only loader "
                                              f"(layout {s['layout']})"))
             continue
+        per_file = json.loads(s.get("facts_json") or "{}").get("benign_by_file")
         for f, k in loadable:
-            todo.append((u, f, k, list(s.get("benign_globals") or [])))
+            benign = per_file.get(f, []) if isinstance(per_file, dict) else list(s.get("benign_globals") or [])
+            absent = missing_packages(benign)
+            if absent:
+                rows.append(_not_checked(u["unit"], f, absent))
+                continue
+            todo.append((u, f, k, benign))
     if todo:
         import torch  # noqa: F401 - imported once here so each forked child is cheap
 
@@ -267,6 +273,46 @@ def load_units(run_dir: Path, units: List[dict], scans: Dict[str, dict], hashes:
                          "n_top_level_keys": res.get("n_top_level_keys"),
                          "findings_json": json.dumps([x.to_dict() for x in fl])})
     return rows
+
+
+def missing_packages(qualnames: List[str]) -> List[str]:
+    """Top-level packages of ``qualnames`` that cannot be imported where the audit runs.
+
+    Classes the load test must allowlist are imported in the child; when their
+    package is absent the file cannot be checked here (it is no fault of the
+    file).  Names that the repair maps to ``dict`` (Lightning's AttributeDict)
+    need nothing installed.  Looked up with ``importlib.util.find_spec``, which
+    imports nothing.
+    """
+    import importlib.util
+
+    from .security import BENIGN
+
+    out = set()
+    for q in qualnames:
+        b = BENIGN.get(q)
+        if b is not None and b.add_safe.startswith("(dict,"):
+            continue
+        top = q.split(".", 1)[0]
+        try:
+            found = importlib.util.find_spec(top) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            out.add(top)
+    return sorted(out)
+
+
+def _not_checked(unit: str, file: str, packages: List[str]) -> dict:
+    f = F.make("load_not_checked", path=file, packages=", ".join(packages),
+               install=" ".join(PIP_NAMES.get(p, p) for p in packages))
+    row = _skip(unit, file, f"not checked: needs {', '.join(packages)} (import failed)")
+    row["findings_json"] = json.dumps([f.to_dict()])
+    return row
+
+
+PIP_NAMES = {"lightning": "lightning", "pytorch_lightning": "pytorch-lightning", "deepspeed": "deepspeed",
+             "transformers": "transformers", "accelerate": "accelerate", "megatron": "megatron-core"}
 
 
 def _skip(unit: str, file: str, why: str) -> dict:

@@ -66,6 +66,14 @@ class UnitScan:
         else:
             self.findings.append(f)
 
+    def benign_by_file(self) -> Dict[str, List[str]]:
+        """{file: known-benign globals its pickles import} (what the load test must allow, per file)."""
+        out: Dict[str, set] = {}
+        for i in self.imports:
+            if i.get("category") == "benign":
+                out.setdefault(i["file"], set()).add(f"{i['module']}.{i['name']}")
+        return {f: sorted(v) for f, v in out.items()}
+
     def row(self) -> Dict[str, Any]:
         errs = [f for f in self.findings if f.severity == "error"]
         return {
@@ -79,7 +87,8 @@ class UnitScan:
             "file_ok": not any(f.layer == "file" for f in errs),
             "security_ok": not any(f.layer == "security" for f in errs),
             "benign_globals": sorted({f"{i['module']}.{i['name']}" for i in self.imports if i.get("category") == "benign"}),
-            "facts_json": json.dumps(self.facts, sort_keys=True, default=str),
+            "facts_json": json.dumps({**self.facts, "benign_by_file": self.benign_by_file()}, sort_keys=True,
+                                     default=str),
             "tree_json": json.dumps(self.tree, sort_keys=True, default=str),
             "findings_json": json.dumps([f.to_dict() for f in self.findings]),
         }
