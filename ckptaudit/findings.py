@@ -315,7 +315,7 @@ _ENTRIES: List[Kind] = [
        "{path}: saved with torch {saved}; resuming with torch {target}.",
        "Usually harmless; check the release notes for serialization changes between those versions."),
     # ------------------------------------------------------------------ state
-    _k("weights_only_checkpoint", "state", "warning", "warm-start",
+    _k("weights_only_checkpoint", "state", "info", "warm-start",
        "{path} holds model weights only (no optimizer, scheduler or step): it can start a new run, not "
        "continue this one faithfully.",
        "Warm-start from it (fresh optimizer and schedule)."),
@@ -374,7 +374,7 @@ _ENTRIES: List[Kind] = [
        "{path}: {n_tensors} weight tensor(s) contain NaN/Inf ({examples}): the run had diverged when this was saved.",
        "Do not resume from it; roll back to the newest checkpoint before the first poisoned one."),
     _k("nonfinite_optimizer_state", "state", "error", "warm-start",
-       "{path}: optimizer moments contain NaN/Inf ({examples}) while the weights are finite.",
+       "{path}: optimizer moments contain NaN/Inf ({examples}){weights_text}.",
        "Warm-start from the weights with a fresh optimizer, or roll back further."),
     _k("weight_norm_jump", "state", "warning", "resume",
        "{path}: the global weight norm changed by {ratio:.1f}x since {previous} ({examples}).",

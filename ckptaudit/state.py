@@ -236,7 +236,8 @@ def _value_findings(p: str, c: C.Components, tensors: List[dict], run_dir: Path,
     if bad_w:
         out.append(F.make("nan_in_weights", path=p, n_tensors=len(bad_w), examples=_examples(bad_w)))
     if bad_o:
-        out.append(F.make("nonfinite_optimizer_state", path=p, examples=_examples(bad_o)))
+        out.append(F.make("nonfinite_optimizer_state", path=p, examples=_examples(bad_o),
+                          weights_text=" as well as the weights" if bad_w else " while the weights are finite"))
     return out
 
 

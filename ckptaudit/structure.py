@@ -209,7 +209,10 @@ def _optimizer_checks(p: str, c: C.Components, tensors: List[dict], bare: Dict[s
     for t in tensors:
         name = t["name"]
         if wsrc and wsrc != "(root)" and name.startswith(wsrc + "."):
-            storage_of[name[len(wsrc) + 1:]] = (t["file"], t["storage_key"])
+            # one parameter per (storage, offset, shape): tied weights share all three, while views into
+            # one flat storage (cuDNN-flattened LSTM weights) differ in offset
+            storage_of[name[len(wsrc) + 1:]] = (t["file"], t["storage_key"], t.get("storage_offset") or 0,
+                                                tuple(t.get("shape") or ()))
     params = []
     seen = set()
     for k in sorted(bare, key=lambda x: list(bare).index(x)):

@@ -74,7 +74,7 @@ SCHEMAS: Dict[str, pa.Schema] = {
     # tensors: one row per tensor
     "tensors": pa.schema([
         ("unit", S), ("file", S), ("name", S), ("dtype", S), ("shape", LI), ("numel", I), ("nbytes", I),
-        ("storage_key", S), ("data_offset", I), ("is_parameter", B),
+        ("storage_key", S), ("data_offset", I), ("is_parameter", B), ("storage_offset", I),
     ]),
     # load: one row per loadable file
     "load": pa.schema([

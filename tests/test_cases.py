@@ -9,9 +9,11 @@ import pytest
 
 from ckptaudit.pipeline import audit_in_process
 
-from .conftest import CASES, PAYLOAD, tree_digest
+from .conftest import CASES, PAYLOAD, REPO, tree_digest
 
-CASE_DIRS = sorted(p for p in CASES.iterdir() if (p / "expected.json").exists()) if CASES.exists() else []
+LOCAL_CASES = REPO / "tests" / "cases"  # cases this project added (tests/frameworks/make_cases.py)
+CASE_DIRS = sorted(p for root in (CASES, LOCAL_CASES) if root.exists() for p in root.iterdir()
+                   if (p / "expected.json").exists())
 USE = {"full": "resume", "weights_only": "warm-start", "none": "none"}
 
 
@@ -32,10 +34,11 @@ def case_config(exp: dict) -> dict:
 
 
 def test_cases_are_present():
-    assert len(CASE_DIRS) >= 40, f"expected the handed cases in {CASES}"
+    assert sum(p.parent == CASES for p in CASE_DIRS) >= 40, f"expected the handed cases in {CASES}"
+    assert sum(p.parent == LOCAL_CASES for p in CASE_DIRS) >= 10, f"expected this project's cases in {LOCAL_CASES}"
 
 
-@pytest.mark.parametrize("case", CASE_DIRS, ids=[p.name for p in CASE_DIRS])
+@pytest.mark.parametrize("case", CASE_DIRS, ids=[p.name for p in CASE_DIRS])  # handed and local, one test
 def test_case(case, tmp_path):
     exp = json.loads((case / "expected.json").read_text())
     before = tree_digest(case)

@@ -45,6 +45,7 @@ class TensorRow:
     storage_key: str
     data_offset: int
     is_parameter: bool = False
+    storage_offset: int = 0  # elements into the storage (views of one storage: tied weights, flat LSTM weights)
 
 
 @dataclass
@@ -264,7 +265,7 @@ def scan_file(run_dir: Path, rel: str, unit: str, scan: UnitScan, cfg: Dict[str,
             m = members.get(f"{rep.prefix}/data/{tm.storage.key}")
             off = m.data_offset + tm.storage_offset * tm.storage.itemsize if m else -1
             scan.tensors.append(TensorRow(unit, rel, name, tm.dtype, list(tm.shape), tm.numel,
-                                          tm.nbytes, tm.storage.key, off, tm.is_parameter))
+                                          tm.nbytes, tm.storage.key, off, tm.is_parameter, tm.storage_offset))
             if tm.numel <= SMALL_TENSOR_NUMEL and m is not None:
                 small.append((off, tm))
         small = [(off, tm, n) for off, tm in small if off >= 0 and (n := small_nbytes(tm.dtype, tm.numel))]
@@ -299,7 +300,7 @@ def scan_file(run_dir: Path, rel: str, unit: str, scan: UnitScan, cfg: Dict[str,
             scan.imports.extend({"file": rel, "member": "(legacy pickle)", **asdict(v)} for v in verdicts)
             for name, tm in res.tensors:
                 scan.tensors.append(TensorRow(unit, rel, name, tm.dtype, list(tm.shape), tm.numel,
-                                              tm.nbytes, tm.storage.key, -1, tm.is_parameter))
+                                              tm.nbytes, tm.storage.key, -1, tm.is_parameter, tm.storage_offset))
             out["obj"] = res.obj
             scan.tree[tree_key or rel] = prune(res.obj, values)
     elif s.kind == "safetensors":

@@ -1,0 +1,1 @@
+"""Real-framework fixtures: runs written by the frameworks' own save APIs (see generate.py)."""

@@ -1,0 +1,125 @@
+"""accelerate ``save_state`` runs with automatic checkpoint naming.
+
+``Accelerator(project_config=ProjectConfiguration(project_dir=run,
+automatic_checkpoint_naming=True))``; a plain torch MLP, AdamW, a LinearLR
+schedule and the DataLoader prepared by accelerate, one ``TrainState`` object
+registered with ``register_for_checkpointing``; ``save_state()`` every 5 of 60
+optimizer steps gives ``checkpoints/checkpoint_0`` … ``checkpoint_11``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from . import _util as U
+
+REQUIRES = ["accelerate", "safetensors"]
+
+STEPS, SAVE_EVERY = 60, 5
+N_SAVES = STEPS // SAVE_EVERY
+NEWEST = f"checkpoints/checkpoint_{N_SAVES - 1}"
+PREV = f"checkpoints/checkpoint_{N_SAVES - 2}"
+
+
+class TrainState:
+    """Custom object checkpointed by accelerate (state_dict / load_state_dict)."""
+
+    def __init__(self):
+        self.step, self.epoch, self.best_loss = 0, 0, float("inf")
+
+    def state_dict(self):
+        return {"step": self.step, "epoch": self.epoch, "best_loss": self.best_loss}
+
+    def load_state_dict(self, sd):
+        self.step, self.epoch, self.best_loss = sd["step"], sd["epoch"], sd["best_loss"]
+
+
+def train(run: str, kill_file: str | None = None, kill_log: str | None = None) -> None:
+    import torch
+    from accelerate import Accelerator
+    from accelerate.utils import ProjectConfiguration, set_seed
+
+    set_seed(0)
+    torch.set_num_threads(1)
+    acc = Accelerator(project_config=ProjectConfiguration(project_dir=run, automatic_checkpoint_naming=True))
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LinearLR(opt, start_factor=1.0, end_factor=0.1, total_iters=STEPS)
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(320, 16, generator=g)
+    y = (x[:, :4] > 0).float()
+    dl = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=16, shuffle=True)
+    model, opt, dl, sched = acc.prepare(model, opt, dl, sched)
+    state = TrainState()
+    acc.register_for_checkpointing(state)
+    if kill_file:
+        target = f"checkpoint_{N_SAVES - 1}/{kill_file}"
+        U.kill_in_torch_save(lambda p: p.endswith(target), 0.5, log=kill_log and Path(kill_log))
+    while state.step < STEPS:
+        for xb, yb in dl:
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(model(xb), yb)
+            acc.backward(loss)
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+            state.step += 1
+            state.best_loss = min(state.best_loss, loss.item())
+            if state.step % SAVE_EVERY == 0:
+                acc.save_state()
+            if state.step >= STEPS:
+                break
+        state.epoch += 1
+
+
+def _run(dest: Path, **kw) -> Path:
+    run = dest / "run"
+    U.run_child(f"{__name__}:train", {"run": str(run), **kw}, expect_kill=bool(kw.get("kill_file")))
+    return run
+
+
+def _v() -> str:
+    import accelerate
+
+    return accelerate.__version__
+
+
+def _truth(name, description, expect):
+    return U.truth(name, "accelerate", "accelerate", description, expect)
+
+
+def clean(dest: Path) -> dict:
+    _run(dest)
+    return _truth("accelerate_clean", f"accelerate {_v()} save_state() every 5 of 60 AdamW steps with automatic "
+                                      f"checkpoint naming: checkpoints/checkpoint_0 … checkpoint_11, nothing touched.",
+                  U.clean_expect(NEWEST))
+
+
+def kill_in_save_state(dest: Path) -> dict:
+    log = dest / "kill.json"
+    run = _run(dest, kill_file="optimizer.bin", kill_log=str(log))
+    k = json.loads(log.read_text())
+    left = sorted(p.name for p in (run / NEWEST).iterdir())
+    return _truth("accelerate_kill_in_save_state",
+                  f"accelerate {_v()}; SIGKILL inside the 12th save_state (step 60), in torch.save of "
+                  f"{NEWEST}/optimizer.bin at byte {k['killed_at_byte']} of {k['full_bytes']}; "
+                  f"model.safetensors of that save was complete; {NEWEST} holds {left}.",
+                  {"recommendation": "resume", "rollback": PREV, "clean": False,
+                   "damaged": {NEWEST: {"layer": "file", "usable_for": "warm-start"}}})
+
+
+def truncated_optimizer(dest: Path) -> dict:
+    run = _run(dest)
+    t = U.truncate(run / NEWEST / "optimizer.bin", 0.5)
+    return _truth("accelerate_truncated_optimizer",
+                  f"accelerate {_v()} clean run, then {NEWEST}/optimizer.bin truncated to {t['kept_bytes']} of "
+                  f"{t['full_bytes']} bytes (weights intact).",
+                  {"recommendation": "resume", "rollback": PREV, "clean": False,
+                   "damaged": {NEWEST: {"layer": "file", "usable_for": "warm-start"}}})
+
+
+FIXTURES = {
+    "accelerate_clean": clean,
+    "accelerate_kill_in_save_state": kill_in_save_state,
+    "accelerate_truncated_optimizer": truncated_optimizer,
+}

@@ -1,0 +1,409 @@
+"""Lightning fixtures: runs written by ``lightning.pytorch.Trainer`` and its own
+``ModelCheckpoint`` with default save settings.
+
+The job: a tiny MLP regression ``LightningModule`` (``save_hyperparameters()``),
+80 synthetic samples in batches of 8 (10 steps an epoch, shuffled), AdamW with a
+per-epoch StepLR from ``configure_optimizers`` (Lightning's default interval,
+"epoch"), ``Trainer(max_steps=30, accelerator="cpu", logger=False,
+enable_progress_bar=False)``, and two callbacks:
+
+* ``ModelCheckpoint(dirpath=run/"checkpoints", every_n_train_steps=10, save_top_k=-1, save_last=True)``
+  -> ``epoch=0-step=10.ckpt``, ``epoch=1-step=20.ckpt``, ``epoch=2-step=30.ckpt``, ``last.ckpt``
+* ``ModelCheckpoint(dirpath=run/"checkpoints", filename="best-{epoch}-{step}", monitor="train_loss")``
+  (top-1, saved at each train-epoch end) -> one ``best-epoch=E-step=S.ckpt``
+
+In lightning 2.6.6 ``save_last=True`` is neither a link nor a copy: right after
+each periodic save, ``ModelCheckpoint._save_last_checkpoint`` calls
+``trainer.save_checkpoint("last.ckpt")`` again, a second full save of the same
+training state (only ``save_last="link"`` makes a symlink, falling back to
+``shutil.copy`` where links fail).  Every save goes through
+``lightning.fabric.utilities.cloud_io._atomic_save``: ``torch.save`` into memory,
+then fsspec's local transaction writes a ``tempfile.mkstemp()`` file in
+``$TMPDIR`` and ``shutil.move``\\ s it onto the final name.
+
+Training runs in a child process (:mod:`._dist`) so a staged SIGKILL kills a
+real training process during Lightning's own save.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import tempfile
+from pathlib import Path
+
+REQUIRES = ["lightning"]
+
+FRAMEWORK = "lightning"
+MODEL_ARGS = {"d_in": 8, "hidden": 32, "d_out": 1}
+CKPT = "checkpoints"
+
+
+# --------------------------------------------------------------------------- child side
+
+def _build(lr: float, optimizer: str, gamma: float = 0.9):
+    import lightning as L
+    import torch
+    from torch import nn
+
+    class TinyRegressor(L.LightningModule):
+        def __init__(self, d_in: int = 8, hidden: int = 32, d_out: int = 1, lr: float = 1e-2,
+                     optimizer: str = "adamw", gamma: float = 0.9):
+            super().__init__()
+            self.save_hyperparameters()
+            self.net = nn.Sequential(nn.Linear(d_in, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(),
+                                     nn.Linear(hidden, d_out))
+
+        def forward(self, x):
+            return self.net(x)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = nn.functional.mse_loss(self(x), y)
+            self.log("train_loss", loss)
+            return loss
+
+        def configure_optimizers(self):
+            if self.hparams.optimizer == "sgd":
+                opt = torch.optim.SGD(self.parameters(), lr=self.hparams.lr, momentum=0.9)
+            else:
+                opt = torch.optim.AdamW(self.parameters(), lr=self.hparams.lr)
+            sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=self.hparams.gamma)
+            return [opt], [sched]
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(80, MODEL_ARGS["d_in"], generator=g)
+    w = torch.randn(MODEL_ARGS["d_in"], 1, generator=g)
+    y = torch.sin(x @ w) + 0.05 * torch.randn(80, 1, generator=g)
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=8, shuffle=True,
+                                       generator=torch.Generator().manual_seed(1))
+    return TinyRegressor(**MODEL_ARGS, lr=lr, optimizer=optimizer, gamma=gamma), data
+
+
+def _callbacks(run: Path, making: Path):
+    import lightning as L
+    import torch
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    class Record(L.Callback):
+        """Writes down, at each save, whether the weights and optimizer moments are finite
+        (the fixture's truth for a divergence comes from here, not from the audit).
+        Keeps no state, so it adds nothing to the checkpoint."""
+
+        def on_save_checkpoint(self, trainer, pl_module, checkpoint):
+            def finite(obj):
+                if isinstance(obj, torch.Tensor):
+                    return bool(torch.isfinite(obj).all()) if obj.is_floating_point() else True
+                if isinstance(obj, dict):
+                    return all(finite(v) for v in obj.values())
+                if isinstance(obj, (list, tuple)):
+                    return all(finite(v) for v in obj)
+                return True
+
+            loss = float(trainer.callback_metrics.get("train_loss", float("nan")))
+            rec = {"global_step": checkpoint["global_step"], "epoch": checkpoint["epoch"],
+                   "weights_finite": finite(checkpoint["state_dict"]),
+                   "optimizer_finite": finite([o["state"] for o in checkpoint["optimizer_states"]]),
+                   "max_abs_weight": max(float(t.abs().max()) for t in checkpoint["state_dict"].values()),
+                   "lr": [g["lr"] for o in checkpoint["optimizer_states"] for g in o["param_groups"]],
+                   "loss": loss if loss == loss and abs(loss) != float("inf") else str(loss)}
+            with open(making, "a") as f:
+                f.write(json.dumps(rec) + "\n")
+
+    return [ModelCheckpoint(dirpath=run / CKPT, every_n_train_steps=10, save_top_k=-1, save_last=True),
+            ModelCheckpoint(dirpath=run / CKPT, filename="best-{epoch}-{step}", monitor="train_loss"),
+            Record()]
+
+
+def _install_kill(kill: dict) -> None:
+    """Make this process SIGKILL itself halfway through the bytes of ``kill["file"]``.
+
+    ``where="write"``: in the fsspec file object's ``write`` that ``_atomic_save`` calls
+    (the bytes go to the transaction's temp file).  ``where="move"``: in the
+    ``os.sendfile`` that ``shutil.move`` uses when ``$TMPDIR`` is on another
+    filesystem than the run (the bytes go to the final name)."""
+    target = kill["file"]
+    note = Path(kill["note"])
+    if kill["where"] == "write":
+        from fsspec.implementations.local import LocalFileOpener
+
+        orig = LocalFileOpener.write
+
+        def write(self, data, *a, **kw):
+            if os.path.basename(self.path) == target:
+                data = bytes(data)
+                half = len(data) // 2
+                self.f.write(data[:half])
+                self.f.flush()
+                os.fsync(self.f.fileno())
+                note.write_text(json.dumps({"file": self.path, "temp": self.temp, "size": len(data),
+                                            "bytes_written": half, "how": "LocalFileOpener.write"}))
+                os.kill(os.getpid(), signal.SIGKILL)
+            return orig(self, data, *a, **kw)
+
+        LocalFileOpener.write = write
+    elif kill["where"] == "move":
+        orig_sendfile = os.sendfile
+
+        def sendfile(out_fd, in_fd, offset, count, *a, **kw):
+            dst = os.readlink(f"/proc/self/fd/{out_fd}")
+            if os.path.basename(dst) == target:
+                size = os.fstat(in_fd).st_size
+                half = size // 2
+                done = 0
+                while done < half:
+                    n = orig_sendfile(out_fd, in_fd, done, half - done)
+                    if n == 0:
+                        break
+                    done += n
+                os.fsync(out_fd)
+                note.write_text(json.dumps({"file": dst, "size": size, "bytes_written": done,
+                                            "how": "os.sendfile in shutil.move (cross-filesystem)"}))
+                os.kill(os.getpid(), signal.SIGKILL)
+            return orig_sendfile(out_fd, in_fd, offset, count, *a, **kw)
+
+        os.sendfile = sendfile
+    else:
+        raise ValueError(kill["where"])
+
+
+def _train(run: str, making: str, lr: float = 1e-2, optimizer: str = "adamw", gamma: float = 0.9,
+           kill: dict | None = None, tmpdir: str | None = None) -> None:
+    import warnings
+
+    import lightning as L
+
+    warnings.filterwarnings("ignore")
+    if tmpdir:
+        os.environ["TMPDIR"] = tmpdir
+        tempfile.tempdir = tmpdir
+    if kill:
+        _install_kill(kill)
+    L.seed_everything(0, verbose=False)
+    model, data = _build(lr, optimizer, gamma)
+    trainer = L.Trainer(max_steps=30, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, default_root_dir=run,
+                        callbacks=_callbacks(Path(run), Path(making)))
+    trainer.fit(model, data)
+
+
+def _resume_last(run: str, out: str) -> None:
+    """What ``trainer.fit(model, ckpt_path="last")`` does on this run folder (written to ``out``)."""
+    import warnings
+
+    import lightning as L
+
+    warnings.filterwarnings("ignore")
+    L.seed_everything(0, verbose=False)
+    model, data = _build(1e-2, "adamw")
+    trainer = L.Trainer(max_steps=40, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, default_root_dir=run,
+                        callbacks=_callbacks(Path(run), Path(out + ".making")))
+    res = {"ckpt_path": "last"}
+    try:
+        trainer.fit(model, data, ckpt_path="last")
+        res.update(ok=True, resumed_from=str(trainer.ckpt_path), global_step=trainer.global_step)
+    except BaseException as e:  # noqa: BLE001 - the point is to record it
+        import traceback
+
+        tb = traceback.extract_tb(e.__traceback__)
+        res.update(ok=False, error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                   raised_in=[f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in tb[-3:]])
+    Path(out).write_text(json.dumps(res))
+
+
+# --------------------------------------------------------------------------- parent side
+
+def _run(dest: Path, kill: dict | None = None, tmpdir: str | None = None, **kw) -> tuple:
+    from . import _dist
+
+    run = dest / "run"
+    run.mkdir(parents=True, exist_ok=True)
+    making = dest / "making.jsonl"
+    args = dict(run=str(run), making=str(making), kill=kill, tmpdir=tmpdir, **kw)
+    logs = dest / "logs"
+    codes = _dist.launch("tests.frameworks.fw_lightning", "_train", 1, args, logs)
+    _dist.check_codes(codes, logs, expect_killed=0 if kill else None)
+    saves = [json.loads(l) for l in making.read_text().splitlines()] if making.exists() else []
+    return run, saves
+
+
+def _units(run: Path) -> list:
+    return sorted(p.name for p in (run / CKPT).glob("*.ckpt"))
+
+
+def _newest_periodic(names, below: int | None = None) -> str:
+    import re
+
+    best = None
+    for n in names:
+        m = re.fullmatch(r"epoch=(\d+)-step=(\d+)\.ckpt", n)
+        if m and (below is None or int(m.group(2)) < below):
+            s = int(m.group(2))
+            if best is None or s > best[0]:
+                best = (s, n)
+    return f"{CKPT}/{best[1]}"
+
+
+def _step_of(name: str):
+    import re
+
+    m = re.search(r"step=(\d+)", name)
+    return int(m.group(1)) if m else None
+
+
+def _truth(name: str, description: str, recommendation: str, rollback, damaged: dict, details: dict,
+           equivalent=()) -> dict:
+    return {"fixture": name, "framework": FRAMEWORK, "producer": FRAMEWORK, "description": description,
+            "audit_config": {"expected_model_args": dict(MODEL_ARGS), "target": {}},
+            "expect": {"recommendation": recommendation, "rollback": rollback, "clean": not damaged,
+                       "damaged": damaged, "rollback_equivalent": sorted(equivalent)},
+            "details": details}
+
+
+def _same_state(run: Path, a: str, b: str) -> bool:
+    """Whether two checkpoint files hold the same tensors' bytes (zip members other than
+    data.pkl and version/byteorder records compared); both were written here."""
+    import zipfile
+
+    def members(p):
+        with zipfile.ZipFile(p) as z:
+            return {n.split("/", 1)[1]: z.read(n) for n in z.namelist() if "/data/" in n}
+
+    return members(run / a) == members(run / b)
+
+
+def make_clean(dest: Path) -> dict:
+    run, saves = _run(dest)
+    names = _units(run)
+    newest = _newest_periodic(names)
+    eq = [f"{CKPT}/{n}" for n in names if _step_of(n) == 30 and f"{CKPT}/{n}" != newest] + [f"{CKPT}/last.ckpt"]
+    return _truth("lightning_clean",
+                  "Clean 30-step Lightning run (AdamW, per-epoch StepLR), ModelCheckpoint every 10 steps with "
+                  "save_top_k=-1 and save_last=True, plus a monitor='train_loss' top-1 checkpoint.",
+                  "resume", newest, {},
+                  {"files": names, "saves": saves,
+                   "last_ckpt_is": "a second full save (lightning 2.6.6 save_last=True), not a link or copy",
+                   "last_same_tensors_as_newest": _same_state(run, "checkpoints/last.ckpt", newest)},
+                  equivalent=set(eq))
+
+
+def make_truncated_last(dest: Path) -> dict:
+    from . import _dist
+
+    run, saves = _run(dest)
+    last = run / CKPT / "last.ckpt"
+    size = last.stat().st_size
+    with open(last, "r+b") as f:
+        f.truncate(size // 2)
+    # the resume probe runs on a copy, so whatever it writes stays out of the fixture
+    probe_run = dest / "resume_probe" / "run"
+    shutil.copytree(run, probe_run)
+    probe = dest / "resume_probe" / "resume_last.json"
+    codes = _dist.launch("tests.frameworks.fw_lightning", "_resume_last", 1,
+                         {"run": str(probe_run), "out": str(probe)}, dest / "resume_probe" / "logs")
+    _dist.check_codes(codes, dest / "resume_probe" / "logs")
+    shutil.rmtree(probe_run)
+    resume = json.loads(probe.read_text())
+    names = _units(run)
+    newest = _newest_periodic(names)
+    eq = [f"{CKPT}/{n}" for n in names if _step_of(n) == 30 and f"{CKPT}/{n}" not in (newest, "checkpoints/last.ckpt")]
+    return _truth("lightning_truncated_last",
+                  f"Clean Lightning run, then checkpoints/last.ckpt (Lightning's save_last copy of step 30) "
+                  f"truncated to {size // 2} of {size} bytes. trainer.fit(ckpt_path='last') picks last.ckpt "
+                  f"and fails: {resume.get('error', resume)}",
+                  "resume", newest, {"checkpoints/last.ckpt": {"layer": "file", "usable_for": "none"}},
+                  {"files": names, "saves": saves, "last_ckpt_original_bytes": size,
+                   "last_ckpt_bytes": size // 2, "resume_ckpt_path_last": resume,
+                   "last_ckpt_role": "pointer-like: a full copy of the newest training state that "
+                                     "ckpt_path='last' resolves to"},
+                  equivalent=set(eq))
+
+
+def make_sigkill_save30(dest: Path) -> dict:
+    """SIGKILL in ``_atomic_save``'s write of ``epoch=2-step=30.ckpt`` (default $TMPDIR)."""
+    tmp = dest / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    note = dest / "kill.json"
+    run, saves = _run(dest, kill={"where": "write", "file": "epoch=2-step=30.ckpt", "note": str(note)},
+                      tmpdir=str(tmp))
+    k = json.loads(note.read_text())
+    k.update(file=os.path.relpath(k["file"], run), temp=os.path.relpath(k["temp"], dest))
+    names = _units(run)
+    newest = _newest_periodic(names)
+    leftovers = sorted(p.name for p in tmp.iterdir())
+    eq = [f"{CKPT}/{n}" for n in names if _step_of(n) == _step_of(newest) and f"{CKPT}/{n}" != newest]
+    return _truth("lightning_sigkill_save30",
+                  f"SIGKILL of the training process halfway through the write of epoch=2-step=30.ckpt "
+                  f"({k['bytes_written']} of {k['size']} bytes) inside Lightning's _atomic_save. The bytes were "
+                  f"going to fsspec's transaction temp file (tempfile.mkstemp() in $TMPDIR, outside the run), so the run folder holds "
+                  f"no trace of step 30: last.ckpt is still the step-20 save.",
+                  "resume", newest, {},
+                  {"files": names, "saves": saves, "kill": k, "tmpdir_leftovers": leftovers},
+                  equivalent=set(eq))
+
+
+def make_sigkill_save30_cross_fs(dest: Path) -> dict:
+    """SIGKILL in the cross-filesystem ``shutil.move`` of the step-30 save ($TMPDIR on tmpfs)."""
+    if not os.path.isdir("/dev/shm"):
+        raise RuntimeError("needs /dev/shm (a tmpfs) for a $TMPDIR on another filesystem than the run")
+    tmp = Path(tempfile.mkdtemp(prefix="ckptaudit-fx-", dir="/dev/shm"))
+    try:
+        if os.stat(tmp).st_dev == os.stat(dest).st_dev:
+            raise RuntimeError("/dev/shm is on the same filesystem as the fixture folder")
+        note = dest / "kill.json"
+        run, saves = _run(dest, kill={"where": "move", "file": "epoch=2-step=30.ckpt", "note": str(note)},
+                          tmpdir=str(tmp))
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    k = json.loads(note.read_text())
+    k["file"] = os.path.relpath(k["file"], run)
+    names = _units(run)
+    prev = _newest_periodic(names, below=30)
+    eq = [f"{CKPT}/{n}" for n in names if _step_of(n) == 20 and f"{CKPT}/{n}" != prev] + [f"{CKPT}/last.ckpt"]
+    return _truth("lightning_sigkill_save30_cross_fs",
+                  f"$TMPDIR on a tmpfs (another filesystem than the run), so fsspec's commit is shutil.move = copy "
+                  f"then unlink; SIGKILL halfway through that copy of epoch=2-step=30.ckpt "
+                  f"({k['bytes_written']} of {k['size']} bytes at the final name). last.ckpt is still the step-20 "
+                  f"save.",
+                  "resume", prev, {"checkpoints/epoch=2-step=30.ckpt": {"layer": "file", "usable_for": "none"}},
+                  {"files": names, "saves": saves, "kill": k},
+                  equivalent=set(eq))
+
+
+def make_nan_divergence(dest: Path) -> dict:
+    run, saves = _run(dest, lr=0.1, optimizer="sgd", gamma=100.0)
+    names = _units(run)
+    bad_steps = sorted({s["global_step"] for s in saves if not (s["weights_finite"] and s["optimizer_finite"])})
+    good_steps = sorted({s["global_step"] for s in saves} - set(bad_steps))
+    damaged = {}
+    for n in names:
+        st = _step_of(n) if n != "last.ckpt" else max(s["global_step"] for s in saves)
+        if st in bad_steps:
+            damaged[f"{CKPT}/{n}"] = {"layer": "state", "usable_for": "none"}
+    if good_steps:
+        rb = _newest_periodic(names, below=min(bad_steps) if bad_steps else None)
+        eq = [f"{CKPT}/{n}" for n in names if _step_of(n) == _step_of(rb) and f"{CKPT}/{n}" != rb]
+        rec = "resume"
+    else:
+        rb, eq, rec = None, [], "retrain"
+    first = min(bad_steps) if bad_steps else None
+    return _truth("lightning_nan_divergence",
+                  f"Lightning run with SGD(momentum=0.9, lr=0.1) and a per-epoch StepLR whose gamma is 100 (a typo "
+                  f"for 0.01): epoch 1 trains at lr=10, the loss diverges and the saved weights/momentum "
+                  f"are non-finite from the step-{first} save on (checked on each save's state_dict and optimizer "
+                  f"state in on_save_checkpoint). The monitor='train_loss' best checkpoint stays at the last finite "
+                  f"loss.",
+                  rec, rb, damaged, {"files": names, "saves": saves, "first_nonfinite_save_step": first},
+                  equivalent=set(eq))
+
+
+FIXTURES = {
+    "lightning_clean": make_clean,
+    "lightning_truncated_last": make_truncated_last,
+    "lightning_sigkill_save30": make_sigkill_save30,
+    "lightning_sigkill_save30_cross_fs": make_sigkill_save30_cross_fs,
+    "lightning_nan_divergence": make_nan_divergence,
+}

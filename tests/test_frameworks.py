@@ -1,0 +1,142 @@
+"""Runs written by real frameworks (tests/frameworks/fw_*.py) are judged as the way they were made says.
+
+The fixtures are generated once per session into a cache keyed by the fixture
+sources and the installed framework versions: ``<repo>/.fixture-cache/<key>/``
+(``CKPTAUDIT_FIXTURE_CACHE`` replaces ``<repo>/.fixture-cache``), and reused when
+present.  Regenerate by hand with
+``python -m tests.frameworks.generate --out DIR --jobs 2``.
+
+Each fixture is audited twice: with the producer contracts on, and off
+(``CKPTAUDIT_PRODUCER_CONTRACTS=0``); both must reach the fixture's truth.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ckptaudit.pipeline import audit_in_process
+
+from .conftest import PAYLOAD, REPO, tree_digest
+from .frameworks import generate as G
+
+FIXTURES = G.list_fixtures()
+NAMES = sorted(FIXTURES)
+JOBS = 2
+
+
+def _cache_dir() -> Path:
+    base = Path(os.environ.get("CKPTAUDIT_FIXTURE_CACHE") or REPO / ".fixture-cache")
+    return base / G.cache_key()
+
+
+def _usable(d: Path) -> bool:
+    return (d / "truth.json").exists() or (d / "skipped.json").exists()
+
+
+def _ensure_interpreters() -> None:
+    """Create the extra interpreters some fixtures run under (transformers 4.57 beside 5.x), once.
+
+    A failed set-up is not an error here: those fixtures are then skipped with the set-up command
+    as the reason (generate.py writes skipped.json).
+    """
+    done = set()
+    for spec in G.fixture_specs().values():
+        if not spec.python or not spec.python_setup or spec.python in done:
+            continue
+        done.add(spec.python)
+        if not Path(spec.interpreter()).exists():
+            r = subprocess.run(spec.python_setup, shell=True, cwd=str(REPO), capture_output=True, text=True,
+                               timeout=900)
+            sys.stderr.write(f"set-up of {spec.python}: exit {r.returncode}\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+
+
+@pytest.fixture(scope="session")
+def fixture_cache() -> Path:
+    """The generated fixtures (generated here, with --jobs 2, for those not yet in the cache)."""
+    _ensure_interpreters()
+    cache = _cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    with open(cache.parent / f"{cache.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)          # one generator per cache, even under xdist
+        todo = [n for n in NAMES if not _usable(cache / n)]
+        if todo:
+            cmd = [sys.executable, "-m", "tests.frameworks.generate", "--out", str(cache), "--jobs", str(JOBS)]
+            if len(todo) < len(NAMES):
+                cmd += ["--only", *todo]
+            r = subprocess.run(cmd, cwd=str(REPO), capture_output=True, text=True)
+            sys.stderr.write(r.stdout[-6000:])     # per-fixture times, shown with -s / on failure
+    return cache
+
+
+def _summary(v: dict) -> str:
+    lines = [f"recommendation={v['recommendation']} rollback={(v.get('rollback') or {}).get('unit')}"]
+    for u in v["units"]:
+        lines.append(f"  unit {u['unit']} (layout {u.get('layout')}, step {u.get('step')}): usable_for={u['usable_for']}")
+        for f in u["findings"]:
+            if f["severity"] != "info":
+                lines.append(f"    {f['severity']:<7} {f['layer']:<9} {f['kind']}: {f['message'].splitlines()[0][:240]}")
+    for p in v.get("pointers") or []:
+        lines.append(f"  pointer {p}")
+    for f in v.get("pointer_findings") or []:
+        lines.append(f"  pointer finding {f.get('severity')} {f.get('kind')}: {str(f.get('message'))[:200]}")
+    return "\n".join(lines)
+
+
+def test_listing_imports_no_framework():
+    """list_fixtures() reads the fw modules without importing torch or any framework."""
+    code = ("import sys; from tests.frameworks import generate as G; n = G.list_fixtures(); "
+            "bad = sorted(m for m in ('torch', 'transformers', 'accelerate', 'lightning', 'deepspeed', 'safetensors') "
+            "if m in sys.modules); print(len(n), bad); assert n and not bad, bad")
+    r = subprocess.run([sys.executable, "-c", code], cwd=str(REPO), capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("contracts", ["on", "off"])
+@pytest.mark.parametrize("name", NAMES)
+def test_framework_fixture(name, contracts, fixture_cache, tmp_path, monkeypatch):
+    d = fixture_cache / name
+    if (d / "skipped.json").exists():
+        pytest.skip(json.loads((d / "skipped.json").read_text())["reason"])
+    if (d / "failed.json").exists() or not (d / "truth.json").exists():
+        tail = json.loads((d / "failed.json").read_text())["output_tail"] if (d / "failed.json").exists() else ""
+        pytest.fail(f"fixture {name} was not generated ({d}):\n{tail[-4000:]}")
+    truth = json.loads((d / "truth.json").read_text())
+    exp = truth["expect"]
+    if contracts == "off":
+        monkeypatch.setenv("CKPTAUDIT_PRODUCER_CONTRACTS", "0")
+    else:
+        monkeypatch.delenv("CKPTAUDIT_PRODUCER_CONTRACTS", raising=False)
+    run = d / "run"
+    before = tree_digest(run)
+
+    v = audit_in_process(run, truth["audit_config"], out_dir=tmp_path / "out")
+
+    assert tree_digest(run) == before, "the audit changed the run folder"
+    payloads = [p for where in (run, tmp_path) for p in where.rglob(PAYLOAD)]
+    assert not payloads, f"a pickle's payload ran: {payloads}"
+    s = f"{name} [{truth['description']}]\n{_summary(v)}"
+    got_rollback = (v.get("rollback") or {}).get("unit")
+    assert (v["recommendation"], got_rollback) == (exp["recommendation"], exp["rollback"]), \
+        f"expected {exp['recommendation']} / rollback {exp['rollback']}\n{s}"
+    units = {u["unit"]: u for u in v["units"]}
+    if exp["clean"]:
+        errors = [(u["unit"], f["kind"], f["message"].splitlines()[0]) for u in v["units"] for f in u["findings"]
+                  if f["severity"] == "error"]
+        assert not errors, "clean run has error findings:\n" + "\n".join(f"  {e}" for e in errors) + f"\n{s}"
+    for unit, want in exp["damaged"].items():
+        assert unit in units, f"damaged unit {unit} not among the audited units {sorted(units)}\n{s}"
+        u = units[unit]
+        assert u["usable_for"] == want["usable_for"], \
+            f"{unit}: usable_for {u['usable_for']}, expected {want['usable_for']}\n{s}"
+        # the finding that explains the damage: an error or warning of the truth's layer, or (a unit that is
+        # still usable, e.g. weights saved alone) a finding of that layer whose cap is what the unit is good for
+        layer = [f for f in u["findings"] if f["layer"] == want["layer"]
+                 and (f["severity"] in ("error", "warning") or f["caps"] == want["usable_for"] != "resume")]
+        assert layer, f"{unit}: no {want['layer']}-layer finding explains usable_for {want['usable_for']}\n{s}"
