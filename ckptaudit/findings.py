@@ -238,6 +238,16 @@ _ENTRIES: List[Kind] = [
     _k("unit_in_progress", "file", "error", "none",
        "{path} is an in-progress save ({why}): it was never published.",
        "Never resume from it; it can be deleted once no training job is writing to it."),
+    _k("unit_changed_during_audit", "file", "error", "none",
+       "{path} changed while it was audited: {what} between the inventory and the report (a writer or a "
+       "retention job is working on the run), so what was checked is no longer what is there.",
+       "Not chosen as a rollback point; audit again once no job is writing, or keep the drill away from units "
+       "newer than the last completed save."),
+    _k("audit_error", "file", "error", "none",
+       "{path}: the {stage} stage could not examine this unit ({error_type}: {error}); the other units were "
+       "audited.",
+       "Treat the unit as unchecked; the error and the unit are in the stage's log. Report it with the file if "
+       "the bytes look sound."),
     _k("unit_file_missing", "file", "error", "none",
        "{path}: {file} is missing ({why}).",
        "Do not resume from it; roll back to the rollback point the verdict names, or restore the file from a copy."),

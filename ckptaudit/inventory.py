@@ -97,6 +97,7 @@ class Unit:
     manifest: str = ""
     missing_files: List[str] = field(default_factory=list)  # files the layout expects but cannot find
     part: str = ""
+    snapshot: Dict[str, List[int]] = field(default_factory=dict)  # file -> [size, mtime_ns, inode] at inventory
 
     def to_dict(self) -> Dict:
         return asdict(self)
@@ -401,8 +402,12 @@ def _object_store(run_dir, units: List[Unit]) -> Dict[str, dict]:
 
 def run_inventory(run_dir: str, units_per_job="auto") -> Dict:
     """Discover units and pointers; return the plain-data inventory document."""
+    from . import liveness
+
     units, pointers, stray = discover(run_dir)
     object_store = _object_store(run_dir, units) if fs.is_remote(run_dir) else {}
+    for u in units:
+        u.snapshot = liveness.snapshot(run_dir, u.files)
     parts = assign_parts(units, units_per_job)
     return {
         "object_store": object_store,
@@ -419,7 +424,7 @@ def write_inventory(doc: Dict, parquet_path: str, json_path: str) -> None:
     from . import tables
 
     Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-    tables.write("inventory", doc["units"], parquet_path)
+    tables.write("inventory", [{k: v for k, v in u.items() if k != "snapshot"} for u in doc["units"]], parquet_path)
     tmp = json_path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(doc, f, indent=1, sort_keys=True)

@@ -315,6 +315,11 @@ PIP_NAMES = {"lightning": "lightning", "pytorch_lightning": "pytorch-lightning",
              "transformers": "transformers", "accelerate": "accelerate", "megatron": "megatron-core"}
 
 
+def skip_row(unit: str, file: str, why: str) -> dict:
+    """A ``load`` row for a file (or unit) that was not loaded, and why."""
+    return _skip(unit, file, why)
+
+
 def _skip(unit: str, file: str, why: str) -> dict:
     return {"unit": unit, "file": file, "status": "skipped", "skipped_reason": why, "error_type": "",
             "error_message": "", "load_seconds": 0.0, "peak_rss_bytes": 0, "n_top_level_keys": None,

@@ -77,6 +77,14 @@ def run_report(inventory_json: str, parts: Dict[str, List[str]], cfg: dict, out_
     all_tables: Dict[str, List[dict]] = {}
     for stage in STAGES:
         all_tables[stage] = tables.concat(stage, parts.get(stage, []), tdir / f"{stage}.parquet")
+    from . import fs, liveness
+
+    root = fs.path(inv["run_dir"])
+    inv["changed_during_audit"] = {}
+    for u in inv["units"]:
+        changed = liveness.changed_files(root, u.get("snapshot") or {})
+        if changed:
+            inv["changed_during_audit"][u["unit"]] = [liveness.changed_finding(u["unit"], changed, root).to_dict()]
     v = verdict.build(inv, all_tables, cfg)
     sizes = {u["unit"]: u["size_bytes"] for u in inv["units"]}
     tables.write("units", verdict.units_rows(v, sizes), tdir / "units.parquet")

@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Dict, List
 
+from . import liveness
+
 
 def _inventory(path: str) -> dict:
     with open(path) as f:
@@ -59,7 +61,7 @@ def stage_hash(inv: dict, part: str, out: str) -> List[dict]:
     run_dir = fs.path(inv["run_dir"])
     rows: List[dict] = []
     for u in part_units(inv, part):
-        rows.extend(hashing.hash_unit(run_dir, u))
+        rows.extend(liveness.guard("hash", u, lambda: hashing.hash_unit(run_dir, u), lambda f: [_hash_error_row(u, f)]))
     tables.write("hash", rows, out)
     return rows
 
@@ -74,7 +76,7 @@ def scan_units(run_dir: Path, units: List[dict], cfg: dict):
     scans, tensors, imports = [], [], []
     for u in units:
         adapter = layouts.adapter_for(u)
-        s = adapter.scan(run_dir, u, cfg)
+        s = liveness.guard("scan", u, lambda: adapter.scan(run_dir, u, cfg), lambda f: _scan_error(u, f))
         s.facts["unit_files"] = list(u["files"])
         s.facts["file_roles"] = _file_roles(u, s)
         for mf in u.get("missing_files", []):
@@ -101,6 +103,23 @@ def _file_roles(u: dict, s) -> Dict[str, str]:
         if r is not None and (out.get(f) == "mixed" or r.loaded_by == "never"):
             out[f] = "metadata" if r.loaded_by == "never" else r.role
     return out
+
+
+def _error_row(u: dict, f) -> dict:
+    """A stage row that carries only an ``audit_error`` finding (see :mod:`ckptaudit.liveness`)."""
+    return {"unit": u["unit"], "findings_json": json.dumps([f.to_dict()])}
+
+
+def _hash_error_row(u: dict, f) -> dict:
+    return {"unit": u["unit"], "file": "", "findings_json": json.dumps([f.to_dict()])}
+
+
+def _scan_error(u: dict, f):
+    from .layouts.base import UnitScan
+
+    s = UnitScan(u["unit"], u.get("layout") or "")
+    s.add(f)
+    return s
 
 
 def _with_object_store(inv: dict, units: List[dict]) -> List[dict]:
@@ -147,7 +166,12 @@ def stage_load(inv: dict, part: str, cfg: dict, scan_path: str, hash_path: str, 
 
     scans = {r["unit"]: r for r in tables.read_rows(scan_path)}
     hashes = _by_unit(tables.read_rows(hash_path))
-    rows = loadtest.load_units(_run_dir(inv, cfg), part_units(inv, part), scans, hashes, cfg)
+    run_dir = _run_dir(inv, cfg)
+    rows = []
+    for u in part_units(inv, part):
+        rows.extend(liveness.guard("load", u, lambda: loadtest.load_units(run_dir, [u], scans, hashes, cfg),
+                                   lambda f: [{**loadtest.skip_row(u["unit"], "", "the load stage failed on this unit"),
+                                               "findings_json": json.dumps([f.to_dict()])}]))
     tables.write("load", rows, out)
     return rows
 
@@ -191,7 +215,9 @@ def stage_structure(inv: dict, part: str, cfg: dict, scan_path: str, tensors_pat
             reference = json.load(f).get("weights")
     else:
         reference = target.build(cfg).get("weights")
-    rows = [structure.analyse_unit(u, scans[u["unit"]], tens.get(u["unit"], []), cfg, reference)
+    rows = [liveness.guard("structure", u,
+                           lambda: structure.analyse_unit(u, scans[u["unit"]], tens.get(u["unit"], []), cfg, reference),
+                           lambda f: _error_row(u, f))
             for u in part_units(inv, part) if u["unit"] in scans]
     tables.write("structure", rows, out)
     return rows
@@ -204,7 +230,8 @@ def stage_configdiff(inv: dict, part: str, cfg: dict, scan_path: str, out: str) 
     rows: List[dict] = []
     for u in part_units(inv, part):
         if u["unit"] in scans:
-            rows.extend(configdiff.diff_unit(u, scans[u["unit"]], cfg))
+            rows.extend(liveness.guard("configdiff", u, lambda: configdiff.diff_unit(u, scans[u["unit"]], cfg),
+                                       lambda f: [{**_error_row(u, f), "source": "", "key": ""}]))
     tables.write("configdiff", rows, out)
     return rows
 
@@ -215,7 +242,9 @@ def stage_state(inv: dict, part: str, cfg: dict, scan_path: str, tensors_path: s
     scans = {r["unit"]: r for r in tables.read_rows(scan_path)}
     tens = _by_unit(tables.read_rows(tensors_path))
     run_dir = _run_dir(inv, cfg)
-    rows = [state.analyse_unit(u, scans[u["unit"]], tens.get(u["unit"], []), run_dir, cfg)
+    rows = [liveness.guard("state", u,
+                           lambda: state.analyse_unit(u, scans[u["unit"]], tens.get(u["unit"], []), run_dir, cfg),
+                           lambda f: _error_row(u, f))
             for u in part_units(inv, part) if u["unit"] in scans]
     tables.write("state", rows, out)
     return rows

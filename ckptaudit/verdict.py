@@ -276,7 +276,8 @@ def build(inv: dict, tables: Dict[str, List[dict]], cfg: dict) -> dict:
     units_out = []
     scan_rows = {r["unit"]: r for r in tables.get("scan", [])}
     for u in inv["units"]:
-        fl = _weigh_by_role(unit_findings(u["unit"], tables) + extra.get(u["unit"], []), scan_rows.get(u["unit"]))
+        fl = _weigh_by_role(unit_findings(u["unit"], tables) + extra.get(u["unit"], [])
+                            + (inv.get("changed_during_audit") or {}).get(u["unit"], []), scan_rows.get(u["unit"]))
         for mf in u.get("missing_files", []):
             pass  # reported by the layout's own check (e.g. index_references_missing_shard)
         units_out.append({
