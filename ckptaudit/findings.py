@@ -158,6 +158,9 @@ _ENTRIES: List[Kind] = [
     _k("sidecar_malformed", "file", "warning", "resume",
        "{sidecar} is not in sha256sum format ({why}).",
        "Regenerate it with `sha256sum FILE > FILE.sha256` from a copy you trust."),
+    _k("sidecar_unreadable", "file", "warning", "resume",
+       "{sidecar} exists but cannot be read ({why}), so {path} is not verified against it.",
+       "Replace the sidecar with a regular file: `sha256sum FILE > FILE.sha256` from a copy you trust."),
     _k("sidecar_names_other_file", "file", "warning", "resume",
        "{sidecar} names {named!r}, not {path!r}.",
        "Regenerate the sidecar for the right file."),
@@ -243,6 +246,13 @@ _ENTRIES: List[Kind] = [
        "retention job is working on the run), so what was checked is no longer what is there.",
        "Not chosen as a rollback point; audit again once no job is writing, or keep the drill away from units "
        "newer than the last completed save."),
+    _k("not_a_regular_file", "file", "error", "none",
+       "{path} is not read: {why}.",
+       "Replace it with the real checkpoint file, or remove it from the run folder; the audit never opens it."),
+    _k("pointer_refused", "file", "error", "none",
+       "{pointer} is a symbolic link the audit does not follow ({target!r}): {why}.",
+       "Point it at a checkpoint inside the run folder (the newest usable is {suggestion}), or copy the "
+       "checkpoint into the run."),
     _k("audit_error", "file", "error", "none",
        "{path}: the {stage} stage could not examine this unit ({error_type}: {error}); the other units were "
        "audited.",

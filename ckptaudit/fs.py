@@ -324,6 +324,54 @@ class _Entry:
         return self.path.is_file()
 
 
+class TooLarge(OSError):
+    """A small metadata file (sidecar, manifest, pointer, index) that is larger than its cap."""
+
+
+def read_bounded(p, limit: int) -> bytes:
+    """The bytes of a small metadata file, refusing what is not a regular file or is over ``limit`` bytes.
+
+    Opened with ``O_NONBLOCK`` and checked with ``fstat`` before any read, so a FIFO,
+    a device or a sparse giant named like a sidecar never blocks or floods memory.
+    Raises ``OSError`` (``TooLarge`` for a file over the cap).  Remote paths are read
+    with a ranged read of ``limit + 1`` bytes.
+    """
+    import stat
+
+    if is_remote(p):
+        if size(p) > limit:
+            raise TooLarge(f"{p}: over {limit} bytes")
+        data = read_ranges(p, [(0, limit + 1)])[0]
+        if data is None:
+            raise OSError(f"{p}: ranged read failed")
+        if len(data) > limit:
+            raise TooLarge(f"{p}: over {limit} bytes")
+        return data
+    fd = os.open(str(p), os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"{p}: not a regular file")
+        if st.st_size > limit:
+            raise TooLarge(f"{p}: {st.st_size} bytes, over the {limit}-byte cap")
+        chunks, left = [], limit + 1
+        while left > 0:
+            b = os.read(fd, min(left, 1 << 20))
+            if not b:
+                break
+            chunks.append(b)
+            left -= len(b)
+        data = b"".join(chunks)
+        if len(data) > limit:
+            raise TooLarge(f"{p}: grew past the {limit}-byte cap while read")
+        return data
+    finally:
+        os.close(fd)
+
+
+SMALL_FILE_BYTES = 16 << 20  # cap for sidecars, manifests, pointers, indexes, trainer_state.json
+
+
 def scandir(d):
     """``os.scandir`` locally; entries from the listing remotely (``path`` is an RPath)."""
     if not is_remote(d):

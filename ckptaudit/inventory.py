@@ -98,6 +98,7 @@ class Unit:
     missing_files: List[str] = field(default_factory=list)  # files the layout expects but cannot find
     part: str = ""
     snapshot: Dict[str, List[int]] = field(default_factory=dict)  # file -> [size, mtime_ns, inode] at inventory
+    irregular: Dict[str, str] = field(default_factory=dict)  # file -> why it is never opened (FIFO, device, …)
 
     def to_dict(self) -> Dict:
         return asdict(self)
@@ -163,19 +164,29 @@ def _walk(root: Path, d: Path, units, pointers, stray):
         for u in adapter.claim_index(root, d, names):
             units.append(u)
             claimed.update(Path(f).name for f in u.files if Path(f).parent == Path(_rel(root, d)) or _rel(root, d) == ".")
+    local = not fs.is_remote(root)
     for e in entries:
         path = fs.path(e.path)
         rel = _rel(root, path)
         if e.name in claimed:
             continue
+        why = irregular_reason(root, path) if local else None
+        if why and not e.is_symlink():
+            if layouts.is_checkpoint_file(e.name) or "UTF-8" in why:
+                units.append(_irregular_unit(root, path, why))
+            else:
+                stray.append(rel)
+            continue
         if e.is_symlink():
             target = os.readlink(path)
-            pointers.append(Pointer(rel, POINTER_NAMES.get(e.name, "symbolic link"), target, "",
-                                    path.exists(), True))
+            kind = POINTER_NAMES.get(e.name, "symbolic link")
+            if why:
+                kind = f"symbolic link, refused: {why}"
+            pointers.append(Pointer(rel, kind, target, "", path.exists(), True))
             continue
         if e.name in POINTER_NAMES and e.is_file():
             try:
-                target = path.read_text(errors="replace")[:4096].strip()
+                target = fs.read_bounded(path, 4096).decode("utf-8", errors="replace").strip()
             except OSError:
                 target = ""
             if e.name == "last.ckpt":
@@ -191,6 +202,8 @@ def _walk(root: Path, d: Path, units, pointers, stray):
             adapter = layouts.claim_dir(path)
             if adapter is not None or why:
                 units.append(_dir_unit(root, path, adapter, why))
+            elif layouts.is_checkpoint_file(e.name):
+                units.append(_irregular_unit(root, path, "a folder where a checkpoint file of that name is expected"))
             else:
                 _walk(root, path, units, pointers, stray)
             continue
@@ -200,6 +213,50 @@ def _walk(root: Path, d: Path, units, pointers, stray):
             units.append(_file_unit(root, path, names))
         else:
             stray.append(rel)
+
+
+def irregular_reason(root: Path, path: Path) -> Optional[str]:
+    """Why ``path`` must not be opened as a checkpoint file, or None.
+
+    FIFOs block an ``open``, devices (``/dev/zero``) never end, sockets cannot
+    be read; a symbolic link is judged by what it resolves to, and one that
+    leaves the run folder is refused (an audit reads what the run holds, not
+    ``/etc/passwd``).  A name that is not UTF-8 cannot be written to the tables.
+    """
+    import stat as st_mod
+
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        return "its name is not valid UTF-8"
+    try:
+        lst = os.lstat(path)
+    except OSError as e:
+        return f"it cannot be examined ({e.strerror})"
+    mode = lst.st_mode
+    if st_mod.S_ISLNK(mode):
+        real = os.path.realpath(path)
+        base = os.path.realpath(root)
+        if os.path.commonpath([real, base]) != base:
+            return f"it points outside the run folder ({real})"
+        try:
+            mode = os.stat(path).st_mode
+        except OSError:
+            return None  # dangling: judged as a pointer
+    if st_mod.S_ISFIFO(mode):
+        return "it is a FIFO (named pipe): opening it would block"
+    if st_mod.S_ISCHR(mode) or st_mod.S_ISBLK(mode):
+        return "it is a device, not a file"
+    if st_mod.S_ISSOCK(mode):
+        return "it is a socket, not a file"
+    return None
+
+
+def _irregular_unit(root: Path, path: Path, why: str) -> Unit:
+    rel = _rel(root, path).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return Unit(unit=rel, layout="irregular", kind="file", files=[], size_bytes=0, mtime_ns=0,
+                step_from_name=step_from_name(path.name.encode("utf-8", "surrogateescape").decode("utf-8", "replace")),
+                irregular={rel: why})
 
 
 def _sidecars_for(path: Path, names) -> List[str]:
@@ -237,12 +294,17 @@ def _dir_unit(root: Path, path: Path, adapter, why) -> Unit:
     # finished, so the folder is in progress.  The manifest is recognised from its first 64 bytes.
     has_marker = False
     our_manifest = False
+    irregular: Dict[str, str] = {}
     for dirpath, dirnames, filenames in fs.walk(path):
         dirnames.sort()
         fn_set = set(filenames)
         at_top = fs.path(dirpath) == path
         for fn in sorted(filenames):
             fp = fs.path(dirpath) / fn
+            bad = irregular_reason(root, fp) if not fs.is_remote(root) else None
+            if bad:
+                irregular[_rel(root, fp).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")] = bad
+                continue
             rel = _rel(root, fp)
             if at_top and fn == "COMPLETE":
                 has_marker = True
@@ -280,6 +342,7 @@ def _dir_unit(root: Path, path: Path, adapter, why) -> Unit:
         in_progress=why or "",
         sidecars=sidecars,
         manifest=manifest,
+        irregular=irregular,
     )
 
 
@@ -424,7 +487,8 @@ def write_inventory(doc: Dict, parquet_path: str, json_path: str) -> None:
     from . import tables
 
     Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-    tables.write("inventory", [{k: v for k, v in u.items() if k != "snapshot"} for u in doc["units"]], parquet_path)
+    tables.write("inventory", [{k: v for k, v in u.items() if k not in ("snapshot", "irregular")}
+                               for u in doc["units"]], parquet_path)
     tmp = json_path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(doc, f, indent=1, sort_keys=True)

@@ -237,6 +237,10 @@ def pointer_verdicts(pointers: List[dict], units_out: List[dict], inv_units: Lis
         if p["kind"] == "Megatron tracker file" and not (p["target"].isdigit() or p["target"] == "release"):
             kind, ok = "megatron_tracker_invalid", False
             f = F.make(kind, path=p["path"], pointer=p["path"], content=p["target"][:40], suggestion=suggestion)
+        elif p["kind"].startswith("symbolic link, refused"):
+            kind, ok = "pointer_refused", False
+            f = F.make(kind, path=p["path"], pointer=p["path"], target=p["target"],
+                       why=p["kind"].split(": ", 1)[-1], suggestion=suggestion)
         elif p["is_symlink"] and not p["exists"]:
             kind, ok = "dangling_symlink", False
             f = F.make(kind, path=p["path"], pointer=p["path"], target=p["target"], suggestion=suggestion)

@@ -47,6 +47,8 @@ def file_layout(path: Path) -> str:
 
 
 def adapter_for(unit: dict):
+    if unit["layout"] == "irregular":  # FIFO, device, foreign symlink, folder under a file name: never opened
+        return single.IRREGULAR
     if unit["layout"] == "in-progress":  # incl. an object-store save that never completed (no files)
         return single.IN_PROGRESS
     if unit["kind"] == "file":

@@ -45,7 +45,7 @@ class HFIndex:
             p = d / n
             shards: List[str] = []
             try:
-                doc = json.loads(p.read_text())
+                doc = json.loads(fs.read_bounded(p, fs.SMALL_FILE_BYTES))
                 wm = doc.get("weight_map", {}) if isinstance(doc, dict) else {}
                 shards = sorted({str(v) for v in wm.values()}) if isinstance(wm, dict) else []
             except (OSError, ValueError):
@@ -82,7 +82,7 @@ def check_index(run_dir: Path, index_rel: str, scan: UnitScan, cfg: dict, unit_n
     base = Path(index_rel).parent
     scan.files_checked.append(index_rel)
     try:
-        doc = json.loads(ip.read_text())
+        doc = json.loads(fs.read_bounded(ip, fs.SMALL_FILE_BYTES))
         wm = doc["weight_map"]
         if not isinstance(wm, dict):
             raise ValueError("weight_map is not an object")
@@ -153,7 +153,7 @@ class HFTrainer:
             if n == "trainer_state.json":
                 scan.files_checked.append(f)
                 try:
-                    st = json.loads((run_dir / f).read_text())
+                    st = json.loads(fs.read_bounded(run_dir / f, fs.SMALL_FILE_BYTES))
                     scan.tree["trainer_state.json"] = {k: st.get(k) for k in ("global_step", "epoch", "best_metric",
                                                                               "best_model_checkpoint", "max_steps")}
                     scan.facts["global_step"] = st.get("global_step")

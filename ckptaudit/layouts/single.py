@@ -67,5 +67,18 @@ class InProgressFolder:
         return scan
 
 
+class Irregular:
+    """A path that is never opened (its findings come from the inventory's ``irregular`` map)."""
+
+    name = "irregular"
+
+    def claim_dir(self, path: Path) -> bool:
+        return False
+
+    def scan(self, run_dir: Path, unit: dict, cfg: dict) -> UnitScan:
+        return UnitScan(unit["unit"], unit["layout"])
+
+
 ADAPTER = SingleFile()
+IRREGULAR = Irregular()
 IN_PROGRESS = InProgressFolder()
