@@ -10,7 +10,8 @@ Exit codes of ``audit`` (for cron and CI):
 * 0 — the newest unit is usable for resume;
 * 1 — roll back needed and possible (resume or warm-start from an older/other unit);
 * 2 — nothing usable: retrain;
-* 3 — the audit itself failed (bad arguments, unreadable folder, workflow error).
+* 3 — the audit itself failed (bad arguments or config, unreadable folder, workflow error); one
+  line on stderr says why.
 """
 
 from __future__ import annotations
@@ -36,25 +37,114 @@ def workflow_dir() -> Path:
         "repository with `pip install -e .`")
 
 
+CONFIG_MAX_BYTES = 1 << 20  # a config file is a few KiB; anything larger is not one
+
+
+def read_config_file(path: str, max_bytes: int = CONFIG_MAX_BYTES) -> str:
+    """The text of the ``--config`` file, read without blocking and with a size cap.
+
+    Opened with ``O_NONBLOCK`` and checked to be a regular file before any read, so a
+    FIFO, ``/dev/zero`` or a socket is refused at once instead of hanging or filling
+    memory; a file over ``max_bytes`` (1 MiB) is refused unread.  Raises
+    :class:`click.ClickException` with a one-line reason.
+    """
+    import os
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise click.ClickException(f"--config {path}: cannot open: {e.strerror}")
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            what = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode)
+                    or stat.S_ISBLK(st.st_mode) else "a folder" if stat.S_ISDIR(st.st_mode)
+                    else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
+            raise click.ClickException(f"--config {path}: is {what}; expected a regular YAML/JSON file")
+        if st.st_size > max_bytes:
+            raise click.ClickException(
+                f"--config {path}: {st.st_size} bytes, more than the {max_bytes} bytes a config file may have")
+        with os.fdopen(fd, "rb", closefd=True) as f:
+            fd = -1
+            data = f.read(max_bytes + 1)
+    except OSError as e:
+        raise click.ClickException(f"--config {path}: cannot read: {e.strerror}")
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    if len(data) > max_bytes:  # grew while being read
+        raise click.ClickException(f"--config {path}: more than the {max_bytes} bytes a config file may have")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise click.ClickException(f"--config {path}: not UTF-8 text ({e.reason} at byte {e.start})")
+
+
 def load_user_config(path: str | None) -> dict:
-    """A YAML or JSON file with keys of config/config.yaml, validated by config/schema.yaml."""
+    """A YAML or JSON file with keys of config/config.yaml, checked by :func:`ckptaudit.pipeline.check_config`
+    (config/schema.yaml's types and bounds, and finiteness).  Raises :class:`click.ClickException`
+    with a one-line reason."""
     import yaml
-    from snakemake.utils import validate
+
+    from .pipeline import check_config
 
     base = yaml.safe_load((workflow_dir() / "config" / "config.yaml").read_text())
-    if path:
+    if path is not None:
+        text = read_config_file(path)
         try:
-            user = yaml.safe_load(Path(path).read_text()) or {}
-        except (OSError, yaml.YAMLError) as e:
-            raise click.ClickException(f"--config {path}: {e}")
+            # JSON first: YAML 1.1 reads a JSON number such as 1e13 as the string "1e13"
+            user = _json_or_none(text)
+            if user is None:
+                user = yaml.safe_load(text) or {}
+        except yaml.YAMLError as e:
+            raise click.ClickException(f"--config {path}: not YAML: {' '.join(str(e).split())[:300]}")
+        except RecursionError:
+            raise click.ClickException(f"--config {path}: nested too deeply")
         if not isinstance(user, dict):
             raise click.ClickException(f"--config {path}: expected a mapping of config keys")
         base = _merge(base, user)
     try:
-        validate(base, str(workflow_dir() / "config" / "schema.yaml"))
-    except Exception as e:  # snakemake raises WorkflowError with the jsonschema message
-        raise click.ClickException(f"invalid config: {e}")
+        check_config(base, workflow_dir() / "config" / "schema.yaml")
+    except ValueError as e:
+        raise click.ClickException(f"{'--config ' + path + ': ' if path else ''}{e}")
     return base
+
+
+def _json_or_none(text: str):
+    """``text`` parsed as JSON when it is a JSON object, else None (then it is read as YAML)."""
+    if not text.lstrip().startswith("{"):
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None  # YAML flow mappings start with "{" too
+
+
+def check_paths(run_dir: str, out_dir: str) -> tuple:
+    """(run folder, output folder) of ``audit``, both resolved; raises :class:`click.ClickException`.
+
+    Refused: an empty run path (``Path("")`` is the current folder, which would be
+    audited by accident), a local run path that is not a folder, an empty ``--out``, and
+    an ``--out`` that is the run folder or inside it (the audit would write
+    ``.snakemake/``, tables and logs into what it audits)."""
+    from .pipeline import check_out_dir
+
+    if not run_dir.strip():
+        raise click.ClickException("RUN_DIR is empty; give the run folder (or s3://bucket/prefix) to audit")
+    if not out_dir.strip():
+        raise click.ClickException("--out is empty; give the folder the report is written to")
+    out = Path(out_dir).resolve()
+    if "://" in run_dir:  # s3://… is checked by the inventory stage
+        return run_dir, out
+    rd = Path(run_dir)
+    if not rd.is_dir():
+        raise click.ClickException(f"{run_dir}: not a folder")
+    try:
+        check_out_dir(rd, out)
+    except ValueError as e:
+        raise click.ClickException(f"--out {out_dir}: {e}")
+    return str(rd.resolve()), out
 
 
 def _merge(a: dict, b: dict) -> dict:
@@ -180,12 +270,23 @@ def main():
     """Audit the checkpoints of a training run and say where to roll back."""
 
 
-@main.command()
+class _ExitThreeOnUsageError(click.Command):
+    """A command whose usage errors exit 3 (the audit's own failure), not click's 2 (which is "retrain")."""
+
+    def parse_args(self, ctx, args):
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as e:
+            e.exit_code = EXIT_FAILED
+            raise
+
+
+@main.command(cls=_ExitThreeOnUsageError)
 @click.argument("run_dir")
 @click.argument("snakemake_args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output folder.")
-@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
-              help="YAML/JSON with keys of config/config.yaml.")
+@click.option("--config", "config_file", type=click.Path(),
+              help="YAML/JSON with keys of config/config.yaml (a regular file of at most 1 MiB).")
 @click.option("--cores", default=None, type=click.IntRange(1),
               help="Snakemake cores (default 2; with --profile, the profile's).")
 @click.option("--profile", default=None, metavar="NAME_OR_PATH",
@@ -204,12 +305,9 @@ def audit(run_dir, snakemake_args, out_dir, config_file, cores, profile, executo
     from .verdict import exit_code
 
     try:
+        rd, out = check_paths(run_dir, out_dir)
         cfg = load_user_config(config_file)
-        rd = Path(run_dir)
-        if "://" not in run_dir and not rd.is_dir():  # s3://… is checked by the inventory stage
-            raise click.ClickException(f"{run_dir}: not a folder")
-        out = Path(out_dir).resolve()
-        cfg.update(run_dir=run_dir if "://" in run_dir else str(rd.resolve()), out_dir=str(out))
+        cfg.update(run_dir=rd, out_dir=str(out))
         if profile or executor or snakemake_args:
             run_snakemake_cli(cfg, out, profile=profile, executor=executor, cores=cores, quiet=not verbose,
                               extra_args=snakemake_args)

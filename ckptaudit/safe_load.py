@@ -1,4 +1,4 @@
-"""Reader side: load the newest checkpoint that verifies, falling back past damaged ones.
+"""Reader side: load the unit the audit names as the rollback point, falling back past damaged ones.
 
 Usage in a training script::
 
@@ -7,14 +7,17 @@ Usage in a training script::
     model.load_state_dict(ckpt["model"])         # the result indexes like the state
     start_step = ckpt.step
 
-Order of checks per unit, newest first, cheapest first: the unit's name (an
-in-progress save is never used), the bytes (empty, zero-filled, LFS pointer,
-zip central directory and every member's CRC32, safetensors header), a static
-scan of every pickle (an import outside ``torch.load(weights_only=True)``'s
-allowlist and the known-benign list skips the unit), SHA-256 against the
-sidecar or manifest when there is one, and only then
-``torch.load(path, map_location=…, weights_only=True)``.  Every skipped unit is
-logged as a warning with its reason.
+One judgement for reader and audit: the run is audited in this process by the
+audit's own stages (:func:`ckptaudit.pipeline.audit_in_process`), in their
+cheap-first order — the unit's name (an in-progress save is never used), the
+bytes (empty, zero-filled, LFS pointer, zip central directory and every member's
+CRC32, safetensors header), a static scan of every pickle (an import outside
+``torch.load(weights_only=True)``'s allowlist and the known-benign list), SHA-256
+against the sidecar or manifest, the isolated load test in a child process, the
+structure, and the state layer (completeness, NaN/Inf in the weights) — and the
+verdict's rollback unit is loaded with ``torch.load(path, map_location=…,
+weights_only=True)``.  A unit without model weights is never returned.  Every
+newer unit passed over is logged as a warning with its reason.
 
 What a unit loads as (``ckpt.state``):
 
@@ -66,6 +69,7 @@ class LoadedCheckpoint:
     step: Optional[int]
     skipped: Dict[str, str] = field(default_factory=dict)  # newer units passed over, with why
     not_loaded: Dict[str, str] = field(default_factory=dict)  # files of a folder unit left out, with why
+    usable_for: str = "resume"  # the audit's judgement: "resume", or "warm-start" (weights only)
 
     def __getitem__(self, key):
         return self.state[key]
@@ -170,7 +174,7 @@ def _load_unit(root: Path, ud: dict, map_location: Any, benign: Sequence[str]) -
     return state, not_loaded
 
 
-def _step_of(state: Any, unit: Any) -> Optional[int]:
+def _step_of(state: Any, default: Optional[int]) -> Optional[int]:
     if isinstance(state, dict):
         for k in ("iter_num", "global_step", "step", "iteration"):
             if isinstance(state.get(k), int) and not isinstance(state.get(k), bool):
@@ -178,54 +182,127 @@ def _step_of(state: Any, unit: Any) -> Optional[int]:
         ts = state.get("trainer_state.json")
         if isinstance(ts, dict) and isinstance(ts.get("global_step"), int):
             return ts["global_step"]
-    return unit.step_from_name
+    return default
 
 
 def safe_load_checkpoint(ckpt_dir: str | Path, *, map_location: Any = "cpu",
                          allow_globals: Sequence[str] = (), load: bool = True,
-                         logger: Optional[logging.Logger] = None) -> LoadedCheckpoint:
-    """Load the newest unit of ``ckpt_dir`` that passes every check.
+                         logger: Optional[logging.Logger] = None,
+                         audit_config: Optional[dict] = None) -> LoadedCheckpoint:
+    """Load the unit the audit names as the rollback point of ``ckpt_dir``.
+
+    One judgement for reader and audit: the run is audited in this process by the
+    audit's own stages (:func:`ckptaudit.pipeline.audit_in_process`, cheap checks first:
+    names, bytes and CRCs, static pickle scan, sidecar hashes, the isolated load test,
+    structure, the state layer's completeness and non-finite scan), and the verdict's
+    rollback unit is loaded — the newest unit usable for resume, else the newest usable
+    for a warm start (``usable_for`` says which).  A unit without model weights is never
+    returned.  ``audit_config`` holds keys of ``config/config.yaml`` for the resuming job
+    (``expected_model_args``, ``target``, …; checked by
+    :func:`ckptaudit.pipeline.check_config`, ``ValueError`` when outside the schema).
 
     Returns a :class:`LoadedCheckpoint` (what ``state`` holds per layout: module
-    docstring).  With ``load=False`` nothing is unpickled or loaded: the newest unit of
-    any layout that passes every check short of loading is returned with ``state`` None
-    (for DCP, DeepSpeed and Megatron folders, which their frameworks load).  ``step`` is
-    the saved ``iter_num``/``global_step``/``step``/``iteration``, HF ``trainer_state.json``
-    ``global_step``, else the step in the unit's name.  Raises
-    :class:`NoUsableCheckpointError` (listing every unit and why) when none passes, and
-    ``FileNotFoundError`` when ``ckpt_dir`` does not exist.  ``allow_globals`` lists
-    extra ``"package.module.Name"`` types the caller trusts.
+    docstring).  With ``load=False`` nothing is unpickled or loaded here: the rollback
+    unit of any layout is returned with ``state`` None (for DCP, DeepSpeed and Megatron
+    folders, which their frameworks load).  ``step`` is the saved
+    ``iter_num``/``global_step``/``step``/``iteration``, HF ``trainer_state.json``
+    ``global_step``, else the step the audit found.  Raises :class:`NoUsableCheckpointError`
+    (listing every unit newer than the rollback point, or every unit, and why) when the
+    audit says retrain, when the rollback unit's layout needs ``load=False``, or when it
+    fails to load here; ``FileNotFoundError`` when ``ckpt_dir`` does not exist.
+    ``allow_globals`` lists extra ``"package.module.Name"`` types the caller trusts.
     """
-    from . import inventory
+    import json
+    import tempfile
+
+    from . import tables
     from .loadtest import explain
+    from .pipeline import audit_in_process
 
     lg = logger or log
     root = Path(ckpt_dir)
-    units, _, _ = inventory.discover(root)
+    if not root.is_dir():
+        raise FileNotFoundError(f"{ckpt_dir}: no such checkpoint folder")
+    cfg = dict(audit_config or {})
+    cfg["security"] = {**(cfg.get("security") or {}),
+                       "allow_globals": sorted({*((cfg.get("security") or {}).get("allow_globals") or []),
+                                                *allow_globals})}
+    with tempfile.TemporaryDirectory(prefix="ckptaudit-reader-") as td:
+        v = audit_in_process(root, cfg, out_dir=td)
+        inv = json.loads((Path(td) / "work" / "inventory.json").read_text())
+        rows = {name: {r["unit"]: r for r in tables.read_rows(Path(td) / "tables" / f"{name}.parquet")}
+                for name in ("scan", "state")}
+    inv_units = {u["unit"]: u for u in inv["units"]}
+    rollback, reasons = choose(v, inv_units, rows["state"])
+    for unit, why in reasons.items():
+        lg.warning("safe_load_checkpoint: skipping %s: %s", unit, why)
+    if rollback is None:
+        raise NoUsableCheckpointError(str(ckpt_dir), reasons)
+    ud = inv_units[rollback["unit"]]
+    if load and not loadable(ud):
+        reasons[ud["unit"]] = (f"layout {ud['layout']} is resharded by its own framework; call "
+                               "safe_load_checkpoint(..., load=False) to get the verified unit and load it with "
+                               "that framework")
+        raise NoUsableCheckpointError(str(ckpt_dir), reasons)
+    path = root / (ud["files"][0] if ud["kind"] == "file" else ud["unit"])
+    state, not_loaded = None, {}
+    if load:
+        benign = list((rows["scan"].get(ud["unit"]) or {}).get("benign_globals") or []) + list(allow_globals)
+        try:
+            state, not_loaded = _load_unit(root, ud, map_location, benign)
+        except Exception as e:  # noqa: BLE001 - the audit's choice failed here: say so, never guess another
+            reasons[ud["unit"]] = f"load_failed: {explain(str(e))} ({type(e).__name__})"
+            raise NoUsableCheckpointError(str(ckpt_dir), reasons) from e
+    step = _step_of(state, rollback.get("step") if rollback.get("step") is not None else ud.get("step_from_name"))
+    if reasons:
+        lg.warning("safe_load_checkpoint: using %s (step %s) after skipping %d newer unit(s)",
+                   ud["unit"], step, len(reasons))
+    if rollback["usable_for"] != "resume":
+        lg.warning("safe_load_checkpoint: %s is usable for %s only: load its weights and restart the optimizer",
+                   ud["unit"], rollback["usable_for"])
+    return LoadedCheckpoint(state=state, unit=ud["unit"], path=path, step=step, skipped=reasons,
+                            not_loaded=not_loaded, usable_for=rollback["usable_for"])
+
+
+def choose(verdict: dict, inv_units: Dict[str, dict], state_rows: Dict[str, dict]) -> tuple:
+    """(rollback unit of ``verdict`` as a verdict unit dict or None, {newer unit: why it is passed over}).
+
+    The verdict's own rule (:func:`ckptaudit.verdict.decide`: newest ``resume`` unit,
+    else newest ``warm-start`` unit; ``verdict["units"]`` is in save order) over the
+    units that also hold model weights (state layer ``has_weights``); reasons are listed
+    newest first."""
+    units = verdict["units"]
+    no_weights = {u["unit"] for u in units if u["usable_for"] != "none"
+                  and (state_rows.get(u["unit"]) or {}).get("has_weights") is not True}
+    cands = [u for u in units if u["usable_for"] != "none" and u["unit"] not in no_weights]
+    resume = [u for u in cands if u["usable_for"] == "resume"]
+    rollback = resume[-1] if resume else (cands[-1] if cands else None)
+    newer = units[units.index(rollback) + 1:] if rollback else units
     reasons: Dict[str, str] = {}
-    for u in sorted(units, key=lambda x: (x.step_from_name if x.step_from_name is not None else -1, x.unit),
-                    reverse=True):
-        ud = u.to_dict()
-        why = check_unit(root, ud, allow_globals, need_loadable=load)
-        if why is None:
-            path = root / (ud["files"][0] if ud["kind"] == "file" else ud["unit"])
-            state, not_loaded = None, {}
-            if load:
-                try:
-                    state, not_loaded = _load_unit(root, ud, map_location,
-                                                   list(ud.get("_benign", [])) + list(allow_globals))
-                except Exception as e:  # noqa: BLE001 - any load failure means "try the next unit"
-                    why = f"load_failed: {explain(str(e))} ({type(e).__name__})"
-            if why is None:
-                step = _step_of(state, u)
-                if reasons:
-                    lg.warning("safe_load_checkpoint: using %s (step %s) after skipping %d newer unit(s)",
-                               u.unit, step, len(reasons))
-                return LoadedCheckpoint(state=state, unit=u.unit, path=path, step=step, skipped=dict(reasons),
-                                        not_loaded=not_loaded)
-        lg.warning("safe_load_checkpoint: skipping %s: %s", u.unit, why)
-        reasons[u.unit] = why
-    raise NoUsableCheckpointError(str(ckpt_dir), reasons)
+    for u in reversed(newer):
+        reasons[u["unit"]] = _why_not(u, inv_units.get(u["unit"]) or {}, u["unit"] in no_weights)
+    return rollback, reasons
+
+
+_LAYER_ORDER = {"file": 0, "security": 1, "structure": 2, "state": 3}  # cheap first, as the stages run
+
+
+def _why_not(u: dict, inv_unit: dict, no_weights: bool) -> str:
+    """One line: why verdict unit ``u`` is not the rollback point."""
+    if inv_unit.get("in_progress"):
+        return f"in-progress save ({inv_unit['in_progress']})"
+    errs = sorted((f for f in u["findings"] if f["severity"] == "error"),
+                  key=lambda f: _LAYER_ORDER.get(f["layer"], 9))
+    if errs:
+        return f"{errs[0]['kind']}: {errs[0]['message']}"
+    if no_weights:
+        return "no_model_weights: the audit found no model weights in this unit (nothing to load)"
+    if u["usable_for"] != "resume":
+        capped = [f for f in u["findings"] if f.get("caps") not in (None, "resume")] or u["findings"]
+        if capped:
+            return f"usable for {u['usable_for']} only: {capped[0]['kind']}: {capped[0]['message']}"
+        return f"usable for {u['usable_for']} only"
+    return "not chosen by the audit"
 
 
 __all__: List[str] = ["safe_load_checkpoint", "LoadedCheckpoint", "NoUsableCheckpointError", "check_unit",

@@ -5,12 +5,19 @@ import json
 import os
 import sys
 
+from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 import ckptaudit
 from ckptaudit import workflow_support as ws
+from ckptaudit.pipeline import check_config, check_out_dir
 
-validate(config, os.path.join(workflow.basedir, "config", "schema.yaml"))
+SCHEMA = os.path.join(workflow.basedir, "config", "schema.yaml")
+try:  # the schema's bounds plus finiteness (NaN passes every JSON Schema bound), in one line
+    check_config(config, SCHEMA)
+except ValueError as e:
+    raise WorkflowError(str(e))
+validate(config, SCHEMA)  # fills defaults
 ws.configure_storage(config)  # s3: settings for this process and the jobs it starts (no secrets)
 
 PYTHON = sys.executable
@@ -19,6 +26,10 @@ DEMO_DIR = "demo_run"
 RUN_DIR = config["run_dir"] or DEMO_DIR
 RUN_NAME = config["run_name"] or ws.run_name(RUN_DIR)
 OUT = (config["out_dir"] or os.path.join("reports", RUN_NAME)).rstrip("/")
+try:
+    check_out_dir(RUN_DIR, OUT)
+except ValueError as e:
+    raise WorkflowError(str(e))
 TABLES = f"{OUT}/tables"
 PARTS = f"{OUT}/tables/parts"
 LOGS = f"{OUT}/logs"
