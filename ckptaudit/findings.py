@@ -404,9 +404,10 @@ _ENTRIES: List[Kind] = [
        "{path}: the pickle in {member} imports {dangerous}, which can run commands when unpickled: opening it "
        "with torch.load(weights_only=False) or pickle.load would execute code.",
        "Never load it outside a disposable sandbox; find out where the file came from and replace it."),
-    _k("unknown_pickle_global", "security", "error", "none",
-       "{path}: the pickle in {member} imports {unknown}, which is neither allowed by torch.load(weights_only=True) "
-       "nor on the known-benign list.",
+    _k("unknown_pickle_global", "security", "warning", "resume",
+       "{path}: the pickle in {member} imports {unknown} (module.name), which is neither allowed by "
+       "torch.load(weights_only=True) nor a known framework data class: weights_only=True will refuse it, and "
+       "weights_only=False would run whatever code that name has where the file is loaded.",
        "Inspect the import; if it is your own trusted type, add it to security.allow_globals in the audit config."),
     _k("non_allowlisted_global_benign", "security", "warning", "resume",
        "{path}: the pickle in {member} imports {benign}, known-benign but rejected by torch.load(weights_only=True) "

@@ -44,10 +44,16 @@ given to :func:`walk`.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import bz2
 import io
 import itertools
+import lzma
 import math
 import pickletools
+import re
+import zlib
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -65,6 +71,7 @@ __all__ = [
     "dtype_itemsize",
     "normalize_global",
     "walk",
+    "walk_streams",
 ]
 
 
@@ -366,6 +373,12 @@ _GROUP_CODES = [
 ]
 _GROUP = {pickletools.code2op[ch]: g for g, codes in enumerate(_GROUP_CODES) for ch in codes}
 _MAX_NESTED_DEPTH = 4
+_MIN_ENCODED_CHARS = 24  # shortest str/bytes operand tried as base64/hex/compressed pickle
+_MAX_DECODED_BYTES = 16 << 20  # per decoded blob (decompression bombs stop here)
+_MAX_DECODE_BUDGET = 64 << 20  # decoded bytes per top-level walk, all blobs together
+_MAX_STREAMS = 64  # pickle streams walked back to back in one buffer
+_B64 = re.compile(rb"[A-Za-z0-9+/\-_]+={0,2}")
+_HEX = re.compile(rb"(?:[0-9a-fA-F]{2})+")
 _MAX_TRICKS = 200
 _MAX_KEY_NODES = 2000
 
@@ -497,7 +510,7 @@ def _raw_line_pair(data: Any, pos: int) -> Tuple[str, str]:
 
 
 def walk(data: bytes | bytearray | memoryview, start: int = 0, *, max_ops: int = 20_000_000,
-         persistent: str = "torch", _depth: int = 0) -> WalkResult:
+         persistent: str = "torch", _depth: int = 0, _budget: Optional[List[int]] = None) -> WalkResult:
     """Interpret the pickle that starts at byte ``start`` of ``data``, symbolically.
 
     Returns a :class:`WalkResult`; never raises on bad input (``error`` is set
@@ -532,15 +545,95 @@ def walk(data: bytes | bytearray | memoryview, start: int = 0, *, max_ops: int =
         f = io.BytesIO(data)
         f.seek(start)
     res = WalkResult(obj=None, end=start)
-    state = _State(res, data, persistent, _depth, max_ops)
+    state = _State(res, data, persistent, _depth, max_ops, _budget)
     state.run(f, start)
     return res
 
 
-class _State:
-    __slots__ = ("res", "data", "persistent", "depth", "max_ops", "n_tricks_dropped", "tensors_built", "names")
+def walk_streams(data: bytes | bytearray | memoryview, first: Optional[WalkResult] = None, *,
+                 max_streams: int = _MAX_STREAMS, max_ops: int = 20_000_000,
+                 persistent: str = "torch") -> List[WalkResult]:
+    """Walk every pickle stream stored back to back in ``data``, from byte 0 (``first``: the
+    caller's walk of the first stream, not walked again).
 
-    def __init__(self, res: WalkResult, data: Any, persistent: str, depth: int, max_ops: int) -> None:
+    ``pickle.load`` in a loop (and torch's legacy ``_legacy_load``, which reads
+    five pickles) runs each of them, so each is walked: after one stream's
+    ``STOP`` the next byte starts another stream when it is a protocol header
+    (``\\x80`` + 0..5) or a protocol-0/1 opcode that can open a pickle.  The
+    walk stops at the first stream that fails, at ``max_streams``, and after the
+    fifth stream of a legacy torch layout (second stream = 1001), whose
+    storage bytes follow.  Each stream gets its own ``max_ops``.
+    """
+    size = data.nbytes if isinstance(data, memoryview) else len(data)
+    out: List[WalkResult] = []
+    pos = 0
+    limit = max_streams
+    if first is not None:
+        out.append(first)
+        if first.error or first.end <= 0:
+            return out
+        pos = first.end
+    while pos < size and len(out) < limit:
+        if out and not _stream_start(data, pos, size):
+            break
+        r = walk(data, pos, max_ops=max_ops, persistent=persistent)
+        out.append(r)
+        if r.error or r.end <= pos:
+            break
+        pos = r.end
+        if len(out) == 2 and type(out[1].obj) is int and out[1].obj == 1001:
+            limit = min(limit, 5)  # legacy torch.save: magic, 1001, sys info, object, keys, then raw bytes
+    return out
+
+
+_P0_STARTS = frozenset(b"(cIL}])NSVFdltiopgGJKMXUBCT\x8c\x8a")
+
+
+def _stream_start(data: Any, pos: int, size: int) -> bool:
+    b0 = data[pos]
+    if b0 == 0x80:
+        return pos + 1 < size and data[pos + 1] <= 5
+    return b0 in _P0_STARTS
+
+
+def _decode_layer(blob: bytes, budget: List[int]) -> Tuple[Optional[bytes], str]:
+    """One decoding step of an operand that may hide a pickle: zlib/gzip, bz2, lzma, hex or
+    base64.  Returns ``(decoded, how)`` or ``(None, "")``; output is capped at
+    :data:`_MAX_DECODED_BYTES` and charged to ``budget[0]`` (bytes left for this walk)."""
+    if budget[0] <= 0:
+        return None, ""
+    cap = min(_MAX_DECODED_BYTES, budget[0])
+    out: Optional[bytes] = None
+    how = ""
+    try:
+        if blob[:1] == b"\x78" and blob[1] in (0x01, 0x5E, 0x9C, 0xDA):
+            out, how = zlib.decompressobj().decompress(blob, cap), "zlib"
+        elif blob[:2] == b"\x1f\x8b":
+            out, how = zlib.decompressobj(31).decompress(blob, cap), "gzip"
+        elif blob[:3] == b"BZh":
+            out, how = bz2.BZ2Decompressor().decompress(blob, cap), "bz2"
+        elif blob[:6] == b"\xfd7zXZ\x00" or blob[:3] == b"\x5d\x00\x00":
+            out, how = lzma.LZMADecompressor().decompress(blob, cap), "lzma"
+        elif len(blob) >= _MIN_ENCODED_CHARS and len(blob) % 2 == 0 and _HEX.fullmatch(blob):
+            out, how = binascii.unhexlify(blob), "hex"
+        elif len(blob) >= _MIN_ENCODED_CHARS and len(blob) % 4 == 0 and _B64.fullmatch(blob):
+            alt = b"-_" if (b"-" in blob or b"_" in blob) else None
+            out, how = base64.b64decode(blob, altchars=alt, validate=True), "base64"
+    except (zlib.error, OSError, EOFError, lzma.LZMAError, ValueError, binascii.Error):
+        return None, ""
+    if out is None:
+        return None, ""
+    budget[0] -= len(out)
+    return out, how
+
+
+class _State:
+    __slots__ = ("res", "data", "persistent", "depth", "max_ops", "n_tricks_dropped", "tensors_built", "names",
+                 "budget")
+
+    def __init__(self, res: WalkResult, data: Any, persistent: str, depth: int, max_ops: int,
+                 budget: Optional[List[int]] = None) -> None:
+        self.budget = budget if budget is not None else [_MAX_DECODE_BUDGET]
         self.res = res
         self.data = data
         self.persistent = persistent
@@ -589,6 +682,8 @@ class _State:
                         raise _WalkError(f"memo key {arg} not defined at byte {pos} ({op.name})") from None
                 elif g == 2:  # ints, floats, str: genops decoded the operand
                     push(arg)
+                    if type(arg) is str and len(arg) >= _MIN_ENCODED_CHARS and arg[:1] != "\x80":
+                        self.maybe_encoded(arg, pos, op.name)  # a latin-1 str is handled at _codecs.encode
                 elif g == 3:  # MARK
                     metastack.append(stack)
                     stack = []
@@ -716,16 +811,18 @@ class _State:
                     push(self.newobj(items[0], tuple(items[1:]), None, pos, "OBJ"))
                 elif g == 28:  # STRING / SHORT_BINSTRING / BINSTRING (Python 2 str)
                     push(arg)
-                    if type(arg) is str and arg[:1] == "\x80":
-                        self.maybe_nested(arg.encode("latin-1"), pos, op.name)
+                    if type(arg) is str and (arg[:1] == "\x80" or len(arg) >= _MIN_ENCODED_CHARS):
+                        self.maybe_encoded(arg, pos, op.name)
+                    elif type(arg) is bytes and (arg[:1] == b"\x80" or len(arg) >= _MIN_ENCODED_CHARS):
+                        self.maybe_encoded(arg, pos, op.name)
                 elif g == 29:  # BINBYTES / SHORT_BINBYTES / BINBYTES8
                     push(arg)
-                    if arg[:1] == b"\x80":
-                        self.maybe_nested(arg, pos, op.name)
+                    if arg[:1] == b"\x80" or len(arg) >= _MIN_ENCODED_CHARS:
+                        self.maybe_encoded(arg, pos, op.name)
                 elif g == 30:  # BYTEARRAY8
                     push(bytearray(arg))
-                    if arg[:1] == b"\x80":
-                        self.maybe_nested(arg, pos, op.name)
+                    if arg[:1] == b"\x80" or len(arg) >= _MIN_ENCODED_CHARS:
+                        self.maybe_encoded(arg, pos, op.name)
                 elif g == 31:  # LIST
                     if not metastack:
                         raise _WalkError(f"no MARK for LIST at byte {pos}")
@@ -843,16 +940,44 @@ class _State:
             self.trick(f"import at byte {pos} walks attributes through a dunder name: {mod}.{name}")
 
     # -- nested pickles
-    def maybe_nested(self, payload: bytes, pos: int, opname: str) -> None:
+    def maybe_encoded(self, payload: Any, pos: int, opname: str) -> None:
+        """Try ``payload`` (a str or bytes operand) as a pickle, raw or encoded (base64, hex, zlib,
+        bz2, lzma, up to :data:`_MAX_NESTED_DEPTH` layers); walk the pickle found inside."""
+        if self.depth >= _MAX_NESTED_DEPTH:
+            return
+        if type(payload) is str:
+            if payload[:1] == "\x80":
+                try:
+                    self.maybe_nested(payload.encode("latin-1"), pos, opname, "")
+                except UnicodeEncodeError:
+                    pass
+                return
+            if not payload.isascii():
+                return
+            payload = payload.encode("ascii")
+        via: List[str] = []
+        blob: Optional[bytes] = bytes(payload)
+        for _ in range(_MAX_NESTED_DEPTH):
+            if blob is None or len(blob) < 3:
+                return
+            if blob[:1] == b"\x80":
+                self.maybe_nested(blob, pos, opname, " ".join(via))
+                return
+            blob, how = _decode_layer(blob, self.budget)
+            if how:
+                via.append(how)
+
+    def maybe_nested(self, payload: bytes, pos: int, opname: str, via: str = "") -> None:
         if len(payload) < 3 or payload[1] > 5 or self.depth >= _MAX_NESTED_DEPTH:
             return
         budget = self.max_ops - self.res.n_ops
         sub = walk(payload, 0, max_ops=max(1000, min(budget, self.max_ops)), persistent=self.persistent,
-                   _depth=self.depth + 1)
+                   _depth=self.depth + 1, _budget=self.budget)
         if sub.error is None and sub.n_ops >= 3:
             self.res.nested.append(sub)
             names = sorted({str(g) for g in sub.all_globals()})
-            self.trick(f"{opname} at byte {pos} holds a complete nested pickle ({len(payload)} bytes, "
+            how = f" ({via}-encoded)" if via else ""
+            self.trick(f"{opname} at byte {pos} holds a complete nested pickle{how} ({len(payload)} bytes, "
                        f"{sub.n_ops} opcodes, imports {names})")
 
     # -- persistent ids

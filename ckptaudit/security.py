@@ -1,33 +1,32 @@
-"""Classify the imports a pickle asks for, and turn them into findings.
+"""Classify the imports a pickle asks for into risk tiers, by what they can do; turn them into findings.
 
 Every import found by :func:`ckptaudit.pickle_walk.walk` (including those of
-nested pickles) falls in one category:
+nested pickles and of every stream of the file) falls in one tier; the tables
+and their sources are in :mod:`ckptaudit.security_tiers`:
 
 * ``"weights_only"`` – allowed by ``torch.load(weights_only=True)`` of torch
-  2.13 with no extra configuration.  The list is encoded below as data from
-  ``torch/_weights_only_unpickler.py`` (``_get_allowed_globals`` and
-  ``_tensor_rebuild_functions``), not imported from torch, so the audit works
-  without torch and does not change when the installed torch does;
-  ``tests/test_security.py`` checks it against the installed torch.
-* ``"benign"`` – rejected by the weights-only loader but known to be plain
-  data (each entry says why and where it is seen), or listed by the team in
-  ``security.allow_globals`` (``extra_allowed``).  Reported as a warning with
-  the exact ``torch.serialization.add_safe_globals([...])`` repair.
-* ``"dangerous"`` – a label for imports that run commands, code, file or
-  network operations when called (public lists: picklescan 1.0.5
-  ``scanner._unsafe_globals``, ModelScan ``settings.py`` unsafe globals,
-  fickling's "unsafe imports" analysis).  A denylist is always incomplete —
-  new gadgets are found every year and scanners are bypassed through
-  unlisted modules — so this label only chooses the wording of the finding:
-* ``"unknown"`` – everything else.  It is an error too, because only an
-  allowlist is safe.
+  2.13 with no extra configuration (encoded as data from
+  ``torch/_weights_only_unpickler.py``, checked against the installed torch
+  by ``tests/test_security.py``).  No finding.
+* ``"dangerous"`` – code execution, file, process, network and import
+  machinery, attribute-walking gadgets (``getattr``, ``attrgetter``, dotted
+  protocol-4 names that walk through a module attribute), a benign or
+  unknown name whose call result is called in turn, a ``defaultdict`` whose
+  factory is not a type.  Error, the unit is unusable
+  (``malicious_pickle_code_exec``); the walk's tricks (computed
+  ``STACK_GLOBAL``, memo rebinding, ``EXT`` codes, nested pickles, hidden
+  streams) are errors too (``pickle_obfuscation``).
+* ``"benign"`` – data classes of known frameworks, rebuilt from constants
+  (``NEWOBJ``/``BUILD`` or ``REDUCE`` of literals), each entry with where and
+  in which version it was seen, or listed by the team in
+  ``security.allow_globals``.  Warning with the exact
+  ``torch.serialization.add_safe_globals([...])`` repair.  A data class
+  called with a computed argument is not data: it becomes unknown.
+* ``"unknown"`` – everything else.  A warning (``unknown_pickle_global``)
+  naming module and name: ``weights_only=True`` will refuse it.
 
 Dangerous imports cannot be allowlisted through ``extra_allowed`` (torch
 itself refuses to allowlist anything from ``sys``, ``os``, ``posix``, ``nt``).
-
-The classification is by name only: torch's weights-only unpickler also
-refuses opcodes of protocols above 2 (``STACK_GLOBAL``, ``MEMOIZE``, ...),
-which the loader, not this module, reports.
 
 This module imports neither torch nor pickle machinery.
 """
@@ -39,7 +38,20 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from . import findings
 from .findings import Finding
-from .pickle_walk import Call, GlobalRef, Instance, WalkResult, normalize_global
+from .pickle_walk import Call, GlobalRef, Instance, WalkResult, normalize_global, walk, walk_streams
+from .security_tiers import (  # noqa: F401 - re-exported: the tier tables live in security_tiers
+    _NUMPY_DTYPE_CLASS,
+    _NUMPY_DTYPE_PREFIX,
+    _NUMPY_DTYPES_SRC,
+    _TORCH_BLOCKED_MODULES,
+    _WO_SOURCE,
+    BENIGN,
+    DANGEROUS_METHODS,
+    DANGEROUS_MODULES,
+    DANGEROUS_NAMES,
+    WEIGHTS_ONLY_GLOBALS,
+    _torch_name,
+)
 
 __all__ = [
     "BENIGN",
@@ -49,324 +61,9 @@ __all__ = [
     "WEIGHTS_ONLY_GLOBALS",
     "classify_import",
     "scan",
+    "streams",
 ]
 
-# ------------------------------------------------------------- weights_only
-
-_WO_SOURCE = "torch 2.13 torch/_weights_only_unpickler.py _get_allowed_globals (default weights_only allowlist)"
-
-_LEGACY_TYPES = ("Double", "Float", "Half", "BFloat16", "Long", "Int", "Short", "Char", "Byte", "Bool")
-_STORAGE_ONLY = ("ComplexDouble", "ComplexFloat")  # storage classes without a legacy tensor class
-_QUANT_STORAGES = ("QInt32", "QInt8", "QUInt2x4", "QUInt4x2", "QUInt8")  # CPU only
-_SPARSE_TYPES = ("BFloat16", "Byte", "Char", "Double", "Float", "Half", "Int", "Long", "Short")
-_DTYPES = (
-    # torch/storage.py _dtype_to_storage_type_map
-    "float64", "float32", "float16", "int64", "int32", "int16", "int8", "uint8", "bool", "bfloat16",
-    "complex128", "complex64", "qint8", "qint32", "quint8", "quint4x2", "quint2x4",
-    # torch/storage.py _new_dtypes
-    "float8_e5m2", "float8_e4m3fn", "float8_e5m2fnuz", "float8_e4m3fnuz", "float8_e8m0fnu",
-    "float4_e2m1fn_x2", "bits8", "bits16", "bits1x8", "bits2x4", "bits4x2", "complex32",
-    "uint16", "uint32", "uint64",
-    # sub-byte integer dtypes added explicitly in _get_allowed_globals
-    *(f"uint{i}" for i in range(1, 8)), *(f"int{i}" for i in range(1, 8)),
-)
-_REBUILDS = (  # _tensor_rebuild_functions
-    "_rebuild_parameter", "_rebuild_parameter_with_state", "_rebuild_qtensor", "_rebuild_tensor",
-    "_rebuild_tensor_v2", "_rebuild_tensor_v3", "_rebuild_sparse_tensor", "_rebuild_meta_tensor_no_storage",
-    "_rebuild_nested_tensor", "_rebuild_wrapper_subclass", "_rebuild_device_tensor_from_numpy",
-    "_rebuild_device_tensor_from_cpu_tensor",
-)
-
-#: Every ``module.name`` torch 2.13's ``torch.load(weights_only=True)`` accepts by default.
-WEIGHTS_ONLY_GLOBALS: frozenset = frozenset(
-    [
-        "collections.OrderedDict", "collections.Counter", "torch.nn.parameter.Parameter",
-        "torch.serialization._get_layout", "torch.Size", "torch.Tensor", "torch.device",
-        "_codecs.encode", "builtins.bytearray", "builtins.set", "builtins.complex",
-        "torch._tensor._rebuild_from_type_v2",
-        "torch.storage.TypedStorage", "torch.storage.UntypedStorage",
-        "torch.per_tensor_affine", "torch.per_tensor_symmetric", "torch.per_channel_affine",
-        "torch.per_channel_symmetric", "torch.per_channel_affine_float_qparams",
-    ]
-    + [f"torch.{d}" for d in _DTYPES]
-    + [f"torch._utils.{f}" for f in _REBUILDS]
-    + [f"torch.{t}Tensor" for t in _LEGACY_TYPES]  # torch._tensor_classes
-    + [f"torch.cuda.{t}Tensor" for t in _LEGACY_TYPES]
-    + [f"torch.sparse.{t}Tensor" for t in _SPARSE_TYPES]
-    + [f"torch.cuda.sparse.{t}Tensor" for t in _SPARSE_TYPES]
-    + [f"torch.{t}Storage" for t in _LEGACY_TYPES + _STORAGE_ONLY + _QUANT_STORAGES]  # torch._storage_classes
-    + [f"torch.cuda.{t}Storage" for t in _LEGACY_TYPES + _STORAGE_ONLY]
-)
-
-# torch/_weights_only_unpickler.py _read_global_instruction rewrites Python 2
-# names with this subset of the stdlib table (torch/_utils.py IMPORT_MAPPING,
-# NAME_MAPPING) before looking them up.
-_TORCH_IMPORT_MAPPING = {
-    "__builtin__": "builtins", "copy_reg": "copyreg", "Queue": "queue", "repr": "reprlib",
-    "_abcoll": "collections.abc", "UserDict": "collections", "UserList": "collections",
-    "UserString": "collections", "whichdb": "dbm", "StringIO": "io", "cStringIO": "io",
-}
-_TORCH_NAME_MAPPING = {
-    ("__builtin__", "xrange"): ("builtins", "range"), ("__builtin__", "reduce"): ("functools", "reduce"),
-    ("__builtin__", "intern"): ("sys", "intern"), ("__builtin__", "unichr"): ("builtins", "chr"),
-    ("__builtin__", "unicode"): ("builtins", "str"), ("__builtin__", "long"): ("builtins", "int"),
-    ("itertools", "izip"): ("builtins", "zip"), ("itertools", "imap"): ("builtins", "map"),
-    ("itertools", "ifilter"): ("builtins", "filter"), ("itertools", "ifilterfalse"): ("itertools", "filterfalse"),
-    ("itertools", "izip_longest"): ("itertools", "zip_longest"),
-    ("UserDict", "IterableUserDict"): ("collections", "UserDict"),
-    ("UserList", "UserList"): ("collections", "UserList"),
-    ("UserString", "UserString"): ("collections", "UserString"), ("__builtin__", "basestring"): ("builtins", "str"),
-    ("exceptions", "StandardError"): ("builtins", "Exception"), ("UserDict", "UserDict"): ("collections", "UserDict"),
-}
-# torch refuses these modules even when a user allowlists something from them.
-_TORCH_BLOCKED_MODULES = ("sys", "os", "posix", "nt")
-
-
-def _torch_name(module: str, name: str) -> str:
-    if (module, name) in _TORCH_NAME_MAPPING:
-        module, name = _TORCH_NAME_MAPPING[(module, name)]
-    else:
-        module = _TORCH_IMPORT_MAPPING.get(module, module)
-    return f"{module}.{name}"
-
-
-# ------------------------------------------------------------------ benign
-
-
-@dataclass(frozen=True)
-class _Benign:
-    source: str
-    add_safe: str  # a Python expression for torch.serialization.add_safe_globals([...])
-
-
-def _plain(spelling: str, source: str) -> _Benign:
-    return _Benign(source, spelling)
-
-
-def _aliased(target: str, pickled: str, source: str) -> _Benign:
-    # (obj, "pickled.name") form: torch matches the name in the file, not obj.__module__
-    return _Benign(source, f'({target}, "{pickled}")')
-
-
-_NUMPY_SRC = ("numpy scalar/array/dtype reconstruction from bytes and a dtype code; calls no user code "
-              "(seen for metrics like best_val_loss saved as numpy.float64; picklescan 1.0.5 treats "
-              "numpy.dtype/ndarray/_reconstruct as safe)")
-_LIGHTNING_SRC = ("Lightning hparams container, a dict subclass with attribute access and no __setstate__ "
-                  "(seen as hyper_parameters in Lightning checkpoints). torch 2.13 allows SETITEM(S) only on "
-                  "exact dict/OrderedDict/Counter (_weights_only_unpickler.py _check_set_item_target), so "
-                  "allowlisting the class itself still fails: the repair maps the name to dict and loads "
-                  "the hparams as a plain dict")
-_HF_SRC = ("Hugging Face transformers training arguments: a dataclass whose fields are data (numbers, "
-           "strings, enums), rebuilt with __dict__.update; saved as training_args.bin by Trainer")
-_HF_ENUM_SRC = "Hugging Face transformers enum pickled inside TrainingArguments; rebuilt as cls(value)"
-_DCP_SRC = ("torch.distributed.checkpoint dataclass/enum that FileSystemWriter pickles into .metadata "
-            "(torch/distributed/checkpoint/metadata.py, filesystem.py); its fields are sizes, offsets, dtypes, "
-            "names")
-_BUILTIN_SRC = "Python built-in data type; calling it builds a value and runs no code named by the pickle"
-
-#: Known-benign imports: ``module.name`` → why, and the add_safe_globals spelling.
-BENIGN: Dict[str, _Benign] = {
-    "argparse.Namespace": _plain("argparse.Namespace", "argparse attribute bag of plain values (fairseq and "
-                                 "Megatron-LM save their training args as a Namespace)"),
-    "numpy.core.multiarray.scalar": _aliased("numpy.core.multiarray.scalar", "numpy.core.multiarray.scalar",
-                                             _NUMPY_SRC + "; numpy 1.x name, aliased because under numpy 2 the "
-                                             "function reports module numpy._core.multiarray"),
-    "numpy._core.multiarray.scalar": _plain("numpy._core.multiarray.scalar", _NUMPY_SRC),
-    "numpy.core.multiarray._reconstruct": _aliased(
-        "numpy.core.multiarray._reconstruct", "numpy.core.multiarray._reconstruct", _NUMPY_SRC + "; numpy 1.x name"),
-    "numpy._core.multiarray._reconstruct": _plain("numpy._core.multiarray._reconstruct", _NUMPY_SRC),
-    "numpy.dtype": _plain("numpy.dtype", _NUMPY_SRC + "; the DType class of each dtype code is added to the "
-                          "repair because torch's BUILD check needs it"),
-    "numpy.ndarray": _plain("numpy.ndarray", _NUMPY_SRC),
-    "torch.torch_version.TorchVersion": _plain("torch.torch_version.TorchVersion",
-                                               "str subclass holding torch.__version__ (saved when a script stores "
-                                               "torch.__version__ as is)"),
-    "pytorch_lightning.utilities.parsing.AttributeDict": _aliased(
-        "dict", "pytorch_lightning.utilities.parsing.AttributeDict", _LIGHTNING_SRC),
-    "lightning.fabric.utilities.data.AttributeDict": _aliased(
-        "dict", "lightning.fabric.utilities.data.AttributeDict", _LIGHTNING_SRC),
-    "lightning.pytorch.utilities.parsing.AttributeDict": _aliased(
-        "dict", "lightning.pytorch.utilities.parsing.AttributeDict", _LIGHTNING_SRC),
-    "pathlib.PosixPath": _aliased("pathlib.PosixPath", "pathlib.PosixPath",
-                                  "filesystem path value (output_dir, data paths in saved configs); aliased "
-                                  "because Python 3.13 moved it to pathlib._local"),
-    "pathlib.WindowsPath": _aliased("pathlib.WindowsPath", "pathlib.WindowsPath",
-                                    "filesystem path value saved on Windows; aliased as PosixPath"),
-    "pathlib.PurePosixPath": _aliased("pathlib.PurePosixPath", "pathlib.PurePosixPath", "pure path value"),
-    "pathlib.PureWindowsPath": _aliased("pathlib.PureWindowsPath", "pathlib.PureWindowsPath", "pure path value"),
-    "datetime.datetime": _plain("datetime.datetime", "timestamp value rebuilt from bytes (save time in metadata)"),
-    "datetime.date": _plain("datetime.date", "date value rebuilt from bytes"),
-    "datetime.time": _plain("datetime.time", "time value rebuilt from bytes"),
-    "datetime.timedelta": _plain("datetime.timedelta", "duration value (elapsed training time)"),
-    "datetime.timezone": _plain("datetime.timezone", "fixed-offset tzinfo of an aware datetime"),
-    "transformers.training_args.TrainingArguments": _plain("transformers.training_args.TrainingArguments", _HF_SRC),
-    "transformers.training_args_seq2seq.Seq2SeqTrainingArguments": _plain(
-        "transformers.training_args_seq2seq.Seq2SeqTrainingArguments", _HF_SRC),
-    "transformers.training_args.OptimizerNames": _plain("transformers.training_args.OptimizerNames", _HF_ENUM_SRC),
-    "transformers.trainer_utils.IntervalStrategy": _plain("transformers.trainer_utils.IntervalStrategy", _HF_ENUM_SRC),
-    "transformers.trainer_utils.SaveStrategy": _plain("transformers.trainer_utils.SaveStrategy", _HF_ENUM_SRC),
-    "transformers.trainer_utils.HubStrategy": _plain("transformers.trainer_utils.HubStrategy", _HF_ENUM_SRC),
-    "transformers.trainer_utils.SchedulerType": _plain("transformers.trainer_utils.SchedulerType", _HF_ENUM_SRC),
-    "transformers.trainer_utils.FSDPOption": _plain("transformers.trainer_utils.FSDPOption", _HF_ENUM_SRC),
-    "transformers.debug_utils.DebugOption": _plain("transformers.debug_utils.DebugOption", _HF_ENUM_SRC),
-    # framework data classes seen in the real-framework fixtures (tests/frameworks), each rebuilt from
-    # constants with NEWOBJ/REDUCE + BUILD; the version is the one they were seen in
-    "transformers.trainer_pt_utils.AcceleratorConfig": _plain(
-        "transformers.trainer_pt_utils.AcceleratorConfig", _HF_SRC + " (accelerator_config field; transformers 5.24.0)"),
-    "accelerate.state.PartialState": _plain(
-        "accelerate.state.PartialState", "accelerate process-state holder pickled inside TrainingArguments "
-        "(distributed_state field), rebuilt without calling __init__; accelerate 1.15.0, transformers 5.24.0"),
-    "accelerate.utils.dataclasses.DistributedType": _plain(
-        "accelerate.utils.dataclasses.DistributedType", "accelerate enum (NO, MULTI_GPU, DEEPSPEED…) pickled "
-        "inside TrainingArguments; accelerate 1.15.0"),
-    "deepspeed.runtime.fp16.loss_scaler.LossScaler": _plain(
-        "deepspeed.runtime.fp16.loss_scaler.LossScaler", "DeepSpeed static loss-scaler state (cur_scale, "
-        "dynamic=False) in ZeRO optim_states files; deepspeed 0.19.8"),
-    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler": _plain(
-        "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler", "DeepSpeed dynamic loss-scaler state (cur_scale, "
-        "scale_window, hysteresis counters) in fp16 ZeRO optim_states files; deepspeed 0.19.8"),
-    "deepspeed.runtime.zero.config.ZeroStageEnum": _plain(
-        "deepspeed.runtime.zero.config.ZeroStageEnum", "DeepSpeed ZeRO stage enum in optim_states files; "
-        "deepspeed 0.19.8"),
-    "deepspeed.utils.tensor_fragment.fragment_address": _plain(
-        "deepspeed.utils.tensor_fragment.fragment_address", "DeepSpeed dataclass (numel, start) of a parameter's "
-        "slice in a flat ZeRO partition (param_slice_mappings); deepspeed 0.19.8"),
-    **{f"builtins.{t}": _plain(t, _BUILTIN_SRC)
-       for t in ("dict", "list", "tuple", "int", "float", "str", "bool", "bytes", "frozenset", "slice", "range")},
-    **{f"torch.distributed.checkpoint.metadata.{t}": _plain(f"torch.distributed.checkpoint.metadata.{t}", _DCP_SRC)
-       for t in ("Metadata", "TensorStorageMetadata", "BytesStorageMetadata", "ChunkStorageMetadata",
-                 "TensorProperties", "_MEM_FORMAT_ENCODING", "MetadataIndex", "StorageMeta")},
-    **{f"torch.distributed.checkpoint.filesystem.{t}": _plain(f"torch.distributed.checkpoint.filesystem.{t}",
-                                                              _DCP_SRC)
-       for t in ("_StorageInfo", "_StoragePrefix")},
-}
-# collections.defaultdict is deliberately NOT benign: its pickle carries a
-# default_factory, an arbitrary callable that is stored and called on every
-# missing-key lookup after loading, and torch 2.13 cannot load it weights-only
-# even when allowlisted (SETITEM on a dict subclass is refused), so no
-# add_safe_globals repair exists.  It is reported as unknown.
-
-_NUMPY_DTYPES_SRC = "numpy.dtypes DType class (numpy >= 1.25), a dtype's own type"
-
-# numpy dtype code (first argument of numpy.dtype in its pickle) → numpy.dtypes class;
-# from type(numpy.dtype(code)) under numpy 2.x.
-_NUMPY_DTYPE_CLASS = {
-    "b1": "BoolDType", "i1": "Int8DType", "i2": "Int16DType", "i4": "Int32DType", "i8": "Int64DType",
-    "u1": "UInt8DType", "u2": "UInt16DType", "u4": "UInt32DType", "u8": "UInt64DType",
-    "f2": "Float16DType", "f4": "Float32DType", "f8": "Float64DType", "f12": "LongDoubleDType",
-    "f16": "LongDoubleDType", "c8": "Complex64DType", "c16": "Complex128DType", "c24": "CLongDoubleDType",
-    "c32": "CLongDoubleDType", "O4": "ObjectDType", "O8": "ObjectDType", "M8": "DateTime64DType",
-    "m8": "TimeDelta64DType",
-}
-_NUMPY_DTYPE_PREFIX = {"S": "BytesDType", "U": "StrDType", "V": "VoidDType"}
-
-# ---------------------------------------------------------------- dangerous
-
-_PS = "picklescan 1.0.5 _unsafe_globals"
-_MS = "ModelScan settings unsafe_globals"
-
-#: Modules every name of which is labelled dangerous (submodules included).
-DANGEROUS_MODULES: Dict[str, str] = {
-    "os": f"process/file control (os.system, os.popen, os.exec*); {_PS}, {_MS}",
-    "posix": f"os on Linux/macOS (pickle records os.system as posix.system); {_PS}, {_MS}",
-    "nt": f"os on Windows; {_PS}, {_MS}",
-    "subprocess": f"runs commands; {_PS}, {_MS}",
-    "_posixsubprocess": "fork_exec primitive under subprocess",
-    "sys": f"interpreter internals (sys.modules patching); {_PS}",
-    "socket": f"network access; {_PS}, {_MS}",
-    "ssl": f"network access (DNS exfiltration via get_server_certificate); {_PS}",
-    "httplib": f"network access (Python 2); {_PS}, {_MS}",
-    "http.client": "network access",
-    "urllib.request": f"network access; {_PS}",
-    "urllib2": "network access (Python 2)",
-    "requests": f"network access; {_PS} (requests.api), {_MS}",
-    "aiohttp": f"network access; {_PS}, {_MS}",
-    "shutil": f"file deletion/copy; {_PS}, {_MS}",
-    "runpy": f"runs modules/code; {_PS}, {_MS}",
-    "importlib": "imports arbitrary modules (import_module)",
-    "imp": "imports arbitrary modules (Python < 3.12)",
-    "zipimport": "loads modules from archives",
-    "pickle": f"nested unpickling (pickle.loads); {_PS}, {_MS}",
-    "_pickle": f"nested unpickling; {_PS}",
-    "marshal": "loads code objects",
-    "code": f"interactive interpreter that runs source (InteractiveInterpreter.runcode); {_PS}",
-    "pty": f"pty.spawn runs commands; {_PS}, {_MS}",
-    "ctypes": f"foreign function calls and raw memory; {_PS}",
-    "_ctypes": "foreign function calls and raw memory",
-    "webbrowser": f"opens URLs/launches programs; {_PS}, {_MS}",
-    "pydoc": f"pydoc.locate imports anything, pipepager runs commands; {_PS}",
-    "timeit": f"timeit runs source strings; {_PS}",
-    "cProfile": f"run/runctx exec source strings; {_PS}",
-    "profile": f"run/runctx exec source strings; {_PS}",
-    "pdb": f"debugger runs source strings; {_PS}, {_MS}",
-    "bdb": f"debugger base runs source strings; {_PS}, {_MS}",
-    "trace": f"Trace.run/runctx exec source strings; {_PS}",
-    "multiprocessing": "starts processes",
-    "asyncio": f"asyncio.subprocess / create_subprocess_shell run commands; {_PS}, {_MS}",
-    "commands": f"Python 2 precursor of subprocess; {_PS}",
-    "popen2": "Python 2 command runner",
-    "pip": f"installs and runs packages; {_PS}",
-    "ensurepip": f"runs pip; {_PS}",
-    "venv": f"creates environments, runs pip; {_PS}",
-    "distutils": f"spawn/write_file; {_PS} (distutils.file_util)",
-    "idlelib": f"IDLE runs source (runcode, fetch_completions); {_PS}",
-    "lib2to3": f"grammar loaders unpickle/eval; {_PS}",
-    "test": f"test.support.script_helper spawns interpreters; {_PS}",
-    "uuid": f"uuid._get_command_stdout runs commands; {_PS}",
-    "_osx_support": f"runs build tools via os.system; {_PS}",
-    "_aix_support": f"runs commands via os.system; {_PS}",
-    "_pyrepl": f"pager runs commands; {_PS}",
-    "cloudpickle": f"rebuilds functions from code objects (_make_function, subimport); {_PS}",
-    "dill": "rebuilds functions and code objects from the pickle",
-    "numpy.f2py": f"calls eval on strings; {_PS}",
-    "numpy.testing._private.utils": f"runstring is exec; {_PS}",
-    "torch.hub": "downloads and runs repository code (torch.hub.load)",
-    "torch._inductor.codecache": f"compiles and runs code (compile_file); {_PS}",
-    "torch.utils.cpp_extension": "compiles and loads native extensions",
-    "torch.utils.bottleneck": f"runs profiled scripts; {_PS}",
-    "torch.utils.collect_env": f"run() executes commands; {_PS}",
-    "torch._dynamo.guards": f"guard code evaluation (GuardBuilder.get); {_PS}",
-}
-
-#: Single names labelled dangerous inside otherwise ordinary modules.
-DANGEROUS_NAMES: Dict[str, str] = {
-    **{f"builtins.{n}": f"built-in that runs, imports or reaches arbitrary code/files; {_PS}, {_MS}"
-       for n in ("eval", "exec", "execfile", "compile", "__import__", "getattr", "setattr", "delattr",
-                 "open", "breakpoint", "input", "globals", "locals", "vars", "apply", "file", "reload",
-                 "help")},
-    "operator.attrgetter": f"attribute-walking gadget (attrgetter('system')(os)); {_PS}",
-    "operator.methodcaller": f"calls any method by name; {_PS}",
-    "operator.itemgetter": f"item-walking gadget; {_PS}",
-    "_operator.attrgetter": f"attribute-walking gadget; {_PS}",
-    "_operator.methodcaller": f"calls any method by name; {_PS}",
-    "_operator.itemgetter": f"item-walking gadget; {_PS}",
-    "functools.partial": f"binds arguments to any callable (partial(os.system, cmd)); {_PS}",
-    "functools.reduce": "calls any callable repeatedly",
-    "_functools.partial": "binds arguments to any callable",
-    "_functools.reduce": "calls any callable repeatedly",
-    "pkgutil.resolve_name": f"resolves any 'module:attr', bypassing name-based lists; {_PS}",
-    "types.CodeType": f"builds code objects; {_PS}",
-    "types.FunctionType": "builds functions from code objects",
-    "_io.FileIO": f"opens files, bypassing builtins.open lists; {_PS}",
-    "io.FileIO": "opens files",
-    "io.open": "opens files",
-    "_io.open": "opens files",
-    "logging.FileHandler": f"creates files; {_PS}",
-    "doctest.debug_script": f"runs source; {_PS}",
-    "imaplib.IMAP4_stream": f"runs a command through a shell; {_PS}",
-    "torch.serialization.load": f"loads another (unchecked) pickle; {_PS}",
-    "torch.load": "loads another (unchecked) pickle",
-    "torch.fx.experimental.symbolic_shapes.ShapeEnv": f"evaluate_guards_expression evals strings; {_PS}",
-    "torch.jit.unsupported_tensor_ops.execWrapper": f"exec wrapper; {_PS}",
-    "torch.utils._config_module.ConfigModule": f"load_config unpickles nested data; {_PS}",
-    "torch.utils.data.datapipes.utils.decoder.basichandlers": f"unpickles nested data; {_PS}",
-    "torch.storage._load_from_bytes": "runs torch.load(weights_only=False) on embedded bytes",
-    "numpy.load": "numpy.load(allow_pickle=True) unpickles another file",
-    "numpy.lib.npyio.load": "unpickles another file",
-    "joblib.load": "unpickles another file",
-    "pandas.read_pickle": "unpickles another file",
-    "copyreg._extension_registry": "import by extension code: the name is not in the file",
-}
 
 
 @dataclass
@@ -390,7 +87,20 @@ class ImportVerdict:
         return f"{self.module}.{self.name}"
 
 
-def _dangerous(module: str, name: str) -> Optional[str]:
+_BUILTIN_TYPES = frozenset({"int", "float", "str", "bytes", "bytearray", "dict", "list", "tuple", "set",
+                            "frozenset", "complex", "object", "type", "slice", "range", "bool", "memoryview"})
+
+
+def _dangerous(module: str, name: str, _depth: int = 0) -> Optional[str]:
+    """Why ``module.name`` is in the dangerous tier, or None.
+
+    Besides the tables, a protocol-4 dotted name (resolved attribute by
+    attribute, pickle.py ``_getattribute``) is dangerous when it ends in a
+    file/process/code method (``pathlib.Path.write_text``), when it walks
+    through a module attribute into a dangerous module (``logging.os.system``,
+    ``torch.serialization.os.system``), or when it walks through any
+    lower-case attribute that is no built-in type (a module, not a class).
+    """
     for mod, nm in ((module, name), normalize_global(module, name)):
         full = f"{mod}.{nm}"
         if full in DANGEROUS_NAMES:
@@ -403,15 +113,35 @@ def _dangerous(module: str, name: str) -> Optional[str]:
             src = DANGEROUS_MODULES.get(".".join(parts[:i]))
             if src is not None:
                 return src
+        steps = nm.split(".")
+        if len(steps) < 2 or _depth > 4:
+            continue
+        if steps[-1] in DANGEROUS_METHODS:
+            return f"dotted name {full} calls the method {steps[-1]!r} (file, process or code operation)"
+        for i in range(1, len(steps)):
+            inner = _dangerous(".".join(steps[:i]), ".".join(steps[i:]), _depth + 1) or \
+                _dangerous(f"{mod}.{'.'.join(steps[:i])}", ".".join(steps[i:]), _depth + 1)
+            if inner is not None:
+                return f"dotted name {full} walks attributes into a dangerous name ({inner})"
+        if steps[0][:1].islower() and steps[0] not in _BUILTIN_TYPES and mod != "builtins":
+            return (f"dotted name {full} walks through the module attribute {mod}.{steps[0]} "
+                    "(attribute-walking gadget; torch's weights-only unpickler accepts no dotted name)")
     return None
 
 
+_UNKNOWN_SRC = ("not in torch's weights-only allowlist nor in the tables of known framework data classes: "
+                "torch.load(weights_only=True) will refuse it")
+
+
 def classify_import(module: str, name: str, extra_allowed: Sequence[str] = ()) -> ImportVerdict:
-    """Classify one import (names as written in the pickle).
+    """Classify one import (names as written in the pickle), by name alone.
 
     Order: dangerous (cannot be overridden), torch's weights-only default
     allowlist, the team's ``extra_allowed`` (``"pkg.mod.Name"`` strings),
-    the known-benign table, else unknown.
+    the table of known framework data classes (``benign``), else unknown.
+    :func:`scan` then looks at how each name is used and may move it to
+    another tier (a data class called with computed arguments is not data;
+    a name whose call result is called again is dangerous).
     """
     src = _dangerous(module, name)
     if src is not None:
@@ -428,7 +158,7 @@ def classify_import(module: str, name: str, extra_allowed: Sequence[str] = ()) -
         return ImportVerdict(module, name, "benign", b.source, b.add_safe)
     if module == "numpy.dtypes" and name.endswith("DType") and name.isidentifier():
         return ImportVerdict(module, name, "benign", _NUMPY_DTYPES_SRC, f"numpy.dtypes.{name}")
-    return ImportVerdict(module, name, "unknown", "not in torch's weights-only allowlist nor the benign list")
+    return ImportVerdict(module, name, "unknown", _UNKNOWN_SRC)
 
 
 def _spelling(module: str, name: str) -> str:
@@ -500,6 +230,63 @@ def _numpy_dtype_classes(result: WalkResult) -> List[str]:
     return sorted(out)
 
 
+def _ref_name(x: Any) -> Optional[str]:
+    return "%s.%s" % normalize_global(x.module, x.name) if type(x) is GlobalRef else None
+
+
+def _is_data_factory(x: Any) -> bool:
+    """A defaultdict ``default_factory`` that is data: None or a built-in/allowlisted type."""
+    if x is None:
+        return True
+    n = _ref_name(x)
+    return n is not None and (n in WEIGHTS_ONLY_GLOBALS or n in BENIGN and n.startswith("builtins."))
+
+
+def _judge_usage(result: WalkResult, verdicts: List[ImportVerdict]) -> None:
+    """Move names between tiers by how the pickle uses them (in place).
+
+    * a call whose result is called again (``REDUCE`` whose callable is a
+      call's result), on a benign or unknown name: dangerous — the name hands
+      out callables;
+    * ``collections.defaultdict`` whose ``default_factory`` is not a built-in
+      type or None: dangerous — the factory is stored and called on each
+      missing key;
+    * a benign data class called with a computed argument (the result of
+      another call): unknown — data classes are rebuilt from constants.
+    """
+    by_name: Dict[str, ImportVerdict] = {}
+    for v in verdicts:
+        by_name.setdefault("%s.%s" % normalize_global(v.module, v.name), v)
+    results = [result]
+    while results:
+        r = results.pop()
+        results.extend(r.nested)
+        for x in _nodes(r.obj):
+            tx = type(x)
+            if tx is not Call and tx is not Instance:
+                continue
+            f = x.func if tx is Call else x.cls
+            if tx is Call and type(f) in (Call, Instance):
+                inner = _ref_name(f.func if type(f) is Call else f.cls)
+                v = by_name.get(inner or "")
+                if v is not None and v.category in ("benign", "unknown"):
+                    v.category, v.add_safe = "dangerous", ""
+                    v.source = "its call's result is called in turn (REDUCE on a computed callable)"
+                continue
+            v = by_name.get(_ref_name(f) or "")
+            if v is None or v.category != "benign":
+                continue
+            if _ref_name(f) == "collections.defaultdict":
+                if x.args and not _is_data_factory(x.args[0]):
+                    v.category, v.add_safe = "dangerous", ""
+                    v.source = (f"defaultdict with default_factory {x.args[0]!s:.60}: a callable stored and called "
+                                "on every missing key")
+                continue
+            if any(type(a) is Call for a in x.args):
+                v.category, v.add_safe = "unknown", ""
+                v.source = "a data class called with a computed argument (not rebuilt from constants); " + _UNKNOWN_SRC
+
+
 def _quoted(names: Sequence[str]) -> str:
     return ", ".join(f"'{n}'" for n in sorted(set(names)))
 
@@ -539,6 +326,8 @@ def scan(result: WalkResult, *, path: str, member: str, extra_allowed: Sequence[
         else:
             verdicts.append(classify_import(g.module, g.name, extra_allowed))
 
+    if any(v.category in ("benign", "unknown") for v in verdicts):
+        _judge_usage(result, verdicts)
     by_cat: Dict[str, List[ImportVerdict]] = {}
     for v in verdicts:
         by_cat.setdefault(v.category, []).append(v)
@@ -565,3 +354,34 @@ def scan(result: WalkResult, *, path: str, member: str, extra_allowed: Sequence[
         why = "; ".join(tricks[:5]) + (f"; and {len(tricks) - 5} more" if len(tricks) > 5 else "")
         out.append(findings.make("pickle_obfuscation", path=path, member=member, why=why, tricks=tricks))
     return verdicts, out
+
+
+# ----------------------------------------------------------------- streams
+
+
+def streams(data: Any, first: Optional[WalkResult] = None, *, expected: int = 1,
+            max_streams: int = 64) -> WalkResult:
+    """Every pickle stream of ``data`` (bytes of a whole file or member) as one result for :func:`scan`.
+
+    ``first`` is the caller's walk of the first stream (walked here when
+    None).  The returned result holds every stream as ``nested`` (so their
+    imports and tricks are classified) and adds a trick for each stream after
+    the ``expected`` ones that imports anything torch's weights-only loader
+    would not accept (a loader that reads on — ``pickle.load`` in a loop,
+    legacy ``torch.load`` — runs it), and for a legacy torch layout whose
+    magic-number record is not a literal (computed while unpickling).
+    """
+    first = first if first is not None else walk(data)
+    out = walk_streams(data, first, max_streams=max_streams)
+    combined = WalkResult(obj=first.obj, nested=out, protocol=first.protocol,
+                          n_ops=sum(r.n_ops for r in out), end=out[-1].end)
+    for i, r in enumerate(out[expected:], expected):
+        names = sorted({str(g) for g in r.all_globals()
+                        if not g.literal or _torch_name(g.module, g.name) not in WEIGHTS_ONLY_GLOBALS})
+        if names:
+            combined.tricks.append(f"pickle stream {i + 1} (from byte {out[i - 1].end}) follows a complete pickle "
+                                   f"and imports {names}: a loader that reads on runs it")
+    if len(out) >= 2 and type(out[1].obj) is int and out[1].obj == 1001 and type(first.obj) is not int:
+        combined.tricks.append("the legacy torch magic-number record is computed while unpickling "
+                               f"({type(first.obj).__name__}), not the literal 0x1950a86a20f9469cfc6c")
+    return combined

@@ -217,7 +217,7 @@ def test_dcp_metadata_types_are_known_and_need_no_repair():
     ("numpy.core.multiarray", "_reconstruct", "benign"),
     ("datetime", "datetime", "benign"),
     ("builtins", "slice", "benign"),
-    ("collections", "defaultdict", "unknown"),  # deliberately not benign: see security.py
+    ("collections", "defaultdict", "benign"),  # by name; scan() checks its factory (issue 12)  # deliberately not benign: see security.py
     ("torch.nn.modules.linear", "Linear", "unknown"),
     ("my.pkg", "Config", "unknown"),
 ])
@@ -277,8 +277,10 @@ def test_one_finding_per_kind_naming_every_import_sorted_and_quoted():
     assert list(by) == ["malicious_pickle_code_exec", "unknown_pickle_global", "non_allowlisted_global_benign"]
     assert by["malicious_pickle_code_exec"].detail["dangerous"] == "'builtins.eval', 'os.system', 'subprocess.Popen'"
     assert by["unknown_pickle_global"].message == (
-        "run/ckpt.pt: the pickle in ckpt/data.pkl imports 'foo.Bar', 'zzz.Baz', which is neither allowed by "
-        "torch.load(weights_only=True) nor on the known-benign list.")
+        "run/ckpt.pt: the pickle in ckpt/data.pkl imports 'foo.Bar', 'zzz.Baz' (module.name), which is neither "
+        "allowed by torch.load(weights_only=True) nor a known framework data class: weights_only=True will refuse "
+        "it, and weights_only=False would run whatever code that name has where the file is loaded.")
+    assert by["unknown_pickle_global"].severity == "warning"  # issue 12: unknown is a warning, not an error
     assert by["non_allowlisted_global_benign"].repair == \
         "torch.serialization.add_safe_globals([argparse.Namespace, datetime.timedelta])"
     assert findings.usable_for(fs) == "none"
@@ -386,3 +388,117 @@ def test_picklescan_misses_a_pickle_nested_in_bytes():
     assert scanner.scan_pickle_bytes(io.BytesIO(blob), "nested").issues_count == 0
     _, fs = scan(walk(blob), path="p", member="m")
     assert [f.kind for f in fs] == ["malicious_pickle_code_exec", "pickle_obfuscation"]
+
+
+def test_deepspeed_classes_without_deepspeed_are_load_not_checked(tmp_path, monkeypatch):
+    """A ZeRO optimizer file audited where deepspeed cannot be imported must get a `load`-stage
+    warning (`load_not_checked`), never a file-layer or security error (issue 12)."""
+    import sys
+    import types
+
+    import torch
+
+    from ckptaudit.pipeline import audit_in_process
+
+    mod = types.ModuleType("deepspeed.runtime.fp16.loss_scaler")
+
+    class LossScaler:  # stands in for deepspeed's: pickled by name, never imported back
+        def __init__(self):
+            self.cur_scale = 1.0
+            self.dynamic = False
+
+    LossScaler.__module__ = mod.__name__
+    LossScaler.__qualname__ = "LossScaler"
+    mod.LossScaler = LossScaler
+    for name in ("deepspeed", "deepspeed.runtime", "deepspeed.runtime.fp16"):
+        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    monkeypatch.setitem(sys.modules, mod.__name__, mod)
+    run = tmp_path / "run"
+    run.mkdir()
+    torch.save({"optimizer_state_dict": {"loss_scaler": LossScaler(), "step": 100},
+                "model": {"w": torch.zeros(2)}}, run / "ckpt_000100.pt")
+    for name in ("deepspeed.runtime.fp16.loss_scaler", "deepspeed.runtime.fp16", "deepspeed.runtime"):
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "deepspeed", None)  # deepspeed not importable where the audit runs
+    v = audit_in_process(run, {}, out_dir=tmp_path / "out")
+    (u,) = v["units"]
+    errors = [(f["layer"], f["kind"]) for f in u["findings"]
+              if f["severity"] == "error" and f["layer"] in ("file", "security")]
+    assert errors == []
+    nc = [f for f in u["findings"] if f["kind"] == "load_not_checked"]
+    assert nc and nc[0]["severity"] == "warning" and "deepspeed" in nc[0]["message"], u["findings"]
+
+
+# ------------------------------------------------------------------ issue 12: tiers by what a name can do
+
+
+@pytest.mark.parametrize("module,name", [
+    ("logging", "os.system"),  # protocol-4 dotted name walking through a module attribute
+    ("torch", "serialization.os.system"),
+    ("pathlib", "Path.write_text"),
+    ("codecs", "open"),
+    ("typing", "_eval_type"),
+    ("torch.fx.graph_module", "reduce_graph_module"),
+    ("torch._inductor.cpp_builder", "run_compile_cmd"),
+])
+def test_names_once_caught_only_as_unknown_are_dangerous(module, name):
+    """These were caught only because unknown was an error; they must be dangerous by what they do."""
+    assert classify_import(module, name).category == "dangerous"
+
+
+def _pk(body: bytes) -> bytes:
+    return b"\x80\x02" + body + b"."
+
+
+def test_defaultdict_is_data_only_with_a_type_factory():
+    """A defaultdict stores its default_factory and calls it on missing keys: a built-in type is data."""
+    ok = _pk(b"ccollections\ndefaultdict\nc__builtin__\ndict\n\x85R")
+    bad = _pk(b"ccollections\ndefaultdict\ncmy.hooks\nfactory\n\x85R")
+    v_ok, f_ok = scan(walk(ok), path="a.pt", member="data.pkl")
+    v_bad, f_bad = scan(walk(bad), path="a.pt", member="data.pkl")
+    assert {v.qualname: v.category for v in v_ok}["collections.defaultdict"] == "benign"
+    assert {v.qualname: v.category for v in v_bad}["collections.defaultdict"] == "dangerous"
+    assert [f.kind for f in f_bad][0] == "malicious_pickle_code_exec"
+
+
+def test_unknown_name_is_a_warning_unless_its_result_is_called():
+    plain = _pk(b"cmy.pkg\nConfig\n)R")
+    called = _pk(b"cmy.pkg\nget_handler\nX\x05\x00\x00\x00shell\x85RX\x02\x00\x00\x00id\x85R")
+    _, f1 = scan(walk(plain), path="a.pt", member="data.pkl")
+    v2, f2 = scan(walk(called), path="a.pt", member="data.pkl")
+    assert [(f.kind, f.severity) for f in f1] == [("unknown_pickle_global", "warning")]
+    assert {v.qualname: v.category for v in v2}["my.pkg.get_handler"] == "dangerous"
+    assert "malicious_pickle_code_exec" in [f.kind for f in f2]
+
+
+def test_data_class_called_with_a_computed_argument_is_not_data():
+    p = _pk(b"cargparse\nNamespace\ncmy.pkg\nmake\n)R\x85R")
+    v, _ = scan(walk(p), path="a.pt", member="data.pkl")
+    assert {x.qualname: x.category for x in v}["argparse.Namespace"] == "unknown"
+
+
+def test_every_stream_is_walked_and_a_hidden_stream_is_a_trick():
+    """pickle.load in a loop (legacy torch.load reads five) runs a second stream after the first STOP."""
+    from ckptaudit.security import streams
+
+    data = _pk(b"}") + _pk(b"cposix\nsystem\nX\x02\x00\x00\x00id\x85R")
+    _, fl = scan(streams(data), path="a.pt", member="(pickle)")
+    kinds = [f.kind for f in fl]
+    assert kinds == ["malicious_pickle_code_exec", "pickle_obfuscation"]
+    assert "pickle stream 2 (from byte 4)" in fl[1].message
+
+
+@pytest.mark.parametrize("enc", ["base64", "hex", "zlib", "bz2", "lzma"])
+def test_encoded_nested_pickle_is_walked(enc):
+    import base64
+    import bz2
+    import lzma
+    import zlib
+
+    inner = _pk(b"cposix\nsystem\nX\x02\x00\x00\x00id\x85R")
+    blob = {"base64": lambda b: base64.b64encode(b), "hex": lambda b: b.hex().encode(), "zlib": zlib.compress,
+            "bz2": bz2.compress, "lzma": lzma.compress}[enc](inner)
+    outer = _pk(b"B" + len(blob).to_bytes(4, "little") + blob)
+    r = walk(outer)
+    assert [str(g) for g in r.all_globals()] == ["posix.system"]
+    assert f"({enc}-encoded)" in r.tricks[0]

@@ -89,6 +89,7 @@ class Member:
     header_ok: bool = True
     complete: bool = True
     crc_actual: Optional[int] = None
+    loose_data_offset: int = -1  # data start per the local header alone, even when it disagrees
 
 
 @dataclass
@@ -100,12 +101,16 @@ class ZipReport:
     and at most :data:`MAX_DATA_PKL_BYTES`; ``intact_members`` the names whose
     header (and CRC, when checked) are fine; ``cut_offset`` the byte where the
     readable archive ends when the file was cut short or zero-filled, else None.
+    ``data_pkl_any`` the bytes of that record as far as they can be read even when
+    its CRC or local header is wrong (for the security walk only: a loader that
+    ignores the CRC still unpickles them).
     """
 
     members: List[Member] = field(default_factory=list)
     prefix: str = ""
     has_central_directory: bool = False
     data_pkl: Optional[bytes] = None
+    data_pkl_any: Optional[bytes] = None
     findings: List[Finding] = field(default_factory=list)
     intact_members: List[str] = field(default_factory=list)
     cut_offset: Optional[int] = None
@@ -544,6 +549,7 @@ def _check_with_cd(fh: _File, path: str, cd: dict, rep: ZipReport, verify_crc: b
                 "<4sHHHHHIIIHH", lh)
             var = fh.pread(e["lho"] + _LOCAL_SIZE, nlen + xlen)
             lname, lextra = var[:nlen], var[nlen:]
+            m.loose_data_offset = e["lho"] + _LOCAL_SIZE + nlen + xlen  # where a lenient reader starts
             xwhy = _extra_problem(lextra, xlen)
             if lname != e["name_bytes"]:
                 why = (f"it names {lname.decode('utf-8', 'replace')!r} where the central directory says "
@@ -677,13 +683,13 @@ def _missing_data_pkl(path: str, rep: ZipReport) -> None:
 def _load_data_pkl(fh: _File, rep: ZipReport) -> None:
     want = f"{rep.prefix}/data.pkl" if rep.prefix else "data.pkl"
     m = next((m for m in rep.members if m.name == want), None)
-    if m is None or not m.complete or m.data_offset < 0 or m.crc_ok is False:
+    start = -1 if m is None else m.data_offset if m.data_offset >= 0 else m.loose_data_offset
+    if m is None or start < 0:
         return
     if m.size_bytes > MAX_DATA_PKL_BYTES or m.compressed_size_bytes > MAX_DATA_PKL_BYTES:
         return
-    raw = fh.pread(m.data_offset, m.compressed_size_bytes)
-    if len(raw) != m.compressed_size_bytes:
-        return
+    raw = fh.pread(start, m.compressed_size_bytes)
+    whole = len(raw) == m.compressed_size_bytes
     if m.method == 8:
         try:
             d = zlib.decompressobj(-15)
@@ -694,7 +700,9 @@ def _load_data_pkl(fh: _File, rep: ZipReport) -> None:
             return
     elif m.method != 0:
         return
-    rep.data_pkl = raw
+    rep.data_pkl_any = raw
+    if whole and m.complete and m.data_offset >= 0 and m.crc_ok is not False:
+        rep.data_pkl = raw
 
 
 # ---------------------------------------------------- no central directory: walk

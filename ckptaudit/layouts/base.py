@@ -76,6 +76,7 @@ class UnitScan:
         return {f: sorted(v) for f, v in out.items()}
 
     def row(self) -> Dict[str, Any]:
+        _scope_security_by_role(self.findings, self.facts.get("file_roles") or {})
         errs = [f for f in self.findings if f.severity == "error"]
         return {
             "unit": self.unit,
@@ -86,13 +87,29 @@ class UnitScan:
             "pickle_bytes": self.pickle_bytes,
             "walk_seconds": self.walk_seconds,
             "file_ok": not any(f.layer == "file" for f in errs),
-            "security_ok": not any(f.layer == "security" for f in errs),
+            # no security error on a file the resume loads (a metadata file cannot stop the other layers)
+            "security_ok": not any(f.layer == "security" and (self.facts.get("file_roles") or {}).get(f.path)
+                                   != "metadata" for f in errs),
             "benign_globals": sorted({f"{i['module']}.{i['name']}" for i in self.imports if i.get("category") == "benign"}),
             "facts_json": json.dumps({**self.facts, "benign_by_file": self.benign_by_file()}, sort_keys=True,
                                      default=str),
             "tree_json": json.dumps(self.tree, sort_keys=True, default=str),
             "findings_json": json.dumps([f.to_dict() for f in self.findings]),
         }
+
+
+_METADATA_NOTE = " {path} is metadata: the producer's resume never unpickles it."
+
+
+def _scope_security_by_role(fl: List[Finding], file_roles: Dict[str, str]) -> None:
+    """Say so on each security warning of a metadata file (``training_args.bin``): it cannot stop a
+    resume; only a dangerous finding there (an error) still makes the unit unusable."""
+    for f in fl:
+        if f.layer != "security" or f.severity == "error" or file_roles.get(f.path) != "metadata":
+            continue
+        if f.detail.get("file_role") != "metadata":
+            f.detail["file_role"] = "metadata"
+            f.message += _METADATA_NOTE.format(path=f.path)
 
 
 # ---------------------------------------------------------------- pruning
@@ -222,8 +239,13 @@ def scan_file(run_dir: Path, rel: str, unit: str, scan: UnitScan, cfg: Dict[str,
     s = sniff_mod.sniff(path)
     scan.facts.setdefault("file_kinds", {})[rel] = s.kind
     generic = relabel(sniff_mod.generic_findings(s), rel)
-    scan.add(generic)
     out: Dict[str, Any] = {"kind": s.kind, "obj": None, "header": None, "size_bytes": s.size_bytes}
+    swept = _security_sweep(path, rel, s, scan, allowed)
+    if swept is not None:
+        out["obj"] = swept.obj
+        scan.tree[tree_key or rel] = prune(swept.obj, {})
+        generic = _as_pickle(generic, rel, s, swept.protocol)
+    scan.add(generic)
     if generic and any(f.severity == "error" for f in generic):
         return out
     values: Dict[int, Any] = {}
@@ -239,16 +261,22 @@ def scan_file(run_dir: Path, rel: str, unit: str, scan: UnitScan, cfg: Dict[str,
             scan.add(F.make("pickle_obfuscation", path=rel, member=", ".join(pkls) or "(none)",
                             why=f"the archive mixes record folders {prefixes} or holds several data.pkl "
                                 f"({len(pkls)}); torch reads one and other tools another"))
-        if rep.data_pkl is None:
-            return out
-        t0 = time.perf_counter()
+        member = f"{rep.prefix}/data.pkl" if rep.prefix else "data.pkl"
         from ..pickle_walk import walk
 
+        if rep.data_pkl is None:
+            if rep.data_pkl_any:  # damaged record: a loader that ignores the CRC still unpickles it
+                all_streams = security.streams(rep.data_pkl_any)
+                verdicts, sec = security.scan(all_streams, path=rel, member=member, extra_allowed=allowed)
+                scan.add(sec)
+                scan.imports.extend({"file": rel, "member": member, **asdict(v)} for v in verdicts)
+            return out
+        t0 = time.perf_counter()
         res = walk(rep.data_pkl)
+        all_streams = security.streams(rep.data_pkl, res)
         scan.walk_seconds += time.perf_counter() - t0
         scan.pickle_bytes += len(rep.data_pkl)
-        member = f"{rep.prefix}/data.pkl" if rep.prefix else "data.pkl"
-        verdicts, sec = security.scan(res, path=rel, member=member, extra_allowed=allowed)
+        verdicts, sec = security.scan(all_streams, path=rel, member=member, extra_allowed=allowed)
         scan.add(sec)
         scan.imports.extend({"file": rel, "member": member, **asdict(v)} for v in verdicts)
         if res.error:
@@ -294,10 +322,7 @@ def scan_file(run_dir: Path, rel: str, unit: str, scan: UnitScan, cfg: Dict[str,
 
         res, fl = legacy.check_legacy(path)
         scan.add(relabel(fl, rel))
-        if res is not None:
-            verdicts, sec = security.scan(res, path=rel, member="(legacy pickle)", extra_allowed=allowed)
-            scan.add(sec)
-            scan.imports.extend({"file": rel, "member": "(legacy pickle)", **asdict(v)} for v in verdicts)
+        if res is not None:  # its security findings came from the sweep of all five records
             for name, tm in res.tensors:
                 scan.tensors.append(TensorRow(unit, rel, name, tm.dtype, list(tm.shape), tm.numel,
                                               tm.nbytes, tm.storage.key, -1, tm.is_parameter, tm.storage_offset))
@@ -325,19 +350,7 @@ def scan_file(run_dir: Path, rel: str, unit: str, scan: UnitScan, cfg: Dict[str,
             out["header"] = header
             out["obj"] = tree
             scan.tree[tree_key or rel] = {"__safetensors__": tree, "__metadata__": header.get("__metadata__")}
-    elif s.kind == "pickle":
-        # a plain pickle that generic_findings did not reject (e.g. training_args.bin
-        # written with torch.save's legacy path is handled above): walk it for security only
-        from ..pickle_walk import walk
-
-        data = path.read_bytes() if s.size_bytes < (256 << 20) else b""
-        res = walk(data)
-        verdicts, sec = security.scan(res, path=rel, member="(pickle)", extra_allowed=allowed)
-        scan.add(sec)
-        scan.imports.extend({"file": rel, "member": "(pickle)", **asdict(v)} for v in verdicts)
-        out["obj"] = res.obj
-        scan.tree[tree_key or rel] = prune(res.obj, values)
-    elif s.kind == "json":
+    elif s.kind == "json" and swept is None:
         try:
             with fs.open_binary(path) as fh:
                 out["obj"] = json.loads(fh.read(16 << 20))
@@ -373,6 +386,55 @@ def _name_damaged_tensors(scan: UnitScan, rel: str, prefix: str, tensors) -> Non
 
 
 _PICKLE_KINDS = ("torch_zip", "torch_legacy", "pickle", "zip")
+#: Sniff kinds whose bytes may be a pickle (protocol 0 is text; protocol 1 starts with any opcode).
+_SWEPT_KINDS = ("torch_legacy", "pickle", "text", "json", "html", "unknown")
+#: Bytes of one file read for the security sweep (legacy records sit at the front).
+SWEEP_BYTES = 256 << 20
+_SWEEP_HEAD_BYTES = 1 << 20
+
+
+def _security_sweep(path: Path, rel: str, s, scan: UnitScan, allowed: List[str]):
+    """Walk every pickle stream of a file that is not a zip or safetensors, whatever its name or
+    what the file layer calls it; add its security findings.  Returns the combined walk when the
+    bytes are a pickle, else None.  ``torch.load(weights_only=False)`` unpickles the first pickle
+    of any non-zip file before it checks a magic number, so each one is a loadable pickle."""
+    import time
+
+    from .. import security
+    from ..pickle_walk import walk
+
+    if s.kind not in _SWEPT_KINDS or s.size_bytes == 0:
+        return None
+    t0 = time.perf_counter()
+    with fs.open_binary(path) as fh:
+        data = fh.read(min(s.size_bytes, _SWEEP_HEAD_BYTES))  # most non-pickles fail in the first bytes
+        first = walk(data)
+        if s.kind not in ("torch_legacy", "pickle") and not first.globals \
+                and not (first.n_ops >= 2 and (first.error is None or first.error.startswith("truncated"))):
+            return None  # text or bytes that are no pickle
+        if len(data) < s.size_bytes and (first.error is None or first.error.startswith("truncated")):
+            data += fh.read(min(s.size_bytes, SWEEP_BYTES) - len(data))
+            first = walk(data)
+    res = security.streams(data, first, expected=5 if s.kind == "torch_legacy" else 1)
+    scan.walk_seconds += time.perf_counter() - t0
+    member = "(legacy pickle)" if s.kind == "torch_legacy" else "(pickle)"
+    verdicts, sec = security.scan(res, path=rel, member=member, extra_allowed=allowed)
+    scan.add(sec)
+    scan.imports.extend({"file": rel, "member": member, **asdict(v)} for v in verdicts)
+    return res
+
+
+def _as_pickle(generic: List[Finding], rel: str, s, protocol: Optional[int]) -> List[Finding]:
+    """File-layer findings of a file whose bytes turned out to be a pickle: a text, HTML or
+    unknown-bytes verdict is replaced by ``not_a_torch_save_file`` (an error page is named so
+    only when it is not a pickle)."""
+    if s.kind not in ("text", "json", "html", "unknown"):
+        return generic
+    kept = [f for f in generic if f.kind not in ("text_error_page", "html_error_page", "unknown_format")]
+    if len(kept) != len(generic) or s.kind in ("html", "unknown"):
+        kept.append(F.make("not_a_torch_save_file", path=rel, size_bytes=s.size_bytes,
+                           pickle_protocol=protocol if protocol is not None else "0 or 1"))
+    return kept
 
 
 def _disguise(rel: str, kind: str, scan: UnitScan) -> None:

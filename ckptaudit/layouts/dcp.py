@@ -79,7 +79,8 @@ class DCP:
         scan.walk_seconds += time.perf_counter() - t0
         scan.pickle_bytes += len(data)
         allowed = list(cfg.get("security", {}).get("allow_globals", [])) + DCP_METADATA_GLOBALS
-        verdicts, sec = security.scan(res, path=rel(".metadata"), member=".metadata", extra_allowed=allowed)
+        every = security.streams(data, res)  # read_metadata unpickles one stream; a loop would run them all
+        verdicts, sec = security.scan(every, path=rel(".metadata"), member=".metadata", extra_allowed=allowed)
         scan.add(sec)
         scan.imports.extend({"file": rel(".metadata"), "member": ".metadata", **asdict(v)} for v in verdicts)
         if any(f.severity == "error" for f in sec):
