@@ -253,6 +253,10 @@ _ENTRIES: List[Kind] = [
        "{pointer} is a symbolic link the audit does not follow ({target!r}): {why}.",
        "Point it at a checkpoint inside the run folder (the newest usable is {suggestion}), or copy the "
        "checkpoint into the run."),
+    _k("pickle_too_complex", "file", "warning", "resume",
+       "{path}: the pickle's object tree is larger than the {nodes} nodes the audit describes (shared containers "
+       "re-expanded, such as a list appended to itself): the description was cut, so components may be missed.",
+       "Inspect the file's structure with a trusted tool before resuming; a real checkpoint's tree is far smaller."),
     _k("audit_error", "file", "error", "none",
        "{path}: the {stage} stage could not examine this unit ({error_type}: {error}); the other units were "
        "audited.",

@@ -289,7 +289,7 @@ def _field_text(step_source: str) -> str:
 
 def _step_repair(unit: str, step_source: str, true_step: Optional[int]) -> str:
     """The statement that restores the step counter in the loaded checkpoint dict ``ckpt``
-    of a single-file unit (``ckpt = torch.load(path)`` in the resume script), else ""."""
+    of a single-file unit (``ckpt`` as the resume script loads it), else ""."""
     fkey, _, dotted = step_source.partition(":")
     if fkey != "root" or not dotted or true_step is None or "*" in dotted:
         return ""

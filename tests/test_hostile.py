@@ -3,7 +3,8 @@
 Regression: a FIFO named like a checkpoint (as a unit, inside a folder unit, or as a sidecar) blocked
 forever; a symlink to /dev/zero inside a folder unit was hashed forever; a checkpoint-named symlink to
 /etc/passwd was an OK pointer; a folder named ckpt_000300.pt got no finding; a non-UTF-8 name ended the
-audit; a 3 GiB sparse index was read whole.
+audit; a 3 GiB sparse index was read whole; an 8-byte data.pkl (a list appended to itself) or a DAG of
+shared lists made the tree description grow without bound (killed at 240 s and 3 GiB).
 """
 
 import os
@@ -52,6 +53,18 @@ def _make(kind, d):
         shutil.copy(d / "ckpt_000200.pt", os.path.join(os.fsencode(d), b"ckpt_000300\xff.pt"))
     elif kind == "fifo_sidecar":
         os.mkfifo(d / "ckpt_000200.pt.sha256")
+    elif kind in ("self_appended_list", "shared_list_dag"):
+        import zipfile
+
+        if kind == "self_appended_list":  # 8 bytes of opcodes: a list appended to itself twice
+            pk = b"\x80\x02]q\x00h\x00ah\x00a."
+        else:  # L_{i+1} = [L_i, L_i], 35 levels: no cycle, 2**35 paths through shared lists
+            pk = b"\x80\x02]q\x00" + b"".join(b"](h" + bytes([i]) + b"h" + bytes([i]) + b"eq" + bytes([i + 1])
+                                              for i in range(35)) + b"."
+        with zipfile.ZipFile(d / "ckpt_000300.pt", "w") as z:
+            z.writestr("archive/data.pkl", pk)
+            z.writestr("archive/byteorder", "little")
+            z.writestr("archive/version", "3\n")
     elif kind == "sparse_index":
         with open(d / "model.safetensors.index.json", "wb") as f:
             f.truncate(3 << 30)
@@ -67,6 +80,8 @@ EXPECT = {
     "non_utf8_name": ("ckpt_000300\\xff.pt", "not_a_regular_file"),
     "fifo_sidecar": ("ckpt_000200.pt", "sidecar_unreadable"),
     "sparse_index": ("model.safetensors.index.json", "index_invalid"),
+    "self_appended_list": ("ckpt_000300.pt", "missing_model_weights"),
+    "shared_list_dag": ("ckpt_000300.pt", "pickle_too_complex"),
 }
 
 

@@ -113,7 +113,21 @@ def _scope_security_by_role(fl: List[Finding], file_roles: Dict[str, str]) -> No
 
 
 # ---------------------------------------------------------------- pruning
-def prune(obj: Any, values: Dict[int, Any], depth: int = 0, max_items: int = 4096) -> Any:
+PRUNE_NODE_BUDGET = 1_000_000  # nodes described per file; a pickle whose tree is larger is a finding
+
+
+class PruneBudget:
+    """Work bound of :func:`prune`: nodes left, the containers on the current path (cycles), and
+    whether the budget ran out (``exhausted``)."""
+
+    def __init__(self, nodes: int = PRUNE_NODE_BUDGET) -> None:
+        self.left = nodes
+        self.path: set = set()
+        self.exhausted = False
+
+
+def prune(obj: Any, values: Dict[int, Any], depth: int = 0, max_items: int = 4096,
+          budget: Optional[PruneBudget] = None) -> Any:
     """A JSON-able description of a walked pickle object.
 
     Tensors become ``{"__tensor__": dtype, "shape": [...], "value": x}``
@@ -123,48 +137,81 @@ def prune(obj: Any, values: Dict[int, Any], depth: int = 0, max_items: int = 409
     """
     from ..pickle_walk import Call, GlobalRef, Instance, TensorMeta
 
+    if budget is None:
+        budget = PruneBudget()
     if depth > 40:
         return "<deep>"
-    if isinstance(obj, TensorMeta):
-        d = {"__tensor__": obj.dtype, "shape": list(obj.shape)}
-        if id(obj) in values:
-            d["value"] = values[id(obj)]
-        return d
+    budget.left -= 1
+    if budget.left < 0:  # a tree that re-expands shared containers (a list appended to itself) ends here
+        budget.exhausted = True
+        return "<budget>"
+    if isinstance(obj, (dict, list, tuple, Instance, Call)):
+        if id(obj) in budget.path:
+            return "<cycle>"
+        budget.path.add(id(obj))
+        try:
+            return _prune_container(obj, values, depth, max_items, budget)
+        finally:
+            budget.path.discard(id(obj))
+    return _prune_leaf(obj, values)
+
+
+def describe(scan: "UnitScan", rel: str, obj: Any, values: Dict[int, Any]) -> Any:
+    """:func:`prune` of one file's object under a work budget; running out is a ``pickle_too_complex`` finding."""
+    budget = PruneBudget()
+    tree = prune(obj, values, budget=budget)
+    if budget.exhausted:
+        scan.add(F.make("pickle_too_complex", path=rel, nodes=PRUNE_NODE_BUDGET))
+    return tree
+
+
+def _prune_container(obj: Any, values: Dict[int, Any], depth: int, max_items: int, budget: "PruneBudget") -> Any:
+    from ..pickle_walk import Call, GlobalRef, Instance
+
     if isinstance(obj, dict):
         out = {}
         for i, (k, v) in enumerate(obj.items()):
             if i >= max_items:
                 out["__truncated__"] = len(obj)
                 break
-            out[str(k)] = prune(v, values, depth + 1, max_items)
+            out[str(k)] = prune(v, values, depth + 1, max_items, budget)
         return out
     if isinstance(obj, (list, tuple)):
         if len(obj) > 64 and all(isinstance(x, (int, float)) for x in obj[:64]):
             return {"__list__": len(obj)}
-        return [prune(v, values, depth + 1, max_items) for v in obj[:max_items]]
+        return [prune(v, values, depth + 1, max_items, budget) for v in obj[:max_items]]
+    if isinstance(obj, Instance):
+        cls = obj.cls
+        name = f"{cls.module}.{cls.name}" if isinstance(cls, GlobalRef) else str(cls)
+        d: Dict[str, Any] = {"__instance__": name}
+        if obj.args:
+            d["args"] = prune(list(obj.args), values, depth + 1, max_items, budget)
+        if obj.state is not None:
+            d["state"] = prune(obj.state, values, depth + 1, max_items, budget)
+        if obj.items:
+            d["items"] = prune(obj.items, values, depth + 1, max_items, budget)
+        return d
+    f = obj.func  # Call
+    name = f"{f.module}.{f.name}" if isinstance(f, GlobalRef) else "<computed>"
+    return {"__call__": name, "args": prune(list(obj.args), values, depth + 1, max_items, budget)}
+
+
+def _prune_leaf(obj: Any, values: Dict[int, Any]) -> Any:
+    from ..pickle_walk import GlobalRef, TensorMeta
+
+    if isinstance(obj, TensorMeta):
+        d = {"__tensor__": obj.dtype, "shape": list(obj.shape)}
+        if id(obj) in values:
+            d["value"] = values[id(obj)]
+        return d
     if isinstance(obj, (str, int, float, bool)) or obj is None:
         return obj
     if isinstance(obj, (bytes, bytearray)):
         return {"__bytes__": len(obj)}
     if isinstance(obj, GlobalRef):
         return {"__global__": f"{obj.module}.{obj.name}"}
-    if isinstance(obj, Instance):
-        cls = obj.cls
-        name = f"{cls.module}.{cls.name}" if isinstance(cls, GlobalRef) else str(cls)
-        d: Dict[str, Any] = {"__instance__": name}
-        if obj.args:
-            d["args"] = prune(list(obj.args), values, depth + 1, max_items)
-        if obj.state is not None:
-            d["state"] = prune(obj.state, values, depth + 1, max_items)
-        if obj.items:
-            d["items"] = prune(obj.items, values, depth + 1, max_items)
-        return d
-    if isinstance(obj, Call):
-        f = obj.func
-        name = f"{f.module}.{f.name}" if isinstance(f, GlobalRef) else "<computed>"
-        return {"__call__": name, "args": prune(list(obj.args), values, depth + 1, max_items)}
     if isinstance(obj, (set, frozenset)):
-        return [prune(v, values, depth + 1, max_items) for v in list(obj)[:max_items]]
+        return [_prune_leaf(v, values) for v in list(obj)[:4096]]
     return repr(obj)[:200]
 
 
@@ -243,7 +290,7 @@ def scan_file(run_dir: Path, rel: str, unit: str, scan: UnitScan, cfg: Dict[str,
     swept = _security_sweep(path, rel, s, scan, allowed)
     if swept is not None:
         out["obj"] = swept.obj
-        scan.tree[tree_key or rel] = prune(swept.obj, {})
+        scan.tree[tree_key or rel] = describe(scan, rel, swept.obj, {})
         generic = _as_pickle(generic, rel, s, swept.protocol)
     scan.add(generic)
     if generic and any(f.severity == "error" for f in generic):
@@ -316,7 +363,7 @@ def scan_file(run_dir: Path, rel: str, unit: str, scan: UnitScan, cfg: Dict[str,
                     if v is not None:
                         values[id(tm)] = v
         out["obj"] = res.obj
-        scan.tree[tree_key or rel] = prune(res.obj, values)
+        scan.tree[tree_key or rel] = describe(scan, rel, res.obj, values)
     elif s.kind == "torch_legacy":
         from ..formats import legacy
 
@@ -327,7 +374,7 @@ def scan_file(run_dir: Path, rel: str, unit: str, scan: UnitScan, cfg: Dict[str,
                 scan.tensors.append(TensorRow(unit, rel, name, tm.dtype, list(tm.shape), tm.numel,
                                               tm.nbytes, tm.storage.key, -1, tm.is_parameter, tm.storage_offset))
             out["obj"] = res.obj
-            scan.tree[tree_key or rel] = prune(res.obj, values)
+            scan.tree[tree_key or rel] = describe(scan, rel, res.obj, values)
     elif s.kind == "safetensors":
         from ..formats.safetensors_check import check_safetensors
 
