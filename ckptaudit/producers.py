@@ -19,11 +19,11 @@ transformers 5.24 ``trainer.py`` (``_save_checkpoint``, ``_load_from_checkpoint`
 ``_load_optimizer_and_scheduler``, ``_load_rng_state``: every ``torch.load`` there
 passes ``weights_only=True``); accelerate 1.15 ``checkpointing.py``
 (``save_accelerator_state``/``load_accelerator_state``; ``utils.other.load`` defaults
-to ``weights_only=True`` with numpy globals added; ``load_custom_state`` passes
-``weights_only=False``); lightning 2.6 ``fabric/utilities/cloud_io.py::_load``
+to ``weights_only=True`` with numpy globals added; ``load_custom_state`` turns
+weights-only off); lightning 2.6 ``fabric/utilities/cloud_io.py::_load``
 (``torch.load`` with the caller's ``weights_only``, default None → torch's default)
 and ``trainer/connectors/checkpoint_connector.py``; deepspeed 0.19
-``runtime/checkpoint_engine/torch_checkpoint_engine.py`` (``weights_only=False``);
+``runtime/checkpoint_engine/torch_checkpoint_engine.py`` (weights-only off: full unpickling);
 torchtitan ``components/checkpoint.py`` (``step-N`` folders of
 torch.distributed.checkpoint); nanoGPT ``train.py``; the PyTorch tutorial "Saving and
 loading a general checkpoint"; Megatron-LM ``training/checkpointing.py``.

@@ -443,7 +443,7 @@ _SWEEP_HEAD_BYTES = 1 << 20
 def _security_sweep(path: Path, rel: str, s, scan: UnitScan, allowed: List[str]):
     """Walk every pickle stream of a file that is not a zip or safetensors, whatever its name or
     what the file layer calls it; add its security findings.  Returns the combined walk when the
-    bytes are a pickle, else None.  ``torch.load(weights_only=False)`` unpickles the first pickle
+    bytes are a pickle, else None.  ``torch.load`` with weights-only off unpickles the first pickle
     of any non-zip file before it checks a magic number, so each one is a loadable pickle."""
     import time
 
