@@ -249,14 +249,20 @@ _ENTRIES: List[Kind] = [
     _k("not_a_regular_file", "file", "error", "none",
        "{path} is not read: {why}.",
        "Replace it with the real checkpoint file, or remove it from the run folder; the audit never opens it."),
+    _k("file_unreadable", "file", "error", "none",
+       "{path} cannot be opened for reading by this user ({why}): its bytes are unchecked, and a resume "
+       "running as the same user fails on it as well.",
+       "Check the owner and mode (ls -l {path}); give the user that resumes read permission (chmod u+r, or "
+       "chown), then audit again."),
     _k("pointer_refused", "file", "error", "none",
        "{pointer} is a symbolic link the audit does not follow ({target!r}): {why}.",
        "Point it at a checkpoint inside the run folder (the newest usable is {suggestion}), or copy the "
        "checkpoint into the run."),
     _k("pickle_too_complex", "file", "warning", "resume",
-       "{path}: the pickle's object tree is larger than the {nodes} nodes the audit describes (shared containers "
-       "re-expanded, such as a list appended to itself): the description was cut, so components may be missed.",
-       "Inspect the file's structure with a trusted tool before resuming; a real checkpoint's tree is far smaller."),
+       "{path}: the pickle is larger than the audit's work budget ({why}): the description was cut, so "
+       "components may be missed; {imports}.",
+       "Inspect the file's structure with a trusted tool before resuming and load it only with "
+       "torch.load(weights_only=True); a real checkpoint's tree is far smaller."),
     _k("audit_error", "file", "error", "none",
        "{path}: the {stage} stage could not examine this unit ({error_type}: {error}); the other units were "
        "audited.",
@@ -346,6 +352,11 @@ _ENTRIES: List[Kind] = [
     _k("missing_model_weights", "state", "error", "none",
        "{path} has no model weights that the audit can find (top-level keys: {keys}).",
        "Check the checkpoint's producer; without weights it cannot be resumed or warm-started."),
+    _k("state_file_unreadable", "state", "error", "warm-start",
+       "{path} cannot be read as the JSON training state it should be ({why}): a resume that loads it fails "
+       "before the first step, and the step, epoch and best checkpoint it records are unknown.",
+       "Resume from an older checkpoint whose {name} is intact, or warm-start from these weights and set the step "
+       "by hand from the training log."),
     _k("missing_optimizer_state", "state", "warning", "warm-start",
        "{path} has model weights but no optimizer state: resuming re-initialises the AdamW moments (expect a loss "
        "spike); fine for a warm start, not a faithful resume point.",

@@ -328,6 +328,21 @@ class TooLarge(OSError):
     """A small metadata file (sidecar, manifest, pointer, index) that is larger than its cap."""
 
 
+def loads_json(data, **kw):
+    """``json.loads`` for a file from the run: nesting too deep for the parser is a ``ValueError`` too.
+
+    CPython's decoder recurses once per ``[``/``{``, so 100,000 opening brackets (a few hundred KiB,
+    well under any size cap) raise ``RecursionError``; callers already treat ``ValueError`` as
+    "not valid JSON".
+    """
+    import json
+
+    try:
+        return json.loads(data, **kw)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to parse") from None
+
+
 def read_bounded(p, limit: int) -> bytes:
     """The bytes of a small metadata file, refusing what is not a regular file or is over ``limit`` bytes.
 

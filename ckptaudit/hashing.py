@@ -66,7 +66,7 @@ def parse_sidecar(text: str) -> Tuple[Dict[str, str], Optional[str]]:
 def load_manifest(path: Path) -> Dict[str, dict]:
     """{relative path inside the manifest's folder: entry} of a ckptaudit manifest; {} when unreadable."""
     try:
-        doc = json.loads(fs.read_bounded(path, fs.SMALL_FILE_BYTES))
+        doc = fs.loads_json(fs.read_bounded(path, fs.SMALL_FILE_BYTES))
     except (OSError, ValueError):
         return {}
     if not isinstance(doc, dict) or not str(doc.get("schema", "")).startswith("ckptaudit.manifest/"):

@@ -249,7 +249,18 @@ def irregular_reason(root: Path, path: Path) -> Optional[str]:
         return "it is a device, not a file"
     if st_mod.S_ISSOCK(mode):
         return "it is a socket, not a file"
+    if st_mod.S_ISREG(mode) and not os.access(path, os.R_OK):
+        return UNREADABLE
     return None
+
+
+#: the :func:`irregular_reason` of a regular file this process may not read (mode 000, another owner)
+UNREADABLE = "permission denied"
+
+
+def irregular_kind(why: str) -> str:
+    """The finding kind for an :func:`irregular_reason`."""
+    return "file_unreadable" if why == UNREADABLE else "not_a_regular_file"
 
 
 def _irregular_unit(root: Path, path: Path, why: str) -> Unit:

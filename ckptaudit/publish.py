@@ -145,6 +145,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import click
 
 from . import __version__
+from . import fs
 from .hashing import chunk_sha256, sha256_range
 
 log = logging.getLogger("ckptaudit.publish")
@@ -1048,7 +1049,7 @@ def _metric_of(run_dir: Path, unit: Dict[str, Any], metric: str) -> Optional[flo
     if not unit.get("manifest"):
         return None
     try:
-        doc = json.loads((run_dir / unit["manifest"]).read_text())
+        doc = fs.loads_json((run_dir / unit["manifest"]).read_text())
         v = (doc.get("metrics") or {}).get(metric)
         return float(v) if isinstance(v, (int, float)) else None
     except (OSError, ValueError, AttributeError):
@@ -1117,7 +1118,7 @@ def _orphan_integrity_files(run_dir: Path) -> Dict[str, Tuple[str, Tuple[int, in
             continue
         if what == "manifest":
             try:
-                doc = json.loads(text)
+                doc = fs.loads_json(text)
             except ValueError:
                 continue
             if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or doc.get("unit") != target:

@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
+from . import fs
+
 log = logging.getLogger("ckptaudit")
 
 
@@ -166,7 +168,7 @@ def _load_unit(root: Path, ud: dict, map_location: Any, benign: Sequence[str]) -
         if p.name in NOT_STATE_FILES:
             not_loaded[inner] = NOT_STATE_FILES[p.name]
         elif p.name.endswith(".json"):
-            state[inner] = json.loads(p.read_text())
+            state[inner] = fs.loads_json(fs.read_bounded(p, fs.SMALL_FILE_BYTES))
         elif (kind := sniff(p).kind) in ("torch_zip", "torch_legacy", "safetensors"):
             state[inner] = _load_file(p, "safetensors" if kind == "safetensors" else "", map_location, benign)
         else:

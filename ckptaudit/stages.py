@@ -71,7 +71,7 @@ def scan_units(run_dir: Path, units: List[dict], cfg: dict):
     from dataclasses import asdict
 
     from . import findings as F
-    from . import layouts
+    from . import inventory, layouts
 
     scans, tensors, imports = [], [], []
     for u in units:
@@ -83,7 +83,7 @@ def scan_units(run_dir: Path, units: List[dict], cfg: dict):
             s.facts.setdefault("missing_files", []).append(mf)
         s.add(object_store_findings(u))
         for rel, why in sorted((u.get("irregular") or {}).items()):
-            s.add(F.make("not_a_regular_file", path=rel, why=why))
+            s.add(F.make(inventory.irregular_kind(why), path=rel, why=why))
         if u.get("in_progress") and u["kind"] != "file" and not any(f.kind == "unit_in_progress" for f in s.findings):
             s.add(F.make("unit_in_progress", path=u["unit"], why=u["in_progress"]))
         scans.append(s.row())

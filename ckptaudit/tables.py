@@ -118,12 +118,43 @@ def write(name: str, rows: List[dict], path: str | Path) -> None:
         extra = set(r) - cols
         if extra:
             raise KeyError(f"table {name}: unexpected columns {sorted(extra)}")
-    table = pa.Table.from_pylist([{c: r.get(c) for c in schema.names} for r in rows], schema=schema)
+    data = [{c: r.get(c) for c in schema.names} for r in rows]
+    try:
+        table = pa.Table.from_pylist(data, schema=schema)
+    except (OverflowError, pa.ArrowInvalid):  # a hostile header's 2**63 offset or (2**40, 2**40) shape
+        table = pa.Table.from_pylist(_saturated(data, schema), schema=schema)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     pq.write_table(table, tmp)
     tmp.replace(path)
+
+
+INT64_MAX = (1 << 63) - 1
+
+
+def _clamp(v):
+    if type(v) is int and not -INT64_MAX <= v <= INT64_MAX:
+        return INT64_MAX if v > 0 else -INT64_MAX
+    return v
+
+
+def _saturated(data: List[dict], schema: pa.Schema) -> List[dict]:
+    """``data`` with every int64 (and list-of-int64) value outside ±(2**63 - 1) saturated to that bound.
+
+    Parquet int64 columns cannot hold the numbers a hostile safetensors header or DCP
+    ``.metadata`` may claim; the exact values stay in the findings (``findings_json`` is JSON,
+    whose integers are unbounded), so the table keeps a row and the report its evidence.
+    """
+    ints = [f.name for f in schema if f.type == I]
+    lists = [f.name for f in schema if f.type == LI]
+    for r in data:
+        for c in ints:
+            r[c] = _clamp(r[c])
+        for c in lists:
+            if isinstance(r[c], (list, tuple)):
+                r[c] = [_clamp(x) for x in r[c]]
+    return data
 
 
 def read_rows(path: str | Path) -> List[dict]:

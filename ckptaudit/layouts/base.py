@@ -156,12 +156,28 @@ def prune(obj: Any, values: Dict[int, Any], depth: int = 0, max_items: int = 409
     return _prune_leaf(obj, values)
 
 
+def walk_problem(res: Any, rel: str, member: str) -> F.Finding:
+    """The finding for a walk that stopped before ``STOP``: ``pickle_too_complex`` when only the work budget
+    ran out (the bytes may be fine), ``pickle_unreadable`` for damage."""
+    if not res.budget_exhausted:
+        return F.make("pickle_unreadable", path=rel, member=member, why=res.error)
+    if res.imports_complete:
+        imports = "every import was still listed and checked"
+    else:
+        imports = (f"imports were checked up to byte {res.imports_end} only, the rest was not scanned: treat the "
+                   f"file as untrusted")
+    return F.make("pickle_too_complex", path=rel, member=member, why=res.error, imports=imports)
+
+
 def describe(scan: "UnitScan", rel: str, obj: Any, values: Dict[int, Any]) -> Any:
     """:func:`prune` of one file's object under a work budget; running out is a ``pickle_too_complex`` finding."""
     budget = PruneBudget()
     tree = prune(obj, values, budget=budget)
     if budget.exhausted:
-        scan.add(F.make("pickle_too_complex", path=rel, nodes=PRUNE_NODE_BUDGET))
+        scan.add(F.make("pickle_too_complex", path=rel,
+                        why=f"its object tree expands past {PRUNE_NODE_BUDGET} nodes, as shared containers "
+                            f"re-expanded (a list appended to itself) do",
+                        imports="every import was checked"))
     return tree
 
 
@@ -197,7 +213,7 @@ def _prune_container(obj: Any, values: Dict[int, Any], depth: int, max_items: in
 
 
 def _prune_leaf(obj: Any, values: Dict[int, Any]) -> Any:
-    from ..pickle_walk import GlobalRef, TensorMeta
+    from ..pickle_walk import GlobalRef, TensorMeta, _short_repr
 
     if isinstance(obj, TensorMeta):
         d = {"__tensor__": obj.dtype, "shape": list(obj.shape)}
@@ -210,9 +226,10 @@ def _prune_leaf(obj: Any, values: Dict[int, Any]) -> Any:
         return {"__bytes__": len(obj)}
     if isinstance(obj, GlobalRef):
         return {"__global__": f"{obj.module}.{obj.name}"}
-    if isinstance(obj, (set, frozenset)):
-        return [_prune_leaf(v, values) for v in list(obj)[:4096]]
-    return repr(obj)[:200]
+    if isinstance(obj, (set, frozenset)):  # members are hashable scalars or nested (frozen)sets: one level shown
+        return [v if isinstance(v, (str, int, float, bool)) or v is None else _short_repr(v, 200)
+                for v in list(obj)[:4096]]
+    return _short_repr(obj, 200)  # bounded: a 100,000-deep persistent id must not recurse
 
 
 def small_nbytes(dtype: str, numel: int) -> Optional[int]:
@@ -327,7 +344,7 @@ def scan_file(run_dir: Path, rel: str, unit: str, scan: UnitScan, cfg: Dict[str,
         scan.add(sec)
         scan.imports.extend({"file": rel, "member": member, **asdict(v)} for v in verdicts)
         if res.error:
-            scan.add(F.make("pickle_unreadable", path=rel, member=member, why=res.error))
+            scan.add(walk_problem(res, rel, member))
         storages = {}
         for key, sref in res.storages.items():
             if sref.numel is not None:
@@ -400,7 +417,7 @@ def scan_file(run_dir: Path, rel: str, unit: str, scan: UnitScan, cfg: Dict[str,
     elif s.kind == "json" and swept is None:
         try:
             with fs.open_binary(path) as fh:
-                out["obj"] = json.loads(fh.read(16 << 20))
+                out["obj"] = fs.loads_json(fh.read(16 << 20))
             scan.tree[tree_key or rel] = out["obj"]
         except (OSError, ValueError):
             pass

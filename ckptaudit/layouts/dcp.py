@@ -17,12 +17,15 @@ import re
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Optional
 
 from .. import findings as F
 from .. import fs
-from .base import UnitScan, prune
+from .base import UnitScan, prune, walk_problem
 
 DISTCP = re.compile(r"^__(\d+)_(\d+)\.distcp$")
+# cap on .metadata: ~150 bytes per chunk entry, so 1 GiB is millions of shards; a 4 GiB sparse one is not read
+MAX_METADATA_BYTES = 1 << 30
 
 # Classes a DCP .metadata pickle legitimately names (torch 2.x
 # torch/distributed/checkpoint/metadata.py and filesystem.py; layout and
@@ -73,7 +76,11 @@ class DCP:
             return scan
         mpath = folder / ".metadata"
         scan.files_checked.append(rel(".metadata"))
-        data = mpath.read_bytes()
+        try:
+            data = fs.read_bounded(mpath, MAX_METADATA_BYTES)
+        except OSError as e:
+            scan.add(F.make("dcp_metadata_unreadable", path=rel(".metadata"), why=f"{type(e).__name__}: {e}"))
+            return scan
         t0 = time.perf_counter()
         res = walk(data)
         scan.walk_seconds += time.perf_counter() - t0
@@ -85,6 +92,9 @@ class DCP:
         scan.imports.extend({"file": rel(".metadata"), "member": ".metadata", **asdict(v)} for v in verdicts)
         if any(f.severity == "error" for f in sec):
             return scan  # never interpret a pickle that imports something it should not
+        if res.budget_exhausted:
+            scan.add(walk_problem(res, rel(".metadata"), ".metadata"))
+            return scan
         if res.error:
             scan.add(F.make("dcp_metadata_unreadable", path=rel(".metadata"), why=res.error))
             return scan
@@ -114,8 +124,15 @@ class DCP:
             if not isinstance(sinfo, dict):
                 continue
             relp = str(sinfo.get("relative_path"))
-            end = int(sinfo.get("offset", 0)) + int(sinfo.get("length", 0))
+            offset, length = _count(sinfo.get("offset", 0)), _count(sinfo.get("length", 0))
             fqn = _fqn(idx)
+            if offset is None or length is None or not _inside(relp):
+                scan.add(F.make("dcp_metadata_unreadable", path=rel(".metadata"),
+                                why=f"storage item {_short(fqn)} has relative_path {_short(relp)}, offset "
+                                    f"{_short(sinfo.get('offset'))} and length {_short(sinfo.get('length'))}, "
+                                    f"not a path inside the checkpoint folder and two non-negative integers"))
+                return scan
+            end = offset + length
             cur = need.get(relp)
             if cur is None or end > cur[0]:
                 need[relp] = (end, fqn, (cur[2] + 1) if cur else 1)
@@ -148,9 +165,6 @@ def _read_small_bytes_items(folder: Path, storage: dict, tree: dict, limit: int 
     ``data.pkl`` is walked statically like any other pickle.  Only blobs under
     ``limit`` bytes whose pickle imports nothing are interpreted.
     """
-    import io
-    import zipfile
-
     from ..pickle_walk import walk
 
     for idx, info in storage.items():
@@ -160,21 +174,74 @@ def _read_small_bytes_items(folder: Path, storage: dict, tree: dict, limit: int 
         fqn = _fqn(idx)
         if fqn not in tree or "__bytes_item__" not in tree[fqn]:
             continue
-        length = int(sinfo.get("length", 0))
-        if not 0 < length <= limit:
+        length, offset = _count(sinfo.get("length", 0)), _count(sinfo.get("offset", 0))
+        relp = str(sinfo.get("relative_path"))
+        if length is None or offset is None or not 0 < length <= limit or not _inside(relp):
             continue
         try:
-            with fs.open_binary(folder / str(sinfo.get("relative_path")), exact=True) as fh:
-                fh.seek(int(sinfo.get("offset", 0)))
+            with fs.open_binary(folder / relp, exact=True) as fh:
+                fh.seek(offset)
                 blob = fh.read(length)
-            with zipfile.ZipFile(io.BytesIO(blob)) as zf:
-                pkl = next(n for n in zf.namelist() if n.endswith("data.pkl"))
-                data = zf.read(pkl)
-        except (OSError, zipfile.BadZipFile, StopIteration, ValueError):
-            continue
+            data = _stored_member(blob, "data.pkl", limit)
+            if data is None:
+                continue
+        except Exception:  # noqa: BLE001 - zipfile raises NotImplementedError, RuntimeError, EOFError, zlib.error…
+            continue  # on hostile blobs; a value that cannot be read is only detail lost
         res = walk(data)
         if res.error is None and not res.globals and isinstance(res.obj, (int, float, str, bool)):
             tree[fqn] = res.obj
+
+
+def _stored_member(blob: bytes, suffix: str, limit: int) -> Optional[bytes]:
+    """The bytes of the first member of the small zip ``blob`` whose name ends with ``suffix``, read through
+    its central directory (APPNOTE 4.3.12/4.3.16), or None.
+
+    Only stored (method 0) members, which is how ``torch.save`` writes every record.  The "version needed
+    to extract" field is not checked: torch's reader (miniz) ignores it, and Python's ``zipfile`` raising
+    ``NotImplementedError`` for a forged 7.0 must not hide a value torch itself reads.
+    """
+    import struct
+
+    eocd = blob.rfind(b"PK\x05\x06")
+    if eocd < 0 or eocd + 22 > len(blob):
+        return None
+    n, cd_size, cd_off = struct.unpack_from("<HII", blob, eocd + 10)
+    pos = cd_off
+    for _ in range(n):
+        if blob[pos:pos + 4] != b"PK\x01\x02" or pos + 46 > len(blob):
+            return None
+        method, = struct.unpack_from("<H", blob, pos + 10)
+        csize, usize, nlen, xlen, clen = struct.unpack_from("<IIHHH", blob, pos + 20)
+        lho, = struct.unpack_from("<I", blob, pos + 42)
+        name = blob[pos + 46: pos + 46 + nlen]
+        pos += 46 + nlen + xlen + clen
+        if not name.endswith(suffix.encode()):
+            continue
+        if method != 0 or csize != usize or usize > limit or blob[lho:lho + 4] != b"PK\x03\x04":
+            return None
+        lnlen, lxlen = struct.unpack_from("<HH", blob, lho + 26)
+        start = lho + 30 + lnlen + lxlen
+        data = blob[start:start + usize]
+        return data if len(data) == usize else None
+    return None
+
+
+def _inside(relp: str) -> bool:
+    """A ``relative_path`` that stays inside the checkpoint folder (FileSystemWriter writes
+    ``__{rank}_{i}.distcp``; other writers may use sub-folders, never ``..`` or an absolute path)."""
+    parts = relp.replace("\\", "/").split("/")
+    return bool(relp) and not relp.startswith("/") and ".." not in parts and "\0" not in relp
+
+
+def _count(v) -> Optional[int]:
+    """``v`` as a byte offset or length: a non-negative int (bools are not), else None."""
+    return v if type(v) is int and v >= 0 else None
+
+
+def _short(v, limit: int = 60) -> str:
+    from ..pickle_walk import _short_repr
+
+    return _short_repr(v, limit)
 
 
 def _dtype_name(props) -> str:

@@ -45,7 +45,7 @@ class HFIndex:
             p = d / n
             shards: List[str] = []
             try:
-                doc = json.loads(fs.read_bounded(p, fs.SMALL_FILE_BYTES))
+                doc = fs.loads_json(fs.read_bounded(p, fs.SMALL_FILE_BYTES))
                 wm = doc.get("weight_map", {}) if isinstance(doc, dict) else {}
                 shards = sorted({str(v) for v in wm.values()}) if isinstance(wm, dict) else []
             except (OSError, ValueError):
@@ -82,7 +82,7 @@ def check_index(run_dir: Path, index_rel: str, scan: UnitScan, cfg: dict, unit_n
     base = Path(index_rel).parent
     scan.files_checked.append(index_rel)
     try:
-        doc = json.loads(fs.read_bounded(ip, fs.SMALL_FILE_BYTES))
+        doc = fs.loads_json(fs.read_bounded(ip, fs.SMALL_FILE_BYTES))
         wm = doc["weight_map"]
         if not isinstance(wm, dict):
             raise ValueError("weight_map is not an object")
@@ -153,12 +153,14 @@ class HFTrainer:
             if n == "trainer_state.json":
                 scan.files_checked.append(f)
                 try:
-                    st = json.loads(fs.read_bounded(run_dir / f, fs.SMALL_FILE_BYTES))
+                    st = fs.loads_json(fs.read_bounded(run_dir / f, fs.SMALL_FILE_BYTES))
+                    if not isinstance(st, dict):
+                        raise ValueError(f"the top level is a JSON {type(st).__name__}, not an object")
                     scan.tree["trainer_state.json"] = {k: st.get(k) for k in ("global_step", "epoch", "best_metric",
                                                                               "best_model_checkpoint", "max_steps")}
                     scan.facts["global_step"] = st.get("global_step")
                 except (OSError, ValueError) as e:
-                    scan.add(F.make("text_error_page", path=f, size_bytes=fs.size(run_dir / f), head=str(e)[:40]))
+                    scan.add(F.make("state_file_unreadable", path=f, name=n, why=f"{type(e).__name__}: {e}"[:200]))
                 continue
             extra = ["transformers.training_args.TrainingArguments"] if n == "training_args.bin" else []
             scan_file(run_dir, f, unit["unit"], scan, cfg, extra_allowed=extra, tree_key=n)
@@ -187,7 +189,7 @@ def _read_json(path: Path, limit: int = 1 << 20):
         if fs.size(path) > limit:
             return None
         with fs.open_binary(path) as fh:
-            return json.loads(fh.read(limit))
+            return fs.loads_json(fh.read(limit))
     except (OSError, ValueError):
         return None
 
