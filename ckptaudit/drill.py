@@ -69,6 +69,9 @@ from typing import (Any, Callable, Dict, Iterator, List, Mapping, Optional, Prot
 
 import click
 
+from . import liveness
+from .cli_common import ExitThreeOnUsageError, check_paths
+
 SCHEMA = "ckptaudit.drill/1"
 EXIT_PASSED, EXIT_PROBLEM, EXIT_NO_UNIT, EXIT_FAILED = 0, 1, 2, 3
 STATUS_WORDS = {EXIT_PASSED: "PASSED", EXIT_PROBLEM: "FAILED", EXIT_NO_UNIT: "NO RESTORABLE UNIT",
@@ -117,7 +120,7 @@ CHECKS: Dict[str, str] = {
 }
 
 #: Checks whose failure means the drill could not run (exit 3) rather than a problem with the unit (exit 1).
-INFRA_CHECKS = ("eligibility", "child_process", "device_available")
+INFRA_CHECKS = ("eligibility", "child_process", "device_available", "unit_stable")
 
 #: Raised inside the child when anything calls torch.load(weights_only=False).
 WEIGHTS_ONLY_REFUSAL = ("the restore drill only allows torch.load(weights_only=True); "
@@ -308,9 +311,12 @@ def select_unit(verdict: Mapping[str, Any], unit: Optional[str] = None
 
 
 def exit_code(rows: Sequence[Mapping[str, Any]], infra_failed: bool, no_unit: bool) -> int:
-    """0 passed, 1 a check failed, 2 no restorable unit, 3 the drill itself failed (1 wins over 3)."""
+    """0 passed, 1 a check failed, 2 no restorable unit, 3 the drill itself failed (1 wins over 3, except
+    when the unit changed during the drill: then no check speaks for it)."""
     if no_unit:
         return EXIT_NO_UNIT
+    if any(r["check"] == "unit_stable" and r["status"] == "fail" for r in rows):
+        return EXIT_FAILED
     if any(r["status"] == "fail" and r["check"] not in INFRA_CHECKS for r in rows):
         return EXIT_PROBLEM
     if infra_failed:
@@ -487,7 +493,16 @@ def run_drill(run_dir: Union[str, Path, None], out_dir: Union[str, Path], cfg: O
                              f"usable_for {chosen['usable_for']}",
                              f"{chosen['unit']} (step {chosen.get('step')}): "
                              + ("the audit's rollback point" if not unit else "chosen with --unit/drill.unit")))
+            snap = liveness.snapshot(run_root, _unit_files(run_root, chosen["unit"]))
             infra_failed = _drill_devices(c, run_root, chosen, nxt, out, rows, doc)
+            changed = liveness.changed_files(run_root, snap)
+            if changed:  # retention pruned it or a writer replaced it while the children ran
+                rows.append(_row("unit_stable", "fail", "the unit's files unchanged during the drill",
+                                 f"{len(changed)} file(s) changed or vanished ({', '.join(changed[:3])})",
+                                 f"{chosen['unit']} changed while it was drilled (a writer's retention or a "
+                                 "re-save): the results are not about the unit the audit chose; run the drill "
+                                 "again, or exclude the rollback point from retention while it is drilled"))
+                infra_failed = True
     code = exit_code(rows, infra_failed, no_unit)
     for r in rows:
         r.setdefault("unit", doc["unit"] or "")
@@ -499,6 +514,14 @@ def run_drill(run_dir: Union[str, Path, None], out_dir: Union[str, Path], cfg: O
     if write:
         write_outputs(out, doc, rows)
     return rows, code
+
+
+def _unit_files(run_root: Path, unit: str) -> List[str]:
+    """Paths (relative to ``run_root``) of every file of ``unit``: the file itself, or all files under the folder."""
+    p = run_root / unit
+    if not p.is_dir():
+        return [unit]
+    return sorted(os.path.relpath(os.path.join(d, f), run_root) for d, _, fs_ in os.walk(p) for f in fs_)
 
 
 def _read_verdict(run_dir, out: Path, cfg, verdict) -> dict:
@@ -1243,13 +1266,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0 if a.exit_zero else code
 
 
-@click.command("drill")
+@click.command("drill", cls=ExitThreeOnUsageError)
 @click.argument("run_dir")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output folder.")
 @click.option("--unit", default="", help="Unit to drill (path relative to RUN_DIR); default: the rollback point.")
 @click.option("--device", "devices", multiple=True, help="Device to drill on (repeatable); default drill.devices.")
-@click.option("--config", "config_file", type=click.Path(exists=True, dir_okay=False),
-              help="YAML/JSON with keys of config/config.yaml (drill.hook, drill.steps, …).")
+@click.option("--config", "config_file", type=click.Path(),
+              help="YAML/JSON with keys of config/config.yaml (drill.hook, drill.steps, …; a regular file of at "
+                   "most 1 MiB).")
 @click.option("--cores", default=2, show_default=True, type=click.IntRange(1), help="Snakemake cores.")
 @click.option("--json", "as_json", is_flag=True, help="Print drill.json instead of the summary line.")
 @click.option("--verbose", is_flag=True, help="Show Snakemake's own output.")
@@ -1257,16 +1281,17 @@ def drill_command(run_dir, out_dir, unit, devices, config_file, cores, as_json, 
     """Audit RUN_DIR, then restore its rollback point in a fresh process and continue training.
 
     Writes DIR/drill/drill.parquet, drill.json and drill.html next to the audit's report.  Exit codes:
-    0 drill passed, 1 drill found a problem, 2 no restorable unit, 3 the drill itself failed."""
+    0 drill passed, 1 drill found a problem, 2 no restorable unit, 3 the drill itself failed (bad
+    arguments or config included: one line on stderr says why)."""
     from .cli import load_user_config, run_workflow
 
     try:
+        rd, out = check_paths(run_dir, out_dir)
+        if "://" in rd:
+            raise click.ClickException(f"{run_dir}: a drill restores from a local or shared folder; copy the unit "
+                                       f"from object storage first")
         cfg = load_user_config(config_file)
-        rd = Path(run_dir)
-        if not rd.is_dir():
-            raise click.ClickException(f"{run_dir}: not a folder")
-        out = Path(out_dir).resolve()
-        cfg.update(run_dir=str(rd.resolve()), out_dir=str(out))
+        cfg.update(run_dir=rd, out_dir=str(out))
         cfg["drill"] = dict(cfg.get("drill") or {})
         if unit:
             cfg["drill"]["unit"] = unit

@@ -183,3 +183,43 @@ def test_snakemake_config_gets_the_same_check(tmp_path):
                        cwd=REPO, capture_output=True, text=True, timeout=300)
     assert p.returncode != 0
     assert "invalid config: load.timeout_seconds: nan is not finite" in p.stdout + p.stderr
+
+
+def _drill(*args):
+    """``ckptaudit drill`` in process, like :func:`_audit`."""
+    result = {}
+
+    def go():
+        result["r"] = CliRunner().invoke(main, ["drill", *args])
+
+    t = threading.Thread(target=go, daemon=True)
+    t.start()
+    t.join(30)
+    assert not t.is_alive(), f"ckptaudit drill {args} hung"
+    return result["r"].exit_code, result["r"].stderr
+
+
+DRILL_REFUSALS = [
+    # (arguments given a run folder R and a scratch folder T, text the one-line reason names)
+    (lambda r, t: [r], "Missing option '--out'"),
+    (lambda r, t: ["", "--out", t + "/out"], "RUN_DIR is empty"),
+    (lambda r, t: [t + "/nope", "--out", t + "/out"], "not a folder"),
+    (lambda r, t: [r, "--out", r + "/report"], "--out"),
+    (lambda r, t: [r, "--out", t + "/out", "--config", t + "/missing.yaml"], "missing.yaml"),
+    (lambda r, t: [r, "--out", t + "/out", "--config", "/dev/zero"], "/dev/zero"),
+    (lambda r, t: [r, "--out", t + "/out", "--config", t + "/bad.yaml"], "drill.timeout_seconds: inf is not finite"),
+    (lambda r, t: [r, "--out", t + "/out", "--device", "tpu"], "--device 'tpu'"),
+    (lambda r, t: [r, "--out", t + "/out", "--cores", "0"], "--cores"),
+]
+
+
+@pytest.mark.parametrize("i", range(len(DRILL_REFUSALS)))
+def test_drill_refusals_exit_3_not_2(tmp_path, i):
+    """Exit 2 of ``drill`` means "no restorable unit": a bad argument must never look like that."""
+    make, needle = DRILL_REFUSALS[i]
+    run = tmp_path / "run"
+    run.mkdir()
+    (tmp_path / "bad.yaml").write_text("drill:\n  timeout_seconds: .inf\n")
+    code, err = _drill(*make(str(run), str(tmp_path)))
+    _assert_refused(code, err, needle)
+    assert not (tmp_path / "out").exists() and not (run / "report").exists()

@@ -245,6 +245,26 @@ def test_no_available_device_is_a_drill_failure(demo_run, verdict, tmp_path):
     assert rows[-1]["message"] == "none of drill.devices ['cuda'] is available here: nothing was restored"
 
 
+def test_unit_pruned_while_drilled_voids_the_drill(demo_run, verdict, tmp_path, monkeypatch):
+    """A writer's retention deleting the rollback point mid-drill: exit 3 with why, never "a check failed"."""
+    run = tmp_path / "run"
+    shutil.copytree(demo_run.run_dir, run)
+    real = dr.run_child
+
+    def child_then_prune(spec, *a, **kw):
+        res = real(spec, *a, **kw)
+        os.unlink(spec["unit_path"])
+        return res
+
+    monkeypatch.setattr(dr, "run_child", child_then_prune)
+    rows, code = dr.run_drill(run, tmp_path / "out", {"drill": {"devices": ["cpu"]}},
+                              verdict={**verdict, "run_dir": str(run)})
+    assert code == dr.EXIT_FAILED
+    r = _by_check(rows)["unit_stable"]
+    assert r["status"] == "fail" and r["actual"] == f"1 file(s) changed or vanished ({ROLLBACK})"
+    assert r["message"].startswith(f"{ROLLBACK} changed while it was drilled")
+
+
 def test_exit_code_precedence():
     fail = {"check": "lr_continuity", "status": "fail"}
     child = {"check": "child_process", "status": "fail"}
@@ -252,6 +272,7 @@ def test_exit_code_precedence():
     assert dr.exit_code([child], infra_failed=True, no_unit=False) == dr.EXIT_FAILED
     assert dr.exit_code([{"check": "rng_stream", "status": "warn"}], False, False) == dr.EXIT_PASSED
     assert dr.exit_code([], False, no_unit=True) == dr.EXIT_NO_UNIT
+    assert dr.exit_code([fail, {"check": "unit_stable", "status": "fail"}], True, False) == dr.EXIT_FAILED
 
 
 # ------------------------------------------------------------------ config, workflow, README

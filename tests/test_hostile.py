@@ -1,20 +1,63 @@
-"""Hostile paths in a run folder never hang, flood memory or end the audit: each is a named finding.
+"""The adversarial set: every hostile run folder gets a verdict and a named finding in ≤ 60 s and ≤ 1 GiB.
 
-Regression: a FIFO named like a checkpoint (as a unit, inside a folder unit, or as a sidecar) blocked
-forever; a symlink to /dev/zero inside a folder unit was hashed forever; a checkpoint-named symlink to
-/etc/passwd was an OK pointer; a folder named ckpt_000300.pt got no finding; a non-UTF-8 name ended the
-audit; a 3 GiB sparse index was read whole; an 8-byte data.pkl (a list appended to itself) or a DAG of
-shared lists made the tree description grow without bound (killed at 240 s and 3 GiB).
+One case each of the bombs, FIFOs, device symlinks, sparse giants, deep recursion, huge shapes,
+non-UTF-8 names and unreadable files (vanishing files are in ``test_liveness.py`` and
+``test_live_run.py``).  Each run holds two good units (steps 100 and 200) beside the hostile one,
+so the verdict must still be "resume from ckpt_000200.pt" (or step-6 for the DCP runs).  Each audit
+runs in a fresh child process whose own peak RSS and its load-test children's are measured.
+
+Regressions: a FIFO named like a checkpoint (as a unit, inside a folder unit, or as a sidecar)
+blocked forever; a symlink to /dev/zero inside a folder unit was hashed forever; a checkpoint-named
+symlink to /etc/passwd was an OK pointer; a folder named ckpt_000300.pt got no finding; a non-UTF-8
+name ended the audit; a 3 GiB sparse index and a 4 GiB sparse DCP ``.metadata`` were read whole; an
+8-byte data.pkl (a list appended to itself) or a DAG of shared lists made the tree description
+grow without bound (killed at 240 s and 3 GiB); a 20-million-opcode data.pkl took 1.5 GiB and
+58 s; safetensors offsets of 2**63 or a (2**40, 2**40) shape raised OverflowError writing Parquet;
+DCP ``offset="x"``, a 100,000-deep persistent id, deep JSON in trainer_state.json or an index, and a
+DCP value blob whose zip claims "version needed 7.0" ended the audit (exit 3).
 """
 
+import json
 import os
+import pickle
 import shutil
-import time
+import struct
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
 
 import pytest
 import torch
 
+SHARED_DCP = Path(__file__).resolve().parents[2] / "shared" / "cases" / "ok_dcp" / "step-6"
+AS_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0
+# a root process reads mode-000 files (CAP_DAC_OVERRIDE): drop those capabilities for that case
+NO_DAC = ["setpriv", "--bounding-set=-dac_override,-dac_read_search",
+          "--inh-caps=-dac_override,-dac_read_search"] if AS_ROOT else []
+
+_CHILD = r"""
+import json, resource, sys, time
 from ckptaudit.pipeline import audit_in_process
+t0 = time.monotonic()
+v = audit_in_process(sys.argv[1], out_dir=sys.argv[2])
+def peak_mib():  # VmHWM starts afresh at exec; ru_maxrss keeps the parent's peak across exec on Linux
+    try:
+        line = next(l for l in open("/proc/self/status") if l.startswith("VmHWM:"))
+        return int(line.split()[1]) / 1024
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({
+    "seconds": time.monotonic() - t0,
+    "rss_mib": peak_mib(),
+    "children_rss_mib": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+    "recommendation": v["recommendation"],
+    "rollback": (v.get("rollback") or {}).get("unit"),
+    "kinds": {u["unit"]: sorted({f["kind"] for f in u["findings"]}) for u in v["units"]},
+    "pointers": {p["path"]: sorted({f["kind"] for f in p.get("findings", [])} | {p.get("kind") or ""})
+                 for p in v["pointers"]},
+}))
+"""
 
 
 def _good(d, steps=(100, 200)):
@@ -29,15 +72,68 @@ def _good(d, steps=(100, 200)):
     return d
 
 
-def _trainer_folder(d, optimizer_maker):
+def _trainer_folder(d, optimizer_maker=None, trainer_state='{"global_step": 300}'):
     f = d / "checkpoint-300"
     f.mkdir()
     shutil.copy(d / "ckpt_000200.pt", f / "pytorch_model.bin")
-    (f / "trainer_state.json").write_text('{"global_step": 300}')
-    optimizer_maker(f / "optimizer.pt")
+    (f / "trainer_state.json").write_text(trainer_state)
+    if optimizer_maker:
+        optimizer_maker(f / "optimizer.pt")
+    return f
 
 
-def _make(kind, d):
+def _zip_pickle(path, pk, deflate=False):
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED if deflate else zipfile.ZIP_STORED) as z:
+        z.writestr("archive/data.pkl", pk)
+        z.writestr("archive/byteorder", "little")
+        z.writestr("archive/version", "3\n")
+
+
+def _safetensors(path, header, data=b"\0" * 8):
+    h = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(h)) + h + data)
+
+
+def _dcp_run(d):
+    d.mkdir(parents=True)
+    shutil.copytree(SHARED_DCP, d / "step-6")
+    shutil.copytree(SHARED_DCP, d / "step-12")
+    return d / "step-12" / ".metadata"
+
+
+def _forge_zip_version(blob: bytearray) -> None:
+    """Set "version needed to extract" to 7.0 in every local header and central directory record."""
+    for sig, off in ((b"PK\x03\x04", 4), (b"PK\x01\x02", 6)):
+        i = blob.find(sig)
+        while i >= 0:
+            blob[i + off: i + off + 2] = (70).to_bytes(2, "little")
+            i = blob.find(sig, i + 4)
+
+
+def _make(kind, d):  # noqa: C901 - one branch per case, kept together so each case reads in one place
+    if kind.startswith("dcp_"):
+        md = _dcp_run(d)
+        if kind == "dcp_offset_x":  # the test writes this .metadata itself: unpickling our own file is safe
+            m = pickle.loads(md.read_bytes())
+            object.__setattr__(m.storage_data[next(iter(m.storage_data))], "offset", "x")
+            md.write_bytes(pickle.dumps(m))
+        elif kind == "dcp_deep_persistent_id":
+            md.write_bytes(b"\x80\x02" + b"(" * 100_000 + b"t" * 100_000 + b"Q.")
+        elif kind == "dcp_computed_class":  # object()()()... 100,000 calls deep, then NEWOBJ of the result
+            md.write_bytes(b"\x80\x02cbuiltins\nobject\n" + b")R" * 100_000 + b")\x81.")
+        elif kind == "dcp_sparse_metadata":
+            with open(md, "wb") as f:
+                f.truncate(4 << 30)
+        elif kind == "dcp_zip_version_7":
+            m = pickle.loads(md.read_bytes())
+            info = next(v for k, v in m.storage_data.items() if k.fqn == "step")
+            p = md.parent / info.relative_path
+            b = bytearray(p.read_bytes())
+            blob = b[info.offset: info.offset + info.length]
+            _forge_zip_version(blob)
+            b[info.offset: info.offset + info.length] = blob
+            p.write_bytes(bytes(b))
+        return
     _good(d)
     if kind == "fifo_unit":
         os.mkfifo(d / "ckpt_000300.pt")
@@ -53,24 +149,46 @@ def _make(kind, d):
         shutil.copy(d / "ckpt_000200.pt", os.path.join(os.fsencode(d), b"ckpt_000300\xff.pt"))
     elif kind == "fifo_sidecar":
         os.mkfifo(d / "ckpt_000200.pt.sha256")
-    elif kind in ("self_appended_list", "shared_list_dag"):
-        import zipfile
-
-        if kind == "self_appended_list":  # 8 bytes of opcodes: a list appended to itself twice
-            pk = b"\x80\x02]q\x00h\x00ah\x00a."
-        else:  # L_{i+1} = [L_i, L_i], 35 levels: no cycle, 2**35 paths through shared lists
-            pk = b"\x80\x02]q\x00" + b"".join(b"](h" + bytes([i]) + b"h" + bytes([i]) + b"eq" + bytes([i + 1])
-                                              for i in range(35)) + b"."
-        with zipfile.ZipFile(d / "ckpt_000300.pt", "w") as z:
-            z.writestr("archive/data.pkl", pk)
-            z.writestr("archive/byteorder", "little")
-            z.writestr("archive/version", "3\n")
+    elif kind == "self_appended_list":  # 8 bytes of opcodes: a list appended to itself twice
+        _zip_pickle(d / "ckpt_000300.pt", b"\x80\x02]q\x00h\x00ah\x00a.")
+    elif kind == "shared_list_dag":  # L_{i+1} = [L_i, L_i], 35 levels: no cycle, 2**35 paths
+        _zip_pickle(d / "ckpt_000300.pt", b"\x80\x02]q\x00" + b"".join(
+            b"](h" + bytes([i]) + b"h" + bytes([i]) + b"eq" + bytes([i + 1]) for i in range(35)) + b".")
+    elif kind == "twenty_million_opcodes":  # 40 MB of BININT1 in one list, ~60 KB deflated
+        _zip_pickle(d / "ckpt_000300.pt", b"\x80\x02](" + b"K\x01" * 20_000_000 + b"e.", deflate=True)
+    elif kind == "ten_million_memoised_lists":
+        _zip_pickle(d / "ckpt_000300.pt", b"\x80\x04](" + b"]\x94" * 10_000_000 + b"e.", deflate=True)
+    elif kind == "payload_behind_padding":  # os.system after 10 M opcodes of padding: still named
+        _zip_pickle(d / "ckpt_000300.pt", b"\x80\x04](" + b"K\x01" * 10_000_000 + b"e0"
+                    + b"\x8c\x02os\x94\x8c\x06system\x94\x93\x8c\x04true\x85R.", deflate=True)
+    elif kind == "deep_persistent_id":
+        _zip_pickle(d / "ckpt_000300.pt", b"\x80\x02" + b"(" * 100_000 + b"t" * 100_000 + b"Q.")
+    elif kind == "deep_nested_tuple":
+        _zip_pickle(d / "ckpt_000300.pt", b"\x80\x02" + b")\x85" * 100_000 + b".")
     elif kind == "sparse_index":
         with open(d / "model.safetensors.index.json", "wb") as f:
             f.truncate(3 << 30)
+    elif kind == "deep_json_index":
+        (d / "model.safetensors.index.json").write_text('{"weight_map": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    elif kind == "deep_json_trainer_state":
+        _trainer_folder(d, trainer_state="[" * 100_000 + "]" * 100_000)
+    elif kind == "safetensors_offset_2_63":
+        _safetensors(d / "model.safetensors", {"w": {"dtype": "F32", "shape": [2], "data_offsets": [2**63, 2**63 + 8]}})
+    elif kind == "safetensors_shape_2_40_squared":
+        _safetensors(d / "model.safetensors", {"w": {"dtype": "F32", "shape": [2**40, 2**40], "data_offsets": [0, 8]}})
+    elif kind == "unreadable_file":
+        shutil.copy(d / "ckpt_000200.pt", d / "ckpt_000300.pt")
+        os.chmod(d / "ckpt_000300.pt", 0)
+    elif kind == "unreadable_file_in_folder":
+        f = _trainer_folder(d)
+        os.chmod(f / "trainer_state.json", 0)
+    elif kind == "one_gib_last_ckpt":  # a real 1 GiB Lightning-style file: sniffed by prefix, never read whole
+        torch.save({"state_dict": {"w": torch.zeros(256 << 20)}, "global_step": 300, "epoch": 0}, d / "last.ckpt")
+    else:  # pragma: no cover
+        raise KeyError(kind)
 
 
-# kind -> (unit or pointer carrying the finding, finding kind); None: no error is expected
+# kind -> (unit or pointer carrying the finding, finding kind, needs the capability drop)
 EXPECT = {
     "fifo_unit": ("ckpt_000300.pt", "not_a_regular_file"),
     "fifo_in_folder": ("checkpoint-300", "not_a_regular_file"),
@@ -79,22 +197,57 @@ EXPECT = {
     "folder_named_pt": ("ckpt_000300.pt", "not_a_regular_file"),
     "non_utf8_name": ("ckpt_000300\\xff.pt", "not_a_regular_file"),
     "fifo_sidecar": ("ckpt_000200.pt", "sidecar_unreadable"),
-    "sparse_index": ("model.safetensors.index.json", "index_invalid"),
     "self_appended_list": ("ckpt_000300.pt", "missing_model_weights"),
     "shared_list_dag": ("ckpt_000300.pt", "pickle_too_complex"),
+    "twenty_million_opcodes": ("ckpt_000300.pt", "pickle_too_complex"),
+    "ten_million_memoised_lists": ("ckpt_000300.pt", "pickle_too_complex"),
+    "payload_behind_padding": ("ckpt_000300.pt", "malicious_pickle_code_exec"),
+    "deep_persistent_id": ("ckpt_000300.pt", "missing_model_weights"),
+    "deep_nested_tuple": ("ckpt_000300.pt", "missing_model_weights"),
+    "sparse_index": ("model.safetensors.index.json", "index_invalid"),
+    "deep_json_index": ("model.safetensors.index.json", "index_invalid"),
+    "deep_json_trainer_state": ("checkpoint-300", "state_file_unreadable"),
+    "safetensors_offset_2_63": ("model.safetensors", "safetensors_offsets_invalid"),
+    "safetensors_shape_2_40_squared": ("model.safetensors", "safetensors_offsets_invalid"),
+    "unreadable_file": ("ckpt_000300.pt", "file_unreadable"),
+    "unreadable_file_in_folder": ("checkpoint-300", "file_unreadable"),
+    "one_gib_last_ckpt": ("last.ckpt", "missing_optimizer_state"),
+    "dcp_offset_x": ("step-12", "dcp_metadata_unreadable"),
+    "dcp_deep_persistent_id": ("step-12", "dcp_metadata_unreadable"),
+    "dcp_computed_class": ("step-12", "malicious_pickle_code_exec"),
+    "dcp_sparse_metadata": ("step-12", "dcp_metadata_unreadable"),
+    # torch reads the forged blob (miniz ignores the field), so the step is read: 6, in a folder named step-12
+    "dcp_zip_version_7": ("step-12", "step_name_disagrees"),
 }
 
 
+def _audit_in_child(run: Path, out: Path, prefix=()):
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env.pop("CKPTAUDIT_RAISE_AUDIT_ERRORS", None)
+    p = subprocess.run([*prefix, sys.executable, "-c", _CHILD, str(run), str(out)], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
 @pytest.mark.parametrize("kind", sorted(EXPECT))
-def test_hostile_path_is_a_finding(kind, tmp_path):
+def test_hostile_run_gets_a_verdict_and_a_named_finding(kind, tmp_path):
     run = tmp_path / "run"
     _make(kind, run)
-    t0 = time.monotonic()
-    v = audit_in_process(run, out_dir=tmp_path / "out")
-    assert time.monotonic() - t0 < 60
+    prefix = NO_DAC if kind.startswith("unreadable") else []
+    if prefix and not shutil.which(prefix[0]):
+        pytest.skip("running as root without setpriv: mode 000 files are readable")
+    try:
+        r = _audit_in_child(run, tmp_path / "out", prefix)
+    finally:
+        for p in run.rglob("*"):  # let pytest clean up the mode-000 files
+            if not p.is_symlink() and p.exists() and not (p.stat().st_mode & 0o400):
+                p.chmod(0o600)
     where, finding = EXPECT[kind]
-    units = {u["unit"]: u for u in v["units"]}
-    kinds = {f["kind"] for f in units.get(where, {}).get("findings", [])} | {
-        p["kind"] for p in v["pointers"] if p["path"] == where}
-    assert finding in kinds, (kinds, sorted(units))
-    assert v["recommendation"] == "resume" and v["rollback"]["unit"] == "ckpt_000200.pt"
+    kinds = set(r["kinds"].get(where, [])) | set(r["pointers"].get(where, []))
+    assert finding in kinds, (kinds, r["kinds"])
+    assert not any("audit_error" in k for k in r["kinds"].values()), r["kinds"]
+    good = "step-6" if kind.startswith("dcp_") else "ckpt_000200.pt"
+    assert (r["recommendation"], r["rollback"]) == ("resume", good), r
+    assert r["seconds"] <= 60, r
+    assert r["rss_mib"] <= 1024 and r["children_rss_mib"] <= 1024, r
