@@ -30,6 +30,7 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import posixpath
+import re
 import shutil
 import threading
 from pathlib import Path
@@ -324,6 +325,9 @@ class _Entry:
         return self.path.is_file()
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 class TooLarge(OSError):
     """A small metadata file (sidecar, manifest, pointer, index) that is larger than its cap."""
 
@@ -333,14 +337,55 @@ def loads_json(data, **kw):
 
     CPython's decoder recurses once per ``[``/``{``, so 100,000 opening brackets (a few hundred KiB,
     well under any size cap) raise ``RecursionError``; callers already treat ``ValueError`` as
-    "not valid JSON".
+    "not valid JSON" (as they do an integer of more than 4300 digits, which ``json`` refuses with a
+    ``ValueError``).  A lone surrogate escape (``"\\ud800"``, valid JSON) becomes U+FFFD: such a
+    string cannot be written as UTF-8 to the tables or the report (see :func:`without_lone_surrogates`).
     """
     import json
 
     try:
-        return json.loads(data, **kw)
+        obj = json.loads(data, **kw)
     except RecursionError:
         raise ValueError("JSON nested too deeply to parse") from None
+    if (b"\\u" if isinstance(data, (bytes, bytearray)) else "\\u") in data:
+        obj = without_lone_surrogates(obj)
+    return obj
+
+
+def clean_text(s: str) -> str:
+    """``s`` with every lone surrogate (U+D800..U+DFFF) replaced by U+FFFD."""
+    return s if s.isascii() else _LONE_SURROGATE.sub("\ufffd", s)
+
+
+def without_lone_surrogates(obj):
+    """A parsed JSON value (or walked pickle strings) with lone surrogates in strings and keys made U+FFFD.
+
+    JSON's ``\\udXXX`` escapes and pickle's ``surrogatepass`` strings can hold code points that no
+    UTF-8 encoder accepts, so a name from a damaged (or merely odd) file would stop the audit when its
+    tables or report are written.  Containers are edited in place (iteratively: no recursion limit);
+    key order is kept."""
+    if isinstance(obj, str):
+        return clean_text(obj)
+    stack = [obj]
+    while stack:
+        o = stack.pop()
+        if isinstance(o, dict):
+            if any(type(k) is str and not k.isascii() and _LONE_SURROGATE.search(k) for k in o):
+                items = list(o.items())
+                o.clear()
+                o.update((clean_text(k) if type(k) is str else k, v) for k, v in items)
+            for k, v in o.items():
+                if type(v) is str:
+                    o[k] = clean_text(v)
+                elif isinstance(v, (dict, list)):
+                    stack.append(v)
+        elif isinstance(o, list):
+            for i, v in enumerate(o):
+                if type(v) is str:
+                    o[i] = clean_text(v)
+                elif isinstance(v, (dict, list)):
+                    stack.append(v)
+    return obj
 
 
 def read_bounded(p, limit: int) -> bytes:
@@ -394,11 +439,12 @@ def scandir(d):
     return [_Entry(c) for c in path(d).iterdir()]
 
 
-def walk(d):
+def walk(d, onerror=None):
     """``os.walk`` (top-down, sorted by the caller) locally; remotely from the listing
-    (``dirpath`` is an RPath)."""
+    (``dirpath`` is an RPath).  ``onerror(OSError)`` is called for a local folder that cannot
+    be listed (``os.walk`` skips it silently otherwise)."""
     if not is_remote(d):
-        yield from os.walk(d)
+        yield from os.walk(d, onerror=onerror)
         return
     stack = [path(d)]
     while stack:

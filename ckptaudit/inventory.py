@@ -306,7 +306,13 @@ def _dir_unit(root: Path, path: Path, adapter, why) -> Unit:
     has_marker = False
     our_manifest = False
     irregular: Dict[str, str] = {}
-    for dirpath, dirnames, filenames in fs.walk(path):
+
+    def unlistable(e: OSError) -> None:  # a folder of the unit that cannot be listed (mode 000, another owner)
+        where = _rel(root, Path(e.filename)) if e.filename else _rel(root, path)
+        irregular[where.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")] = (
+            UNREADABLE if isinstance(e, PermissionError) else f"it cannot be listed ({e.strerror})")
+
+    for dirpath, dirnames, filenames in fs.walk(path, onerror=unlistable):
         dirnames.sort()
         fn_set = set(filenames)
         at_top = fs.path(dirpath) == path

@@ -182,13 +182,15 @@ def _make(kind, d):  # noqa: C901 - one branch per case, kept together so each c
     elif kind == "unreadable_file_in_folder":
         f = _trainer_folder(d)
         os.chmod(f / "trainer_state.json", 0)
+    elif kind == "unreadable_folder":
+        os.chmod(_trainer_folder(d), 0)
     elif kind == "one_gib_last_ckpt":  # a real 1 GiB Lightning-style file: sniffed by prefix, never read whole
         torch.save({"state_dict": {"w": torch.zeros(256 << 20)}, "global_step": 300, "epoch": 0}, d / "last.ckpt")
     else:  # pragma: no cover
         raise KeyError(kind)
 
 
-# kind -> (unit or pointer carrying the finding, finding kind, needs the capability drop)
+# kind -> (unit or pointer carrying the finding, finding kind); unreadable_*: run without DAC override
 EXPECT = {
     "fifo_unit": ("ckpt_000300.pt", "not_a_regular_file"),
     "fifo_in_folder": ("checkpoint-300", "not_a_regular_file"),
@@ -211,6 +213,7 @@ EXPECT = {
     "safetensors_shape_2_40_squared": ("model.safetensors", "safetensors_offsets_invalid"),
     "unreadable_file": ("ckpt_000300.pt", "file_unreadable"),
     "unreadable_file_in_folder": ("checkpoint-300", "file_unreadable"),
+    "unreadable_folder": ("checkpoint-300", "file_unreadable"),
     "one_gib_last_ckpt": ("last.ckpt", "missing_optimizer_state"),
     "dcp_offset_x": ("step-12", "dcp_metadata_unreadable"),
     "dcp_deep_persistent_id": ("step-12", "dcp_metadata_unreadable"),
@@ -240,9 +243,8 @@ def test_hostile_run_gets_a_verdict_and_a_named_finding(kind, tmp_path):
     try:
         r = _audit_in_child(run, tmp_path / "out", prefix)
     finally:
-        for p in run.rglob("*"):  # let pytest clean up the mode-000 files
-            if not p.is_symlink() and p.exists() and not (p.stat().st_mode & 0o400):
-                p.chmod(0o600)
+        if prefix or not AS_ROOT:  # let pytest clean up the mode-000 files and folders
+            subprocess.run(["chmod", "-R", "u+rwX", str(run)], check=False)
     where, finding = EXPECT[kind]
     kinds = set(r["kinds"].get(where, [])) | set(r["pointers"].get(where, []))
     assert finding in kinds, (kinds, r["kinds"])
