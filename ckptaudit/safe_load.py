@@ -111,7 +111,7 @@ def check_unit(run_dir: Path, unit: dict, allow_globals: Sequence[str] = (), *, 
     ``need_loadable`` (default) also refuses layouts :func:`safe_load_checkpoint` cannot
     load itself (torch.distributed.checkpoint, DeepSpeed, Megatron)."""
     from . import hashing
-    from .stages import scan_units
+    from .layouts.scan import scan_units
 
     if unit.get("in_progress"):
         return f"in-progress save ({unit['in_progress']})"

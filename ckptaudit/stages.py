@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Dict, List
 
 from . import liveness
+from .layouts.scan import object_store_findings, scan_units  # noqa: F401 - re-exported
+from .target import load_reference  # noqa: F401 - re-exported
 
 
 def _inventory(path: str) -> dict:
@@ -66,47 +68,6 @@ def stage_hash(inv: dict, part: str, out: str) -> List[dict]:
     return rows
 
 
-def scan_units(run_dir: Path, units: List[dict], cfg: dict):
-    """Scan units by bytes; returns (scan rows, tensor rows, import rows)."""
-    from dataclasses import asdict
-
-    from . import findings as F
-    from . import inventory, layouts
-
-    scans, tensors, imports = [], [], []
-    for u in units:
-        adapter = layouts.adapter_for(u)
-        s = liveness.guard("scan", u, lambda: adapter.scan(run_dir, u, cfg), lambda f: _scan_error(u, f))
-        s.facts["unit_files"] = list(u["files"])
-        s.facts["file_roles"] = _file_roles(u, s)
-        for mf in u.get("missing_files", []):
-            s.facts.setdefault("missing_files", []).append(mf)
-        s.add(object_store_findings(u))
-        for rel, why in sorted((u.get("irregular") or {}).items()):
-            s.add(F.make(inventory.irregular_kind(why), path=rel, why=why))
-        if u.get("in_progress") and u["kind"] != "file" and not any(f.kind == "unit_in_progress" for f in s.findings):
-            s.add(F.make("unit_in_progress", path=u["unit"], why=u["in_progress"]))
-        scans.append(s.row())
-        tensors.extend(asdict(t) for t in s.tensors)
-        imports.extend({"unit": u["unit"], **{k: i.get(k) for k in ("file", "member", "module", "name", "category",
-                                                                      "source", "add_safe")}} for i in s.imports)
-    return scans, tensors, imports
-
-
-def _file_roles(u: dict, s) -> Dict[str, str]:
-    """{file: role} of a unit's files (and of files its findings name), from its layout and producer."""
-    from . import producers, roles
-
-    files = list(u["files"]) + [f.path for f in s.findings if f.path and f.path not in u["files"]]
-    out = roles.roles_for(s.layout, files, s.facts)
-    contract = producers.identify(s.layout, u["files"], s.tree)
-    for f in files:
-        r = producers.role_of(contract, f)
-        if r is not None and (out.get(f) == "mixed" or r.loaded_by == "never"):
-            out[f] = "metadata" if r.loaded_by == "never" else r.role
-    return out
-
-
 def _error_row(u: dict, f) -> dict:
     """A stage row that carries only an ``audit_error`` finding (see :mod:`ckptaudit.liveness`)."""
     return {"unit": u["unit"], "findings_json": json.dumps([f.to_dict()])}
@@ -116,34 +77,10 @@ def _hash_error_row(u: dict, f) -> dict:
     return {"unit": u["unit"], "file": "", "findings_json": json.dumps([f.to_dict()])}
 
 
-def _scan_error(u: dict, f):
-    from .layouts.base import UnitScan
-
-    s = UnitScan(u["unit"], u.get("layout") or "")
-    s.add(f)
-    return s
-
-
 def _with_object_store(inv: dict, units: List[dict]) -> List[dict]:
     """Units with the inventory's object-store facts (``inv["object_store"][unit]``) attached."""
     osd = inv.get("object_store") or {}
     return [{**u, "object_store": osd[u["unit"]]} if u["unit"] in osd else u for u in units]
-
-
-def object_store_findings(u: dict):
-    """Findings the inventory recorded from object storage (``u["object_store"]``, from
-    ``inv["object_store"]`` that :func:`ckptaudit.inventory.run_inventory` writes for ``s3://`` runs): multipart uploads that
-    never completed under the unit's keys, and suspiciously small objects."""
-    from . import findings as F
-
-    out = []
-    osd = u.get("object_store") or {}
-    for m in osd.get("multipart_uploads", []):
-        out.append(F.make("incomplete_multipart_upload", path=m["key"], initiated=m.get("initiated", ""),
-                          upload_id=m.get("upload_id", "")))
-    for rel, n in sorted((osd.get("small_objects") or {}).items()):
-        out.append(F.make("suspiciously_small_object", path=rel, size_bytes=n))
-    return out
 
 
 def stage_scan(inv: dict, part: str, cfg: dict, out: str, out_tensors: str, out_imports: str) -> List[dict]:
@@ -176,34 +113,6 @@ def stage_load(inv: dict, part: str, cfg: dict, scan_path: str, hash_path: str, 
                                                "findings_json": json.dumps([f.to_dict()])}]))
     tables.write("load", rows, out)
     return rows
-
-
-def load_reference(cfg: dict):
-    """Weights structure {name: tensor desc} of ``cfg['reference']`` (scanned statically), or None."""
-    ref = cfg.get("reference")
-    if not ref:
-        return None
-    from . import components as C
-    from . import inventory
-
-    p = Path(ref)
-    if not p.exists():
-        raise FileNotFoundError(f"reference checkpoint {ref} does not exist")
-    if p.is_dir():
-        units, _, _ = inventory.discover(p)
-        root = p
-        if not units:
-            raise ValueError(f"reference {ref}: no checkpoint unit found")
-        u = units[-1].to_dict()
-    else:
-        root = p.parent
-        u = inventory._file_unit(root, p, [p.name]).to_dict()
-        u["files"] = [p.name]
-        u["unit"] = p.name
-    scans, _, _ = scan_units(root, [u], {})
-    s = scans[0]
-    c = C.collect(s["layout"], json.loads(s["tree_json"]), json.loads(s["facts_json"]))
-    return c.weights
 
 
 def stage_structure(inv: dict, part: str, cfg: dict, scan_path: str, tensors_path: str, out: str,

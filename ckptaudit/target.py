@@ -75,8 +75,6 @@ def build(cfg: dict) -> dict:
                          float((cfg.get("load") or {}).get("timeout_seconds", 300)))
         return {"source": "model_factory", "detail": cfg["model_factory"], "weights": w}
     if cfg.get("reference"):
-        from .stages import load_reference
-
         try:
             w = load_reference(cfg)
         except (OSError, ValueError) as e:
@@ -110,6 +108,35 @@ def main(argv=None) -> int:
         return 0
     print("usage: python -m ckptaudit.target write CONFIG_JSON OUT_JSON", file=sys.stderr)
     return 2
+
+
+def load_reference(cfg: dict):
+    """Weights structure {name: tensor desc} of ``cfg['reference']`` (scanned statically), or None."""
+    ref = cfg.get("reference")
+    if not ref:
+        return None
+    from . import components as C
+    from . import inventory
+    from .layouts.scan import scan_units
+
+    p = Path(ref)
+    if not p.exists():
+        raise FileNotFoundError(f"reference checkpoint {ref} does not exist")
+    if p.is_dir():
+        units, _, _ = inventory.discover(p)
+        root = p
+        if not units:
+            raise ValueError(f"reference {ref}: no checkpoint unit found")
+        u = units[-1].to_dict()
+    else:
+        root = p.parent
+        u = inventory._file_unit(root, p, [p.name]).to_dict()
+        u["files"] = [p.name]
+        u["unit"] = p.name
+    scans, _, _ = scan_units(root, [u], {})
+    s = scans[0]
+    c = C.collect(s["layout"], json.loads(s["tree_json"]), json.loads(s["facts_json"]))
+    return c.weights
 
 
 if __name__ == "__main__":

@@ -1,0 +1,77 @@
+"""Scanning units by their bytes: each unit through its layout adapter, with file roles and the inventory's findings.
+
+The scan rule (:mod:`ckptaudit.stages`), :func:`ckptaudit.safe_load_checkpoint` and the
+reference-checkpoint target (:mod:`ckptaudit.target`) all scan through :func:`scan_units`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, List
+
+from .. import liveness
+
+
+def scan_units(run_dir: Path, units: List[dict], cfg: dict):
+    """Scan units by bytes; returns (scan rows, tensor rows, import rows)."""
+    from dataclasses import asdict
+
+    from .. import findings as F
+    from .. import inventory, layouts
+
+    scans, tensors, imports = [], [], []
+    for u in units:
+        adapter = layouts.adapter_for(u)
+        s = liveness.guard("scan", u, lambda: adapter.scan(run_dir, u, cfg), lambda f: _scan_error(u, f))
+        s.facts["unit_files"] = list(u["files"])
+        s.facts["file_roles"] = _file_roles(u, s)
+        for mf in u.get("missing_files", []):
+            s.facts.setdefault("missing_files", []).append(mf)
+        s.add(object_store_findings(u))
+        for rel, why in sorted((u.get("irregular") or {}).items()):
+            s.add(F.make(inventory.irregular_kind(why), path=rel, why=why))
+        if u.get("in_progress") and u["kind"] != "file" and not any(f.kind == "unit_in_progress" for f in s.findings):
+            s.add(F.make("unit_in_progress", path=u["unit"], why=u["in_progress"]))
+        scans.append(s.row())
+        tensors.extend(asdict(t) for t in s.tensors)
+        imports.extend({"unit": u["unit"], **{k: i.get(k) for k in ("file", "member", "module", "name", "category",
+                                                                      "source", "add_safe")}} for i in s.imports)
+    return scans, tensors, imports
+
+
+def _file_roles(u: dict, s) -> Dict[str, str]:
+    """{file: role} of a unit's files (and of files its findings name), from its layout and producer."""
+    from .. import producers, roles
+
+    files = list(u["files"]) + [f.path for f in s.findings if f.path and f.path not in u["files"]]
+    out = roles.roles_for(s.layout, files, s.facts)
+    contract = producers.identify(s.layout, u["files"], s.tree)
+    for f in files:
+        r = producers.role_of(contract, f)
+        if r is not None and (out.get(f) == "mixed" or r.loaded_by == "never"):
+            out[f] = "metadata" if r.loaded_by == "never" else r.role
+    return out
+
+
+def _scan_error(u: dict, f):
+    from .base import UnitScan
+
+    s = UnitScan(u["unit"], u.get("layout") or "")
+    s.add(f)
+    return s
+
+
+def object_store_findings(u: dict):
+    """Findings the inventory recorded from object storage (``u["object_store"]``, from
+    ``inv["object_store"]`` that :func:`ckptaudit.inventory.run_inventory` writes for ``s3://`` runs): multipart uploads that
+    never completed under the unit's keys, and suspiciously small objects."""
+    from .. import findings as F
+
+    out = []
+    osd = u.get("object_store") or {}
+    for m in osd.get("multipart_uploads", []):
+        out.append(F.make("incomplete_multipart_upload", path=m["key"], initiated=m.get("initiated", ""),
+                          upload_id=m.get("upload_id", "")))
+    for rel, n in sorted((osd.get("small_objects") or {}).items()):
+        out.append(F.make("suspiciously_small_object", path=rel, size_bytes=n))
+    return out

@@ -1,0 +1,98 @@
+"""The unit model: a checkpoint unit, a pointer, and what a unit's name says (its step, a save in progress).
+
+A *unit* is what a training job would resume from (one file, a folder, or an index
+with its shards); :mod:`ckptaudit.inventory` finds them and the layout adapters
+(:mod:`ckptaudit.layouts`) claim them.  Kept apart from both so that neither
+imports the other for these types.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Dict, List, Optional
+
+# Names that are in-progress leftovers of a save, never a rollback point.
+# Sources: HF Trainer writes tmp-checkpoint-N then renames (transformers PR 28364);
+# Orbax uses *.orbax-checkpoint-tmp-*; many writers use *.tmp / *.partial.
+IN_PROGRESS_PATTERNS = [
+    (re.compile(r"^tmp-checkpoint-\d+$"), "HF Trainer temp folder (renamed to checkpoint-N when complete)"),
+    (re.compile(r"\.tmp(\.\w+)?$|\.tmp\d*$"), "temporary name (*.tmp)"),
+    (re.compile(r"\.partial$"), "partial download/copy (*.partial)"),
+    (re.compile(r"-unfinished$"), "folder marked unfinished"),
+    (re.compile(r"\.dirty"), "dirty copy (*.dirty*)"),
+    (re.compile(r"\.orbax-checkpoint-tmp"), "Orbax temporary folder"),
+    (re.compile(r"^\.ckptaudit-tmp-"), "ckptaudit.publish temporary file or folder"),
+]
+
+_STEP_PATTERNS = [
+    re.compile(r"(?:^|[^a-z])step[=_-]?(\d+)", re.I),
+    re.compile(r"global_step(\d+)", re.I),
+    re.compile(r"iter[_-]?(\d+)", re.I),
+    re.compile(r"checkpoint-(\d+)", re.I),
+    re.compile(r"(?:ckpt|model|checkpoint|state)[_-](\d+)", re.I),
+]
+_SHARD_NAME = re.compile(r"-\d{5}-of-\d{5}")
+
+
+def step_from_name(name: str) -> Optional[int]:
+    """Step parsed from a unit name (``ckpt_000500.pt`` → 500), or None.
+
+    Shard counters (``model-00001-of-00002``) and epochs are not steps.
+    """
+    base = _SHARD_NAME.sub("", name)
+    for pat in _STEP_PATTERNS:
+        m = pat.search(base)
+        if m:
+            return int(m.group(1))
+    m = re.fullmatch(r"[^\d]*?(\d+)(?:\.\w+)?", base)
+    if m and not re.search(r"epoch", base, re.I):
+        return int(m.group(1))
+    return None
+
+
+def in_progress_reason(name: str) -> Optional[str]:
+    for pat, why in IN_PROGRESS_PATTERNS:
+        if pat.search(name):
+            return why
+    return None
+
+
+@dataclass
+class Unit:
+    """One checkpoint unit.  ``files`` are paths relative to the run folder."""
+
+    unit: str  # path relative to run_dir ("ckpt_000500.pt", "global_step6", ".")
+    layout: str
+    kind: str  # "file" | "folder" | "index"
+    files: List[str]
+    size_bytes: int
+    mtime_ns: int
+    step_from_name: Optional[int]
+    in_progress: str = ""  # reason, when the name marks a save in progress
+    sidecars: List[str] = field(default_factory=list)
+    manifest: str = ""
+    missing_files: List[str] = field(default_factory=list)  # files the layout expects but cannot find
+    part: str = ""
+    snapshot: Dict[str, List[int]] = field(default_factory=dict)  # file -> [size, mtime_ns, inode] at inventory
+    irregular: Dict[str, str] = field(default_factory=dict)  # file -> why it is never opened (FIFO, device, …)
+
+    def to_dict(self) -> Dict:
+        return asdict(self)
+
+
+@dataclass
+class Pointer:
+    """A file or symlink that names a unit (``latest``, tracker, ``last.ckpt``)."""
+
+    path: str
+    kind: str  # which pointer convention
+    target: str  # what it names, as written
+    resolved: str  # unit it resolves to, relative to run_dir ("" when none)
+    exists: bool
+    is_symlink: bool
+
+
+def step_text(step: Optional[int]) -> str:
+    """``"step 500"``, or ``"no step"`` for a unit whose step is unknown (never ``"step None"``)."""
+    return "no step" if step is None else f"step {step}"
