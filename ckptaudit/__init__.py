@@ -4,7 +4,7 @@ Importing the package is cheap: it pulls in neither torch nor pandas.  Heavy
 modules are imported by the functions that need them.
 """
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = ["__version__", "safe_load_checkpoint"]
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import click
 
-from . import __version__
+from ._version import __version__
 
 from .cli_common import EXIT_FAILED, ExitThreeOnUsageError, check_paths  # noqa: F401 - re-exported
 

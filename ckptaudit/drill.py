@@ -638,7 +638,7 @@ def render_html(doc: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> st
     """The drill report section (``templates/drill.html.j2``): one self-contained page."""
     import jinja2
 
-    from . import __version__
+    from ._version import __version__
 
     env = jinja2.Environment(loader=jinja2.PackageLoader("ckptaudit", "templates"),
                              autoescape=jinja2.select_autoescape(["html", "j2"]), undefined=jinja2.StrictUndefined)

@@ -144,7 +144,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 import click
 
-from . import __version__
+from ._version import __version__
 from . import fs
 from .hashing import chunk_sha256, sha256_range
 

@@ -11,7 +11,8 @@ import os
 from pathlib import Path
 from typing import Dict, List
 
-from . import __version__, tables, verdict
+from . import tables, verdict
+from ._version import __version__
 
 STAGES = ("hash", "scan", "tensors", "imports", "load", "structure", "configdiff", "state")
 LAYERS = ("file", "structure", "state", "security")
