@@ -321,8 +321,8 @@ def test_drill_is_not_in_the_default_target_and_nightly_profile_parses(demo_run,
 
 
 def test_readme_documents_the_drill():
-    text = (REPO / "README.md").read_text()
-    sec = text[text.index("## Restore drill (nightly)"): text.index("## Layout of this repository")]
+    text = (REPO / "docs" / "drill.md").read_text()
+    sec = text[text.index("## Restore drill (nightly)"):]
     assert "snakemake --profile config/profiles/nightly drill_nightly" in sec
     for code in ("**0**", "**1**", "**2**", "**3**"):
         assert code in sec

@@ -555,9 +555,10 @@ def test_preemption_abandon_mode_leaves_nothing(tmp_path):
 
 # ------------------------------------------------------------------ README
 def _readme_section() -> str:
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "training-loop.md").read_text()
     start = text.index("## Use in your training loop")
-    return text[start:text.index("\n## ", start + 10)]
+    end = text.find("\n## ", start + 10)
+    return text[start:end if end >= 0 else len(text)]
 
 
 def test_readme_training_loop_runs(tmp_path, monkeypatch):
