@@ -4,6 +4,8 @@ import json
 import os
 import shutil
 
+import pytest
+
 import torch
 from safetensors.torch import save_file
 
@@ -89,6 +91,32 @@ def test_megatron_rank_missing(tmp_path):
     v = audit_in_process(tmp_path)
     assert "megatron_rank_missing" in kinds(v, "iter_0000006")
     assert v["pointers"][0]["kind"] == "latest_pointer_incomplete"
+
+
+@pytest.mark.parametrize("keep,missing", [
+    (["mp_rank_00_000", "mp_rank_00_001"], None),
+    (["mp_rank_00_000"], "mp_rank_00_001"),  # a pipeline stage's save never landed
+])
+def test_megatron_pipeline_ranks(tmp_path, keep, missing):
+    """Megatron names rank folders mp_rank_TT_PPP when pipeline_model_parallel_size > 1
+    (megatron/training/checkpointing.py get_checkpoint_name): each declared pipeline rank must be there."""
+    import argparse
+
+    import torch
+
+    for rank in keep:
+        d = tmp_path / "iter_0000006" / rank
+        d.mkdir(parents=True)
+        torch.save({"iteration": 6, "checkpoint_version": 3.0,
+                    "args": argparse.Namespace(tensor_model_parallel_size=1, pipeline_model_parallel_size=2),
+                    "model": {"language_model": {"w": torch.ones(2)}}}, d / "model_optim_rng.pt")
+    v = audit_in_process(tmp_path)
+    u = next(u for u in v["units"] if u["unit"] == "iter_0000006")
+    got = [f for f in u["findings"] if f["kind"] == "megatron_rank_missing"]
+    if missing is None:
+        assert got == []
+    else:
+        assert [f["detail"]["missing"] for f in got] == [missing] and u["usable_for"] == "none"
 
 
 def test_pickle_disguised_as_safetensors(tmp_path):

@@ -10,6 +10,7 @@ holds one file per tensor (TT) and pipeline (PPP) rank, each recording
 
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 
@@ -62,14 +63,17 @@ class Megatron:
             scan.add(F.make("mixed_step_shards", path=unit["unit"], iterations=desc))
         if distinct:
             scan.facts["step"] = max(distinct) if len(distinct) == 1 else min(distinct)
-        want_tp = tp if isinstance(tp, int) else (max(r[0] for r in ranks) + 1 if ranks else 0)
-        want_pp = pp if isinstance(pp, int) else 1
         if ranks:
-            have_tp = {r[0] for r in ranks}
-            missing = [f"mp_rank_{t:02d}" for t in range(want_tp) if t not in have_tp]
-            if missing:
-                scan.add(F.make("megatron_rank_missing", path=unit["unit"], missing=", ".join(missing),
-                                found=len(ranks)))
+            # every (tensor, pipeline) rank of the grid the args declare (else the grid the folders span);
+            # Megatron adds the _PPP part only when pipeline_model_parallel_size > 1
+            want_tp = tp if type(tp) is int and tp > 0 else max(r[0] for r in ranks) + 1
+            want_pp = pp if type(pp) is int and pp > 0 else max(r[1] for r in ranks) + 1
+            n_missing = want_tp * want_pp - sum(1 for t, q in ranks if t < want_tp and q < want_pp)
+            if n_missing > 0:  # name at most 8 (the args of a hostile file may declare a billion ranks)
+                names = itertools.islice((f"mp_rank_{t:02d}" + (f"_{q:03d}" if want_pp > 1 else "")
+                                          for t in range(want_tp) for q in range(want_pp) if (t, q) not in ranks), 8)
+                missing = ", ".join(names) + (f" and {n_missing - 8} more" if n_missing > 8 else "")
+                scan.add(F.make("megatron_rank_missing", path=unit["unit"], missing=missing, found=len(ranks)))
         return scan
 
 
