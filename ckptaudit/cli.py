@@ -25,107 +25,9 @@ import click
 from ._version import __version__
 
 from .cli_common import EXIT_FAILED, ExitThreeOnUsageError, check_paths  # noqa: F401 - re-exported
-
-
-def workflow_dir() -> Path:
-    """The folder holding the Snakefile (the repository root of an editable install)."""
-    here = Path(__file__).resolve().parent.parent
-    if (here / "Snakefile").exists():
-        return here
-    raise click.ClickException(
-        f"cannot find the ckptaudit Snakefile next to the package ({here}); install ckptaudit from its "
-        "repository with `pip install -e .`")
-
-
-CONFIG_MAX_BYTES = 1 << 20  # a config file is a few KiB; anything larger is not one
-
-
-def read_config_file(path: str, max_bytes: int = CONFIG_MAX_BYTES) -> str:
-    """The text of the ``--config`` file, read without blocking and with a size cap.
-
-    Opened with ``O_NONBLOCK`` and checked to be a regular file before any read, so a
-    FIFO, ``/dev/zero`` or a socket is refused at once instead of hanging or filling
-    memory; a file over ``max_bytes`` (1 MiB) is refused unread.  Raises
-    :class:`click.ClickException` with a one-line reason.
-    """
-    import os
-    import stat
-
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError as e:
-        raise click.ClickException(f"--config {path}: cannot open: {e.strerror}")
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            what = ("a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode)
-                    or stat.S_ISBLK(st.st_mode) else "a folder" if stat.S_ISDIR(st.st_mode)
-                    else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
-            raise click.ClickException(f"--config {path}: is {what}; expected a regular YAML/JSON file")
-        if st.st_size > max_bytes:
-            raise click.ClickException(
-                f"--config {path}: {st.st_size} bytes, more than the {max_bytes} bytes a config file may have")
-        with os.fdopen(fd, "rb", closefd=True) as f:
-            fd = -1
-            data = f.read(max_bytes + 1)
-    except OSError as e:
-        raise click.ClickException(f"--config {path}: cannot read: {e.strerror}")
-    finally:
-        if fd >= 0:
-            os.close(fd)
-    if len(data) > max_bytes:  # grew while being read
-        raise click.ClickException(f"--config {path}: more than the {max_bytes} bytes a config file may have")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise click.ClickException(f"--config {path}: not UTF-8 text ({e.reason} at byte {e.start})")
-
-
-def load_user_config(path: str | None) -> dict:
-    """A YAML or JSON file with keys of config/config.yaml, checked by :func:`ckptaudit.pipeline.check_config`
-    (config/schema.yaml's types and bounds, and finiteness).  Raises :class:`click.ClickException`
-    with a one-line reason."""
-    import yaml
-
-    from .pipeline import check_config
-
-    base = yaml.safe_load((workflow_dir() / "config" / "config.yaml").read_text())
-    if path is not None:
-        text = read_config_file(path)
-        try:
-            # JSON first: YAML 1.1 reads a JSON number such as 1e13 as the string "1e13"
-            user = _json_or_none(text)
-            if user is None:
-                user = yaml.safe_load(text) or {}
-        except yaml.YAMLError as e:
-            raise click.ClickException(f"--config {path}: not YAML: {' '.join(str(e).split())[:300]}")
-        except RecursionError:
-            raise click.ClickException(f"--config {path}: nested too deeply")
-        if not isinstance(user, dict):
-            raise click.ClickException(f"--config {path}: expected a mapping of config keys")
-        base = _merge(base, user)
-    try:
-        check_config(base, workflow_dir() / "config" / "schema.yaml")
-    except ValueError as e:
-        raise click.ClickException(f"{'--config ' + path + ': ' if path else ''}{e}")
-    return base
-
-
-def _json_or_none(text: str):
-    """``text`` parsed as JSON when it is a JSON object, else None (then it is read as YAML)."""
-    if not text.lstrip().startswith("{"):
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        return None  # YAML flow mappings start with "{" too
-
-
-def _merge(a: dict, b: dict) -> dict:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
+from .config import (CONFIG_MAX_BYTES, _json_or_none, _merge, load_user_config,  # noqa: F401 - re-exported
+                     read_config_file, workflow_dir)
+from .text import step_text
 
 
 def run_workflow(cfg: dict, workdir: Path, cores: int, targets=("audit",), quiet: bool = True,
@@ -225,7 +127,7 @@ def run_snakemake_cli(cfg: dict, workdir: Path, *, profile: str | None = None, e
 
 def summary(v: dict, out_dir: Path) -> str:
     lines = [f"ckptaudit: {v['recommendation'].upper()}"
-             + (f" from {v['rollback']['unit']} (step {v['rollback']['step']})" if v["rollback"] else "")
+             + (f" from {v['rollback']['unit']} ({step_text(v['rollback']['step'])})" if v["rollback"] else "")
              + (f", {v['steps_lost']} steps lost" if v.get("steps_lost") else "")]
     for u in v["units"]:
         errs = [f["kind"] for f in u["findings"] if f["severity"] == "error"]

@@ -1283,7 +1283,8 @@ def drill_command(run_dir, out_dir, unit, devices, config_file, cores, as_json, 
     Writes DIR/drill/drill.parquet, drill.json and drill.html next to the audit's report.  Exit codes:
     0 drill passed, 1 drill found a problem, 2 no restorable unit, 3 the drill itself failed (bad
     arguments or config included: one line on stderr says why)."""
-    from .cli import load_user_config, run_workflow
+    from .cli import run_workflow
+    from .config import load_user_config
 
     try:
         rd, out = check_paths(run_dir, out_dir)

@@ -5,57 +5,17 @@ use (:func:`ckptaudit.safe_load_checkpoint` uses the file layer; tests audit
 every case folder with it).  The command line and ``snakemake … audit`` run
 the Snakemake workflow instead.
 
-:func:`check_config` is the one config check of every entry point (the
-command line, ``rules/common.smk`` under ``snakemake --config``, and
-:func:`audit_in_process`): ``config/schema.yaml`` (types and bounds) plus
-finiteness, which JSON Schema cannot say (NaN compares false with every bound).
-This module imports nothing heavy at import time.
+:func:`check_config` (the one config check of every entry point) lives in
+:mod:`ckptaudit.config` and is re-exported here.  This module imports nothing heavy at import time.
 """
 
 from __future__ import annotations
 
-import math
 import tempfile
 from pathlib import Path
-from typing import Iterator, List, Optional, Tuple
+from typing import Optional
 
-SCHEMA_PATH = Path(__file__).resolve().parent.parent / "config" / "schema.yaml"
-
-
-def check_config(cfg: dict, schema_path: str | Path | None = None) -> None:
-    """Raise ``ValueError`` naming the key and the bound when ``cfg`` breaks the schema.
-
-    ``cfg`` may be partial (keys missing from it are not checked); every number in it
-    must be finite (``.inf``/``.nan`` are refused anywhere, also under
-    ``expected_model_args``) and within ``config/schema.yaml``'s bounds, e.g.
-    ``load.timeout_seconds: nan is not finite`` or
-    ``load.memory_limit_mib: 10000000000000.0 is greater than the maximum of 1048576``.
-    Only the first problem in key order is raised (one line).
-    """
-    problems = config_problems(cfg, schema_path)
-    if problems:
-        raise ValueError(f"invalid config: {problems[0]}")
-
-
-def config_problems(cfg: dict, schema_path: str | Path | None = None) -> List[str]:
-    """Every ``"key.path: what is wrong"`` of ``cfg`` (empty when it is valid), sorted by key."""
-    import jsonschema
-    import yaml
-
-    out = [f"{key}: {value!r} is not finite (NaN and infinities are refused)"
-           for key, value in _non_finite(cfg, "")]
-    if out:
-        return out
-    path = Path(schema_path) if schema_path else SCHEMA_PATH
-    if not path.is_file():  # an install without the workflow files: finiteness is all we can check
-        return []
-    schema = yaml.safe_load(path.read_text())
-    validator = jsonschema.Draft202012Validator(schema)
-    for e in sorted(validator.iter_errors(cfg), key=lambda e: [str(p) for p in e.absolute_path]):
-        key = ".".join(str(p) for p in e.absolute_path) or "(top level)"
-        msg = " ".join(e.message.split())  # one line, whatever the offending value holds
-        out.append(f"{key}: {msg[:300] + '…' if len(msg) > 300 else msg}")
-    return out
+from .config import SCHEMA_PATH, _non_finite, check_config, config_problems  # noqa: F401 - re-exported
 
 
 def check_out_dir(run_dir: str | Path, out_dir: str | Path) -> None:
@@ -70,17 +30,6 @@ def check_out_dir(run_dir: str | Path, out_dir: str | Path) -> None:
     if out == rd or rd in out.parents:
         raise ValueError(f"output folder {out} is inside the run folder {rd}; the audit would write .snakemake/ "
                          "and its tables into what it audits; choose an output folder outside the run")
-
-
-def _non_finite(v, key: str) -> Iterator[Tuple[str, float]]:
-    if isinstance(v, float) and not math.isfinite(v):
-        yield key or "(top level)", v
-    elif isinstance(v, dict):
-        for k, x in v.items():
-            yield from _non_finite(x, f"{key}.{k}" if key else str(k))
-    elif isinstance(v, (list, tuple)):
-        for i, x in enumerate(v):
-            yield from _non_finite(x, f"{key}[{i}]")
 
 
 def default_config() -> dict:
