@@ -126,3 +126,14 @@ def test_pickle_disguised_as_safetensors(tmp_path):
     assert f["layer"] == "security" and f["severity"] == "error"
     assert "named like a pickle-free format but its bytes are a torch zip" in f["message"]
     assert v["units"][0]["usable_for"] == "none"
+
+
+def test_every_registered_adapter_satisfies_its_protocol():
+    from ckptaudit import layouts
+    from ckptaudit.layouts import single
+    from ckptaudit.layouts.adapter import IndexAdapter, LayoutAdapter
+
+    every = layouts.DIR_ADAPTERS + [single.ADAPTER, single.IN_PROGRESS, single.IRREGULAR]
+    assert [a.name for a in every if not isinstance(a, LayoutAdapter)] == []
+    assert [a.name for a in layouts.INDEX_ADAPTERS if not isinstance(a, IndexAdapter)] == []
+    assert sorted(layouts.BY_NAME) == ["accelerate", "dcp", "deepspeed", "hf-sharded", "hf-trainer", "megatron"]

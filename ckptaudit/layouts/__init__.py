@@ -10,14 +10,15 @@ its finding kinds to :mod:`ckptaudit.findings`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Dict, List, Optional
 
 from . import accelerate, dcp, deepspeed, hf, megatron, single
+from .adapter import IndexAdapter, LayoutAdapter
 
 # Order matters: the first adapter that claims a folder owns it.
-DIR_ADAPTERS = [deepspeed.ADAPTER, megatron.ADAPTER, dcp.ADAPTER, hf.TRAINER, accelerate.ADAPTER]
-INDEX_ADAPTERS = [hf.INDEX]
-BY_NAME = {a.name: a for a in DIR_ADAPTERS + INDEX_ADAPTERS}
+DIR_ADAPTERS: List[LayoutAdapter] = [deepspeed.ADAPTER, megatron.ADAPTER, dcp.ADAPTER, hf.TRAINER, accelerate.ADAPTER]
+INDEX_ADAPTERS: List[IndexAdapter] = [hf.INDEX]
+BY_NAME: Dict[str, LayoutAdapter] = {a.name: a for a in DIR_ADAPTERS + INDEX_ADAPTERS}
 
 CHECKPOINT_SUFFIXES = (
     ".pt", ".pth", ".bin", ".ckpt", ".safetensors", ".pkl", ".pickle", ".npz", ".npy", ".tar", ".model",
@@ -33,7 +34,7 @@ def is_checkpoint_file(name: str) -> bool:
     return n.endswith(CHECKPOINT_SUFFIXES)
 
 
-def claim_dir(path: Path):
+def claim_dir(path: Path) -> Optional[LayoutAdapter]:
     """The adapter that owns folder ``path`` as one unit, or None."""
     for a in DIR_ADAPTERS:
         if a.claim_dir(path):
@@ -46,7 +47,8 @@ def file_layout(path: Path) -> str:
     return single.layout_of(path)
 
 
-def adapter_for(unit: dict):
+def adapter_for(unit: dict) -> LayoutAdapter:
+    """The adapter that scans ``unit`` (an inventory row); a layout no adapter knows is scanned as in progress."""
     if unit["layout"] == "irregular":  # FIFO, device, foreign symlink, folder under a file name: never opened
         return single.IRREGULAR
     if unit["layout"] == "in-progress":  # incl. an object-store save that never completed (no files)
