@@ -91,8 +91,3 @@ class Pointer:
     resolved: str  # unit it resolves to, relative to run_dir ("" when none)
     exists: bool
     is_symlink: bool
-
-
-def step_text(step: Optional[int]) -> str:
-    """``"step 500"``, or ``"no step"`` for a unit whose step is unknown (never ``"step None"``)."""
-    return "no step" if step is None else f"step {step}"

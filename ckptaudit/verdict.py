@@ -27,15 +27,11 @@ from typing import Dict, List, Optional
 
 from . import findings as F
 from . import roles
+from .text import step_text
 
 SCHEMA = "ckptaudit.verdict/1"
 EXIT_NEWEST_OK, EXIT_ROLLBACK, EXIT_RETRAIN, EXIT_FAILED = 0, 1, 2, 3
 
-
-
-def _step_txt(step) -> str:
-    """``step 500``, or ``no step`` when neither the unit's name nor its contents give one."""
-    return "no step" if step is None else f"step {step}"
 
 def _loads(s: Optional[str]) -> List[dict]:
     return json.loads(s) if s else []
@@ -367,26 +363,26 @@ def _reasons(ordered, rollback, rec, alternatives, lost, pointers) -> List[str]:
     for u in reversed(newer):
         e = _first_error(u)
         if e:
-            r.append(f"{u['unit']} ({_step_txt(u['step'])}) is not usable for resume: {e['message']} "
+            r.append(f"{u['unit']} ({step_text(u['step'])}) is not usable for resume: {e['message']} "
                      f"Next: {e['next_step']}")
         elif u["usable_for"] != "resume":
             w = next((f for f in u["findings"] if F.CATALOGUE[f["kind"]].caps != "resume"), None)
             if w:
-                r.append(f"{u['unit']} ({_step_txt(u['step'])}) is usable for {u['usable_for']} only: {w['message']}")
+                r.append(f"{u['unit']} ({step_text(u['step'])}) is usable for {u['usable_for']} only: {w['message']}")
     poisoned = [u for u in ordered if any(f["kind"] == "nan_in_weights" for f in u["findings"])]
     if poisoned:
-        r.append(f"The first checkpoint with non-finite weights is {poisoned[0]['unit']} ({_step_txt(poisoned[0]['step'])}); "
+        r.append(f"The first checkpoint with non-finite weights is {poisoned[0]['unit']} ({step_text(poisoned[0]['step'])}); "
                  "every later one inherits the divergence.")
     if rollback:
         n = lost(rollback)
         lost_txt = f", losing {n} steps" if n else ""
         verb = "Resume" if rec == "resume" else "Warm-start (weights only, fresh optimizer)"
-        r.insert(0, f"{verb} from {rollback['unit']} ({_step_txt(rollback['step'])}){lost_txt}.")
+        r.insert(0, f"{verb} from {rollback['unit']} ({step_text(rollback['step'])}){lost_txt}.")
         repairs = [f["repair"] for f in rollback["findings"] if f.get("repair")]
         if repairs:
             r.append(f"Before using {rollback['unit']}, apply: " + " | ".join(repairs))
         for a in alternatives:
-            r.append(f"Alternative: warm-start from {a['unit']} ({_step_txt(a['step'])}) loses "
+            r.append(f"Alternative: warm-start from {a['unit']} ({step_text(a['step'])}) loses "
                      f"{lost(a) or 0} steps of weights but restarts the optimizer state.")
     else:
         r.insert(0, "Retrain: no checkpoint of this run has usable weights.")
