@@ -22,11 +22,11 @@ counts from the newest unit's step (damaged or not).
 from __future__ import annotations
 
 import json
-import statistics
 from typing import Dict, List, Optional
 
 from . import findings as F
 from . import roles
+from .run_findings import _step, name_counts_saves, run_findings  # noqa: F401 - re-exported
 from .text import step_text
 
 SCHEMA = "ckptaudit.verdict/1"
@@ -67,158 +67,6 @@ def _weigh_by_role(fl: List[dict], scan_row: Optional[dict]) -> List[dict]:
             f = {**f, "caps": caps, "detail": {**(f.get("detail") or {}), "file_role": file_roles.get(f.get("path"))}}
         out.append(f)
     return out
-
-
-def _step(u: dict, state_row: Optional[dict]) -> Optional[int]:
-    if state_row and state_row.get("step") is not None:
-        return int(state_row["step"])
-    return u.get("step_from_name")
-
-
-def run_findings(units: List[dict], state_rows: Dict[str, dict], structure_rows: Dict[str, dict],
-                 cfg: dict) -> Dict[str, List[dict]]:
-    """Findings that only the run as a whole shows: counters going back, gaps,
-    norm jumps, the structure changing.  Units are taken in save order (name
-    step, then name)."""
-    out: Dict[str, List[dict]] = {}
-    ordered = [u for u in units if u.get("step_from_name") is not None and not u.get("in_progress")]
-    prev = None
-    for u in ordered:
-        s = state_rows.get(u["unit"]) or {}
-        if s.get("step") is None or s.get("has_weights") is None:
-            continue
-        # compare with the highest step saved so far: every unit after a restart is flagged
-        if prev is not None and (s["step"] < prev[1] or (s["step"] == prev[1] and u["step_from_name"] != prev[2])):
-            out.setdefault(u["unit"], []).append(F.make(
-                "step_not_increasing", path=u["unit"], step=s["step"], previous=prev[1]).to_dict())
-        if prev is None or s["step"] > prev[1]:
-            prev = (u["unit"], s["step"], u["step_from_name"])
-    for unit, f in written_out_of_order(ordered, state_rows):
-        out.setdefault(unit, []).append(f.to_dict())
-    for unit, f in scheduler_resets(ordered, state_rows):
-        out.setdefault(unit, []).append(f.to_dict())
-    steps = [u["step_from_name"] for u in ordered]
-    if len(steps) >= 3:
-        gaps = [b - a for a, b in zip(steps, steps[1:]) if b > a]
-        interval = statistics.median(gaps) if gaps else 0
-        for u, a, b in zip(ordered[1:], steps, steps[1:]):
-            if interval and b - a > 1.5 * interval:
-                out.setdefault(u["unit"], []).append(F.make(
-                    "step_gap", path=u["unit"], gap=b - a, previous=a, interval=int(interval)).to_dict())
-    # weight-norm jumps and the first poisoned unit are read in save order too
-    ratio = float((cfg.get("state") or {}).get("norm_jump_ratio", 10.0))
-    prev_norm = None
-    for u in ordered:
-        s = state_rows.get(u["unit"]) or {}
-        n = s.get("weight_norm")
-        if n and prev_norm and prev_norm[1] > 0:
-            r = max(n / prev_norm[1], prev_norm[1] / n)
-            if r >= ratio:
-                out.setdefault(u["unit"], []).append(F.make(
-                    "weight_norm_jump", path=u["unit"], ratio=r, previous=prev_norm[0],
-                    examples=f"{prev_norm[1]:.4g} -> {n:.4g}").to_dict())
-        if n:
-            prev_norm = (u["unit"], n)
-    # structure changes inside the run
-    prev_s = None
-    for u in ordered:
-        sr = structure_rows.get(u["unit"]) or {}
-        h = sr.get("structure_hash")
-        if h and prev_s and h != prev_s[1]:
-            out.setdefault(u["unit"], []).append(F.make(
-                "model_changed_in_run", path=u["unit"], previous=prev_s[0],
-                examples=f"structure {prev_s[1]} -> {h}").to_dict())
-        if h:
-            prev_s = (u["unit"], h)
-    return out
-
-
-def written_out_of_order(ordered: List[dict], state_rows: Dict[str, dict], min_gap_s: float = 5.0) -> List[tuple]:
-    """Units written after a unit of a higher step: a restart from an earlier point (or from
-    scratch) that overwrote older names (``unit_written_after_newer``).
-
-    Write times are the files' mtimes, so a copy of the run folder reorders them by
-    milliseconds; only a unit written more than ``max(min_gap_s, half the median save
-    interval)`` after a higher-step unit is reported.
-    """
-    pts = []
-    for u in ordered:
-        s = state_rows.get(u["unit"]) or {}
-        step = s.get("step") if s.get("step") is not None else u.get("step_from_name")
-        if step is not None and u.get("mtime_ns"):
-            pts.append((u["unit"], int(step), u["mtime_ns"] / 1e9))
-    if len(pts) < 2:
-        return []
-    by_step = sorted(pts, key=lambda x: x[1])
-    gaps = [b[2] - a[2] for a, b in zip(by_step, by_step[1:]) if b[2] > a[2]]
-    tol = max(min_gap_s, 0.5 * statistics.median(gaps)) if gaps else min_gap_s
-    out = []
-    for unit, step, t in pts:
-        newer = [(n, st, tt) for n, st, tt in pts if st > step and t - tt > tol]
-        if newer:
-            n, st, tt = max(newer, key=lambda x: x[1])
-            out.append((unit, F.make("unit_written_after_newer", path=unit, step=step, newer=n, newer_step=st,
-                                     minutes=round((t - tt) / 60, 1))))
-    return out
-
-
-def scheduler_resets(ordered: List[dict], state_rows: Dict[str, dict]) -> List[tuple]:
-    """``step_counter_reset`` findings from the scheduler's counter read across the run.
-
-    A scheduler's ``last_epoch`` counts its own ``step()`` calls, whose cadence
-    (per optimizer step, per epoch, per accumulation cycle) is the run's
-    choice, so it is never compared with the global step through an assumed
-    ratio.  A reset is a break in the relation across units: ``last_epoch``
-    going back while the step goes on, or one unit whose ratio
-    ``last_epoch / step`` falls below half of what the other units agree on.
-    The repair is printed only when the run shows a per-step cadence (ratio 1).
-    """
-    pts = []
-    for u in ordered:
-        s = state_rows.get(u["unit"]) or {}
-        if s.get("step") is not None and s.get("scheduler_last_epoch") is not None and s["step"] > 0:
-            pts.append((u["unit"], int(s["step"]), int(s["scheduler_last_epoch"])))
-    out = []
-    flagged = set()
-    for (ua, sa, la), (ub, sb, lb) in zip(pts, pts[1:]):
-        if sb > sa and lb < la:
-            flagged.add(ub)
-            out.append((ub, _reset(ub, lb, f"it was {la} at {ua} (step {sa}) and went back while the step rose to {sb}",
-                                   sb, pts)))
-    ratios = [(u, le / st, st, le) for u, st, le in pts if u not in flagged]
-    if len(ratios) >= 3:
-        for u, r, st, le in ratios:
-            others = [x[1] for x in ratios if x[0] != u]
-            med = statistics.median(others)
-            if med > 0 and r < 0.5 * med and max(others) <= 1.25 * min(others):
-                out.append((u, _reset(u, le, f"the other units keep last_epoch/step near {med:.3g} and this one "
-                                             f"has {r:.3g}", st, pts)))
-    return out
-
-
-def _reset(unit: str, last_epoch: int, evidence: str, step: int, pts: List[tuple]) -> "F.Finding":
-    ratios = [le / st for _, st, le in pts if st]
-    per_step = bool(ratios) and statistics.median(ratios) > 0.9 and statistics.median(ratios) < 1.1
-    repair = (f"ckpt['scheduler']['last_epoch'] = {step}; ckpt['scheduler']['_step_count'] = {step + 1}"
-              if per_step and unit.endswith((".pt", ".pth", ".ckpt", ".tar")) else "")
-    nxt = "" if repair else ("; this run's scheduler cadence is not one step per optimizer step, so set "
-                             "last_epoch to what the schedule had reached at this point")
-    return F.make("step_counter_reset", path=unit, field="scheduler.last_epoch", saved=last_epoch,
-                  evidence=evidence, true_step=step, repair_code=repair, scheduler_text=nxt)
-
-
-def name_counts_saves(units_out: List[dict]) -> bool:
-    """True when the numbers in the units' names are save counters, not steps (learnt from the run).
-
-    That is the case when every unit that has both a name number and a recorded
-    step disagrees, and the recorded steps grow with the name numbers
-    (accelerate's ``checkpoint_<save count>``).
-    """
-    both = sorted((u["name_step"], u["step"]) for u in units_out
-                  if u.get("name_step") is not None and u.get("step") is not None)
-    if len(both) < 2 or any(n == s for n, s in both):
-        return False
-    return all(b[1] > a[1] for a, b in zip(both, both[1:]))
 
 
 def pointer_verdicts(pointers: List[dict], units_out: List[dict], inv_units: List[dict]) -> List[dict]:
