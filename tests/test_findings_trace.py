@@ -1,0 +1,262 @@
+"""A finding is traceable: each kind names its stage and detector, is built only there, and docs/findings.md lists it.
+
+Every ``make("kind", ...)`` call in ``ckptaudit/`` (``make``, ``F.make``, ``findings.make``, found by AST)
+must pass a literal kind and sit in the module of that kind's declared detector, and the detector itself
+must contain one of the calls.  What does not hold yet is listed below with its reason: those lists are
+the remaining work of issue 14, not a loophole.  They must only shrink: an entry that is no longer true
+fails the test, so it is taken off when the code moves.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+from pathlib import Path
+from typing import Dict, List, NamedTuple, Optional
+
+from ckptaudit import findings as F
+
+from .conftest import REPO
+
+PKG = REPO / "ckptaudit"
+STAGES = {"inventory", "hash", "scan", "load", "configdiff", "target", "structure", "state", "report", "any"}
+
+#: kinds built in more modules than their detector's: {kind: ({other module: its stage}, reason)}
+MULTI_MODULE: Dict[str, tuple] = {
+    "zero_filled_head": (
+        {"ckptaudit.formats.safetensors_check": "scan", "ckptaudit.formats.torchzip": "scan"},
+        "built in sniff, safetensors_check and torchzip (the >= 64 NUL-head rule written 3x) until the "
+        "byte-layer split moves it into one builder (formats/zeros.py)"),
+    "zero_filled_tail": (
+        {"ckptaudit.formats.torchzip": "scan"},
+        "built in safetensors_check and torchzip (the cut-zip path) until the byte-layer split moves it "
+        "into one builder (formats/zeros.py)"),
+    "zero_filled_span": (
+        {"ckptaudit.formats.torchzip": "scan"},
+        "built in safetensors_check and torchzip (zip members) until the byte-layer split moves it into "
+        "one builder (formats/zeros.py)"),
+    "not_a_torch_save_file": (
+        {"ckptaudit.layouts.base": "scan"},
+        "built in sniff and layouts/base (_as_pickle) until the byte-layer split moves _as_pickle into "
+        "sniff (sniff.not_torch_save)"),
+    "legacy_magic_mismatch": (
+        {"ckptaudit.formats.legacy": "scan"},
+        "built in sniff and legacy until legacy calls sniff's builder (byte-layer split)"),
+    "pickle_unreadable": (
+        {"ckptaudit.formats.legacy": "scan"},
+        "built in layouts/base (walk_problem) and legacy until the byte-layer split gives both one "
+        "builder module below them (formats/pickles.py)"),
+    "pickle_obfuscation": (
+        {"ckptaudit.layouts.base": "scan"},
+        "built in security and layouts/base (the archive-mix check and _disguise) until the byte-layer "
+        "split moves both into security/"),
+    "unit_in_progress": (
+        {"ckptaudit.layouts.dcp": "scan", "ckptaudit.layouts.hf": "scan", "ckptaudit.layouts.single": "scan"},
+        "built in layouts/scan and in the dcp, hf and single adapters until the adapters report "
+        "in-progress leftovers as facts and one detector turns them into findings"),
+    "not_a_regular_file": (
+        {"ckptaudit.layouts.hf": "scan"},
+        "built in layouts/scan (irregular files the inventory found) and layouts/hf check_index (a folder "
+        "under a shard's name) until both hand the fact to one irregular-file builder"),
+    "load_failed": (
+        {"ckptaudit.hashing": "hash"},
+        "built in loadtest (load) and hashing (hash: the file cannot be read while hashing) until hashing "
+        "calls the loadtest builder"),
+    "missing_model_weights": (
+        {"ckptaudit.layouts.deepspeed": "scan"},
+        "built in state (state) and layouts/deepspeed (scan) until deepspeed calls state's builder"),
+    "step_counter_reset": (
+        {"ckptaudit.run_findings": "report"},
+        "built in state (state) and the run-level findings (report: the scheduler's last_epoch read over "
+        "the whole run) until the run-level pass calls state's builder"),
+}
+
+#: functions that call make() with a kind that is not a literal: {"module:function": (kinds or "*", reason)}
+NON_LITERAL: Dict[str, tuple] = {
+    "ckptaudit.verdict:pointer_verdicts": (
+        {"latest_pointer_dangling", "latest_pointer_incomplete", "latest_pointer_not_newest", "dangling_symlink",
+         "megatron_tracker_invalid", "pointer_refused"},
+        "assigns the kind to a variable, then calls F.make(kind, ...); becomes one literal make() per kind "
+        "when the pointer checks get their own module"),
+    "ckptaudit.layouts.scan:scan_units": (
+        {"not_a_regular_file", "file_unreadable"},
+        "F.make(inventory.irregular_kind(why), ...): two literal make() calls replace irregular_kind"),
+    "ckptaudit.layouts.base:relabel": (
+        "*", "re-renders a format checker's finding with the run-relative path until the checkers take "
+             "display= and build it once"),
+    "ckptaudit.layouts.base:_name_damaged_tensors": (
+        "*", "re-renders zip_crc_mismatch with the damaged tensors' names until the CRC check receives "
+             "them and builds it once"),
+}
+
+
+class Site(NamedTuple):
+    module: str
+    qualname: str  # enclosing classes and functions, "" at module level
+    line: int
+    kind: Optional[str]  # None when the kind is not a literal
+
+
+def _module_name(p: Path) -> str:
+    parts = list(p.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _resolve(mod: str, is_pkg: bool, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = mod.split(".") if is_pkg else mod.split(".")[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _make_names(tree: ast.AST, mod: str, is_pkg: bool):
+    """(names bound to the findings package, names bound to its make) in one module."""
+    pkgs, makes = {"F", "findings"}, set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            src = _resolve(mod, is_pkg, node)
+            for a in node.names:
+                if src == "ckptaudit" and a.name == "findings":
+                    pkgs.add(a.asname or a.name)
+                elif src.startswith("ckptaudit.findings") and a.name == "make":
+                    makes.add(a.asname or a.name)
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name == "ckptaudit.findings" and a.asname:
+                    pkgs.add(a.asname)
+    return pkgs, makes
+
+
+def make_sites() -> List[Site]:
+    out: List[Site] = []
+    for p in sorted(PKG.rglob("*.py")):
+        if "findings" == p.relative_to(PKG).parts[0]:
+            continue  # the catalogue itself
+        mod = _module_name(p)
+        tree = ast.parse(p.read_text(), str(p))
+        pkgs, makes = _make_names(tree, mod, p.name == "__init__.py")
+
+        def visit(node: ast.AST, scope: List[str]) -> None:
+            for ch in ast.iter_child_nodes(node):
+                if isinstance(ch, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    visit(ch, scope + [ch.name])
+                    continue
+                if isinstance(ch, ast.Call):
+                    fn = ch.func
+                    if ((isinstance(fn, ast.Name) and fn.id in makes)
+                            or (isinstance(fn, ast.Attribute) and fn.attr == "make"
+                                and isinstance(fn.value, ast.Name) and fn.value.id in pkgs)):
+                        a = ch.args[0] if ch.args else None
+                        kind = a.value if isinstance(a, ast.Constant) and isinstance(a.value, str) else None
+                        out.append(Site(mod, ".".join(scope), ch.lineno, kind))
+                visit(ch, scope)
+
+        visit(tree, [])
+    return out
+
+
+def _where(s: Site) -> str:
+    return f"{s.module.replace('.', '/')}.py:{s.line} ({s.qualname or '<module>'})"
+
+
+def _inside(s: Site, qual: str) -> bool:
+    return s.qualname == qual or s.qualname.startswith(qual + ".")
+
+
+# ------------------------------------------------------------------------------------------- (1)
+def test_every_kind_has_a_stage_and_a_detector_that_resolves():
+    assert set(F.STAGES) == STAGES
+    bad = []
+    for k in F.CATALOGUE.values():
+        if k.stage not in STAGES:
+            bad.append(f"{k.kind}: stage {k.stage!r} is not one of {sorted(STAGES)}")
+        mod, sep, qual = k.detector.partition(":")
+        if not (sep and mod.startswith("ckptaudit.") and qual):
+            bad.append(f"{k.kind}: detector {k.detector!r} is not module:function")
+            continue
+        try:
+            obj = importlib.import_module(mod)
+            for part in qual.split("."):
+                obj = getattr(obj, part)
+        except (ImportError, AttributeError) as e:
+            bad.append(f"{k.kind}: detector {k.detector} does not resolve ({e})")
+            continue
+        if not callable(obj) or getattr(obj, "__module__", mod) != mod:
+            bad.append(f"{k.kind}: {k.detector} is not a function defined in {mod} (a re-export?)")
+    assert not bad, "\n".join(bad)
+
+
+def test_make_copies_stage_and_detector_into_the_finding():
+    f = F.make("zip_crc_mismatch", path="ckpt.pt", member="archive/data/0", expected="1", actual="2")
+    k = F.CATALOGUE["zip_crc_mismatch"]
+    assert (f.stage, f.detector) == (k.stage, k.detector) == ("scan", k.detector) and k.detector
+    d = f.to_dict()
+    assert d["stage"] == k.stage and d["detector"] == k.detector
+    assert F.Finding.from_dict(d) == f
+    old = {key: v for key, v in d.items() if key not in ("stage", "detector")}  # a table written before
+    assert F.Finding.from_dict(old).detector == ""
+    assert F.make("audit_error", path="u", stage="hash", error_type="E", error="e").stage == "hash"
+
+
+# ------------------------------------------------------------------------------------------- (2)
+def test_every_make_call_uses_a_literal_kind_or_is_listed():
+    sites = make_sites()
+    assert len(sites) > 100, "the AST walk found too few make() calls"
+    listed = {f"{s.module}:{s.qualname}" for s in sites if s.kind is None}
+    unlisted = sorted(_where(s) for s in sites if s.kind is None and f"{s.module}:{s.qualname}" not in NON_LITERAL)
+    assert not unlisted, "make() with a non-literal kind (pass the kind as a string literal):\n" + "\n".join(unlisted)
+    stale = sorted(set(NON_LITERAL) - listed)
+    assert not stale, f"no longer non-literal, take these off NON_LITERAL: {stale}"
+    unknown = sorted(f"{_where(s)}: {s.kind}" for s in sites if s.kind is not None and s.kind not in F.CATALOGUE)
+    assert not unknown, unknown
+    for key, (kinds, _reason) in NON_LITERAL.items():
+        assert kinds == "*" or kinds <= set(F.CATALOGUE), key
+
+
+def test_each_kind_is_made_only_in_its_detector_module():
+    sites = make_sites()
+    by_kind: Dict[str, List[Site]] = {}
+    for s in sites:
+        if s.kind is not None:
+            by_kind.setdefault(s.kind, []).append(s)
+    bad = []
+    for kind, (others, reason) in MULTI_MODULE.items():
+        assert kind in F.CATALOGUE and reason and set(others.values()) <= STAGES, kind
+    for k in F.CATALOGUE.values():
+        mod, _, qual = k.detector.partition(":")
+        here = by_kind.get(k.kind, [])
+        allowed, _reason = MULTI_MODULE.get(k.kind, ({}, ""))
+        elsewhere = sorted({s.module for s in here} - {mod})
+        unexpected = [_where(s) for s in here if s.module != mod and s.module not in allowed]
+        if unexpected:
+            bad.append(f"{k.kind} (detector {k.detector}) is also made in {', '.join(unexpected)}")
+        if k.kind in MULTI_MODULE and elsewhere != sorted(allowed):
+            bad.append(f"{k.kind}: MULTI_MODULE says {sorted(allowed)}, the code makes it in {elsewhere} "
+                       "besides its detector: update the list (take the entry off when it is one module)")
+        in_detector = [s for s in here if s.module == mod and _inside(s, qual)]
+        by_name = [key for key, (kinds, _) in NON_LITERAL.items()
+                   if key == k.detector and kinds != "*" and k.kind in kinds]
+        if not in_detector and not by_name:
+            where = ", ".join(_where(s) for s in here) or "nowhere"
+            bad.append(f"{k.kind}: its detector {k.detector} does not make it (made at {where})")
+    assert not bad, "\n".join(bad)
+
+
+# ------------------------------------------------------------------------------------------- (3)
+def test_docs_findings_md_is_generated():
+    text = (REPO / "docs" / "findings.md").read_text()
+    assert text == F.findings_markdown(), "run `ckptaudit findings --update-readme`"
+    for k in F.CATALOGUE.values():
+        assert f"| `{k.kind}` | {k.layer} | {k.stage} | `{k.detector}` |" in text, k.kind
+
+
+def test_update_readme_also_writes_docs_findings_md(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text("intro\n<!-- findings:start -->\nold\n<!-- findings:end -->\nend\n")
+    assert F.update_readme(readme) is True
+    assert F.catalogue_markdown() in readme.read_text()
+    assert (tmp_path / "docs" / "findings.md").read_text() == F.findings_markdown()
+    assert F.update_readme(readme) is False
