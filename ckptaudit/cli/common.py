@@ -1,8 +1,4 @@
-"""What every ``ckptaudit`` sub-command shares: exit codes, usage errors as exit 3, checked paths.
-
-Kept apart from :mod:`ckptaudit.cli` so that sub-commands defined in other modules
-(``drill``) use the same rules without importing the command group that imports them.
-"""
+"""What every ``ckptaudit`` sub-command shares: exit codes, usage errors as exit 3, checked paths."""
 
 from __future__ import annotations
 
@@ -32,7 +28,7 @@ def check_paths(run_dir: str, out_dir: str) -> tuple:
     audited by accident), a local run path that is not a folder, an empty ``--out``, and
     an ``--out`` that is the run folder or inside it (the audit would write
     ``.snakemake/``, tables and logs into what it audits)."""
-    from .pipeline import check_out_dir
+    from ..pipeline import check_out_dir
 
     if not run_dir.strip():
         raise click.ClickException("RUN_DIR is empty; give the run folder (or s3://bucket/prefix) to audit")

@@ -1,0 +1,44 @@
+"""The ``ckptaudit`` command group: one click command per module of this package, registered here.
+
+``ckptaudit audit RUN_DIR --out DIR`` runs the same Snakemake workflow as
+``snakemake --cores N audit`` (:mod:`ckptaudit.cli.snakemake`); ``demo``, ``drill``,
+``findings``, ``seal`` and ``prune`` are the other commands.  Exit codes of ``audit``
+(for cron and CI):
+
+* 0 — the newest unit is usable for resume;
+* 1 — roll back needed and possible (resume or warm-start from an older/other unit);
+* 2 — nothing usable: retrain;
+* 3 — the audit itself failed (bad arguments or config, unreadable folder, workflow error); one
+  line on stderr says why.
+
+Each command module defines a plain ``@click.command``; none imports this face.
+"""
+
+from __future__ import annotations
+
+import click
+
+from .._version import __version__
+from ..config import (CONFIG_MAX_BYTES, _json_or_none, _merge, load_user_config,  # noqa: F401 - re-exported
+                      read_config_file, workflow_dir)
+from ..publish import prune_command, seal_command
+from .audit import audit_command, summary  # noqa: F401 - re-exported
+from .common import EXIT_FAILED, ExitThreeOnUsageError, check_paths  # noqa: F401 - re-exported
+from .demo import demo_command
+from .drill import drill_command
+from .findings import findings_command
+from .snakemake import resolve_profile, run_snakemake_cli, run_workflow  # noqa: F401 - re-exported
+
+
+@click.group()
+@click.version_option(__version__)
+def main():
+    """Audit the checkpoints of a training run and say where to roll back."""
+
+
+main.add_command(audit_command, "audit")
+main.add_command(demo_command, "demo")
+main.add_command(findings_command, "findings")
+main.add_command(seal_command, "seal")
+main.add_command(prune_command, "prune")
+main.add_command(drill_command, "drill")

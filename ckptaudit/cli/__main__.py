@@ -1,0 +1,5 @@
+"""``python -m ckptaudit.cli``: the ``ckptaudit`` command."""
+
+from . import main
+
+main()

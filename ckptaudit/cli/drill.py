@@ -1,0 +1,59 @@
+"""``ckptaudit drill``: audit a run with the workflow, then restore-drill its rollback point (rules/drill.smk)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from ..config import load_user_config
+from .common import EXIT_FAILED, ExitThreeOnUsageError, check_paths
+from .snakemake import run_workflow
+
+
+@click.command("drill", cls=ExitThreeOnUsageError)
+@click.argument("run_dir")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output folder.")
+@click.option("--unit", default="", help="Unit to drill (path relative to RUN_DIR); default: the rollback point.")
+@click.option("--device", "devices", multiple=True, help="Device to drill on (repeatable); default drill.devices.")
+@click.option("--config", "config_file", type=click.Path(),
+              help="YAML/JSON with keys of config/config.yaml (drill.hook, drill.steps, …; a regular file of at "
+                   "most 1 MiB).")
+@click.option("--cores", default=2, show_default=True, type=click.IntRange(1), help="Snakemake cores.")
+@click.option("--json", "as_json", is_flag=True, help="Print drill.json instead of the summary line.")
+@click.option("--verbose", is_flag=True, help="Show Snakemake's own output.")
+def drill_command(run_dir, out_dir, unit, devices, config_file, cores, as_json, verbose):
+    """Audit RUN_DIR, then restore its rollback point in a fresh process and continue training.
+
+    Writes DIR/drill/drill.parquet, drill.json and drill.html next to the audit's report.  Exit codes:
+    0 drill passed, 1 drill found a problem, 2 no restorable unit, 3 the drill itself failed (bad
+    arguments or config included: one line on stderr says why)."""
+    try:
+        rd, out = check_paths(run_dir, out_dir)
+        if "://" in rd:
+            raise click.ClickException(f"{run_dir}: a drill restores from a local or shared folder; copy the unit "
+                                       f"from object storage first")
+        cfg = load_user_config(config_file)
+        cfg.update(run_dir=rd, out_dir=str(out))
+        cfg["drill"] = dict(cfg.get("drill") or {})
+        if unit:
+            cfg["drill"]["unit"] = unit
+        if devices:
+            import re
+
+            bad = [d for d in devices if not re.fullmatch(r"cpu|cuda(:\d+)?", d)]
+            if bad:
+                raise click.ClickException(f"--device {bad[0]!r}: expected cpu, cuda or cuda:N")
+            cfg["drill"]["devices"] = list(devices)
+        run_workflow(cfg, out, cores, targets=("drill",), quiet=not verbose)
+        doc = json.loads((out / "drill" / "drill.json").read_text())
+    except click.ClickException as e:
+        click.echo(f"ckptaudit drill: error: {e.message}", err=True)
+        sys.exit(EXIT_FAILED)
+    except Exception as e:  # noqa: BLE001 - any workflow failure is exit 3 with its cause
+        click.echo(f"ckptaudit drill: the drill itself failed: {type(e).__name__}: {e}", err=True)
+        sys.exit(EXIT_FAILED)
+    click.echo(json.dumps(doc, indent=2) if as_json else doc["summary"])
+    if not as_json:
+        click.echo(f"report: {out / 'drill' / 'drill.html'}")

@@ -1,0 +1,109 @@
+"""Running the Snakemake workflow from the command line: through its API, or its own command line for profiles.
+
+``ckptaudit audit`` and ``ckptaudit drill`` use :func:`run_workflow`; with ``--profile``
+(e.g. ``slurm``: ``config/profiles/slurm``) or ``--executor``, ``audit`` goes through
+Snakemake's command line in this process (:func:`run_snakemake_cli`), which reads profiles.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..config import workflow_dir
+
+
+def run_workflow(cfg: dict, workdir: Path, cores: int, targets=("audit",), quiet: bool = True,
+                 keep_going: bool = True, executor: str = "local", profile_args=None) -> bool:
+    """Run the workflow through ``snakemake.api``; True on success."""
+    from snakemake.api import SnakemakeApi
+    from snakemake.settings.enums import Quietness
+    from snakemake.settings.types import (ConfigSettings, DAGSettings, ExecutionSettings, OutputSettings,
+                                          ResourceSettings, StorageSettings)
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    out = OutputSettings(quiet={Quietness.ALL} if quiet else set(), show_failed_logs=True)
+    with SnakemakeApi(out) as api:
+        wf = api.workflow(
+            resource_settings=ResourceSettings(cores=cores),
+            config_settings=ConfigSettings(config=cfg),
+            storage_settings=StorageSettings(),
+            snakefile=workflow_dir() / "Snakefile",
+            workdir=workdir,
+        )
+        dag = wf.dag(dag_settings=DAGSettings(targets=set(targets)))
+        dag.execute_workflow(executor=executor, execution_settings=ExecutionSettings(keep_going=keep_going))
+    return True
+
+
+def resolve_profile(name_or_path: str) -> str:
+    """A ``--profile`` value as Snakemake should see it.
+
+    An existing path (folder or YAML file) is used as is; otherwise a name of a profile
+    bundled with the workflow (``config/profiles/NAME``, e.g. ``slurm``); otherwise the
+    name is handed to Snakemake, which looks in ``~/.config/snakemake/NAME`` and
+    ``/etc/xdg/snakemake/NAME``.  Raises :class:`click.ClickException` when none exists.
+    """
+    from snakemake.cli import get_profile_dir
+
+    if Path(name_or_path).exists():
+        return str(Path(name_or_path).resolve())
+    bundled = workflow_dir() / "config" / "profiles" / name_or_path
+    if bundled.is_dir():
+        return str(bundled)
+    if get_profile_dir(name_or_path) is None:
+        names = sorted(p.name for p in (workflow_dir() / "config" / "profiles").glob("*") if p.is_dir())
+        raise click.ClickException(
+            f"--profile {name_or_path}: no such profile: not a path, not one of the bundled profiles "
+            f"{names} in {workflow_dir() / 'config' / 'profiles'}, and not in Snakemake's profile folders")
+    return name_or_path
+
+
+def run_snakemake_cli(cfg: dict, workdir: Path, *, profile: str | None = None, executor: str | None = None,
+                      cores: int | None = None, quiet: bool = True, extra_args=(), targets=("audit",)) -> bool:
+    """Run the workflow through Snakemake's own command line, in this process; True on success.
+
+    Used for ``--profile`` / ``--executor`` (and Snakemake arguments after ``--``).
+    ``snakemake.api`` does not read profiles: a profile is read by the command-line parser,
+    which maps each key to its option, including the settings of executor plugins
+    (``slurm-…``) that exist only once the plugin is installed.  Translating a profile
+    into API settings would re-implement that mapping for every key and plugin, so this
+    builds the argument list ``snakemake --profile …`` would get and calls
+    ``snakemake.cli.parse_args`` + ``args_to_api``: the same code path, the same result.
+
+    The audit config (defaults, ``--config`` file, run and output folders) is written to
+    ``WORKDIR/work/audit_config.yaml`` and passed with ``--configfile``; cluster jobs read
+    it as well, so ``workdir`` must be on a file system the cluster nodes share.
+    Snakemake's own state (``.snakemake/``, SLURM logs in ``.snakemake/slurm_logs/``) goes
+    to ``workdir``.  ``cores`` is passed only when given; without a profile and with the
+    local executor it defaults to 2, as in :func:`run_workflow`.
+    """
+    import yaml
+    from snakemake.cli import args_to_api, parse_args
+
+    workdir.mkdir(parents=True, exist_ok=True)
+    cfg_file = workdir / "work" / "audit_config.yaml"
+    cfg_file.parent.mkdir(parents=True, exist_ok=True)
+    cfg_file.write_text(yaml.safe_dump(cfg, sort_keys=True))
+    argv = ["--snakefile", str(workflow_dir() / "Snakefile"), "--directory", str(workdir),
+            "--configfile", str(cfg_file), "--show-failed-logs"]
+    if profile:
+        argv += ["--profile", resolve_profile(profile)]
+    if executor:
+        argv += ["--executor", executor]
+    if cores is None and not profile and executor in (None, "local"):
+        cores = 2
+    if cores is not None:
+        argv += ["--cores", str(cores)]
+    if quiet:
+        argv += ["--quiet", "all"]
+    argv += [*extra_args, "--", *targets]
+    try:
+        parser, args = parse_args(argv)
+        ok = args_to_api(args, parser)
+    except SystemExit as e:  # argparse and profile errors exit
+        raise click.ClickException(f"snakemake {' '.join(argv)}: exited with {e.code}")
+    if not ok:
+        raise RuntimeError(f"snakemake failed (its log is in {workdir / '.snakemake' / 'log'})")
+    return True

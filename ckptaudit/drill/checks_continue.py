@@ -1,0 +1,185 @@
+"""The drill's checks of training on from the unit: loss at restore, continuation, LR schedule, next unit."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Mapping, Optional
+
+from .checks_restore import _f, _same
+from .contract import import_hook
+
+
+class _ContinueChecks:
+    """Checks that continue training from the restored state (mixed into the child's ``_Child``).
+
+    Each returns (status, expected, actual, message); updates are appended to ``self.result["trace"]``."""
+
+    r: Any
+    spec: Mapping[str, Any]
+    torch: Any
+    result: Dict[str, Any]
+    rng_ok: bool
+    sched_epoch_at_restore: Optional[int]
+
+    def flush(self) -> None:  # the child's
+        raise NotImplementedError
+
+    def c_loss(self):
+        torch = self.torch
+        rec = self.r.saved.get("loss")
+        src = self.r.saved.get("loss_source") or "loss"
+        tol = float(self.spec["loss_tolerance"])
+        dev = torch.device(self.spec["device"])
+        devs = [dev.index or 0] if dev.type == "cuda" else []
+        with torch.random.fork_rng(devices=devs):
+            val = _f(self.r.eval_loss(self.r.loss_batch))
+        if not math.isfinite(val):
+            return "fail", "a finite loss", f"{val}", f"the loss on the fixed batch is {val}"
+        if rec is None:
+            return "warn", "a recorded loss", f"{val:.4f}", "the unit records no loss; nothing to compare with"
+        rec = float(rec)
+        rel = abs(val - rec) / max(abs(rec), 1e-12)
+        exp = f"{rec:.4f} ({src}) ± {tol:.0%}"
+        act = f"{val:.4f} ({rel:.1%} off)"
+        if rel > tol:
+            return ("fail", exp, act, f"the loss on the fixed batch after restore is {val:.4f} but the run recorded "
+                    f"{rec:.4f} ({src}): {rel:.1%} off, over drill.loss_tolerance {tol:g} — the weights are not "
+                    "the ones that produced the recorded loss")
+        return "pass", exp, act, f"loss at restore matches the recorded {src}"
+
+    def _one_step(self, gstep: int) -> dict:
+        opt = self.r.optimizer
+        lr = [float(g["lr"]) for g in opt.param_groups]
+        sch = self.r.scheduler
+        epoch = getattr(sch, "last_epoch", None) if sch is not None else None
+        batch = next(self.r.batches)
+        loss, gn = self.r.train_step(batch)
+        e = {"step": gstep, "lr": lr, "loss": _f(loss), "grad_norm": _f(gn), "scheduler_last_epoch": epoch}
+        self.result["trace"].append(e)
+        return e
+
+    def c_continue(self):
+        k = int(self.spec["steps"])
+        s0 = int(self.r.step)
+        bad = []
+        for i in range(k):
+            e = self._one_step(s0 + i)
+            if not (math.isfinite(e["loss"]) and math.isfinite(e["grad_norm"])):
+                bad.append(f"step {s0 + i + 1}: loss {e['loss']}, grad norm {e['grad_norm']}")
+        self.flush()
+        tr = self.result["trace"]
+        exp = f"{k} updates with finite loss and gradient norm"
+        gmax = max(e["grad_norm"] for e in tr)
+        act = f"loss {tr[0]['loss']:.4f} → {tr[-1]['loss']:.4f}, grad norm ≤ {gmax:.3g}"
+        if bad:
+            return "fail", exp, act, "non-finite values while continuing: " + "; ".join(bad[:3])
+        return "pass", exp, act, f"{k} updates from step {s0} ran"
+
+    def c_lr(self):
+        tr = self.result["trace"]
+        lr_at = getattr(self.r, "lr_at", None)
+        s0 = int(self.r.step)
+        saved_sched = self.r.saved.get("scheduler")
+        note = ""
+        if saved_sched is None and self.r.scheduler is not None:
+            note = " The unit holds no scheduler state, so the resume code built a fresh scheduler."
+        if callable(lr_at):
+            for e in tr:
+                want = [float(x) for x in lr_at(e["step"])]
+                if len(want) != len(e["lr"]) or any(not math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-15)
+                                                    for a, b in zip(e["lr"], want)):
+                    rewarm = all(a < b for a, b in zip(e["lr"], want))
+                    return ("fail", f"LR {want} at step {e['step']} (the schedule)", f"LR {e['lr']}",
+                            f"the update after step {e['step']} used LR {e['lr']} but the schedule gives {want}"
+                            + (" — the learning rate re-warms" if rewarm else "")
+                            + (f"; scheduler last_epoch was {self.sched_epoch_at_restore} at restore, step {s0}"
+                               if self.sched_epoch_at_restore is not None else "") + "." + note)
+            return ("pass", f"schedule LR for steps {tr[0]['step']}…{tr[-1]['step']}",
+                    f"LR {tr[0]['lr']} … {tr[-1]['lr']}",
+                    f"the LR continues the schedule from step {s0} (no re-warm-up)")
+        want = [float(g["lr"]) for g in (self.r.saved.get("optimizer") or {}).get("param_groups", [])]
+        first = tr[0]["lr"]
+        if want and any(not math.isclose(a, b, rel_tol=1e-6) for a, b in zip(first, want)):
+            return ("fail", f"saved LR {want}", f"LR {first}",
+                    f"the first update after restore used LR {first} but the run saved {want}." + note)
+        if saved_sched is not None and self.r.scheduler is not None:
+            cur = getattr(self.r.scheduler, "last_epoch", None)
+            sv = saved_sched.get("last_epoch") if isinstance(saved_sched, Mapping) else None
+            if sv is not None and self.sched_epoch_at_restore != sv:
+                return ("fail", f"scheduler last_epoch {sv}", f"last_epoch {self.sched_epoch_at_restore}",
+                        "the scheduler's counter does not continue from the saved one")
+            return ("warn", f"saved LR {want}", f"LR {first}, scheduler last_epoch {cur}",
+                    "the hook gives no lr_at(step); only the first LR and the scheduler counter were compared")
+        if saved_sched is None and self.r.scheduler is not None:
+            return ("fail", f"scheduler state at step {s0}", "a fresh scheduler",
+                    "the unit holds no scheduler state and the hook gives no lr_at(step) to prove the schedule "
+                    "continues; a rebuilt scheduler starts from step 0 (re-warm-up)." + note)
+        return "pass", f"saved LR {want}", f"LR {first}", "constant LR (no scheduler) continues"
+
+    def c_next(self):
+        torch = self.torch
+        sp = self.spec
+        if not sp.get("next_path"):
+            return "skip", "", "", "no later intact unit to compare the continuation with"
+        s0, k = int(self.r.step), int(sp["steps"])
+        n_step = sp.get("next_step")
+        if n_step is None or int(n_step) <= s0:
+            return "skip", "", "", f"{sp['next_unit']}: its step is unknown or not after {s0}"
+        gap = int(n_step) - s0
+        reasons = []
+        if not bool(getattr(self.r, "deterministic", False)):
+            reasons.append("the hook does not declare this device deterministic")
+        if not self.rng_ok:
+            reasons.append("the RNG state was not restored")
+        if gap > int(sp["compare_max_steps"]):
+            reasons.append(f"the next unit is {gap} steps away (> drill.compare_max_steps {sp['compare_max_steps']})")
+        if gap < k:
+            reasons.append(f"the next unit is only {gap} steps away (< drill.steps {k})")
+        exact = not reasons
+        if exact:
+            for i in range(len(self.result["trace"]), gap):
+                self._one_step(s0 + i)
+            self.flush()
+        done = len(self.result["trace"])
+        cur = {n: t.detach() for n, t in self.r.model.state_dict().items()}
+        # free what the comparison does not need before loading the next unit
+        self.r.optimizer.state.clear()
+        nsaved = import_hook(sp["hook"])(sp["next_path"], "cpu").saved
+        ref, ref_loss, ref_src = nsaved.get("model") or {}, nsaved.get("loss"), nsaved.get("loss_source") or "loss"
+        del nsaved
+        if exact:
+            diffs = []
+            for n, t in cur.items():
+                if n not in ref:
+                    diffs.append(f"{n!r} missing in {sp['next_unit']}")
+                elif _same(t, ref[n]) is not None:
+                    a, b = t.cpu().double(), ref[n].cpu().double()
+                    md = float((a - b).abs().max()) if a.shape == b.shape else float("nan")
+                    diffs.append(f"{n!r} (max |Δ| {md:.3g})")
+            exp = f"weights bitwise equal to {sp['next_unit']} after {gap} updates"
+            if diffs:
+                return ("fail", exp, f"{len(diffs)} of {len(cur)} tensors differ",
+                        f"continuing from step {s0} to {n_step} did not reproduce {sp['next_unit']}: "
+                        f"{', '.join(diffs[:4])} — the restore is not faithful (or the run is not deterministic)")
+            rec, last = ref_loss, self.result["trace"][-1]["loss"]
+            lt = (f"; the last update's loss is {last:.6g}, {sp['next_unit']} recorded {rec:.6g} ({ref_src})"
+                  if rec is not None else "")
+            return ("pass", exp, f"all {len(cur)} tensors equal",
+                    f"bit-exact: continuing reproduces {sp['next_unit']}{lt}")
+
+        def norm(sd):
+            return math.sqrt(sum(float(t.detach().cpu().double().pow(2).sum()) for t in sd.values()
+                                 if t.is_floating_point()))
+
+        a, b = norm(cur), norm(ref)
+        tol = float(sp["norm_tolerance"])
+        rel = abs(a - b) / max(b, 1e-12)
+        exp = f"finite and within {tol:.0%} of {sp['next_unit']}'s weight norm {b:.4g}"
+        act = f"norm {a:.4g} after {done} updates ({rel:.2%} off)"
+        why = "; ".join(reasons)
+        if not (math.isfinite(a) and math.isfinite(b)):
+            return "fail", exp, act, "non-finite weights after continuing"
+        if rel > tol:
+            return ("fail", exp, act, f"after {done} updates the weight norm is {a:.4g}, {rel:.1%} from "
+                    f"{sp['next_unit']}'s {b:.4g} (compared in norm only: {why})")
+        return "pass", exp, act, f"finite and close in norm (not compared bit for bit: {why})"

@@ -1,0 +1,87 @@
+"""What a drill writes: drill.parquet, drill.json, drill.html, the summary line, and the dated nightly copies."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from ..text import step_text
+from .contract import CHECKS, COLUMNS, EXIT_FAILED, EXIT_NO_UNIT, EXIT_PROBLEM, INFRA_CHECKS, STATUS_WORDS
+
+
+def summary_line(doc: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
+    """One line for cron mail and CI logs."""
+    code = doc.get("exit_code", EXIT_FAILED)
+    head = f"ckptaudit drill: {STATUS_WORDS[code]}"
+    where = f" {doc['unit']} ({step_text(doc.get('step'))})" if doc.get("unit") else ""
+
+    def short(s: str, n: int = 180) -> str:
+        return s if len(s) <= n else s[: n - 1] + "…"
+
+    if code == EXIT_NO_UNIT:
+        why = next((r["message"] for r in rows if r["check"] == "eligibility"), "")
+        return f"{head}: {short(why)}"
+    if code in (EXIT_PROBLEM, EXIT_FAILED):
+        bad = [r for r in rows if r["status"] == "fail" and (code == EXIT_FAILED or r["check"] not in INFRA_CHECKS)]
+        parts = [f"{r['check']}@{r.get('device') or '-'}: {short(r['message'], 140)}" for r in bad[:3]]
+        more = f" (+{len(bad) - 3} more)" if len(bad) > 3 else ""
+        return f"{head}{where}: " + "; ".join(parts) + more
+    ran = [d["device"] for d in doc.get("devices", []) if d.get("outcome") != "skipped"]
+    skipped = [d["device"] for d in doc.get("devices", []) if d.get("outcome") == "skipped"]
+    n_pass = sum(r["status"] == "pass" for r in rows)
+    warns = sorted({f"{r['check']}@{r.get('device')}" for r in rows if r["status"] == "warn"})
+    tail = f"; {len(warns)} warning(s): {', '.join(warns)}" if warns else ""
+    sk = f"; skipped: {', '.join(skipped)} (not available)" if skipped else ""
+    return f"{head}{where} on {', '.join(ran)}: {n_pass} checks passed{tail}{sk}"
+
+
+def write_outputs(out: Path, doc: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> None:
+    """``drill.parquet`` (:data:`COLUMNS`), ``drill.json`` and a self-contained ``drill.html`` in ``out``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([(n, getattr(pa, t)()) for n, t in COLUMNS])
+    cols = [n for n, _ in COLUMNS]
+    for r in rows:
+        extra = sorted(set(r) - set(cols))
+        if extra:
+            raise KeyError(f"drill table: unexpected columns {extra}")
+    table = pa.Table.from_pylist([{n: r.get(n) for n in cols} for r in rows], schema=schema)
+    out.mkdir(parents=True, exist_ok=True)
+    _atomic(out / "drill.parquet", lambda p: pq.write_table(table, p))
+    _atomic(out / "drill.json", lambda p: Path(p).write_text(json.dumps(doc, indent=2, default=str) + "\n"))
+    html = render_html(doc, rows)
+    _atomic(out / "drill.html", lambda p: Path(p).write_text(html))
+
+
+def _atomic(path: Path, write: Callable[[Path], Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    tmp.replace(path)
+
+
+def render_html(doc: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
+    """The drill report section (``templates/drill.html.j2``): one self-contained page."""
+    import jinja2
+
+    from .._version import __version__
+
+    env = jinja2.Environment(loader=jinja2.PackageLoader("ckptaudit", "templates"),
+                             autoescape=jinja2.select_autoescape(["html", "j2"]), undefined=jinja2.StrictUndefined)
+    return env.get_template("drill.html.j2").render(
+        doc=doc, rows=rows, checks=CHECKS, version=__version__,
+        devices=[d["device"] for d in doc.get("devices", [])] or [""],
+        mib=lambda b: f"{b / 2**20:.0f} MiB" if b else "-")
+
+
+def copy_dated(src_files: Sequence[str], out_dir: str, date: str, drill_json: str) -> None:
+    """Copy the drill (and audit) reports into ``out_dir`` and write ``summary.txt`` (date + summary)."""
+    import shutil
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    for f in src_files:
+        shutil.copy2(f, out / Path(f).name)
+    doc = json.loads(Path(drill_json).read_text())
+    (out / "summary.txt").write_text(f"{date} exit {doc['exit_code']} {doc['summary']}\n")
