@@ -399,6 +399,15 @@ MAX_IMPORT_SCAN_OPS = 20_000_000  # opcodes scanned for imports only, after the 
 _BLOCK_CHECK_EVERY = 8192
 
 
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def clean_text(s: str) -> str:
+    """``s`` with every lone surrogate replaced by U+FFFD (pickle strings are decoded with
+    ``surrogatepass``, and such a name cannot be written as UTF-8 to the tables or the report)."""
+    return _LONE_SURROGATE.sub("\ufffd", s)
+
+
 class _WalkError(Exception):
     pass
 
@@ -718,9 +727,14 @@ class _State:
                     except KeyError:
                         raise _WalkError(f"memo key {arg} not defined at byte {pos} ({op.name})") from None
                 elif g == 2:  # ints, floats, str: genops decoded the operand
-                    push(arg)
-                    if type(arg) is str and len(arg) >= _MIN_ENCODED_CHARS and arg[:1] != "\x80":
-                        self.maybe_encoded(arg, pos, op.name)  # a latin-1 str is handled at _codecs.encode
+                    if type(arg) is str:
+                        if not arg.isascii():  # genops decodes with surrogatepass: no lone surrogate goes on
+                            arg = clean_text(arg)
+                        push(arg)
+                        if len(arg) >= _MIN_ENCODED_CHARS and arg[:1] != "\x80":
+                            self.maybe_encoded(arg, pos, op.name)  # a latin-1 str is handled at _codecs.encode
+                    else:
+                        push(arg)
                 elif g == 3:  # MARK
                     metastack.append(stack)
                     stack = []

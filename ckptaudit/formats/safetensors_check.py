@@ -158,8 +158,12 @@ def _parse_header(raw: bytes) -> Tuple[Optional[dict], str]:
         return None, f"{e.msg} (header byte {e.pos}){nul_text}"
     except RecursionError:
         return None, "nesting too deep"
+    except ValueError as e:  # e.g. an integer of more than 4300 digits (sys.get_int_max_str_digits)
+        return None, str(e).split(";", 1)[0]
     if not isinstance(obj, dict):
         return None, "the header is not a JSON object"
+    if "\\u" in text:  # lone surrogate escapes cannot be written as UTF-8 (tables, report)
+        obj = fs.without_lone_surrogates(obj)
     if dup:
         return obj, f"duplicate key(s) {sorted(set(dup))}"
     meta = obj.get("__metadata__")
@@ -168,20 +172,42 @@ def _parse_header(raw: bytes) -> Tuple[Optional[dict], str]:
     for name, e in obj.items():
         if name == "__metadata__":
             continue
-        if not isinstance(e, dict):
-            return obj, f"entry {name!r} is not an object"
-        missing = sorted({"dtype", "shape", "data_offsets"} - set(e))
-        if missing:
-            return obj, f"tensor {name!r} lacks {missing}"
-        if e["dtype"] not in DTYPE_BITS:
-            return obj, f"tensor {name!r} has unknown dtype {e['dtype']!r}"
-        sh = e["shape"]
-        if not (isinstance(sh, list) and all(type(d) is int and d >= 0 for d in sh)):
-            return obj, f"tensor {name!r} has shape {sh!r}, not a list of non-negative integers"
-        off = e["data_offsets"]
-        if not (isinstance(off, list) and len(off) == 2 and all(type(d) is int and d >= 0 for d in off)):
-            return obj, f"tensor {name!r} has data_offsets {off!r}, not two non-negative integers"
+        problem = entry_problem(name, e)
+        if problem:
+            return obj, problem
     return obj, ""
+
+
+def entry_problem(name: str, e) -> str:
+    """Why header entry ``name`` is not ``{"dtype": known, "shape": [int >= 0, ...], "data_offsets": [int >= 0,
+    int >= 0]}``; "" when it is."""
+    if not isinstance(e, dict):
+        return f"entry {name!r} is not an object"
+    missing = sorted({"dtype", "shape", "data_offsets"} - set(e))
+    if missing:
+        return f"tensor {name!r} lacks {missing}"
+    if not isinstance(e["dtype"], str) or e["dtype"] not in DTYPE_BITS:
+        return f"tensor {name!r} has unknown dtype {_short(e['dtype'])}"
+    sh = e["shape"]
+    if not (isinstance(sh, list) and all(type(d) is int and d >= 0 for d in sh)):
+        return f"tensor {name!r} has shape {_short(sh)}, not a list of non-negative integers"
+    off = e["data_offsets"]
+    if not (isinstance(off, list) and len(off) == 2 and all(type(d) is int and d >= 0 for d in off)):
+        return f"tensor {name!r} has data_offsets {_short(off)}, not two non-negative integers"
+    return ""
+
+
+def valid_entries(header: dict) -> List[Tuple[str, dict]]:
+    """``(name, entry)`` of the tensors of a parsed header whose entry is well formed (:func:`entry_problem`).
+
+    :func:`check_safetensors` returns the header also when an entry is wrong (with an
+    ``invalid_header_json`` finding, an error); a caller that lists tensors takes only these."""
+    return [(k, e) for k, e in header.items() if k != "__metadata__" and not entry_problem(k, e)]
+
+
+def _short(v, limit: int = 80) -> str:
+    r = repr(v)
+    return r if len(r) <= limit else r[:limit] + "…"
 
 
 def _truncated(path: str, tensors, present: int, data_len: int) -> Finding:

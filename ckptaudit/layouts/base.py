@@ -393,17 +393,16 @@ def scan_file(run_dir: Path, rel: str, unit: str, scan: UnitScan, cfg: Dict[str,
             out["obj"] = res.obj
             scan.tree[tree_key or rel] = describe(scan, rel, res.obj, values)
     elif s.kind == "safetensors":
-        from ..formats.safetensors_check import check_safetensors
+        from ..formats.safetensors_check import check_safetensors, valid_entries
 
         header, fl = check_safetensors(path)
         scan.add(relabel(fl, rel))
         if header is not None:
             hlen = _safetensors_header_len(path)
             tree: Dict[str, Any] = {}
-            for name, info in header.items():
-                if name == "__metadata__" or not isinstance(info, dict):
-                    continue
-                a, b = info.get("data_offsets", [0, 0])
+            # a malformed entry (wrong types) is already an invalid_header_json error: it is not a tensor
+            for name, info in valid_entries(header):
+                a, b = info["data_offsets"]
                 dtype = _ST_DTYPES.get(info.get("dtype"), str(info.get("dtype")).lower())
                 shape = list(info.get("shape", []))
                 numel = 1

@@ -172,8 +172,8 @@ def _read_small_bytes_items(folder: Path, storage: dict, tree: dict, limit: int 
         if not isinstance(sinfo, dict):
             continue
         fqn = _fqn(idx)
-        if fqn not in tree or "__bytes_item__" not in tree[fqn]:
-            continue
+        if not isinstance(tree.get(fqn), dict) or "__bytes_item__" not in tree[fqn]:
+            continue  # a tensor, or an item already read (two storage entries naming one fqn)
         length, offset = _count(sinfo.get("length", 0)), _count(sinfo.get("offset", 0))
         relp = str(sinfo.get("relative_path"))
         if length is None or offset is None or not 0 < length <= limit or not _inside(relp):

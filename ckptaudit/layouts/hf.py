@@ -47,7 +47,8 @@ class HFIndex:
             try:
                 doc = fs.loads_json(fs.read_bounded(p, fs.SMALL_FILE_BYTES))
                 wm = doc.get("weight_map", {}) if isinstance(doc, dict) else {}
-                shards = sorted({str(v) for v in wm.values()}) if isinstance(wm, dict) else []
+                # a name that is not a file inside this folder is never looked up (check_index says index_invalid)
+                shards = sorted({v for v in wm.values() if not shard_name_problem(v)}) if isinstance(wm, dict) else []
             except (OSError, ValueError):
                 pass
             files = [_rel(root, p)]
@@ -86,13 +87,23 @@ def check_index(run_dir: Path, index_rel: str, scan: UnitScan, cfg: dict, unit_n
         wm = doc["weight_map"]
         if not isinstance(wm, dict):
             raise ValueError("weight_map is not an object")
+        bad = next(((t, v, why) for t, v in wm.items() if (why := shard_name_problem(v))), None)
+        if bad is not None:
+            t, v, why = bad
+            shown = repr(v) if len(repr(v)) <= 80 else repr(v)[:80] + "…"
+            raise ValueError(f"weight_map names {shown} as the shard of tensor {t[:80]!r}: {why}")
     except (OSError, ValueError, KeyError, TypeError) as e:
         scan.add(F.make("index_invalid", path=index_rel, why=f"{type(e).__name__}: {e}"))
         return
     by_shard = {}
     for t, s in wm.items():
-        by_shard.setdefault(str(s), []).append(t)
+        by_shard.setdefault(s, []).append(t)
     missing = [s for s in sorted(by_shard) if not (run_dir / base / s).exists()]
+    for s in sorted(by_shard):
+        if s not in missing and not (run_dir / base / s).is_file():  # a folder under a shard's name
+            scan.add(F.make("not_a_regular_file", path=str((base / s).as_posix()) if str(base) != "." else s,
+                            why="the index names it as a shard, but it is a folder, not a file"))
+            missing.append(s)
     for s in missing:
         scan.add(F.make("index_references_missing_shard", path=index_rel, shard=s, n_tensors=len(by_shard[s]),
                         shards=", ".join(missing)))
@@ -112,9 +123,40 @@ def check_index(run_dir: Path, index_rel: str, scan: UnitScan, cfg: dict, unit_n
                 scan.add(F.make("index_tensor_not_in_shard", path=index_rel, tensor=t, shard=s))
         if isinstance(info.get("obj"), dict):
             merged.update({str(k): v for k, v in info["obj"].items()})
-    scan.facts["index_total_size"] = (doc.get("metadata") or {}).get("total_size")
+    meta = doc.get("metadata")
+    scan.facts["index_total_size"] = meta.get("total_size") if isinstance(meta, dict) else None
     scan.facts["n_shards"] = len(by_shard)
     scan.tree["weights"] = {"__index__": index_rel, "n_tensors": len(wm)}
+
+
+#: Longest file-name component most filesystems store (NAME_MAX), bytes.
+_NAME_MAX = 255
+
+
+def shard_name_problem(name) -> str:
+    """Why a ``weight_map`` value cannot be a shard file of the index's own folder; "" when it can.
+
+    transformers joins the index's folder and the value (``os.path.join``), so an absolute path or
+    ``..`` would read a file outside the checkpoint (``/dev/zero`` never ends), and a value that is no
+    string, is empty, holds a NUL byte or a component longer than a file name, names no file at all."""
+    if not isinstance(name, str):
+        return f"it is a JSON {type(name).__name__}, not a file name"
+    if not name:
+        return "it is empty"
+    if name.startswith("/"):
+        return "it is an absolute path; a shard is a file name relative to the index's folder"
+    if "\0" in name:
+        return "it holds a NUL byte"
+    parts = name.split("/")
+    if any(p in ("", ".", "..") for p in parts):
+        return "it leaves the index's folder or names a folder ('', '.' or '..' in the path)"
+    if any(len(p.encode("utf-8", "surrogatepass")) > _NAME_MAX for p in parts):
+        return f"a path component is longer than {_NAME_MAX} bytes, which no file name can be"
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return "it is not valid UTF-8 (a lone surrogate escape)"
+    return ""
 
 
 class HFTrainer:
