@@ -15,14 +15,13 @@ without pandas; :func:`write_tables` writes the Parquet tables.
 from __future__ import annotations
 
 import json
-import math
 import os
-import re
 from dataclasses import asdict
 from pathlib import Path
 from typing import Dict, List, Optional
 
 from . import fs, layouts
+from .parts import assign_parts, auto_units_per_job, listing_fingerprint  # noqa: F401 - re-exported
 from .units import (  # noqa: F401 - re-exported: the unit model lives in units.py
     IN_PROGRESS_PATTERNS,
     Pointer,
@@ -309,63 +308,6 @@ def _resolve_pointer(root: Path, p: Pointer, unit_names: set) -> str:
         if (root / rel).exists():
             return rel
     return ""
-
-
-def auto_units_per_job(n_units: int) -> int:
-    """One unit per job up to 16 units; beyond, the smallest power of two that keeps
-    the part count at or under 16 (stable while a run grows: parts change only when
-    the run crosses 16·2^k units).
-
-    Each part costs ~7 Snakemake jobs of a fresh Python process (~0.25 s each, the
-    load job ~1.5 s for ``import torch``), and Snakemake's own scheduling cost grows
-    with the job count; 16 parts keep a 1,000-unit audit bounded by hashing and
-    parsing, not by process start-up (BENCHMARKS.md, "scale").
-    """
-    if n_units <= 16:
-        return 1
-    return 1 << math.ceil(math.log2(math.ceil(n_units / 16)))
-
-
-def assign_parts(units: List[Unit], units_per_job) -> Dict[str, List[str]]:
-    """Group units (already in (step, name) order) into Snakemake jobs.
-
-    Returns {part_id: [unit, ...]}; part ids are ``p0000``, ``p0001``…  The
-    grouping depends only on the order, so new (later) units only touch the
-    last part.
-    """
-    per = auto_units_per_job(len(units)) if units_per_job in (None, "auto") else int(units_per_job)
-    parts: Dict[str, List[str]] = {}
-    for i, u in enumerate(units):
-        pid = f"p{i // per:04d}"
-        u.part = pid
-        parts.setdefault(pid, []).append(u.unit)
-    return parts
-
-
-def listing_fingerprint(run_dir: str) -> str:
-    """A cheap fingerprint of names, sizes and mtimes under ``run_dir``.
-
-    The Snakefile passes it to the inventory rule as a param, so Snakemake
-    re-runs inventory (and only inventory) when the folder's listing changes.
-    """
-    import hashlib
-
-    h = hashlib.sha256()
-    root = Path(run_dir)
-    if fs.is_remote(run_dir):
-        return fs.listing_fingerprint(run_dir)
-    if not root.exists():
-        return "missing"
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-        dirnames.sort()
-        for fn in sorted(filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]):
-            fp = os.path.join(dirpath, fn)
-            try:
-                st = os.lstat(fp)
-            except OSError:
-                continue
-            h.update(f"{os.path.relpath(fp, root)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    return h.hexdigest()[:16]
 
 
 SMALL_OBJECT_BYTES = 1024  # a checkpoint-named object of 1 to 1023 bytes is suspicious (0 is empty_file)

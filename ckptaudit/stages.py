@@ -11,17 +11,16 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 from typing import Dict, List
 
 from . import liveness
+from .parts import part_units, read_inventory  # noqa: F401 - part_units re-exported
 from .layouts.scan import object_store_findings, scan_units  # noqa: F401 - re-exported
 from .target import load_reference  # noqa: F401 - re-exported
 
 
 def _inventory(path: str) -> dict:
-    with open(path) as f:
-        return json.load(f)
+    return read_inventory(path)
 
 
 def _config(path: str | None) -> dict:
@@ -29,11 +28,6 @@ def _config(path: str | None) -> dict:
         return {}
     with open(path) as f:
         return json.load(f)
-
-
-def part_units(inv: dict, part: str) -> List[dict]:
-    wanted = set(inv["parts"].get(part, []))
-    return [u for u in inv["units"] if u["unit"] in wanted]
 
 
 def _run_dir(inv: dict, cfg: dict):

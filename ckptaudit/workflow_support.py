@@ -7,10 +7,10 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Dict, List
+from typing import List
 
 from . import fs
-from .inventory import listing_fingerprint as _local_listing_fingerprint
+from .parts import listing_fingerprint, part_units, read_inventory, read_inventory_cached  # noqa: F401
 
 STAGE_KEYS = ("expected_model_args", "model_factory", "reference", "target", "load", "security", "state",
               "run_name", "s3")
@@ -20,14 +20,6 @@ def configure_storage(config: dict) -> None:
     """Apply the config's ``s3:`` block (endpoint, profile, anon; never keys) to this process
     and, through ``CKPTAUDIT_S3_*`` environment variables, to the jobs it starts."""
     fs.configure(config.get("s3"))
-
-
-def listing_fingerprint(run_dir: str) -> str:
-    """Fingerprint of the run's listing (names, sizes, mtimes; for ``s3://`` runs names,
-    sizes, ETags and unfinished multipart uploads): a param of the inventory rule."""
-    if fs.is_remote(run_dir):
-        return fs.listing_fingerprint(run_dir)
-    return _local_listing_fingerprint(run_dir)
 
 
 def run_name(run_dir: str) -> str:
@@ -44,29 +36,6 @@ def stage_config(config: dict, run_dir: str, name: str) -> dict:
         fs.configure(config.get("s3"))
     out["run_name"] = name
     return out
-
-
-def read_inventory(path: str) -> dict:
-    with open(path) as f:
-        return json.load(f)
-
-
-_INV_CACHE: Dict[tuple, dict] = {}
-
-
-def read_inventory_cached(path: str) -> dict:
-    """:func:`read_inventory`, cached on (path, size, mtime)."""
-    st = os.stat(path)
-    key = (os.path.abspath(path), st.st_size, st.st_mtime_ns)
-    if key not in _INV_CACHE:
-        _INV_CACHE.clear()
-        _INV_CACHE[key] = read_inventory(path)
-    return _INV_CACHE[key]
-
-
-def part_units(inv: dict, part: str) -> List[dict]:
-    wanted = set(inv["parts"].get(part, []))
-    return [u for u in inv["units"] if u["unit"] in wanted]
 
 
 def part_files(inv: dict, part: str) -> List[str]:
@@ -92,7 +61,7 @@ def part_signature(inv: dict, part: str) -> str:
     size and mtime of its sidecars and manifest; for ``s3://`` runs also each
     object's size and ETag.  The part jobs do not list the run's files as inputs:
     Snakemake would ``stat`` every one of them in every scheduling round
-    (BENCHMARKS.md, "scale"), while the inventory already recorded them.
+    (docs/benchmarks-history.md, "1,000 small units"), while the inventory already recorded them.
     """
     osd = inv.get("object_store") or {}
     root = inv["run_dir"]
