@@ -1,0 +1,106 @@
+"""The demo trainer's restore hook for the drill: resume a checkpoint as ``train(restore="full")`` does."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import torch
+
+from ..drill.contract import SimpleRestored
+from .checkpoint import PathLike
+from .model import build_model
+from .train import DEFAULT_CONFIG, _data, _get_batch, _make_scheduler, get_rng_state, lr_multiplier, set_rng_state
+
+
+def restore_hook(path: PathLike, device: str = "cpu"):
+    """Restore hook of the demo trainer for ``ckptaudit drill`` (``drill.hook:
+    "ckptaudit.demo:restore_hook"``): resume the checkpoint at ``path`` on ``device`` the way
+    :func:`train` does with ``restore="full"`` and return a :class:`ckptaudit.drill.Restored`.
+
+    Reads the file with ``torch.load(path, map_location="cpu", weights_only=True)`` (CPU first:
+    ``torch.set_rng_state`` takes a CPU ByteTensor; ``load_state_dict`` then copies onto ``device``).
+    Like a typical resume script it tolerates a missing ``scheduler`` (the schedule restarts from
+    step 0) and a missing ``rng`` (seeds from ``config["seed"]``); the drill reports what each costs.
+
+    ``saved["loss"]`` is the checkpoint's ``loss`` (train loss of the save step's batch, nats),
+    compared with the mean loss over fixed train windows (``block_size`` tokens at every 16th offset:
+    no RNG); without ``loss``, ``best_val_loss`` over fixed validation windows (every 8th offset).
+    ``batches`` draws with :func:`_get_batch` from torch's global RNG as training does;
+    ``train_step`` is the loop body of :func:`_train`; ``lr_at(s)`` is ``learning_rate *
+    lr_multiplier(s, ...)`` per param group.  Bit-exact on CPU with one intra-op thread (the drill
+    child sets it), so ``deterministic`` is True there.
+    Raises KeyError if the checkpoint lacks ``model``, ``optimizer``, ``model_args`` or ``config``.
+    """
+    dev = torch.device(device)
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(ckpt, dict):
+        raise KeyError(f"{path}: expected a checkpoint dict, found {type(ckpt).__name__}")
+    missing = sorted({"model", "optimizer", "model_args", "config"} - set(ckpt))
+    if missing:
+        raise KeyError(f"{path}: the demo trainer cannot resume without {missing!r}")
+    cfg = dict(DEFAULT_CONFIG)
+    cfg.update(ckpt["config"])
+    model_args = dict(ckpt["model_args"])
+    model = build_model(model_args).to(dev)
+    optimizer = model.configure_optimizers(cfg["weight_decay"], cfg["learning_rate"], (cfg["beta1"], cfg["beta2"]))
+    scheduler = _make_scheduler(optimizer, cfg)
+    model.load_state_dict(ckpt["model"])
+    optimizer.load_state_dict(ckpt["optimizer"])
+    if ckpt.get("scheduler") is not None:
+        scheduler.load_state_dict(ckpt["scheduler"])
+    if ckpt.get("rng") is not None:
+        set_rng_state(ckpt["rng"])
+    else:
+        seed = int(cfg.get("seed", 1337))
+        torch.manual_seed(seed)
+        np.random.seed(seed)
+        random.seed(seed)
+    step = int(ckpt["iter_num"]) if "iter_num" in ckpt else int(scheduler.last_epoch)
+    model.train()
+
+    train_data, val_data = _data()
+    block, bs = model_args["block_size"], cfg["batch_size"]
+    if ckpt.get("loss") is not None:
+        data, stride, loss, source = train_data, 16, float(ckpt["loss"]), "loss (train loss of the save step)"
+    else:
+        data, stride, loss, source = val_data, 8, ckpt.get("best_val_loss"), "best_val_loss"
+    ix = range(0, len(data) - block - 1, stride)
+    loss_batch = (torch.stack([data[i : i + block] for i in ix]).to(dev),
+                  torch.stack([data[i + 1 : i + 1 + block] for i in ix]).to(dev))  # (n_windows, block) each
+
+    def batches():
+        while True:
+            x, y = _get_batch(train_data, bs, block)
+            yield x.to(dev), y.to(dev)
+
+    def train_step(batch):
+        x, y = batch
+        _, l = model(x, y)
+        l.backward()
+        gn = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(l.item()), float(gn.item())
+
+    @torch.no_grad()
+    def eval_loss(batch):
+        model.eval()
+        try:
+            return float(model(*batch)[1].item())
+        finally:
+            model.train()
+
+    sched_kw = dict(warmup_iters=cfg["warmup_iters"], lr_decay_iters=cfg["lr_decay_iters"],
+                    learning_rate=cfg["learning_rate"], min_lr=cfg["min_lr"])
+
+    def lr_at(s):
+        return [cfg["learning_rate"] * lr_multiplier(s, **sched_kw) for _ in optimizer.param_groups]
+
+    saved = dict(ckpt)
+    saved.update(rng=ckpt.get("rng"), scheduler=ckpt.get("scheduler"), loss=loss, loss_source=source)
+    return SimpleRestored(model=model, optimizer=optimizer, scheduler=scheduler, scaler=None, step=step,
+                          saved=saved, loss_batch=loss_batch, batches=batches(), train_step=train_step,
+                          eval_loss=eval_loss, deterministic=dev.type == "cpu", lr_at=lr_at,
+                          rng_state=get_rng_state)
