@@ -155,35 +155,55 @@ def stage_state(inv: dict, part: str, cfg: dict, scan_path: str, tensors_path: s
     return rows
 
 
+#: each rule's arguments: (flag, required, help); the positional sub-command is the rule's name
+_ARGS = {
+    "inventory": [("--run-dir", True, "run folder or s3://bucket/prefix"), ("--units-per-job", False, "auto or N"),
+                  ("--out", True, "inventory.parquet"), ("--out-json", True, "inventory.json"),
+                  ("--out-pointers", True, "pointers.parquet")],
+    "hash": [("--inventory", True, "inventory.json"), ("--part", True, "part id (p0000…)"),
+             ("--out", True, "hash table")],
+    "scan": [("--inventory", True, "inventory.json"), ("--part", True, "part id"), ("--config", True, "config.json"),
+             ("--out", True, "scan table"), ("--out-tensors", True, "tensors table"),
+             ("--out-imports", True, "imports table")],
+    "load": [("--inventory", True, "inventory.json"), ("--part", True, "part id"), ("--config", True, "config.json"),
+             ("--scan", True, "scan table"), ("--hash", True, "hash table"), ("--out", True, "load table")],
+    "structure": [("--inventory", True, "inventory.json"), ("--part", True, "part id"),
+                  ("--config", True, "config.json"), ("--scan", True, "scan table"),
+                  ("--tensors", True, "tensors table"), ("--target", False, "target.json (else built from config)"),
+                  ("--out", True, "structure table")],
+    "configdiff": [("--inventory", True, "inventory.json"), ("--part", True, "part id"),
+                   ("--config", True, "config.json"), ("--scan", True, "scan table"), ("--out", True, "configdiff table")],
+    "state": [("--inventory", True, "inventory.json"), ("--part", True, "part id"), ("--config", True, "config.json"),
+              ("--scan", True, "scan table"), ("--tensors", True, "tensors table"), ("--out", True, "state table")],
+}
+
+
+def parser() -> argparse.ArgumentParser:
+    """``python -m ckptaudit.stages RULE --flag …``: one sub-command per rule, each with its required arguments
+    (a missing ``--part`` is a usage error naming it, not a failure deep inside the stage)."""
+    ap = argparse.ArgumentParser(prog="python -m ckptaudit.stages", description="One stage of the audit workflow.")
+    sub = ap.add_subparsers(dest="stage", required=True, metavar="RULE")
+    for rule, args in _ARGS.items():
+        sp = sub.add_parser(rule, help=f"the {rule} rule")
+        for flag, required, help_ in args:
+            sp.add_argument(flag, required=required, help=help_, **({"default": "auto"} if flag == "--units-per-job" else {}))
+    return ap
+
+
 def main(argv=None) -> int:
     from .tables import without_pandas
 
     without_pandas()
-    ap = argparse.ArgumentParser(prog="python -m ckptaudit.stages")
-    ap.add_argument("stage")
-    ap.add_argument("--run-dir")
-    ap.add_argument("--units-per-job", default="auto")
-    ap.add_argument("--inventory")
-    ap.add_argument("--part")
-    ap.add_argument("--config")
-    ap.add_argument("--scan")
-    ap.add_argument("--hash")
-    ap.add_argument("--tensors")
-    ap.add_argument("--target")
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--out-json")
-    ap.add_argument("--out-pointers")
-    ap.add_argument("--out-tensors")
-    ap.add_argument("--out-imports")
-    a = ap.parse_args(argv)
-    cfg = _config(a.config)
+    a = parser().parse_args(argv)
     if a.stage == "inventory":
         stage_inventory(a.run_dir, a.units_per_job, a.out, a.out_json, a.out_pointers)
         return 0
     inv = _inventory(a.inventory)
     if a.stage == "hash":
         stage_hash(inv, a.part, a.out)
-    elif a.stage == "scan":
+        return 0
+    cfg = _config(a.config)
+    if a.stage == "scan":
         stage_scan(inv, a.part, cfg, a.out, a.out_tensors, a.out_imports)
     elif a.stage == "load":
         stage_load(inv, a.part, cfg, a.scan, a.hash, a.out)
@@ -191,10 +211,8 @@ def main(argv=None) -> int:
         stage_structure(inv, a.part, cfg, a.scan, a.tensors, a.out, a.target)
     elif a.stage == "configdiff":
         stage_configdiff(inv, a.part, cfg, a.scan, a.out)
-    elif a.stage == "state":
-        stage_state(inv, a.part, cfg, a.scan, a.tensors, a.out)
     else:
-        ap.error(f"unknown stage {a.stage!r}")
+        stage_state(inv, a.part, cfg, a.scan, a.tensors, a.out)
     return 0
 
 

@@ -1,0 +1,26 @@
+"""``python -m ckptaudit.stages``: one sub-command per rule, each with its required arguments."""
+
+import pytest
+
+from ckptaudit import stages
+
+
+@pytest.mark.parametrize("argv,missing", [
+    (["hash", "--inventory", "inv.json", "--out", "h.parquet"], "--part"),
+    (["scan", "--inventory", "inv.json", "--part", "p0000", "--out", "s.parquet"], "--config"),
+    (["inventory", "--out", "i.parquet", "--out-json", "i.json", "--out-pointers", "p.parquet"], "--run-dir"),
+])
+def test_a_missing_argument_is_a_usage_error_naming_it(argv, missing, capsys):
+    with pytest.raises(SystemExit) as e:
+        stages.main(argv)
+    assert e.value.code == 2
+    assert f"the following arguments are required: {missing}" in capsys.readouterr().err
+
+
+def test_every_rule_of_the_workflow_has_a_sub_command():
+    import re
+    from pathlib import Path
+
+    rules = Path(__file__).resolve().parents[1] / "rules"
+    used = {m for p in rules.glob("*.smk") for m in re.findall(r"-m ckptaudit\.stages (\w+)", p.read_text())}
+    assert used == set(stages._ARGS) == {"inventory", "hash", "scan", "load", "structure", "configdiff", "state"}
