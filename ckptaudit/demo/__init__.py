@@ -30,7 +30,7 @@ strings ``"ckptaudit.demo:build_model"`` and ``"ckptaudit.demo:restore_hook"`` r
 """
 
 from ..hashing import sha256_file  # noqa: F401 - re-exported (the demo's own copy is gone)
-from .checkpoint import PathLike, _atomic_write, _canonical, save_checkpoint, serialize  # noqa: F401
+from .checkpoint import PathLike, _canonical, save_checkpoint, serialize  # noqa: F401
 from .hook import restore_hook  # noqa: F401
 from .incident import _StallingWriter, crash_save, flip_byte_in_tensor_record  # noqa: F401
 from .model import DEFAULT_MODEL_ARGS, GPT, MLP, Block, CausalSelfAttention, LayerNorm, build_model  # noqa: F401

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import io
-import os
 import sys
 from pathlib import Path
 from typing import Any, Dict, Union
 
 import torch
+
+from .._io import atomic_write
 
 PathLike = Union[str, Path]
 
@@ -45,25 +46,12 @@ def serialize(ckpt: Dict[str, Any]) -> bytes:
 
 
 def save_checkpoint(ckpt: Dict[str, Any], path: PathLike) -> None:
-    """Well-behaved write: bytes to ``<path>.tmp``, fsync, ``os.replace`` onto ``path``,
-    fsync the folder, then the ``sha256sum``-format sidecar ``<path>.sha256``
+    """Well-behaved write (:func:`ckptaudit._io.atomic_write`, durable): bytes to a temporary
+    name beside ``path``, fsync, ``os.replace`` onto ``path``, fsync the folder, then the ``sha256sum``-format sidecar ``<path>.sha256``
     (``<64 hex>  <basename>\\n``), itself written the same way."""
     path = Path(path)
     data = serialize(ckpt)
-    _atomic_write(path, data)
+    atomic_write(path, data, durable=True)
     digest = hashlib.sha256(data).hexdigest()
-    _atomic_write(path.with_name(path.name + ".sha256"), f"{digest}  {path.name}\n".encode())
+    atomic_write(path.with_name(path.name + ".sha256"), f"{digest}  {path.name}\n".encode(), durable=True)
 
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)

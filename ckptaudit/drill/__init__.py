@@ -65,7 +65,7 @@ from .child import _Child, _guard_torch_load, _is_alloc_error, _LimitHit, child_
 from .contract import (CHECKS, COLUMNS, EXIT_FAILED, EXIT_NO_UNIT, EXIT_PASSED, EXIT_PROBLEM,  # noqa: F401
                        INFRA_CHECKS, REQUIRED_MEMBERS, SCHEMA, STATUS_WORDS, WEIGHTS_ONLY_REFUSAL, Restored,
                        RestoreHook, SimpleRestored, _row, import_hook)
-from .outputs import _atomic, copy_dated, render_html, summary_line, write_outputs  # noqa: F401
+from .outputs import copy_dated, render_html, summary_line, write_outputs  # noqa: F401
 from .parent import (_child_env, _child_row, _drill_devices, _log_tail, _read_verdict, _rss_bytes,  # noqa: F401
                      _unit_files, run_child, run_drill)
 from .select import _order, exit_code, refusal, security_errors, select_unit  # noqa: F401

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
+from .._io import atomic_write
 from .checks_continue import _ContinueChecks
 from .checks_restore import _quoted, _RestoreChecks
 from .contract import REQUIRED_MEMBERS, WEIGHTS_ONLY_REFUSAL, _row, import_hook
@@ -53,9 +54,7 @@ class _Child(_RestoreChecks, _ContinueChecks):
         self.sched_epoch_at_restore: Optional[int] = None
 
     def flush(self) -> None:
-        tmp = self.out_path.with_name(self.out_path.name + ".tmp")
-        tmp.write_text(json.dumps(self.result, default=str))
-        tmp.replace(self.out_path)
+        atomic_write(self.out_path, json.dumps(self.result, default=str).encode())
 
     def add(self, row: dict) -> dict:
         self.result["rows"].append(row)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
+from .._io import atomic_write
 from ..text import step_text
 from .contract import CHECKS, COLUMNS, EXIT_FAILED, EXIT_NO_UNIT, EXIT_PROBLEM, INFRA_CHECKS, STATUS_WORDS
 
@@ -49,16 +50,9 @@ def write_outputs(out: Path, doc: Mapping[str, Any], rows: Sequence[Mapping[str,
             raise KeyError(f"drill table: unexpected columns {extra}")
     table = pa.Table.from_pylist([{n: r.get(n) for n in cols} for r in rows], schema=schema)
     out.mkdir(parents=True, exist_ok=True)
-    _atomic(out / "drill.parquet", lambda p: pq.write_table(table, p))
-    _atomic(out / "drill.json", lambda p: Path(p).write_text(json.dumps(doc, indent=2, default=str) + "\n"))
-    html = render_html(doc, rows)
-    _atomic(out / "drill.html", lambda p: Path(p).write_text(html))
-
-
-def _atomic(path: Path, write: Callable[[Path], Any]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    tmp.replace(path)
+    atomic_write(out / "drill.parquet", lambda f: pq.write_table(table, f))
+    atomic_write(out / "drill.json", (json.dumps(doc, indent=2, default=str) + "\n").encode())
+    atomic_write(out / "drill.html", render_html(doc, rows).encode())
 
 
 def render_html(doc: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
