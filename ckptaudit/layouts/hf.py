@@ -34,7 +34,7 @@ class HFIndex:
 
     def claim_index(self, root: Path, d: Path, names: List[str]):
         """Units for each ``*.index.json`` in folder ``d`` (with the shards it names)."""
-        from ..inventory import Unit, _rel, step_from_name
+        from ..units import Unit, step_from_name
 
         units = []
         if (d / "trainer_state.json").exists() and d != root:
@@ -51,21 +51,21 @@ class HFIndex:
                 shards = sorted({v for v in wm.values() if not shard_name_problem(v)}) if isinstance(wm, dict) else []
             except (OSError, ValueError):
                 pass
-            files = [_rel(root, p)]
+            files = [fs.relpath(p, root)]
             missing = []
             size = p.stat().st_size
             mtime = p.stat().st_mtime_ns
             for s in shards:
                 sp = d / s
                 if sp.exists():
-                    files.append(_rel(root, sp))
+                    files.append(fs.relpath(sp, root))
                     st = sp.stat()
                     size += st.st_size
                     mtime = max(mtime, st.st_mtime_ns)
                 else:
-                    missing.append(_rel(root, sp))
-            sidecars = [_rel(root, d / (Path(f).name + ".sha256")) for f in files if Path(f).name + ".sha256" in names]
-            units.append(Unit(unit=_rel(root, p), layout=self.name, kind="index", files=files, size_bytes=size,
+                    missing.append(fs.relpath(sp, root))
+            sidecars = [fs.relpath(d / (Path(f).name + ".sha256"), root) for f in files if Path(f).name + ".sha256" in names]
+            units.append(Unit(unit=fs.relpath(p, root), layout=self.name, kind="index", files=files, size_bytes=size,
                               mtime_ns=mtime, step_from_name=step_from_name(d.name) if d != root else None,
                               sidecars=sidecars, missing_files=missing))
         return units
