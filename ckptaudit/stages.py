@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Dict, List
+from typing import Callable, Dict, List
 
 from . import liveness
 from .parts import part_units, read_inventory  # noqa: F401 - part_units re-exported
@@ -120,12 +120,8 @@ def stage_structure(inv: dict, part: str, cfg: dict, scan_path: str, tensors_pat
             reference = json.load(f).get("weights")
     else:
         reference = target.build(cfg).get("weights")
-    rows = [liveness.guard("structure", u,
-                           lambda: structure.analyse_unit(u, scans[u["unit"]], tens.get(u["unit"], []), cfg, reference),
-                           lambda f: _error_row(u, f))
-            for u in part_units(inv, part) if u["unit"] in scans]
-    tables.write("structure", rows, out)
-    return rows
+    return _per_scanned_unit("structure", inv, part, scans, out, lambda u: structure.analyse_unit(
+        u, scans[u["unit"]], tens.get(u["unit"], []), cfg, reference))
 
 
 def stage_configdiff(inv: dict, part: str, cfg: dict, scan_path: str, out: str) -> List[dict]:
@@ -147,11 +143,19 @@ def stage_state(inv: dict, part: str, cfg: dict, scan_path: str, tensors_path: s
     scans = {r["unit"]: r for r in tables.read_rows(scan_path)}
     tens = _by_unit(tables.read_rows(tensors_path))
     run_dir = _run_dir(inv, cfg)
-    rows = [liveness.guard("state", u,
-                           lambda: state.analyse_unit(u, scans[u["unit"]], tens.get(u["unit"], []), run_dir, cfg),
-                           lambda f: _error_row(u, f))
+    return _per_scanned_unit("state", inv, part, scans, out, lambda u: state.analyse_unit(
+        u, scans[u["unit"]], tens.get(u["unit"], []), run_dir, cfg))
+
+
+def _per_scanned_unit(stage: str, inv: dict, part: str, scans: Dict[str, dict], out: str,
+                      analyse: Callable[[dict], dict]) -> List[dict]:
+    """One row per unit of ``part`` that has a scan row: ``analyse(unit)``, or an ``audit_error`` row when it
+    raises; written as table ``stage``."""
+    from . import tables
+
+    rows = [liveness.guard(stage, u, lambda: analyse(u), lambda f: _error_row(u, f))
             for u in part_units(inv, part) if u["unit"] in scans]
-    tables.write("state", rows, out)
+    tables.write(stage, rows, out)
     return rows
 
 
