@@ -35,7 +35,7 @@ from typing import Dict, Optional
 import pytest
 import torch
 
-from ckptaudit import inventory
+from ckptaudit import _io, inventory
 from ckptaudit import publish as P
 from ckptaudit.safe_load import safe_load_checkpoint
 
@@ -455,18 +455,23 @@ def test_preemption_signal_leaves_no_torn_unit(tmp_path, mode):
         assert outcomes == {"finished": 8}
 
 
+# every file of the writer side: the ckptaudit/publish/ package and the atomic write it uses
+PUBLISH_FILES = frozenset([*(str(p) for p in Path(P.__file__).parent.glob("*.py")), _io.__file__])
+
+
 def _publish_with_signal_at(run: Path, step: int, k: int, folder: bool, guard: "P.PreemptionGuard") -> tuple:
     """Publish unit ``step`` while a tracer delivers ``guard``'s SIGTERM handler at the
-    ``k``-th call or line event of a ckptaudit/publish.py frame on the main thread (where
-    CPython runs signal handlers), i.e. as if the signal had arrived right there.  Returns
+    ``k``-th call or line event of a frame of ckptaudit/publish/ or ckptaudit/_io.py on the
+    main thread (where CPython runs signal handlers), i.e. as if the signal had arrived
+    right there.  Returns
     (outcome, events seen): "finished", "abandoned" or "delivered-late" (the handler ran but
     chose to record only), or "no-signal" when the save had fewer than k events."""
     count, fired = [0], [False]
     state = {"w": torch.full((4, 4), float(step)), "step": step}
 
     def tracer(frame, event, arg):
-        if frame.f_code.co_filename != P.__file__:
-            return tracer  # follow calls; only publish.py frames are signal points
+        if frame.f_code.co_filename not in PUBLISH_FILES:
+            return tracer  # follow calls; only frames of the publish package and _io are signal points
         if event in ("call", "line") and not fired[0]:
             count[0] += 1
             if count[0] == k:
@@ -491,8 +496,9 @@ def _publish_with_signal_at(run: Path, step: int, k: int, folder: bool, guard: "
 @pytest.mark.parametrize("folder", [False, True], ids=["file-unit", "folder-unit"])
 def test_abandon_signal_at_every_publish_line_leaves_no_torn_unit(tmp_path, folder):
     """Deterministic companion of the test above: the signal is delivered at every call and
-    line event of ckptaudit/publish.py in turn (a real signal lands wherever CPython next
-    checks for one; the random test above found a window only one run in hundreds hit)."""
+    line event of ckptaudit/publish/ and ckptaudit/_io.py in turn (a real signal lands
+    wherever CPython next checks for one; the random test above found a window only one run
+    in hundreds hit)."""
     guard = P.PreemptionGuard(mode="abandon")
     outcomes = Counter()
     k = 0

@@ -1,0 +1,60 @@
+"""The publish protocol's vocabulary: its file names, temp names, manifest schema and errors.
+
+Stdlib only, so that any module may read these names without importing the writer.  A
+temp name is ``.ckptaudit-tmp-<host8>-<pid>-<rand8>-<final name>`` (:mod:`ckptaudit._io`,
+which every atomic write in ckptaudit uses); ``docs/publish-protocol.md`` says what each
+name means on disk.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from pathlib import Path
+from typing import Dict
+
+from .._io import TMP_PREFIX, tmp_name
+from .._io import host_tag as _host_tag
+
+__all__ = ["SCHEMA", "MANIFEST_NAME", "COMPLETE_MARKER", "TMP_PREFIX", "LATEST_NAME", "SIDECAR_SUFFIX",
+           "DEFAULT_CHUNK_BYTES", "PublishError", "Preempted", "tmp_name", "_host_tag", "_check_name"]
+
+SCHEMA = "ckptaudit.manifest/1"
+MANIFEST_NAME = "manifest.json"
+COMPLETE_MARKER = "COMPLETE"
+LATEST_NAME = "latest"
+SIDECAR_SUFFIX = ".sha256"
+DEFAULT_CHUNK_BYTES = 64 << 20
+_TMP_RE = re.compile(r"^\.ckptaudit-tmp-([0-9a-f]{8})-(\d+)-([0-9a-f]{8})-(.+)$")
+_RESERVED = (MANIFEST_NAME, COMPLETE_MARKER, "ckptaudit.manifest.json")
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+
+
+class PublishError(RuntimeError):
+    """A publish that did not happen.  ``causes`` maps each failed rank (or step of the
+    protocol, e.g. ``"commit"``) to why; the unit was not made visible."""
+
+    def __init__(self, unit: str, causes: Dict[str, str]):
+        self.unit = unit
+        self.causes = dict(causes)
+        lines = [f"{unit}: not published ({len(causes)} cause(s))"] + [f"  {k}: {v}" for k, v in causes.items()]
+        super().__init__("\n".join(lines))
+
+
+class Preempted(BaseException):
+    """Raised by :class:`PreemptionGuard` (``mode="abandon"``) inside a save that is still
+    writing data.  A ``BaseException``, like ``KeyboardInterrupt``, so ``except Exception``
+    in training code does not swallow it.  ``signum`` is the signal received."""
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        super().__init__(f"preempted by signal {signal.Signals(signum).name} during a save; the save was abandoned")
+
+
+def _check_name(name: str, what: str) -> None:
+    p = Path(name)
+    if not name or p.is_absolute() or ".." in p.parts or name != p.as_posix():
+        raise ValueError(f"{what} {name!r} must be a relative path inside the unit, without '..'")
+    if p.name in _RESERVED or p.name.endswith(SIDECAR_SUFFIX) or p.name.startswith(TMP_PREFIX):
+        raise ValueError(f"{what} {name!r} is reserved by the publish protocol (manifest, marker, sidecar, temp)")

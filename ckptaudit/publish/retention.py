@@ -1,0 +1,314 @@
+"""Retention: which old units :func:`prune` deletes (only verified ones older than the rollback point).
+
+Also sweeps temp leftovers of dead writers on this host and sidecars/manifests left without
+their file unit.  Deletion renames a unit to a temp name first, so a crash mid-delete never
+leaves a torn unit.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from .. import fs
+from ..units import step_from_name
+from .clock import _Clock
+from .files import _fsync_dir, _remove_tree_quiet, _rename, _unlink_quiet
+from .names import _TMP_RE, SCHEMA, SIDECAR_SUFFIX, _host_tag, tmp_name
+
+log = logging.getLogger("ckptaudit.publish")
+
+
+@dataclass(frozen=True)
+class Retention:
+    """What :func:`prune` keeps after each publish (see there).  Counts are units; steps
+    are optimizer steps; ``metric`` is a key of the ``metrics`` given to publish."""
+
+    keep_last: Optional[int] = None
+    keep_every: Optional[int] = None
+    keep_best: Optional[int] = None
+    metric: Optional[str] = None
+    mode: str = "min"
+    sweep_stale: bool = False
+
+
+@dataclass
+class PruneDecision:
+    """What :func:`prune` decided for one unit: ``action`` is ``keep``, ``delete`` or
+    ``sweep`` (a leftover of a dead writer); ``reason`` says why in words."""
+
+    unit: str
+    step: Optional[int]
+    action: str
+    reason: str
+
+
+@dataclass
+class PrunePlan:
+    """``rollback``: the newest verified unit (never deleted), or None; ``dry_run``: nothing
+    was deleted."""
+
+    run_dir: Path
+    rollback: Optional[str]
+    decisions: List[PruneDecision]
+    dry_run: bool
+
+    @property
+    def deleted(self) -> List[str]:
+        return [d.unit for d in self.decisions if d.action in ("delete", "sweep")]
+
+
+def verify_unit(run_dir: str | os.PathLike, unit: Dict[str, Any]) -> Tuple[bool, str]:
+    """(True, "") when ``unit`` (an inventory unit dict) is complete and every file matches
+    its manifest entry or sidecar; else (False, why).  Reads every byte of the unit
+    (chunked files on all cores).  A file without any recorded digest cannot be verified."""
+    from .. import hashing
+
+    if unit.get("in_progress"):
+        return False, f"in progress ({unit['in_progress']})"
+    if unit.get("missing_files"):
+        return False, f"missing files {sorted(unit['missing_files'])}"
+    if not unit.get("files"):
+        return False, "no files"
+    for row in hashing.hash_unit(Path(run_dir), unit):
+        errs = [f for f in json.loads(row["findings_json"]) if f["severity"] == "error"]
+        if errs:
+            return False, f"{errs[0]['kind']}: {errs[0]['message']}"
+        if row["verified"] is not True:
+            return False, f"{row['file']} has no SHA-256 sidecar or manifest entry to verify it against"
+    return True, ""
+
+
+def _metric_of(run_dir: Path, unit: Dict[str, Any], metric: str) -> Optional[float]:
+    """``metrics[metric]`` from the unit's manifest, or None."""
+    if not unit.get("manifest"):
+        return None
+    try:
+        doc = fs.loads_json((run_dir / unit["manifest"]).read_text())
+        v = (doc.get("metrics") or {}).get(metric)
+        return float(v) if isinstance(v, (int, float)) else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _stale_leftovers(run_dir: Path) -> List[Tuple[str, str]]:
+    """(name, why) of temp leftovers in ``run_dir`` whose writer on this host is gone."""
+    host = _host_tag()
+    out = []
+    try:
+        names = sorted(os.listdir(run_dir))
+    except OSError:
+        return out
+    for n in names:
+        m = _TMP_RE.match(n)
+        if not m or m.group(1) != host:
+            continue
+        pid = int(m.group(2))
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            out.append((n, f"leftover of process {pid} on this host, which is gone"))
+        except PermissionError:
+            continue  # a live process of another user
+    return out
+
+
+def _orphan_integrity_files(run_dir: Path) -> Dict[str, Tuple[str, Tuple[int, int]]]:
+    """{name: (why, (st_ino, st_mtime_ns))} of sidecars and manifests this module wrote for
+    a file unit that is not there and is not being written.
+
+    A file publish writes ``X.sha256`` and ``X.manifest.json`` before it renames its temp
+    file to ``X`` (see :func:`publish`), and :func:`_delete_unit` removes them after the
+    unit; a kill in between leaves them behind.  Only files in exactly our format are
+    candidates (a single ``sha256sum`` line naming ``X``; a ``ckptaudit.manifest/1`` whose
+    ``unit`` is ``X``), only when neither ``X`` nor any temp file of ``X`` (from any host)
+    exists, and only for names with a step.  The stat key lets the caller skip a file that
+    a new publish of ``X`` replaced in the meantime."""
+    from ..hashing import parse_sidecar
+
+    try:
+        names = sorted(os.listdir(run_dir))
+    except OSError:
+        return {}
+    in_flight = {m.group(4) for n in names if (m := _TMP_RE.match(n))}
+    present = set(names)
+    out: Dict[str, Tuple[str, Tuple[int, int]]] = {}
+    for n in names:
+        if n.endswith(SIDECAR_SUFFIX):
+            target, what = n[: -len(SIDECAR_SUFFIX)], "SHA-256 sidecar"
+        elif n.endswith(".manifest.json"):
+            target, what = n[: -len(".manifest.json")], "manifest"
+        else:
+            continue
+        if not target or target in present or target in in_flight or step_from_name(target) is None:
+            continue
+        p = run_dir / n
+        try:
+            st = os.lstat(p)
+            if not stat.S_ISREG(st.st_mode) or st.st_size > (1 << 20):
+                continue
+            text = p.read_text(errors="replace")
+        except OSError:
+            continue
+        if what == "manifest":
+            try:
+                doc = fs.loads_json(text)
+            except ValueError:
+                continue
+            if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or doc.get("unit") != target:
+                continue
+        else:
+            entries, err = parse_sidecar(text)
+            if err or list(entries) != [target]:
+                continue
+        out[n] = (f"{what} of {target}, which does not exist and is not being written (a save or delete "
+                  "that was killed between the two)", (st.st_ino, st.st_mtime_ns))
+    return out
+
+
+def _delete_unit(run_dir: Path, unit: Dict[str, Any], clock: _Clock) -> None:
+    """Delete a unit without ever leaving a torn one: rename it to a temp name (in progress
+    for the audit), fsync the folder, then remove it and, for a file unit, its sidecars and
+    manifest."""
+    src = run_dir / unit["unit"]
+    parent = src.parent
+    tmp = parent / tmp_name(src.name)
+    _rename(src, tmp)
+    _fsync_dir(parent, clock)
+    if unit["kind"] == "file":
+        for extra in list(unit.get("sidecars", [])) + ([unit["manifest"]] if unit.get("manifest") else []):
+            _unlink_quiet(run_dir / extra)
+    _remove_tree_quiet(tmp)
+    _fsync_dir(parent, clock)
+
+
+def prune(run_dir: str | os.PathLike, *, keep_last: Optional[int] = None, keep_every: Optional[int] = None,
+          keep_best: Optional[int] = None, metric: Optional[str] = None, mode: str = "min",
+          sweep_stale: bool = False, dry_run: bool = False, echo: Optional[Callable[[str], None]] = print,
+          _verified: Optional[set] = None) -> PrunePlan:
+    """Delete old checkpoint units of ``run_dir`` by retention rules; return the plan.
+
+    Kept: the ``keep_last`` newest complete units (by step), every unit whose step is a
+    multiple of ``keep_every``, the ``keep_best`` units with the best ``metrics[metric]``
+    in their manifest (``mode`` ``"min"`` or ``"max"``), the rollback point (the newest
+    unit that verifies) and the unit ``latest`` names.  Deleted: only units that are
+    complete, verified (:func:`verify_unit`) and of an older step than the rollback point;
+    anything that does not verify, is in progress or has no step is kept and the plan
+    says why.  ``sweep_stale``: also remove ``.ckptaudit-tmp-*`` leftovers whose writer
+    process on this host is gone, and sidecars/manifests of file units that no longer
+    exist and are not being written (:func:`_orphan_integrity_files`).  ``dry_run``: delete nothing, and ``echo`` each line
+    of what would be deleted (``echo=None`` prints nothing).
+
+    Raises ``ValueError`` without any keep rule or with a bad value, and
+    ``FileNotFoundError`` for a missing ``run_dir``.
+    """
+    from ..inventory import discover
+
+    if keep_last is None and keep_every is None and keep_best is None:
+        raise ValueError("prune needs at least one of keep_last, keep_every, keep_best")
+    for k, v in (("keep_last", keep_last), ("keep_every", keep_every), ("keep_best", keep_best)):
+        if v is not None and (not isinstance(v, int) or v < 1):
+            raise ValueError(f"{k} must be an int >= 1, got {v!r}")
+    if keep_best is not None and not metric:
+        raise ValueError("keep_best needs metric= (a key of the metrics given to publish)")
+    if mode not in ("min", "max"):
+        raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+    root = Path(run_dir)
+    units, pointers, _ = discover(root)
+    clock = _Clock()
+    trusted = set(_verified or ())
+    by_name = {u.unit: u.to_dict() for u in units}
+    stepped = sorted((u for u in by_name.values() if u["step_from_name"] is not None and u["unit"] != "."),
+                     key=lambda u: (u["step_from_name"], u["mtime_ns"]), reverse=True)
+    decisions: List[PruneDecision] = []
+    stale = dict(_stale_leftovers(root)) if sweep_stale else {}
+    orphans = _orphan_integrity_files(root) if sweep_stale else {}
+    keep: Dict[str, str] = {}
+    verified: Dict[str, Tuple[bool, str]] = {}
+
+    def check(u) -> Tuple[bool, str]:
+        if u["unit"] not in verified:
+            verified[u["unit"]] = (True, "") if u["unit"] in trusted and not u["in_progress"] else \
+                verify_unit(root, u)
+        return verified[u["unit"]]
+
+    rollback = None
+    for u in stepped:
+        if u["in_progress"]:
+            continue
+        if check(u)[0]:
+            rollback = u
+            break
+    complete = [u for u in stepped if not u["in_progress"] and not u.get("missing_files")]
+    if rollback is not None:
+        keep[rollback["unit"]] = "rollback point (newest verified unit)"
+    for p in pointers:
+        if p.resolved in by_name:
+            keep.setdefault(p.resolved, f"named by {p.path}")
+    if keep_last:
+        for u in complete[:keep_last]:
+            keep.setdefault(u["unit"], f"one of the {keep_last} newest (keep_last)")
+    if keep_every:
+        for u in complete:
+            if u["step_from_name"] % keep_every == 0:
+                keep.setdefault(u["unit"], f"step is a multiple of {keep_every} (keep_every)")
+    if keep_best and metric:
+        scored = [(v, u) for u in complete if (v := _metric_of(root, u, metric)) is not None]
+        scored.sort(key=lambda t: t[0], reverse=(mode == "max"))
+        for v, u in scored[:keep_best]:
+            keep.setdefault(u["unit"], f"{metric}={v:g} is among the {keep_best} best (keep_best)")
+    for u in stepped:
+        name, step = u["unit"], u["step_from_name"]
+        if name in stale:
+            continue
+        if name in keep:
+            decisions.append(PruneDecision(name, step, "keep", keep[name]))
+        elif u["in_progress"]:
+            decisions.append(PruneDecision(name, step, "keep",
+                                           f"in progress ({u['in_progress']}); not a unit to prune"))
+        elif rollback is None:
+            decisions.append(PruneDecision(name, step, "keep", "no unit verifies, so there is no rollback point to "
+                                                               "protect; nothing is deleted"))
+        elif step >= rollback["step_from_name"]:
+            decisions.append(PruneDecision(name, step, "keep", f"not older than the rollback point {rollback['unit']}"))
+        else:
+            ok, why = check(u)
+            if ok:
+                decisions.append(PruneDecision(name, step, "delete", f"verified, older than the rollback point "
+                                                                     f"{rollback['unit']}, kept by no rule"))
+            else:
+                decisions.append(PruneDecision(name, step, "keep", f"does not verify ({why}); left for the audit"))
+    for u in by_name.values():
+        if (u["step_from_name"] is None or u["unit"] == ".") and u["unit"] not in stale:
+            decisions.append(PruneDecision(u["unit"], None, "keep", "no step in its name"))
+    for n, why in stale.items():
+        decisions.append(PruneDecision(n, None, "sweep", why))
+    for n, (why, _) in orphans.items():
+        decisions.append(PruneDecision(n, None, "sweep", why))
+    plan = PrunePlan(root, rollback["unit"] if rollback else None, decisions, dry_run)
+    for d in decisions:
+        if d.action == "keep":
+            continue
+        if dry_run:
+            if echo is not None:
+                echo(f"would delete {d.unit}" + (f" (step {d.step})" if d.step is not None else "") + f": {d.reason}")
+            continue
+        if d.action == "delete":
+            _delete_unit(root, by_name[d.unit], clock)
+        elif d.unit in orphans:
+            try:  # a publish of the same unit may have replaced it since the listing: leave that one
+                st = os.lstat(root / d.unit)
+                if (st.st_ino, st.st_mtime_ns) != orphans[d.unit][1]:
+                    continue
+            except OSError:
+                continue
+            _unlink_quiet(root / d.unit)
+        else:
+            _remove_tree_quiet(root / d.unit)
+        log.info("%s: deleted %s (%s)", root, d.unit, d.reason)
+    return plan

@@ -1,0 +1,119 @@
+"""Seal: write sidecars and manifests for existing checkpoints that pass the audit, never touching data."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from .._version import __version__
+from .clock import _Clock
+from .files import _atomic_write, _fsync_dir
+from .manifest import hash_file, manifest_bytes, sidecar_text
+from .names import COMPLETE_MARKER, DEFAULT_CHUNK_BYTES, MANIFEST_NAME, SCHEMA, SIDECAR_SUFFIX
+
+
+@dataclass
+class SealOutcome:
+    """What :func:`seal` did with one unit: ``action`` is ``sealed``, ``already sealed`` or
+    ``refused``; ``written`` lists the paths it created (relative to the run folder)."""
+
+    unit: str
+    action: str
+    reason: str
+    written: List[str] = field(default_factory=list)
+
+
+def seal(run_dir: str | os.PathLike, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES, cfg: Optional[dict] = None,
+         dry_run: bool = False) -> List[SealOutcome]:
+    """Write sidecars and manifests for existing checkpoints of ``run_dir`` that pass the audit.
+
+    Runs the whole audit in this process (:func:`ckptaudit.pipeline.audit_in_process`,
+    ``cfg`` as its config).  A unit with any error finding is refused with the findings as
+    the reason; a unit whose bytes changed since the audit hashed them is refused.  For the
+    others: a ``<file>.sha256`` for every file that has none (existing sidecars are never
+    rewritten), then the manifest: ``<file>.manifest.json`` for a file unit; for a folder
+    unit ``COMPLETE`` first and ``manifest.json`` last, so a crash mid-seal never makes a
+    good folder look in progress.  Index units get sidecars only (the inventory reads no
+    manifest for them).  Data files are never opened for writing.  Raises
+    ``FileNotFoundError``/``NotADirectoryError`` for a bad ``run_dir``.
+    """
+    from .. import tables
+    from ..pipeline import audit_in_process
+
+    root = Path(run_dir)
+    out: List[SealOutcome] = []
+    clock = _Clock()
+    with tempfile.TemporaryDirectory(prefix="ckptaudit-seal-") as td:
+        verdict = audit_in_process(root, cfg, out_dir=td)
+        inv = json.loads((Path(td) / "work" / "inventory.json").read_text())
+        audited: Dict[str, str] = {}
+        for p in sorted((Path(td) / "tables" / "parts" / "hash").glob("*.parquet")):
+            for r in tables.read_rows(p):
+                audited[r["file"]] = r["sha256_hex"]
+    units = {u["unit"]: u for u in inv["units"]}
+    for vu in verdict["units"]:
+        u = units.get(vu["unit"])
+        if u is None:
+            continue
+        errs = [f for f in vu["findings"] if f["severity"] == "error"]
+        if errs:
+            why = "; ".join(f"{f['kind']}: {f['message']}" for f in errs[:3])
+            more = f" (and {len(errs) - 3} more)" if len(errs) > 3 else ""
+            out.append(SealOutcome(u["unit"], "refused", f"{len(errs)} error finding(s): {why}{more}"))
+            continue
+        folder = u["kind"] == "folder"
+        base = root / u["unit"] if folder else (root / u["unit"]).parent
+        if u["kind"] == "file" and u.get("manifest") or folder and u.get("manifest") and \
+                (base / COMPLETE_MARKER).exists():
+            out.append(SealOutcome(u["unit"], "already sealed", f"has {u['manifest']}"))
+            continue
+        try:
+            recs = []
+            for rel in u["files"]:
+                r = hash_file(root / rel, Path(rel).relative_to(base.relative_to(root)).as_posix()
+                              if base != root else rel, chunk_bytes)
+                if audited.get(rel) and audited[rel] != r.sha256_hex:
+                    raise ValueError(f"{rel} changed since the audit hashed it ({audited[rel][:12]}… → "
+                                     f"{r.sha256_hex[:12]}…)")
+                recs.append((rel, r))
+        except (OSError, ValueError) as e:
+            out.append(SealOutcome(u["unit"], "refused", f"{type(e).__name__}: {e}"))
+            continue
+        written: List[str] = []
+        if dry_run:
+            out.append(SealOutcome(u["unit"], "sealed", "dry run: would write sidecars and a manifest"))
+            continue
+        have = set(u.get("sidecars", []))
+        for rel, r in recs:
+            sc = rel + SIDECAR_SUFFIX
+            if sc in have or rel + ".sha256sum" in have or (root / sc).exists():
+                continue
+            _atomic_write(root / sc, sidecar_text(r.sha256_hex, Path(rel).name).encode(), clock)
+            written.append(sc)
+        doc = {"schema": SCHEMA, "unit": u["unit"], "step": vu.get("step"), "files": [asdict(r) for _, r in recs],
+               "versions": {"ckptaudit": __version__}, "world_size": None, "config": None, "metrics": None,
+               "created_unix": max((os.stat(root / rel).st_mtime for rel, _ in recs), default=None),
+               "sealed_unix": time.time(), "sealed_by": "ckptaudit seal"}
+        for d in {(root / rel).parent for rel, _ in recs} | {root}:
+            _fsync_dir(d, clock)
+        if u["kind"] == "file":
+            mp = root / (u["unit"] + ".manifest.json")
+            _atomic_write(mp, manifest_bytes(doc), clock)
+            written.append(mp.relative_to(root).as_posix())
+        elif folder:
+            mb = manifest_bytes(doc)
+            _atomic_write(base / COMPLETE_MARKER, sidecar_text(hashlib.sha256(mb).hexdigest(),
+                                                               MANIFEST_NAME).encode(), clock)
+            _atomic_write(base / MANIFEST_NAME, mb, clock)
+            written += [f"{u['unit']}/{COMPLETE_MARKER}", f"{u['unit']}/{MANIFEST_NAME}"]
+            _fsync_dir(base, clock)
+        _fsync_dir(base if folder else (root / u["unit"]).parent, clock)
+        out.append(SealOutcome(u["unit"], "sealed", "passes the audit" + (" (index unit: sidecars only)"
+                                                                          if u["kind"] == "index" else ""), written))
+    return out
