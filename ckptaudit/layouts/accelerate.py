@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from .. import fs
+from .adapter import folder_names
 from .base import UnitScan, scan_file
 
 RNG_RE = re.compile(r"^random_states_\d+\.pkl$")
@@ -29,10 +29,7 @@ class Accelerate:
     name = "accelerate"
 
     def claim_dir(self, path: Path) -> bool:
-        try:
-            names = fs.listdir(path)
-        except OSError:
-            return False
+        names = folder_names(path) or []
         if any(RNG_RE.match(n) for n in names):
             return True
         return any(OPT_RE.match(n) for n in names) and any(MODEL_RE.match(n) for n in names) and \

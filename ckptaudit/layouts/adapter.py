@@ -9,7 +9,7 @@ fails fast when it misses a method instead of deep inside a stage.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, List, Optional, Protocol, runtime_checkable
 
 if TYPE_CHECKING:  # pragma: no cover - types only
     from ..units import Unit
@@ -44,3 +44,23 @@ class IndexAdapter(LayoutAdapter, Protocol):
     """
 
     def claim_index(self, root: Path, d: Path, names: List[str]) -> List["Unit"]: ...
+
+
+def folder_names(path: Path) -> Optional[List[str]]:
+    """The names in folder ``path`` (local or object storage), or None when it cannot be listed:
+    what a ``claim_dir`` looks at."""
+    from .. import fs
+
+    try:
+        return fs.listdir(path)
+    except OSError:
+        return None
+
+
+class NeverClaims:
+    """Base of the adapters the registry assigns from the inventory (never by ``claim_dir``)."""
+
+    name = ""
+
+    def claim_dir(self, path: Path) -> bool:
+        return False

@@ -21,6 +21,7 @@ from typing import Optional
 
 from .. import findings as F
 from .. import fs
+from .adapter import folder_names
 from .base import UnitScan, prune, walk_problem
 
 DISTCP = re.compile(r"^__(\d+)_(\d+)\.distcp$")
@@ -53,10 +54,7 @@ class DCP:
     name = "dcp"
 
     def claim_dir(self, path: Path) -> bool:
-        try:
-            names = fs.listdir(path)
-        except OSError:
-            return False
+        names = folder_names(path) or []
         return ".metadata" in names or ".metadata.tmp" in names or any(DISTCP.match(n) for n in names)
 
     def scan(self, run_dir: Path, unit: dict, cfg: dict) -> UnitScan:

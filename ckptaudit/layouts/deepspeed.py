@@ -22,7 +22,6 @@ MODEL_RE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
 # ZeRO-3 writes one model-states file per data-parallel rank (engine._get_zero_ckpt_name)
 ZERO3_MODEL_RE = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
 OPTIM_RE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
-LAYER_RE = re.compile(r"^layer_(\d+)-model_(\d+)-model_states\.pt$")
 
 
 class DeepSpeed:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from .. import findings as F
 from .. import fs
+from .adapter import NeverClaims
 from .base import UnitScan, scan_file
 
 
@@ -53,13 +54,10 @@ class SingleFile:
         return scan
 
 
-class InProgressFolder:
+class InProgressFolder(NeverClaims):
     """A folder whose name marks an unfinished save (``tmp-checkpoint-500``)."""
 
     name = "in-progress"
-
-    def claim_dir(self, path: Path) -> bool:
-        return False
 
     def scan(self, run_dir: Path, unit: dict, cfg: dict) -> UnitScan:
         scan = UnitScan(unit["unit"], unit["layout"])
@@ -67,13 +65,10 @@ class InProgressFolder:
         return scan
 
 
-class Irregular:
+class Irregular(NeverClaims):
     """A path that is never opened (its findings come from the inventory's ``irregular`` map)."""
 
     name = "irregular"
-
-    def claim_dir(self, path: Path) -> bool:
-        return False
 
     def scan(self, run_dir: Path, unit: dict, cfg: dict) -> UnitScan:
         return UnitScan(unit["unit"], unit["layout"])
