@@ -16,6 +16,7 @@ objects.
 from __future__ import annotations
 
 import fnmatch
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
@@ -81,13 +82,22 @@ def group_size(group: Any) -> Optional[int]:
 
 
 def scalar(x: Any) -> Optional[float]:
-    """A number stored as a Python number or a one-element tensor whose value was read."""
+    """A number stored as a Python number or a one-element tensor whose value was read.
+
+    Only finite numbers count: every caller reads a counter (step, epoch, last_epoch), and
+    ``inf``/``nan`` (a JSON ``1e999999``, a pickled ``float("inf")``) or an integer beyond float range
+    counts nothing (``int(inf)`` raised OverflowError in the structure, configdiff and state stages)."""
     if isinstance(x, bool):
         return None
+    if R.is_tensor(x):
+        x = x.get("value")
+        if isinstance(x, bool):
+            return None
     if isinstance(x, (int, float)):
-        return x
-    if R.is_tensor(x) and isinstance(x.get("value"), (int, float)) and not isinstance(x.get("value"), bool):
-        return x["value"]
+        try:
+            return x if math.isfinite(x) else None
+        except OverflowError:  # an int too large for a float
+            return None
     return None
 
 

@@ -516,3 +516,43 @@ def test_regression_dcp_two_storage_items_naming_one_bytes_item(tmp_path):
     assert n >= 10
     by = scan_run(run_dir)
     assert len(by) == n
+
+
+@pytest.mark.parametrize("text", ["1e999999", "NaN", "-Infinity", "-1", '"40"', "null", "2.5"])
+def test_regression_trainer_state_global_step_not_an_integer(tmp_path, text):
+    """global_step 1e999999 parses as inf: int(inf) raised OverflowError in the structure, configdiff and
+    state stages.  A global_step that is not a non-negative integer is state_file_unreadable (the Trainer
+    derives the epochs and batches to skip from it): a warm start at most, never a resume."""
+    from ckptaudit.pipeline import audit_in_process
+
+    seed = SEEDS["hf_trainer_state"][0]
+    run_dir = tmp_path / "run"
+    (run_dir / "checkpoint-40").mkdir(parents=True)
+    for rel in seed["files"]:
+        (run_dir / "checkpoint-40" / rel).write_bytes((Path(seed["root"]) / rel).read_bytes())
+    doc = json.loads(seed["target_bytes"])
+    doc["global_step"] = "@@"
+    (run_dir / "checkpoint-40" / "trainer_state.json").write_text(json.dumps(doc).replace('"@@"', text))
+    v = audit_in_process(run_dir, cfg=B.FUZZ_CFG, out_dir=tmp_path / "out")
+    (u,) = v["units"]
+    kinds = _kinds(u["findings"])
+    assert "audit_error" not in kinds and "state_file_unreadable" in kinds
+    assert u["usable_for"] in ("warm-start", "none")
+
+
+@pytest.mark.parametrize("extra", [{"step": float("inf")}, {"step": float("nan")}, {"step": 3, "epoch": 10 ** 400},
+                                   {"iteration": -float("inf")}])
+def test_regression_non_finite_counters_in_a_pickle(tmp_path, extra):
+    """A pickled float('inf') step (or an epoch beyond float range) is no counter: components.scalar
+    ignores it instead of int(inf)/float(10**400) raising OverflowError in three stages."""
+    import torch
+
+    from ckptaudit.pipeline import audit_in_process
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    torch.save({"model": {"w": torch.ones(2)}, **extra}, run_dir / "ckpt_000001.pt")
+    v = audit_in_process(run_dir, cfg=B.FUZZ_CFG, out_dir=tmp_path / "out")
+    (u,) = v["units"]
+    assert "audit_error" not in _kinds(u["findings"])
+    assert v["units"][0]["step"] in (None, 3, 1)

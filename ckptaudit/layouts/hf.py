@@ -198,6 +198,10 @@ class HFTrainer:
                     st = fs.loads_json(fs.read_bounded(run_dir / f, fs.SMALL_FILE_BYTES))
                     if not isinstance(st, dict):
                         raise ValueError(f"the top level is a JSON {type(st).__name__}, not an object")
+                    gs = st.get("global_step", 0)
+                    if type(gs) is not int or gs < 0:  # the Trainer computes epochs/batches to skip from it
+                        shown = repr(gs) if len(repr(gs)) <= 40 else repr(gs)[:40] + "…"
+                        raise ValueError(f"global_step is {shown}, not a non-negative integer")
                     scan.tree["trainer_state.json"] = {k: st.get(k) for k in ("global_step", "epoch", "best_metric",
                                                                               "best_model_checkpoint", "max_steps")}
                     scan.facts["global_step"] = st.get("global_step")
