@@ -41,5 +41,5 @@ def test_usable_for_is_the_minimum_cap():
 
 
 def test_readme_catalogue_is_current():
-    text = (REPO / "README.md").read_text()
+    text = (REPO / "docs" / "findings.md").read_text()
     assert F.catalogue_markdown() in text, "run `ckptaudit findings --update-readme`"

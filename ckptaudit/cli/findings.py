@@ -1,4 +1,4 @@
-"""``ckptaudit findings``: print the finding catalogue, or rewrite the README's catalogue section."""
+"""``ckptaudit findings``: print the finding catalogue, or rewrite docs/findings.md."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from ..config import workflow_dir
 
 
 @click.command("findings")
-@click.option("--update-readme", is_flag=True, help="Rewrite the catalogue section of the repository README.")
+@click.option("--update-docs", "--update-readme", "update_readme", is_flag=True,
+              help="Rewrite docs/findings.md (the catalogue the README links to).")
 def findings_command(update_readme):
     """Print the finding catalogue (Markdown)."""
     from ..findings import catalogue_markdown
@@ -16,6 +17,6 @@ def findings_command(update_readme):
 
     if update_readme:
         changed = _update(workflow_dir() / "README.md")
-        click.echo("README.md updated" if changed else "README.md already current")
+        click.echo("docs/findings.md updated" if changed else "docs/findings.md already current")
         return
     click.echo(catalogue_markdown(), nl=False)

@@ -1,4 +1,4 @@
-"""The catalogue as Markdown: the README's table and the generated ``docs/findings.md``."""
+"""The catalogue as Markdown: the generated ``docs/findings.md`` that the README links to."""
 
 from __future__ import annotations
 
@@ -21,30 +21,9 @@ def _cell(text: str) -> str:
 
 
 def catalogue_markdown() -> str:
-    """The catalogue as a Markdown table (the README's finding catalogue section)."""
+    """The catalogue as a Markdown section: one row per kind, with its stage and detector."""
     lines = [
         "## Finding catalogue",
-        "",
-        "Generated from `ckptaudit/findings.py` by `ckptaudit findings --update-readme`; a test keeps the",
-        "two equal. *Unit still usable for* is the best use left to a unit carrying the finding (the verdict",
-        "takes the minimum over a unit's findings). `{fields}` are filled with the unit's values.",
-        "",
-        "| kind | layer | severity | unit still usable for | what it means | next step |",
-        "|---|---|---|---|---|---|",
-    ]
-    for k in _sorted():
-        msg = k.message.replace("|", "\\|").replace("\n", " ")
-        nxt = k.next_step.replace("|", "\\|")
-        lines.append(f"| `{k.kind}` | {k.layer} | {k.severity} | {k.caps} | {msg} | {nxt} |")
-    return "\n".join(lines) + "\n"
-
-
-def findings_markdown() -> str:
-    """The text of ``docs/findings.md``: the catalogue with each kind's stage and detector."""
-    lines = [
-        "# Finding catalogue",
-        "",
-        "<!-- Generated from ckptaudit/findings/ by `ckptaudit findings --update-readme`; do not edit by hand. -->",
         "",
         "Every finding the audit can report, one row per kind. *Stage* is the Snakemake rule whose job runs the",
         "detector (`rules/<stage>.smk`, table `<stage>.parquet`; `report` is the run-level pass that writes",
@@ -64,6 +43,13 @@ def findings_markdown() -> str:
     return "\n".join(lines) + "\n"
 
 
+def findings_markdown() -> str:
+    """The text of ``docs/findings.md``: a title, the generation note and :func:`catalogue_markdown`."""
+    return ("# Findings\n\n<!-- Generated from ckptaudit/findings/ by `ckptaudit findings --update-docs`; "
+            "do not edit by hand. -->\n\n" + catalogue_markdown()
+            + "\n[← README](../README.md) · [all documents](README.md)\n")
+
+
 def _write_if_changed(p: Path, new: str) -> bool:
     if p.exists() and p.read_text() == new:
         return False
@@ -78,18 +64,17 @@ def update_docs(root) -> bool:
 
 
 def update_readme(path) -> bool:
-    """Rewrite the catalogue between the findings markers of README ``path``; True if it changed.
-
-    Also (re)writes ``docs/findings.md`` beside it (:func:`update_docs`); the return value says only
-    whether the README changed.
-    """
+    """(Re)write ``docs/findings.md`` beside README ``path`` (the README links to it and no longer carries the
+    table); a README that still has ``<!-- findings:start -->``/``<!-- findings:end -->`` markers gets the
+    table between them too.  True if anything changed."""
     p = Path(path)
+    changed = update_docs(p.parent)
     text = p.read_text()
     start, end = "<!-- findings:start -->", "<!-- findings:end -->"
-    i, j = text.index(start) + len(start), text.index(end)
-    new = text[:i] + "\n" + catalogue_markdown() + text[j:]
-    update_docs(p.parent)
-    if new != text:
-        p.write_text(new)
-        return True
-    return False
+    if start in text and end in text:
+        i, j = text.index(start) + len(start), text.index(end)
+        new = text[:i] + "\n" + catalogue_markdown() + text[j:]
+        if new != text:
+            p.write_text(new)
+            changed = True
+    return changed
