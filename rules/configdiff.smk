@@ -2,8 +2,6 @@
 
 
 rule configdiff:
-    conda:
-        "envs/ckptaudit.yaml"
     input:
         scan=f"{PARTS}/scan/{{part}}.parquet",
         load=f"{PARTS}/load/{{part}}.parquet",

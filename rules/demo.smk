@@ -3,8 +3,6 @@
 
 
 rule demo:
-    conda:
-        "envs/ckptaudit.yaml"
     output:
         directory(DEMO_DIR),
     params:

@@ -16,8 +16,6 @@ wildcard_constraints:
 
 
 rule drill:
-    conda:
-        "envs/ckptaudit.yaml"
     input:
         verdict=f"{OUT}/verdict.json",
     output:
@@ -41,8 +39,6 @@ rule drill:
 
 
 rule drill_dated:
-    conda:
-        "envs/ckptaudit.yaml"
     input:
         drill_json=f"{DRILL}/drill.json",
         reports=[f"{DRILL}/drill.html", f"{DRILL}/drill.parquet", f"{OUT}/verdict.json", f"{OUT}/report.html"],

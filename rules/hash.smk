@@ -2,8 +2,6 @@
 
 
 rule hash:
-    conda:
-        "envs/ckptaudit.yaml"
     input:
         inventory_done=get_inventory_done,
     output:

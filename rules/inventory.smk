@@ -9,8 +9,6 @@ localrules:
 
 
 rule stage_config:
-    conda:
-        "envs/ckptaudit.yaml"
     output:
         f"{WORK}/config.json",
     params:
@@ -23,8 +21,6 @@ rule stage_config:
 
 
 checkpoint inventory:
-    conda:
-        "envs/ckptaudit.yaml"
     input:
         get_run_dir_input,
     output:

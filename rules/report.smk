@@ -3,8 +3,6 @@
 
 
 rule report:
-    conda:
-        "envs/ckptaudit.yaml"
     input:
         inventory=f"{WORK}/inventory.json",
         config=f"{WORK}/config.json",

@@ -3,8 +3,6 @@
 
 
 rule scan:
-    conda:
-        "envs/ckptaudit.yaml"
     input:
         hash=f"{PARTS}/hash/{{part}}.parquet",
         config=f"{WORK}/config.json",
