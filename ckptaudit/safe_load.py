@@ -129,7 +129,6 @@ def check_unit(run_dir: Path, unit: dict, allow_globals: Sequence[str] = (), *, 
         bad = [f for f in json.loads(row["findings_json"]) if f["severity"] == "error"]
         if bad:
             return f"{bad[0]['kind']}: {bad[0]['message']}"
-    unit["_benign"] = scans[0].get("benign_globals") or []
     return None
 
 
