@@ -16,8 +16,10 @@ objects.
 from __future__ import annotations
 
 import fnmatch
+import json
 import math
 import re
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -163,6 +165,27 @@ class Components:
     def scheduler_step_count(self) -> Optional[int]:
         v = scalar(self.scheduler.get("_step_count")) if isinstance(self.scheduler, dict) else None
         return int(v) if v is not None else None
+
+
+_MEMO: "OrderedDict[Tuple[str, str, str], Components]" = OrderedDict()
+
+
+def of_scan_row(scan_row: dict) -> Tuple[Components, Dict[str, Any], Dict[str, Any]]:
+    """(components, tree, facts) of a ``scan`` table row, collected once per process.
+
+    The structure, configdiff and state stages each need the components of the same unit; in one
+    process (:func:`ckptaudit.pipeline.audit_in_process`, :func:`ckptaudit.safe_load_checkpoint`)
+    they are collected from the row's ``tree_json``/``facts_json`` once and shared (callers only
+    read them).  The last 16 rows are kept.
+    """
+    key = (scan_row.get("layout") or "", scan_row.get("tree_json") or "{}", scan_row.get("facts_json") or "{}")
+    tree, facts = json.loads(key[1]), json.loads(key[2])
+    c = _MEMO.get(key)
+    if c is None:
+        c = _MEMO[key] = collect(key[0], tree, facts)
+        while len(_MEMO) > 16:
+            _MEMO.popitem(last=False)
+    return c, tree, facts
 
 
 def collect(layout: str, tree: Dict[str, Any], facts: Dict[str, Any]) -> Components:

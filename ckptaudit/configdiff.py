@@ -51,9 +51,7 @@ def diff_unit(unit: dict, scan_row: dict, cfg: dict, torch_version: Optional[str
     p = unit["unit"]
     if not roles.weights_intact(scan_row) or not scan_row.get("security_ok"):
         return []
-    tree = json.loads(scan_row.get("tree_json") or "{}")
-    facts = json.loads(scan_row.get("facts_json") or "{}")
-    c = C.collect(scan_row["layout"], tree, facts)
+    c, tree, facts = C.of_scan_row(scan_row)
     rows: List[dict] = []
     exp = cfg.get("expected_model_args") or {}
     if exp and c.model_args:

@@ -168,7 +168,7 @@ def analyse_unit(unit: dict, scan_row: dict, tensors: List[dict], run_dir: Path,
             row["findings_json"] = json.dumps([F.make("missing_model_weights", path=unit["unit"], keys="none")
                                                .to_dict()])
         return row
-    c = C.collect(scan_row["layout"], tree, facts)
+    c = C.of_scan_row(scan_row)[0]
     name_step = unit.get("step_from_name") if c.name_number == "step" else None
     p = unit["unit"]
     step = c.step

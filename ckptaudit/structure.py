@@ -100,9 +100,7 @@ def analyse_unit(unit: dict, scan_row: dict, tensors: List[dict], cfg: dict,
     row = {"unit": p, "findings_json": "[]"}
     if not roles.weights_intact(scan_row) or not scan_row.get("security_ok"):
         return row
-    tree = json.loads(scan_row.get("tree_json") or "{}")
-    facts = json.loads(scan_row.get("facts_json") or "{}")
-    c = C.collect(scan_row["layout"], tree, facts)
+    c, tree, facts = C.of_scan_row(scan_row)
     fl: List[F.Finding] = []
     target = cfg.get("target") or {}
     # parallel layout
