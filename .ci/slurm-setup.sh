@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # CI: install Debian's slurm-wlm and munge and start a single-node SLURM on this
-# machine (ckptaudit/cluster.py: munged, slurmctld, slurmd; returns when sinfo
+# machine (ckptaudit/cluster/: munged, slurmctld, slurmd; returns when sinfo
 # shows the node idle), so that the `slurm` tests run against a real cluster.
 # Needs root (or sudo) and apt.  CKPTAUDIT_CI_SLURM=0 skips it (the SLURM tests
 # then start the cluster themselves, or skip when slurm-wlm is absent).

@@ -225,7 +225,7 @@ def _dir_unit(root: Path, path: Path, adapter, why) -> Unit:
     manifest = ""
     size = 0
     mtime = 0
-    # ckptaudit.publish protocol (see ckptaudit/publish.py): a top-level ``COMPLETE`` marker is not
+    # ckptaudit.publish protocol (see ckptaudit/publish/): a top-level ``COMPLETE`` marker is not
     # a data file, and a ckptaudit manifest.json without it means the publish (or seal) never
     # finished, so the folder is in progress.  The manifest is recognised from its first 64 bytes.
     has_marker = False
