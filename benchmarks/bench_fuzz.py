@@ -38,8 +38,10 @@ kinds produced (top 10 per format).  Exit status 1 when any acceptance figure fa
     /work/main/.venv/bin/python benchmarks/bench_fuzz.py --quick
     /work/main/.venv/bin/python benchmarks/bench_fuzz.py --write-test-seeds tests/fuzz_seeds
 
-Problem files are rebuilt (deterministically, from ``--seed`` and their index) under
-``--repro`` with a ``what.json``; audit one with ``CKPTAUDIT_RAISE_AUDIT_ERRORS=1``.
+Problem files are rebuilt (deterministically, from ``--seed``, their index and the seeds) under
+``--repro`` with a ``what.json`` and the run's seeds (``seeds/``: DCP ``.metadata`` and legacy storage keys
+differ from build to build); ``--show I --seed S --seeds-dir REPRO/seeds`` audits one alone with
+``CKPTAUDIT_RAISE_AUDIT_ERRORS=1``.
 Nothing here unpickles a mutated file: the harness only builds seeds with the real
 libraries and edits bytes (``zipfile`` reads a seed's records, never unpickles them).
 """
@@ -1318,6 +1320,8 @@ def run(args) -> dict:
     summary = summarise(args, results, problems, workers, wall, batch_walls, seeds)
     summary["other_units_in_verdicts"] = extra_units
     _write_repros(repro, problems, results, seeds, args.seed)
+    if repro.exists() and not args.seeds_dir:  # seeds are rebuilt per run (DCP and legacy bytes differ): keep them
+        shutil.copytree(seeds_dir, repro / "seeds")
     summary["repro_dir"] = str(repro) if repro.exists() else ""
     if not args.keep_tmp:
         shutil.rmtree(tmp_root, ignore_errors=True)
@@ -1408,7 +1412,7 @@ def print_summary(s: dict) -> None:
     rows.append(["**all**", s["files"], s["uncaught_exceptions"], s["hangs"], s["missing_units"],
                  sum(p["with_sidecar_and_changed"] for p in s["per_format"].values()),
                  sum(p["checksum_mismatch_seen"] for p in s["per_format"].values()), s["false_ok"], "", "", ""])
-    print(C.md_table(["format", "files", "uncaught exceptions", "hangs (>10 s)", "units missing", "changed, sidecar kept",
+    print(C.md_table(["format", "files", "uncaught exceptions", f"hangs (>{s['timeout_s']:g} s)", "units missing", "changed, sidecar kept",
                       "checksum_mismatch", "false ok", "usable_for of those", "median s/file", "max s/file"], rows))
     print(f"\nPeak RSS: workers {s['peak_worker_rss_mib']:.0f} MiB (limit {RSS_LIMIT_MIB}), load-test children "
           f"{s['peak_load_child_rss_mib']:.0f} MiB; worker starts {s['worker_starts']}; strict false ok (any use "
