@@ -281,7 +281,7 @@ AUDIT_BUDGET_S = 30.0
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-@settings(FAST, max_examples=3)
+@settings(FAST, max_examples=2)
 @given(data=st.data())
 def test_audit_of_mutated_units(fmt, data):
     """No exception, no audit_error, within budget, every unit judged; a changed file that kept its
@@ -421,17 +421,19 @@ def test_regression_index_shard_name_outside_the_folder_is_index_invalid(tmp_pat
     for rel in seed["files"]:
         (run_dir / folder / rel).write_bytes((Path(seed["root"]) / rel).read_bytes())
     (run_dir / folder / "model.safetensors.index.json").write_bytes(_index(wm))
-    from ckptaudit.pipeline import audit_in_process
-
-    t0 = time.perf_counter()
-    v = audit_in_process(run_dir, cfg=B.FUZZ_CFG, out_dir=tmp_path / "out")
-    assert time.perf_counter() - t0 < AUDIT_BUDGET_S
     name = folder if folder.startswith("checkpoint-") else f"{folder}/model.safetensors.index.json"
-    u = {x["unit"]: x for x in v["units"]}[name]
-    f = next(f for f in u["findings"] if f["kind"] == "index_invalid")
-    assert first[:40] in f["message"] and u["usable_for"] == "none"
-    assert not any("/dev/zero" in str(x.get("files")) for x in json.loads(
-        (tmp_path / "out" / "work" / "inventory.json").read_text())["units"])
+    inv = inventory.run_inventory(str(run_dir))
+    assert all(".." not in f and not f.startswith("/") for u in inv["units"] for f in u["files"])
+    fl = json.loads(scan_run(run_dir)[name]["findings_json"])
+    f = next(f for f in fl if f["kind"] == "index_invalid")
+    assert first[:40] in f["message"]
+    if bad == "/dev/zero":  # the whole audit: the hash stage streamed /dev/zero for ever (a hang)
+        from ckptaudit.pipeline import audit_in_process
+
+        t0 = time.perf_counter()
+        v = audit_in_process(run_dir, cfg=B.FUZZ_CFG, out_dir=tmp_path / "out")
+        assert time.perf_counter() - t0 < AUDIT_BUDGET_S
+        assert {x["unit"]: x for x in v["units"]}[name]["usable_for"] == "none"
 
 
 def test_regression_index_shard_name_that_is_a_folder(tmp_path):
