@@ -1,0 +1,249 @@
+"""The torch zip's central directory: find and parse the end records and entries, check local headers against them.
+
+:func:`ckptaudit.formats.torchzip._check_with_cd` walks the entries and builds the findings from
+what these functions say is wrong (a reason string, or None).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import List, Optional, Tuple
+
+from .reader import (_CENTRAL_SIZE, _EOCD_SIZE, _LOCAL_SIZE, SIG_CENTRAL, SIG_DESCRIPTOR, SIG_EOCD, SIG_LOCAL,
+                     SIG_ZIP64_EOCD, SIG_ZIP64_LOCATOR, Member, _File, _hex, _zip64_extra)
+
+
+def _find_central_directory(fh: _File):
+    """Locate and parse the end records.
+
+    Returns a dict ``{cd_offset, cd_size, n_entries, end_offset, eocd_offset}``
+    when a consistent EOCD (and ZIP64 end record where needed) is found;
+    otherwise a string saying what is wrong with an EOCD that was found but is
+    inconsistent, or None when there is no EOCD signature at all.
+    """
+    size = fh.size
+    if size < _EOCD_SIZE:
+        return None
+    tail_len = min(size, _EOCD_SIZE + 0xFFFF)
+    tail_off = size - tail_len
+    tail = fh.pread(tail_off, tail_len)
+    problem = None
+    i = tail.rfind(SIG_EOCD)
+    while i >= 0:
+        if i + _EOCD_SIZE <= len(tail):
+            (_sig, disk, cd_disk, n_disk, n_total, cd_size, cd_off, clen) = struct.unpack_from(
+                "<4sHHHHIIH", tail, i)
+            eocd = tail_off + i
+            if eocd + _EOCD_SIZE + clen <= size:
+                res = {"cd_offset": cd_off, "cd_size": cd_size, "n_entries": n_total,
+                       "end_offset": eocd, "eocd_offset": eocd}
+                needs64 = cd_off == 0xFFFFFFFF or cd_size == 0xFFFFFFFF or n_total == 0xFFFF
+                loc = fh.pread(eocd - 20, 20) if eocd >= 20 else b""
+                if loc[:4] == SIG_ZIP64_LOCATOR:
+                    _s, _d, z64_off, _nd = struct.unpack("<4sIQI", loc)
+                    rec = fh.pread(z64_off, 56)
+                    if len(rec) == 56 and rec[:4] == SIG_ZIP64_EOCD:
+                        (_s, _rsize, _vm, _vn, _d1, _d2, _n1, n64, size64, off64) = struct.unpack(
+                            "<4sQHHIIQQQQ", rec)
+                        res.update(cd_offset=off64, cd_size=size64, n_entries=n64, end_offset=z64_off)
+                    elif needs64:
+                        problem = f"the ZIP64 end record at offset {z64_off} is missing or damaged"
+                        i = tail.rfind(SIG_EOCD, 0, i)
+                        continue
+                elif needs64:
+                    problem = "the ZIP64 locator before the end record is missing"
+                    i = tail.rfind(SIG_EOCD, 0, i)
+                    continue
+                if res["cd_offset"] + res["cd_size"] == res["end_offset"]:
+                    return res
+                problem = (f"the end record at offset {eocd} puts the central directory at "
+                           f"{res['cd_offset']}..{res['cd_offset'] + res['cd_size']}, which does not end where "
+                           f"the end records start ({res['end_offset']})")
+        i = tail.rfind(SIG_EOCD, 0, i)
+    return problem
+
+
+def _parse_central(fh: _File, cd: dict) -> Tuple[List[dict], Optional[str]]:
+    """Central-directory entries (dicts) and the first problem met, if any."""
+    entries: List[dict] = []
+    off = cd["cd_offset"]
+    end = cd["cd_offset"] + cd["cd_size"]
+    # read in slabs to keep syscalls down, never more than 8 MiB at a time
+    slab_off, slab = off, b""
+    for idx in range(cd["n_entries"]):
+        need = _CENTRAL_SIZE
+        if off + need > end:
+            return entries, f"entry {idx} at offset {off} runs past the end of the central directory"
+        if off + need > slab_off + len(slab):
+            slab_off, slab = off, fh.pread(off, min(8 << 20, end - off))
+        h = slab[off - slab_off: off - slab_off + _CENTRAL_SIZE]
+        if len(h) < _CENTRAL_SIZE or h[:4] != SIG_CENTRAL:
+            return entries, (f"entry {idx} at offset {off} has signature {h[:4].hex(' ') or 'EOF'}, "
+                             f"not 50 4b 01 02")
+        (_sig, _vm, vn, flags, method, mtime, mdate, crc, csize, usize, nlen, xlen, clen, _disk, _ia, _ea,
+         lho) = struct.unpack("<4sHHHHHHIIIHHHHHII", h)
+        total = _CENTRAL_SIZE + nlen + xlen + clen
+        if off + total > end:
+            return entries, f"entry {idx} at offset {off} runs past the end of the central directory"
+        if off + total > slab_off + len(slab):
+            slab_off, slab = off, fh.pread(off, min(max(8 << 20, total), end - off))
+        base = off - slab_off + _CENTRAL_SIZE
+        name_b = slab[base: base + nlen]
+        extra = slab[base + nlen: base + nlen + xlen]
+        vals = {"usize": usize, "csize": csize, "lho": lho}
+        want = [k for k, v in (("usize", usize), ("csize", csize), ("lho", lho)) if v == 0xFFFFFFFF]
+        if want:
+            _zip64_extra(extra, want, vals)
+        entries.append({"name": name_b.decode("utf-8" if flags & 0x800 else "cp437", "replace"),
+                        "name_bytes": name_b, "flags": flags, "method": method, "crc": crc,
+                        "fixed": (vn, flags, mtime, mdate),
+                        "csize": vals["csize"], "usize": vals["usize"], "lho": vals["lho"]})
+        off += total
+    if off != end:
+        return entries, f"{end - off} bytes of the central directory are not covered by its {len(entries)} entries"
+    return entries, None
+
+
+#: Torch's alignment padding: extra-field id ``b"FB"`` (0x4246) filled with ``b"Z"``
+#: (c10 ``PyTorchStreamWriter::getPadding``).
+_TORCH_PAD_ID = 0x4246
+
+
+def _extra_problem(extra: bytes, xlen: int) -> Optional[str]:
+    """Why a local header's extra field is damaged, or None.
+
+    The extra field is a sequence of ``(id u16, size u16, body)`` blocks
+    (APPNOTE 4.5.1); id 0 is not assigned, and torch's padding block holds only
+    ``Z``.  Damage here leaves the data readable but proves a block of the file
+    was overwritten.
+    """
+    if len(extra) < xlen:
+        return f"its extra field is cut off ({len(extra)} of {xlen} bytes)"
+    i = 0
+    while i < len(extra):
+        if i + 4 > len(extra):
+            return f"its extra field ends in {len(extra) - i} stray bytes ({extra[i:].hex(' ')})"
+        hid, hlen = struct.unpack_from("<HH", extra, i)
+        body = extra[i + 4: i + 4 + hlen]
+        if hid == 0:
+            nul = len(extra) - len(extra.replace(b"\0", b""))
+            return f"its extra field has a block with id 0 ({nul} of its {len(extra)} bytes are NUL)"
+        if len(body) < hlen:
+            return f"extra-field block {hid:#06x} claims {hlen} bytes but only {len(body)} remain"
+        if hid == _TORCH_PAD_ID and body.strip(b"Z"):
+            return f"torch's alignment padding holds bytes other than 'Z' ({body.strip(b'Z')[:8].hex(' ')})"
+        if hid != _TORCH_PAD_ID and hlen >= 4 and not body.strip(b"Z"):
+            return f"torch's alignment padding block has id {extra[i:i + 2].hex(' ')}, not 46 42 ('FB')"
+        i += 4 + hlen
+    return None
+
+
+def _read_descriptor(fh: _File, off: int, csize: int, usize: int) -> Tuple[Optional[dict], str]:
+    """Read a data descriptor at ``off`` that should state ``csize``/``usize``.
+
+    Returns ``(dict(crc, length), "")`` or ``(None, why)``.
+    """
+    b = fh.pread(off, 24)
+    if len(b) < 12:
+        return None, f"its data descriptor at offset {off} is cut off"
+    if b[:4] == SIG_DESCRIPTOR:
+        body, base_len = b[4:], 4
+    else:
+        body, base_len = b, 0  # the signature is optional (APPNOTE 4.3.9.3)
+    if len(body) >= 12:
+        crc, c32, u32 = struct.unpack_from("<III", body, 0)
+        if c32 == csize & 0xFFFFFFFF and u32 == usize & 0xFFFFFFFF and csize < 0xFFFFFFFF:
+            return {"crc": crc, "length": base_len + 12}, ""
+    if len(body) >= 20:
+        crc, c64, u64 = struct.unpack_from("<IQQ", body, 0)
+        if c64 == csize and u64 == usize:
+            return {"crc": crc, "length": base_len + 20}, ""
+    if not b.strip(b"\0")[:1] and len(b) >= 16:
+        return None, f"its data descriptor at offset {off} is NUL bytes"
+    return None, (f"its data descriptor at offset {off} ({b[:16].hex(' ')}) does not state the "
+                  f"central directory's sizes ({csize}/{usize})")
+
+
+def _prefetch_headers(fh: _File, entries: List[dict], cd_start: int) -> None:
+    """Remote only: fetch the local headers (and data descriptors) of ``entries`` in batches."""
+    # Object storage: every local header (fixed part, name, and torch's ≤ 64-byte alignment
+    # padding in the extra field, with room to spare) in one concurrent batch of GETs.  Each
+    # range starts 24 bytes early: a data descriptor (flag bit 3, 16 or 24 bytes) ends where
+    # the next record begins, so the previous member's descriptor comes in the same GET; the
+    # last member's sits before the central directory.  Descriptors elsewhere (a gap between
+    # records) are fetched in a second batch.
+    fh.prefetch([(max(0, e["lho"] - 24), 24 + _LOCAL_SIZE + len(e["name_bytes"]) + 256) for e in entries]
+                + [(max(0, cd_start - 24), 48)])
+    if fh.fd is None and fh.prefetch_enabled:
+        dds = []
+        for e in entries:
+            lh = fh._prefetched(e["lho"], _LOCAL_SIZE) if e["flags"] & 8 else None
+            if lh and lh[:4] == SIG_LOCAL:
+                nlen, xlen = struct.unpack_from("<HH", lh, 26)
+                off = e["lho"] + _LOCAL_SIZE + nlen + xlen + e["csize"]
+                if fh._prefetched(off, 24) is None:
+                    dds.append((off, 24))
+        fh.prefetch(dds)
+
+
+def _header_problem(fh: _File, e: dict, m: Member, cd_start: int) -> Optional[str]:
+    """Why the local header of central-directory entry ``e`` (record ``m``) is damaged, or None.
+
+    Sets ``m.loose_data_offset`` when the header is readable and ``m.data_offset`` when it
+    agrees with the entry (reset to -1 when its data would run into the central directory).
+    """
+    name = e["name"]
+    why = None
+    lh = fh.pread(e["lho"], _LOCAL_SIZE)
+    if e["lho"] + _LOCAL_SIZE > cd_start or len(lh) < _LOCAL_SIZE:
+        why = f"its offset {e['lho']} lies outside the member area (central directory at {cd_start})"
+    elif lh[:4] != SIG_LOCAL:
+        nul = lh.count(0)
+        why = (f"signature is {lh[:4].hex(' ')}, not 50 4b 03 04"
+               + (f"; {nul} of its {_LOCAL_SIZE} fixed bytes are NUL" if nul >= 8 else ""))
+    else:
+        (_s, lvn, lflags, lmethod, lt, ld, lcrc, lcsize, lusize, nlen, xlen) = struct.unpack(
+            "<4sHHHHHIIIHH", lh)
+        var = fh.pread(e["lho"] + _LOCAL_SIZE, nlen + xlen)
+        lname, lextra = var[:nlen], var[nlen:]
+        m.loose_data_offset = e["lho"] + _LOCAL_SIZE + nlen + xlen  # where a lenient reader starts
+        xwhy = _extra_problem(lextra, xlen)
+        if lname != e["name_bytes"]:
+            why = (f"it names {lname.decode('utf-8', 'replace')!r} where the central directory says "
+                   f"{name!r}")
+        elif lmethod != e["method"]:
+            why = f"compression method {lmethod} where the central directory says {e['method']}"
+        elif (lvn, lflags, lt, ld) != e["fixed"]:
+            why = (f"its version/flags/time/date fields {[lvn, lflags, lt, ld]} differ from the central "
+                   f"directory's {list(e['fixed'])}")
+        elif xwhy:
+            why = xwhy
+        elif (lcrc, lcsize, lusize) != (0, 0, 0) and lcsize != 0xFFFFFFFF and \
+                (lcrc, lcsize, lusize) != (e["crc"], e["csize"] & 0xFFFFFFFF, e["usize"] & 0xFFFFFFFF):
+            # with flag bit 3 these are 0 (APPNOTE 4.4.4); otherwise they must match the central directory
+            why = (f"it states CRC {_hex(lcrc)} / {lcsize} / {lusize} bytes where the central directory says "
+                   f"{_hex(e['crc'])} / {e['csize']} / {e['usize']}")
+        else:
+            m.data_offset = e["lho"] + _LOCAL_SIZE + nlen + xlen
+            end = m.data_offset + e["csize"]
+            if end > cd_start:
+                why = (f"its data ({e['csize']} bytes from offset {m.data_offset}) runs into the central "
+                       f"directory at {cd_start}")
+                m.data_offset = -1
+            elif e["flags"] & 8:
+                dd, dwhy = _read_descriptor(fh, end, e["csize"], e["usize"])
+                if dd is None:
+                    why = dwhy
+                elif dd["crc"] != e["crc"]:
+                    why = (f"its data descriptor states CRC {_hex(dd['crc'])} where the central directory "
+                           f"says {_hex(e['crc'])}")
+    return why
+
+
+def _overlap(members: List[Member]) -> Optional[Tuple[Member, Member]]:
+    """The first two placed records that overlap (a damaged entry pointing into another record), or None."""
+    placed = sorted((m for m in members if m.data_offset >= 0), key=lambda m: m.header_offset)
+    for a, b in zip(placed, placed[1:]):
+        if a.data_offset + a.compressed_size_bytes > b.header_offset:
+            return a, b
+    return None

@@ -1,0 +1,301 @@
+"""The torch zip without its central directory: walk the local headers of a cut archive, say where and how it ends.
+
+:func:`ckptaudit.formats.torchzip._check_without_cd` builds the findings from the walk's state
+(``_walk_local``), the tail decision (``_decide_tail``) and the texts of ``_describe_cut``.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+import zlib
+from typing import Dict, List, Optional, Tuple
+
+from .central import _read_descriptor
+from .reader import (_CENTRAL_SIZE, _EOCD_SIZE, _LOCAL_SIZE, SIG_CENTRAL, SIG_DESCRIPTOR, SIG_EOCD, SIG_LOCAL,
+                     SIG_ZIP64_EOCD, SIG_ZIP64_LOCATOR, Member, _File, _strip, _zip64_extra)
+
+
+def _scan_descriptor(fh: _File, data_offset: int, chunk: int) -> Optional[dict]:
+    """Find the end of a record whose sizes are deferred to a data descriptor.
+
+    Streams from ``data_offset`` looking for ``PK\\x07\\x08`` whose stated size
+    equals the distance travelled (32- or 64-bit form).  Returns
+    ``{size, crc_stored, crc_actual, dd_len}``; ``{"partial": True, ...}`` when the
+    file ends inside a descriptor whose CRC matches; None when none is found.
+    """
+    size = fh.size
+    crc = 0
+    done = data_offset  # crc covers [data_offset, done)
+    carry = b""
+    pos = data_offset
+    while pos < size:
+        b = fh.pread(pos, min(chunk, size - pos))
+        if not b:
+            break
+        pos += len(b)
+        bufb = carry + b
+        i = bufb.find(SIG_DESCRIPTOR)
+        while i >= 0:
+            p = done + i
+            length = p - data_offset
+            dd = fh.pread(p, 24)
+            ok_len = 0
+            if len(dd) >= 16:
+                _c, c32, u32 = struct.unpack_from("<III", dd, 4)
+                if c32 == length and u32 == length:
+                    ok_len = 16
+            if not ok_len and len(dd) >= 24:
+                _c, c64, u64 = struct.unpack_from("<IQQ", dd, 4)
+                if c64 == length and u64 == length:
+                    ok_len = 24
+            if ok_len or len(dd) < 16:
+                crc_here = zlib.crc32(bufb[:i], crc)
+                stored = struct.unpack_from("<I", dd, 4)[0] if len(dd) >= 8 else None
+                if ok_len:
+                    return {"size": length, "crc_stored": stored, "crc_actual": crc_here, "dd_len": ok_len}
+                if stored is not None and stored == crc_here:
+                    return {"partial": True, "size": length, "crc_stored": stored, "crc_actual": crc_here,
+                            "dd_len": len(dd)}
+            i = bufb.find(SIG_DESCRIPTOR, i + 1)
+        keep = min(3, len(bufb))
+        crc = zlib.crc32(bufb[: len(bufb) - keep], crc)
+        done += len(bufb) - keep
+        carry = bufb[len(bufb) - keep:]
+    return None
+
+
+def _trailing_zero_start(fh: _File, chunk: int) -> int:
+    """Offset where the run of NUL bytes that ends the file starts (== size if none)."""
+    pos = fh.size
+    while pos > 0:
+        n = min(chunk, pos)
+        b = fh.pread(pos - n, n)
+        stripped = b.rstrip(b"\0")
+        if len(stripped) < len(b) and stripped:
+            return pos - n + len(stripped)
+        if stripped:
+            return pos
+        pos -= n
+    return 0
+
+
+def _walk_local(fh: _File, verify_crc: bool, chunk: int, buf: bytearray) -> dict:
+    """Walk local headers from offset 0.  Returns what was found and where it stopped."""
+    size = fh.size
+    pos = 0
+    members: List[Member] = []
+    st = {"members": members, "stop": "eof_between", "stop_at": 0, "cut_member": None,
+          "cut_data_offset": None, "cd_entries": 0, "reached_cd": False}
+    while True:
+        st["stop_at"] = pos
+        if pos >= size:
+            st["stop"] = "eof_between" if not st["reached_cd"] else "eof_in_end_records"
+            return st
+        sig = fh.pread(pos, 4)
+        if sig == SIG_LOCAL:
+            h = fh.pread(pos, _LOCAL_SIZE)
+            if len(h) < _LOCAL_SIZE:
+                st["stop"] = "eof_in_header"
+                return st
+            (_s, _v, flags, method, _t, _d, crc, csize, usize, nlen, xlen) = struct.unpack("<4sHHHHHIIIHH", h)
+            name_b = fh.pread(pos + _LOCAL_SIZE, nlen)
+            name = name_b.decode("utf-8" if flags & 0x800 else "cp437", "replace")
+            st["cut_member"] = name
+            extra = fh.pread(pos + _LOCAL_SIZE + nlen, xlen)
+            if len(name_b) < nlen or len(extra) < xlen:
+                st["stop"] = "eof_in_header"
+                return st
+            vals = {"usize": usize, "csize": csize}
+            want = [k for k, v in (("usize", usize), ("csize", csize)) if v == 0xFFFFFFFF]
+            if want:
+                _zip64_extra(extra, want, vals)
+            data_offset = pos + _LOCAL_SIZE + nlen + xlen
+            st["cut_data_offset"] = data_offset
+            m = Member(name=name, header_offset=pos, data_offset=data_offset, size_bytes=vals["usize"],
+                       crc32=crc, compressed_size_bytes=vals["csize"], method=method, flags=flags,
+                       complete=False)
+            deferred = bool(flags & 8) and vals["csize"] == 0
+            if deferred:
+                if method != 0:
+                    st["stop"] = "unsupported"
+                    return st
+                found = _scan_descriptor(fh, data_offset, chunk)
+                if found is None:
+                    st["stop"] = "eof_in_data"
+                    return st
+                m.size_bytes = m.compressed_size_bytes = found["size"]
+                m.crc32 = found["crc_stored"] if found["crc_stored"] is not None else 0
+                m.crc_actual = found["crc_actual"]
+                m.crc_ok = found["crc_actual"] == found["crc_stored"]
+                if found.get("partial"):
+                    st["stop"] = "eof_in_descriptor"
+                    m.complete = True
+                    members.append(m)
+                    return st
+                m.complete = True
+                members.append(m)
+                pos = data_offset + found["size"] + found["dd_len"]
+            else:
+                end = data_offset + vals["csize"]
+                if end > size:
+                    st["stop"] = "eof_in_data"
+                    return st
+                m.complete = True
+                if verify_crc and method == 0 and crc:
+                    c, _got = fh.crc(data_offset, vals["csize"], chunk, buf)
+                    m.crc_actual = c
+                    m.crc_ok = c == crc
+                members.append(m)
+                pos = end
+                if flags & 8:
+                    dd, _why = _read_descriptor(fh, end, vals["csize"], vals["usize"])
+                    if dd is None:
+                        st["stop_at"] = end
+                        st["stop"] = "bad_descriptor"
+                        return st
+                    pos += dd["length"]
+            continue
+        if sig == SIG_CENTRAL:
+            st["reached_cd"] = True
+            h = fh.pread(pos, _CENTRAL_SIZE)
+            if len(h) < _CENTRAL_SIZE:
+                st["stop"] = "eof_in_end_records"
+                return st
+            nlen, xlen, clen = struct.unpack_from("<HHH", h, 28)
+            if pos + _CENTRAL_SIZE + nlen + xlen + clen > size:
+                st["stop"] = "eof_in_end_records"
+                return st
+            st["cd_entries"] += 1
+            pos += _CENTRAL_SIZE + nlen + xlen + clen
+            continue
+        if sig == SIG_ZIP64_EOCD and st["reached_cd"]:
+            h = fh.pread(pos, 12)
+            if len(h) < 12:
+                st["stop"] = "eof_in_end_records"
+                return st
+            pos += 12 + struct.unpack_from("<Q", h, 4)[0]
+            continue
+        if sig == SIG_ZIP64_LOCATOR and st["reached_cd"]:
+            pos += 20
+            continue
+        if sig == SIG_EOCD and st["reached_cd"]:
+            if pos + _EOCD_SIZE > size:
+                st["stop"] = "eof_in_end_records"
+                st["eocd_missing_bytes"] = pos + _EOCD_SIZE - size
+            else:
+                st["stop"] = "eocd_inconsistent"
+            return st
+        if len(sig) < 4:
+            st["stop"] = "eof_in_header" if not st["reached_cd"] else "eof_in_end_records"
+            return st
+        st["stop"] = "nul" if sig == b"\0\0\0\0" else "garbage"
+        return st
+
+
+def _decide_tail(st: dict, storages: Optional[Dict[str, int]], prefix: str, zstart: int, zlen: int,
+                 size: int, min_tail: int) -> Tuple[bool, bool]:
+    """Is the end of the file zero-filled rather than cut?  Returns ``(zero_fill, definite)``.
+
+    A cut file ends wherever the writer stopped, possibly inside an all-zero
+    tensor; a zero-filled file (size committed, blocks never written) has NUL
+    bytes where later records' headers must be.  Definite evidence: the walk
+    stopped on NUL where a header or data descriptor must start and the NULs run
+    to EOF; or data.pkl (statically walked) says how long the record being read
+    is, and the file holds NULs past that end.  Without either, a trailing NUL
+    run of at least ``min_tail`` bytes (``torchzip.MIN_ZERO_TAIL_BYTES``) is reported as a zero-filled
+    tail *as well as* the truncation (``definite`` False).
+    """
+    if zlen < 64:
+        return False, False
+    if st["stop"] in ("nul", "bad_descriptor") and st["stop_at"] >= zstart:
+        return True, True
+    if st["stop"] == "eof_in_data" and st["cut_member"] and storages is not None:
+        key = _strip(st["cut_member"], prefix)
+        mm = re.fullmatch(r"data/(\w+)", key)
+        if mm and mm.group(1) in storages and st["cut_data_offset"] is not None:
+            expected_end = st["cut_data_offset"] + storages[mm.group(1)]
+            if expected_end < size:
+                return expected_end >= zstart, True
+            return False, True
+    return zlen >= min_tail, False
+
+
+def _describe_cut(st: dict, members: List[Member], prefix: str, storages: Optional[Dict[str, int]], size: int,
+                  zero_fill: bool, zstart: int) -> Tuple[str, str]:
+    complete = [m.name for m in members if m.complete]
+    n_total = "?"
+    stop = st["stop"]
+    at = zstart if zero_fill else size
+    cut_name = _strip(st["cut_member"], prefix) if st["cut_member"] else None
+    if st.get("eocd_missing_bytes"):
+        n_total = str(len(members))
+        where = "the end-of-central-directory record"
+    elif st["reached_cd"]:
+        n_total = str(len(members))
+        where = (f"the central directory or end records ({st['cd_entries']} of {len(members)} central "
+                 f"directory entries are complete)")
+    elif stop == "eof_in_data" and cut_name:
+        where = f"the data of {cut_name} (which starts at byte {st['cut_data_offset']})"
+    elif stop == "eof_in_header":
+        where = f"the local header of {cut_name}" if cut_name else "a local header"
+    elif stop == "eof_in_descriptor":
+        where = f"the data descriptor of {cut_name}"
+    elif stop == "bad_descriptor":
+        where = f"the data descriptor of {cut_name}"
+    elif stop == "unsupported":
+        where = f"{cut_name}, a compressed record whose size only its (missing) data descriptor states,"
+    else:
+        where = "the gap between records"
+    lead = "the zero fill starts inside" if zero_fill else "the cut falls inside"
+    if complete:
+        of_total = f" of {n_total}" if n_total != "?" else ""
+        intact = (f"The first {len(complete)}{of_total} records ({_names_text(complete, prefix)}) are "
+                  f"complete; {lead} {where} at byte {at}.")
+    else:
+        intact = f"No record is complete; {lead} {where} at byte {at}."
+    missing = ""
+    if storages is not None:
+        have = {m.name for m in members if m.complete}
+        pre = f"{prefix}/" if prefix else ""
+        n_ok = sum(1 for k in storages if f"{pre}data/{k}" in have)
+        lost = sum(nb for k, nb in storages.items() if f"{pre}data/{k}" not in have)
+        if stop == "eof_in_data" and cut_name and cut_name.startswith("data/") and st["cut_data_offset"] is not None:
+            lost -= max(0, at - st["cut_data_offset"])
+        intact += f" {n_ok} of the {len(storages)} storages named in data.pkl are intact."
+        if lost > 0:
+            missing = f" (at least {lost} bytes of tensor data are missing, and the central directory)"
+        elif st["reached_cd"]:
+            missing = " (all tensor data is present; only the archive's closing records are missing)"
+    elif st["reached_cd"]:
+        missing = " (all records are present; only the archive's closing records are missing)"
+    if st.get("eocd_missing_bytes"):
+        k = st["eocd_missing_bytes"]
+        missing = (f" (only the last {k} of that record's 22 bytes {'are' if k != 1 else 'is'} missing; every "
+                   f"record and the central directory are complete)")
+    return intact, missing
+
+
+def _names_text(names: List[str], prefix: str) -> str:
+    """``data.pkl, .format_version, data/0..data/10`` (consecutive storage keys joined)."""
+    parts: List[str] = []
+    run: List[int] = []
+
+    def flush() -> None:
+        if run:
+            parts.append(f"data/{run[0]}" if len(run) == 1 else f"data/{run[0]}..data/{run[-1]}")
+            run.clear()
+
+    for n in names:
+        s = _strip(n, prefix)
+        m = re.fullmatch(r"data/(\d+)", s)
+        if m and (not run or int(m.group(1)) == run[-1] + 1):
+            run.append(int(m.group(1)))
+            continue
+        flush()
+        if m:
+            run.append(int(m.group(1)))
+        else:
+            parts.append(s)
+    flush()
+    return ", ".join(parts)

@@ -1,0 +1,176 @@
+"""The torch zip's records as bytes: signatures and sizes, one record (Member), positional reads (_File).
+
+Field helpers shared by the central-directory and local-header walks live here too (``_hex``,
+``_strip``, ``_zip64_extra``).  The structures are described in :mod:`ckptaudit.formats.torchzip`.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import struct
+import zlib
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+from ... import fs
+
+SIG_LOCAL = b"PK\x03\x04"
+SIG_CENTRAL = b"PK\x01\x02"
+SIG_EOCD = b"PK\x05\x06"
+SIG_ZIP64_EOCD = b"PK\x06\x06"
+SIG_ZIP64_LOCATOR = b"PK\x06\x07"
+SIG_DESCRIPTOR = b"PK\x07\x08"
+_EOCD_SIZE = 22
+_LOCAL_SIZE = 30
+_CENTRAL_SIZE = 46
+
+
+@dataclass
+class Member:
+    """One zip record.  Offsets and sizes in bytes; ``size_bytes`` is the
+    uncompressed size.  ``crc_ok`` is None when not verified (``verify_crc``
+    off, CRC not recorded, unknown method, or the header is damaged)."""
+
+    name: str
+    header_offset: int
+    data_offset: int
+    size_bytes: int
+    crc32: int
+    crc_ok: Optional[bool] = None
+    compressed_size_bytes: int = 0
+    method: int = 0
+    flags: int = 0
+    header_ok: bool = True
+    complete: bool = True
+    crc_actual: Optional[int] = None
+    loose_data_offset: int = -1  # data start per the local header alone, even when it disagrees
+
+
+class _File:
+    """Positional reads on one open file (``os.pread``: no shared seek state).
+
+    A remote object (``s3://…``, see :mod:`ckptaudit.fs`) is read with ranged GETs
+    (seek + read on an fsspec file); the central directory, local headers and
+    data.pkl cost a few small GETs, while CRC verification streams every member
+    (as hashing does: each streams the object once).
+
+    ``window`` is the least bytes one small remote read fetches (``torchzip.REMOTE_WINDOW_BYTES``)
+    and ``prefetch`` whether :meth:`prefetch` batches ranged GETs (``torchzip.REMOTE_PREFETCH``);
+    the caller reads both when it opens the file.
+    """
+
+    def __init__(self, path: str, *, window: int, prefetch: bool) -> None:
+        self.path = path
+        self.window_bytes = window
+        self.prefetch_enabled = prefetch
+        if fs.is_remote(path):
+            self.f = fs.open_binary(path, exact=True)
+            self.fd = None
+            self.size = fs.size(path)
+        else:
+            self.f = open(path, "rb", buffering=0)
+            self.fd = self.f.fileno()
+            self.size = os.fstat(self.fd).st_size
+
+    def prefetch(self, ranges: List[Tuple[int, int]]) -> None:
+        """Remote only (a no-op locally): fetch these ``(offset, length)`` ranges now, all
+        at once (:func:`ckptaudit.fs.read_ranges`), for the :meth:`pread` calls that follow
+        (the local header of every member, whose offsets the central directory gives)."""
+        if self.fd is not None or not ranges or not self.prefetch_enabled:
+            return
+        ranges = sorted({(o, min(n, self.size - o)) for o, n in ranges if 0 <= o < self.size and n > 0})
+        blobs = fs.read_ranges(self.path, ranges)
+        self._pre = sorted(getattr(self, "_pre", []) + [(o, b) for (o, _), b in zip(ranges, blobs) if b],
+                           key=lambda t: t[0])
+        self._pre_starts = [o for o, _ in self._pre]
+
+    def _prefetched(self, off: int, n: int) -> Optional[bytes]:
+        pre = getattr(self, "_pre", None)
+        if not pre:
+            return None
+        i = bisect.bisect_right(self._pre_starts, off) - 1
+        if i >= 0:
+            o, b = pre[i]
+            if off + n <= o + len(b):
+                return b[off - o: off - o + n]
+        return None
+
+    def pread(self, off: int, n: int) -> bytes:
+        if off < 0 or n <= 0 or off >= self.size:
+            return b""
+        n = min(n, self.size - off)
+        if self.fd is None and (hit := self._prefetched(off, n)) is not None:
+            return hit
+        if self.fd is None:  # remote: large reads (the record walk of a damaged archive, which may
+            # pass over the same bytes again) go through an LRU of 1 MiB blocks (at most 32 MiB
+            # held).  A small read fetches at least ``window`` bytes and keeps them: a local
+            # header with its name/extra is one GET, and the headers of the small members that
+            # follow it (torch aligns members to 64 bytes) come with it.
+            if n >= (64 << 10):
+                if getattr(self, "_blocks", None) is None:
+                    self._blocks = fs.open_binary(self.path, block_size=1 << 20, cache_type="blockcache")
+                self._blocks.seek(off)
+                return self._blocks.read(n)
+            w0, win = getattr(self, "_win", (0, b""))
+            if not (w0 <= off and off + n <= w0 + len(win)):
+                self.f.seek(off)
+                w0, win = off, self.f.read(max(n, self.window_bytes))
+                self._win = (w0, win)
+            return win[off - w0: off - w0 + n]
+        out = os.pread(self.fd, n, off)
+        while len(out) < n:  # pread may return short on some filesystems
+            more = os.pread(self.fd, n - len(out), off + len(out))
+            if not more:
+                break
+            out += more
+        return out
+
+    def crc(self, off: int, n: int, chunk: int, buf: bytearray) -> Tuple[int, int]:
+        """CRC32 of ``n`` bytes from ``off`` (streamed); returns ``(crc, bytes_read)``."""
+        crc = 0
+        done = 0
+        view = memoryview(buf)
+        f = self.f
+        if self.fd is None:  # remote: stream with large ranged GETs, not the small readahead
+            if getattr(self, "_stream", None) is None:
+                self._stream = fs.open_binary(self.path, block_size=fs.STREAM_BLOCK_BYTES)
+            f = self._stream
+        f.seek(off)
+        while done < n:
+            k = f.readinto(view[: min(len(buf), n - done)])
+            if not k:
+                break
+            crc = zlib.crc32(view[:k], crc)
+            done += k
+        return crc, done
+
+    def close(self) -> None:
+        self.f.close()
+        for extra in (getattr(self, "_stream", None), getattr(self, "_blocks", None)):
+            if extra is not None:
+                extra.close()
+
+
+def _hex(v: Optional[int]) -> str:
+    return "?" if v is None else f"{v:08x}"
+
+
+def _strip(name: str, prefix: str) -> str:
+    return name[len(prefix) + 1:] if prefix and name.startswith(prefix + "/") else name
+
+
+def _zip64_extra(extra: bytes, want: List[str], vals: Dict[str, int]) -> None:
+    """Fill ``vals`` from a ZIP64 extra field (id 0x0001) for the fields in ``want``, in order."""
+    i = 0
+    while i + 4 <= len(extra):
+        hid, hlen = struct.unpack_from("<HH", extra, i)
+        body = extra[i + 4: i + 4 + hlen]
+        if hid == 0x0001:
+            j = 0
+            for k in want:
+                if j + 8 <= len(body):
+                    vals[k] = struct.unpack_from("<Q", body, j)[0]
+                    j += 8
+            return
+        i += 4 + hlen
