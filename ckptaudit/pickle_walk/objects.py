@@ -1,0 +1,209 @@
+"""Object builders: what persistent ids, calls, instances and container opcodes make, symbolically.
+
+:class:`_ObjectOps` is a mixin of the walk's ``_State``; torch's rebuild calls become :class:`TensorMeta`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from .dtypes import _DTYPE_ALIASES, dtype_of_storage_type
+from .model import AttrDict, Call, GlobalRef, Instance, PersistentRef, StorageRef, TensorMeta
+from .names import (_KNOWN_CLASSES, _PARAMETER_CLASSES, _R_FROM_TYPE, _R_PARAM, _R_PARAM_STATE, _R_QTENSOR,
+                    _R_TENSOR, _R_TENSOR_V2, _R_TENSOR_V3, _TENSOR_REBUILDS, normalize_global)
+from .reader import _MISSING, _int_tuple, _safe_key, _short_repr
+from .salvage import _literal_call
+
+
+class _ObjectOps:
+    """``_State`` methods that build the symbolic objects (``persistent_load``, ``reduce``, ``build`` ...)."""
+
+    __slots__ = ()
+
+    # -- persistent ids
+    def persistent_load(self, pid: Any, pos: int) -> Any:
+        if self.persistent != "torch":
+            return PersistentRef(pid)
+        if type(pid) is not tuple or len(pid) < 5:
+            return PersistentRef(pid)
+        tag = pid[0].decode("ascii", "replace") if type(pid[0]) is bytes else pid[0]
+        if tag != "storage":
+            return PersistentRef(pid)
+        stype, key, location, numel = pid[1], pid[2], pid[3], pid[4]
+        key_s = key.decode("ascii", "replace") if type(key) is bytes else str(key) \
+            if type(key) in (str, int) else _short_repr(key)
+        if type(location) is bytes:
+            location = location.decode("ascii", "replace")
+        elif type(location) is not str:
+            location = _short_repr(location)
+        existing = self.res.storages.get(key_s)
+        if existing is not None:
+            return existing
+        if type(stype) is GlobalRef:
+            try:
+                dtype, itemsize = dtype_of_storage_type(stype.name)
+            except KeyError:
+                dtype, itemsize = f"unknown({stype})", 0
+        else:
+            dtype, itemsize = f"unknown({_short_repr(stype)})", 0
+        s = StorageRef(key_s, dtype, location, numel if type(numel) is int else None, itemsize)
+        self.res.storages[key_s] = s
+        return s
+
+    # -- calls
+    def reduce(self, func: Any, args: Any, pos: int) -> Any:
+        if type(args) is list:
+            args = tuple(args)
+        elif type(args) is not tuple:
+            args = (args,)
+        if type(func) is not GlobalRef:
+            self.trick(f"REDUCE at byte {pos} calls a computed value ({_short_repr(func)}), "
+                       "not a named import")
+            return Call(func, args)
+        hit = self.names.get(id(func))
+        if hit is not None and hit[0] is func:
+            full = hit[1]
+        else:
+            full = "%s.%s" % normalize_global(func.module, func.name)
+            self.names[id(func)] = (func, full)
+        name = func.name
+        if full in _TENSOR_REBUILDS:
+            t = self.rebuild(full, args)
+            if t is not None:
+                return t
+            return Call(func, args)
+        if full == "collections.OrderedDict":
+            d = AttrDict()
+            if args and type(args[0]) in (list, tuple):
+                for kv in args[0]:
+                    if type(kv) in (list, tuple) and len(kv) == 2:
+                        self.setitems(d, kv, pos, "OrderedDict")
+            return d
+        if full == "torch.Size" and len(args) == 1 and _int_tuple(args[0]) is not None:
+            return tuple(args[0])
+        lit = _literal_call(full, args)
+        if lit is not _MISSING:
+            if type(lit) is bytes and lit[:1] == b"\x80":
+                self.maybe_nested(lit, pos, "_codecs.encode")
+            return lit
+        if full in _KNOWN_CLASSES or name.rsplit(".", 1)[-1][:1].isupper():
+            return Instance(func, args)
+        return Call(func, args)
+
+    def newobj(self, cls: Any, args: Any, kwargs: Any, pos: int, opname: str) -> Any:
+        if type(args) is list:
+            args = tuple(args)
+        elif type(args) is not tuple:
+            args = (args,)
+        if kwargs:
+            args = args + (kwargs,)
+        if type(cls) is not GlobalRef:
+            self.trick(f"{opname} at byte {pos} instantiates a computed class ({_short_repr(cls)})")
+            return Instance(cls, args)
+        mod, name = normalize_global(cls.module, cls.name)
+        full = f"{mod}.{name}"
+        if full in _PARAMETER_CLASSES and args and type(args[0]) is TensorMeta:
+            t = args[0]
+            t.requires_grad = args[1] if len(args) > 1 and type(args[1]) is bool else True
+            t.is_parameter = True
+            return t
+        if full == "collections.OrderedDict" and not args:
+            return AttrDict()
+        return Instance(cls, args)
+
+    def rebuild(self, full: str, args: tuple) -> Optional[TensorMeta]:
+        """TensorMeta for a recognised torch rebuild call with well-formed args, else None."""
+        if full in (_R_TENSOR_V2, _R_TENSOR, _R_TENSOR_V3, _R_QTENSOR):
+            if len(args) < 4:
+                return None
+            storage, offset, size, stride = args[0], args[1], _int_tuple(args[2]), _int_tuple(args[3])
+            if type(storage) is not StorageRef or type(offset) is not int or size is None or stride is None:
+                return None
+            dtype = storage.dtype
+            rg = False
+            if full == _R_TENSOR_V2 and len(args) >= 5:
+                rg = args[4] is True
+            elif full == _R_TENSOR_V3 and len(args) >= 7:
+                rg = args[4] is True
+                dt = args[6]
+                if type(dt) is GlobalRef and dt.module == "torch":
+                    dtype = _DTYPE_ALIASES.get(dt.name, dt.name)
+            elif full == _R_QTENSOR and len(args) >= 6:
+                rg = args[5] is True
+            t = TensorMeta(storage, offset, size, stride, dtype, rg, False)
+            self.tensors_built.append(t)
+            return t
+        if full in (_R_PARAM, _R_PARAM_STATE):
+            if not args or type(args[0]) is not TensorMeta:
+                return None
+            t = args[0]
+            t.requires_grad = args[1] if len(args) > 1 and type(args[1]) is bool else True
+            t.is_parameter = True
+            return t
+        if full == _R_FROM_TYPE:
+            if len(args) < 3 or type(args[0]) is not GlobalRef:
+                return None
+            inner = "%s.%s" % normalize_global(args[0].module, args[0].name)
+            if inner not in _TENSOR_REBUILDS or inner == _R_FROM_TYPE:
+                return None
+            inner_args = args[2] if type(args[2]) is tuple else tuple(args[2]) if type(args[2]) is list else None
+            if inner_args is None:
+                return None
+            t = self.rebuild(inner, inner_args)
+            if t is None:
+                return None
+            nt = args[1]
+            if type(nt) is GlobalRef and "%s.%s" % normalize_global(nt.module, nt.name) in _PARAMETER_CLASSES:
+                t.is_parameter = True
+            return t
+        return None
+
+    # -- container mutation
+    def setitems(self, target: Any, items: Any, pos: int, opname: str) -> None:
+        t = type(target)
+        if t is dict or t is AttrDict:
+            for i in range(0, len(items) - 1, 2):
+                k = items[i]
+                tk = type(k)
+                if not (tk is str or tk is int):
+                    k = _safe_key(k)
+                target[k] = items[i + 1]
+            return
+        if t is Instance or t is Call:
+            if type(target.items) is not dict:
+                target.items = {}
+            self.setitems(target.items, items, pos, opname)
+            return
+        if t is GlobalRef:
+            self.trick(f"{opname} at byte {pos} writes items into the imported object {target} "
+                       "(e.g. patching a module-level dict)")
+
+    def appends(self, target: Any, items: Any, pos: int, opname: str) -> None:
+        t = type(target)
+        if t is list:
+            target.extend(items)
+            return
+        if t is Instance or t is Call:
+            if type(target.items) is not list:
+                target.items = []
+            target.items.extend(items)
+            return
+        if t is GlobalRef:
+            self.trick(f"{opname} at byte {pos} appends into the imported object {target}")
+
+    def build(self, inst: Any, st: Any, pos: int) -> None:
+        t = type(inst)
+        if t is AttrDict:
+            if type(st) is tuple and len(st) == 2:
+                for part in st:
+                    if isinstance(part, dict):
+                        inst.attrs.update(part)
+            elif isinstance(st, dict):
+                inst.attrs.update(st)
+            return
+        if t is Instance or t is Call:
+            inst.state = st
+            return
+        if t is GlobalRef:
+            self.trick(f"BUILD at byte {pos} sets attributes on the imported object {inst} "
+                       "(overwriting a module or class attribute)")

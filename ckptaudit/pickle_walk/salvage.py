@@ -1,0 +1,131 @@
+"""Describing the result: literal builtin calls, salvage of a cut-short pickle, and tensor paths."""
+
+from __future__ import annotations
+
+from typing import Any, List, Tuple
+
+from .model import AttrDict, Call, Instance, TensorMeta
+from .names import _LITERAL_ENCODINGS
+from .reader import _MISSING, _safe_key
+
+def _literal_call(full: str, args: tuple) -> Any:
+    """Value of a harmless builtin called with literal arguments, else _MISSING."""
+    try:
+        if full == "_codecs.encode":
+            if len(args) == 2 and type(args[0]) is str and type(args[1]) is str \
+                    and args[1].lower() in _LITERAL_ENCODINGS:
+                return args[0].encode(args[1])
+            if len(args) == 1 and type(args[0]) is str:
+                return args[0].encode("utf-8")
+            return _MISSING
+        if full in ("builtins.set", "builtins.frozenset"):
+            if not args:
+                return set() if full == "builtins.set" else frozenset()
+            if len(args) == 1 and type(args[0]) in (list, tuple, set, frozenset):
+                vals = [_safe_key(x) for x in args[0]]
+                return set(vals) if full == "builtins.set" else frozenset(vals)
+            return _MISSING
+        if full == "builtins.bytearray":
+            if not args:
+                return bytearray()
+            if len(args) == 1 and type(args[0]) in (bytes, bytearray):
+                return bytearray(args[0])
+            if len(args) == 2 and type(args[0]) is str and type(args[1]) is str \
+                    and args[1].lower() in _LITERAL_ENCODINGS:
+                return bytearray(args[0], args[1])
+            return _MISSING
+        if full == "builtins.complex":
+            if 1 <= len(args) <= 2 and all(type(a) in (int, float) for a in args):
+                return complex(*args)
+            return _MISSING
+        if full == "builtins.slice":
+            if 1 <= len(args) <= 3 and all(a is None or type(a) is int for a in args):
+                return slice(*args)
+            return _MISSING
+    except (ValueError, TypeError, OverflowError, UnicodeError):
+        return _MISSING
+    return _MISSING
+
+
+def _salvage(stack: List[Any], metastack: List[List[Any]], st: Any) -> Any:
+    """Fold the frames of an unfinished pickle into their containers and return the root.
+
+    A cut-short ``EMPTY_DICT MARK k v k v ...`` keeps its pairs on the inner
+    frame until ``SETITEMS``; folding them shows how far the pickle got.
+    """
+    frames = metastack + [stack]
+    for i in range(len(frames) - 1, 0, -1):
+        items, below = frames[i], frames[i - 1]
+        if not below:
+            continue
+        target = below[-1]
+        tt = type(target)
+        if tt is dict or tt is AttrDict or tt is Instance or tt is Call:
+            st.setitems(target, items[: len(items) - len(items) % 2], -1, "salvage")
+        elif tt is list:
+            target.extend(items)
+    for fr in frames:
+        if fr:
+            return fr[0]
+    return None
+
+
+def _tensor_paths(root: Any, built: List[TensorMeta], max_nodes: int = 5_000_000,
+                  max_depth: int = 1000) -> List[Tuple[str, TensorMeta]]:
+    """Dotted paths of every TensorMeta reachable from ``root``, depth-first in insertion order.
+
+    A tensor reachable twice (tied weights) is listed under each path; a
+    container is expanded once (cycles and shared sub-trees stop there).
+    Tensors that were built but are not reached (a cut-short pickle, or
+    nesting deeper than ``max_depth`` containers) are listed as
+    ``<unreached>.N``.
+    """
+    out: List[Tuple[str, TensorMeta]] = []
+    seen_containers = set()
+    reached = set()
+    todo: List[Tuple[Any, str, int]] = [(root, "", 0)]
+    visited = 0
+    branch = _BRANCH
+    while todo and visited < max_nodes:
+        obj, path, depth = todo.pop()
+        visited += 1
+        t = type(obj)
+        if t is TensorMeta:
+            out.append((path, obj))
+            reached.add(id(obj))
+            continue
+        if t not in branch or id(obj) in seen_containers or depth >= max_depth:
+            continue
+        seen_containers.add(id(obj))
+        pre = path + "." if path else ""
+        d = depth + 1
+        if t is dict or t is AttrDict:
+            kids = [(v, pre + str(k), d) for k, v in obj.items() if type(v) in branch]
+        elif t is list or t is tuple:
+            kids = [(v, pre + str(i), d) for i, v in enumerate(obj) if type(v) in branch]
+        else:  # Instance / Call
+            kids = [(a, f"{pre}<arg{i}>", d) for i, a in enumerate(obj.args) if type(a) in branch]
+            s = obj.state
+            if type(s) is tuple and len(s) == 2 and isinstance(s[0], dict):
+                s = s[0]
+            if isinstance(s, dict):
+                kids.extend((v, pre + str(k), d) for k, v in s.items() if type(v) in branch)
+            elif type(s) in branch:
+                kids.append((s, pre + "<state>", d))
+            it = obj.items
+            if isinstance(it, dict):
+                kids.extend((v, pre + str(k), d) for k, v in it.items() if type(v) in branch)
+            elif isinstance(it, list):
+                kids.extend((v, pre + str(i), d) for i, v in enumerate(it) if type(v) in branch)
+        kids.reverse()
+        todo.extend(kids)
+    n = 0
+    for t in built:
+        if id(t) not in reached:
+            out.append((f"<unreached>.{n}", t))
+            n += 1
+    return out
+
+
+# types _tensor_paths descends into (everything else is a leaf without tensors)
+_BRANCH = frozenset({TensorMeta, dict, AttrDict, list, tuple, Instance, Call})
