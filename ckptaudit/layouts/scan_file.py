@@ -1,0 +1,162 @@
+"""The byte-reading steps of the shared file scanner: the security sweep of pickle bytes, tensor rows and small values.
+
+:func:`ckptaudit.layouts.base.scan_file` runs these steps and builds the findings they lead to;
+each step here only reads bytes and records rows, imports, trees and timings on the ``UnitScan``.
+"""
+
+from __future__ import annotations
+
+import struct
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Dict, List
+
+from .. import fs
+from .result import TensorRow, UnitScan
+from .tree import SMALL_TENSOR_NUMEL, decode_small, read_small, small_nbytes
+
+#: Sniff kinds whose bytes may be a pickle (protocol 0 is text; protocol 1 starts with any opcode).
+_SWEPT_KINDS = ("torch_legacy", "pickle", "text", "json", "html", "unknown")
+#: Bytes of one file read for the security sweep (legacy records sit at the front).
+SWEEP_BYTES = 256 << 20
+_SWEEP_HEAD_BYTES = 1 << 20
+
+
+def _security_sweep(path: Path, rel: str, s, scan: UnitScan, allowed: List[str]):
+    """Walk every pickle stream of a file that is not a zip or safetensors, whatever its name or
+    what the file layer calls it; add its security findings.  Returns the combined walk when the
+    bytes are a pickle, else None.  ``torch.load`` with weights-only off unpickles the first pickle
+    of any non-zip file before it checks a magic number, so each one is a loadable pickle."""
+    import time
+
+    from .. import security
+    from ..pickle_walk import walk
+
+    if s.kind not in _SWEPT_KINDS or s.size_bytes == 0:
+        return None
+    t0 = time.perf_counter()
+    with fs.open_binary(path) as fh:
+        data = fh.read(min(s.size_bytes, _SWEEP_HEAD_BYTES))  # most non-pickles fail in the first bytes
+        first = walk(data)
+        if s.kind not in ("torch_legacy", "pickle") and not first.globals \
+                and not (first.n_ops >= 2 and (first.error is None or first.error.startswith("truncated"))):
+            return None  # text or bytes that are no pickle
+        if len(data) < s.size_bytes and (first.error is None or first.error.startswith("truncated")):
+            data += fh.read(min(s.size_bytes, SWEEP_BYTES) - len(data))
+            first = walk(data)
+    res = security.streams(data, first, expected=5 if s.kind == "torch_legacy" else 1)
+    scan.walk_seconds += time.perf_counter() - t0
+    member = "(legacy pickle)" if s.kind == "torch_legacy" else "(pickle)"
+    verdicts, sec = security.scan(res, path=rel, member=member, extra_allowed=allowed)
+    scan.add(sec)
+    scan.imports.extend({"file": rel, "member": member, **asdict(v)} for v in verdicts)
+    return res
+
+
+def _walk_data_pkl(scan: UnitScan, data: bytes):
+    """Walk a zip's intact data.pkl and gather its pickle streams; returns ``(walk, streams)``."""
+    from .. import security
+    from ..pickle_walk import walk
+
+    t0 = time.perf_counter()
+    res = walk(data)
+    all_streams = security.streams(data, res)
+    scan.walk_seconds += time.perf_counter() - t0
+    scan.pickle_bytes += len(data)
+    return res, all_streams
+
+
+def _record_security(scan: UnitScan, rel: str, member: str, all_streams, allowed: List[str]) -> None:
+    """The security verdicts of one member's pickle streams: findings and one import row each."""
+    from .. import security
+
+    verdicts, sec = security.scan(all_streams, path=rel, member=member, extra_allowed=allowed)
+    scan.add(sec)
+    scan.imports.extend({"file": rel, "member": member, **asdict(v)} for v in verdicts)
+
+
+def _storages_needed(res) -> Dict[str, tuple]:
+    """Storage key -> ``(nbytes, dtype, numel)`` from a walk of data.pkl, for ``torchzip.check_storages``."""
+    storages = {}
+    for key, sref in res.storages.items():
+        if sref.numel is not None:
+            storages[key] = (sref.numel * sref.itemsize, sref.dtype, sref.numel)
+    return storages
+
+
+def _zip_tensors(path: Path, rel: str, unit: str, scan: UnitScan, rep, res) -> Dict[int, Any]:
+    """A TensorRow per tensor of a zip's data.pkl; returns the decoded values of its small tensors."""
+    from ..formats import torchzip
+
+    values: Dict[int, Any] = {}
+    members = {m.name: m for m in rep.members}
+    small = []
+    for name, tm in res.tensors:
+        m = members.get(f"{rep.prefix}/data/{tm.storage.key}")
+        off = m.data_offset + tm.storage_offset * tm.storage.itemsize if m else -1
+        scan.tensors.append(TensorRow(unit, rel, name, tm.dtype, list(tm.shape), tm.numel,
+                                      tm.nbytes, tm.storage.key, off, tm.is_parameter, tm.storage_offset))
+        if tm.numel <= SMALL_TENSOR_NUMEL and m is not None:
+            small.append((off, tm))
+    small = [(off, tm, n) for off, tm in small if off >= 0 and (n := small_nbytes(tm.dtype, tm.numel))]
+    if small and fs.is_remote(path) and torchzip.REMOTE_PREFETCH:  # all small values in one batch
+        try:
+            raws = fs.read_ranges(path, [(off, n) for off, _, n in small])
+        except OSError:
+            raws = [None] * len(small)
+        for (off, tm, n), raw in zip(small, raws):
+            v = decode_small(raw, tm.dtype, tm.numel) if raw is not None else None
+            if v is not None:
+                values[id(tm)] = v
+    elif small:
+        with fs.open_binary(path, exact=True) as fh:
+            for off, tm, n in small:
+                try:
+                    v = read_small(fh, off, tm.dtype, tm.numel)
+                except OSError:
+                    v = None
+                if v is not None:
+                    values[id(tm)] = v
+    return values
+
+
+def _safetensors_rows(path: Path, rel: str, unit: str, scan: UnitScan, header: Dict[str, Any]) -> Dict[str, Any]:
+    """A TensorRow per valid entry of a safetensors header; returns the file's tree."""
+    from ..formats.safetensors_check import valid_entries
+
+    hlen = _safetensors_header_len(path)
+    tree: Dict[str, Any] = {}
+    # a malformed entry (wrong types) is already an invalid_header_json error: it is not a tensor
+    for name, info in valid_entries(header):
+        a, b = info["data_offsets"]
+        dtype = _ST_DTYPES.get(info.get("dtype"), str(info.get("dtype")).lower())
+        shape = list(info.get("shape", []))
+        numel = 1
+        for d in shape:
+            numel *= int(d)
+        scan.tensors.append(TensorRow(unit, rel, name, dtype, shape, numel, b - a, name, 8 + hlen + a))
+        tree[name] = {"__tensor__": dtype, "shape": shape}
+    return tree
+
+
+def _json_tree(path: Path, scan: UnitScan, out: Dict[str, Any], key: str) -> None:
+    """Read a small JSON file as the file's object and tree (nothing when it does not parse)."""
+    try:
+        with fs.open_binary(path) as fh:
+            out["obj"] = fs.loads_json(fh.read(16 << 20))
+        scan.tree[key] = out["obj"]
+    except (OSError, ValueError):
+        pass
+
+
+_ST_DTYPES = {
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
+    "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
+    "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "U16": "uint16", "U32": "uint32", "U64": "uint64",
+}
+
+
+def _safetensors_header_len(path: Path) -> int:
+    with fs.open_binary(path) as fh:
+        return struct.unpack("<Q", fh.read(8))[0]
