@@ -1,0 +1,165 @@
+"""Reading file bytes, local or remote: bounded reads of small metadata files, binary opens and batched ranged reads.
+
+* **Small files.**  :func:`read_bounded` refuses what is not a regular file or is over its cap
+  (:class:`TooLarge`, :data:`SMALL_FILE_BYTES`); :func:`loads_json` parses what it read.
+* **Ranged reads.**  :func:`open_binary` is builtin ``open(p, "rb")`` locally and, remotely, an
+  fsspec file with a ``readahead`` cache of ``block_size`` bytes (:func:`ckptaudit.fs.remote.open_object`);
+  :func:`read_ranges` fetches scattered ranges of one object concurrently.  Remote bytes are
+  counted in :mod:`ckptaudit.fs.counters`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import List, Optional, Tuple
+
+from .counters import count
+from .remote import RANGE_BLOCK_BYTES, _as_rpath, _split, filesystem, is_remote, open_object
+
+SMALL_FILE_BYTES = 16 << 20  # cap for sidecars, manifests, pointers, indexes, trainer_state.json
+
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+class TooLarge(OSError):
+    """A small metadata file (sidecar, manifest, pointer, index) that is larger than its cap."""
+
+
+def loads_json(data, **kw):
+    """``json.loads`` for a file from the run: nesting too deep for the parser is a ``ValueError`` too.
+
+    CPython's decoder recurses once per ``[``/``{``, so 100,000 opening brackets (a few hundred KiB,
+    well under any size cap) raise ``RecursionError``; callers already treat ``ValueError`` as
+    "not valid JSON" (as they do an integer of more than 4300 digits, which ``json`` refuses with a
+    ``ValueError``).  A lone surrogate escape (``"\\ud800"``, valid JSON) becomes U+FFFD: such a
+    string cannot be written as UTF-8 to the tables or the report (see :func:`without_lone_surrogates`).
+    """
+    import json
+
+    try:
+        obj = json.loads(data, **kw)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply to parse") from None
+    if (b"\\u" if isinstance(data, (bytes, bytearray)) else "\\u") in data:
+        obj = without_lone_surrogates(obj)
+    return obj
+
+
+def clean_text(s: str) -> str:
+    """``s`` with every lone surrogate (U+D800..U+DFFF) replaced by U+FFFD."""
+    return s if s.isascii() else _LONE_SURROGATE.sub("\ufffd", s)
+
+
+def without_lone_surrogates(obj):
+    """A parsed JSON value (or walked pickle strings) with lone surrogates in strings and keys made U+FFFD.
+
+    JSON's ``\\udXXX`` escapes and pickle's ``surrogatepass`` strings can hold code points that no
+    UTF-8 encoder accepts, so a name from a damaged (or merely odd) file would stop the audit when its
+    tables or report are written.  Containers are edited in place (iteratively: no recursion limit);
+    key order is kept."""
+    if isinstance(obj, str):
+        return clean_text(obj)
+    stack = [obj]
+    while stack:
+        o = stack.pop()
+        if isinstance(o, dict):
+            if any(type(k) is str and not k.isascii() and _LONE_SURROGATE.search(k) for k in o):
+                items = list(o.items())
+                o.clear()
+                o.update((clean_text(k) if type(k) is str else k, v) for k, v in items)
+            for k, v in o.items():
+                if type(v) is str:
+                    o[k] = clean_text(v)
+                elif isinstance(v, (dict, list)):
+                    stack.append(v)
+        elif isinstance(o, list):
+            for i, v in enumerate(o):
+                if type(v) is str:
+                    o[i] = clean_text(v)
+                elif isinstance(v, (dict, list)):
+                    stack.append(v)
+    return obj
+
+
+def read_bounded(p, limit: int) -> bytes:
+    """The bytes of a small metadata file, refusing what is not a regular file or is over ``limit`` bytes.
+
+    Opened with ``O_NONBLOCK`` and checked with ``fstat`` before any read, so a FIFO,
+    a device or a sparse giant named like a sidecar never blocks or floods memory.
+    Raises ``OSError`` (``TooLarge`` for a file over the cap).  Remote paths are read
+    with a ranged read of ``limit + 1`` bytes.
+    """
+    import stat
+
+    if is_remote(p):
+        if _as_rpath(p).info()["size"] > limit:
+            raise TooLarge(f"{p}: over {limit} bytes")
+        data = read_ranges(p, [(0, limit + 1)])[0]
+        if data is None:
+            raise OSError(f"{p}: ranged read failed")
+        if len(data) > limit:
+            raise TooLarge(f"{p}: over {limit} bytes")
+        return data
+    fd = os.open(str(p), os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"{p}: not a regular file")
+        if st.st_size > limit:
+            raise TooLarge(f"{p}: {st.st_size} bytes, over the {limit}-byte cap")
+        chunks, left = [], limit + 1
+        while left > 0:
+            b = os.read(fd, min(left, 1 << 20))
+            if not b:
+                break
+            chunks.append(b)
+            left -= len(b)
+        data = b"".join(chunks)
+        if len(data) > limit:
+            raise TooLarge(f"{p}: grew past the {limit}-byte cap while read")
+        return data
+    finally:
+        os.close(fd)
+
+
+def open_binary(p, block_size: int = RANGE_BLOCK_BYTES, exact: bool = False, cache_type: str = ""):
+    """Open for reading bytes.  Local: builtin ``open(p, "rb")``.  Remote: an fsspec
+    file whose reads are ranged GETs of about ``block_size`` bytes (readahead cache),
+    counted in :func:`bytes_read` (as "streamed" when ``block_size`` >= 1 MiB:
+    hashing, CRC verification, the value scan, downloads; else as "ranged").  With ``exact``
+    each read is one GET of exactly the bytes asked for (no readahead): for callers that
+    read known ranges (zip records, tensor values) at scattered offsets.  ``cache_type``
+    overrides fsspec's cache (e.g. "blockcache": an LRU of 32 blocks of ``block_size``).  Raises ``OSError`` (FileNotFoundError) when absent."""
+    if not is_remote(p):
+        return open(p, "rb")
+    return open_object(_as_rpath(p), block_size=block_size, exact=exact, cache_type=cache_type)
+
+
+def read_ranges(p, ranges: List[Tuple[int, int]]) -> List[Optional[bytes]]:
+    """Bytes of each ``(offset, length)`` of remote object ``p``, fetched concurrently
+    (fsspec ``cat_ranges``: s3fs issues the ranged GETs together, in batches of fsspec's
+    ``gather_batch_size``), so N scattered small reads cost about one round trip rather
+    than N.  A range that failed is None (the caller reads it again on its own).  Counted
+    in :func:`bytes_read` / :func:`gets_issued` as "ranged".  Local paths raise
+    ``ValueError``: read them with ``os.pread``."""
+    if not is_remote(p):
+        raise ValueError(f"{p}: read_ranges is for remote objects")
+    if not ranges:
+        return []
+    proto, key = _split(_as_rpath(p).url)
+    fsys = filesystem(proto)
+    starts = [int(o) for o, _ in ranges]
+    ends = [int(o) + int(n) for o, n in ranges]
+    try:
+        blobs = fsys.cat_ranges([key] * len(ranges), starts, ends, on_error="return")
+    except TypeError:  # an fsspec implementation without on_error
+        blobs = fsys.cat_ranges([key] * len(ranges), starts, ends)
+    out: List[Optional[bytes]] = []
+    got = 0
+    for b in blobs:
+        ok = isinstance(b, (bytes, bytearray))
+        out.append(bytes(b) if ok else None)
+        got += len(b) if ok else 0
+    count("ranged", got, len(ranges))
+    return out
