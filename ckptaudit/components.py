@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import math
 import re
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from . import optimizers, producers
 from . import recognise as R
+from .tree_values import group_size, is_tensor, scalar, state_of, tensor_map  # noqa: F401 - re-exported
 
 STEP_KEYS = ["global_step", "iter_num", "step", "iteration", "global_steps", "num_updates", "steps", "train_step",
              "total_steps", "curr_step"]
@@ -37,70 +37,7 @@ VERSION_KEYS = {"torch_version": "torch", "pytorch-lightning_version": "lightnin
                 "transformers_version": "transformers", "cuda_version": "cuda"}
 EMA_RE = re.compile(r"(^|[._])(ema|averaged?|shadow|swa)([._]|$)|^ema|_ema$", re.I)
 # kept for callers that name components by key (state.py's tensor classification of old rows)
-OPTIMIZER_KEYS = ["optimizer", "optimizer_state_dict", "optimizer_states", "optim", "opt", "optimizers"]
 MAX_SCALAR_DEPTH = 3
-
-
-def is_tensor(x: Any) -> bool:
-    return R.is_tensor(x)
-
-
-def state_of(x: Any) -> Any:
-    """The attribute dict of a pruned instance (argparse.Namespace, AttributeDict…), else ``x``."""
-    if isinstance(x, dict) and "__instance__" in x:
-        f = R._fields(x)
-        return f if isinstance(f, dict) else {}
-    return x
-
-
-def tensor_map(d: Any, prefix: str = "") -> Dict[str, dict]:
-    """Flatten nested mappings of tensors into {"a.b.c": tensor-desc}."""
-    out: Dict[str, dict] = {}
-    d = R._fields(d) if isinstance(d, dict) else None
-    if not d:
-        return out
-    for k, v in d.items():
-        if k == "__truncated__":
-            continue
-        name = f"{prefix}{k}"
-        if R.is_tensor(v):
-            out[name] = v
-        elif isinstance(v, dict) and "__tensor__" not in v:
-            out.update(tensor_map(v, name + "."))
-    return out
-
-
-def group_size(group: Any) -> Optional[int]:
-    """Number of parameter ids in an optimizer param group (long id lists are pruned
-    to ``{"__list__": n}`` in the scan tree)."""
-    if not isinstance(group, dict):
-        return None
-    p = group.get("params")
-    if isinstance(p, list):
-        return len(p)
-    if isinstance(p, dict) and isinstance(p.get("__list__"), int):
-        return p["__list__"]
-    return None
-
-
-def scalar(x: Any) -> Optional[float]:
-    """A number stored as a Python number or a one-element tensor whose value was read.
-
-    Only finite numbers count: every caller reads a counter (step, epoch, last_epoch), and
-    ``inf``/``nan`` (a JSON ``1e999999``, a pickled ``float("inf")``) or an integer beyond float range
-    counts nothing (``int(inf)`` raised OverflowError in the structure, configdiff and state stages)."""
-    if isinstance(x, bool):
-        return None
-    if R.is_tensor(x):
-        x = x.get("value")
-        if isinstance(x, bool):
-            return None
-    if isinstance(x, (int, float)):
-        try:
-            return x if math.isfinite(x) else None
-        except OverflowError:  # an int too large for a float
-            return None
-    return None
 
 
 @dataclass

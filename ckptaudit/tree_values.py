@@ -1,0 +1,75 @@
+"""Reading values out of a scan tree: tensor descriptions, wrapped object state, group sizes, finite scalars.
+
+A scan tree is the pruned, JSON-safe description of a pickle that :mod:`ckptaudit.layouts` writes
+(``tree_json``): tensors are ``{"__tensor__": dtype, "shape": [...]}``, objects rebuilt by the
+pickle are ``{"__class__": ..., "state": ...}``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Optional
+
+from . import recognise as R
+
+
+def is_tensor(x: Any) -> bool:
+    return R.is_tensor(x)
+
+
+def state_of(x: Any) -> Any:
+    """The attribute dict of a pruned instance (argparse.Namespace, AttributeDict…), else ``x``."""
+    if isinstance(x, dict) and "__instance__" in x:
+        f = R._fields(x)
+        return f if isinstance(f, dict) else {}
+    return x
+
+
+def tensor_map(d: Any, prefix: str = "") -> Dict[str, dict]:
+    """Flatten nested mappings of tensors into {"a.b.c": tensor-desc}."""
+    out: Dict[str, dict] = {}
+    d = R._fields(d) if isinstance(d, dict) else None
+    if not d:
+        return out
+    for k, v in d.items():
+        if k == "__truncated__":
+            continue
+        name = f"{prefix}{k}"
+        if R.is_tensor(v):
+            out[name] = v
+        elif isinstance(v, dict) and "__tensor__" not in v:
+            out.update(tensor_map(v, name + "."))
+    return out
+
+
+def group_size(group: Any) -> Optional[int]:
+    """Number of parameter ids in an optimizer param group (long id lists are pruned
+    to ``{"__list__": n}`` in the scan tree)."""
+    if not isinstance(group, dict):
+        return None
+    p = group.get("params")
+    if isinstance(p, list):
+        return len(p)
+    if isinstance(p, dict) and isinstance(p.get("__list__"), int):
+        return p["__list__"]
+    return None
+
+
+def scalar(x: Any) -> Optional[float]:
+    """A number stored as a Python number or a one-element tensor whose value was read.
+
+    Only finite numbers count: every caller reads a counter (step, epoch, last_epoch), and
+    ``inf``/``nan`` (a JSON ``1e999999``, a pickled ``float("inf")``) or an integer beyond float range
+    counts nothing (``int(inf)`` raised OverflowError in the structure, configdiff and state stages)."""
+    if isinstance(x, bool):
+        return None
+    if is_tensor(x):
+        x = x.get("value")
+        if isinstance(x, bool):
+            return None
+    if isinstance(x, (int, float)):
+        try:
+            return x if math.isfinite(x) else None
+        except OverflowError:  # an int too large for a float
+            return None
+    return None
