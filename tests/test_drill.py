@@ -212,6 +212,19 @@ def test_no_restorable_unit(tmp_path):
     assert code == dr.EXIT_NO_UNIT
 
 
+@pytest.mark.slow
+def test_drill_command_exits_with_the_drills_code(tmp_path):
+    """Regression: after the CLI moved into cli/, ``ckptaudit drill`` printed the summary and exited 0 whatever
+    the drill found.  A run with nothing restorable must exit 2."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "ckpt_000100.pt").write_bytes(b"\0" * 4096)  # all zero: no restorable unit
+    p = subprocess.run([sys.executable, "-m", "ckptaudit.cli", "drill", str(run), "--out", str(tmp_path / "out")],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == dr.EXIT_NO_UNIT, p.stdout + p.stderr
+    assert "NO RESTORABLE UNIT" in p.stdout.upper(), p.stdout
+
+
 def test_unimportable_hook_is_a_drill_failure(demo_run, verdict, tmp_path):
     rows, code = dr.run_drill(demo_run.run_dir, tmp_path, {"drill": {"devices": ["cpu"],
                                                                      "hook": "no_such_module_xyz:hook"}},

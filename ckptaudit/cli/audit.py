@@ -10,7 +10,7 @@ import click
 
 from ..config import load_user_config
 from ..text import step_text
-from .common import EXIT_FAILED, ExitThreeOnUsageError, check_paths
+from .common import ExitThreeOnUsageError, check_paths, failures_exit_3
 from .snakemake import run_snakemake_cli, run_workflow
 
 
@@ -53,7 +53,7 @@ def audit_command(run_dir, snakemake_args, out_dir, config_file, cores, profile,
     """
     from ..verdict import exit_code
 
-    try:
+    with failures_exit_3("ckptaudit", "the audit"):
         rd, out = check_paths(run_dir, out_dir)
         cfg = load_user_config(config_file)
         cfg.update(run_dir=rd, out_dir=str(out))
@@ -63,11 +63,5 @@ def audit_command(run_dir, snakemake_args, out_dir, config_file, cores, profile,
         else:
             run_workflow(cfg, out, cores or 2, quiet=not verbose)
         v = json.loads((out / "verdict.json").read_text())
-    except click.ClickException as e:
-        click.echo(f"ckptaudit: error: {e.message}", err=True)
-        sys.exit(EXIT_FAILED)
-    except Exception as e:  # noqa: BLE001 - any workflow failure is exit 3 with its cause
-        click.echo(f"ckptaudit: the audit itself failed: {type(e).__name__}: {e}", err=True)
-        sys.exit(EXIT_FAILED)
     click.echo(json.dumps(v, indent=2) if as_json else summary(v, out))
     sys.exit(exit_code(v))

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import click
 
@@ -45,3 +48,17 @@ def check_paths(run_dir: str, out_dir: str) -> tuple:
     except ValueError as e:
         raise click.ClickException(f"--out {out_dir}: {e}")
     return str(rd.resolve()), out
+
+
+@contextmanager
+def failures_exit_3(prog: str, what: str) -> Iterator[None]:
+    """Run a command's body; a :class:`click.ClickException` or any other failure of the command itself
+    prints one line (``{prog}: error: …`` / ``{prog}: {what} itself failed: Type: …``) and exits 3."""
+    try:
+        yield
+    except click.ClickException as e:
+        click.echo(f"{prog}: error: {e.message}", err=True)
+        sys.exit(EXIT_FAILED)
+    except Exception as e:  # noqa: BLE001 - any workflow failure is exit 3 with its cause
+        click.echo(f"{prog}: {what} itself failed: {type(e).__name__}: {e}", err=True)
+        sys.exit(EXIT_FAILED)

@@ -8,7 +8,7 @@ import sys
 import click
 
 from ..config import load_user_config
-from .common import EXIT_FAILED, ExitThreeOnUsageError, check_paths
+from .common import ExitThreeOnUsageError, check_paths, failures_exit_3
 from .snakemake import run_workflow
 
 
@@ -29,7 +29,7 @@ def drill_command(run_dir, out_dir, unit, devices, config_file, cores, as_json, 
     Writes DIR/drill/drill.parquet, drill.json and drill.html next to the audit's report.  Exit codes:
     0 drill passed, 1 drill found a problem, 2 no restorable unit, 3 the drill itself failed (bad
     arguments or config included: one line on stderr says why)."""
-    try:
+    with failures_exit_3("ckptaudit drill", "the drill"):
         rd, out = check_paths(run_dir, out_dir)
         if "://" in rd:
             raise click.ClickException(f"{run_dir}: a drill restores from a local or shared folder; copy the unit "
@@ -48,12 +48,7 @@ def drill_command(run_dir, out_dir, unit, devices, config_file, cores, as_json, 
             cfg["drill"]["devices"] = list(devices)
         run_workflow(cfg, out, cores, targets=("drill",), quiet=not verbose)
         doc = json.loads((out / "drill" / "drill.json").read_text())
-    except click.ClickException as e:
-        click.echo(f"ckptaudit drill: error: {e.message}", err=True)
-        sys.exit(EXIT_FAILED)
-    except Exception as e:  # noqa: BLE001 - any workflow failure is exit 3 with its cause
-        click.echo(f"ckptaudit drill: the drill itself failed: {type(e).__name__}: {e}", err=True)
-        sys.exit(EXIT_FAILED)
     click.echo(json.dumps(doc, indent=2) if as_json else doc["summary"])
     if not as_json:
         click.echo(f"report: {out / 'drill' / 'drill.html'}")
+    sys.exit(int(doc["exit_code"]))
