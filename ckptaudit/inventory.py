@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from . import fs, layouts
+from ._io import atomic_write
 from .parts import assign_parts, auto_units_per_job, listing_fingerprint  # noqa: F401 - re-exported
 from .units import (  # noqa: F401 - re-exported: the unit model lives in units.py
     IN_PROGRESS_PATTERNS,
@@ -374,7 +375,4 @@ def write_inventory(doc: Dict, parquet_path: str, json_path: str) -> None:
     Path(json_path).parent.mkdir(parents=True, exist_ok=True)
     tables.write("inventory", [{k: v for k, v in u.items() if k not in ("snapshot", "irregular")}
                                for u in doc["units"]], parquet_path)
-    tmp = json_path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1, sort_keys=True)
-    os.replace(tmp, json_path)
+    atomic_write(json_path, json.dumps(doc, indent=1, sort_keys=True).encode())

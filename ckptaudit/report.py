@@ -13,6 +13,8 @@ from typing import Dict, List
 
 from . import tables, verdict
 from ._version import __version__
+from ._io import atomic_write
+from .text import step_text
 
 STAGES = ("hash", "scan", "tensors", "imports", "load", "structure", "configdiff", "state")
 LAYERS = ("file", "structure", "state", "security")
@@ -56,6 +58,7 @@ def render_html(v: dict, all_tables: Dict[str, List[dict]], run_name: str, costs
         autoescape=jinja2.select_autoescape(["html", "j2"]),
         undefined=jinja2.StrictUndefined,
     )
+    env.filters["step_text"] = step_text
     tpl = env.get_template("report.html.j2")
     return tpl.render(
         verdict=v, run_name=run_name, layers=LAYERS, version=__version__,
@@ -102,17 +105,13 @@ def run_report(inventory_json: str, parts: Dict[str, List[str]], cfg: dict, out_
     _write_json(out / "verdict.json", v)
     run_name = cfg.get("run_name") or Path(inv["run_dir"].rstrip("/")).name
     html = render_html(v, all_tables, run_name, stage_costs(bench_dir) if bench_dir else [])
-    tmp = out / "report.html.tmp"
-    tmp.write_text(html)
-    tmp.replace(out / "report.html")
+    atomic_write(out / "report.html", html.encode())
     return v
 
 
 def _write_json(path: Path, doc: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n")
-    tmp.replace(path)
+    atomic_write(path, (json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n").encode())
 
 
 def main(argv=None) -> int:

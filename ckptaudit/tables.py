@@ -20,6 +20,9 @@ from typing import Dict, List
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ._io import atomic_write
+
+
 class _NoPandas(MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name == "pandas" or name.startswith("pandas."):
@@ -125,9 +128,7 @@ def write(name: str, rows: List[dict], path: str | Path) -> None:
         table = pa.Table.from_pylist(_saturated(data, schema), schema=schema)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(table, tmp)
-    tmp.replace(path)
+    atomic_write(path, lambda f: pq.write_table(table, f))
 
 
 INT64_MAX = (1 << 63) - 1

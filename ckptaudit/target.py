@@ -25,6 +25,8 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from ._io import atomic_write
+
 
 class TargetError(RuntimeError):
     """The target could not be built (bad factory path, factory raised, reference missing)."""
@@ -86,9 +88,7 @@ def build(cfg: dict) -> dict:
 def write(cfg: dict, out: str) -> dict:
     doc = build(cfg)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    tmp = out + ".tmp"
-    Path(tmp).write_text(json.dumps(doc, sort_keys=True))
-    os.replace(tmp, out)
+    atomic_write(out, json.dumps(doc, sort_keys=True).encode())
     return doc
 
 
