@@ -39,7 +39,7 @@ incomplete drill: 1 before 3.
 Security: a unit whose verdict findings include layer ``security`` with
 severity ``error``, or whose ``usable_for`` is ``none``, is refused **before**
 any child starts.  Inside the child ``TORCH_FORCE_WEIGHTS_ONLY_LOAD=1`` is set
-and ``torch.load`` is wrapped so that an explicit ``weights_only=False`` raises
+and the loader is wrapped so that an explicit weights-only-off load raises
 (:data:`WEIGHTS_ONLY_REFUSAL`) instead of unpickling.
 
 Limits: the child runs with ``RLIMIT_AS`` = ``drill.memory_limit_mib`` (CPU
