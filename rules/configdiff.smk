@@ -2,6 +2,8 @@
 
 
 rule configdiff:
+    conda:
+        "envs/ckptaudit.yaml"
     input:
         scan=f"{PARTS}/scan/{{part}}.parquet",
         load=f"{PARTS}/load/{{part}}.parquet",

@@ -3,6 +3,8 @@
 
 
 rule demo:
+    conda:
+        "envs/ckptaudit.yaml"
     output:
         directory(DEMO_DIR),
     params:

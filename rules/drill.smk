@@ -16,6 +16,8 @@ wildcard_constraints:
 
 
 rule drill:
+    conda:
+        "envs/ckptaudit.yaml"
     input:
         verdict=f"{OUT}/verdict.json",
     output:
@@ -39,6 +41,8 @@ rule drill:
 
 
 rule drill_dated:
+    conda:
+        "envs/ckptaudit.yaml"
     input:
         drill_json=f"{DRILL}/drill.json",
         reports=[f"{DRILL}/drill.html", f"{DRILL}/drill.parquet", f"{OUT}/verdict.json", f"{OUT}/report.html"],

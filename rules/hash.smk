@@ -2,6 +2,8 @@
 
 
 rule hash:
+    conda:
+        "envs/ckptaudit.yaml"
     input:
         inventory_done=get_inventory_done,
     output:

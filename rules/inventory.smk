@@ -9,6 +9,8 @@ localrules:
 
 
 rule stage_config:
+    conda:
+        "envs/ckptaudit.yaml"
     output:
         f"{WORK}/config.json",
     params:
@@ -21,6 +23,8 @@ rule stage_config:
 
 
 checkpoint inventory:
+    conda:
+        "envs/ckptaudit.yaml"
     input:
         get_run_dir_input,
     output:

@@ -4,6 +4,8 @@
 
 
 rule load:
+    conda:
+        "envs/ckptaudit.yaml"
     input:
         scan=f"{PARTS}/scan/{{part}}.parquet",
         hash=f"{PARTS}/hash/{{part}}.parquet",

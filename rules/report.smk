@@ -3,6 +3,8 @@
 
 
 rule report:
+    conda:
+        "envs/ckptaudit.yaml"
     input:
         inventory=f"{WORK}/inventory.json",
         config=f"{WORK}/config.json",

@@ -3,6 +3,8 @@
 
 
 rule scan:
+    conda:
+        "envs/ckptaudit.yaml"
     input:
         hash=f"{PARTS}/hash/{{part}}.parquet",
         config=f"{WORK}/config.json",

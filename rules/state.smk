@@ -2,6 +2,8 @@
 
 
 rule state:
+    conda:
+        "envs/ckptaudit.yaml"
     input:
         scan=f"{PARTS}/scan/{{part}}.parquet",
         tensors=f"{PARTS}/tensors/{{part}}.parquet",

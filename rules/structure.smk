@@ -8,6 +8,8 @@ localrules:
 
 
 rule target:
+    conda:
+        "envs/ckptaudit.yaml"
     input:
         config=f"{WORK}/config.json",
     output:
@@ -24,6 +26,8 @@ rule target:
 
 
 rule structure:
+    conda:
+        "envs/ckptaudit.yaml"
     input:
         scan=f"{PARTS}/scan/{{part}}.parquet",
         tensors=f"{PARTS}/tensors/{{part}}.parquet",
