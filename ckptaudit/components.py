@@ -30,6 +30,7 @@ STEP_KEYS = ["global_step", "iter_num", "step", "iteration", "global_steps", "nu
              "total_steps", "curr_step"]
 EPOCH_KEYS = ["epoch", "epochs", "current_epoch"]
 BEST_KEYS = ["best_val_loss", "best_metric", "best_loss", "best_score", "best_model_score"]
+LOSS_KEYS = ["loss", "train_loss", "last_loss"]  # the loss at the save step (a run counter, not a metric)
 SAMPLER_KEYS = ["sampler", "sampler_state", "dataloader", "data_loader", "dataloader_state", "data_state", "loops",
                 "consumed_samples", "consumed_train_samples", "train_iterator", "data_iter"]
 MODEL_ARG_KEYS = ["model_args", "model_config", "hparams", "hyper_parameters", "args", "config", "model_cfg"]
@@ -66,6 +67,7 @@ class Components:
     step_source: str = ""
     epoch: Optional[float] = None
     best_metric: Optional[float] = None
+    loss: Optional[float] = None
     model_args: Optional[dict] = None
     model_args_source: str = ""
     versions: Dict[str, str] = field(default_factory=dict)
@@ -315,6 +317,8 @@ def _scalars(c: Components, tree, found, contract, facts, layout) -> None:
         c.epoch = float(v) if v is not None else None
     v, _ = _search(tree, found, BEST_KEYS, 4)
     c.best_metric = float(v) if v is not None else None
+    v, _ = _search(tree, found, LOSS_KEYS, 2)
+    c.loss = float(v) if v is not None else None
     c.sampler = any(k in SAMPLER_KEYS for k in c.top_keys) or any(
         fnmatch.fnmatch(f.rsplit("/", 1)[-1], pat) for f in tree for pat in ("sampler*.bin", "dl_state_dict*"))
     if not c.ema:

@@ -179,7 +179,7 @@ def analyse_unit(unit: dict, scan_row: dict, tensors: List[dict], run_dir: Path,
         optimizer_nonempty=c.optimizer_nonempty, optimizer_step=c.optimizer_step,
         has_scheduler=c.scheduler is not None, scheduler_last_epoch=c.scheduler_last_epoch,
         has_scaler=c.scaler, has_rng=c.rng, has_sampler=c.sampler, has_ema=c.ema,
-        epoch=c.epoch, best_metric=c.best_metric,
+        epoch=c.epoch, best_metric=c.best_metric, loss=c.loss,
     )
     fl.extend(_completeness(p, c, step, name_step))
     fl.extend(_counter_findings(p, c, step, name_step))

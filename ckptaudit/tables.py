@@ -98,7 +98,7 @@ SCHEMAS: Dict[str, pa.Schema] = {
     "state": pa.schema([
         ("unit", S), ("step", I), ("step_source", S), ("has_weights", B), ("has_optimizer", B),
         ("optimizer_nonempty", B), ("optimizer_step", F), ("has_scheduler", B), ("scheduler_last_epoch", I),
-        ("has_scaler", B), ("has_rng", B), ("has_sampler", B), ("has_ema", B), ("epoch", F), ("best_metric", F),
+        ("has_scaler", B), ("has_rng", B), ("has_sampler", B), ("has_ema", B), ("epoch", F), ("best_metric", F), ("loss", F),
         ("n_float_tensors", I), ("n_nonfinite_tensors", I), ("nonfinite_tensors", LS), ("weight_norm", F),
         ("tensor_norms_json", S), ("scanned_bytes", I), ("scan_seconds", F), ("findings_json", S),
     ]),
