@@ -31,17 +31,19 @@ from typing import Dict, List, Optional, Tuple
 
 from . import findings as F
 from . import fs
+from . import progress as _progress
 
 _LINE = re.compile(r"^\\?([0-9a-fA-F]{64}) [ *](.+)$")
 
 
-def sha256_file(path: str | Path) -> str:
+def sha256_file(path: str | Path, progress=None) -> str:
     """Hex SHA-256 of a file, streamed (constant memory).  Raises ``OSError``.
 
     An ``s3://`` object is streamed with ranged GETs of :data:`ckptaudit.fs.STREAM_BLOCK_BYTES`
-    (the hash stage reads every byte once; the CRC check of the file layer reads zip members once more)."""
+    (the hash stage reads every byte once; the CRC check of the file layer reads zip members once more).
+    ``progress`` (a :class:`ckptaudit.progress.ProgressWriter`) is told every block read."""
     with fs.open_binary(path, block_size=fs.STREAM_BLOCK_BYTES) as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
+        return hashlib.file_digest(_progress.CountingReader(fh, progress) if progress else fh, "sha256").hexdigest()
 
 
 def parse_sidecar(text: str) -> Tuple[Dict[str, str], Optional[str]]:
@@ -217,6 +219,7 @@ def hash_unit(run_dir: Path, unit: dict) -> List[dict]:
             manifest_entries[key] = e
     rows = []
     covered = 0
+    prog = _progress.for_unit(unit)  # bytes hashed, for the CLI's progress line ($CKPTAUDIT_PROGRESS_DIR)
     for rel in unit["files"]:
         p = run_dir / rel
         t0 = time.perf_counter()
@@ -229,8 +232,9 @@ def hash_unit(run_dir: Path, unit: dict) -> List[dict]:
                 digests = chunk_sha256(p, me["chunk_bytes"])
                 bad_chunks = [i for i, (a, b) in enumerate(zip(digests, me["chunk_sha256_hex"])) if a != b.lower()]
                 digest = sha256_file(p) if bad_chunks else str(me.get("sha256_hex", "")).lower()
+                prog.add(size)
             else:
-                digest = sha256_file(p)
+                digest = sha256_file(p, prog)
         except OSError as e:
             rows.append({"unit": unit["unit"], "file": rel, "size_bytes": None, "sha256_hex": "", "hash_seconds": 0.0,
                          "expected_sha256_hex": "", "expected_source": "", "verified": None,
@@ -260,6 +264,7 @@ def hash_unit(run_dir: Path, unit: dict) -> List[dict]:
         rows.append({"unit": unit["unit"], "file": rel, "size_bytes": size, "sha256_hex": digest,
                      "hash_seconds": dt, "expected_sha256_hex": expected, "expected_source": source,
                      "verified": verified, "findings_json": json.dumps([f.to_dict() for f in fl])})
+    prog.close()
     present = set(unit["files"])
     for rel, me in sorted(manifest_entries.items()):
         if rel in present:
