@@ -381,7 +381,9 @@ def test_prune_never_deletes_unverified_or_latest_and_protects_rollback(tmp_path
     plan = P.prune(tmp_path, keep_last=1)
     d = {x.unit: (x.action, x.reason) for x in plan.decisions}
     assert plan.rollback == "ckpt_000003.pt"
-    assert d["ckpt_000004.pt"] == ("keep", "one of the 1 newest (keep_last)")
+    # the damaged newest unit is kept as evidence but is not one of the keep_last=1 verified units
+    assert d["ckpt_000004.pt"][0] == "keep" and d["ckpt_000004.pt"][1].startswith("does not verify (")
+    assert d["ckpt_000003.pt"] == ("keep", "rollback point (newest verified unit)")
     assert d["ckpt_000002.pt"] == ("keep", "named by latest")
     assert d["ckpt_000001.pt"][0] == "keep" and d["ckpt_000001.pt"][1].startswith("does not verify (chunk_checksum")
     assert _units(tmp_path) == ["ckpt_000001.pt", "ckpt_000002.pt", "ckpt_000003.pt", "ckpt_000004.pt"]

@@ -35,9 +35,10 @@ def seal_command(run_dir, chunk_mib, dry_run):
 
 @click.command("prune")
 @click.argument("run_dir", type=click.Path(file_okay=False))
-@click.option("--keep-last", type=click.IntRange(1), help="Keep the N newest complete units.")
+@click.option("--keep-last", type=click.IntRange(1), help="Keep the N newest verified units (a unit that does "
+              "not verify is never counted, and never deleted).")
 @click.option("--keep-every", type=click.IntRange(1), help="Keep units whose step is a multiple of K.")
-@click.option("--keep-best", type=click.IntRange(1), help="Keep the N units with the best --metric.")
+@click.option("--keep-best", type=click.IntRange(1), help="Keep the N verified units with the best --metric.")
 @click.option("--metric", help="Manifest metrics key for --keep-best.")
 @click.option("--mode", type=click.Choice(["min", "max"]), default="min", show_default=True)
 @click.option("--sweep-stale", is_flag=True, help="Also remove temp leftovers of dead writers on this host, and "

@@ -1,5 +1,7 @@
 """Retention: which old units :func:`prune` deletes (only verified ones older than the rollback point).
 
+Keep rules count verified units only, and a unit that does not verify is never deleted.
+
 Also sweeps temp leftovers of dead writers on this host and sidecars/manifests left without
 their file unit.  Deletion renames a unit to a temp name first, so a crash mid-delete never
 leaves a torn unit.
@@ -193,13 +195,18 @@ def prune(run_dir: str | os.PathLike, *, keep_last: Optional[int] = None, keep_e
           _verified: Optional[set] = None) -> PrunePlan:
     """Delete old checkpoint units of ``run_dir`` by retention rules; return the plan.
 
-    Kept: the ``keep_last`` newest complete units (by step), every unit whose step is a
-    multiple of ``keep_every``, the ``keep_best`` units with the best ``metrics[metric]``
-    in their manifest (``mode`` ``"min"`` or ``"max"``), the rollback point (the newest
-    unit that verifies) and the unit ``latest`` names.  Deleted: only units that are
-    complete, verified (:func:`verify_unit`) and of an older step than the rollback point;
-    anything that does not verify, is in progress or has no step is kept and the plan
-    says why.  ``sweep_stale``: also remove ``.ckptaudit-tmp-*`` leftovers whose writer
+    Kept: the ``keep_last`` newest *verified* units (by step), every unit whose step is a
+    multiple of ``keep_every``, the ``keep_best`` verified units with the best
+    ``metrics[metric]`` in their manifest (``mode`` ``"min"`` or ``"max"``), the rollback
+    point (the newest unit that verifies) and the unit ``latest`` names.  Verified means
+    complete (a folder has its ``COMPLETE`` marker, no file is missing) and every byte
+    matches the unit's manifest or sidecar digests (:func:`verify_unit`).  A unit that does
+    not verify (truncated, a flipped byte, a file or the marker gone) never counts towards
+    ``keep_last``/``keep_best``, so it can never push an intact unit out, and it is never
+    deleted either: it is the evidence of what went wrong, kept for the audit, and the plan
+    says why.  Deleted: only units that are complete, verified and of an older step than
+    the rollback point and kept by no rule; anything in progress or without a step is
+    kept.  ``sweep_stale``: also remove ``.ckptaudit-tmp-*`` leftovers whose writer
     process on this host is gone, and sidecars/manifests of file units that no longer
     exist and are not being written (:func:`_orphan_integrity_files`).  ``dry_run``: delete nothing, and ``echo`` each line
     of what would be deleted (``echo=None`` prints nothing).
@@ -250,15 +257,15 @@ def prune(run_dir: str | os.PathLike, *, keep_last: Optional[int] = None, keep_e
     for p in pointers:
         if p.resolved in by_name:
             keep.setdefault(p.resolved, f"named by {p.path}")
-    if keep_last:
-        for u in complete[:keep_last]:
+    if keep_last:  # counts verified units only: a damaged newest unit never pushes an intact one out
+        for u in [u for u in complete if check(u)[0]][:keep_last]:
             keep.setdefault(u["unit"], f"one of the {keep_last} newest (keep_last)")
     if keep_every:
         for u in complete:
             if u["step_from_name"] % keep_every == 0:
                 keep.setdefault(u["unit"], f"step is a multiple of {keep_every} (keep_every)")
     if keep_best and metric:
-        scored = [(v, u) for u in complete if (v := _metric_of(root, u, metric)) is not None]
+        scored = [(v, u) for u in complete if (v := _metric_of(root, u, metric)) is not None and check(u)[0]]
         scored.sort(key=lambda t: t[0], reverse=(mode == "max"))
         for v, u in scored[:keep_best]:
             keep.setdefault(u["unit"], f"{metric}={v:g} is among the {keep_best} best (keep_best)")
@@ -274,15 +281,14 @@ def prune(run_dir: str | os.PathLike, *, keep_last: Optional[int] = None, keep_e
         elif rollback is None:
             decisions.append(PruneDecision(name, step, "keep", "no unit verifies, so there is no rollback point to "
                                                                "protect; nothing is deleted"))
+        elif not check(u)[0]:
+            decisions.append(PruneDecision(name, step, "keep", f"does not verify ({check(u)[1]}); left for the "
+                                                               "audit and not counted by any keep rule"))
         elif step >= rollback["step_from_name"]:
             decisions.append(PruneDecision(name, step, "keep", f"not older than the rollback point {rollback['unit']}"))
         else:
-            ok, why = check(u)
-            if ok:
-                decisions.append(PruneDecision(name, step, "delete", f"verified, older than the rollback point "
-                                                                     f"{rollback['unit']}, kept by no rule"))
-            else:
-                decisions.append(PruneDecision(name, step, "keep", f"does not verify ({why}); left for the audit"))
+            decisions.append(PruneDecision(name, step, "delete", f"verified, older than the rollback point "
+                                                                 f"{rollback['unit']}, kept by no rule"))
     for u in by_name.values():
         if (u["step_from_name"] is None or u["unit"] == ".") and u["unit"] not in stale:
             decisions.append(PruneDecision(u["unit"], None, "keep", "no step in its name"))
