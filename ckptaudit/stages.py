@@ -200,7 +200,9 @@ def main(argv=None) -> int:
     without_pandas()
     a = parser().parse_args(argv)
     if a.stage == "inventory":
-        stage_inventory(a.run_dir, a.units_per_job, a.out, a.out_json, a.out_pointers)
+        from .run_folder import require_units  # an empty or checkpoint-less folder: exit 3, naming what was ignored
+
+        require_units(stage_inventory(a.run_dir, a.units_per_job, a.out, a.out_json, a.out_pointers))
         return 0
     inv = _inventory(a.inventory)
     if a.stage == "hash":
