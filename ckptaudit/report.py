@@ -9,23 +9,14 @@ import glob
 import json
 import os
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from . import tables, verdict
 from ._version import __version__
 from ._io import atomic_write
-from .text import step_text
 
 STAGES = ("hash", "scan", "tensors", "imports", "load", "structure", "configdiff", "state")
 LAYERS = ("file", "structure", "state", "security")
-
-
-def _worst(fs: List[dict]) -> str:
-    sev = {f["severity"] for f in fs}
-    for s in ("error", "warning", "info"):
-        if s in sev:
-            return s
-    return "ok"
 
 
 def stage_costs(bench_dir: str) -> List[dict]:
@@ -50,23 +41,25 @@ def stage_costs(bench_dir: str) -> List[dict]:
     return list(out.values())
 
 
-def render_html(v: dict, all_tables: Dict[str, List[dict]], run_name: str, costs: List[dict]) -> str:
-    import jinja2
+def render_html(v: dict, all_tables: Dict[str, List[dict]], run_name: str, costs: List[dict],
+                inventory_units: Optional[List[dict]] = None) -> str:
+    """report.html: the headline, the charts (:mod:`ckptaudit.charts`) and the tables, in one page."""
+    from . import charts, report_text, templating
 
-    env = jinja2.Environment(
-        loader=jinja2.PackageLoader("ckptaudit", "templates"),
-        autoescape=jinja2.select_autoescape(["html", "j2"]),
-        undefined=jinja2.StrictUndefined,
-    )
-    env.filters["step_text"] = step_text
-    tpl = env.get_template("report.html.j2")
-    return tpl.render(
+    units = inventory_units or []
+    cells = report_text.layer_cells(v, all_tables, LAYERS)
+    late = charts.timeline.late_writes(v.get("units", []), charts.mtimes_of(units))
+    state_why = {u: c["state"]["why"] for u, c in cells.items() if c["state"]["status"] == "not-checked"}
+    return templating.render(
+        "report.html.j2",
         verdict=v, run_name=run_name, layers=LAYERS, version=__version__,
         generated=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         state_rows=all_tables.get("state", []), load_rows=all_tables.get("load", []),
-        hash_rows=all_tables.get("hash", []), stage_costs=costs, worst_severity=_worst,
+        hash_rows=all_tables.get("hash", []), stage_costs=costs, cells=cells,
+        headline=report_text.headline(v, late),
+        charts=charts.report_charts(v, units, all_tables, costs, state_why),
         yn=lambda x: "yes" if x else ("no" if x is not None else ""),
-        mib=lambda b: f"{b / 2**20:.0f} MiB" if b else "",
+        mib=templating.mib,
     )
 
 
@@ -104,7 +97,7 @@ def run_report(inventory_json: str, parts: Dict[str, List[str]], cfg: dict, out_
     tables.write("pointers", ptr_rows, tdir / "pointers.parquet")
     _write_json(out / "verdict.json", v)
     run_name = cfg.get("run_name") or Path(inv["run_dir"].rstrip("/")).name
-    html = render_html(v, all_tables, run_name, stage_costs(bench_dir) if bench_dir else [])
+    html = render_html(v, all_tables, run_name, stage_costs(bench_dir) if bench_dir else [], inv["units"])
     atomic_write(out / "report.html", html.encode())
     return v
 

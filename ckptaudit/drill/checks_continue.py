@@ -55,6 +55,12 @@ class _ContinueChecks:
         batch = next(self.r.batches)
         loss, gn = self.r.train_step(batch)
         e = {"step": gstep, "lr": lr, "loss": _f(loss), "grad_norm": _f(gn), "scheduler_last_epoch": epoch}
+        lr_at = getattr(self.r, "lr_at", None)
+        if callable(lr_at):  # the schedule's LR for the same step, drawn beside the LR used in drill.html
+            try:
+                e["lr_schedule"] = [float(x) for x in lr_at(gstep)]
+            except Exception:  # noqa: BLE001 - c_lr calls lr_at again and reports the error as a check result
+                pass
         self.result["trace"].append(e)
         return e
 

@@ -56,17 +56,16 @@ def write_outputs(out: Path, doc: Mapping[str, Any], rows: Sequence[Mapping[str,
 
 
 def render_html(doc: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
-    """The drill report section (``templates/drill.html.j2``): one self-contained page."""
-    import jinja2
-
+    """The drill report section (``templates/drill.html.j2``): one self-contained page, with the
+    continuation loss and LR against the schedule as inline SVG (:func:`ckptaudit.charts.drill_charts`)."""
+    from .. import templating
     from .._version import __version__
+    from ..charts import drill_charts
 
-    env = jinja2.Environment(loader=jinja2.PackageLoader("ckptaudit", "templates"),
-                             autoescape=jinja2.select_autoescape(["html", "j2"]), undefined=jinja2.StrictUndefined)
-    return env.get_template("drill.html.j2").render(
-        doc=doc, rows=rows, checks=CHECKS, version=__version__,
+    return templating.render(
+        "drill.html.j2", doc=doc, rows=rows, checks=CHECKS, version=__version__, charts=drill_charts(doc),
         devices=[d["device"] for d in doc.get("devices", [])] or [""],
-        mib=lambda b: f"{b / 2**20:.0f} MiB" if b else "-")
+        mib=lambda b: templating.mib(b, "-"))
 
 
 def copy_dated(src_files: Sequence[str], out_dir: str, date: str, drill_json: str) -> None:
