@@ -18,14 +18,18 @@ from .objects import _ObjectOps
 from .reader import _MISSING, _BudgetError, _WalkError, _raw_line_pair, _safe_key, _short_repr, clean_text
 from .salvage import _salvage, _tensor_paths
 
-# opcode (pickletools.OpcodeInfo) -> handler group used by _State.run
+# opcode (pickletools.OpcodeInfo) -> handler group used by _State.run, numbered by how often torch pickles use them
 _GROUP_CODES = [
-    "qrp", "hjg", "KMJX\x8cG\x8aIL\x8bFV\x8d", "(", "\x86", "t", "\x89", "R", ")", "\x85", "Q", "u", "}", "]",
-    "e", "N", "\x88", "s", "a", "\x87", "b", "\x94", "c", "\x93", "\x81", "\x92", "i", "o", "SUT",
-    "BC\x8e", "\x96", "l", "d", "\x8f", "\x90", "\x91", "0", "1", "2", "\x82\x83\x84", "\x80", "\x95",
-    "\x97", "\x98", "P", ".",
+    "qrp", "hjg", "KMJX\x8cG\x8aIL\x8bFV\x8d", "(", "\x86", "\x89", "R", ")", "\x85", "Q", "}", "]", "N", "\x88",
+    "s", "a", "\x87", "b", "\x94", "c", "\x93", "\x81", "\x92", "SUT", "BC\x8e", "\x96", "\x8f", "0", "2",
+    "\x82\x83\x84", "\x80", "\x95", "\x97", "\x98", "P", ".",
 ]
+# the opcodes that take the items pushed since the last MARK: groups _TAKES_MARK + i, one branch of _State.run
+_TAKES_MARK = 100
+_MARK_CODES = ["t", "u", "e", "i", "o", "l", "d", "\x90", "\x91", "1"]
 _GROUP = {pickletools.code2op[ch]: g for g, codes in enumerate(_GROUP_CODES) for ch in codes}
+_GROUP.update({pickletools.code2op[ch]: _TAKES_MARK + g for g, codes in enumerate(_MARK_CODES) for ch in codes})
+assert len(_GROUP) == len(pickletools.opcodes), "an opcode has no handler group"
 
 
 class _State(_HiddenPickles, _ObjectOps):
@@ -78,7 +82,6 @@ class _State(_HiddenPickles, _ObjectOps):
                     raise _BudgetError(f"gave up after {n} opcodes at byte {pos}: the object tree holds more "
                                        f"than {max_blocks} interpreter objects")
                 g = group[op]
-                # groups are numbered by how often torch pickles use them
                 if g == 0:  # BINPUT / LONG_BINPUT / PUT
                     if not stack:
                         raise IndexError
@@ -108,71 +111,85 @@ class _State(_HiddenPickles, _ObjectOps):
                 elif g == 4:  # TUPLE2
                     b = stack.pop()
                     stack[-1] = (stack[-1], b)
-                elif g == 5:  # TUPLE
+                elif g >= 100:  # _TAKES_MARK: the items since the last MARK become this opcode's operands
+                    if g == 103:  # INST: its module/name operands are read (and listed) before the MARK
+                        mod, name = _raw_line_pair(self.data, pos)
+                        res.globals.append(GlobalImport(mod, name, "INST", pos, True))
+                        self.check_name(mod, name, pos)
                     if not metastack:
-                        raise _WalkError(f"no MARK for TUPLE at byte {pos}")
+                        raise _WalkError(f"no MARK for {op.name} at byte {pos}")
                     items = stack
                     stack = metastack.pop()
                     push = stack.append
-                    push(tuple(items))
-                elif g == 6:  # NEWFALSE
+                    if g == 100:  # TUPLE
+                        push(tuple(items))
+                    elif g == 101:  # SETITEMS
+                        self.setitems(stack[-1], items, pos, "SETITEMS")
+                    elif g == 102:  # APPENDS
+                        target = stack[-1]
+                        if type(target) is list:
+                            target.extend(items)
+                        else:
+                            self.appends(target, items, pos, "APPENDS")
+                    elif g == 103:  # INST: args since MARK
+                        push(self.newobj(GlobalRef(mod, name), tuple(items), None, pos, "INST"))
+                    elif g == 104:  # OBJ: cls and args since MARK
+                        if not items:
+                            raise IndexError
+                        push(self.newobj(items[0], tuple(items[1:]), None, pos, "OBJ"))
+                    elif g == 105:  # LIST
+                        push(items)
+                    elif g == 106:  # DICT
+                        d: Dict[Any, Any] = {}
+                        self.setitems(d, items, pos, "DICT")
+                        push(d)
+                    elif g == 107:  # ADDITEMS
+                        target = stack[-1]
+                        if type(target) is set:
+                            target.update(_safe_key(x) for x in items)
+                    elif g == 108:  # FROZENSET
+                        push(frozenset(_safe_key(x) for x in items))
+                    # 109, POP_MARK: the items are dropped
+                elif g == 5:  # NEWFALSE
                     push(False)
-                elif g == 7:  # REDUCE
+                elif g == 6:  # REDUCE
                     args = stack.pop()
                     stack[-1] = self.reduce(stack[-1], args, pos)
-                elif g == 8:  # EMPTY_TUPLE
+                elif g == 7:  # EMPTY_TUPLE
                     push(())
-                elif g == 9:  # TUPLE1
+                elif g == 8:  # TUPLE1
                     stack[-1] = (stack[-1],)
-                elif g == 10:  # BINPERSID
+                elif g == 9:  # BINPERSID
                     stack[-1] = self.persistent_load(stack[-1], pos)
-                elif g == 11:  # SETITEMS
-                    if not metastack:
-                        raise _WalkError(f"no MARK for SETITEMS at byte {pos}")
-                    items = stack
-                    stack = metastack.pop()
-                    push = stack.append
-                    self.setitems(stack[-1], items, pos, "SETITEMS")
-                elif g == 12:  # EMPTY_DICT
+                elif g == 10:  # EMPTY_DICT
                     push({})
-                elif g == 13:  # EMPTY_LIST
+                elif g == 11:  # EMPTY_LIST
                     push([])
-                elif g == 14:  # APPENDS
-                    if not metastack:
-                        raise _WalkError(f"no MARK for APPENDS at byte {pos}")
-                    items = stack
-                    stack = metastack.pop()
-                    push = stack.append
-                    target = stack[-1]
-                    if type(target) is list:
-                        target.extend(items)
-                    else:
-                        self.appends(target, items, pos, "APPENDS")
-                elif g == 15:  # NONE
+                elif g == 12:  # NONE
                     push(None)
-                elif g == 16:  # NEWTRUE
+                elif g == 13:  # NEWTRUE
                     push(True)
-                elif g == 17:  # SETITEM
+                elif g == 14:  # SETITEM
                     if len(stack) < 3:
                         raise IndexError
                     v = stack.pop()
                     k = stack.pop()
                     self.setitems(stack[-1], (k, v), pos, "SETITEM")
-                elif g == 18:  # APPEND
+                elif g == 15:  # APPEND
                     if len(stack) < 2:
                         raise IndexError
                     v = stack.pop()
                     self.appends(stack[-1], (v,), pos, "APPEND")
-                elif g == 19:  # TUPLE3
+                elif g == 16:  # TUPLE3
                     if len(stack) < 3:
                         raise IndexError
                     cc = stack.pop()
                     b = stack.pop()
                     stack[-1] = (stack[-1], b, cc)
-                elif g == 20:  # BUILD
+                elif g == 17:  # BUILD
                     st = stack.pop()
                     self.build(stack[-1], st, pos)
-                elif g == 21:  # MEMOIZE
+                elif g == 18:  # MEMOIZE
                     if not stack:
                         raise IndexError
                     i = len(memo)
@@ -182,12 +199,12 @@ class _State(_HiddenPickles, _ObjectOps):
                         self.trick(f"memo slot {i} rebound at byte {pos} (MEMOIZE): was "
                                    f"{_short_repr(old)}, now {_short_repr(top)}")
                     memo[i] = top
-                elif g == 22:  # GLOBAL
+                elif g == 19:  # GLOBAL
                     mod, name = _raw_line_pair(self.data, pos)
                     res.globals.append(GlobalImport(mod, name, "GLOBAL", pos, True))
                     self.check_name(mod, name, pos)
                     push(GlobalRef(mod, name))
-                elif g == 23:  # STACK_GLOBAL
+                elif g == 20:  # STACK_GLOBAL
                     name = stack.pop()
                     mod = stack.pop()
                     if type(mod) is str and type(name) is str:
@@ -200,81 +217,30 @@ class _State(_HiddenPickles, _ObjectOps):
                         self.trick(f"STACK_GLOBAL at byte {pos} imports a computed name "
                                    f"(module {m}, name {nm}), hiding what it imports")
                         push(GlobalRef(m, nm))
-                elif g == 24:  # NEWOBJ
+                elif g == 21:  # NEWOBJ
                     args = stack.pop()
                     stack[-1] = self.newobj(stack[-1], args, None, pos, "NEWOBJ")
-                elif g == 25:  # NEWOBJ_EX
+                elif g == 22:  # NEWOBJ_EX
                     kwargs = stack.pop()
                     args = stack.pop()
                     stack[-1] = self.newobj(stack[-1], args, kwargs, pos, "NEWOBJ_EX")
-                elif g == 26:  # INST: module/name operands, args since MARK
-                    mod, name = _raw_line_pair(self.data, pos)
-                    res.globals.append(GlobalImport(mod, name, "INST", pos, True))
-                    self.check_name(mod, name, pos)
-                    if not metastack:
-                        raise _WalkError(f"no MARK for INST at byte {pos}")
-                    items = stack
-                    stack = metastack.pop()
-                    push = stack.append
-                    push(self.newobj(GlobalRef(mod, name), tuple(items), None, pos, "INST"))
-                elif g == 27:  # OBJ: cls and args since MARK
-                    if not metastack:
-                        raise _WalkError(f"no MARK for OBJ at byte {pos}")
-                    items = stack
-                    stack = metastack.pop()
-                    push = stack.append
-                    if not items:
-                        raise IndexError
-                    push(self.newobj(items[0], tuple(items[1:]), None, pos, "OBJ"))
-                elif g == 28:  # STRING / SHORT_BINSTRING / BINSTRING (Python 2 str)
+                elif g == 23:  # STRING / SHORT_BINSTRING / BINSTRING (Python 2 str)
                     push(arg)
                     if type(arg) is str and (arg[:1] == "\x80" or len(arg) >= min_chars):
                         self.maybe_encoded(arg, pos, op.name)
                     elif type(arg) is bytes and (arg[:1] == b"\x80" or len(arg) >= min_chars):
                         self.maybe_encoded(arg, pos, op.name)
-                elif g == 29:  # BINBYTES / SHORT_BINBYTES / BINBYTES8
+                elif g == 24:  # BINBYTES / SHORT_BINBYTES / BINBYTES8
                     push(arg)
                     if arg[:1] == b"\x80" or len(arg) >= min_chars:
                         self.maybe_encoded(arg, pos, op.name)
-                elif g == 30:  # BYTEARRAY8
+                elif g == 25:  # BYTEARRAY8
                     push(bytearray(arg))
                     if arg[:1] == b"\x80" or len(arg) >= min_chars:
                         self.maybe_encoded(arg, pos, op.name)
-                elif g == 31:  # LIST
-                    if not metastack:
-                        raise _WalkError(f"no MARK for LIST at byte {pos}")
-                    items = stack
-                    stack = metastack.pop()
-                    push = stack.append
-                    push(items)
-                elif g == 32:  # DICT
-                    if not metastack:
-                        raise _WalkError(f"no MARK for DICT at byte {pos}")
-                    items = stack
-                    stack = metastack.pop()
-                    push = stack.append
-                    d: Dict[Any, Any] = {}
-                    self.setitems(d, items, pos, "DICT")
-                    push(d)
-                elif g == 33:  # EMPTY_SET
+                elif g == 26:  # EMPTY_SET
                     push(set())
-                elif g == 34:  # ADDITEMS
-                    if not metastack:
-                        raise _WalkError(f"no MARK for ADDITEMS at byte {pos}")
-                    items = stack
-                    stack = metastack.pop()
-                    push = stack.append
-                    target = stack[-1]
-                    if type(target) is set:
-                        target.update(_safe_key(x) for x in items)
-                elif g == 35:  # FROZENSET
-                    if not metastack:
-                        raise _WalkError(f"no MARK for FROZENSET at byte {pos}")
-                    items = stack
-                    stack = metastack.pop()
-                    push = stack.append
-                    push(frozenset(_safe_key(x) for x in items))
-                elif g == 36:  # POP
+                elif g == 27:  # POP
                     if stack:
                         stack.pop()
                     elif metastack:  # pickle.py: popping an empty frame pops the MARK
@@ -282,29 +248,24 @@ class _State(_HiddenPickles, _ObjectOps):
                         push = stack.append
                     else:
                         raise IndexError
-                elif g == 37:  # POP_MARK
-                    if not metastack:
-                        raise _WalkError(f"no MARK for POP_MARK at byte {pos}")
-                    stack = metastack.pop()
-                    push = stack.append
-                elif g == 38:  # DUP
+                elif g == 28:  # DUP
                     push(stack[-1])
-                elif g == 39:  # EXT1 / EXT2 / EXT4
+                elif g == 29:  # EXT1 / EXT2 / EXT4
                     res.globals.append(GlobalImport("copyreg._extension_registry", str(arg), op.name, pos, False))
                     self.trick(f"{op.name} at byte {pos} imports by extension-registry code {arg} "
                                "(copyreg.add_extension), so the imported name is not in the file")
                     push(GlobalRef("copyreg._extension_registry", str(arg)))
-                elif g == 40:  # PROTO
+                elif g == 30:  # PROTO
                     if res.protocol is None:
                         res.protocol = arg
-                elif g == 41:  # FRAME (protocol 4 framing hint): nothing to do
+                elif g == 31:  # FRAME (protocol 4 framing hint): nothing to do
                     pass
-                elif g == 42:  # NEXT_BUFFER (protocol 5 out-of-band data, not in the stream)
+                elif g == 32:  # NEXT_BUFFER (protocol 5 out-of-band data, not in the stream)
                     push(Call("<out-of-band buffer>", ()))
-                elif g == 43:  # READONLY_BUFFER
+                elif g == 33:  # READONLY_BUFFER
                     if not stack:
                         raise IndexError
-                elif g == 44:  # PERSID (protocol 0: the id is a string operand)
+                elif g == 34:  # PERSID (protocol 0: the id is a string operand)
                     push(self.persistent_load(arg, pos))
                 else:  # STOP
                     if metastack:
