@@ -23,29 +23,6 @@ STAGES = {"inventory", "hash", "scan", "load", "configdiff", "target", "structur
 
 #: kinds built in more modules than their detector's: {kind: ({other module: its stage}, reason)}
 MULTI_MODULE: Dict[str, tuple] = {
-    "zero_filled_head": (
-        {"ckptaudit.formats.safetensors_check": "scan", "ckptaudit.formats.torchzip": "scan"},
-        "built in sniff, safetensors_check and torchzip (the >= 64 NUL-head rule written 3x) until the "
-        "byte-layer split moves it into one builder (formats/zeros.py)"),
-    "zero_filled_tail": (
-        {"ckptaudit.formats.torchzip": "scan"},
-        "built in safetensors_check and torchzip (the cut-zip path) until the byte-layer split moves it "
-        "into one builder (formats/zeros.py)"),
-    "zero_filled_span": (
-        {"ckptaudit.formats.torchzip": "scan"},
-        "built in safetensors_check and torchzip (zip members) until the byte-layer split moves it into "
-        "one builder (formats/zeros.py)"),
-    "not_a_torch_save_file": (
-        {"ckptaudit.layouts.base": "scan"},
-        "built in sniff and layouts/base (_as_pickle) until the byte-layer split moves _as_pickle into "
-        "sniff (sniff.not_torch_save)"),
-    "legacy_magic_mismatch": (
-        {"ckptaudit.formats.legacy": "scan"},
-        "built in sniff and legacy until legacy calls sniff's builder (byte-layer split)"),
-    "pickle_unreadable": (
-        {"ckptaudit.formats.legacy": "scan"},
-        "built in layouts/base (walk_problem) and legacy until the byte-layer split gives both one "
-        "builder module below them (formats/pickles.py)"),
     "pickle_obfuscation": (
         {"ckptaudit.layouts.base": "scan"},
         "built in security and layouts/base (the archive-mix check and _disguise) until the byte-layer "
@@ -81,12 +58,6 @@ NON_LITERAL: Dict[str, tuple] = {
     "ckptaudit.layouts.scan:scan_units": (
         {"not_a_regular_file", "file_unreadable"},
         "F.make(inventory.irregular_kind(why), ...): two literal make() calls replace irregular_kind"),
-    "ckptaudit.layouts.base:relabel": (
-        "*", "re-renders a format checker's finding with the run-relative path until the checkers take "
-             "display= and build it once"),
-    "ckptaudit.layouts.base:_name_damaged_tensors": (
-        "*", "re-renders zip_crc_mismatch with the damaged tensors' names until the CRC check receives "
-             "them and builds it once"),
 }
 
 

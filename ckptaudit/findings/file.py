@@ -24,16 +24,16 @@ ENTRIES: List[_k] = [
        "{path}: the last {zero_bytes} bytes (from offset {offset}) are NUL where data should be: the file's "
        "size was committed but its data blocks were not flushed.",
        "Treat it as lost; roll back to an older checkpoint. fsync the file and its folder before publishing.",
-       stage="scan", detector="ckptaudit.formats.safetensors_check:_suspicious_zero_runs"),
+       stage="scan", detector="ckptaudit.formats.zeros:tail"),
     _k("zero_filled_head", "file", "error", "none",
        "{path}: the first {zero_bytes} bytes are NUL where the file header should be.",
        "Treat it as lost; roll back to an older checkpoint.",
-       stage="scan", detector="ckptaudit.formats.sniff:generic_findings"),
+       stage="scan", detector="ckptaudit.formats.zeros:head"),
     _k("zero_filled_span", "file", "error", "none",
        "{path}: {zero_bytes} NUL bytes at offset {offset} inside {member} where tensor data should be "
        "(a lost or unflushed block).",
        "Treat it as lost; roll back to an older checkpoint.",
-       stage="scan", detector="ckptaudit.formats.safetensors_check:_suspicious_zero_runs"),
+       stage="scan", detector="ckptaudit.formats.zeros:span"),
     _k("git_lfs_pointer", "file", "error", "none",
        "{path} is a {size_bytes}-byte Git LFS pointer, not the checkpoint: the real object is {lfs_size} bytes "
        "with oid sha256:{lfs_oid}.",
@@ -67,37 +67,37 @@ ENTRIES: List[_k] = [
        "{path} is a torch.save zip cut short: it is {size_bytes} bytes and has no end-of-central-directory "
        "record{missing_text}. {intact_text}",
        "Treat it as lost (the save was killed or the disk filled); roll back to the rollback point the verdict names.",
-       stage="scan", detector="ckptaudit.formats.torchzip:_check_without_cd"),
+       stage="scan", detector="ckptaudit.formats.zip.cut:truncated"),
     _k("zip_member_header_corrupted", "file", "error", "none",
        "{path}: the zip local header of {member} at offset {offset} is damaged ({why}); the central directory "
        "is intact, so the file has the right size but a block in the middle was lost or overwritten.",
        "Treat it as lost; roll back to an older checkpoint and check the storage for bad blocks.",
-       stage="scan", detector="ckptaudit.formats.torchzip:_check_with_cd"),
+       stage="scan", detector="ckptaudit.formats.zip.central:member_header_corrupted"),
     _k("zip_missing_record", "file", "error", "none",
        "{path}: the zip archive has no {member} record ({why}).",
        "The archive was re-packed or written by another tool; find the original checkpoint.",
-       stage="scan", detector="ckptaudit.formats.torchzip:check_zip"),
+       stage="scan", detector="ckptaudit.formats.zip.central:missing_record"),
     _k("zip_crc_mismatch", "file", "error", "none",
        "{path}: member {member} fails its CRC32 check (stored {expected}, computed {actual}): its bytes "
        "changed after the save{tensor_text}.",
        "Treat it as corrupt even though torch.load may accept it; roll back to an older checkpoint.",
-       stage="scan", detector="ckptaudit.formats.torchzip:_verify_member"),
+       stage="scan", detector="ckptaudit.formats.zip.crc_finding:crc_mismatch"),
     _k("zip_storage_missing", "file", "error", "none",
        "{path}: data.pkl references storage {storage} but the archive has no {member} record.",
        "Treat it as lost; roll back to an older checkpoint.",
-       stage="scan", detector="ckptaudit.formats.torchzip:check_storages"),
+       stage="scan", detector="ckptaudit.formats.zip.storages:check_storages"),
     _k("zip_storage_size_mismatch", "file", "error", "none",
        "{path}: storage {storage} needs {expected} bytes ({dtype} x {numel}) but its record holds {actual}.",
        "Treat it as lost; roll back to an older checkpoint.",
-       stage="scan", detector="ckptaudit.formats.torchzip:check_storages"),
+       stage="scan", detector="ckptaudit.formats.zip.storages:check_storages"),
     _k("truncated_legacy_pickle", "file", "error", "none",
        "{path} is a pre-1.6 (legacy, non-zip) torch.save file cut short at {size_bytes} bytes: {why}.",
        "Treat it as lost; roll back to an older checkpoint. Save with the default zip format from now on.",
-       stage="scan", detector="ckptaudit.formats.legacy:check_legacy"),
+       stage="scan", detector="ckptaudit.formats.legacy:_truncated"),
     _k("legacy_magic_mismatch", "file", "error", "none",
        "{path} starts like a legacy torch.save file but its magic number is {found} (expected {expected}).",
        "Treat it as corrupt; roll back to an older checkpoint.",
-       stage="scan", detector="ckptaudit.formats.sniff:generic_findings"),
+       stage="scan", detector="ckptaudit.formats.sniff:legacy_magic_mismatch"),
     _k("checksum_mismatch", "file", "error", "none",
        "{path}: SHA-256 is {actual} but its {source} records {expected}: the bytes changed after they were "
        "written (silent corruption, an interrupted copy, or a later partial overwrite).",
@@ -249,7 +249,7 @@ ENTRIES: List[_k] = [
        "components may be missed; {imports}.",
        "Inspect the file's structure with a trusted tool before resuming and load it only with "
        "torch.load(weights_only=True); a real checkpoint's tree is far smaller.",
-       stage="scan", detector="ckptaudit.layouts.base:walk_problem"),
+       stage="scan", detector="ckptaudit.formats.pickles:walk_problem"),
     _k("audit_error", "file", "error", "none",
        "{path}: the {stage} stage could not examine this unit ({error_type}: {error}); the other units were "
        "audited.",
@@ -263,7 +263,7 @@ ENTRIES: List[_k] = [
     _k("pickle_unreadable", "file", "error", "none",
        "{path}: the pickle in {member} cannot be walked ({why}).",
        "Treat it as corrupt; roll back to an older checkpoint.",
-       stage="scan", detector="ckptaudit.layouts.base:walk_problem"),
+       stage="scan", detector="ckptaudit.formats.pickles:unreadable"),
     _k("load_failed", "file", "error", "none",
        "{path}: torch.load(weights_only=True) failed in an isolated process: {why}.",
        "Treat it as unusable; roll back to an older checkpoint. The raw error is in the load table.",
@@ -282,12 +282,12 @@ ENTRIES: List[_k] = [
        "{path}: the isolated load test exceeded its {memory_limit_bytes}-byte address-space limit.",
        "Raise load.memory_limit_mib if the checkpoint is legitimately that large.",
        stage="load", detector="ckptaudit.loadtest:load_units"),
-    # --------------------------------------------------- file (formats/torchzip)
+    # ------------------------------------------------ file (formats/zip/central)
     _k("zip_central_directory_corrupted", "file", "error", "none",
        "{path}: the zip central directory or its end records (from offset {offset}) are damaged ({why}), so "
        "the records cannot be located through it.",
        "Treat it as lost; roll back to an older checkpoint and check the storage for bad blocks.",
-       stage="scan", detector="ckptaudit.formats.torchzip:_check_with_cd"),
+       stage="scan", detector="ckptaudit.formats.zip.central:cd_corrupted"),
     # ---------------------------------------------------- file (formats/legacy)
     _k("legacy_storage_size_mismatch", "file", "error", "none",
        "{path}: storage {storage} of this legacy torch.save file is prefixed with {found} elements at offset "

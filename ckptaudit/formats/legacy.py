@@ -29,7 +29,8 @@ from typing import Any, List, Optional, Tuple
 from .. import findings, fs
 from ..findings import Finding
 from ..pickle_walk import WalkResult, walk
-from .sniff import TORCH_LEGACY_MAGIC, TORCH_LEGACY_PROTOCOL_VERSION, generic_findings, sniff
+from . import pickles
+from .sniff import TORCH_LEGACY_PROTOCOL_VERSION, generic_findings, legacy_magic_mismatch, sniff
 
 #: Largest object/key pickle read into memory, bytes.
 MAX_PICKLE_BYTES = 256 << 20
@@ -55,7 +56,7 @@ def _pickle_end(f, start: int) -> Tuple[Optional[int], int, str]:
     return None, n, "no STOP opcode"
 
 
-def check_legacy(path) -> Tuple[Optional[WalkResult], List[Finding]]:
+def check_legacy(path, *, display: Optional[str] = None) -> Tuple[Optional[WalkResult], List[Finding]]:
     """Audit a legacy torch.save file at ``path``.
 
     Returns ``(walk_result, findings)``; ``walk_result`` is the static walk of
@@ -64,21 +65,18 @@ def check_legacy(path) -> Tuple[Optional[WalkResult], List[Finding]]:
     ``legacy_magic_mismatch``, ``truncated_legacy_pickle`` (which pickle or
     which storage the cut is in, bytes missing when known, storages intact),
     ``pickle_unreadable`` (a pickle that is complete but wrong), plus the
-    sniff-level kinds when the file is not legacy torch at all.  Never raises
-    on bad content.
+    sniff-level kinds when the file is not legacy torch at all.  The findings name
+    ``display`` (default: ``path``).  Never raises on bad content.
     """
     path = fs.fspath(path)
+    shown = path if display is None else display
     s = sniff(path)
     size = s.size_bytes
     if s.kind != "torch_legacy":
-        g = generic_findings(s)
-        if not g:
-            g = [findings.make("legacy_magic_mismatch", path=path, found=f"absent (the file is {s.kind!r})",
-                               expected=hex(TORCH_LEGACY_MAGIC))]
-        return None, g
+        return None, generic_findings(s, shown) or [legacy_magic_mismatch(shown, f"absent (the file is {s.kind!r})")]
 
     def cut(why: str, **extra: Any) -> Finding:
-        return findings.make("truncated_legacy_pickle", path=path, size_bytes=size, why=why, **extra)
+        return _truncated(shown, size, why, **extra)
 
     with fs.open_binary(path) as f:
         ends: List[int] = []
@@ -104,34 +102,40 @@ def check_legacy(path) -> Tuple[Optional[WalkResult], List[Finding]]:
             if i == 1:
                 pv = _first_value(f, pos)
                 if pv != TORCH_LEGACY_PROTOCOL_VERSION:
-                    return None, [findings.make("pickle_unreadable", path=path, member=pname,
-                                                why=f"it holds {pv!r}; torch expects {TORCH_LEGACY_PROTOCOL_VERSION}")]
+                    return None, [pickles.unreadable(
+                        shown, pname, f"it holds {pv!r}; torch expects {TORCH_LEGACY_PROTOCOL_VERSION}")]
             pos = end
         keys_data = _read(f, ends[3], ends[4] - ends[3])
     keys_res = walk(keys_data, persistent="raw") if keys_data is not None else None
     keys = keys_res.obj if keys_res is not None and not keys_res.error else None
     if not (isinstance(keys, list) and all(isinstance(k, str) for k in keys)):
-        return res, [findings.make("pickle_unreadable", path=path, member="storage-key pickle",
-                                   why=f"it is not a list of storage keys ({type(keys).__name__})")]
+        return res, [pickles.unreadable(shown, "storage-key pickle",
+                                        f"it is not a list of storage keys ({type(keys).__name__})")]
     if res is None or res.error:
-        return res, [findings.make("pickle_unreadable", path=path, member="object pickle",
-                                   why=(res.error if res is not None else "larger than the read limit"))]
+        return res, [pickles.unreadable(shown, "object pickle",
+                                        res.error if res is not None else "larger than the read limit")]
     with fs.open_binary(path) as f:
-        return res, _check_storages(f, path, size, res, keys, ends[4])
+        return res, _check_storages(f, shown, size, res, keys, ends[4])
 
 
-def _check_storages(f, path: str, size: int, res: WalkResult, keys: List[str], pos: int) -> List[Finding]:
+def _truncated(display: str, size: int, why: str, **extra: Any) -> Finding:
+    """``truncated_legacy_pickle``: the file ends at ``size`` bytes, inside what ``why`` names.  Decided by
+    :func:`check_legacy` (a cut inside one of the five pickles) and :func:`_check_storages` (inside a storage)."""
+    return findings.make("truncated_legacy_pickle", path=display, size_bytes=size, why=why, **extra)
+
+
+def _check_storages(f, display: str, size: int, res: WalkResult, keys: List[str], pos: int) -> List[Finding]:
     """Walk the storage records (8-byte element count + raw bytes) that follow the key pickle."""
 
     def cut(why: str, **extra: Any) -> Finding:
-        return findings.make("truncated_legacy_pickle", path=path, size_bytes=size, why=why, **extra)
+        return _truncated(display, size, why, **extra)
 
     n = len(keys)
     for idx, key in enumerate(keys):
         ref = res.storages.get(key)
         if ref is None or ref.numel is None or not ref.itemsize:
-            return [findings.make("pickle_unreadable", path=path, member="object pickle",
-                                  why=f"storage key {key!r} of the key list has no usable persistent id")]
+            return [pickles.unreadable(display, "object pickle",
+                                       f"storage key {key!r} of the key list has no usable persistent id")]
         if pos + 8 > size:
             why = (f"the cut falls inside the 8-byte size prefix of storage {key!r} ({idx + 1} of {n}); "
                    f"{idx} of {n} storages are intact")
@@ -140,7 +144,7 @@ def _check_storages(f, path: str, size: int, res: WalkResult, keys: List[str], p
         f.seek(pos)
         numel = struct.unpack("<q", f.read(8))[0]
         if numel != ref.numel:
-            return [findings.make("legacy_storage_size_mismatch", path=path, storage=key, found=numel,
+            return [findings.make("legacy_storage_size_mismatch", path=display, storage=key, found=numel,
                                   expected=ref.numel, dtype=ref.dtype, offset=pos)]
         nbytes = numel * ref.itemsize
         if pos + 8 + nbytes > size:

@@ -29,7 +29,9 @@ from typing import List, Optional, Tuple
 
 from .. import findings, fs
 from ..findings import Finding
-from .sniff import generic_findings, sniff, zero_runs
+from . import zeros
+from .sniff import generic_findings, sniff
+from .zeros import zero_runs
 
 #: Largest header the safetensors Rust reader accepts (``MAX_HEADER_SIZE``), bytes.
 MAX_HEADER_BYTES = 100_000_000
@@ -51,7 +53,7 @@ _MAX_OFFSET_FINDINGS = 10
 _NOT_SAFETENSORS = ("empty", "all_zero", "lfs_pointer", "html", "text", "json", "npy", "npz", "pickle")
 
 
-def check_safetensors(path, *, scan_zeros: bool = True, chunk: int = 1 << 20,
+def check_safetensors(path, *, display: Optional[str] = None, scan_zeros: bool = True, chunk: int = 1 << 20,
                       min_zero_run: int = MIN_ZERO_RUN_BYTES) -> Tuple[Optional[dict], List[Finding]]:
     """Parse and validate the safetensors file at ``path``.
 
@@ -60,33 +62,32 @@ def check_safetensors(path, *, scan_zeros: bool = True, chunk: int = 1 << 20,
     ``"__metadata__"``) whenever it parsed as a JSON object, else None.
     Reads the 8-byte prefix and the header (at most :data:`MAX_HEADER_BYTES`);
     with ``scan_zeros`` the data buffer is streamed once in ``chunk``-byte reads
-    to look for zeroed blocks.  Never raises on bad content; raises OSError only
-    if the file cannot be opened.
+    to look for zeroed blocks.  The findings name ``display`` (default: ``path``), the file as it
+    sits in the run folder.  Never raises on bad content; raises OSError only if the file cannot be opened.
     """
     path = fs.fspath(path)
+    shown = path if display is None else display
     s = sniff(path)
     if s.kind in _NOT_SAFETENSORS:
-        return None, generic_findings(s)
+        return None, generic_findings(s, shown)
     size = s.size_bytes
     if size < 8:
-        return None, [findings.make("header_too_small", path=path, size_bytes=size)]
+        return None, [findings.make("header_too_small", path=shown, size_bytes=size)]
     with fs.open_binary(path) as f:
         n = struct.unpack("<Q", f.read(8))[0]
         if n > MAX_HEADER_BYTES or 8 + n > size:
-            return None, [findings.make("header_too_large", path=path, header_len=n, size_bytes=size,
+            return None, [findings.make("header_too_large", path=shown, header_len=n, size_bytes=size,
                                         max_header_bytes=MAX_HEADER_BYTES)]
-        zh = s.detail.get("zero_head_bytes") or 0
         if n == 0:
-            if zh >= 64:
-                return None, [findings.make("zero_filled_head", path=path, zero_bytes=zh, size_bytes=size)]
-            return None, [findings.make("invalid_header_json", path=path, header_len=0,
-                                        why="the header length prefix is 0 (an empty header is not a JSON object)")]
+            return None, zeros.head(shown, s.detail.get("zero_head_bytes"), size) or [findings.make(
+                "invalid_header_json", path=shown, header_len=0,
+                why="the header length prefix is 0 (an empty header is not a JSON object)")]
         raw = f.read(n)
     header, why = _parse_header(raw)
     if header is None:
-        return None, [findings.make("invalid_header_json", path=path, header_len=n, why=why)]
+        return None, [findings.make("invalid_header_json", path=shown, header_len=n, why=why)]
     if why:
-        return header, [findings.make("invalid_header_json", path=path, header_len=n, why=why)]
+        return header, [findings.make("invalid_header_json", path=shown, header_len=n, why=why)]
 
     out: List[Finding] = []
     tensors = sorted(((name, e) for name, e in header.items() if name != "__metadata__"),
@@ -113,19 +114,19 @@ def check_safetensors(path, *, scan_zeros: bool = True, chunk: int = 1 << 20,
                            f"{nbits // 8} bytes")
         if problem:
             if len(out) < _MAX_OFFSET_FINDINGS:
-                out.append(findings.make("safetensors_offsets_invalid", path=path, tensor=name,
+                out.append(findings.make("safetensors_offsets_invalid", path=shown, tensor=name,
                                          offsets=[b, en], why=problem))
         expected = max(expected, en)
         prev = name
     data_len = expected
     present = size - 8 - n
     if present < data_len:
-        out.append(_truncated(path, tensors, present, data_len))
+        out.append(_truncated(shown, tensors, present, data_len))
     elif present > data_len:
-        out.append(findings.make("safetensors_trailing_bytes", path=path, extra_bytes=present - data_len,
+        out.append(findings.make("safetensors_trailing_bytes", path=shown, extra_bytes=present - data_len,
                                  expected_bytes=8 + n + data_len, size_bytes=size))
     if scan_zeros and not any(x.severity == "error" for x in out) and data_len >= min_zero_run:
-        out.extend(_suspicious_zero_runs(path, tensors, 8 + n, data_len, min_zero_run, chunk))
+        out.extend(_suspicious_zero_runs(path, shown, tensors, 8 + n, data_len, min_zero_run, chunk))
     return header, out
 
 
@@ -210,7 +211,7 @@ def _short(v, limit: int = 80) -> str:
     return r if len(r) <= limit else r[:limit] + "…"
 
 
-def _truncated(path: str, tensors, present: int, data_len: int) -> Finding:
+def _truncated(display: str, tensors, present: int, data_len: int) -> Finding:
     whole = [t for t in tensors if t[1]["data_offsets"][1] <= present]
     cut = next((t for t in tensors if t[1]["data_offsets"][0] <= present < t[1]["data_offsets"][1]), None)
     text = f"{len(whole)} of {len(tensors)} tensors lie wholly inside the file"
@@ -219,12 +220,12 @@ def _truncated(path: str, tensors, present: int, data_len: int) -> Finding:
         text += (f"; the cut falls inside {cut[0]!r} after {present - b} of its {e - b} bytes "
                  f"(data byte {present})")
     text += "."
-    return findings.make("truncated_in_data", path=path, missing_bytes=data_len - present,
+    return findings.make("truncated_in_data", path=display, missing_bytes=data_len - present,
                          expected_bytes=data_len, intact_text=text, n_tensors_intact=len(whole),
                          n_tensors=len(tensors))
 
 
-def _suspicious_zero_runs(path: str, tensors, data_start: int, data_len: int, min_run: int,
+def _suspicious_zero_runs(path: str, display: str, tensors, data_start: int, data_len: int, min_run: int,
                           chunk: int) -> List[Finding]:
     """Zero-filled spans in the data buffer that a legitimate save cannot explain.
 
@@ -260,9 +261,7 @@ def _suspicious_zero_runs(path: str, tensors, data_start: int, data_len: int, mi
         member = f"tensors {first[2]!r}..{last[2]!r}" if len(touched) > 2 else \
             f"tensors {first[2]!r} and {last[2]!r}"
         if to_eof:
-            out.append(findings.make("zero_filled_tail", path=path, zero_bytes=length, offset=off,
-                                     member=member))
+            out.append(zeros.tail(display, length, off, member=member))
         else:
-            out.append(findings.make("zero_filled_span", path=path, zero_bytes=length, offset=off,
-                                     member=member))
+            out.append(zeros.span(display, length, off, member))
     return out

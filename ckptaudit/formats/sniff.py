@@ -31,10 +31,12 @@ import pickletools
 import re
 import struct
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from .. import findings, fs
 from ..findings import Finding
+from . import zeros
+from .zeros import zero_runs  # noqa: F401 - the streamed NUL-run search lives in zeros
 
 #: ``MAGIC_NUMBER`` of torch/serialization.py (legacy torch.save format).
 TORCH_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
@@ -241,7 +243,7 @@ def _classify(first: bytes, size: int, detail: Dict[str, Any], lower_path: str) 
     return "unknown"
 
 
-def generic_findings(s: Sniff) -> List[Finding]:
+def generic_findings(s: Sniff, display: Optional[str] = None) -> List[Finding]:
     """Findings for the sniff kinds that are never a checkpoint.
 
     ``torch_zip``, ``zip``, ``torch_legacy`` and ``safetensors`` get none here
@@ -250,10 +252,11 @@ def generic_findings(s: Sniff) -> List[Finding]:
     holds text files such as DeepSpeed's ``latest`` or an HF index.  A plain
     ``pickle`` named ``.metadata`` is torch.distributed.checkpoint's metadata
     (written with ``pickle.dump`` by design) and gets no finding here either.
+    ``display`` is the path the findings name (default: the path sniffed).
     """
-    p = s.path
+    p = s.path if display is None else display
     k = s.kind
-    name = os.path.basename(p).lower()
+    name = os.path.basename(s.path).lower()
     binary_name = name.endswith(BINARY_SUFFIXES)
     if k == "empty":
         return [findings.make("empty_file", path=p, size_bytes=0)]
@@ -274,81 +277,36 @@ def generic_findings(s: Sniff) -> List[Finding]:
         if name == ".metadata":
             return []
         if s.detail.get("first_int") is not None:
-            return [findings.make("legacy_magic_mismatch", path=p, found=hex(s.detail["first_int"]),
-                                  expected=hex(TORCH_LEGACY_MAGIC))]
+            return [legacy_magic_mismatch(p, hex(s.detail["first_int"]))]
         return [findings.make("not_a_torch_save_file", path=p, size_bytes=s.size_bytes,
                               pickle_protocol=s.detail.get("pickle_protocol"))]
     if k in ("npy", "npz"):
         return [findings.make("numpy_archive_not_checkpoint", path=p, size_bytes=s.size_bytes)]
     if k == "unknown":
-        zh = s.detail.get("zero_head_bytes") or 0
-        if zh >= 64:
-            return [findings.make("zero_filled_head", path=p, zero_bytes=zh, size_bytes=s.size_bytes)]
-        return [findings.make("unknown_format", path=p, size_bytes=s.size_bytes, head_hex=s.head[:16].hex(" "))]
+        return zeros.head(p, s.detail.get("zero_head_bytes"), s.size_bytes) or [
+            findings.make("unknown_format", path=p, size_bytes=s.size_bytes, head_hex=s.head[:16].hex(" "))]
     return []
+
+
+def as_pickle(generic: List[Finding], s: Sniff, protocol: Optional[int], display: str) -> List[Finding]:
+    """The file-layer findings of a file whose bytes turned out to be a pickle (the scanner's security
+    sweep walked it): a text, HTML or unknown-bytes verdict of :func:`generic_findings` is replaced by
+    ``not_a_torch_save_file`` (an error page is named so only when it is not a pickle)."""
+    if s.kind not in ("text", "json", "html", "unknown"):
+        return generic
+    kept = [f for f in generic if f.kind not in ("text_error_page", "html_error_page", "unknown_format")]
+    if len(kept) != len(generic) or s.kind in ("html", "unknown"):
+        kept.append(findings.make("not_a_torch_save_file", path=display, size_bytes=s.size_bytes,
+                                  pickle_protocol=protocol if protocol is not None else "0 or 1"))
+    return kept
+
+
+def legacy_magic_mismatch(display: str, found: str) -> Finding:
+    """``legacy_magic_mismatch``: the file's first pickle is ``found`` where the legacy format has
+    :data:`TORCH_LEGACY_MAGIC`.  Decided by :func:`generic_findings` (a lone integer pickle followed by
+    another pickle) and by :func:`ckptaudit.formats.legacy.check_legacy` (a file that is no legacy file)."""
+    return findings.make("legacy_magic_mismatch", path=display, found=found, expected=hex(TORCH_LEGACY_MAGIC))
 
 
 def _head_text(head: bytes) -> str:
     return head[:40].decode("utf-8", "replace")
-
-
-_NONZERO = re.compile(rb"[^\x00]")
-
-
-def zero_runs(path, *, min_run: int = 64, chunk: int = 1 << 20, start: int = 0,
-              end: int | None = None) -> List[Tuple[int, int]]:
-    """``(offset, length)`` of every run of NUL bytes of at least ``min_run`` bytes.
-
-    Streams ``[start, end)`` of the file (default: all of it) in ``chunk``-byte
-    reads; memory stays O(chunk) plus the result list.  Runs that cross chunk
-    borders are joined.  Offsets and lengths are in bytes.  Inside a chunk the
-    search is ``bytes.find`` of ``min_run`` NULs (C speed), then a regex for the
-    run's first non-NUL byte.
-    """
-    path = fs.fspath(path)
-    runs: List[Tuple[int, int]] = []
-    min_run = max(1, int(min_run))
-    needle = b"\0" * min_run
-    with fs.open_binary(path, block_size=fs.STREAM_BLOCK_BYTES) as f:
-        size = fs.size(path)
-        stop = size if end is None else min(end, size)
-        pos = max(0, start)
-        f.seek(pos)
-        cur_start = -1  # start of a run still open at the end of the previous chunk
-        while pos < stop:
-            b = f.read(min(chunk, stop - pos))
-            if not b:
-                break
-            n = len(b)
-            i = 0
-            if cur_start >= 0:
-                m = _NONZERO.search(b)
-                if m is None:
-                    pos += n
-                    continue
-                i = m.start()
-                if pos + i - cur_start >= min_run:
-                    runs.append((cur_start, pos + i - cur_start))
-                cur_start = -1
-            while True:
-                j = b.find(needle, i) if n - i >= min_run else -1
-                if j < 0:
-                    break
-                m = _NONZERO.search(b, j + min_run)
-                if m is None:
-                    cur_start = pos + j  # runs to the end of the chunk: may continue
-                    i = n
-                    break
-                runs.append((pos + j, m.start() - j))
-                i = m.start()
-            if cur_start < 0 and i < n and b[-1] == 0:
-                # a shorter NUL tail that may grow into a run in the next chunk
-                k = n - len(b.rstrip(b"\0"))
-                if k < min_run:
-                    cur_start = pos + n - k
-            pos += n
-        if cur_start >= 0:
-            length = pos - cur_start
-            if length >= min_run:
-                runs.append((cur_start, length))
-    return runs

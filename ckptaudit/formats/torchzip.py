@@ -29,23 +29,29 @@ Torch's writer conventions (c10 ``PyTorchStreamWriter`` over miniz, driven by
   ``<key>``; the reader (``_load.load_tensor``) takes that many bytes from the
   record, so a record may be longer but never shorter.
 
-The machinery is in :mod:`ckptaudit.formats.zip` (``reader``, ``central``, ``crc``, ``cut``); this module
-holds the tunables, the report, the two entry points and every finding the zip checks build.
+The machinery is in :mod:`ckptaudit.formats.zip` (``reader``, ``central``, ``crc``, ``crc_finding``,
+``cut``, ``storages``); this module holds the tunables, the report and the entry points, which run the
+checks and put their findings in order.  Each finding is built once, naming the ``display`` path it is
+given, by the builder in the module that decides it (``zip.central``, ``zip.crc_finding``, ``zip.cut``,
+``zip.storages``, ``zeros``).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .. import findings, fs
+from .. import fs
 from ..findings import Finding
+from . import zeros
 from .sniff import generic_findings, sniff
-from .zip.central import _find_central_directory, _header_problem, _overlap, _parse_central, _prefetch_headers
+from .zip.central import (_find_central_directory, _header_problem, _overlap, _parse_central, _prefetch_headers,
+                          cd_corrupted, member_header_corrupted, missing_data_pkl, missing_record)
 from .zip.crc import _load_data_pkl, _longest_zero_run, _member_crc
-from .zip.cut import _decide_tail, _describe_cut, _trailing_zero_start, _walk_local
+from .zip.crc_finding import crc_mismatch
+from .zip.cut import _decide_tail, _describe_cut, _trailing_zero_start, _walk_local, truncated
 from .zip.reader import Member, _File, _hex
+from .zip.storages import check_storages  # noqa: F401 - re-exported: an entry point of the zip checks
 
 #: Largest data.pkl kept in memory, bytes (a 10k-tensor model has a few MB).
 MAX_DATA_PKL_BYTES = 256 << 20
@@ -91,8 +97,12 @@ class ZipReport:
 
 # ------------------------------------------------------------------ public API
 
+#: ``tensor_names`` of :func:`check_zip`: data.pkl's bytes -> {storage key: names of the tensors it holds}
+TensorNames = Callable[[bytes], Mapping[str, Sequence[str]]]
 
-def check_zip(path, *, verify_crc: bool = True, chunk: int = 1 << 20) -> ZipReport:
+
+def check_zip(path, *, display: Optional[str] = None, verify_crc: bool = True, chunk: int = 1 << 20,
+              tensor_names: Optional[TensorNames] = None) -> ZipReport:
     """Audit the zip structure of a torch.save archive at ``path``.
 
     With an end-of-central-directory record: every central-directory entry's
@@ -101,159 +111,118 @@ def check_zip(path, *, verify_crc: bool = True, chunk: int = 1 << 20) -> ZipRepo
     time) through CRC32.  Without one: local headers are walked from offset 0
     (record ends found through their data descriptors) to say where the file
     ends and which records are complete, and a zero-filled tail is told apart
-    from a cut (see :func:`_decide_tail`).  Memory: O(chunk) plus the central
-    directory entries and data.pkl.  Never raises on bad content; OSError only
-    when the file cannot be opened.
+    from a cut (see :func:`_decide_tail`).  The findings name ``display``
+    (default: ``path``).  ``tensor_names``, when given, is called once with
+    data.pkl's bytes when that record is intact (before the findings are built),
+    so that a storage record failing its CRC names the tensors it holds.
+    Memory: O(chunk) plus the central directory entries and data.pkl.  Never
+    raises on bad content; OSError only when the file cannot be opened.
     """
     path = fs.fspath(path)
+    shown = path if display is None else display
     rep = ZipReport()
     s = sniff(path)
     if s.kind in ("empty", "all_zero"):
-        rep.findings = generic_findings(s)
+        rep.findings = generic_findings(s, shown)
         return rep
     pre: List[Finding] = []
     zip_like = s.kind in ("torch_zip", "zip", "npz")
     if not zip_like:
-        zh = s.detail.get("zero_head_bytes") or 0
-        if zh >= 64:
-            pre = [findings.make("zero_filled_head", path=path, zero_bytes=zh, size_bytes=s.size_bytes)]
-        else:
-            pre = generic_findings(s)
+        pre = zeros.head(shown, s.detail.get("zero_head_bytes"), s.size_bytes) or generic_findings(s, shown)
     fh = _File(path, window=REMOTE_WINDOW_BYTES, prefetch=REMOTE_PREFETCH)  # read now: benchmarks and tests set them
     try:
         buf = bytearray(max(4096, chunk))
         cd = _find_central_directory(fh)
         if isinstance(cd, dict):
             rep.has_central_directory = True
-            _check_with_cd(fh, path, cd, rep, verify_crc, chunk, buf)
+            _check_with_cd(fh, shown, cd, rep, verify_crc, chunk, buf, tensor_names)
             rep.findings[:0] = pre
         elif not zip_like:
-            rep.findings = pre or [findings.make(
-                "zip_missing_record", path=path, member="end-of-central-directory",
-                why=f"the file is not a zip archive at all: it is {s.kind!r} by its first bytes "
-                    f"({s.head[:8].hex(' ')})")]
+            rep.findings = pre or [missing_record(
+                shown, "end-of-central-directory",
+                f"the file is not a zip archive at all: it is {s.kind!r} by its first bytes ({s.head[:8].hex(' ')})")]
         else:
-            _check_without_cd(fh, path, rep, verify_crc, chunk, buf, cd_problem=cd)
+            _check_without_cd(fh, shown, rep, verify_crc, chunk, buf, cd, tensor_names)
             rep.findings[:0] = [p for p in pre if p.kind == "zero_filled_head"]
     finally:
         fh.close()
     return rep
 
 
-def check_storages(report: ZipReport, storages: Dict[str, Tuple[int, str, int]], path: str) -> List[Finding]:
-    """Check that every storage named in data.pkl has a big enough record.
-
-    ``storages``: key -> ``(nbytes_needed, dtype, numel)``; the record is
-    ``<prefix>/data/<key>`` and must hold at least ``nbytes_needed`` bytes
-    (torch reads exactly that many; a longer record loads).  When the archive
-    was cut short or zero-filled (``report.cut_offset`` set or no central
-    directory), records past the cut are not reported again: the truncation
-    finding covers them; the complete records are still size-checked.
-    """
-    out: List[Finding] = []
-    by_name = {m.name: m for m in report.members}
-    cut = report.cut_offset is not None or not report.has_central_directory
-    pre = f"{report.prefix}/" if report.prefix else ""
-
-    def keyorder(k: str):
-        return (0, int(k), "") if k.isdigit() else (1, 0, k)
-
-    for key in sorted(storages, key=keyorder):
-        nbytes, dtype, numel = storages[key]
-        name = f"{pre}data/{key}"
-        m = by_name.get(name)
-        if m is None or not m.complete:
-            if not cut:
-                out.append(findings.make("zip_storage_missing", path=path, storage=key, member=name))
-            continue
-        if nbytes is not None and m.size_bytes < nbytes:
-            out.append(findings.make("zip_storage_size_mismatch", path=path, storage=key, expected=nbytes,
-                                     dtype=dtype, numel=numel, actual=m.size_bytes, member=name))
-    return out
-
-
 # ------------------------------------------------------ findings of the checks
 
 
-def _check_with_cd(fh: _File, path: str, cd: dict, rep: ZipReport, verify_crc: bool, chunk: int,
-                   buf: bytearray) -> None:
+def _names(rep: ZipReport, tensor_names: Optional[TensorNames]) -> Mapping[str, Sequence[str]]:
+    """{storage key: tensor names} from data.pkl, for the CRC findings ({} without it or without a walker)."""
+    if tensor_names is None or rep.data_pkl is None:
+        return {}
+    return tensor_names(rep.data_pkl)
+
+
+def _check_with_cd(fh: _File, display: str, cd: dict, rep: ZipReport, verify_crc: bool, chunk: int,
+                   buf: bytearray, tensor_names: Optional[TensorNames]) -> None:
+    """Check every central-directory entry (local header, data descriptor, CRC), load data.pkl, then
+    build the findings in archive order."""
     entries, problem = _parse_central(fh, cd)
-    out = rep.findings
-    if problem:
-        out.append(findings.make("zip_central_directory_corrupted", path=path, offset=cd["cd_offset"],
-                                 cd_bytes=cd["cd_size"], why=problem))
     if entries:
         first = entries[0]["name"]
         rep.prefix = first.split("/", 1)[0] if "/" in first else ""
     cd_start = cd["cd_offset"]
-    n_hdr_findings = 0
+    checked = []  # (member, why its local header is damaged, CRC result of _verify_member)
     _prefetch_headers(fh, entries, cd_start)
     for e in entries:
-        name = e["name"]
-        m = Member(name=name, header_offset=e["lho"], data_offset=-1, size_bytes=e["usize"], crc32=e["crc"],
+        m = Member(name=e["name"], header_offset=e["lho"], data_offset=-1, size_bytes=e["usize"], crc32=e["crc"],
                    crc_ok=None, compressed_size_bytes=e["csize"], method=e["method"], flags=e["flags"])
         rep.members.append(m)
         why = _header_problem(fh, e, m, cd_start)
         if why:
             m.header_ok = False
             m.complete = m.data_offset >= 0
-            if n_hdr_findings < 20:
-                out.append(findings.make("zip_member_header_corrupted", path=path, member=name,
-                                         offset=e["lho"], why=why))
-            n_hdr_findings += 1
-            if m.data_offset < 0:
-                continue
-        if verify_crc and m.data_offset >= 0:
-            _verify_member(fh, path, m, chunk, buf, out)
+        crc = _verify_member(fh, m, chunk, buf) if verify_crc and m.data_offset >= 0 else None
+        checked.append((m, why, crc))
     # overlapping records (a damaged central directory entry pointing into another record)
     overlap = _overlap(rep.members)
+    rep.intact_members = [m.name for m in rep.members if m.header_ok and m.crc_ok is not False]
+    _load_data_pkl(fh, rep, MAX_DATA_PKL_BYTES)
+    names = _names(rep, tensor_names)
+
+    out = rep.findings
+    if problem:
+        out.append(cd_corrupted(display, cd["cd_offset"], problem, cd_bytes=cd["cd_size"]))
+    n_hdr_findings = 0
+    for m, why, crc in checked:
+        if why:
+            if n_hdr_findings < 20:
+                out.append(member_header_corrupted(display, m.name, m.header_offset, why))
+            n_hdr_findings += 1
+        if crc is not None:
+            actual, span = crc
+            if span and span[1] >= MIN_ZERO_SPAN_BYTES:
+                out.append(zeros.span(display, span[1], span[0], m.name))
+            out.append(crc_mismatch(display, m.name, _hex(m.crc32), actual, rep.prefix, names))
     if overlap:
         a, b = overlap
-        out.append(findings.make("zip_central_directory_corrupted", path=path, offset=cd["cd_offset"],
-                                 cd_bytes=cd["cd_size"], why=f"records {a.name!r} and {b.name!r} overlap"))
-    rep.intact_members = [m.name for m in rep.members if m.header_ok and m.crc_ok is not False]
-    _missing_data_pkl(path, rep)
-    _load_data_pkl(fh, rep, MAX_DATA_PKL_BYTES)
+        out.append(cd_corrupted(display, cd["cd_offset"], f"records {a.name!r} and {b.name!r} overlap",
+                                cd_bytes=cd["cd_size"]))
+    f = missing_data_pkl(display, [m.name for m in rep.members], rep.prefix)
+    if f is not None:
+        out.append(f)
 
 
-def _verify_member(fh: _File, path: str, m: Member, chunk: int, buf: bytearray, out: List[Finding]) -> None:
+def _verify_member(fh: _File, m: Member, chunk: int, buf: bytearray) -> Optional[Tuple[str, Optional[tuple]]]:
+    """CRC32 of record ``m`` against the stored one (sets ``m.crc_ok``).  None when it matches or cannot be
+    checked; for a mismatch ``(computed CRC text, (offset, length) of the longest NUL run in it or None)``."""
     got = _member_crc(fh, m, chunk, buf)
     if got is None:
-        return  # CRC not recorded, or a method other than stored/deflated: cannot verify
+        return None  # CRC not recorded, or a method other than stored/deflated: cannot verify
     crc, n = got
     if n is None:
         m.crc_ok = False
-        out.append(findings.make("zip_crc_mismatch", path=path, member=m.name, expected=_hex(m.crc32),
-                                 actual="(does not inflate)", tensor_text=_tensor_text(m.name)))
-        return
+        return "(does not inflate)", None
     m.crc_ok = crc == m.crc32 and n == m.size_bytes
-    if not m.crc_ok:
-        span = _longest_zero_run(fh, m.data_offset, m.compressed_size_bytes, chunk)
-        if span and span[1] >= MIN_ZERO_SPAN_BYTES:
-            out.append(findings.make("zero_filled_span", path=path, zero_bytes=span[1], offset=span[0],
-                                     member=m.name))
-        out.append(findings.make("zip_crc_mismatch", path=path, member=m.name, expected=_hex(m.crc32),
-                                 actual=_hex(crc), tensor_text=_tensor_text(m.name)))
-
-
-def _tensor_text(name: str) -> str:
-    mm = re.search(r"(?:^|/)data/(\w+)$", name)
-    return f" (the bytes of storage {mm.group(1)})" if mm else ""
-
-
-def _missing_data_pkl(path: str, rep: ZipReport) -> None:
-    names = [m.name for m in rep.members]
-    want = f"{rep.prefix}/data.pkl" if rep.prefix else "data.pkl"
-    if want in names:
-        return
-    elsewhere = [n for n in names if n.endswith("/data.pkl") or n == "data.pkl"]
-    if elsewhere:
-        why = (f"the first record puts the archive under {rep.prefix!r} (torch reads the folder name from it) "
-               f"but data.pkl is at {elsewhere[0]!r}")
-    else:
-        shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
-        why = f"none of its {len(names)} records is named {want} (records: {shown})"
-    rep.findings.append(findings.make("zip_missing_record", path=path, member=want, why=why))
+    if m.crc_ok:
+        return None
+    return _hex(crc), _longest_zero_run(fh, m.data_offset, m.compressed_size_bytes, chunk)
 
 
 def _storages_from_pkl(data_pkl: Optional[bytes]) -> Optional[Dict[str, int]]:
@@ -277,8 +246,8 @@ def _storages_from_pkl(data_pkl: Optional[bytes]) -> Optional[Dict[str, int]]:
     return out
 
 
-def _check_without_cd(fh: _File, path: str, rep: ZipReport, verify_crc: bool, chunk: int, buf: bytearray,
-                      cd_problem: Optional[str]) -> None:
+def _check_without_cd(fh: _File, display: str, rep: ZipReport, verify_crc: bool, chunk: int, buf: bytearray,
+                      cd_problem: Optional[str], tensor_names: Optional[TensorNames]) -> None:
     size = fh.size
     st = _walk_local(fh, verify_crc, chunk, buf)
     members: List[Member] = st["members"]
@@ -293,11 +262,11 @@ def _check_without_cd(fh: _File, path: str, rep: ZipReport, verify_crc: bool, ch
             rep.data_pkl = raw
     rep.intact_members = [m.name for m in members if m.complete and m.crc_ok is not False]
     storages = _storages_from_pkl(rep.data_pkl)
+    names = _names(rep, tensor_names)
     out = rep.findings
     for m in members:
         if m.crc_ok is False:
-            out.append(findings.make("zip_crc_mismatch", path=path, member=m.name, expected=_hex(m.crc32),
-                                     actual=_hex(m.crc_actual), tensor_text=_tensor_text(m.name)))
+            out.append(crc_mismatch(display, m.name, _hex(m.crc32), _hex(m.crc_actual), rep.prefix, names))
 
     stop = st["stop"]
     zstart = _trailing_zero_start(fh, chunk)
@@ -305,16 +274,15 @@ def _check_without_cd(fh: _File, path: str, rep: ZipReport, verify_crc: bool, ch
     stop_at = st["stop_at"]
     # (1) the whole record area walked, the central directory present, the end record damaged
     if st["reached_cd"] and st["cd_entries"] == len(members) and stop == "eocd_inconsistent":
-        out.append(findings.make("zip_central_directory_corrupted", path=path, offset=stop_at,
-                                 why=cd_problem or "the end-of-central-directory record is inconsistent"))
+        out.append(cd_corrupted(display, stop_at, cd_problem or "the end-of-central-directory record is inconsistent"))
         rep.cut_offset = stop_at
         return
     zero_fill, definite = _decide_tail(st, storages, rep.prefix, zstart, zlen, size, MIN_ZERO_TAIL_BYTES)
     intact_text, missing_text = _describe_cut(st, members, rep.prefix, storages, size, zero_fill, zstart)
     if zero_fill:
         rep.cut_offset = zstart
-        out.insert(0, findings.make("zero_filled_tail", path=path, zero_bytes=zlen, offset=zstart,
-                                    intact_text=intact_text, evidence="definite" if definite else "heuristic"))
+        out.insert(0, zeros.tail(display, zlen, zstart, intact_text=intact_text,
+                                 evidence="definite" if definite else "heuristic"))
         if definite:
             return
     else:
@@ -322,6 +290,4 @@ def _check_without_cd(fh: _File, path: str, rep: ZipReport, verify_crc: bool, ch
     if stop in ("nul", "garbage") and not zero_fill and not st["reached_cd"]:
         what = "NUL bytes" if stop == "nul" else f"bytes {fh.pread(stop_at, 4).hex(' ')}"
         intact_text += f" The bytes at offset {stop_at}, where the next record header should be, are {what}."
-    out.append(findings.make("truncated_zip_no_central_directory", path=path, size_bytes=size,
-                             missing_text=missing_text, intact_text=intact_text,
-                             n_records_intact=len(rep.intact_members)))
+    out.append(truncated(display, size, missing_text, intact_text, len(rep.intact_members)))

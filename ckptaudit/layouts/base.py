@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from .. import findings as F
-from ..findings import Finding
+from ..formats import pickles
+from ..formats.pickles import walk_problem  # noqa: F401 (face: the adapters' walk findings)
 from .result import TensorRow, UnitScan
 from .scan_file import (SWEEP_BYTES, _json_tree, _record_security, _safetensors_rows,  # noqa: F401 (face)
                         _security_sweep, _storages_needed, _walk_data_pkl, _zip_tensors)
@@ -21,48 +22,13 @@ from .tree import (PRUNE_NODE_BUDGET, SMALL_TENSOR_NUMEL, PruneBudget, decode_sm
                    read_small, small_nbytes)
 
 
-def walk_problem(res: Any, rel: str, member: str) -> F.Finding:
-    """The finding for a walk that stopped before ``STOP``: ``pickle_too_complex`` when only the work budget
-    ran out (the bytes may be fine), ``pickle_unreadable`` for damage."""
-    if not res.budget_exhausted:
-        return F.make("pickle_unreadable", path=rel, member=member, why=res.error)
-    if res.imports_complete:
-        imports = "every import was still listed and checked"
-    else:
-        imports = (f"imports were checked up to byte {res.imports_end} only, the rest was not scanned: treat the "
-                   f"file as untrusted")
-    return F.make("pickle_too_complex", path=rel, member=member, why=res.error, imports=imports)
-
-
 def describe(scan: "UnitScan", rel: str, obj: Any, values: Dict[int, Any]) -> Any:
     """:func:`prune` of one file's object under a work budget; running out is a ``pickle_too_complex`` finding."""
     budget = PruneBudget()
     tree = prune(obj, values, budget=budget)
     if budget.exhausted:
-        scan.add(F.make("pickle_too_complex", path=rel,
-                        why=f"its object tree expands past {PRUNE_NODE_BUDGET} nodes, as shared containers "
-                            f"re-expanded (a list appended to itself) do",
-                        imports="every import was checked"))
+        scan.add(pickles.tree_too_complex(rel, PRUNE_NODE_BUDGET))
     return tree
-
-
-def relabel(fl: List[Finding], rel: str) -> List[Finding]:
-    """Re-render findings of a byte checker with the file's run-relative path.
-
-    The format checkers name the path they opened (absolute); findings shown to
-    people name the file as it sits in the run folder.
-    """
-    out = []
-    for f in fl:
-        vals = {k: v for k, v in f.detail.items() if k != "path"}
-        if f.kind in F.CATALOGUE:
-            g = F.make(f.kind, path=rel, **vals)
-            g.detail = f.detail | {"path": rel}
-            out.append(g)
-        else:
-            f.path = rel
-            out.append(f)
-    return out
 
 
 # --------------------------------------------------------- single files
@@ -80,13 +46,13 @@ def scan_file(run_dir: Path, rel: str, unit: str, scan: UnitScan, cfg: Dict[str,
     allowed = list(cfg.get("security", {}).get("allow_globals", [])) + list(extra_allowed or [])
     s = sniff_mod.sniff(path)
     scan.facts.setdefault("file_kinds", {})[rel] = s.kind
-    generic = relabel(sniff_mod.generic_findings(s), rel)
+    generic = sniff_mod.generic_findings(s, rel)
     out: Dict[str, Any] = {"kind": s.kind, "obj": None, "header": None, "size_bytes": s.size_bytes}
     swept = _security_sweep(path, rel, s, scan, allowed)
     if swept is not None:
         out["obj"] = swept.obj
         scan.tree[tree_key or rel] = describe(scan, rel, swept.obj, {})
-        generic = _as_pickle(generic, rel, s, swept.protocol)
+        generic = sniff_mod.as_pickle(generic, s, swept.protocol, rel)
     scan.add(generic)
     if generic and any(f.severity == "error" for f in generic):
         return out
@@ -107,8 +73,14 @@ def _zip_file(path: Path, rel: str, unit: str, scan: UnitScan, allowed: List[str
     """A torch zip: its zip findings, the security of data.pkl, its storages, tensors and tree."""
     from ..formats import torchzip
 
-    rep = torchzip.check_zip(path)
-    scan.add(relabel(rep.findings, rel))
+    walked: Dict[str, Any] = {}
+
+    def tensor_names(data: bytes) -> Dict[str, List[str]]:  # data.pkl is walked once, its names go to the CRC check
+        walked["res"], walked["streams"] = _walk_data_pkl(scan, data)
+        return _names_by_storage(walked["res"].tensors)
+
+    rep = torchzip.check_zip(path, display=rel, tensor_names=tensor_names)
+    scan.add(rep.findings)
     _mixed_archive(scan, rel, rep)
     member = f"{rep.prefix}/data.pkl" if rep.prefix else "data.pkl"
     if rep.data_pkl is None:
@@ -117,12 +89,11 @@ def _zip_file(path: Path, rel: str, unit: str, scan: UnitScan, allowed: List[str
 
             _record_security(scan, rel, member, security.streams(rep.data_pkl_any), allowed)
         return
-    res, all_streams = _walk_data_pkl(scan, rep.data_pkl)
+    res, all_streams = walked["res"], walked["streams"]
     _record_security(scan, rel, member, all_streams, allowed)
     if res.error:
         scan.add(walk_problem(res, rel, member))
-    scan.add(relabel(torchzip.check_storages(rep, _storages_needed(res), rel), rel))
-    _name_damaged_tensors(scan, rel, rep.prefix, res.tensors)
+    scan.add(torchzip.check_storages(rep, _storages_needed(res), rel))
     values = _zip_tensors(path, rel, unit, scan, rep, res)
     out["obj"] = res.obj
     scan.tree[tree_key or rel] = describe(scan, rel, res.obj, values)
@@ -133,8 +104,8 @@ def _legacy_file(path: Path, rel: str, unit: str, scan: UnitScan, out: Dict[str,
     """A legacy torch.save file: its findings, tensors and tree (its security came from the sweep)."""
     from ..formats import legacy
 
-    res, fl = legacy.check_legacy(path)
-    scan.add(relabel(fl, rel))
+    res, fl = legacy.check_legacy(path, display=rel)
+    scan.add(fl)
     if res is not None:  # its security findings came from the sweep of all five records
         for name, tm in res.tensors:
             scan.tensors.append(TensorRow(unit, rel, name, tm.dtype, list(tm.shape), tm.numel,
@@ -148,8 +119,8 @@ def _safetensors_file(path: Path, rel: str, unit: str, scan: UnitScan, out: Dict
     """A safetensors file: its findings, and with a readable header its tensors and tree."""
     from ..formats.safetensors_check import check_safetensors
 
-    header, fl = check_safetensors(path)
-    scan.add(relabel(fl, rel))
+    header, fl = check_safetensors(path, display=rel)
+    scan.add(fl)
     if header is not None:
         tree = _safetensors_rows(path, rel, unit, scan, header)
         out["header"] = header
@@ -167,35 +138,12 @@ def _mixed_archive(scan: UnitScan, rel: str, rep) -> None:
                             f"({len(pkls)}); torch reads one and other tools another"))
 
 
-def _name_damaged_tensors(scan: UnitScan, rel: str, prefix: str, tensors) -> None:
-    """Say which tensors live in a storage record whose CRC failed."""
+def _names_by_storage(tensors) -> Dict[str, List[str]]:
+    """{storage key: names of the tensors it holds} of a data.pkl walk's ``tensors``."""
     by_key: Dict[str, List[str]] = {}
     for name, tm in tensors:
         by_key.setdefault(str(tm.storage.key), []).append(name)
-    for i, f in enumerate(scan.findings):
-        if f.kind != "zip_crc_mismatch" or f.path != rel:
-            continue
-        member = str(f.detail.get("member", ""))
-        key = member.rsplit("/", 1)[-1] if f"{prefix}/data/" in member else None
-        names = by_key.get(key or "", [])
-        if names:
-            shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-            vals = {k: v for k, v in f.detail.items() if k != "path"}
-            vals["tensor_text"] = f"; it holds {shown}"
-            scan.findings[i] = F.make(f.kind, path=rel, **vals)
-
-
-def _as_pickle(generic: List[Finding], rel: str, s, protocol: Optional[int]) -> List[Finding]:
-    """File-layer findings of a file whose bytes turned out to be a pickle: a text, HTML or
-    unknown-bytes verdict is replaced by ``not_a_torch_save_file`` (an error page is named so
-    only when it is not a pickle)."""
-    if s.kind not in ("text", "json", "html", "unknown"):
-        return generic
-    kept = [f for f in generic if f.kind not in ("text_error_page", "html_error_page", "unknown_format")]
-    if len(kept) != len(generic) or s.kind in ("html", "unknown"):
-        kept.append(F.make("not_a_torch_save_file", path=rel, size_bytes=s.size_bytes,
-                           pickle_protocol=protocol if protocol is not None else "0 or 1"))
-    return kept
+    return by_key
 
 
 _PICKLE_KINDS = ("torch_zip", "torch_legacy", "pickle", "zip")

@@ -1,14 +1,18 @@
 """The torch zip's central directory: find and parse the end records and entries, check local headers against them.
 
-:func:`ckptaudit.formats.torchzip._check_with_cd` walks the entries and builds the findings from
-what these functions say is wrong (a reason string, or None).
+:func:`ckptaudit.formats.torchzip._check_with_cd` walks the entries; what these functions say is wrong
+(a reason string, or None) becomes a finding through the builders at the end of this module, the one
+place each of ``zip_central_directory_corrupted``, ``zip_member_header_corrupted`` and
+``zip_missing_record`` is made.
 """
 
 from __future__ import annotations
 
 import struct
-from typing import List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
+from ... import findings
+from ...findings import Finding
 from .reader import (_CENTRAL_SIZE, _EOCD_SIZE, _LOCAL_SIZE, SIG_CENTRAL, SIG_DESCRIPTOR, SIG_EOCD, SIG_LOCAL,
                      SIG_ZIP64_EOCD, SIG_ZIP64_LOCATOR, Member, _File, _hex, _zip64_extra)
 
@@ -247,3 +251,44 @@ def _overlap(members: List[Member]) -> Optional[Tuple[Member, Member]]:
         if a.data_offset + a.compressed_size_bytes > b.header_offset:
             return a, b
     return None
+
+
+# ------------------------------------------------------------------ findings
+
+
+def cd_corrupted(display: str, offset: int, why: str, *, cd_bytes: Optional[int] = None) -> Finding:
+    """``zip_central_directory_corrupted``: the central directory or end records from ``offset`` are damaged
+    (``why``: :func:`_parse_central`'s problem, two :func:`_overlap` records, or an inconsistent end record met
+    by the local walk of a cut archive, :mod:`.cut`).  ``cd_bytes``: the directory's size, when the end
+    record states one."""
+    if cd_bytes is None:
+        return findings.make("zip_central_directory_corrupted", path=display, offset=offset, why=why)
+    return findings.make("zip_central_directory_corrupted", path=display, offset=offset, cd_bytes=cd_bytes, why=why)
+
+
+def member_header_corrupted(display: str, member: str, offset: int, why: str) -> Finding:
+    """``zip_member_header_corrupted``: the local header of ``member`` at ``offset`` disagrees with the central
+    directory (``why``, from :func:`_header_problem`)."""
+    return findings.make("zip_member_header_corrupted", path=display, member=member, offset=offset, why=why)
+
+
+def missing_record(display: str, member: str, why: str) -> Finding:
+    """``zip_missing_record``: the archive has no ``member`` record (data.pkl, :func:`missing_data_pkl`; or no
+    end-of-central-directory record in a file that is no zip at all, ``torchzip.check_zip``)."""
+    return findings.make("zip_missing_record", path=display, member=member, why=why)
+
+
+def missing_data_pkl(display: str, names: Sequence[str], prefix: str) -> Optional[Finding]:
+    """:func:`missing_record` when none of the records ``names`` is ``<prefix>/data.pkl`` (where torch reads
+    it: the folder of the first record), else None."""
+    want = f"{prefix}/data.pkl" if prefix else "data.pkl"
+    if want in names:
+        return None
+    elsewhere = [n for n in names if n.endswith("/data.pkl") or n == "data.pkl"]
+    if elsewhere:
+        why = (f"the first record puts the archive under {prefix!r} (torch reads the folder name from it) "
+               f"but data.pkl is at {elsewhere[0]!r}")
+    else:
+        shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+        why = f"none of its {len(names)} records is named {want} (records: {shown})"
+    return missing_record(display, want, why)

@@ -1,7 +1,7 @@
 """The torch zip without its central directory: walk the local headers of a cut archive, say where and how it ends.
 
-:func:`ckptaudit.formats.torchzip._check_without_cd` builds the findings from the walk's state
-(``_walk_local``), the tail decision (``_decide_tail``) and the texts of ``_describe_cut``.
+:func:`ckptaudit.formats.torchzip._check_without_cd` runs the walk (``_walk_local``), the tail decision
+(``_decide_tail``) and the texts of ``_describe_cut``; :func:`truncated` builds the cut's finding.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import struct
 import zlib
 from typing import Dict, List, Optional, Tuple
 
+from ... import findings
+from ...findings import Finding
 from .central import _read_descriptor
 from .reader import (_CENTRAL_SIZE, _EOCD_SIZE, _LOCAL_SIZE, SIG_CENTRAL, SIG_DESCRIPTOR, SIG_EOCD, SIG_LOCAL,
                      SIG_ZIP64_EOCD, SIG_ZIP64_LOCATOR, Member, _File, _strip, _zip64_extra)
@@ -299,3 +301,10 @@ def _names_text(names: List[str], prefix: str) -> str:
             parts.append(s)
     flush()
     return ", ".join(parts)
+
+
+def truncated(display: str, size_bytes: int, missing_text: str, intact_text: str, n_records_intact: int) -> Finding:
+    """``truncated_zip_no_central_directory``: the archive ends at ``size_bytes`` without its end records;
+    ``intact_text``/``missing_text`` come from :func:`_describe_cut` (where the cut falls, what survived)."""
+    return findings.make("truncated_zip_no_central_directory", path=display, size_bytes=size_bytes,
+                         missing_text=missing_text, intact_text=intact_text, n_records_intact=n_records_intact)

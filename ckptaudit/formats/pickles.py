@@ -1,0 +1,41 @@
+"""A pickle the static walk could not finish: the one builder of ``pickle_unreadable`` and ``pickle_too_complex``.
+
+The zip scanner (:mod:`ckptaudit.layouts.base`: data.pkl and the described tree) and the legacy
+checker (:mod:`.legacy`: its five pickles) decide that a walk stopped or a tree ran out of budget;
+the findings are built here, naming ``display`` (the file as it sits in the run folder).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import findings
+from ..findings import Finding
+
+
+def unreadable(display: str, member: str, why: str) -> Finding:
+    """``pickle_unreadable``: the pickle in ``member`` is damaged (``why``)."""
+    return findings.make("pickle_unreadable", path=display, member=member, why=why)
+
+
+def walk_problem(res: Any, display: str, member: str) -> Finding:
+    """The finding for a walk (:class:`ckptaudit.pickle_walk.WalkResult`) that stopped before ``STOP``:
+    ``pickle_too_complex`` when only the work budget ran out (the bytes may be fine), ``pickle_unreadable``
+    for damage."""
+    if not res.budget_exhausted:
+        return unreadable(display, member, res.error)
+    if res.imports_complete:
+        imports = "every import was still listed and checked"
+    else:
+        imports = (f"imports were checked up to byte {res.imports_end} only, the rest was not scanned: treat the "
+                   f"file as untrusted")
+    return findings.make("pickle_too_complex", path=display, member=member, why=res.error, imports=imports)
+
+
+def tree_too_complex(display: str, node_budget: int) -> Finding:
+    """``pickle_too_complex`` for a walked object whose described tree expands past ``node_budget`` nodes
+    (``layouts.tree.PRUNE_NODE_BUDGET``)."""
+    return findings.make("pickle_too_complex", path=display,
+                         why=f"its object tree expands past {node_budget} nodes, as shared containers "
+                             f"re-expanded (a list appended to itself) do",
+                         imports="every import was checked")
