@@ -27,3 +27,17 @@ rule audit:
     default_target: True
     input:
         get_report_outputs(),
+
+
+# The end of every run says what happened: the verdict's summary (ckptaudit/summary.py), or each
+# failed job's own error line from its log (ckptaudit/job_errors.py).  `ckptaudit audit` prints both itself.
+onsuccess:
+    from ckptaudit import summary as _summary
+
+    _summary.on_success(workflow, OUT)
+
+
+onerror:
+    from ckptaudit import job_errors as _job_errors
+
+    _job_errors.on_error(workflow, OUT)

@@ -65,8 +65,25 @@ def config_problems(cfg: dict, schema_path: str | Path | None = None) -> List[st
     validator = jsonschema.Draft202012Validator(schema)
     for e in sorted(validator.iter_errors(cfg), key=lambda e: [str(p) for p in e.absolute_path]):
         key = ".".join(str(p) for p in e.absolute_path) or "(top level)"
+        if e.validator == "additionalProperties":
+            out.extend(_unknown_keys(e, key))
+            continue
         msg = " ".join(e.message.split())  # one line, whatever the offending value holds
         out.append(f"{key}: {msg[:300] + '…' if len(msg) > 300 else msg}")
+    return out
+
+
+def _unknown_keys(e, key: str) -> List[str]:
+    """``laod: unknown key (did you mean 'load'?); allowed: run_dir, …`` for each key the schema does not have."""
+    import difflib
+
+    allowed = list((e.schema.get("properties") or {}).keys())
+    where = "" if key == "(top level)" else key + "."
+    out = []
+    for k in sorted(set(e.instance) - set(allowed), key=str):
+        near = difflib.get_close_matches(str(k), allowed, n=1)
+        out.append(f"{where}{k}: unknown key{f' (did you mean {near[0]!r}?)' if near else ''}; allowed "
+                   f"{'at the top level' if not where else 'in ' + key}: {', '.join(allowed)}")
     return out
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from .config import SCHEMA_PATH, _non_finite, check_config, config_problems  # noqa: F401 - re-exported
+from .run_folder import check_run_dir  # noqa: F401 - re-exported
 
 
 def check_out_dir(run_dir: str | Path, out_dir: str | Path) -> None:
@@ -32,18 +33,17 @@ def check_out_dir(run_dir: str | Path, out_dir: str | Path) -> None:
                          "and its tables into what it audits; choose an output folder outside the run")
 
 
+#: the keys of the config that the stages read (the rest are the workflow's: run_dir, out_dir, demo, drill, …)
+STAGE_KEYS = ("expected_model_args", "model_factory", "reference", "target", "load", "security", "state",
+              "run_name", "s3")
+
+
 def default_config() -> dict:
-    """Stage config with the defaults of config/config.yaml (no file needed)."""
-    return {
-        "expected_model_args": {}, "model_factory": "", "reference": "",
-        "target": {"world_size": None, "zero_stage": None, "tensor_parallel": None, "pipeline_parallel": None,
-                   "torch_version": ""},
-        "load": {"enabled": True, "timeout_seconds": 120, "memory_limit_mib": 8192},
-        "security": {"allow_globals": []},
-        "state": {"nan_scan": True, "chunk_mib": 16, "norm_jump_ratio": 10.0},
-        "run_name": "",
-        "s3": {"endpoint_url": "", "profile": "", "anon": False, "download_limit_mib": 4096},
-    }
+    """Stage config with the defaults of config/config.yaml (:func:`ckptaudit.config.defaults`, the one source)."""
+    from .config import defaults
+
+    d = defaults()
+    return {k: d[k] for k in STAGE_KEYS}
 
 
 def audit_in_process(run_dir: str | Path, cfg: Optional[dict] = None, out_dir: Optional[str | Path] = None) -> dict:

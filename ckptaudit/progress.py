@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Optional, Tuple
@@ -31,22 +32,26 @@ class ProgressWriter:
         self.total = int(total_bytes or 0)
         self.done = 0
         self._last = 0.0
+        self._lock = threading.Lock()  # files of one unit may be read on several threads
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._write()
+        with self._lock:
+            self._write()
 
     def add(self, n: int) -> None:
         """Count ``n`` more bytes done; write when the last write is older than 1/WRITES_PER_SECOND s."""
-        self.done += int(n or 0)
-        now = time.monotonic()
-        if now - self._last >= 1.0 / WRITES_PER_SECOND:
-            self._write(now)
+        with self._lock:
+            self.done += int(n or 0)
+            now = time.monotonic()
+            if now - self._last >= 1.0 / WRITES_PER_SECOND:
+                self._write(now)
 
     def close(self) -> None:
-        self._write()
+        with self._lock:
+            self._write()
 
     def _write(self, now: Optional[float] = None) -> None:
         self._last = time.monotonic() if now is None else now
-        tmp = self.path.with_name(self.path.name + f".{os.getpid()}.tmp")
+        tmp = self.path.with_name(self.path.name + f".{os.getpid()}.{threading.get_ident()}.tmp")
         try:
             tmp.write_text(f"{self.done} {self.total}\n")
             os.replace(tmp, self.path)

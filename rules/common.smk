@@ -10,14 +10,14 @@ from snakemake.utils import validate
 
 import ckptaudit
 from ckptaudit import workflow_support as ws
-from ckptaudit.pipeline import check_config, check_out_dir
+from ckptaudit.pipeline import check_config, check_out_dir, check_run_dir
 
 SCHEMA = os.path.join(workflow.basedir, "config", "schema.yaml")
 try:  # the schema's bounds plus finiteness (NaN passes every JSON Schema bound), in one line
     check_config(config, SCHEMA)
 except ValueError as e:
     raise WorkflowError(str(e))
-validate(config, SCHEMA)  # fills defaults
+validate(config, SCHEMA)  # cannot fail after check_config (same schema); its defaults equal config/config.yaml's
 ws.configure_storage(config)  # s3: settings for this process and the jobs it starts (no secrets)
 
 PYTHON = sys.executable
@@ -28,6 +28,8 @@ RUN_NAME = config["run_name"] or ws.run_name(RUN_DIR)
 OUT = (config["out_dir"] or os.path.join("reports", RUN_NAME)).rstrip("/")
 try:
     check_out_dir(RUN_DIR, OUT)
+    if config["run_dir"]:  # a missing path or a file stops here, in one line (not in the inventory job)
+        check_run_dir(RUN_DIR)
 except ValueError as e:
     raise WorkflowError(str(e))
 TABLES = f"{OUT}/tables"

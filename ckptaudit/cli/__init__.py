@@ -11,6 +11,9 @@
 * 3 — the audit itself failed (bad arguments or config, unreadable folder, workflow error); one
   line on stderr says why.
 
+Every command's usage errors (click's own, exit 2 by default, which here would read "retrain")
+exit 3 (:class:`ExitThreeGroup`).
+
 Each command module defines a plain ``@click.command``; none imports this face.
 """
 
@@ -22,15 +25,16 @@ from .._version import __version__
 from ..config import (CONFIG_MAX_BYTES, _json_or_none, _merge, load_user_config,  # noqa: F401 - re-exported
                       read_config_file, workflow_dir)
 from ..publish import prune_command, seal_command
-from .audit import audit_command, summary  # noqa: F401 - re-exported
-from .common import EXIT_FAILED, ExitThreeOnUsageError, check_paths  # noqa: F401 - re-exported
+from ..summary import summary  # noqa: F401 - re-exported
+from .audit import audit_command
+from .common import EXIT_FAILED, ExitThreeGroup, ExitThreeOnUsageError, check_paths  # noqa: F401 - re-exported
 from .demo import demo_command
 from .drill import drill_command
 from .findings import findings_command
 from .snakemake import resolve_profile, run_snakemake_cli, run_workflow  # noqa: F401 - re-exported
 
 
-@click.group()
+@click.group(cls=ExitThreeGroup)
 @click.version_option(__version__)
 def main():
     """Audit the checkpoints of a training run and say where to roll back."""

@@ -9,31 +9,15 @@ from pathlib import Path
 import click
 
 from ..config import load_user_config
-from ..text import step_text
+from ..summary import summary
 from .common import ExitThreeOnUsageError, check_paths, failures_exit_3
 from .snakemake import run_snakemake_cli, run_workflow
-
-
-def summary(v: dict, out_dir: Path) -> str:
-    """The lines ``ckptaudit audit`` prints: the recommendation, one line per unit, the first reasons."""
-    lines = [f"ckptaudit: {v['recommendation'].upper()}"
-             + (f" from {v['rollback']['unit']} ({step_text(v['rollback']['step'])})" if v["rollback"] else "")
-             + (f", {v['steps_lost']} steps lost" if v.get("steps_lost") else "")]
-    for u in v["units"]:
-        errs = [f["kind"] for f in u["findings"] if f["severity"] == "error"]
-        mark = {"resume": "ok  ", "warm-start": "warm", "none": "BAD "}[u["usable_for"]]
-        step = "?" if u["step"] is None else str(u["step"])
-        lines.append(f"  {mark} {u['unit']:<40} step {step:>8}  {', '.join(errs)}")
-    for r in v["reasons"][1:4]:
-        lines.append(f"  - {r}")
-    lines.append(f"report: {out_dir / 'report.html'}")
-    return "\n".join(lines)
 
 
 @click.command("audit", cls=ExitThreeOnUsageError)
 @click.argument("run_dir")
 @click.argument("snakemake_args", nargs=-1, type=click.UNPROCESSED)
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output folder.")
+@click.option("--out", "out_dir", required=True, metavar="DIR", help="Output folder (created when missing).")
 @click.option("--config", "config_file", type=click.Path(),
               help="YAML/JSON with keys of config/config.yaml (a regular file of at most 1 MiB).")
 @click.option("--cores", default=None, type=click.IntRange(1),
@@ -50,6 +34,15 @@ def audit_command(run_dir, snakemake_args, out_dir, config_file, cores, profile,
     With --profile or --executor, or Snakemake arguments after `--` (e.g.
     `-- --default-resources slurm_account=ACC`), the workflow runs through
     Snakemake's command line, which reads profiles; otherwise through its API.
+    On a terminal, stderr shows the bytes hashed, the rate and the ETA.
+
+    \b
+    Exit codes (for cron and CI):
+      0  the newest unit is usable for resume
+      1  roll back needed and possible (resume or warm-start from another unit)
+      2  nothing usable: retrain
+      3  the audit itself failed (bad arguments or config, missing, empty or
+         checkpoint-less folder, workflow error); stderr says why
     """
     from ..verdict import exit_code
 

@@ -24,25 +24,50 @@ class ExitThreeOnUsageError(click.Command):
             raise
 
 
+class ExitThreeGroup(click.Group):
+    """The ``ckptaudit`` group: a usage error of the group or of any sub-command (a missing argument, an
+    unknown option or command, a bad option value) exits 3, whichever module defines the command."""
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except click.UsageError as e:
+            e.exit_code = EXIT_FAILED
+            raise
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as e:
+            e.exit_code = EXIT_FAILED
+            raise
+
+
 def check_paths(run_dir: str, out_dir: str) -> tuple:
     """(run folder, output folder) of ``audit``, both resolved; raises :class:`click.ClickException`.
 
     Refused: an empty run path (``Path("")`` is the current folder, which would be
-    audited by accident), a local run path that is not a folder, an empty ``--out``, and
-    an ``--out`` that is the run folder or inside it (the audit would write
+    audited by accident), a local run path that does not exist or is a file
+    (:func:`ckptaudit.pipeline.check_run_dir`), an empty ``--out``, an ``--out`` that is a
+    file, and an ``--out`` that is the run folder or inside it (the audit would write
     ``.snakemake/``, tables and logs into what it audits)."""
-    from ..pipeline import check_out_dir
+    from ..pipeline import check_out_dir, check_run_dir
 
     if not run_dir.strip():
         raise click.ClickException("RUN_DIR is empty; give the run folder (or s3://bucket/prefix) to audit")
     if not out_dir.strip():
         raise click.ClickException("--out is empty; give the folder the report is written to")
     out = Path(out_dir).resolve()
+    if out.exists() and not out.is_dir():
+        raise click.ClickException(f"--out {out_dir}: is a file; give the folder the report is written to "
+                                   "(it is created when missing)")
     if "://" in run_dir:  # s3://… is checked by the inventory stage
         return run_dir, out
     rd = Path(run_dir)
-    if not rd.is_dir():
-        raise click.ClickException(f"{run_dir}: not a folder")
+    try:
+        check_run_dir(rd)
+    except ValueError as e:
+        raise click.ClickException(str(e))
     try:
         check_out_dir(rd, out)
     except ValueError as e:

@@ -14,7 +14,7 @@ from .snakemake import run_workflow
 
 @click.command("drill", cls=ExitThreeOnUsageError)
 @click.argument("run_dir")
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="Output folder.")
+@click.option("--out", "out_dir", required=True, metavar="DIR", help="Output folder (created when missing).")
 @click.option("--unit", default="", help="Unit to drill (path relative to RUN_DIR); default: the rollback point.")
 @click.option("--device", "devices", multiple=True, help="Device to drill on (repeatable); default drill.devices.")
 @click.option("--config", "config_file", type=click.Path(),

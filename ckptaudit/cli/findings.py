@@ -5,9 +5,10 @@ from __future__ import annotations
 import click
 
 from ..config import workflow_dir
+from .common import ExitThreeOnUsageError, failures_exit_3
 
 
-@click.command("findings")
+@click.command("findings", cls=ExitThreeOnUsageError)
 @click.option("--update-docs", "--update-readme", "update_readme", is_flag=True,
               help="Rewrite docs/findings.md (the catalogue the README links to).")
 def findings_command(update_readme):
@@ -16,7 +17,8 @@ def findings_command(update_readme):
     from ..findings import update_readme as _update
 
     if update_readme:
-        changed = _update(workflow_dir() / "README.md")
+        with failures_exit_3("ckptaudit findings", "the update"):
+            changed = _update(workflow_dir() / "README.md")
         click.echo("docs/findings.md updated" if changed else "docs/findings.md already current")
         return
     click.echo(catalogue_markdown(), nl=False)

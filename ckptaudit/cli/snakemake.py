@@ -7,11 +7,42 @@ Snakemake's command line in this process (:func:`run_snakemake_cli`), which read
 
 from __future__ import annotations
 
+import os
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import click
 
 from ..config import workflow_dir
+
+
+@contextmanager
+def _as_cli(workdir: Path) -> Iterator[None]:
+    """Run a workflow for the CLI: its ``onsuccess``/``onerror`` handlers stay quiet (the CLI prints the
+    summary itself) and a failure becomes one :class:`click.ClickException` that gives each failed job's own
+    error line (:mod:`ckptaudit.job_errors`, from ``workdir/work/failed_jobs.txt``)."""
+    from .. import job_errors
+
+    failed = workdir / job_errors.FAILED_JOBS
+    failed.unlink(missing_ok=True)
+    old = os.environ.get(job_errors.CLI_ENV)
+    os.environ[job_errors.CLI_ENV] = "1"
+    try:
+        yield
+    except click.ClickException:
+        raise
+    except Exception as e:  # noqa: BLE001 - Snakemake's own errors: the jobs' lines say more than its message
+        lines = job_errors.read_failed(workdir)
+        if not lines:
+            raise
+        more = f"\n  … and {len(lines) - 10} more failed jobs (logs in {workdir / 'logs'})" if len(lines) > 10 else ""
+        raise click.ClickException("the workflow failed:\n" + "\n".join(f"  {ln}" for ln in lines[:10]) + more) from e
+    finally:
+        if old is None:
+            os.environ.pop(job_errors.CLI_ENV, None)
+        else:
+            os.environ[job_errors.CLI_ENV] = old
 
 
 def run_workflow(cfg: dict, workdir: Path, cores: int, targets=("audit",), quiet: bool = True,
@@ -22,9 +53,11 @@ def run_workflow(cfg: dict, workdir: Path, cores: int, targets=("audit",), quiet
     from snakemake.settings.types import (ConfigSettings, DAGSettings, ExecutionSettings, OutputSettings,
                                           ResourceSettings, StorageSettings)
 
+    from .ticker import progress_line
+
     workdir.mkdir(parents=True, exist_ok=True)
-    out = OutputSettings(quiet={Quietness.ALL} if quiet else set(), show_failed_logs=True)
-    with SnakemakeApi(out) as api:
+    out = OutputSettings(quiet={Quietness.ALL} if quiet else set(), show_failed_logs=not quiet)
+    with _as_cli(workdir), progress_line(workdir), SnakemakeApi(out) as api:
         wf = api.workflow(
             resource_settings=ResourceSettings(cores=cores),
             config_settings=ConfigSettings(config=cfg),
@@ -87,7 +120,7 @@ def run_snakemake_cli(cfg: dict, workdir: Path, *, profile: str | None = None, e
     cfg_file.parent.mkdir(parents=True, exist_ok=True)
     cfg_file.write_text(yaml.safe_dump(cfg, sort_keys=True))
     argv = ["--snakefile", str(workflow_dir() / "Snakefile"), "--directory", str(workdir),
-            "--configfile", str(cfg_file), "--show-failed-logs"]
+            "--configfile", str(cfg_file)] + ([] if quiet else ["--show-failed-logs"])
     if profile:
         argv += ["--profile", resolve_profile(profile)]
     if executor:
@@ -99,11 +132,14 @@ def run_snakemake_cli(cfg: dict, workdir: Path, *, profile: str | None = None, e
     if quiet:
         argv += ["--quiet", "all"]
     argv += [*extra_args, "--", *targets]
-    try:
-        parser, args = parse_args(argv)
-        ok = args_to_api(args, parser)
-    except SystemExit as e:  # argparse and profile errors exit
-        raise click.ClickException(f"snakemake {' '.join(argv)}: exited with {e.code}")
-    if not ok:
-        raise RuntimeError(f"snakemake failed (its log is in {workdir / '.snakemake' / 'log'})")
+    from .ticker import progress_line
+
+    with _as_cli(workdir), progress_line(workdir):
+        try:
+            parser, args = parse_args(argv)
+            ok = args_to_api(args, parser)
+        except SystemExit as e:  # argparse and profile errors exit
+            raise click.ClickException(f"snakemake {' '.join(argv)}: exited with {e.code}")
+        if not ok:
+            raise RuntimeError(f"snakemake failed (its log is in {workdir / '.snakemake' / 'log'})")
     return True

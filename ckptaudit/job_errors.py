@@ -1,0 +1,94 @@
+"""Why a workflow run failed, in one line per failed job: the last meaningful line of each job's own log.
+
+Stage jobs write their stdout and stderr to ``<out>/logs/<rule>/<part>.log``; when one fails,
+Snakemake itself says only ``CalledProcessError … check log file(s)``.  The Snakefile's
+``onerror:`` handler calls :func:`on_error`, which reads the failed jobs' logs and says, per
+job, ``hash p0003: FileNotFoundError: … (log: …)``: printed on stderr for ``snakemake … audit``,
+and written to ``<out>/work/failed_jobs.txt``, which ``ckptaudit audit`` reads and prints as
+its one error (it sets :data:`CLI_ENV` so the handler does not print twice).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Iterable, List, Tuple
+
+#: set by ``ckptaudit audit``/``drill`` for the workflows they run: the CLI prints summaries and errors itself
+CLI_ENV = "CKPTAUDIT_CLI"
+FAILED_JOBS = "work/failed_jobs.txt"
+
+
+def last_error_line(text: str) -> str:
+    """The line that says why: after a traceback, its exception line; otherwise the last non-empty line."""
+    lines = [ln.rstrip() for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    tb = max((i for i, ln in enumerate(lines) if ln.startswith("Traceback (most recent call last)")), default=-1)
+    if tb >= 0:
+        after = [ln for ln in lines[tb + 1:] if not ln.startswith((" ", "\t"))]
+        if after:
+            return after[-1].strip()
+    return lines[-1].strip()
+
+
+def _read_tail(path: str, limit: int = 64 << 10) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - limit))
+            return f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def _jobs(failed) -> Iterable[Tuple[str, str, List[str]]]:
+    """(rule, wildcards text, log paths) of each failed job (members of a failed group job each)."""
+    for job in failed:
+        for j in getattr(job, "jobs", None) or [job]:
+            rule = getattr(getattr(j, "rule", None), "name", "job")
+            wc = " ".join(str(v) for v in dict(getattr(j, "wildcards", None) or {}).values())
+            yield rule, wc, [str(p) for p in (getattr(j, "log", None) or [])]
+
+
+def job_lines(failed) -> List[str]:
+    """One line per failed job: ``rule wildcards: last error line of its log (log: path)``."""
+    out = []
+    for rule, wc, logs in _jobs(failed):
+        name = f"{rule} {wc}".strip()
+        why = ""
+        for log in logs:
+            why = last_error_line(_read_tail(log))
+            for prefix in ("ckptaudit: error: ", "ckptaudit: "):
+                why = why[len(prefix):] if why.startswith(prefix) else why
+            if why:
+                out.append(f"{name}: {why} (log: {log})")
+                break
+        if not why:
+            out.append(f"{name}: failed" + (f"; its log {logs[0]} is empty" if logs else " (no log)"))
+    return out
+
+
+def on_error(workflow, out_dir: str) -> List[str]:
+    """The ``onerror:`` handler's work: the failed jobs' lines, written to ``out_dir/work/failed_jobs.txt``
+    and printed on stderr unless ``ckptaudit`` runs the workflow (:data:`CLI_ENV`)."""
+    failed = getattr(getattr(workflow, "scheduler", None), "failed", None) or []
+    lines = job_lines(failed) or [f"a job failed; see the logs under {Path(out_dir) / 'logs'}"]
+    try:
+        p = Path(out_dir) / FAILED_JOBS
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text("\n".join(lines) + "\n")
+    except OSError:
+        pass
+    if not os.environ.get(CLI_ENV):
+        print("ckptaudit: the audit failed:", *(f"  {ln}" for ln in lines), sep="\n", file=sys.stderr, flush=True)
+    return lines
+
+
+def read_failed(out_dir: str | Path) -> List[str]:
+    """The lines :func:`on_error` wrote for the last failed run in ``out_dir`` ([] when there are none)."""
+    try:
+        return [ln for ln in (Path(out_dir) / FAILED_JOBS).read_text().splitlines() if ln.strip()]
+    except OSError:
+        return []

@@ -1,0 +1,125 @@
+"""The summary printed at the end of every audit (``ckptaudit audit`` and ``snakemake … audit``), from verdict.json.
+
+One headline (recommendation, rollback point and its step, steps lost), the verdict's first
+reason when it is not a plain resume, one line per damaged unit or pointer (what is wrong, in
+the finding's own words), runs of healthy units collapsed into one line
+(``ckpt_000100.pt .. ckpt_000400.pt: 4 units intact``), and where report.html is.  The CLI
+prints it itself; the Snakefile's ``onsuccess:`` handler prints it for ``snakemake … audit``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+from .text import step_text
+
+#: longest "what is wrong" text on a unit's line (the report has the rest)
+WHAT_CHARS = 100
+_HEX = re.compile(r"\b[0-9a-f]{32,}\b")  # digests are said by their first 12 digits
+_USE_WORDS = {"none": "not usable", "warm-start": "warm-start only"}
+
+
+def headline(v: Dict) -> str:
+    """``ckptaudit: RESUME from ckpt_000250.pt (step 250), 50 steps lost`` (``RETRAIN`` without a rollback)."""
+    rb = v.get("rollback")
+    out = f"ckptaudit: {v['recommendation'].upper()}"
+    if rb:
+        out += f" from {rb['unit']} ({step_text(rb['step'])})"
+        lost = v.get("steps_lost")
+        out += f", {lost} steps lost" if lost else ", no steps lost" if lost == 0 else ", steps lost unknown"
+    return out
+
+
+def _what(unit: Dict, cap: str) -> str:
+    """The first sentence of the worst finding that limits ``unit`` to ``cap``, and how many more there are."""
+    order = {"error": 0, "warning": 1, "info": 2}
+    limiting = [f for f in unit["findings"] if f.get("caps") == cap] or \
+        [f for f in unit["findings"] if f.get("severity") == "error"]
+    if not limiting:
+        return "see the report"
+    limiting.sort(key=lambda f: order.get(f.get("severity"), 3))
+    first = limiting[0]
+    msg = _HEX.sub(lambda m: m.group(0)[:12] + "…", " ".join(str(first.get("message") or first["kind"]).split()))
+    for prefix in (f"{first.get('path')}: ", f"{unit['unit']}: "):
+        if prefix.strip(": ") and msg.startswith(prefix):
+            msg = msg[len(prefix):]
+    msg = msg.split(". ")[0].rstrip(".")
+    head, sep, _ = msg.partition(": ")
+    if sep and len(head) >= 20:  # "ckpt_000300.pt is a torch.save zip cut short: it is 722283 bytes …"
+        msg = head
+    if len(msg) > WHAT_CHARS:
+        msg = msg[: WHAT_CHARS - 1].rstrip() + "…"
+    more = len({f["kind"] for f in limiting}) - 1
+    return msg + (f" (+{more} more)" if more > 0 else "")
+
+
+def _healthy_run(run: List[Dict]) -> str:
+    warned = sum(1 for u in run for f in u["findings"] if f.get("severity") == "warning")
+    state = "intact" if not warned else f"usable for resume, {warned} warning{'s' * (warned != 1)} (see the report)"
+    if len(run) == 1:
+        return f"  {run[0]['unit']} ({step_text(run[0]['step'])}): {state}"
+    return f"  {run[0]['unit']} .. {run[-1]['unit']}: {len(run)} units {state}"
+
+
+def unit_lines(v: Dict) -> List[str]:
+    """One line per damaged unit, healthy neighbours (by step; units without a step last) collapsed."""
+    units = sorted(v.get("units") or [], key=lambda u: (u["step"] is None, u["step"] or 0, u["unit"]))
+    out: List[str] = []
+    run: List[Dict] = []
+    for u in units:
+        if u["usable_for"] == "resume":
+            run.append(u)
+            continue
+        if run:
+            out.append(_healthy_run(run))
+            run = []
+        out.append(f"  {u['unit']} ({step_text(u['step'])}): {_USE_WORDS.get(u['usable_for'], u['usable_for'])}: "
+                   f"{_what(u, u['usable_for'])}")
+    if run:
+        out.append(_healthy_run(run))
+    for f in v.get("pointer_findings") or []:
+        if f.get("severity") == "error":
+            out.append(f"  pointer {f.get('path')}: {' '.join(str(f.get('message')).split())[:WHAT_CHARS]}")
+    return out
+
+
+def summary(v: Dict, out_dir: str | Path) -> str:
+    """The whole summary of verdict ``v`` whose report is in ``out_dir``."""
+    lines = [headline(v)]
+    reasons = v.get("reasons") or []
+    if reasons and v.get("recommendation") != "resume":
+        lines.append(f"  {reasons[0]}")
+    lines += unit_lines(v)
+    lines.append(f"report: {Path(out_dir) / 'report.html'}")
+    return "\n".join(lines)
+
+
+def print_summary(out_dir: str | Path, stream=None) -> bool:
+    """Print the summary of ``out_dir/verdict.json`` (to stdout by default); False when there is none."""
+    path = Path(out_dir) / "verdict.json"
+    try:
+        v = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+    print(summary(v, Path(out_dir).resolve()), file=stream or sys.stdout, flush=True)
+    return True
+
+
+def on_success(workflow, out_dir: str | Path) -> bool:
+    """The Snakefile's ``onsuccess:`` handler: print the summary when the run built (or checked) the verdict,
+    unless ``ckptaudit`` started the workflow and prints it itself."""
+    import os
+
+    from .job_errors import CLI_ENV
+
+    if os.environ.get(CLI_ENV):
+        return False
+    try:
+        wanted = any(j.rule.name == "report" for j in workflow.dag.jobs)
+    except AttributeError:  # another Snakemake's internals: say it whenever there is a verdict
+        wanted = True
+    return wanted and print_summary(out_dir)
