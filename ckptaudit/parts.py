@@ -20,9 +20,10 @@ if TYPE_CHECKING:  # pragma: no cover
 
 
 def auto_units_per_job(n_units: int) -> int:
-    """One unit per job up to 16 units; beyond, the smallest power of two that keeps
-    the part count at or under 16 (stable while a run grows: parts change only when
-    the run crosses 16·2^k units).
+    """The least units per part under "auto" (:func:`assign_parts` packs small units
+    beyond it): one up to 16 units; beyond, the smallest power of two that keeps the
+    part count at or under 16 (stable while a run grows: parts change only when the
+    run crosses 16·2^k units).
 
     Each part costs ~7 Snakemake jobs of a fresh Python process (~0.25 s each, the
     load job ~1.5 s for ``import torch``), and Snakemake's own scheduling cost grows
@@ -34,19 +35,48 @@ def auto_units_per_job(n_units: int) -> int:
     return 1 << math.ceil(math.log2(math.ceil(n_units / 16)))
 
 
+#: "auto" packs consecutive units into one part while the part stays within this many bytes
+#: (and :data:`SMALL_PART_UNITS` units): a few small units cost one set of jobs, not one set each
+SMALL_PART_BYTES = 256 << 20
+SMALL_PART_UNITS = 16
+
+
 def assign_parts(units: List[Unit], units_per_job) -> Dict[str, List[str]]:
     """Group units (already in (step, name) order) into Snakemake jobs.
 
-    Returns {part_id: [unit, ...]}; part ids are ``p0000``, ``p0001``…  The
-    grouping depends only on the order, so new (later) units only touch the
-    last part.
+    Returns {part_id: [unit, ...]}; part ids are ``p0000``, ``p0001``…  A number puts
+    that many units in each part.  ``"auto"`` packs units greedily in order: a part
+    takes at least :func:`auto_units_per_job` units (the count rule that bounds the
+    part count of a large run) and keeps taking more, up to
+    ``max(SMALL_PART_UNITS, that count)``, while its bytes stay within
+    :data:`SMALL_PART_BYTES` — so a run of up to 16 small units is one part (one job
+    per stage: per-job start-up, not bytes, is what a small unit costs), while units
+    of hundreds of MiB keep a part each and run in parallel.  The grouping depends
+    only on the order, the unit count and the sizes of the units, so new (later)
+    units only touch the last part.
     """
-    per = auto_units_per_job(len(units)) if units_per_job in (None, "auto") else int(units_per_job)
+    if units_per_job not in (None, "auto"):
+        per = int(units_per_job)
+        groups = [units[i:i + per] for i in range(0, len(units), per)]
+    else:
+        least = auto_units_per_job(len(units))
+        most = max(SMALL_PART_UNITS, least)
+        groups, cur, cur_bytes = [], [], 0
+        for u in units:
+            size = max(0, int(u.size_bytes or 0))
+            if cur and (len(cur) >= most or (len(cur) >= least and cur_bytes + size > SMALL_PART_BYTES)):
+                groups.append(cur)
+                cur, cur_bytes = [], 0
+            cur.append(u)
+            cur_bytes += size
+        if cur:
+            groups.append(cur)
     parts: Dict[str, List[str]] = {}
-    for i, u in enumerate(units):
-        pid = f"p{i // per:04d}"
-        u.part = pid
-        parts.setdefault(pid, []).append(u.unit)
+    for i, group in enumerate(groups):
+        pid = f"p{i:04d}"
+        for u in group:
+            u.part = pid
+        parts[pid] = [u.unit for u in group]
     return parts
 
 

@@ -60,6 +60,38 @@ def test_parts_are_stable_as_the_run_grows():
     assert inventory.auto_units_per_job(4096) == 256
 
 
+def _sized(sizes):
+    from types import SimpleNamespace
+
+    return [SimpleNamespace(unit=f"u{i:05d}", size_bytes=s, part="") for i, s in enumerate(sizes)]
+
+
+def test_auto_packs_small_units_into_one_part_and_keeps_big_ones_apart():
+    from ckptaudit.parts import SMALL_PART_BYTES, assign_parts
+
+    kib, gib = 1 << 10, 1 << 30
+    assert list(assign_parts(_sized([16 * kib] * 3), "auto")) == ["p0000"]  # a tiny run: one part
+    assert [len(v) for v in assign_parts(_sized([16 * kib] * 17), "auto").values()] == [16, 1]
+    assert [len(v) for v in assign_parts(_sized([gib] * 3), "auto").values()] == [1, 1, 1]
+    half = SMALL_PART_BYTES // 2
+    assert [len(v) for v in assign_parts(_sized([half] * 5), "auto").values()] == [2, 2, 1]
+    # a large run keeps the count rule: 1,000 small units in 16 parts of 64, big units too
+    assert [len(v) for v in assign_parts(_sized([16 * kib] * 1000), "auto").values()] == [64] * 15 + [40]
+    assert [len(v) for v in assign_parts(_sized([gib] * 1000), "auto").values()] == [64] * 15 + [40]
+    assert [len(v) for v in assign_parts(_sized([16 * kib] * 5), 2).values()] == [2, 2, 1]  # a number is a number
+
+
+def test_auto_parts_only_change_at_the_end_as_the_run_grows():
+    from ckptaudit.parts import assign_parts
+
+    sizes = [(i % 7) * (50 << 20) for i in range(16)]
+    before = assign_parts(_sized(sizes[:10]), "auto")
+    after = assign_parts(_sized(sizes), "auto")
+    last = max(before)
+    assert {k: v for k, v in before.items() if k != last} == {k: v for k, v in after.items() if k < last}
+    assert after[last][:len(before[last])] == before[last]
+
+
 def test_missing_run_folder_is_an_error(tmp_path):
     with pytest.raises(FileNotFoundError):
         inventory.discover(tmp_path / "missing")

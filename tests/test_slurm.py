@@ -183,14 +183,18 @@ def test_slurm_audit_equals_local(demo_run, tmp_path):
     ensure_slurm()
     run = str(demo_run.run_dir)
     local_out, slurm_out = tmp_path / "local", tmp_path / "slurm"
+    one_per_part = tmp_path / "one-per-part.yaml"  # 6 parts ("auto" packs the small demo units into one)
+    one_per_part.write_text("units_per_job: 1\n")
     # SLURM through `ckptaudit audit --profile slurm --executor slurm`, with the settings a
     # cluster without accounting database needs, and 3 parts per group job (group-components
     # at work; 2 jobs fill a 2-CPU node); the local audit runs meanwhile (SLURM mostly waits).
     slurm = subprocess.Popen(
-        CLI + ["audit", run, "--out", str(slurm_out), "--profile", "slurm", "--executor", "slurm", "--",
+        CLI + ["audit", run, "--out", str(slurm_out), "--config", str(one_per_part), "--profile", "slurm",
+               "--executor", "slurm", "--",
                *cluster.LOCAL_EXECUTOR_ARGS, "--group-components", "unit=3"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    local = subprocess.run(CLI + ["audit", run, "--out", str(local_out), "--cores", "2"], capture_output=True,
+    local = subprocess.run(CLI + ["audit", run, "--out", str(local_out), "--config", str(one_per_part), "--cores", "2"],
+                           capture_output=True,
                            text=True, timeout=600)
     try:
         s_out, s_err = slurm.communicate(timeout=900)

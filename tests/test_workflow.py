@@ -81,17 +81,21 @@ def part_mtimes(out: Path):
 
 def test_rerun_does_nothing_then_picks_up_new_unit(demo_run, tmp_path):
     """Re-auditing an unchanged run must not re-hash anything; a new checkpoint
-    re-runs only inventory, its own part and the report."""
+    re-runs only inventory, its own part and the report.  One unit per part
+    (``units_per_job: 1``): "auto" packs the small demo units into one part."""
     run = tmp_path / "run"
     shutil.copytree(demo_run.run_dir, run)
     out = tmp_path / "audit"
-    assert run_cli("audit", str(run), "--out", str(out), "--cores", "2").returncode == 1
+    cfg = tmp_path / "one-per-part.yaml"
+    cfg.write_text("units_per_job: 1\n")
+    audit = ("audit", str(run), "--out", str(out), "--cores", "2", "--config", str(cfg))
+    assert run_cli(*audit).returncode == 1
     first = part_mtimes(out)
     assert len([k for k in first if k.startswith("hash/")]) == 6
-    assert run_cli("audit", str(run), "--out", str(out), "--cores", "2").returncode == 1
+    assert run_cli(*audit).returncode == 1
     assert part_mtimes(out) == first, "an unchanged run was audited again"
     shutil.copy(run / "ckpt_000250.pt", run / "ckpt_000350.pt")
-    p = run_cli("audit", str(run), "--out", str(out), "--cores", "2")
+    p = run_cli(*audit)
     assert p.returncode == 1, p.stdout + p.stderr
     after = part_mtimes(out)
     assert {k: after[k] for k in first} == first, "old parts were recomputed"
