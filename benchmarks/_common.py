@@ -51,7 +51,12 @@ def machine_line() -> str:
 
 
 def code_state() -> str:
-    """``HEAD <short sha> + N changed paths`` of the checkout being measured."""
+    """``HEAD <short sha> + N changed paths`` of the checkout being measured (or the snapshot's
+    ``COMMIT`` when :func:`code_root` is one)."""
+    root = code_root()
+    if root != REPO:
+        commit = (root / "COMMIT").read_text().strip()[:7] if (root / "COMMIT").exists() else "?"
+        return f"snapshot {root} of commit {commit} (PYTHONPATH)"
     try:
         head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
                               text=True).stdout.strip()
@@ -127,11 +132,20 @@ def run_gnu_time(cmd: Sequence[str], *, cwd: Optional[Path] = None, env: Optiona
             "stdout": p.stdout, "stderr": p.stderr, "rc": p.returncode, "time_v": text}
 
 
+def code_root() -> Path:
+    """The tree whose Snakefile the benchmarks run: the first ``PYTHONPATH`` entry holding a
+    Snakefile (a snapshot of another commit, ``git archive C | tar -x -C DIR``), else the checkout."""
+    for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        if entry and (Path(entry) / "Snakefile").is_file():
+            return Path(entry).resolve()
+    return REPO
+
+
 def snakemake_cmd(run_dir: Path, out_dir: Path, workdir: Path, cores: int = 2, extra: Sequence[str] = ()) -> List[str]:
-    """``snakemake --cores N audit --config run_dir=… out_dir=…`` on the repository's
-    Snakefile, with Snakemake's own state (``.snakemake/``) in ``workdir`` so the
+    """``snakemake --cores N audit --config run_dir=… out_dir=…`` on the Snakefile of
+    :func:`code_root`, with Snakemake's own state (``.snakemake/``) in ``workdir`` so the
     shared checkout is not touched."""
-    return [SNAKEMAKE, "--snakefile", str(REPO / "Snakefile"), "--directory", str(workdir), "--cores", str(cores),
+    return [SNAKEMAKE, "--snakefile", str(code_root() / "Snakefile"), "--directory", str(workdir), "--cores", str(cores),
             "audit", "--config", f"run_dir={run_dir}", f"out_dir={out_dir}", *extra]
 
 
@@ -172,10 +186,11 @@ def free_gib(path: str = "/tmp") -> float:
     return shutil.disk_usage(path).free / GIB
 
 
-def make_big_checkpoint(path: str, size_gib: float, n_tensors: int = 4, seed: int = 0) -> Dict:
+def make_big_checkpoint(path: str, size_gib: float, n_tensors: int = 4, seed: int = 0, step: int = 1000) -> Dict:
     """A ~``size_gib`` torch.save checkpoint: ``n_tensors`` large float32 weights plus
     an AdamW-like optimizer dict (``exp_avg``, ``exp_avg_sq`` of the same shapes), a
-    step and a scheduler dict, and a sha256sum sidecar.  Weights are 1/3 of the bytes.
+    scheduler dict and the training step ``step`` (optimizer ``step``, ``iter_num``,
+    scheduler ``last_epoch``), and a sha256sum sidecar.  Weights are 1/3 of the bytes.
     Holds the whole checkpoint in memory while saving (run it in a child process)."""
     import hashlib
 
@@ -186,14 +201,14 @@ def make_big_checkpoint(path: str, size_gib: float, n_tensors: int = 4, seed: in
     cols = 4096
     rows = max(1, per // cols)
     model = {f"layers.{i}.weight": torch.randn(rows, cols, generator=g) * 0.02 for i in range(n_tensors)}
-    state = {i: {"step": torch.tensor(1000.0), "exp_avg": torch.randn(rows, cols, generator=g) * 1e-3,
+    state = {i: {"step": torch.tensor(float(step)), "exp_avg": torch.randn(rows, cols, generator=g) * 1e-3,
                  "exp_avg_sq": torch.rand(rows, cols, generator=g) * 1e-6} for i in range(n_tensors)}
     ckpt = {
         "model": model,
         "optimizer": {"state": state, "param_groups": [{"lr": 3e-4, "betas": (0.9, 0.95), "eps": 1e-8,
                                                         "weight_decay": 0.1, "params": list(range(n_tensors))}]},
-        "scheduler": {"last_epoch": 1000, "_step_count": 1001, "base_lrs": [3e-4]},
-        "iter_num": 1000,
+        "scheduler": {"last_epoch": step, "_step_count": step + 1, "base_lrs": [3e-4]},
+        "iter_num": step,
         "model_args": {"n_layer": n_tensors, "n_embd": cols},
     }
     p = Path(path)
@@ -206,14 +221,14 @@ def make_big_checkpoint(path: str, size_gib: float, n_tensors: int = 4, seed: in
     return {"size_bytes": p.stat().st_size, "sha256_hex": digest}
 
 
-def build_big_in_child(path: Path, size_gib: float) -> Dict:
+def build_big_in_child(path: Path, size_gib: float, step: int = 1000) -> Dict:
     """Run :func:`make_big_checkpoint` in a child process; return its facts and seconds."""
     import json
 
     code = ("import json, sys; sys.path.insert(0, sys.argv[1]); import _common; "
-            "print(json.dumps(_common.make_big_checkpoint(sys.argv[2], float(sys.argv[3]))))")
+            "print(json.dumps(_common.make_big_checkpoint(sys.argv[2], float(sys.argv[3]), step=int(sys.argv[4]))))")
     t0 = time.perf_counter()
-    p = subprocess.run([PYTHON, "-c", code, str(Path(__file__).parent), str(path), str(size_gib)],
+    p = subprocess.run([PYTHON, "-c", code, str(Path(__file__).parent), str(path), str(size_gib), str(step)],
                        capture_output=True, text=True, check=True)
     facts = json.loads(p.stdout.strip().splitlines()[-1])
     facts["build_s"] = time.perf_counter() - t0
