@@ -13,6 +13,16 @@ from .model import build_model
 from .train import DEFAULT_CONFIG, _data, _get_batch, _make_scheduler, get_rng_state, lr_multiplier, set_rng_state
 
 
+class NotADemoCheckpoint(KeyError):
+    """The unit is not a checkpoint of the bundled demo trainer: the drill's configuration (``drill.hook``) is
+    wrong, not the unit.  ``hook_mismatch`` tells the drill child to report it as such (exit 3)."""
+
+    hook_mismatch = True
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 def restore_hook(path: PathLike, device: str = "cpu"):
     """Restore hook of the demo trainer for ``ckptaudit drill`` (``drill.hook:
     "ckptaudit.demo:restore_hook"``): resume the checkpoint at ``path`` on ``device`` the way
@@ -30,19 +40,23 @@ def restore_hook(path: PathLike, device: str = "cpu"):
     ``train_step`` is the loop body of :func:`_train`; ``lr_at(s)`` is ``learning_rate *
     lr_multiplier(s, ...)`` per param group.  Bit-exact on CPU with one intra-op thread (the drill
     child sets it), so ``deterministic`` is True there.
-    Raises KeyError if the checkpoint lacks ``model``, ``optimizer``, ``model_args`` or ``config``.
+    Raises :class:`NotADemoCheckpoint` (a KeyError) if the checkpoint is not a dict with ``model``,
+    ``optimizer``, ``model_args`` and ``config``, or its ``model_args`` lack a key of the demo model.
     """
     dev = torch.device(device)
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(ckpt, dict):
-        raise KeyError(f"{path}: expected a checkpoint dict, found {type(ckpt).__name__}")
+        raise NotADemoCheckpoint(f"{path}: expected a checkpoint dict, found {type(ckpt).__name__}")
     missing = sorted({"model", "optimizer", "model_args", "config"} - set(ckpt))
     if missing:
-        raise KeyError(f"{path}: the demo trainer cannot resume without {missing!r}")
+        raise NotADemoCheckpoint(f"{path}: the demo trainer cannot resume without {missing!r}")
     cfg = dict(DEFAULT_CONFIG)
     cfg.update(ckpt["config"])
     model_args = dict(ckpt["model_args"])
-    model = build_model(model_args).to(dev)
+    try:
+        model = build_model(model_args).to(dev)
+    except KeyError as e:  # "model_args lacks [...]": another trainer's checkpoint
+        raise NotADemoCheckpoint(f"{path}: {e.args[0] if e.args else e}") from e
     optimizer = model.configure_optimizers(cfg["weight_decay"], cfg["learning_rate"], (cfg["beta1"], cfg["beta2"]))
     scheduler = _make_scheduler(optimizer, cfg)
     model.load_state_dict(ckpt["model"])

@@ -99,6 +99,11 @@ class _Child(_RestoreChecks, _ContinueChecks):
         except Exception as e:  # noqa: BLE001 - the unit could not be restored by the job's own code
             if _is_alloc_error(e):
                 raise _LimitHit(f"restore_hook: {type(e).__name__}: {str(e)[:300]}") from e
+            if getattr(e, "hook_mismatch", False):  # e.g. the demo hook on a user's run: configuration, exit 3
+                self.result.update(status="hook_error", error=(
+                    f"drill.hook {spec['hook']!r} cannot restore {spec['unit']}: {str(e)[:300]}; set drill.hook "
+                    "to your job's restore function (\"package.module:function\", see docs/drill.md)"))
+                return
             self.add(_row("restore_hook", "fail", f"{spec['hook']}({spec['unit']!r}, {dev!r}) returns a Restored",
                           type(e).__name__, f"the restore hook raised while restoring {spec['unit']}: "
                                             f"{type(e).__name__}: {str(e)[:800]}", time.perf_counter() - t))

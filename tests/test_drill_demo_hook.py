@@ -1,0 +1,46 @@
+"""The default (demo) restore hook on a user's run is a configuration error (exit 3, "set drill.hook"), not a
+drill finding (exit 1)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ckptaudit import drill as dr
+from ckptaudit.demo.hook import NotADemoCheckpoint, restore_hook
+
+
+def _user_run(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    torch.save({"model": {"w": torch.zeros(2)}, "optimizer": {"state": {}, "param_groups": []},
+                "model_args": {"n_layer": 2}, "config": {}, "iter_num": 10}, run / "ckpt_000010.pt")
+    return run
+
+
+def test_demo_hook_says_the_unit_is_not_a_demo_checkpoint(tmp_path):
+    run = _user_run(tmp_path)
+    with pytest.raises(NotADemoCheckpoint, match=r"model_args lacks \['bias', 'block_size', 'dropout', 'n_embd', "
+                                                 r"'n_head', 'vocab_size'\]$") as ei:
+        restore_hook(str(run / "ckpt_000010.pt"), "cpu")
+    assert isinstance(ei.value, KeyError) and ei.value.hook_mismatch
+    torch.save({"state_dict": {}}, run / "other.pt")
+    with pytest.raises(NotADemoCheckpoint, match=r"cannot resume without \['config', 'model', 'model_args', "
+                                                 r"'optimizer'\]"):
+        restore_hook(str(run / "other.pt"), "cpu")
+
+
+def test_drill_with_the_demo_hook_on_a_user_run_exits_3_and_names_drill_hook(tmp_path):
+    run = _user_run(tmp_path)
+    v = {"run_dir": str(run), "recommendation": "resume", "rollback": {"unit": "ckpt_000010.pt", "step": 10},
+         "units": [{"unit": "ckpt_000010.pt", "step": 10, "usable_for": "resume", "findings": []}]}
+    rows, code = dr.run_drill(run, tmp_path / "out", {"drill": {"devices": ["cpu"]}}, verdict=v)
+    assert code == dr.EXIT_FAILED == 3
+    r = next(r for r in rows if r["check"] == "child_process")
+    assert r["status"] == "fail"
+    assert r["message"].startswith("the restore hook could not be used: drill.hook 'ckptaudit.demo:restore_hook' "
+                                   "cannot restore ckpt_000010.pt: ")
+    assert "model_args lacks" in r["message"]
+    assert r["message"].endswith("set drill.hook to your job's restore function (\"package.module:function\", "
+                                 "see docs/drill.md)")
+    assert not any(r["check"] == "restore_hook" for r in rows)  # not reported as the unit failing to restore
