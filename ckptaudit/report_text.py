@@ -85,8 +85,8 @@ def unit_sentence(u: dict, newest: Optional[str], rollback: Optional[str], late:
     causes = _causes(u["findings"], "warm-start" if u["usable_for"] == "warm-start" else "none")
     words = _join([phrase(f["kind"]) for f in causes]) if causes else "it could not be checked"
     if u["usable_for"] == "warm-start":
-        who = "the run" if u["unit"] == rollback else "it"
-        return f"{words[:1].upper()}{words[1:]} in {name}, so {who} can only warm-start from it."
+        so = "the run can only warm-start from it" if u["unit"] == rollback else "it is usable for warm-start only"
+        return f"{words[:1].upper()}{words[1:]} in {name}, so {so}."
     kinds = {f["kind"] for f in causes}
     older = newest is not None and u["unit"] != newest
     if kinds & CORRUPTION and older:
