@@ -37,10 +37,21 @@ def no_units_message(doc: Dict) -> str:
     stray = list(doc.get("stray_files") or [])
     where = doc.get("run_dir", "")
     if not stray:
-        return f"{where}: the folder is empty: no checkpoint to audit; is this the run's checkpoint folder?"
+        return f"{where}: the folder is empty: no checkpoint in it; is this the run's checkpoint folder?"
     shown = ", ".join(stray[:LISTED]) + (f" and {len(stray) - LISTED} more" if len(stray) > LISTED else "")
     return (f"{where}: no checkpoint found; ignored {len(stray)} file{'s' * (len(stray) != 1)} that are not "
             f"checkpoints: {shown}; is this the run's checkpoint folder?")
+
+
+def check_has_units(run_dir: str) -> None:
+    """Raise ``ValueError`` when ``run_dir`` does not exist, is a file, or holds no checkpoint unit (for the
+    commands that act on a run without the workflow: ``seal``, ``prune``)."""
+    from .inventory import run_inventory
+
+    check_run_dir(run_dir)
+    msg = no_units_message(run_inventory(run_dir))
+    if msg:
+        raise ValueError(msg)
 
 
 def require_units(doc: Dict) -> Dict:

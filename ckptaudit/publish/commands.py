@@ -11,6 +11,17 @@ from .retention import prune
 from .seal import seal
 
 
+def _require_units(cmd: str, run_dir: str) -> None:
+    """Exit 3 with one line when ``run_dir`` is missing or holds no checkpoint (:mod:`ckptaudit.run_folder`)."""
+    from ..run_folder import check_has_units
+
+    try:
+        check_has_units(run_dir)
+    except (ValueError, OSError) as e:
+        click.echo(f"ckptaudit {cmd}: error: {e}", err=True)
+        sys.exit(3)
+
+
 @click.command("seal")
 @click.argument("run_dir", type=click.Path(file_okay=False))
 @click.option("--chunk-mib", default=DEFAULT_CHUNK_BYTES >> 20, show_default=True, type=click.IntRange(1),
@@ -20,7 +31,9 @@ def seal_command(run_dir, chunk_mib, dry_run):
     """Write SHA-256 sidecars and manifests for the checkpoints of RUN_DIR that pass the audit.
 
     Never touches data files.  Exit 0 when every unit is sealed (or already was), 1 when
-    some unit was refused (the reason is printed), 3 when the audit itself failed."""
+    some unit was refused (the reason is printed), 3 when the audit itself failed (a missing, empty or
+    checkpoint-less folder included)."""
+    _require_units("seal", run_dir)
     try:
         outcomes = seal(run_dir, chunk_bytes=chunk_mib << 20, dry_run=dry_run)
     except Exception as e:  # noqa: BLE001 - an infrastructure failure is exit 3 with its cause
@@ -47,7 +60,8 @@ def seal_command(run_dir, chunk_mib, dry_run):
 def prune_command(run_dir, keep_last, keep_every, keep_best, metric, mode, sweep_stale, dry_run):
     """Delete old verified checkpoints of RUN_DIR; never the newest verified one.
 
-    Exit 0 on success, 3 on bad arguments or an unreadable folder."""
+    Exit 0 on success, 3 on bad arguments or an unreadable, missing, empty or checkpoint-less folder."""
+    _require_units("prune", run_dir)
     try:
         plan = prune(run_dir, keep_last=keep_last, keep_every=keep_every, keep_best=keep_best, metric=metric,
                      mode=mode, sweep_stale=sweep_stale, dry_run=dry_run, echo=None)
