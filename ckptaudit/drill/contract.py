@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Protocol, Sequence, Tuple, runtime_checkable
+from dataclasses import field, make_dataclass
+from typing import Any, Callable, Dict, Iterator, Mapping, Optional, Protocol, Tuple, runtime_checkable
 
 SCHEMA = "ckptaudit.drill/1"
 
@@ -112,10 +112,8 @@ class Restored(Protocol):
     loss_batch: Any
     batches: Iterator[Any]
     deterministic: bool
-
-    def train_step(self, batch: Any) -> Tuple[float, float]: ...
-
-    def eval_loss(self, batch: Any) -> float: ...
+    train_step: Callable[[Any], Tuple[float, float]]  # a method or a callable attribute
+    eval_loss: Callable[[Any], float]
 
 
 class RestoreHook(Protocol):
@@ -126,29 +124,30 @@ class RestoreHook(Protocol):
     def __call__(self, path: str, device: str) -> Restored: ...
 
 
-REQUIRED_MEMBERS = ("model", "optimizer", "scheduler", "scaler", "step", "saved", "loss_batch", "batches",
-                    "deterministic", "train_step", "eval_loss")
+#: Every member a :class:`Restored` must have, in the order the Protocol declares them.
+REQUIRED_MEMBERS: Tuple[str, ...] = tuple(Restored.__annotations__)
 
+#: The members a hook may leave out (the drill looks them up with ``getattr``), with their types.
+OPTIONAL_MEMBERS: Dict[str, str] = {
+    "lr_at": "Optional[Callable[[int], Sequence[float]]]",
+    "rng_state": "Optional[Callable[[], Any]]",
+    "sampler_state": "Optional[Callable[[], Any]]",
+}
 
-@dataclass
-class SimpleRestored:
-    """A plain implementation of :class:`Restored` for hooks that do not want their own class."""
-
-    model: Any
-    optimizer: Any
-    scheduler: Optional[Any]
-    scaler: Optional[Any]
-    step: int
-    saved: Mapping[str, Any]
-    loss_batch: Any
-    batches: Iterator[Any]
-    train_step: Callable[[Any], Tuple[float, float]]
-    eval_loss: Callable[[Any], float]
-    deterministic: bool = False
-    lr_at: Optional[Callable[[int], Sequence[float]]] = None
-    rng_state: Optional[Callable[[], Any]] = None
-    sampler_state: Optional[Callable[[], Any]] = None
-    extra: Dict[str, Any] = field(default_factory=dict)
+#: A plain implementation of :class:`Restored` for hooks that do not want their own class: a dataclass
+#: whose fields are the Protocol's members (``deterministic`` defaults to False), then the optional
+#: members (default None) and ``extra`` (a dict for the hook's own use).  Built from the Protocol, so the
+#: two cannot drift apart.
+SimpleRestored = make_dataclass(
+    "SimpleRestored",
+    [(m, t) for m, t in Restored.__annotations__.items() if m != "deterministic"]
+    + [("deterministic", "bool", field(default=False))]
+    + [(m, t, field(default=None)) for m, t in OPTIONAL_MEMBERS.items()]
+    + [("extra", "Dict[str, Any]", field(default_factory=dict))],
+    namespace={"__doc__": "A plain implementation of :class:`Restored` (fields: its members, the optional "
+                          "ones and ``extra``)."},
+)
+SimpleRestored.__module__ = __name__
 
 
 def import_hook(spec: str) -> Callable[[str, str], Any]:
