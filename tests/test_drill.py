@@ -269,7 +269,7 @@ def test_unit_pruned_while_drilled_voids_the_drill(demo_run, verdict, tmp_path, 
         os.unlink(spec["unit_path"])
         return res
 
-    monkeypatch.setattr(dr, "run_child", child_then_prune)
+    monkeypatch.setattr("ckptaudit.drill.parent.run_child", child_then_prune)
     rows, code = dr.run_drill(run, tmp_path / "out", {"drill": {"devices": ["cpu"]}},
                               verdict={**verdict, "run_dir": str(run)})
     assert code == dr.EXIT_FAILED

@@ -56,10 +56,6 @@ and :mod:`.checks_continue`, and ``__main__`` (``python -m ckptaudit.drill``).
 
 from __future__ import annotations
 
-import sys as _sys
-import types as _types
-
-from . import parent as _parent
 from .checks_restore import _f, _quoted, _same  # noqa: F401
 from .child import _Child, _guard_torch_load, _is_alloc_error, _LimitHit, child_main  # noqa: F401
 from .contract import (CHECKS, COLUMNS, EXIT_FAILED, EXIT_NO_UNIT, EXIT_PASSED, EXIT_PROBLEM,  # noqa: F401
@@ -71,17 +67,3 @@ from .parent import (_child_env, _child_row, _drill_devices, _log_tail, _read_ve
 from .select import _order, exit_code, refusal, security_errors, select_unit  # noqa: F401
 from .settings import (DEFAULTS, drill_config, report_date, rule_config_json, rule_mem_mb,  # noqa: F401
                        rule_runtime_minutes)
-
-
-class _Face(_types.ModuleType):
-    """Setting a name the parent calls (``monkeypatch.setattr(ckptaudit.drill, "run_child", f)``) sets it
-    in :mod:`.parent` too, where :func:`run_drill` looks it up: the face stays one module to its users."""
-
-    def __setattr__(self, name, value):
-        if name in _FORWARDED:
-            setattr(_parent, name, value)
-        super().__setattr__(name, value)
-
-
-_FORWARDED = frozenset({"run_child", "_drill_devices", "_read_verdict", "_child_row", "_child_env"})
-_sys.modules[__name__].__class__ = _Face
