@@ -73,6 +73,7 @@ class Components:
     versions: Dict[str, str] = field(default_factory=dict)
     top_keys: List[str] = field(default_factory=list)
     never_saves: frozenset = frozenset()  # components the producer does not write
+    always_saves: frozenset = frozenset()  # components every unit of the producer has (an absence is damage)
     name_number: str = "step"  # what the number in the unit's name counts: "step" | "save_index"
 
     @property
@@ -87,6 +88,24 @@ class Components:
                 if s is not None:
                     vals.append(s)
         return max(vals) if vals else None
+
+    @property
+    def group_lrs(self) -> List[float]:
+        """The learning rate of each optimizer param group as saved (what the schedule had reached)."""
+        out = []
+        for g in (self.optimizer or {}).get("param_groups") or []:
+            v = scalar(g.get("lr")) if isinstance(g, dict) else None
+            if v is None:
+                return []
+            out.append(float(v))
+        return out
+
+    @property
+    def scheduled_by_torch(self) -> bool:
+        """True when a torch LR scheduler wrapped the optimizer: ``LRScheduler.__init__`` sets
+        ``initial_lr`` in every param group, and the optimizer's state_dict keeps it."""
+        groups = (self.optimizer or {}).get("param_groups") or []
+        return bool(groups) and all(isinstance(g, dict) and scalar(g.get("initial_lr")) is not None for g in groups)
 
     @property
     def scheduler_last_epoch(self) -> Optional[int]:
@@ -135,6 +154,7 @@ def collect(layout: str, tree: Dict[str, Any], facts: Dict[str, Any]) -> Compone
     if contract is not None:
         c.producer = contract.producer
         c.never_saves = contract.never_saves
+        c.always_saves = contract.saves
         c.name_number = contract.name_number
     for sub in tree.values():
         if isinstance(sub, dict) and "__safetensors__" not in sub:

@@ -2,6 +2,8 @@
 
 Each unit's own stages judge it alone; these compare units with each other, in step order, from the
 state and structure tables, and :func:`ckptaudit.verdict.build` adds them to the units they name.
+A unit's missing scheduler or RNG state is judged here too, because only the run says whether it
+ever had one (:func:`missing_components`).
 """
 
 from __future__ import annotations
@@ -19,11 +21,13 @@ def _step(u: dict, state_row: Optional[dict]) -> Optional[int]:
 
 
 def run_findings(units: List[dict], state_rows: Dict[str, dict], structure_rows: Dict[str, dict],
-                 cfg: dict) -> Dict[str, List[dict]]:
+                 cfg: dict, scan_rows: Optional[Dict[str, dict]] = None) -> Dict[str, List[dict]]:
     """Findings that only the run as a whole shows: counters going back, gaps,
-    norm jumps, the structure changing.  Units are taken in save order (name
-    step, then name)."""
+    norm jumps, the structure changing, components the run has and a unit lacks.
+    Units are taken in save order (name step, then name)."""
     out: Dict[str, List[dict]] = {}
+    for unit, f in missing_components(units, state_rows, scan_rows or {}):
+        out.setdefault(unit, []).append(f.to_dict())
     ordered = [u for u in units if u.get("step_from_name") is not None and not u.get("in_progress")]
     prev = None
     for u in ordered:
@@ -162,3 +166,87 @@ def name_counts_saves(units_out: List[dict]) -> bool:
     if len(both) < 2 or any(n == s for n, s in both):
         return False
     return all(b[1] > a[1] for a, b in zip(both, both[1:]))
+
+
+def _judged(s: Optional[dict], c) -> bool:
+    """True for a unit the state stage judged as a training checkpoint (weights and training state)."""
+    return bool(s) and s.get("has_weights") is True and s.get("has_optimizer") is not None and \
+        not c.weights_only_format and (c.optimizer is not None or c.scheduler is not None or c.step is not None)
+
+
+def missing_components(units: List[dict], state_rows: Dict[str, dict],
+                       scan_rows: Dict[str, dict]) -> List[tuple]:
+    """``missing_scheduler_state`` / ``missing_rng_state`` for units that lack what the run had.
+
+    A component the run never had is not missing: a run without an LR scheduler (a constant LR, or
+    one computed from the step as nanoGPT does) or that never saves RNG state gets no warning on
+    every unit.  The evidence that the run had it, any of: other units of the run hold it; the
+    producer always saves it (a Trainer folder without ``rng_state.pth``); for the scheduler, the
+    unit's own optimizer param groups carry ``initial_lr``, which a torch LR scheduler sets.  A
+    producer that never saves a component is never judged on it.
+    """
+    from . import components as C
+
+    comps = {}
+    for u in units:
+        if u.get("in_progress") or u["unit"] not in scan_rows:
+            continue
+        c = C.of_scan_row(scan_rows[u["unit"]])[0]
+        if _judged(state_rows.get(u["unit"]), c):
+            comps[u["unit"]] = (u, c)
+    have = {"scheduler": [n for n, (_, c) in comps.items() if c.scheduler is not None],
+            "rng": [n for n, (_, c) in comps.items() if c.rng]}
+    out = []
+    for name, (u, c) in comps.items():
+        s = state_rows[name]
+        for comp, lacks in (("scheduler", c.scheduler is None), ("rng", not c.rng)):
+            if not lacks or comp in c.never_saves:
+                continue
+            evidence = []
+            if comp == "scheduler" and c.scheduled_by_torch:
+                evidence.append("its optimizer's param groups carry initial_lr, which a torch LR scheduler sets")
+            if comp in c.always_saves and c.producer:
+                evidence.append(f"{c.producer} saves it in every checkpoint")
+            if have[comp]:
+                shown = ", ".join(sorted(have[comp])[:3]) + (f" and {len(have[comp]) - 3} more"
+                                                             if len(have[comp]) > 3 else "")
+                evidence.append(f"{len(have[comp])} other unit(s) of the run have it ({shown})")
+            if not evidence:
+                continue
+            if comp == "rng":
+                out.append((name, F.make("missing_rng_state", path=name, evidence="; ".join(evidence))))
+                continue
+            step = s.get("step") if s.get("step") is not None else u.get("step_from_name")
+            repair = _fast_forward(c, step, state_rows, have["scheduler"])
+            out.append((name, F.make(
+                "missing_scheduler_state", path=name, evidence="; ".join(evidence), step=step,
+                repair_code=repair,
+                repair_text=(": the repair steps your scheduler to the saved step and checks that it reaches the "
+                             "saved learning rate" if repair else
+                             "; the audit cannot tell which schedule it was or how often it stepped, so rebuild it "
+                             "from the training code and set its position from the training log"))))
+    return out
+
+
+def _fast_forward(c, step: Optional[int], state_rows: Dict[str, dict], with_scheduler: List[str]) -> str:
+    """Code that moves the resume's rebuilt torch ``scheduler`` to the saved point and checks it, or "".
+
+    Printed only when a torch LR scheduler drove the optimizer (``initial_lr``) and the unit records
+    its step and learning rates.  The number of ``scheduler.step()`` calls is the step times the
+    run's own cadence (``last_epoch / step`` of the units that kept their scheduler), one per step
+    when the run shows none; the assertion compares the scheduler's learning rates with the saved
+    ones, so a wrong cadence or schedule stops the resume instead of training on a wrong LR.
+    """
+    lrs = c.group_lrs
+    if not c.scheduled_by_torch or step is None or step <= 0 or not lrs:
+        return ""
+    ratios = [state_rows[n]["scheduler_last_epoch"] / state_rows[n]["step"] for n in with_scheduler
+              if state_rows.get(n) and state_rows[n].get("scheduler_last_epoch") is not None
+              and state_rows[n].get("step")]
+    n = step
+    if ratios and min(ratios) > 0 and max(ratios) <= 1.25 * min(ratios):
+        n = int(round(step * statistics.median(ratios)))
+    return (f"for _ in range({n}): scheduler.step()  # your LR scheduler, built as in training, "
+            "before optimizer.load_state_dict\n"
+            f"assert all(abs(a - b) <= 1e-6 * abs(b) for a, b in zip(scheduler.get_last_lr(), {lrs!r})), "
+            "'the rebuilt schedule does not reach the saved learning rate: set its position by hand'")

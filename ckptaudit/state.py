@@ -208,10 +208,8 @@ def _completeness(p: str, c: C.Components, step: Optional[int], name_step: Optio
         have = len(c.optimizer.get("state", {}))
         if want and have < want and (needs is None or needs.needs_state is not False):
             out.append(F.make("optimizer_state_incomplete", path=p, have=have, want=want))
-    if c.scheduler is None and "scheduler" not in c.never_saves:
-        out.append(F.make("missing_scheduler_state", path=p, step=step if step is not None else name_step))
-    if not c.rng and "rng" not in c.never_saves:
-        out.append(F.make("missing_rng_state", path=p))
+    # a scheduler or RNG state the unit lacks is judged against the run (run_findings.missing_components):
+    # a component the run never had is not missing
     if step is None:
         out.append(F.make("missing_step", path=p, name_step=name_step, repair_code="",
                           name_text=f" (the name says step {name_step})" if name_step is not None else ""))

@@ -120,9 +120,9 @@ def build(inv: dict, tables: Dict[str, List[dict]], cfg: dict) -> dict:
     """The verdict document from the inventory and every stage's rows."""
     state_rows = {r["unit"]: r for r in tables.get("state", [])}
     structure_rows = {r["unit"]: r for r in tables.get("structure", [])}
-    extra = run_findings(inv["units"], state_rows, structure_rows, cfg)
-    units_out = []
     scan_rows = {r["unit"]: r for r in tables.get("scan", [])}
+    extra = run_findings(inv["units"], state_rows, structure_rows, cfg, scan_rows)
+    units_out = []
     for u in inv["units"]:
         fl = _weigh_by_role(unit_findings(u["unit"], tables) + extra.get(u["unit"], [])
                             + (inv.get("changed_during_audit") or {}).get(u["unit"], []), scan_rows.get(u["unit"]))

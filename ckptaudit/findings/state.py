@@ -42,16 +42,17 @@ ENTRIES: List[_k] = [
        "Check that the missing parameters are the frozen or unused ones; otherwise roll back further.",
        stage="state", detector="ckptaudit.state:_completeness"),
     _k("missing_scheduler_state", "state", "warning", "resume",
-       "{path} has no LR-scheduler state: a plain resume rebuilds the schedule from step 0 and re-warms the "
-       "learning rate.",
-       "Rebuild the scheduler and fast-forward it to the saved step before training (the continuation is not "
-       "bit-exact).",
-       "scheduler = make_scheduler(optimizer, last_epoch={step} - 1)  # or call scheduler.step() {step} times",
-       stage="state", detector="ckptaudit.state:_completeness"),
+       "{path} has no LR-scheduler state, though the run had a scheduler ({evidence}): a plain resume rebuilds "
+       "the schedule from step 0 and re-warms the learning rate.",
+       "Rebuild the scheduler as the training code does and fast-forward it to step {step} before training"
+       "{repair_text} (the continuation is not bit-exact).",
+       "{repair_code}",
+       stage="report", detector="ckptaudit.run_findings:missing_components"),
     _k("missing_rng_state", "state", "warning", "resume",
-       "{path} has no RNG state: the continuation will not be bit-exact and the data order may repeat.",
+       "{path} has no RNG state, though the run saves it ({evidence}): the continuation will not be bit-exact "
+       "and the data order may repeat.",
        "Accept a non-bit-exact resume, or roll back to a checkpoint with RNG state.",
-       stage="state", detector="ckptaudit.state:_completeness"),
+       stage="report", detector="ckptaudit.run_findings:missing_components"),
     _k("missing_step", "state", "warning", "resume",
        "{path} records no global step / iteration counter.",
        "Set the step when resuming{name_text}; check it against the training log.",

@@ -1,0 +1,119 @@
+"""A scheduler or RNG state is missing only where the run had one: judged from the run, not per unit.
+
+Real runs (Linear + AdamW, torch LR schedulers) are published with :func:`ckptaudit.publish.save`
+and audited.  A run that never had a scheduler or never saved RNG state gets no warning; a unit that
+lacks what its neighbours have, or whose optimizer was driven by a torch scheduler (``initial_lr``),
+does; the fast-forward repair is run as printed against a rebuilt scheduler.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ckptaudit import publish as P
+from ckptaudit.pipeline import audit_in_process
+
+
+def _train(run, saves, scheduler=None, rng=True, drop=(), every=1):
+    """Train for max(saves) steps; save at each step in ``saves``.  ``scheduler``: a function of the
+    optimizer returning a torch LR scheduler (stepped once every ``every`` optimizer steps); units
+    whose step is in ``drop`` are saved without their scheduler and RNG state."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    sch = scheduler(opt) if scheduler else None
+    for step in range(1, max(saves) + 1):
+        model(torch.randn(2, 4)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+        if sch is not None and step % every == 0:
+            sch.step()
+        if step in saves:
+            ck = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}
+            if sch is not None and step not in drop:
+                ck["scheduler"] = sch.state_dict()
+            if rng and step not in drop:
+                ck["rng"] = torch.get_rng_state()
+            P.save(ck, run, step)
+    return opt
+
+
+def _findings(v):
+    return {u["unit"]: sorted(f["kind"] for f in u["findings"] if f["severity"] != "info") for u in v["units"]}
+
+
+def _warmup(opt):
+    return torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10))
+
+
+def test_run_without_scheduler_or_rng_is_not_missing_them(tmp_path):
+    _train(tmp_path, (2, 4, 6), rng=False)
+    v = audit_in_process(tmp_path)
+    assert _findings(v) == {"ckpt_000002.pt": [], "ckpt_000004.pt": [], "ckpt_000006.pt": []}
+
+
+def test_unit_lacking_what_its_neighbours_have(tmp_path):
+    _train(tmp_path, (2, 4, 6), scheduler=_warmup, drop=(4,))
+    v = audit_in_process(tmp_path)
+    assert _findings(v) == {"ckpt_000002.pt": [], "ckpt_000006.pt": [],
+                            "ckpt_000004.pt": ["missing_rng_state", "missing_scheduler_state"]}
+    u = next(u for u in v["units"] if u["unit"] == "ckpt_000004.pt")
+    f = {f["kind"]: f for f in u["findings"]}
+    assert "2 other unit(s) of the run have it (ckpt_000002.pt, ckpt_000006.pt)" in f["missing_rng_state"]["message"]
+    assert "initial_lr" in f["missing_scheduler_state"]["message"]
+    assert u["usable_for"] == "resume"
+
+
+def _run_repair(repair, scheduler_factory, lr=1e-2):
+    """Run a repair as printed in a fresh resume: model, optimizer, the rebuilt scheduler."""
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    scheduler = scheduler_factory(optimizer)
+    ns = {"torch": torch, "model": model, "optimizer": optimizer, "scheduler": scheduler}
+    exec(compile(repair, "<repair>", "exec"), ns)  # noqa: S102 - the audit's own output
+    return scheduler
+
+
+def test_single_unit_scheduler_evidence_and_runnable_repair(tmp_path):
+    """One unit, no neighbours: initial_lr in the param groups says a torch scheduler ran."""
+    _train(tmp_path, (7,), scheduler=_warmup, drop=(7,), rng=False)
+    v = audit_in_process(tmp_path)
+    assert _findings(v) == {"ckpt_000007.pt": ["missing_scheduler_state"]}
+    f = v["units"][0]["findings"][-1]
+    assert f["repair"].startswith("for _ in range(7): scheduler.step()")
+    s = _run_repair(f["repair"], _warmup)
+    assert s.last_epoch == 7 and abs(s.get_last_lr()[0] - 1e-2 * 0.8) < 1e-12
+    # a different schedule than the run's stops the resume instead of training on a wrong LR
+    try:
+        _run_repair(f["repair"], lambda o: torch.optim.lr_scheduler.ExponentialLR(o, 0.5))
+    except AssertionError as e:
+        assert "does not reach the saved learning rate" in str(e)
+    else:
+        raise AssertionError("the repair accepted a schedule that does not reach the saved LR")
+
+
+def test_repair_steps_at_the_run_cadence(tmp_path):
+    """A scheduler stepped once every 5 optimizer steps: the other units show last_epoch/step = 0.2."""
+    decay = lambda o: torch.optim.lr_scheduler.ExponentialLR(o, 0.9)  # noqa: E731 - chainable form
+    _train(tmp_path, (10, 20, 30), scheduler=decay, every=5, drop=(20,))
+    v = audit_in_process(tmp_path)
+    f = next(f for u in v["units"] if u["unit"] == "ckpt_000020.pt" for f in u["findings"]
+             if f["kind"] == "missing_scheduler_state")
+    assert f["repair"].startswith("for _ in range(4): scheduler.step()")
+    s = _run_repair(f["repair"], decay)
+    assert s.last_epoch == 4
+
+
+def test_scheduler_never_in_run_and_no_initial_lr(tmp_path):
+    """nanoGPT sets the LR by hand from iter_num: no scheduler object, no initial_lr, nothing missing."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for step in (1, 2):
+        for g in opt.param_groups:
+            g["lr"] = 1e-2 * step / 2
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        P.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
+                "rng": torch.get_rng_state()}, tmp_path, step)
+    assert _findings(audit_in_process(tmp_path)) == {"ckpt_000001.pt": [], "ckpt_000002.pt": []}
