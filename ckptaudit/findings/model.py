@@ -9,7 +9,7 @@ report leads straight to the code that made it.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import FrozenInstanceError, asdict, dataclass, field
 from typing import Any, Dict
 
 LAYERS = ("file", "structure", "state", "security")
@@ -19,9 +19,10 @@ USES = ("resume", "warm-start", "none")  # best first
 STAGES = ("inventory", "hash", "scan", "load", "configdiff", "target", "structure", "state", "report", "any")
 
 
-@dataclass(frozen=True)
-class Kind:
-    """One catalogue entry.  Templates use ``str.format`` fields."""
+@dataclass
+class _Entry:
+    """The fields a catalogue entry and a finding share: which kind, its layer, severity and caps, and what to
+    tell a person (templates in a :class:`Kind`, rendered text in a :class:`Finding`)."""
 
     kind: str
     layer: str
@@ -30,13 +31,24 @@ class Kind:
     message: str
     next_step: str
     repair: str = ""
+
+
+@dataclass(unsafe_hash=True)  # hashable by value, as a frozen dataclass is
+class Kind(_Entry):
+    """One catalogue entry, read-only once built.  Templates use ``str.format`` fields."""
+
     stage: str = ""  # one of STAGES
     detector: str = ""  # "ckptaudit.formats.sniff:generic_findings" (module:function or module:Class.method)
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in self.__dict__:  # set once by __init__, never again
+            raise FrozenInstanceError(f"cannot assign to field {name!r}: a catalogue entry is read-only")
+        object.__setattr__(self, name, value)
+
 
 @dataclass
-class Finding:
-    """One diagnosis on one unit.
+class Finding(_Entry):
+    """One diagnosis on one unit: a :class:`Kind`'s fields with its templates rendered.
 
     ``message``, ``next_step`` and ``repair`` are already rendered; ``detail``
     keeps the structured values the templates were filled with (bytes, keys,
@@ -44,13 +56,6 @@ class Finding:
     and ``detector`` come from the kind's catalogue entry.
     """
 
-    kind: str
-    layer: str
-    severity: str
-    caps: str
-    message: str
-    next_step: str
-    repair: str = ""
     path: str = ""  # file inside the unit the finding is about ("" = whole unit)
     detail: Dict[str, Any] = field(default_factory=dict)
     stage: str = ""
