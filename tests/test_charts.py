@@ -1,0 +1,46 @@
+"""Chart models of ckptaudit.charts: which marks a run's units produce (gaps, late writes, missing values)."""
+
+from __future__ import annotations
+
+from ckptaudit.charts import svg, timeline, values
+
+
+def _classes(chart, cls):
+    return [m for m in chart["marks"] if m["attrs"].get("class") == cls]
+
+
+def test_timeline_marks_irregular_gap_rollback_and_late_write():
+    units = [{"unit": f"u{s}", "step": s, "usable_for": u} for s, u in
+             ((100, "resume"), (200, "resume"), (300, "warm-start"), (900, "none"))]
+    units.append({"unit": "nostep", "step": None, "usable_for": "none"})
+    s = 10**9
+    mtimes = {"u100": 1 * s, "u200": 2 * s, "u300": 9 * s, "u900": 4 * s}  # u300 rewritten after u900 was written
+    c = timeline.build(units, mtimes, {"unit": "u200", "step": 200})
+    assert [m["attrs"]["data-unit"] for m in c["marks"] if "unit-mark" in m["attrs"].get("class", "")] == [
+        "u100", "u200", "u300", "u900"]
+    assert [m["title"] for m in _classes(c, "gap gap-irregular")] == ["600 steps between step 300 and step 900"]
+    assert len(_classes(c, "gap")) == 2
+    assert [m["text"] for m in _classes(c, "gap-label")] == ["gap: 600 steps"]
+    assert len(_classes(c, "rollback-marker")) == 1
+    assert [m["title"] for m in _classes(c, "late-write")] == ["u300 was modified after u900 (step 900) was written"]
+    assert "Not drawn (no step): nostep." in c["caption"]
+    assert timeline.late_writes(units, mtimes) == {"u300": {"unit": "u900", "step": 900, "seconds": 5.0}}
+
+
+def test_values_skip_non_finite_and_say_why_missing():
+    units = [{"unit": "a", "step": 10}, {"unit": "b", "step": 20}, {"unit": "c", "step": 30}]
+    rows = [{"unit": "a", "weight_norm": 3.0, "loss": 2.5, "best_metric": None},
+            {"unit": "b", "weight_norm": 3.5, "loss": float("nan"), "best_metric": None},
+            {"unit": "c", "weight_norm": None, "loss": None, "best_metric": None}]
+    c = values.build(units, rows, {"c": "not loaded: file errors"})
+    assert len(_classes(c, "value-point point-weight_norm")) == 2
+    assert [m["title"] for m in _classes(c, "value-missing missing-loss")] == [
+        "b: not recorded in this unit", "c: not loaded: file errors"]
+    assert [m["text"] for m in _classes(c, "no-values")] == ["not recorded in this run's checkpoints"]
+    assert values.build(units, [{"unit": "a"}], {}) is None
+
+
+def test_ticks_are_round():
+    assert svg.ticks(0, 1, 5) == [0, 0.2, 0.4, 0.6, 0.8, 1.0]
+    assert svg.ticks(47.5, 302.5, 8) == [50, 100, 150, 200, 250, 300]
+    assert svg.num(250.0) == "250" and svg.num(0.000482) == "0.000482"
