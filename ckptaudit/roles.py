@@ -23,41 +23,44 @@ __all__ = ["TRAINING_STATE", "roles_for", "damaged_files", "weights_intact", "ca
 
 TRAINING_STATE = frozenset({"optimizer", "scheduler", "scaler", "rng", "sampler", "custom", "trainer_state"})
 
-# (layout, base-name pattern, role); first match wins, "mixed" otherwise
-_LAYOUT_ROLES: Tuple[Tuple[str, str, str], ...] = (
-    ("hf-trainer", r"(model(-\d+-of-\d+)?\.safetensors|pytorch_model.*\.bin|.*\.index\.json|adapter_model\..*)", "weights"),
-    ("hf-trainer", r"optimizer\.pt", "optimizer"),
-    ("hf-trainer", r"scheduler\.pt", "scheduler"),
-    ("hf-trainer", r"scaler\.pt", "scaler"),
-    ("hf-trainer", r"rng_state.*\.pth", "rng"),
-    ("hf-trainer", r"trainer_state\.json", "trainer_state"),
-    ("hf-trainer", r"(training_args\.bin|config\.json|generation_config\.json|tokenizer.*|special_tokens_map\.json"
-                   r"|.*\.jinja|.*\.md|.*\.txt|vocab\..*|merges\.txt)", "metadata"),
-    ("accelerate", r"(model(_\d+)?\.safetensors|pytorch_model(_\d+)?\.bin|.*\.index\.json)", "weights"),
-    ("accelerate", r"optimizer(_\d+)?\.bin", "optimizer"),
-    ("accelerate", r"scheduler(_\d+)?\.bin", "scheduler"),
-    ("accelerate", r"(sampler(_\d+)?\.bin|dl_state_dict(_\d+)?\.bin)", "sampler"),
-    ("accelerate", r"scaler\.pt", "scaler"),
-    ("accelerate", r"random_states_\d+\.pkl", "rng"),
-    ("accelerate", r"custom_checkpoint_\d+\.pkl", "custom"),
-    ("deepspeed", r".*model_states\.pt", "weights"),
-    ("deepspeed", r".*optim_states\.pt", "optimizer"),  # ZeRO-3 keeps the weights there: see roles_for
-    ("deepspeed", r"zero_to_fp32\.py", "metadata"),
-    ("dcp", r"\.metadata", "mixed"),
-)
+# role -> {layout: base-name pattern}.  A file takes the first role, in this order, whose pattern for its
+# layout matches its base name ("mixed" when none does).  Within a layout only the weights pattern overlaps
+# another (tokenizer.index.json), and weights comes first.
+_ROLE_PATTERNS: Dict[str, Dict[str, str]] = {
+    "weights": {
+        "hf-trainer": r"(model(-\d+-of-\d+)?\.safetensors|pytorch_model.*\.bin|.*\.index\.json|adapter_model\..*)",
+        "accelerate": r"(model(_\d+)?\.safetensors|pytorch_model(_\d+)?\.bin|.*\.index\.json)",
+        "deepspeed": r".*model_states\.pt"},
+    # ZeRO-3 keeps the weights in the optimizer files: see roles_for
+    "optimizer": {"hf-trainer": r"optimizer\.pt", "accelerate": r"optimizer(_\d+)?\.bin",
+                  "deepspeed": r".*optim_states\.pt"},
+    "scheduler": {"hf-trainer": r"scheduler\.pt", "accelerate": r"scheduler(_\d+)?\.bin"},
+    "scaler": {"hf-trainer": r"scaler\.pt", "accelerate": r"scaler\.pt"},
+    "sampler": {"accelerate": r"(sampler(_\d+)?\.bin|dl_state_dict(_\d+)?\.bin)"},
+    "rng": {"hf-trainer": r"rng_state.*\.pth", "accelerate": r"random_states_\d+\.pkl"},
+    "custom": {"accelerate": r"custom_checkpoint_\d+\.pkl"},
+    "trainer_state": {"hf-trainer": r"trainer_state\.json"},
+    "metadata": {
+        "hf-trainer": r"(training_args\.bin|config\.json|generation_config\.json|tokenizer.*|special_tokens_map\.json"
+                      r"|.*\.jinja|.*\.md|.*\.txt|vocab\..*|merges\.txt)",
+        "deepspeed": r"zero_to_fp32\.py"},
+    "mixed": {"dcp": r"\.metadata"},
+}
+# layout -> [(compiled pattern, role)] in role order
+_LAYOUT_ROLES: Dict[str, List[Tuple["re.Pattern[str]", str]]] = {}
+for _role, _by_layout in _ROLE_PATTERNS.items():
+    for _layout, _pattern in _by_layout.items():
+        _LAYOUT_ROLES.setdefault(_layout, []).append((re.compile(_pattern), _role))
 
 
 def roles_for(layout: str, files: Sequence[str], facts: Optional[dict] = None) -> Dict[str, str]:
     """{run-relative file: role} for a unit's files under its layout."""
     facts = facts or {}
+    patterns = _LAYOUT_ROLES.get(layout, ())
     out: Dict[str, str] = {}
     for f in files:
         base = f.rsplit("/", 1)[-1]
-        role = "mixed"
-        for lay, pat, r in _LAYOUT_ROLES:
-            if lay == layout and re.fullmatch(pat, base):
-                role = r
-                break
+        role = next((r for pat, r in patterns if pat.fullmatch(base)), "mixed")
         if layout == "deepspeed" and role == "optimizer" and (facts.get("zero_stage") or 0) >= 3:
             role = "weights"  # ZeRO-3: the fp32 weights are partitioned into the optimizer files
         out[f] = role
