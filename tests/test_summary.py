@@ -1,0 +1,155 @@
+"""The end of every audit in the terminal: the verdict's summary (ckptaudit/summary.py), each failed job's own
+error line (ckptaudit/job_errors.py), and the progress line (cli/ticker.py)."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+
+from ckptaudit import job_errors, progress, summary
+from ckptaudit.cli.ticker import Meter, progress_line
+
+from .conftest import REPO
+
+
+def _u(name, step, use="resume", findings=()):
+    return {"unit": name, "step": step, "usable_for": use, "findings": list(findings)}
+
+
+def _f(kind, severity, caps, message, path=""):
+    return {"kind": kind, "severity": severity, "caps": caps, "message": message, "path": path}
+
+
+VERDICT = {
+    "recommendation": "resume", "rollback": {"unit": "ckpt_000500.pt", "step": 500}, "steps_lost": 100,
+    "reasons": ["Resume from ckpt_000500.pt (step 500), losing 100 steps."],
+    "units": [_u(f"ckpt_{s:06d}.pt", s) for s in (100, 200, 300, 400)] + [
+        _u("ckpt_000450.pt", 450, "none", [_f("checksum_mismatch", "error", "none",
+                                              "ckpt_000450.pt: SHA-256 is " + "ab" * 32 + " but its sidecar records "
+                                              + "cd" * 32 + ": the bytes changed after they were written.",
+                                              "ckpt_000450.pt"),
+                                           _f("zip_crc_mismatch", "error", "none", "member fails its CRC")]),
+        _u("ckpt_000500.pt", 500),
+        _u("ckpt_000600.pt", 600, "none", [_f("truncated_zip_no_central_directory", "error", "none",
+                                              "ckpt_000600.pt is a torch.save zip cut short: it is 5 bytes. More.",
+                                              "ckpt_000600.pt")]),
+        _u("last.ckpt", None, "warm-start", [_f("missing_optimizer_state", "warning", "warm-start",
+                                                "last.ckpt has no optimizer state. Resume restarts the moments.")]),
+    ],
+    "pointer_findings": [],
+}
+
+
+def test_summary_collapses_healthy_runs_and_says_each_damaged_unit():
+    assert summary.summary(VERDICT, "/out").splitlines() == [
+        "ckptaudit: RESUME from ckpt_000500.pt (step 500), 100 steps lost",
+        "  ckpt_000100.pt .. ckpt_000400.pt: 4 units intact",
+        "  ckpt_000450.pt (step 450): not usable: SHA-256 is abababababab… but its sidecar records cdcdcdcdcdcd… "
+        "(+1 more)",
+        "  ckpt_000500.pt (step 500): intact",
+        "  ckpt_000600.pt (step 600): not usable: ckpt_000600.pt is a torch.save zip cut short",
+        "  last.ckpt (no step): warm-start only: last.ckpt has no optimizer state",
+        "report: /out/report.html",
+    ]
+
+
+def test_summary_of_a_retrain_says_why_and_has_no_rollback():
+    v = {"recommendation": "retrain", "rollback": None, "steps_lost": None,
+         "reasons": ["Retrain: no checkpoint of this run has usable weights."],
+         "units": [_u("a.pt", 1, "none", [_f("empty_file", "error", "none", "a.pt is 0 bytes: the save died.")])]}
+    assert summary.summary(v, "/o").splitlines() == [
+        "ckptaudit: RETRAIN", "  Retrain: no checkpoint of this run has usable weights.",
+        "  a.pt (step 1): not usable: a.pt is 0 bytes: the save died", "report: /o/report.html"]
+
+
+def test_last_error_line_is_the_exception_of_the_last_traceback():
+    log = ("starting\nTraceback (most recent call last):\n  File \"x.py\", line 1, in <module>\n    f()\n"
+           "FileNotFoundError: [Errno 2] No such file or directory: '/run/ckpt.pt'\n\n")
+    assert job_errors.last_error_line(log) == "FileNotFoundError: [Errno 2] No such file or directory: '/run/ckpt.pt'"
+    assert job_errors.last_error_line("a\nckptaudit: error: /r: the folder is empty\n") == \
+        "ckptaudit: error: /r: the folder is empty"
+    assert job_errors.last_error_line("\n\n") == ""
+
+
+class _Rule:
+    name = "hash"
+
+
+class _Job:
+    rule = _Rule()
+
+    def __init__(self, log):
+        self.wildcards = {"part": "p0003"}
+        self.log = [log]
+
+
+def test_on_error_writes_and_prints_each_failed_jobs_line(tmp_path, monkeypatch, capsys):
+    log = tmp_path / "logs" / "hash" / "p0003.log"
+    log.parent.mkdir(parents=True)
+    log.write_text("Traceback (most recent call last):\n  ...\nOSError: [Errno 5] Input/output error\n")
+    wf = type("W", (), {"scheduler": type("S", (), {"failed": {_Job(str(log))}})()})()
+    monkeypatch.delenv(job_errors.CLI_ENV, raising=False)
+    lines = job_errors.on_error(wf, str(tmp_path))
+    assert lines == [f"hash p0003: OSError: [Errno 5] Input/output error (log: {log})"]
+    assert capsys.readouterr().err == f"ckptaudit: the audit failed:\n  {lines[0]}\n"
+    assert job_errors.read_failed(tmp_path) == lines
+    monkeypatch.setenv(job_errors.CLI_ENV, "1")  # ckptaudit prints it itself
+    job_errors.on_error(wf, str(tmp_path))
+    assert capsys.readouterr().err == ""
+
+
+def test_meter_says_bytes_of_the_inventory_total_with_rate(tmp_path):
+    (tmp_path / "inventory.json").write_text('{"units": [{"size_bytes": 3145728}, {"size_bytes": 1048576}]}')
+    clock = [10.0]
+    m = Meter(tmp_path / "progress", tmp_path / "inventory.json", clock=lambda: clock[0])
+    assert m.text() == ""  # nothing hashed yet: nothing drawn
+    w = progress.ProgressWriter(tmp_path / "progress" / "a.progress", 3145728)
+    w.add(1048576)
+    w.close()
+    assert m.text() == "hashed 1.0 MiB of 4.0 MiB (25%)"
+    clock[0] += 2.0
+    w.add(1048576)
+    w.close()
+    assert m.text() == "hashed 2.0 MiB of 4.0 MiB (50%), 1.0 MiB/s, ETA 2 s"
+
+
+def test_progress_line_is_quiet_when_stderr_is_not_a_terminal(tmp_path, monkeypatch):
+    monkeypatch.delenv(progress.ENV, raising=False)
+    (tmp_path / "work" / "progress").mkdir(parents=True)
+    (tmp_path / "work" / "progress" / "old.progress").write_text("5 5\n")
+    err = io.StringIO()  # isatty() is False
+    with progress_line(tmp_path, stream=err):
+        import os
+
+        assert os.environ[progress.ENV] == str(tmp_path / "work" / "progress")
+        assert list((tmp_path / "work" / "progress").iterdir()) == []  # the last run's counts are gone
+        progress.for_unit({"unit": "u", "size_bytes": 9}).close()
+    assert err.getvalue() == ""
+    assert progress.ENV not in os.environ
+
+
+def test_snakemake_audit_on_the_demo_prints_the_summary(tmp_path):
+    """``snakemake --cores 2 audit`` (the README's main command, here in a scratch working folder) ends with
+    the summary, printed by the Snakefile's onsuccess handler."""
+    cfg = tmp_path / "small.yaml"
+    cfg.write_text("demo:\n  max_steps: 300\n  save_every: 50\n")  # the demo's incident, fewer steps
+    p = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(tmp_path),
+                        "audit", "--cores", "2", "--configfile", str(cfg)],
+                       capture_output=True, text=True, timeout=900)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    out = p.stdout + p.stderr
+    report = tmp_path / "reports" / "demo_run" / "report.html"
+    expected = [
+        "ckptaudit: RESUME from ckpt_000250.pt (step 250), 50 steps lost",
+        "  ckpt_000050.pt .. ckpt_000100.pt: 2 units intact",
+        "  ckpt_000200.pt .. ckpt_000250.pt: 2 units intact",
+        "  ckpt_000300.pt (step 300): not usable: ckpt_000300.pt is a torch.save zip cut short",
+        f"report: {report}",
+    ]
+    lines = out.splitlines()
+    for e in expected:
+        assert e in lines, out[-3000:]
+    assert any(ln.startswith("  ckpt_000150.pt (step 150): not usable: SHA-256 is ") for ln in lines), out[-3000:]
+    assert lines.index(expected[0]) < lines.index(f"report: {report}")
+    assert report.exists()
