@@ -44,10 +44,10 @@ def stage_costs(bench_dir: str) -> List[dict]:
 def render_html(v: dict, all_tables: Dict[str, List[dict]], run_name: str, costs: List[dict],
                 inventory_units: Optional[List[dict]] = None) -> str:
     """report.html: the headline, the charts (:mod:`ckptaudit.charts`) and the tables, in one page."""
-    from . import charts, report_text, templating
+    from . import charts, report_cells, report_headline, templating
 
     units = inventory_units or []
-    cells = report_text.layer_cells(v, all_tables, LAYERS)
+    cells = report_cells.layer_cells(v, all_tables, LAYERS)
     late = charts.timeline.late_writes(v.get("units", []), charts.mtimes_of(units))
     state_why = {u: c["state"]["why"] for u, c in cells.items() if c["state"]["status"] == "not-checked"}
     return templating.render(
@@ -56,7 +56,7 @@ def render_html(v: dict, all_tables: Dict[str, List[dict]], run_name: str, costs
         generated=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         state_rows=all_tables.get("state", []), load_rows=all_tables.get("load", []),
         hash_rows=all_tables.get("hash", []), stage_costs=costs, cells=cells,
-        headline=report_text.headline(v, late),
+        headline=report_headline.headline(v, late),
         charts=charts.report_charts(v, units, all_tables, costs, state_why),
         yn=lambda x: "yes" if x else ("no" if x is not None else ""),
         mib=templating.mib,

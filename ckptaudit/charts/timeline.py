@@ -69,8 +69,9 @@ def build(units: List[dict], mtimes: Dict[str, int], rollback: Optional[dict]) -
     marks: List[dict] = [svg.label(10, lane_y + 4, "units", 12, weight="600"),
                          svg.label(10, (t_top + t_bottom) / 2, "write time", 12, weight="600"),
                          svg.label(10, (t_top + t_bottom) / 2 + 15, "(mtime)", 11, fill=svg.MUTED)]
-    marks += svg.legend(LEFT, 18, [(svg.USABLE_COLOUR[k], svg.USABLE_WORDS[k]) for k in ("resume", "warm-start", "none")]
-                        + [(ROLLBACK, "rollback point"), (LATE, "modified after a newer unit was written")])
+    usable = [(svg.USABLE_COLOUR[k], svg.USABLE_WORDS[k]) for k in ("resume", "warm-start", "none")]
+    marks += svg.legend(LEFT, 18, usable + [(ROLLBACK, "rollback point"),
+                                            (LATE, "modified after a newer unit was written")])
     for a, b, irregular in gaps(steps):
         x0, x1 = x(a) + 9, x(b) - 9
         if x1 <= x0:

@@ -1,10 +1,10 @@
-"""The report's plain words: the headline sentence of each damaged unit and the 'not checked' cells."""
+"""The headline box of report.html: the recommendation and one plain sentence per damaged unit."""
 
 from __future__ import annotations
 
 import re
 
-from ckptaudit import report_text as T
+from ckptaudit import report_headline as T
 
 
 def _headline(html: str):
@@ -59,24 +59,17 @@ def test_sentences_name_the_cause_without_bytes():
     assert T.unit_sentence(_unit("ckpt_000250.pt", 250, "resume", []), "ckpt_000300.pt", None, None) is None
 
 
-def test_cells_say_not_checked_and_why():
-    evil = _unit("a.pt", 1, "none", [_f("malicious_pickle_code_exec", "security", "none")])
-    cut = _unit("b.pt", 2, "none", [_f("truncated_zip_no_central_directory", "file", "none")])
-    good = _unit("c.pt", 3, "resume", [])
-    v = {"units": [evil, cut, good]}
-    tables = {
-        "hash": [{"unit": u} for u in ("a.pt", "b.pt", "c.pt")],
-        "scan": [{"unit": "a.pt", "security_ok": False}, {"unit": "b.pt", "security_ok": True},
-                 {"unit": "c.pt", "security_ok": True}],
-        "structure": [{"unit": "a.pt", "weights_component": None}, {"unit": "b.pt", "weights_component": None},
-                      {"unit": "c.pt", "weights_component": "root:model"}],
-        "state": [{"unit": "a.pt", "has_weights": None}, {"unit": "b.pt", "has_weights": None},
-                  {"unit": "c.pt", "has_weights": True}],
-    }
-    cells = T.layer_cells(v, tables, ("file", "structure", "state", "security"))
-    words = {u: {layer: (c["status"], c["why"]) for layer, c in by.items()} for u, by in cells.items()}
-    assert words["a.pt"] == {"file": ("ok", ""), "structure": ("not-checked", "not loaded: security findings"),
-                             "state": ("not-checked", "not loaded: security findings"), "security": ("error", "")}
-    assert words["b.pt"] == {"file": ("error", ""), "structure": ("not-checked", "not loaded: file errors"),
-                             "state": ("not-checked", "not loaded: file errors"), "security": ("ok", "")}
-    assert {layer: s for layer, (s, _) in words["c.pt"].items()} == dict.fromkeys(words["c.pt"], "ok")
+def test_nan_poisoning_repairs_and_pointers_are_said_in_words():
+    nan = _unit("ckpt_000400.pt", 400, "none", [_f("nan_in_weights", "state", "none")])
+    fix = _unit("ckpt_000300.pt", 300, "resume", [{**_f("step_counter_reset", "state", "resume", "warning"),
+                                                   "repair": "ckpt['iter_num'] = 300"}])
+    v = {"reasons": ["Resume from ckpt_000300.pt (step 300), losing 100 steps."], "units": [fix, nan],
+         "newest": {"unit": "ckpt_000400.pt", "step": 400}, "rollback": {"unit": "ckpt_000300.pt", "step": 300},
+         "pointers": [{"path": "latest", "target": "ckpt_000500.pt", "ok": False, "kind": "latest_pointer_dangling"}]}
+    assert T.headline(v, {}) == [
+        "Resume from ckpt_000300.pt (step 300), losing 100 steps.",
+        "ckpt_000400.pt (step 400), the newest unit, is unusable: its weights hold NaN or Inf values.",
+        "The first unit with NaN or Inf weights is ckpt_000400.pt (step 400); every later unit inherits the divergence.",
+        "Before using ckpt_000300.pt, apply the repair printed under its findings.",
+        "The pointer latest names ckpt_000500.pt, which does not exist.",
+    ]

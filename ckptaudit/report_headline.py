@@ -1,11 +1,9 @@
-"""The report's plain words: one headline sentence per damaged unit, and why a layer of a unit was not checked.
+"""The report's headline box in plain words: the recommendation, then one sentence per damaged unit.
 
-The headline box of report.html says what happened to each unit that is not usable for resume in one
-sentence without byte offsets or hashes (those stay in the findings section): the cause in words
-(:data:`PHRASES`, else the finding's kind spelt out), whether an *older* unit was silently corrupted
-(its bytes changed after a newer unit was saved) and, for a warm-start-only unit, what it lacks.
-:func:`layer_cells` gives every unit × layer cell of the table its findings, ``ok``, or
-``not checked`` with the reason (``not loaded: file errors``), never a blank.
+Each unit that is not usable for resume gets one sentence without byte offsets or hashes (those stay
+in the findings section): the cause in words (:data:`PHRASES`, else the finding's kind spelt out),
+whether an *older* unit was silently corrupted (its bytes changed after a newer unit was saved, and
+whether it was modified after a newer unit was written) and, for a warm-start-only unit, what it lacks.
 """
 
 from __future__ import annotations
@@ -107,46 +105,26 @@ def headline(verdict: dict, late: Dict[str, dict]) -> List[str]:
         s = unit_sentence(u, newest, rollback, late.get(u["unit"]))
         if s:
             out.append(s)
-    for p in verdict.get("pointers", []):
-        if not p.get("ok"):
-            out.append(f"The pointer {p['path']} names {p['target'] or 'nothing'}, which is not usable ({phrase(p['kind'])}).")
+    poisoned = [u for u in verdict.get("units", []) if any(f["kind"] == "nan_in_weights" for f in u["findings"])]
+    if poisoned:
+        first = poisoned[0]
+        out.append(f"The first unit with NaN or Inf weights is {first['unit']} ({step_text(first['step'])}); "
+                   "every later unit inherits the divergence.")
+    if any(u["unit"] == rollback and any(f.get("repair") for f in u["findings"]) for u in verdict.get("units", [])):
+        out.append(f"Before using {rollback}, apply the repair printed under its findings.")
+    out += [pointer_sentence(p) for p in verdict.get("pointers", []) if not p.get("ok")]
     return out
 
 
-def skip_reason(findings: List[dict], scan_row: Optional[dict]) -> str:
-    """Why the structure and state layers of a unit were not checked."""
-    if any(f["layer"] == "security" and f["severity"] == "error" for f in findings):
-        return "not loaded: security findings"
-    if any(f["layer"] == "file" and f["severity"] == "error" for f in findings):
-        return "not loaded: file errors"
-    if scan_row is None:
-        return "not scanned"
-    return "nothing readable to check"
-
-
-def _checked(layer: str, unit: str, rows: Dict[str, Dict[str, dict]]) -> bool:
-    if layer == "file":
-        return unit in rows["hash"] or unit in rows["scan"]
-    if layer == "security":
-        return rows["scan"].get(unit, {}).get("security_ok") is not None
-    if layer == "structure":
-        return rows["structure"].get(unit, {}).get("weights_component") is not None
-    return rows["state"].get(unit, {}).get("has_weights") is not None
-
-
-def layer_cells(verdict: dict, all_tables: Dict[str, List[dict]], layers) -> Dict[str, Dict[str, dict]]:
-    """{unit: {layer: {"status": error|warning|info|ok|not-checked, "findings": [...], "why": words}}}."""
-    rows = {t: {r["unit"]: r for r in all_tables.get(t, [])} for t in ("hash", "scan", "structure", "state")}
-    out: Dict[str, Dict[str, dict]] = {}
-    for u in verdict.get("units", []):
-        cells = out.setdefault(u["unit"], {})
-        for layer in layers:
-            fs = [f for f in u["findings"] if f["layer"] == layer]
-            status = next((s for s in SEVERITY if any(f["severity"] == s for f in fs)), "ok")
-            why = ""
-            if not fs and not _checked(layer, u["unit"], rows):
-                status = "not-checked"
-                why = skip_reason(u["findings"], rows["scan"].get(u["unit"])) if layer in ("structure", "state") \
-                    else "not scanned"
-            cells[layer] = {"status": status, "findings": fs, "why": why}
-    return out
+def pointer_sentence(p: dict) -> str:
+    """One sentence for a broken pointer (``latest``, a symlink, a Megatron tracker) of the verdict."""
+    path, target, kind = p["path"], p.get("target") or "nothing", p.get("kind") or ""
+    if kind in ("latest_pointer_dangling", "dangling_symlink"):
+        return f"The pointer {path} names {target}, which does not exist."
+    if kind == "latest_pointer_incomplete":
+        return f"The pointer {path} names {target}, which is not usable."
+    if kind == "megatron_tracker_invalid":
+        return f"The pointer {path} does not hold an iteration number."
+    if kind == "pointer_refused":
+        return f"The pointer {path} is a link the audit does not follow."
+    return f"The pointer {path} is not usable ({phrase(kind)})."
