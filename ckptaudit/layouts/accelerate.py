@@ -26,6 +26,9 @@ MODEL_RE = re.compile(r"^(model(_\d+)?\.safetensors|pytorch_model(_\d+)?\.bin|mo
 
 
 class Accelerate:
+    """Claims a folder that lists a ``random_states_<rank>.pkl``, or an optimizer file and a model file
+    without the ``trainer_state.json`` of a Trainer checkpoint."""
+
     name = "accelerate"
 
     def claim_dir(self, path: Path) -> bool:

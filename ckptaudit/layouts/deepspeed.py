@@ -16,6 +16,7 @@ import re
 from pathlib import Path
 
 from .. import findings as F
+from .adapter import folder_names
 from .base import UnitScan, scan_file
 
 MODEL_RE = re.compile(r"^mp_rank_(\d+)_model_states\.pt$")
@@ -25,16 +26,15 @@ OPTIM_RE = re.compile(r"^(?:bf16_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states
 
 
 class DeepSpeed:
+    """Claims a ``global_step<N>`` folder, or one that lists a model-states or optim-states file."""
+
     name = "deepspeed"
 
     def claim_dir(self, path: Path) -> bool:
         if re.fullmatch(r"global_step\d+", path.name):
             return True
-        try:
-            return any(MODEL_RE.match(p.name) or OPTIM_RE.match(p.name) or ZERO3_MODEL_RE.match(p.name)
-                       for p in path.iterdir())
-        except OSError:
-            return False
+        names = folder_names(path) or []
+        return any(MODEL_RE.match(n) or OPTIM_RE.match(n) or ZERO3_MODEL_RE.match(n) for n in names)
 
     def scan(self, run_dir: Path, unit: dict, cfg: dict) -> UnitScan:
         scan = UnitScan(unit["unit"], self.name)
