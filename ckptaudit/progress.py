@@ -101,13 +101,19 @@ class CountingReader:
 
 def read_progress(folder: str | Path) -> int:
     """Bytes done, summed over every progress file in ``folder`` (0 when there is none)."""
-    done = 0
+    return read_files(folder)[0]
+
+
+def read_files(folder: str | Path) -> Tuple[int, int, int]:
+    """(bytes done, bytes total, files) summed over the progress files in ``folder``."""
+    done = total = n = 0
     for p in Path(folder).glob("*.progress"):
         try:
-            done += int(p.read_text().split()[0])
-        except (OSError, ValueError, IndexError):
+            d, t = (int(x) for x in p.read_text().split()[:2])
+        except (OSError, ValueError):
             continue
-    return done
+        done, total, n = done + d, total + t, n + 1
+    return done, total, n
 
 
 def size_text(n: float) -> str:
@@ -119,14 +125,17 @@ def size_text(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
-def line(done: int, total: int, seconds: float) -> str:
-    """``hashed 1.2 GiB of 4.0 GiB (30%), 310.0 MiB/s, ETA 9 s`` (rate and ETA once ``seconds`` > 0)."""
+def line(done: int, total: int, seconds: float, since: int = 0) -> str:
+    """``hashed 1.2 GiB of 4.0 GiB (30%), 310.0 MiB/s, ETA 9 s``: the rate is ``done - since`` bytes over
+    ``seconds`` (said once both are positive); once ``done`` reaches ``total``, what runs after hashing."""
+    if 0 < total <= done:
+        return f"hashed all {size_text(total)}; scanning, load-testing and checking the units"
     head = f"hashed {size_text(done)} of {size_text(total)}"
     if total > 0:
         head += f" ({min(100, int(100 * done / total))}%)"
-    if seconds <= 0 or done <= 0:
+    if seconds <= 0 or done - since <= 0:
         return head
-    rate = done / seconds
+    rate = (done - since) / seconds
     out = f"{head}, {size_text(rate)}/s"
     if total > done:
         out += f", ETA {_duration(int((total - done) / rate))}"

@@ -52,7 +52,8 @@ def test_line_says_done_total_rate_and_eta():
     gib = 1 << 30
     assert progress.line(gib, 4 * gib, 0) == "hashed 1.0 GiB of 4.0 GiB (25%)"
     assert progress.line(gib, 4 * gib, 2.0) == "hashed 1.0 GiB of 4.0 GiB (25%), 512.0 MiB/s, ETA 6 s"
-    assert progress.line(4 * gib, 4 * gib, 8.0) == "hashed 4.0 GiB of 4.0 GiB (100%), 512.0 MiB/s"
+    assert progress.line(3 * gib, 4 * gib, 2.0, since=2 * gib) == "hashed 3.0 GiB of 4.0 GiB (75%), 512.0 MiB/s, ETA 2 s"
+    assert progress.line(4 * gib, 4 * gib, 8.0) == "hashed all 4.0 GiB; scanning, load-testing and checking the units"
     assert progress.line(1 << 20, 100 * gib, 1.0) == "hashed 1.0 MiB of 100.0 GiB (0%), 1.0 MiB/s, ETA 28 h 26 min"
 
 

@@ -111,7 +111,12 @@ def test_meter_says_bytes_of_the_inventory_total_with_rate(tmp_path):
     clock[0] += 2.0
     w.add(1048576)
     w.close()
-    assert m.text() == "hashed 2.0 MiB of 4.0 MiB (50%), 1.0 MiB/s, ETA 2 s"
+    assert m.text() == "hashed 2.0 MiB of 4.0 MiB (50%), 512.0 KiB/s, ETA 4 s"  # 1 MiB in the 2 s watched
+    w2 = progress.ProgressWriter(tmp_path / "progress" / "b.progress", 1048576)
+    w2.close()  # every unit has its file now: their own totals (3 MiB + 1 MiB)
+    w.add(1048576)
+    w.close()
+    assert m.text() == "hashed 3.0 MiB of 4.0 MiB (75%), 1.0 MiB/s, ETA 1 s"
 
 
 def test_progress_line_is_quiet_when_stderr_is_not_a_terminal(tmp_path, monkeypatch):

@@ -51,24 +51,27 @@ def progress_line(workdir: Path, stream=None) -> Iterator[None]:
 
 
 class Meter:
-    """What the progress line says now: bytes done (summed over the jobs' files) of the inventory's total,
-    with the rate since the first byte was seen."""
+    """What the progress line says now: bytes done (summed over the jobs' files) of the total, with the rate
+    measured from the first bytes seen.  The total is the inventory's, or the sum of the progress files' own
+    totals once every unit has one."""
 
     def __init__(self, folder: Path, inventory: Path, clock=time.monotonic):
         self.folder, self.inventory, self.clock = folder, inventory, clock
         self.t0 = None
-        self.total = 0
+        self.base = 0
+        self.units, self.total = 0, 0
 
     def text(self) -> str:
         """The line, or "" while nothing has been hashed yet."""
-        done = progress.read_progress(self.folder)
+        done, file_total, files = progress.read_files(self.folder)
         if done <= 0:
             return ""
         if self.t0 is None:
-            self.t0 = self.clock()
+            self.t0, self.base = self.clock(), done
         if not self.total:
-            self.total = progress.totals(self.inventory)[1]
-        return progress.line(done, self.total, self.clock() - self.t0)
+            self.units, self.total = progress.totals(self.inventory)
+        total = file_total if files and files >= self.units else self.total
+        return progress.line(done, total, self.clock() - self.t0, since=self.base)
 
 
 def _draw(folder: Path, inventory: Path, stream, stop: threading.Event) -> None:
