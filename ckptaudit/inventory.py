@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Dict, List, Optional
 
 from . import fs, layouts
+from .layouts.leftovers import UNREADABLE  # the reason a file_unreadable finding is made of
 from ._io import atomic_write
 from .parts import assign_parts, auto_units_per_job, listing_fingerprint  # noqa: F401 - re-exported
 from .units import (  # noqa: F401 - re-exported: the unit model lives in units.py
@@ -178,15 +179,6 @@ def irregular_reason(root: Path, path: Path) -> Optional[str]:
     if st_mod.S_ISREG(mode) and not os.access(path, os.R_OK):
         return UNREADABLE
     return None
-
-
-#: the :func:`irregular_reason` of a regular file this process may not read (mode 000, another owner)
-UNREADABLE = "permission denied"
-
-
-def irregular_kind(why: str) -> str:
-    """The finding kind for an :func:`irregular_reason`."""
-    return "file_unreadable" if why == UNREADABLE else "not_a_regular_file"
 
 
 def _irregular_unit(root: Path, path: Path, why: str) -> Unit:

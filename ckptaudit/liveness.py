@@ -17,11 +17,9 @@ import os
 from typing import Callable, Dict, List, Optional, Tuple
 
 from . import findings as F
+from .findings.build import STAGE_LAYER  # noqa: F401 - re-exported: make() gives audit_error its stage's layer
 
 __all__ = ["snapshot", "changed_files", "guard", "STAGE_LAYER"]
-
-STAGE_LAYER = {"hash": "file", "scan": "file", "load": "file", "configdiff": "structure", "structure": "structure",
-               "state": "state"}
 
 
 def _stat(path) -> Optional[Tuple[int, int, int]]:
@@ -73,7 +71,5 @@ def guard(stage: str, unit: dict, fn: Callable[[], object], fallback: Callable[[
         if os.environ.get("CKPTAUDIT_RAISE_AUDIT_ERRORS") == "1":  # for developers: see the traceback
             raise
         logging.getLogger("ckptaudit").debug("audit_error in %s of %s", stage, unit["unit"], exc_info=True)
-        f = F.make("audit_error", path=unit["unit"], stage=stage, error_type=type(e).__name__,
-                   error=str(e)[:300])
-        f.layer = STAGE_LAYER.get(stage, "file")
-        return fallback(f)
+        return fallback(F.make("audit_error", path=unit["unit"], stage=stage, error_type=type(e).__name__,
+                               error=str(e)[:300]))

@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from . import findings
+from . import findings, security_tricks
 from .findings import Finding
 from .pickle_walk import Call, GlobalRef, Instance, WalkResult, normalize_global, walk, walk_streams
 from .security_tiers import (  # noqa: F401 - re-exported: the tier tables live in security_tiers
@@ -352,7 +352,7 @@ def scan(result: WalkResult, *, path: str, member: str, extra_allowed: Sequence[
     tricks = result.all_tricks()
     if tricks:
         why = "; ".join(tricks[:5]) + (f"; and {len(tricks) - 5} more" if len(tricks) > 5 else "")
-        out.append(findings.make("pickle_obfuscation", path=path, member=member, why=why, tricks=tricks))
+        out.append(security_tricks.obfuscation(path, member, why, tricks=tricks))
     return verdicts, out
 
 

@@ -23,18 +23,6 @@ STAGES = {"inventory", "hash", "scan", "load", "configdiff", "target", "structur
 
 #: kinds built in more modules than their detector's: {kind: ({other module: its stage}, reason)}
 MULTI_MODULE: Dict[str, tuple] = {
-    "pickle_obfuscation": (
-        {"ckptaudit.layouts.base": "scan"},
-        "built in security and layouts/base (the archive-mix check and _disguise) until the byte-layer "
-        "split moves both into security/"),
-    "unit_in_progress": (
-        {"ckptaudit.layouts.dcp": "scan", "ckptaudit.layouts.hf": "scan", "ckptaudit.layouts.single": "scan"},
-        "built in layouts/scan and in the dcp, hf and single adapters until the adapters report "
-        "in-progress leftovers as facts and one detector turns them into findings"),
-    "not_a_regular_file": (
-        {"ckptaudit.layouts.hf": "scan"},
-        "built in layouts/scan (irregular files the inventory found) and layouts/hf check_index (a folder "
-        "under a shard's name) until both hand the fact to one irregular-file builder"),
     "load_failed": (
         {"ckptaudit.hashing": "hash"},
         "built in loadtest (load) and hashing (hash: the file cannot be read while hashing) until hashing "
@@ -55,9 +43,6 @@ NON_LITERAL: Dict[str, tuple] = {
          "megatron_tracker_invalid", "pointer_refused"},
         "assigns the kind to a variable, then calls F.make(kind, ...); becomes one literal make() per kind "
         "when the pointer checks get their own module"),
-    "ckptaudit.layouts.scan:scan_units": (
-        {"not_a_regular_file", "file_unreadable"},
-        "F.make(inventory.irregular_kind(why), ...): two literal make() calls replace irregular_kind"),
 }
 
 

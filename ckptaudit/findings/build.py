@@ -9,6 +9,9 @@ from .catalogue import CATALOGUE
 from .model import USES, Finding
 
 _USE_RANK = {u: i for i, u in enumerate(USES)}
+#: The layer each stage checks: a kind of stage ``"any"`` (``audit_error``) raised by a stage is on that layer.
+STAGE_LAYER = {"hash": "file", "scan": "file", "load": "file", "configdiff": "structure", "structure": "structure",
+               "state": "state"}
 
 
 class _SafeDict(dict):
@@ -28,17 +31,19 @@ def make(kind: str, path: str = "", **values: Any) -> Finding:
     ``values`` fill the kind's templates and are kept in ``detail``.  Raises
     ``KeyError`` for a kind not in :data:`CATALOGUE` (a programming error).
     The kind's ``stage`` and ``detector`` are copied in; a kind of stage
-    ``"any"`` takes the ``stage`` value it is given (the stage that raised it).
+    ``"any"`` takes the ``stage`` value it is given (the stage that raised it)
+    and the layer that stage checks (:data:`STAGE_LAYER`).
     """
     k = CATALOGUE[kind]
     vals = dict(values)
     vals.setdefault("path", path)
-    stage = k.stage
+    stage, layer = k.stage, k.layer
     if stage == "any" and isinstance(values.get("stage"), str) and values["stage"]:
         stage = values["stage"]
+        layer = STAGE_LAYER.get(stage, k.layer)
     return Finding(
         kind=k.kind,
-        layer=k.layer,
+        layer=layer,
         severity=k.severity,
         caps=k.caps,
         message=_render(k.message, vals),

@@ -222,7 +222,7 @@ ENTRIES: List[_k] = [
     _k("unit_in_progress", "file", "error", "none",
        "{path} is an in-progress save ({why}): it was never published.",
        "Never resume from it; it can be deleted once no training job is writing to it.",
-       stage="scan", detector="ckptaudit.layouts.scan:scan_units"),
+       stage="scan", detector="ckptaudit.layouts.leftovers:in_progress"),
     _k("unit_changed_during_audit", "file", "error", "none",
        "{path} changed while it was audited: {what} between the inventory and the report (a writer or a "
        "retention job is working on the run), so what was checked is no longer what is there.",
@@ -232,13 +232,13 @@ ENTRIES: List[_k] = [
     _k("not_a_regular_file", "file", "error", "none",
        "{path} is not read: {why}.",
        "Replace it with the real checkpoint file, or remove it from the run folder; the audit never opens it.",
-       stage="scan", detector="ckptaudit.layouts.scan:scan_units"),
+       stage="scan", detector="ckptaudit.layouts.leftovers:irregular"),
     _k("file_unreadable", "file", "error", "none",
        "{path} cannot be opened for reading by this user ({why}): its bytes are unchecked, and a resume "
        "running as the same user fails on it as well.",
        "Check the owner and mode (ls -l {path}); give the user that resumes read permission (chmod u+r, or "
        "chown), then audit again.",
-       stage="scan", detector="ckptaudit.layouts.scan:scan_units"),
+       stage="scan", detector="ckptaudit.layouts.leftovers:irregular"),
     _k("pointer_refused", "file", "error", "none",
        "{pointer} is a symbolic link the audit does not follow ({target!r}): {why}.",
        "Point it at a checkpoint inside the run folder (the newest usable is {suggestion}), or copy the "

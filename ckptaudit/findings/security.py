@@ -31,5 +31,5 @@ ENTRIES: List[_k] = [
     _k("pickle_obfuscation", "security", "error", "none",
        "{path}: the pickle in {member} uses a trick that hides what it imports ({why}).",
        "Never load it; find out where the file came from.",
-       stage="scan", detector="ckptaudit.security:scan"),
+       stage="scan", detector="ckptaudit.security_tricks:obfuscation"),
 ]

@@ -1,4 +1,4 @@
-"""The shared file scanner (scan_file) and the findings it builds itself; the face of the scan result and tree.
+"""The shared file scanner (scan_file): one file's bytes through its format checker; the face of the scan result and tree.
 
 A scan reads bytes only: sniffing, zip/safetensors/legacy structure, CRCs,
 and a static walk of every pickle (:mod:`ckptaudit.pickle_walk`).  Nothing is
@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from .. import findings as F
+from .. import security_tricks
 from ..formats import pickles
 from ..formats.pickles import walk_problem  # noqa: F401 (face: the adapters' walk findings)
 from .result import TensorRow, UnitScan
@@ -56,7 +56,7 @@ def scan_file(run_dir: Path, rel: str, unit: str, scan: UnitScan, cfg: Dict[str,
     scan.add(generic)
     if generic and any(f.severity == "error" for f in generic):
         return out
-    _disguise(rel, s.kind, scan)
+    scan.add(security_tricks.disguised(rel, s.kind))
     if s.kind in ("torch_zip", "zip"):
         _zip_file(path, rel, unit, scan, allowed, out, tree_key)
     elif s.kind == "torch_legacy":
@@ -81,7 +81,7 @@ def _zip_file(path: Path, rel: str, unit: str, scan: UnitScan, allowed: List[str
 
     rep = torchzip.check_zip(path, display=rel, tensor_names=tensor_names)
     scan.add(rep.findings)
-    _mixed_archive(scan, rel, rep)
+    scan.add(security_tricks.mixed_archive(rel, [m.name for m in rep.members]))
     member = f"{rep.prefix}/data.pkl" if rep.prefix else "data.pkl"
     if rep.data_pkl is None:
         if rep.data_pkl_any:  # damaged record: a loader that ignores the CRC still unpickles it
@@ -128,34 +128,9 @@ def _safetensors_file(path: Path, rel: str, unit: str, scan: UnitScan, out: Dict
         scan.tree[tree_key or rel] = {"__safetensors__": tree, "__metadata__": header.get("__metadata__")}
 
 
-def _mixed_archive(scan: UnitScan, rel: str, rep) -> None:
-    """An archive that mixes record folders or holds several data.pkl: torch reads one, other tools another."""
-    prefixes = sorted({m.name.split("/", 1)[0] for m in rep.members if "/" in m.name})
-    pkls = sorted(m.name for m in rep.members if m.name.endswith("data.pkl"))
-    if len(prefixes) > 1 or len(pkls) > 1:
-        scan.add(F.make("pickle_obfuscation", path=rel, member=", ".join(pkls) or "(none)",
-                        why=f"the archive mixes record folders {prefixes} or holds several data.pkl "
-                            f"({len(pkls)}); torch reads one and other tools another"))
-
-
 def _names_by_storage(tensors) -> Dict[str, List[str]]:
     """{storage key: names of the tensors it holds} of a data.pkl walk's ``tensors``."""
     by_key: Dict[str, List[str]] = {}
     for name, tm in tensors:
         by_key.setdefault(str(tm.storage.key), []).append(name)
     return by_key
-
-
-_PICKLE_KINDS = ("torch_zip", "torch_legacy", "pickle", "zip")
-
-
-def _disguise(rel: str, kind: str, scan: UnitScan) -> None:
-    """A file whose name promises a pickle-free format but whose bytes are a pickle.
-
-    Loaders that dispatch on content (e.g. ``torch.load`` on anything) would
-    unpickle it although its name says it is safe (safetensors, npy/npz).
-    """
-    name = rel.lower()
-    if name.endswith((".safetensors", ".npy", ".npz")) and kind in _PICKLE_KINDS:
-        scan.add(F.make("pickle_obfuscation", path=rel, member=rel,
-                        why=f"it is named like a pickle-free format but its bytes are a {kind.replace('_', ' ')}"))

@@ -21,6 +21,7 @@ from typing import Optional
 
 from .. import findings as F
 from .. import fs
+from . import leftovers
 from .adapter import folder_names
 from .base import UnitScan, prune, walk_problem
 
@@ -149,8 +150,8 @@ class DCP:
                 scan.add(F.make("dcp_shard_too_short", path=unit["unit"], file=relp, actual=size, expected=end,
                                 item=fqn))
         if ".metadata.tmp" in names:
-            scan.add(F.make("unit_in_progress", path=rel(".metadata.tmp"),
-                            why="a .metadata.tmp is left over from a save that did not finish"))
+            scan.add(leftovers.in_progress(rel(".metadata.tmp"),
+                                           "a .metadata.tmp is left over from a save that did not finish"))
         scan.facts["n_items"] = len(storage)
         return scan
 

@@ -20,6 +20,7 @@ from typing import List
 
 from .. import findings as F
 from .. import fs
+from . import leftovers
 from .base import UnitScan, scan_file
 
 INDEX_RE = re.compile(r".*\.index\.json$")
@@ -101,8 +102,8 @@ def check_index(run_dir: Path, index_rel: str, scan: UnitScan, cfg: dict, unit_n
     missing = [s for s in sorted(by_shard) if not (run_dir / base / s).exists()]
     for s in sorted(by_shard):
         if s not in missing and not (run_dir / base / s).is_file():  # a folder under a shard's name
-            scan.add(F.make("not_a_regular_file", path=str((base / s).as_posix()) if str(base) != "." else s,
-                            why="the index names it as a shard, but it is a folder, not a file"))
+            scan.add(leftovers.irregular(str((base / s).as_posix()) if str(base) != "." else s,
+                                         "the index names it as a shard, but it is a folder, not a file"))
             missing.append(s)
     for s in missing:
         scan.add(F.make("index_references_missing_shard", path=index_rel, shard=s, n_tensors=len(by_shard[s]),
@@ -176,9 +177,9 @@ class HFTrainer:
             claimed.update(scan.files_checked)
         temps = [f for f in files if TEMP_RE.match(Path(f).name)]
         for f in temps:
-            scan.add(F.make("unit_in_progress", path=f, why="a temporary file of a write-then-rename (safetensors and "
-                                                            "transformers 5 write model.safetensors through a "
-                                                            "dot-prefixed .tmpXXXXXXXX) that was never renamed"))
+            scan.add(leftovers.in_progress(f, "a temporary file of a write-then-rename (safetensors and transformers 5 "
+                                              "write model.safetensors through a dot-prefixed .tmpXXXXXXXX) that was "
+                                              "never renamed"))
         for f in files:
             n = Path(f).name
             if f in temps:

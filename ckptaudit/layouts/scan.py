@@ -16,8 +16,8 @@ def scan_units(run_dir: Path, units: List[dict], cfg: dict):
     """Scan units by bytes; returns (scan rows, tensor rows, import rows)."""
     from dataclasses import asdict
 
-    from .. import findings as F
-    from .. import inventory, layouts
+    from .. import layouts
+    from . import leftovers
 
     scans, tensors, imports = [], [], []
     for u in units:
@@ -29,9 +29,9 @@ def scan_units(run_dir: Path, units: List[dict], cfg: dict):
             s.facts.setdefault("missing_files", []).append(mf)
         s.add(object_store_findings(u))
         for rel, why in sorted((u.get("irregular") or {}).items()):
-            s.add(F.make(inventory.irregular_kind(why), path=rel, why=why))
+            s.add(leftovers.irregular(rel, why))
         if u.get("in_progress") and u["kind"] != "file" and not any(f.kind == "unit_in_progress" for f in s.findings):
-            s.add(F.make("unit_in_progress", path=u["unit"], why=u["in_progress"]))
+            s.add(leftovers.in_progress(u["unit"], u["in_progress"]))
         scans.append(s.row())
         tensors.extend(asdict(t) for t in s.tensors)
         imports.extend({"unit": u["unit"], **{k: i.get(k) for k in ("file", "member", "module", "name", "category",

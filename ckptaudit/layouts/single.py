@@ -12,8 +12,8 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from .. import findings as F
 from .. import fs
+from . import leftovers
 from .adapter import NeverClaims
 from .base import UnitScan, scan_file
 
@@ -47,7 +47,7 @@ class SingleFile:
     def scan(self, run_dir: Path, unit: dict, cfg: dict) -> UnitScan:
         scan = UnitScan(unit["unit"], unit["layout"])
         if unit.get("in_progress"):
-            scan.add(F.make("unit_in_progress", path=unit["unit"], why=unit["in_progress"]))
+            scan.add(leftovers.in_progress(unit["unit"], unit["in_progress"]))
         rel = unit["files"][0]
         info = scan_file(run_dir, rel, unit["unit"], scan, cfg, tree_key="root")
         scan.facts["sniffed"] = info["kind"]
@@ -61,7 +61,7 @@ class InProgressFolder(NeverClaims):
 
     def scan(self, run_dir: Path, unit: dict, cfg: dict) -> UnitScan:
         scan = UnitScan(unit["unit"], unit["layout"])
-        scan.add(F.make("unit_in_progress", path=unit["unit"], why=unit.get("in_progress") or "temporary folder"))
+        scan.add(leftovers.in_progress(unit["unit"], unit.get("in_progress") or "temporary folder"))
         return scan
 
 
