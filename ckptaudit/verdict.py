@@ -77,40 +77,39 @@ def pointer_verdicts(pointers: List[dict], units_out: List[dict], inv_units: Lis
         best = max(usable, key=_key, default=None)
         suggestion = best["unit"].rsplit("/", 1)[-1] if best else "none"
         res = p.get("resolved") or ""
-        kind, ok, f = "", True, None
+        f = None
         if p["kind"] == "Megatron tracker file" and not (p["target"].isdigit() or p["target"] == "release"):
-            kind, ok = "megatron_tracker_invalid", False
-            f = F.make(kind, path=p["path"], pointer=p["path"], content=p["target"][:40], suggestion=suggestion)
+            f = F.make("megatron_tracker_invalid", path=p["path"], pointer=p["path"], content=p["target"][:40],
+                       suggestion=suggestion)
         elif p["kind"].startswith("symbolic link, refused"):
-            kind, ok = "pointer_refused", False
-            f = F.make(kind, path=p["path"], pointer=p["path"], target=p["target"],
+            f = F.make("pointer_refused", path=p["path"], pointer=p["path"], target=p["target"],
                        why=p["kind"].split(": ", 1)[-1], suggestion=suggestion)
         elif p["is_symlink"] and not p["exists"]:
-            kind, ok = "dangling_symlink", False
-            f = F.make(kind, path=p["path"], pointer=p["path"], target=p["target"], suggestion=suggestion)
+            f = F.make("dangling_symlink", path=p["path"], pointer=p["path"], target=p["target"],
+                       suggestion=suggestion)
         elif not res or res not in by_unit:
             if res and res not in by_unit and p["exists"]:
                 pass  # names something that is not a unit (e.g. a plain file): nothing to judge
             else:
-                kind, ok = "latest_pointer_dangling", False
                 ctext = f"; the newest complete checkpoint is {suggestion}" if best else "; no complete checkpoint exists"
-                f = F.make(kind, path=p["path"], pointer=p["path"], target=p["target"], suggestion=suggestion,
-                           complete_text=ctext)
+                f = F.make("latest_pointer_dangling", path=p["path"], pointer=p["path"], target=p["target"],
+                           suggestion=suggestion, complete_text=ctext)
         else:
             u = by_unit[res]
             file_errs = [x["kind"] for x in u["findings"] if x["severity"] == "error" and x["layer"] == "file"]
             if file_errs:
                 # a resume through this pointer reads damaged or missing bytes; a unit that is unusable for
                 # other reasons (a changed world size, NaN weights) says so in its own findings
-                kind, ok = "latest_pointer_incomplete", False
                 errs = file_errs
-                f = F.make(kind, path=p["path"], pointer=p["path"], target=p["target"], suggestion=suggestion,
-                           why=", ".join(errs) or "not usable")
+                f = F.make("latest_pointer_incomplete", path=p["path"], pointer=p["path"], target=p["target"],
+                           suggestion=suggestion, why=", ".join(errs) or "not usable")
                 if u["usable_for"] == "none":
                     u["findings"].append(f.to_dict())
             elif best and u["step"] is not None and best["step"] is not None and best["step"] > u["step"]:
-                kind = "latest_pointer_not_newest"
-                f = F.make(kind, path=p["path"], pointer=p["path"], target=p["target"], suggestion=suggestion)
+                f = F.make("latest_pointer_not_newest", path=p["path"], pointer=p["path"], target=p["target"],
+                           suggestion=suggestion)
+        kind = f.kind if f is not None else ""
+        ok = f is None or f.kind == "latest_pointer_not_newest"  # a newer checkpoint exists: the pointer still works
         out.append({"path": p["path"], "target": p["target"], "resolved": res, "ok": ok, "kind": kind,
                     "finding": f.to_dict() if f else None})
     return out

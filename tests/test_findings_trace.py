@@ -2,8 +2,8 @@
 
 Every ``make("kind", ...)`` call in ``ckptaudit/`` (``make``, ``F.make``, ``findings.make``, found by AST)
 must pass a literal kind and sit in the module of that kind's declared detector, and the detector itself
-must contain one of the calls.  What does not hold yet is listed below with its reason: those lists are
-the remaining work of issue 14, not a loophole.  They must only shrink: an entry that is no longer true
+must contain one of the calls.  What does not hold yet is listed below with its reason: that list is
+the remaining work of issue 14, not a loophole.  It must only shrink: an entry that is no longer true
 fails the test, so it is taken off when the code moves.
 """
 
@@ -35,16 +35,6 @@ MULTI_MODULE: Dict[str, tuple] = {
         "built in state (state) and the run-level findings (report: the scheduler's last_epoch read over "
         "the whole run) until the run-level pass calls state's builder"),
 }
-
-#: functions that call make() with a kind that is not a literal: {"module:function": (kinds or "*", reason)}
-NON_LITERAL: Dict[str, tuple] = {
-    "ckptaudit.verdict:pointer_verdicts": (
-        {"latest_pointer_dangling", "latest_pointer_incomplete", "latest_pointer_not_newest", "dangling_symlink",
-         "megatron_tracker_invalid", "pointer_refused"},
-        "assigns the kind to a variable, then calls F.make(kind, ...); becomes one literal make() per kind "
-        "when the pointer checks get their own module"),
-}
-
 
 class Site(NamedTuple):
     module: str
@@ -158,18 +148,13 @@ def test_make_copies_stage_and_detector_into_the_finding():
 
 
 # ------------------------------------------------------------------------------------------- (2)
-def test_every_make_call_uses_a_literal_kind_or_is_listed():
+def test_every_make_call_uses_a_literal_kind():
     sites = make_sites()
     assert len(sites) > 100, "the AST walk found too few make() calls"
-    listed = {f"{s.module}:{s.qualname}" for s in sites if s.kind is None}
-    unlisted = sorted(_where(s) for s in sites if s.kind is None and f"{s.module}:{s.qualname}" not in NON_LITERAL)
+    unlisted = sorted(_where(s) for s in sites if s.kind is None)
     assert not unlisted, "make() with a non-literal kind (pass the kind as a string literal):\n" + "\n".join(unlisted)
-    stale = sorted(set(NON_LITERAL) - listed)
-    assert not stale, f"no longer non-literal, take these off NON_LITERAL: {stale}"
     unknown = sorted(f"{_where(s)}: {s.kind}" for s in sites if s.kind is not None and s.kind not in F.CATALOGUE)
     assert not unknown, unknown
-    for key, (kinds, _reason) in NON_LITERAL.items():
-        assert kinds == "*" or kinds <= set(F.CATALOGUE), key
 
 
 def test_each_kind_is_made_only_in_its_detector_module():
@@ -193,9 +178,7 @@ def test_each_kind_is_made_only_in_its_detector_module():
             bad.append(f"{k.kind}: MULTI_MODULE says {sorted(allowed)}, the code makes it in {elsewhere} "
                        "besides its detector: update the list (take the entry off when it is one module)")
         in_detector = [s for s in here if s.module == mod and _inside(s, qual)]
-        by_name = [key for key, (kinds, _) in NON_LITERAL.items()
-                   if key == k.detector and kinds != "*" and k.kind in kinds]
-        if not in_detector and not by_name:
+        if not in_detector:
             where = ", ".join(_where(s) for s in here) or "nowhere"
             bad.append(f"{k.kind}: its detector {k.detector} does not make it (made at {where})")
     assert not bad, "\n".join(bad)
