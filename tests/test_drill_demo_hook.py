@@ -3,6 +3,8 @@ drill finding (exit 1)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -38,9 +40,11 @@ def test_drill_with_the_demo_hook_on_a_user_run_exits_3_and_names_drill_hook(tmp
     assert code == dr.EXIT_FAILED == 3
     r = next(r for r in rows if r["check"] == "child_process")
     assert r["status"] == "fail"
-    assert r["message"].startswith("the restore hook could not be used: drill.hook 'ckptaudit.demo:restore_hook' "
-                                   "cannot restore ckpt_000010.pt: ")
-    assert "model_args lacks" in r["message"]
-    assert r["message"].endswith("set drill.hook to your job's restore function (\"package.module:function\", "
-                                 "see docs/drill.md)")
+    assert r["message"].startswith("the restore hook could not be used: set drill.hook to your job's restore "
+                                   "function (\"package.module:function\", see docs/drill.md): "
+                                   "'ckptaudit.demo:restore_hook' cannot restore ckpt_000010.pt: ")
+    assert r["message"].endswith("model_args lacks ['bias', 'block_size', 'dropout', 'n_embd', 'n_head', "
+                                 "'vocab_size']")
+    doc = (tmp_path / "out" / "drill.json").read_text()
+    assert "set drill.hook" in json.loads(doc)["summary"]  # the one line cron mail shows
     assert not any(r["check"] == "restore_hook" for r in rows)  # not reported as the unit failing to restore

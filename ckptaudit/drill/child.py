@@ -100,9 +100,9 @@ class _Child(_RestoreChecks, _ContinueChecks):
             if _is_alloc_error(e):
                 raise _LimitHit(f"restore_hook: {type(e).__name__}: {str(e)[:300]}") from e
             if getattr(e, "hook_mismatch", False):  # e.g. the demo hook on a user's run: configuration, exit 3
-                self.result.update(status="hook_error", error=(
-                    f"drill.hook {spec['hook']!r} cannot restore {spec['unit']}: {str(e)[:300]}; set drill.hook "
-                    "to your job's restore function (\"package.module:function\", see docs/drill.md)"))
+                self.result.update(status="hook_error", error=(  # the advice first: summaries cut long lines
+                    "set drill.hook to your job's restore function (\"package.module:function\", see "
+                    f"docs/drill.md): {spec['hook']!r} cannot restore {spec['unit']}: {str(e)[:300]}"))
                 return
             self.add(_row("restore_hook", "fail", f"{spec['hook']}({spec['unit']!r}, {dev!r}) returns a Restored",
                           type(e).__name__, f"the restore hook raised while restoring {spec['unit']}: "
