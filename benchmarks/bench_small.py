@@ -14,7 +14,7 @@ version (the order of the versions alternates between rounds):
 A code version is the checkout (``after``) or a snapshot folder given with ``--before``
 (``git archive <commit> | tar -x -C DIR``, optionally with a ``COMMIT`` file): the audit runs
 with ``PYTHONPATH=DIR``, so its CLI, Snakefile and every job import that tree.  Jobs are
-counted as the log files (one per job) under ``OUT/logs`` written during the command.
+counted as the log files (one per job) under ``OUT/logs`` that the command created or rewrote.
 
     python benchmarks/bench_small.py --before /tmp/bench15/code-before [--repeats 3] [--cores 2]
                                      [--dir /tmp/bench15/small] [--keep]
@@ -66,8 +66,8 @@ def make_runs(tmp: Path) -> Dict[str, Path]:
     return runs
 
 
-def jobs_since(out: Path, t0: float) -> int:
-    return sum(1 for f in (out / "logs").glob("*/*.log") if f.stat().st_mtime >= t0)
+def _logs(out: Path) -> dict:
+    return {f: f.stat().st_mtime_ns for f in (out / "logs").glob("*/*.log")}
 
 
 def audit(run: Path, out: Path, cores: int, code: Optional[Path]) -> Dict:
@@ -76,13 +76,13 @@ def audit(run: Path, out: Path, cores: int, code: Optional[Path]) -> Dict:
         env["PYTHONPATH"] = str(code)
     else:
         env.pop("PYTHONPATH", None)
-    t0 = time.time() - 1  # mtimes may be coarser than the clock
+    logs0 = _logs(out)  # a job (re)writes its log: new or changed logs are the jobs that ran
     r = C.run_gnu_time([CKPTAUDIT, "audit", str(run), "--out", str(out), "--cores", str(cores)], env=env,
                        check=False)
     if r["rc"] not in (0, 1, 2):
         raise RuntimeError(f"audit exit {r['rc']}\n{r['stdout'][-3000:]}\n{r['stderr'][-3000:]}")
     v = json.loads((out / "verdict.json").read_text())
-    r.update(jobs=jobs_since(out, t0), verdict=(v.get("recommendation"), (v.get("rollback") or {}).get("unit"),
+    r.update(jobs=sum(1 for f, m in _logs(out).items() if logs0.get(f) != m), verdict=(v.get("recommendation"), (v.get("rollback") or {}).get("unit"),
                                                  tuple((u["unit"], u.get("usable_for")) for u in v["units"])))
     return r
 
