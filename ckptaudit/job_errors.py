@@ -43,31 +43,39 @@ def _read_tail(path: str, limit: int = 64 << 10) -> str:
         return ""
 
 
-def _jobs(failed) -> Iterable[Tuple[str, str, List[str]]]:
-    """(rule, wildcards text, log paths) of each failed job (members of a failed group job each)."""
+def _jobs(failed) -> Iterable[Tuple[str, str, List[str], bool]]:
+    """(rule, wildcards text, log paths, member of a group job) of each failed job."""
     for job in failed:
-        for j in getattr(job, "jobs", None) or [job]:
+        members = getattr(job, "jobs", None)
+        for j in members or [job]:
             rule = getattr(getattr(j, "rule", None), "name", "job")
             wc = " ".join(str(v) for v in dict(getattr(j, "wildcards", None) or {}).values())
-            yield rule, wc, [str(p) for p in (getattr(j, "log", None) or [])]
+            yield rule, wc, [str(p) for p in (getattr(j, "log", None) or [])], bool(members)
+
+
+def _why(logs: List[str]) -> Tuple[str, str]:
+    """(last error line, its log) of the first log that says something."""
+    for log in logs:
+        why = last_error_line(_read_tail(log))
+        for prefix in ("ckptaudit: error: ", "ckptaudit: "):
+            why = why[len(prefix):] if why.startswith(prefix) else why
+        if why:
+            return why, log
+    return "", ""
 
 
 def job_lines(failed) -> List[str]:
-    """One line per failed job: ``rule wildcards: last error line of its log (log: path)``."""
-    out = []
-    for rule, wc, logs in _jobs(failed):
+    """One line per failed job: ``rule wildcards: last error line of its log (log: path)``.  Of a failed
+    group job, only the members whose log ends in an error (all of them when none does)."""
+    out, group = [], []
+    for rule, wc, logs, in_group in _jobs(failed):
         name = f"{rule} {wc}".strip()
-        why = ""
-        for log in logs:
-            why = last_error_line(_read_tail(log))
-            for prefix in ("ckptaudit: error: ", "ckptaudit: "):
-                why = why[len(prefix):] if why.startswith(prefix) else why
-            if why:
-                out.append(f"{name}: {why} (log: {log})")
-                break
-        if not why:
-            out.append(f"{name}: failed" + (f"; its log {logs[0]} is empty" if logs else " (no log)"))
-    return out
+        why, log = _why(logs)
+        line = f"{name}: {why} (log: {log})" if why else \
+            f"{name}: failed" + (f"; its log {logs[0]} is empty" if logs else " (no log)")
+        (group if in_group else out).append((line, "error" in why.lower() or "exception" in why.lower()))
+    erred = [ln for ln, bad in group if bad]
+    return [ln for ln, _ in out] + (erred or [ln for ln, _ in group])
 
 
 def on_error(workflow, out_dir: str) -> List[str]:

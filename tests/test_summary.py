@@ -158,3 +158,14 @@ def test_snakemake_audit_on_the_demo_prints_the_summary(tmp_path):
     assert any(ln.startswith("  ckpt_000150.pt (step 150): not usable: SHA-256 is ") for ln in lines), out[-3000:]
     assert lines.index(expected[0]) < lines.index(f"report: {report}")
     assert report.exists()
+
+
+def test_of_a_failed_group_job_only_the_members_that_erred_are_named(tmp_path):
+    ok, bad = tmp_path / "ok.log", tmp_path / "bad.log"
+    ok.write_text("wrote 3 rows\n")
+    bad.write_text("Traceback (most recent call last):\n  ...\nValueError: part p0001 has no unit\n")
+    group = type("G", (), {"jobs": [_Job(str(ok)), _Job(str(bad))]})()
+    assert job_errors.job_lines([group]) == [f"hash p0003: ValueError: part p0001 has no unit (log: {bad})"]
+    empty = tmp_path / "empty.log"
+    empty.write_text("")
+    assert job_errors.job_lines([_Job(str(empty))]) == [f"hash p0003: failed; its log {empty} is empty"]
