@@ -160,7 +160,7 @@ def collect(layout: str, tree: Dict[str, Any], facts: Dict[str, Any]) -> Compone
         if isinstance(sub, dict) and "__safetensors__" not in sub:
             c.top_keys = sorted(set(c.top_keys) | {str(k) for k in sub if not str(k).startswith("__")})
     found = R.find(tree)
-    _weights(c, found, contract)
+    _weights(c, found, contract, facts.get("weights_files") or ())
     _optimizer(c, found)
     for n in found.of("scheduler"):
         c.schedulers.append(R._fields(n.node) or {})
@@ -176,12 +176,16 @@ def collect(layout: str, tree: Dict[str, Any], facts: Dict[str, Any]) -> Compone
 
 
 # ------------------------------------------------------------------ weights
-def _weights(c: Components, found: R.Found, contract) -> None:
+def _weights(c: Components, found: R.Found, contract, weights_files=()) -> None:
+    """The model weights among the candidates: by the producer's paths, else in the files the unit's
+    manifest declares as weights, else the largest plain (non-EMA) group found by structure."""
     cands = found.of("weights")
     if not cands:
         return
     want = (contract.keys.get("weights") if contract else None) or ()
     chosen = [n for n in cands if n.path in want] if want else []
+    if not chosen and weights_files:
+        chosen = [n for n in cands if n.file in weights_files and not EMA_RE.search(n.key or "")]
     if not chosen:
         plain = [n for n in cands if not EMA_RE.search(n.key or "")]
         pool = plain or cands

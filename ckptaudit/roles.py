@@ -54,11 +54,16 @@ for _role, _by_layout in _ROLE_PATTERNS.items():
 
 
 def roles_for(layout: str, files: Sequence[str], facts: Optional[dict] = None) -> Dict[str, str]:
-    """{run-relative file: role} for a unit's files under its layout."""
+    """{run-relative file: role} for a unit's files under its layout (or as the unit's adapter
+    read them, ``facts["role_hints"]``: a ckptaudit manifest's declared roles)."""
     facts = facts or {}
+    hints = facts.get("role_hints") or {}
     patterns = _LAYOUT_ROLES.get(layout, ())
     out: Dict[str, str] = {}
     for f in files:
+        if hints.get(f):
+            out[f] = hints[f]
+            continue
         base = f.rsplit("/", 1)[-1]
         role = next((r for pat, r in patterns if pat.fullmatch(base)), "mixed")
         if layout == "deepspeed" and role == "optimizer" and (facts.get("zero_stage") or 0) >= 3:

@@ -88,7 +88,7 @@ class LoadedCheckpoint:
 
 # Layouts safe_load_checkpoint can turn into objects itself (see the module docstring).
 FILE_LAYOUTS = ("torch-zip", "torch-legacy", "safetensors", "lightning")
-FOLDER_LAYOUTS = ("hf-trainer", "single-file")
+FOLDER_LAYOUTS = ("hf-trainer", "ckptaudit-publish", "single-file")
 INDEX_LAYOUTS = ("hf-sharded",)
 # Files of a folder unit that are not training state (HF Trainer): never loaded.
 NOT_STATE_FILES = {

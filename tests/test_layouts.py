@@ -136,4 +136,5 @@ def test_every_registered_adapter_satisfies_its_protocol():
     every = layouts.DIR_ADAPTERS + [single.ADAPTER, single.IN_PROGRESS, single.IRREGULAR]
     assert [a.name for a in every if not isinstance(a, LayoutAdapter)] == []
     assert [a.name for a in layouts.INDEX_ADAPTERS if not isinstance(a, IndexAdapter)] == []
-    assert sorted(layouts.BY_NAME) == ["accelerate", "dcp", "deepspeed", "hf-sharded", "hf-trainer", "megatron"]
+    assert sorted(layouts.BY_NAME) == ["accelerate", "ckptaudit-publish", "dcp", "deepspeed", "hf-sharded",
+                                   "hf-trainer", "megatron"]

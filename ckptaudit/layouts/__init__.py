@@ -12,11 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from . import accelerate, dcp, deepspeed, hf, megatron, single
+from . import accelerate, dcp, deepspeed, hf, megatron, published, single
 from .adapter import IndexAdapter, LayoutAdapter
 
-# Order matters: the first adapter that claims a folder owns it.
-DIR_ADAPTERS: List[LayoutAdapter] = [deepspeed.ADAPTER, megatron.ADAPTER, dcp.ADAPTER, hf.TRAINER, accelerate.ADAPTER]
+# Order matters: the first adapter that claims a folder owns it.  A ckptaudit publish folder comes
+# first (its manifest says what each file is) unless it holds a framework's own layout.
+DIR_ADAPTERS: List[LayoutAdapter] = [published.ADAPTER, deepspeed.ADAPTER, megatron.ADAPTER, dcp.ADAPTER, hf.TRAINER, accelerate.ADAPTER]
 INDEX_ADAPTERS: List[IndexAdapter] = [hf.INDEX]
 BY_NAME: Dict[str, LayoutAdapter] = {a.name: a for a in DIR_ADAPTERS + INDEX_ADAPTERS}
 

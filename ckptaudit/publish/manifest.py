@@ -51,11 +51,18 @@ def manifest_bytes(doc: Dict[str, Any]) -> bytes:
     return (json.dumps(ordered, indent=1) + "\n").encode()
 
 
+#: what a published file is for (the audit's vocabulary, :mod:`ckptaudit.roles`)
+ROLES = ("weights", "optimizer", "scheduler", "scaler", "rng", "sampler", "custom", "trainer_state", "metadata",
+         "mixed")
+
+
 @dataclass
 class FileRecord:
     """One published file.  ``path`` is relative to the manifest's folder (the unit folder,
     or the run folder for a file unit); sizes in bytes; ``rank`` is the writer's rank (-1: a
-    file no rank registered, adopted by rank 0 at the commit, e.g. a DCP ``.metadata``)."""
+    file no rank registered, adopted by rank 0 at the commit, e.g. a DCP ``.metadata``);
+    ``role`` what the file holds (one of :data:`ROLES`; "" when the writer did not say and
+    the object was not seen, as for ``pub.open`` and ``pub.path`` files)."""
 
     path: str
     size_bytes: int
@@ -63,6 +70,32 @@ class FileRecord:
     chunk_bytes: int
     chunk_sha256_hex: List[str]
     rank: int = 0
+    role: str = ""
+
+
+def object_role(obj: Any) -> str:
+    """The role of an object about to be saved, by its structure: a mapping of tensors with a
+    floating one is ``weights`` (a state_dict), of uint8 tensors ``rng``; an optimizer
+    state_dict (``state`` + ``param_groups``) is ``optimizer``; an LR scheduler's (``last_epoch``
+    + ``base_lrs``) ``scheduler``; a uint8 tensor (``torch.get_rng_state()``) ``rng``; anything
+    else (a training dict of several components) ``mixed``."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return "mixed"
+    if isinstance(obj, torch.Tensor):
+        return "rng" if obj.dtype == torch.uint8 else "mixed"
+    if not isinstance(obj, dict) or not obj:
+        return "mixed"
+    vals = list(obj.values())
+    if all(isinstance(v, torch.Tensor) for v in vals):
+        if any(v.is_floating_point() for v in vals):
+            return "weights"
+        return "rng" if all(v.dtype == torch.uint8 for v in vals) else "mixed"
+    if "state" in obj and "param_groups" in obj and len(obj) == 2:
+        return "optimizer"
+    if "last_epoch" in obj and "base_lrs" in obj:
+        return "scheduler"
+    return "mixed"
 
 
 def hash_file(path: Path, rel: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, rank: int = 0,

@@ -21,7 +21,7 @@ from .clock import _Clock
 from .collectives import _Comm
 from .commit import PublishResult, _Commit
 from .files import _remove_tree_quiet
-from .manifest import FileRecord, _fsync_and_hash, _jsonable, _versions
+from .manifest import ROLES, FileRecord, _fsync_and_hash, _jsonable, _versions, object_role
 from .names import DEFAULT_CHUNK_BYTES, SCHEMA, TMP_PREFIX, Preempted, PublishError, _check_name, tmp_name
 from .phases import _EXIT_CODES, _PHASES
 from .retention import Retention
@@ -57,8 +57,15 @@ class Publication:
         leave it None).  Raises ``ValueError`` for a bad or second name, ``FileExistsError``."""
         return self._ctx.open(name)
 
-    def save(self, obj: Any, name: Optional[str] = None, **torch_save_kwargs: Any) -> FileRecord:
+    def save(self, obj: Any, name: Optional[str] = None, *, role: Optional[str] = None,
+             **torch_save_kwargs: Any) -> FileRecord:
         """``torch.save(obj, …)`` into ``name`` through a hashing writer; returns its record.
+
+        The manifest records the file's ``role`` (what the audit weighs a damaged file by, and
+        where it finds a folder unit's weights whatever the file is called): the one given
+        (one of :data:`~.manifest.ROLES`), else read from ``obj``'s structure
+        (:func:`~.manifest.object_role`: a state_dict is ``weights``, an optimizer state_dict
+        ``optimizer``, a dict of several components ``mixed``).
 
         A failed write (disk full ``ENOSPC``, quota ``EDQUOT``, ``RLIMIT_FSIZE`` ``EFBIG``)
         and a :class:`Preempted` or ``KeyboardInterrupt`` raised mid-save are re-raised as
@@ -66,7 +73,10 @@ class Publication:
         ``__exit__`` tries to finish the archive (``unexpected pos … vs …``)."""
         import torch
 
+        if role is not None and role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}; got {role!r}")
         with self.open(name) as w:
+            w.role = role or object_role(obj)
             try:
                 torch.save(obj, w, **torch_save_kwargs)
             except Exception as e:

@@ -35,6 +35,7 @@ class HashingWriter:
         self._chunks: List[Future] = []
         self.closed = False
         self.record: Optional[FileRecord] = None
+        self.role = ""  # what the file holds (set by Publication.save), recorded in the manifest
         self.error: Optional[OSError] = None  # the first failed write, if any
 
     def write(self, b) -> int:
@@ -76,7 +77,7 @@ class HashingWriter:
             chunks = [f.result() for f in self._chunks]
         finally:
             self._release()
-        self.record = FileRecord(self.rel, self.written, self._full.hexdigest(), cb, chunks, self.rank)
+        self.record = FileRecord(self.rel, self.written, self._full.hexdigest(), cb, chunks, self.rank, self.role)
         return self.record
 
     def abort(self) -> None:
