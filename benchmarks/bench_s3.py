@@ -98,10 +98,11 @@ def main() -> int:
             target.write(c, str(work / "target.json"))
             parts = sorted(inv["parts"])
             P = {p: {s: str(out / "tables/parts" / s / f"{p}.parquet") for s in report.STAGES} for p in parts}
+            # the workflow's order: hash first (a one-pass hash stage leaves facts the later stages read)
+            measure("hash (SHA-256 vs sidecars)", lambda: [stages.stage_hash(inv, p, P[p]["hash"]) for p in parts])
             measure("scan: file + security layers", lambda: [stages.stage_scan(inv, p, c, P[p]["scan"],
                                                                                P[p]["tensors"], P[p]["imports"])
                                                              for p in parts])
-            measure("hash (SHA-256 vs sidecars)", lambda: [stages.stage_hash(inv, p, P[p]["hash"]) for p in parts])
             measure("load test (download ≤ limit, torch.load)", lambda: [
                 stages.stage_load(inv, p, c, P[p]["scan"], P[p]["hash"], P[p]["load"]) for p in parts])
             measure("state (NaN/Inf value scan)", lambda: [
