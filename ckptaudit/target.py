@@ -18,6 +18,7 @@ The result, ``work/target.json``::
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -92,22 +93,34 @@ def write(cfg: dict, out: str) -> dict:
     return doc
 
 
+def parser() -> argparse.ArgumentParser:
+    """``python -m ckptaudit.target write CONFIG_JSON OUT_JSON`` (the target rule) and
+    ``… child FACTORY MODEL_ARGS_JSON`` (the meta-device child :func:`build` starts): every argument required."""
+    ap = argparse.ArgumentParser(prog="python -m ckptaudit.target",
+                                 description="The structure of the job that will resume.")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    w = sub.add_parser("write", help="build work/target.json from the stage config (the target rule)")
+    w.add_argument("config_json", metavar="CONFIG_JSON", help="the stage config (work/config.json)")
+    w.add_argument("out_json", metavar="OUT_JSON", help="where target.json goes")
+    c = sub.add_parser("child", help="build the model on the meta device and print its structure (internal)")
+    c.add_argument("factory", metavar="FACTORY", help='"package.module:function"')
+    c.add_argument("model_args_json", metavar="MODEL_ARGS_JSON", help="expected_model_args as JSON")
+    return ap
+
+
 def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "child" and len(argv) == 3:
-        _child(argv[1], argv[2])
+    a = parser().parse_args(argv)
+    if a.command == "child":
+        _child(a.factory, a.model_args_json)
         return 0
-    if argv and argv[0] == "write" and len(argv) == 3:
-        with open(argv[1]) as f:
-            cfg = json.load(f)
-        try:
-            write(cfg, argv[2])
-        except TargetError as e:
-            print(f"ckptaudit: {e}", file=sys.stderr)
-            return 1
-        return 0
-    print("usage: python -m ckptaudit.target write CONFIG_JSON OUT_JSON", file=sys.stderr)
-    return 2
+    with open(a.config_json) as f:
+        cfg = json.load(f)
+    try:
+        write(cfg, a.out_json)
+    except TargetError as e:
+        print(f"ckptaudit: {e}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def load_reference(cfg: dict):
