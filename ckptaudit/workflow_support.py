@@ -3,13 +3,15 @@ Snakemake).  Imports nothing heavy."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import sys
 from pathlib import Path
-from typing import List
+from typing import Any, List, Optional
 
 from . import fs
+from ._io import atomic_write
 from .parts import listing_fingerprint, part_units, read_inventory, read_inventory_cached  # noqa: F401
 
 STAGE_KEYS = ("expected_model_args", "model_factory", "reference", "target", "load", "security", "state",
@@ -20,6 +22,20 @@ def configure_storage(config: dict) -> None:
     """Apply the config's ``s3:`` block (endpoint, profile, anon; never keys) to this process
     and, through ``CKPTAUDIT_S3_*`` environment variables, to the jobs it starts."""
     fs.configure(config.get("s3"))
+
+
+def rule_python(deployment_settings: Any, executable: Optional[str] = None) -> str:
+    """The interpreter every rule's shell command runs (``PYTHON`` in rules/common.smk).
+
+    ``deployment_settings`` is Snakemake's ``workflow.deployment_settings`` (None when Snakemake gives
+    none).  When Snakemake deploys conda envs (``--use-conda``, i.e. ``--software-deployment-method
+    conda``), each job runs inside the rule's ``conda:`` env (rules/envs/ckptaudit.yaml, which installs this
+    checkout), so it is that env's ``python``; otherwise it is ``executable`` (default: the interpreter
+    Snakemake runs in, which has ckptaudit installed)."""
+    methods = getattr(deployment_settings, "deployment_method", None) or ()
+    if any(getattr(m, "name", str(m)).lower() == "conda" for m in methods):  # DeploymentMethod.CONDA
+        return "python"
+    return executable or sys.executable
 
 
 def run_name(run_dir: str) -> str:
@@ -81,21 +97,27 @@ def part_signature(inv: dict, part: str) -> str:
 
 
 def write_config(doc_json: str, out: str) -> None:
+    """Write the stage config ``doc_json`` (JSON text) to ``out``, indented and key-sorted, atomically."""
     doc = json.loads(doc_json)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    tmp = out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1, sort_keys=True)
-    os.replace(tmp, out)
+    atomic_write(out, json.dumps(doc, indent=1, sort_keys=True).encode())
+
+
+def parser() -> argparse.ArgumentParser:
+    """``python -m ckptaudit.workflow_support write-config JSON OUT`` (the config rule): both arguments required."""
+    ap = argparse.ArgumentParser(prog="python -m ckptaudit.workflow_support",
+                                 description="Helpers of the Snakemake workflow that run as a job.")
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    w = sub.add_parser("write-config", help="write work/config.json (the part of the config the stages read)")
+    w.add_argument("doc_json", metavar="JSON", help="the stage config as JSON text")
+    w.add_argument("out", metavar="OUT", help="where config.json goes")
+    return ap
 
 
 def main(argv=None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) == 3 and argv[0] == "write-config":
-        write_config(argv[1], argv[2])
-        return 0
-    print("usage: python -m ckptaudit.workflow_support write-config JSON OUT", file=sys.stderr)
-    return 2
+    a = parser().parse_args(argv)
+    write_config(a.doc_json, a.out)  # the only command
+    return 0
 
 
 if __name__ == "__main__":

@@ -3,7 +3,6 @@
 # Snakemake); nothing heavy is imported here.
 import json
 import os
-import sys
 
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
@@ -20,7 +19,8 @@ except ValueError as e:
 validate(config, SCHEMA)  # cannot fail after check_config (same schema); its defaults equal config/config.yaml's
 ws.configure_storage(config)  # s3: settings for this process and the jobs it starts (no secrets)
 
-PYTHON = sys.executable
+PYTHON = ws.rule_python(workflow.deployment_settings)  # the conda env's python under --use-conda
+os.environ.setdefault("CKPTAUDIT_SOURCE", workflow.basedir)  # the checkout envs/ckptaudit.yaml installs
 VERSION = ckptaudit.__version__
 DEMO_DIR = "demo_run"
 RUN_DIR = config["run_dir"] or DEMO_DIR
