@@ -75,10 +75,11 @@ class Meter:
 
 
 def _draw(folder: Path, inventory: Path, stream, stop: threading.Event) -> None:
-    meter, width = Meter(folder, inventory), 0
+    meter, width, last = Meter(folder, inventory), 0, ""
     while not stop.wait(PERIOD):
         text = meter.text()
-        if text:
+        if text and text != last:
+            last = text
             stream.write("\r" + text.ljust(width))
             stream.flush()
             width = len(text)
