@@ -1,7 +1,9 @@
 """Streamed SHA-256 of every file, checked against sidecars and manifests.
 
-Hashing uses :func:`hashlib.file_digest` (CPython's own streaming loop, a
-fixed 256 KiB buffer), so memory is constant whatever the file size.
+:func:`hash_unit` reads each file once through :mod:`ckptaudit.onepass` (two 8 MiB buffers,
+files of a unit in parallel): the same pass computes the CRC32 of its zip records and the value
+statistics of its tensors for the scan and state stages.  :func:`sha256_file` (a re-hash of a file
+whose chunk digests disagree, and the benchmarks) uses :func:`hashlib.file_digest`.
 
 Sidecars are in ``sha256sum`` format: one line ``<64 hex digits><space><space
 or *><file name>`` (GNU coreutils manual, "md5sum invocation").  Manifests are
@@ -173,7 +175,38 @@ def _where(run_dir: Path, rel: str, unit: str, start: int, end: int) -> str:
     return "it holds tensor(s) " + ", ".join(hit[:5]) + more
 
 
-def hash_unit(run_dir: Path, unit: dict) -> List[dict]:
+def _file_passes(run_dir: Path, unit: dict, manifest_entries: Dict[str, dict], prog) -> Dict[str, object]:
+    """{file: its one pass (:class:`ckptaudit.onepass.filepass.FileFacts`) or the ``OSError`` that stopped it},
+    files passed in parallel (at most :data:`FILES_AT_ONCE`).  A file whose manifest entry has usable chunk
+    digests gets those instead of the whole-file SHA-256 (which they imply when all match)."""
+    from .onepass.consumers import Progress
+    from .onepass.filepass import pass_file
+
+    def one(rel: str):
+        p = run_dir / rel
+        t0 = time.perf_counter()
+        try:
+            me = manifest_entries.get(rel)
+            chunked = _chunked(me, p.stat().st_size)
+            ff = pass_file(p, whole_sha=not chunked, chunk_bytes=me["chunk_bytes"] if chunked else None,
+                           progress=Progress(prog))
+        except OSError as e:
+            return e
+        ff.seconds = time.perf_counter() - t0
+        return ff
+
+    files = list(unit["files"])
+    if len(files) < 2:
+        return {rel: one(rel) for rel in files}
+    with ThreadPoolExecutor(max_workers=min(len(files), FILES_AT_ONCE)) as pool:
+        return dict(zip(files, pool.map(one, files)))
+
+
+#: Files of one unit read at once by the hash stage (each holds two read buffers: memory stays bounded).
+FILES_AT_ONCE = 4
+
+
+def hash_unit(run_dir: Path, unit: dict, facts: Optional[List[dict]] = None) -> List[dict]:
     """Hash every file of ``unit``; return rows of the ``hash`` table.
 
     A unit whose files have neither sidecar nor manifest entry gets one
@@ -184,6 +217,10 @@ def hash_unit(run_dir: Path, unit: dict) -> List[dict]:
     damaged byte range gets a ``chunk_checksum_mismatch`` finding.  A file the
     manifest lists but the unit lacks gets a row with ``size_bytes`` None and a
     ``manifest_file_missing`` finding.
+
+    Every file is read once (:mod:`ckptaudit.onepass`): the same pass computes the CRC32 of its zip
+    records and the value statistics of its tensors, appended to ``facts`` (rows of the internal
+    ``bytefacts`` table) when given, for the scan and state stages.
     """
     sidecar_map: Dict[str, Tuple[str, str]] = {}  # file rel -> (hex, source)
     unreadable = 0
@@ -220,28 +257,34 @@ def hash_unit(run_dir: Path, unit: dict) -> List[dict]:
     rows = []
     covered = 0
     prog = _progress.for_unit(unit)  # bytes hashed, for the CLI's progress line ($CKPTAUDIT_PROGRESS_DIR)
+    passes = _file_passes(run_dir, unit, manifest_entries, prog)
     for rel in unit["files"]:
         p = run_dir / rel
-        t0 = time.perf_counter()
         fl = list(row_findings.get(rel, []))
         me = manifest_entries.get(rel)
         bad_chunks: List[int] = []
+        ff = passes[rel]
         try:
-            size = p.stat().st_size
-            if _chunked(me, size):
-                digests = chunk_sha256(p, me["chunk_bytes"])
-                bad_chunks = [i for i, (a, b) in enumerate(zip(digests, me["chunk_sha256_hex"])) if a != b.lower()]
+            if isinstance(ff, OSError):
+                raise ff
+            size = ff.size_bytes
+            if ff.chunk_sha256_hex is not None:
+                bad_chunks = [i for i, (a, b) in enumerate(zip(ff.chunk_sha256_hex, me["chunk_sha256_hex"]))
+                              if a != b.lower()]
                 digest = sha256_file(p) if bad_chunks else str(me.get("sha256_hex", "")).lower()
-                prog.add(size)
             else:
-                digest = sha256_file(p, prog)
+                digest = ff.sha256_hex
         except OSError as e:
             rows.append({"unit": unit["unit"], "file": rel, "size_bytes": None, "sha256_hex": "", "hash_seconds": 0.0,
                          "expected_sha256_hex": "", "expected_source": "", "verified": None,
                          "findings_json": json.dumps([F.make("load_failed", path=rel,
                                                              why=f"cannot read: {e.strerror}").to_dict()])})
             continue
-        dt = time.perf_counter() - t0
+        dt = ff.seconds
+        if facts is not None:
+            from .onepass.facts import rows_of
+
+            facts.extend(rows_of(unit["unit"], rel, ff))
         expected, source = "", ""
         verified = None
         if me is not None:

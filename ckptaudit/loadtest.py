@@ -108,6 +108,7 @@ def _child(path: str, kind: str, benign: List[str], limit_bytes: int, wfd: int) 
     except (ValueError, OSError):
         pass
     result: Dict = {}
+    rchar0 = _rchar()
     try:
         import torch
 
@@ -132,10 +133,33 @@ def _child(path: str, kind: str, benign: List[str], limit_bytes: int, wfd: int) 
         msg = str(e)
         status = "memory" if "alloc" in msg.lower() and "memory" in msg.lower() else "failed"
         result = {"status": status, "error_type": type(e).__name__, "error_message": msg[:4000]}
+    result["read_bytes"] = max(0, _rchar() - rchar0)
     try:
         os.write(wfd, json.dumps(result).encode())
     finally:
         os._exit(0)
+
+
+def _rchar() -> int:
+    """Bytes this process has read through read(2)-like calls (Linux ``/proc/self/io`` ``rchar``; 0 elsewhere).
+    Pages of an ``mmap`` that are touched are not in it: a ``mmap=True`` load that builds the object tree
+    without touching tensor data reads only the zip directory, the headers and data.pkl."""
+    try:
+        with open("/proc/self/io", "rb") as f:
+            for line in f:
+                if line.startswith(b"rchar:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+_CHILD_BYTES = [0]
+
+
+def child_bytes_read() -> int:
+    """Bytes the load children of this process read so far (each child's ``rchar`` around its load)."""
+    return _CHILD_BYTES[0]
 
 
 def load_in_child(path: str, kind: str, benign: List[str], *, timeout_seconds: float,
@@ -183,6 +207,7 @@ def load_in_child(path: str, kind: str, benign: List[str], *, timeout_seconds: f
         res = {"status": "memory" if sig == signal.SIGKILL else "failed", "error_type": "ChildDied",
                "error_message": f"load child exited with status {status} (signal {sig})"}
     res.update(load_seconds=dt, peak_rss_bytes=rss)
+    _CHILD_BYTES[0] += int(res.pop("read_bytes", 0) or 0)
     return res
 
 
@@ -244,7 +269,7 @@ def load_units(run_dir: Path, units: List[dict], scans: Dict[str, dict], hashes:
                 dl_limit = int((cfg.get("s3") or {}).get("download_limit_mib", 4096)) << 20
                 scratch = tempfile.mkdtemp(prefix="ckptaudit-load-")
                 try:
-                    local = fs.download(src, scratch, dl_limit)
+                    local = _skeleton(src, k, scratch, dl_limit) or fs.download(src, scratch, dl_limit)
                 except OSError as e:
                     local, why = None, f"cannot download the object: {type(e).__name__}"
                 else:
@@ -273,6 +298,37 @@ def load_units(run_dir: Path, units: List[dict], scans: Dict[str, dict], hashes:
                          "n_top_level_keys": res.get("n_top_level_keys"),
                          "findings_json": json.dumps([x.to_dict() for x in fl])})
     return rows
+
+
+def _skeleton(src, kind: str, scratch: str, limit: int):
+    """A local sparse copy of remote ``src`` with every byte but its tensor data (those are holes: zeros), for a
+    ``torch.load(mmap=True)`` or ``safe_open`` that builds the object tree without touching tensor data (whose
+    bytes the hash stage's pass and the CRC check have read); the path, or None when ``src`` cannot be planned
+    (then it is downloaded whole) or the bytes to fetch exceed ``limit``."""
+    from .onepass import facts
+    from .onepass.plan import plan_file, skeleton_ranges
+
+    if kind not in ("torch_zip", "safetensors"):
+        return None
+    tensor_data = facts.tensor_data_of(fs.fspath(src))  # from the hash stage's pass, else planned here
+    if tensor_data is None:
+        tensor_data = plan_file(src).tensor_data
+    if not tensor_data:
+        return None
+    size = fs.size(src)
+    ranges = skeleton_ranges(size, tensor_data)
+    if sum(n for _, n in ranges) > limit:
+        return None
+    blobs = fs.read_ranges(src, ranges, purpose="streamed") if ranges else []  # the load test's (sparse) copy
+    if any(b is None or len(b) != n for b, (_, n) in zip(blobs, ranges)):
+        return None
+    local = os.path.join(scratch, fs.path(src).name)
+    with open(local, "wb") as f:
+        f.truncate(size)
+        for (off, _), b in zip(ranges, blobs):
+            f.seek(off)
+            f.write(b)
+    return local
 
 
 def missing_packages(qualnames: List[str]) -> List[str]:

@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Callable, Dict, List
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
 
 from . import liveness
 from .parts import part_units, read_inventory  # noqa: F401 - part_units re-exported
@@ -49,16 +50,63 @@ def stage_inventory(run_dir: str, units_per_job, out_parquet: str, out_json: str
     return doc
 
 
-def stage_hash(inv: dict, part: str, out: str) -> List[dict]:
+def work_file(out: str, kind: str, part: str, ext: str) -> Path:
+    """An internal file of ``part`` for a stage table ``out``: ``<out>/work/<kind>/<part>.<ext>`` for a table
+    under ``<out>/tables/parts/``, else beside the table.  ``kind`` "bytefacts": the hash stage's facts;
+    ``bytes/<stage>``: the bytes a stage read."""
+    o = Path(out)
+    if o.parent.parent.name == "parts" and o.parent.parent.parent.name == "tables":
+        return o.parents[3] / "work" / kind / f"{part}.{ext}"
+    return o.with_name(f"{o.stem}.{kind.replace('/', '.')}.{ext}")
+
+
+def bytes_path(out: str, stage: str, part: str) -> Path:
+    """Where a stage writes the bytes it read from audited files (``<out>/work/bytes/<stage>/<part>.json``)."""
+    return work_file(out, f"bytes/{stage}", part, "json")
+
+
+def _write_bytes(out: str, stage: str, part: str, before: Dict[str, int], **extra) -> dict:
+    """Write the bytes this stage read from audited files since ``before`` (:func:`ckptaudit.fs.stage_bytes`):
+    ``local``, ``remote_ranged``, ``remote_streamed`` and ``total`` (bytes), plus ``extra``."""
+    from . import _io, fs
+
+    now = fs.stage_bytes()
+    doc = {"stage": stage, "part": part, **{k: now[k] - before.get(k, 0) for k in now}}
+    doc["total"] = doc["local"] + doc["remote_ranged"] + doc["remote_streamed"]
+    doc.update(extra)
+    p = bytes_path(out, stage, part)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    _io.atomic_write(p, json.dumps(doc, indent=1).encode())
+    return doc
+
+
+def _load_facts(out: str, part: str, facts_path: Optional[str], run_dir) -> int:
+    """Make the hash stage's facts of ``part`` (table ``bytefacts``) answer this process's lookups."""
+    from . import tables
+    from .onepass import facts
+
+    p = Path(facts_path) if facts_path else work_file(out, "bytefacts", part, "parquet")
+    rows = tables.read_rows(p) if p.is_file() else []
+    return facts.load(rows, run_dir)
+
+
+def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None) -> List[dict]:
+    """Hash every file of ``part`` in one pass per file; also writes the pass's facts (table ``bytefacts``, at
+    ``out_facts`` or :func:`work_file`) and the bytes read (:func:`bytes_path`)."""
     from . import hashing, tables
 
     from . import fs
 
+    before = fs.stage_bytes()
     run_dir = fs.path(inv["run_dir"])
     rows: List[dict] = []
+    facts: List[dict] = []
     for u in part_units(inv, part):
-        rows.extend(liveness.guard("hash", u, lambda: hashing.hash_unit(run_dir, u), lambda f: [_hash_error_row(u, f)]))
+        rows.extend(liveness.guard("hash", u, lambda: hashing.hash_unit(run_dir, u, facts),
+                                   lambda f: [_hash_error_row(u, f)]))
     tables.write("hash", rows, out)
+    tables.write("bytefacts", facts, out_facts or work_file(out, "bytefacts", part, "parquet"))
+    _write_bytes(out, "hash", part, before)
     return rows
 
 
@@ -77,13 +125,20 @@ def _with_object_store(inv: dict, units: List[dict]) -> List[dict]:
     return [{**u, "object_store": osd[u["unit"]]} if u["unit"] in osd else u for u in units]
 
 
-def stage_scan(inv: dict, part: str, cfg: dict, out: str, out_tensors: str, out_imports: str) -> List[dict]:
-    from . import tables
+def stage_scan(inv: dict, part: str, cfg: dict, out: str, out_tensors: str, out_imports: str,
+               facts_path: Optional[str] = None) -> List[dict]:
+    """The file and security layers of ``part``; the CRC32 of zip records comes from the hash stage's facts
+    (``facts_path``, else the ``bytefacts`` table at :func:`work_file`) where it has them."""
+    from . import fs, tables
 
-    scans, tensors, imports = scan_units(_run_dir(inv, cfg), _with_object_store(inv, part_units(inv, part)), cfg)
+    before = fs.stage_bytes()
+    run_dir = _run_dir(inv, cfg)
+    _load_facts(out, part, facts_path, run_dir)
+    scans, tensors, imports = scan_units(run_dir, _with_object_store(inv, part_units(inv, part)), cfg)
     tables.write("scan", scans, out)
     tables.write("tensors", tensors, out_tensors)
     tables.write("imports", imports, out_imports)
+    _write_bytes(out, "scan", part, before)
     return scans
 
 
@@ -94,18 +149,24 @@ def _by_unit(rows: List[dict]) -> Dict[str, List[dict]]:
     return out
 
 
-def stage_load(inv: dict, part: str, cfg: dict, scan_path: str, hash_path: str, out: str) -> List[dict]:
-    from . import loadtest, tables
+def stage_load(inv: dict, part: str, cfg: dict, scan_path: str, hash_path: str, out: str,
+               facts_path: Optional[str] = None) -> List[dict]:
+    """The load test of ``part``; a remote object's copy leaves out the tensor data the hash stage's facts name.
+    Its bytes file has ``loadtest_bytes``: what the load children themselves read."""
+    from . import fs, loadtest, tables
 
+    before = fs.stage_bytes()
     scans = {r["unit"]: r for r in tables.read_rows(scan_path)}
     hashes = _by_unit(tables.read_rows(hash_path))
     run_dir = _run_dir(inv, cfg)
+    _load_facts(out, part, facts_path or str(work_file(hash_path, "bytefacts", part, "parquet")), run_dir)
     rows = []
     for u in part_units(inv, part):
         rows.extend(liveness.guard("load", u, lambda: loadtest.load_units(run_dir, [u], scans, hashes, cfg),
                                    lambda f: [{**loadtest.skip_row(u["unit"], "", "the load stage failed on this unit"),
                                                "findings_json": json.dumps([f.to_dict()])}]))
     tables.write("load", rows, out)
+    _write_bytes(out, "load", part, before, loadtest_bytes=loadtest.child_bytes_read())
     return rows
 
 
@@ -137,14 +198,20 @@ def stage_configdiff(inv: dict, part: str, cfg: dict, scan_path: str, out: str) 
     return rows
 
 
-def stage_state(inv: dict, part: str, cfg: dict, scan_path: str, tensors_path: str, out: str) -> List[dict]:
-    from . import state, tables
+def stage_state(inv: dict, part: str, cfg: dict, scan_path: str, tensors_path: str, out: str,
+                facts_path: Optional[str] = None) -> List[dict]:
+    """The state layer of ``part``; tensor value statistics come from the hash stage's facts where it has them."""
+    from . import fs, state, tables
 
+    before = fs.stage_bytes()
     scans = {r["unit"]: r for r in tables.read_rows(scan_path)}
     tens = _by_unit(tables.read_rows(tensors_path))
     run_dir = _run_dir(inv, cfg)
-    return _per_scanned_unit("state", inv, part, scans, out, lambda u: state.analyse_unit(
+    _load_facts(out, part, facts_path, run_dir)
+    rows = _per_scanned_unit("state", inv, part, scans, out, lambda u: state.analyse_unit(
         u, scans[u["unit"]], tens.get(u["unit"], []), run_dir, cfg))
+    _write_bytes(out, "state", part, before)
+    return rows
 
 
 def _per_scanned_unit(stage: str, inv: dict, part: str, scans: Dict[str, dict], out: str,
@@ -165,12 +232,13 @@ _ARGS = {
                   ("--out", True, "inventory.parquet"), ("--out-json", True, "inventory.json"),
                   ("--out-pointers", True, "pointers.parquet")],
     "hash": [("--inventory", True, "inventory.json"), ("--part", True, "part id (p0000…)"),
-             ("--out", True, "hash table")],
+             ("--out", True, "hash table"), ("--out-facts", False, "bytefacts table (else beside the hash table)")],
     "scan": [("--inventory", True, "inventory.json"), ("--part", True, "part id"), ("--config", True, "config.json"),
              ("--out", True, "scan table"), ("--out-tensors", True, "tensors table"),
-             ("--out-imports", True, "imports table")],
+             ("--out-imports", True, "imports table"), ("--facts", False, "bytefacts table of the hash stage")],
     "load": [("--inventory", True, "inventory.json"), ("--part", True, "part id"), ("--config", True, "config.json"),
-             ("--scan", True, "scan table"), ("--hash", True, "hash table"), ("--out", True, "load table")],
+             ("--scan", True, "scan table"), ("--hash", True, "hash table"), ("--out", True, "load table"),
+             ("--facts", False, "bytefacts table of the hash stage")],
     "structure": [("--inventory", True, "inventory.json"), ("--part", True, "part id"),
                   ("--config", True, "config.json"), ("--scan", True, "scan table"),
                   ("--tensors", True, "tensors table"), ("--target", False, "target.json (else built from config)"),
@@ -178,7 +246,8 @@ _ARGS = {
     "configdiff": [("--inventory", True, "inventory.json"), ("--part", True, "part id"),
                    ("--config", True, "config.json"), ("--scan", True, "scan table"), ("--out", True, "configdiff table")],
     "state": [("--inventory", True, "inventory.json"), ("--part", True, "part id"), ("--config", True, "config.json"),
-              ("--scan", True, "scan table"), ("--tensors", True, "tensors table"), ("--out", True, "state table")],
+              ("--scan", True, "scan table"), ("--tensors", True, "tensors table"), ("--out", True, "state table"),
+              ("--facts", False, "bytefacts table of the hash stage")],
 }
 
 
@@ -206,19 +275,19 @@ def main(argv=None) -> int:
         return 0
     inv = _inventory(a.inventory)
     if a.stage == "hash":
-        stage_hash(inv, a.part, a.out)
+        stage_hash(inv, a.part, a.out, a.out_facts)
         return 0
     cfg = _config(a.config)
     if a.stage == "scan":
-        stage_scan(inv, a.part, cfg, a.out, a.out_tensors, a.out_imports)
+        stage_scan(inv, a.part, cfg, a.out, a.out_tensors, a.out_imports, a.facts)
     elif a.stage == "load":
-        stage_load(inv, a.part, cfg, a.scan, a.hash, a.out)
+        stage_load(inv, a.part, cfg, a.scan, a.hash, a.out, a.facts)
     elif a.stage == "structure":
         stage_structure(inv, a.part, cfg, a.scan, a.tensors, a.out, a.target)
     elif a.stage == "configdiff":
         stage_configdiff(inv, a.part, cfg, a.scan, a.out)
     else:
-        stage_state(inv, a.part, cfg, a.scan, a.tensors, a.out)
+        stage_state(inv, a.part, cfg, a.scan, a.tensors, a.out, a.facts)
     return 0
 
 

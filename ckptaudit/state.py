@@ -1,13 +1,11 @@
 """State layer, per unit: components present and sound, counters consistent,
 values finite.
 
-The value scan streams every floating tensor of the weights and optimizer
-moments straight from the file's bytes (their offsets come from the static
-scan), ``chunk_mib`` at a time into one reused buffer, so memory stays bounded
-whatever the checkpoint size; torch is not imported.  NaN/Inf tests follow
-IEEE 754 bit patterns (all exponent bits set); bfloat16 is the upper half of a
-float32 (torch docs, "torch.bfloat16"); float8 e4m3fn has no Inf and NaN =
-``S.1111.111``, e5m2 follows IEEE (PyTorch RFC "float8 types").
+The value statistics of every floating tensor of the weights and optimizer moments
+(non-finite count, norm; :mod:`ckptaudit.onepass.values`) come from the hash stage's one
+pass over the file (:mod:`ckptaudit.onepass.facts`); a tensor it did not cover is streamed
+here from the file's bytes (offsets from the static scan), ``chunk_mib`` at a time into one
+reused buffer, so memory stays bounded whatever the checkpoint size; torch is not imported.
 """
 
 from __future__ import annotations
@@ -22,67 +20,13 @@ from . import components as C
 from . import findings as F
 from . import roles
 from . import fs
-
-FLOAT_DTYPES = {"float32", "float64", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"}
-
-
-def _np_view(buf, dtype: str):
-    import numpy as np
-
-    if dtype == "bfloat16":
-        return np.frombuffer(buf, dtype=np.uint16)
-    if dtype.startswith("float8"):
-        return np.frombuffer(buf, dtype=np.uint8)
-    return np.frombuffer(buf, dtype={"float32": np.float32, "float64": np.float64, "float16": np.float16}[dtype])
-
-
-def _chunk_stats(a, dtype: str) -> Tuple[int, float]:
-    """(non-finite count, sum of squares of the finite values) of one chunk."""
-    import numpy as np
-
-    if dtype == "float8_e4m3fn":
-        return int(np.count_nonzero((a & 0x7F) == 0x7F)), 0.0
-    if dtype == "float8_e5m2":
-        return int(np.count_nonzero((a & 0x7C) == 0x7C)), 0.0
-    if dtype == "bfloat16":
-        bad = int(np.count_nonzero((a & 0x7F80) == 0x7F80))
-        f = (a.astype(np.uint32) << 16).view(np.float32)
-    else:
-        f = a
-        bad = f.size - int(np.count_nonzero(np.isfinite(f)))
-    if bad:
-        f = f[np.isfinite(f)]
-    return bad, _sum_squares(f)
-
-
-_BLOCK = 1 << 16
-
-
-def _sum_squares(f) -> float:
-    """Σx² of finite values: float32 dot products over 64 Ki-element blocks, added
-    in float64 (no float64 copy of the chunk); recomputed in float64 only when a
-    block overflows float32."""
-    import numpy as np
-
-    if f.size == 0:
-        return 0.0
-    if f.dtype == np.float64:
-        return float(np.dot(f, f))
-    total = 0.0
-    with np.errstate(over="ignore", invalid="ignore"):  # an overflowing block is redone in float64 below
-        for i in range(0, f.size, _BLOCK):
-            b = f[i:i + _BLOCK]
-            if b.dtype != np.float32:
-                b = b.astype(np.float32)
-            total += float(np.dot(b, b))
-    if not np.isfinite(total):
-        f64 = f.astype(np.float64)
-        total = float(np.dot(f64, f64))
-    return total
+from .onepass import facts
+from .onepass.values import FLOAT_DTYPES, _BLOCK, _chunk_stats, _np_view, _sum_squares  # noqa: F401 - re-exported
 
 
 def scan_values(run_dir: Path, tensors: List[dict], chunk_bytes: int) -> Dict[str, dict]:
-    """Stream tensors' bytes; return {tensor name: {"nonfinite": n, "norm": l2}}.
+    """Value statistics of tensors: {tensor name: {"nonfinite": n, "norm": l2}}, from the hash stage's pass
+    where it has them, else streamed from the tensors' bytes.
 
     Tensors sharing bytes (tied weights) are read once.  Tensors whose offset
     is unknown (−1) are skipped.  Memory: one ``chunk_bytes`` buffer plus numpy
@@ -96,6 +40,9 @@ def scan_values(run_dir: Path, tensors: List[dict], chunk_bytes: int) -> Dict[st
     buf = bytearray(chunk_bytes)
     for rel, ts in by_file.items():
         seen: Dict[Tuple[int, int, str], dict] = {}
+        ts = _known_values(fs.fspath(run_dir / rel), ts, seen, out)  # what the hash stage's pass answered
+        if not ts:
+            continue
         try:
             fh = fs.open_binary(run_dir / rel, block_size=fs.STREAM_BLOCK_BYTES)
         except OSError:
@@ -126,6 +73,23 @@ def scan_values(run_dir: Path, tensors: List[dict], chunk_bytes: int) -> Dict[st
                 seen[key] = res
                 out[t["name"]] = res
     return out
+
+
+def _known_values(path: str, ts: List[dict], seen: Dict[Tuple[int, int, str], dict],
+                  out: Dict[str, dict]) -> List[dict]:
+    """Fill ``out``/``seen`` from the hash stage's one pass (:mod:`ckptaudit.onepass.facts`); the tensors it
+    did not answer, which are read here."""
+    left = []
+    for t in ts:
+        key = (t["data_offset"], t["nbytes"], t["dtype"])
+        known = seen.get(key)
+        if known is None and (v := facts.values_of(path, *key)) is not None and v[2] == t["nbytes"]:
+            known = seen[key] = {"nonfinite": v[0], "norm": math.sqrt(v[1]), "short": False}
+        if known is None:
+            left.append(t)
+        else:
+            out[t["name"]] = known
+    return left
 
 
 def _file_matches(tensor_file: str, fkey: str) -> bool:

@@ -63,6 +63,12 @@ SCHEMAS: Dict[str, pa.Schema] = {
         ("unit", S), ("file", S), ("size_bytes", I), ("sha256_hex", S), ("hash_seconds", F),
         ("expected_sha256_hex", S), ("expected_source", S), ("verified", B), ("findings_json", S),
     ]),
+    # bytefacts (internal, <out>/work/bytefacts/): what the hash stage's one pass computed for later stages,
+    # one row per zip record CRC32 (kind "crc") or tensor value range (kind "values"); see ckptaudit.onepass.facts
+    "bytefacts": pa.schema([
+        ("unit", S), ("file", S), ("kind", S), ("member", S), ("data_offset", I), ("length_bytes", I),
+        ("crc32", I), ("dtype", S), ("nonfinite", I), ("sum_squares", F), ("seen_bytes", I), ("size_bytes", I),
+    ]),
     # scan (file + security layers from bytes): one row per unit
     "scan": pa.schema([
         ("unit", S), ("layout", S), ("n_files", I), ("n_tensors", I), ("n_imports", I), ("pickle_bytes", I),
@@ -106,6 +112,11 @@ SCHEMAS: Dict[str, pa.Schema] = {
     "units": pa.schema([
         ("unit", S), ("step", I), ("layout", S), ("usable_for", S), ("n_errors", I), ("n_warnings", I),
         ("kinds", LS), ("layers", LS), ("size_bytes", I), ("findings_json", S),
+    ]),
+    # drill (ckptaudit drill, rules/drill.smk): one row per device and check of a restore drill (ckptaudit.drill.CHECKS)
+    "drill": pa.schema([
+        ("unit", S), ("step", I), ("device", S), ("check", S), ("status", S), ("expected", S), ("actual", S),
+        ("message", S), ("check_seconds", F), ("wall_seconds", F), ("peak_rss_bytes", I),
     ]),
 }
 

@@ -1,4 +1,5 @@
-# Hash: streamed SHA-256 of every file, checked against sidecars/manifests.
+# Hash: one pass over every file (SHA-256 checked against sidecars/manifests, and the CRC32
+# and value statistics the scan and state stages read from the bytefacts table).
 
 
 rule hash:
@@ -7,7 +8,8 @@ rule hash:
     input:
         inventory_done=get_inventory_done,
     output:
-        f"{PARTS}/hash/{{part}}.parquet",
+        hash=f"{PARTS}/hash/{{part}}.parquet",
+        facts=f"{WORK}/bytefacts/{{part}}.parquet",
     params:
         python=PYTHON,
         inventory=f"{WORK}/inventory.json",
@@ -25,4 +27,4 @@ rule hash:
         PART_GROUP
     shell:
         "{params.python} -m ckptaudit.stages hash --inventory {params.inventory} --part {wildcards.part} "
-        "--out {output} > {log} 2>&1"
+        "--out {output.hash} --out-facts {output.facts} > {log} 2>&1"

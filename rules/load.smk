@@ -9,6 +9,7 @@ rule load:
     input:
         scan=f"{PARTS}/scan/{{part}}.parquet",
         hash=f"{PARTS}/hash/{{part}}.parquet",
+        facts=f"{WORK}/bytefacts/{{part}}.parquet",
         config=f"{WORK}/config.json",
         inventory_done=get_inventory_done,
     output:
@@ -30,4 +31,4 @@ rule load:
         PART_GROUP
     shell:
         "{params.python} -m ckptaudit.stages load --inventory {params.inventory} --part {wildcards.part} "
-        "--config {input.config} --scan {input.scan} --hash {input.hash} --out {output} > {log} 2>&1"
+        "--config {input.config} --scan {input.scan} --hash {input.hash} --facts {input.facts} --out {output} > {log} 2>&1"

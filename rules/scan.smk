@@ -7,6 +7,7 @@ rule scan:
         "envs/ckptaudit.yaml"
     input:
         hash=f"{PARTS}/hash/{{part}}.parquet",
+        facts=f"{WORK}/bytefacts/{{part}}.parquet",
         config=f"{WORK}/config.json",
         inventory_done=get_inventory_done,
     output:
@@ -31,4 +32,4 @@ rule scan:
     shell:
         "{params.python} -m ckptaudit.stages scan --inventory {params.inventory} --part {wildcards.part} "
         "--config {input.config} --out {output.scan} --out-tensors {output.tensors} "
-        "--out-imports {output.imports} > {log} 2>&1"
+        "--out-imports {output.imports} --facts {input.facts} > {log} 2>&1"

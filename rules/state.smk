@@ -8,6 +8,7 @@ rule state:
         scan=f"{PARTS}/scan/{{part}}.parquet",
         tensors=f"{PARTS}/tensors/{{part}}.parquet",
         configdiff=f"{PARTS}/configdiff/{{part}}.parquet",
+        facts=f"{WORK}/bytefacts/{{part}}.parquet",
         config=f"{WORK}/config.json",
         inventory_done=get_inventory_done,
     output:
@@ -29,4 +30,4 @@ rule state:
         PART_GROUP
     shell:
         "{params.python} -m ckptaudit.stages state --inventory {params.inventory} --part {wildcards.part} "
-        "--config {input.config} --scan {input.scan} --tensors {input.tensors} --out {output} > {log} 2>&1"
+        "--config {input.config} --scan {input.scan} --tensors {input.tensors} --facts {input.facts} --out {output} > {log} 2>&1"

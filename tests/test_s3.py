@@ -250,3 +250,19 @@ def test_zip_walk_on_s3_batches_its_header_reads(moto_s3, tmp_path, monkeypatch,
         assert fs.gets_issued() >= 306
     else:  # a header GET per member whose header the 64 KiB window of the previous one missed
         assert fs.round_trips() >= 50, fs.round_trips()
+
+
+
+def test_hash_pass_reads_each_object_byte_once_and_state_reads_none(audits, s3_run):
+    """Per-stage bytes from the code's counters (<out>/work/bytes/<stage>/<part>.json): the hash stage's one
+    ranged pass fetches every object byte of the units once (small objects are planned from the bytes it fetched, so no
+    header reads of its own beyond the sidecars); the state stage reads nothing (its value statistics come from
+    that pass)."""
+    def stage(name):
+        docs = [json.loads(p.read_text()) for p in (Path(audits["out_s3"]) / "work" / "bytes" / name).glob("*.json")]
+        assert docs, name
+        return sum(d["total"] for d in docs)
+
+    total = s3_run["object_bytes"]
+    assert 0.99 * total <= stage("hash") <= total + 4096, (stage("hash"), total)  # pointer files are not hashed
+    assert stage("state") == 0

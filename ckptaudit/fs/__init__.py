@@ -35,19 +35,20 @@ here are the same objects, mutated in place and never rebound.
 
 from __future__ import annotations
 
-from .counters import (_bytes, _Counted, _gets, _lock, _rounds, bytes_read, count,  # noqa: F401
-                       gets_issued, reset_bytes_read, round_trips)
+from .counters import (_bytes, _Counted, _gets, _local, _lock, _rounds, bytes_read, count,  # noqa: F401
+                       count_local, gets_issued, local_bytes_read, reset_bytes_read, round_trips, stage_bytes)
 from .ops import (_Entry, download, etag, exists, fspath, join, listdir, listing_fingerprint,  # noqa: F401
                   multipart_uploads, path, relpath, scandir, size, walk)
-from .reads import (_LONE_SURROGATE, SMALL_FILE_BYTES, TooLarge, clean_text, loads_json,  # noqa: F401
-                    open_binary, read_bounded, read_ranges, without_lone_surrogates)
+from .reads import (_LONE_SURROGATE, SMALL_FILE_BYTES, CountedFile, TooLarge, clean_text,  # noqa: F401
+                    loads_json, open_binary, pread, preadv, read_bounded, read_ranges, without_lone_surrogates)
 from .remote import (_ENV, _as_rpath, _fs_cache, _lookup, _mtime_ns, _snapshots, _split,  # noqa: F401
                      RANGE_BLOCK_BYTES, STREAM_BLOCK_BYTES, RPath, Snapshot, configure, filesystem,
                      is_remote, open_object, refresh, snapshot_for)
 
 __all__ = [
     "RANGE_BLOCK_BYTES", "RPath", "SMALL_FILE_BYTES", "STREAM_BLOCK_BYTES", "Snapshot", "TooLarge",
-    "bytes_read", "clean_text", "configure", "count", "download", "etag", "exists", "filesystem", "fspath",
+    "CountedFile", "bytes_read", "clean_text", "configure", "count", "count_local", "local_bytes_read", "pread",
+    "preadv", "stage_bytes", "download", "etag", "exists", "filesystem", "fspath",
     "gets_issued", "is_remote", "join", "listdir", "listing_fingerprint", "loads_json", "multipart_uploads",
     "open_binary", "open_object", "path", "read_bounded", "read_ranges", "refresh", "relpath",
     "reset_bytes_read", "round_trips", "scandir", "size", "snapshot_for", "walk", "without_lone_surrogates",

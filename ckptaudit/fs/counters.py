@@ -5,6 +5,10 @@ counted fetcher of :func:`ckptaudit.fs.remote.open_object` and :func:`ckptaudit.
 :func:`bytes_read`, :func:`gets_issued` and :func:`round_trips` read them, :func:`reset_bytes_read`
 zeroes them.  Each is split by purpose: "ranged" (small reads of headers, directories, pickles) or
 "streamed" (whole-object passes).  Listings and HEADs are not counted.
+
+Local reads of audited files are counted apart (:func:`count_local`, :func:`local_bytes_read`): every
+byte the OS hands to a file opened with :func:`ckptaudit.fs.reads.open_binary` or read with
+:func:`ckptaudit.fs.reads.pread`, so a stage can say what it read (:func:`stage_bytes`).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ _lock = threading.Lock()
 _bytes: Dict[str, int] = {"ranged": 0, "streamed": 0}
 _gets: Dict[str, int] = {"ranged": 0, "streamed": 0}
 _rounds: Dict[str, int] = {"ranged": 0, "streamed": 0}
+_local: Dict[str, int] = {"bytes": 0}
 
 
 def count(purpose: str, nbytes: int, gets: int = 1) -> None:
@@ -54,6 +59,22 @@ def round_trips(purpose: str = "") -> int:
     """Sequential request rounds behind :func:`gets_issued`: one per single GET, one per
     :func:`read_ranges` batch (whose GETs run concurrently).  What latency multiplies."""
     return _rounds[purpose] if purpose else sum(_rounds.values())
+
+
+def count_local(nbytes: int) -> None:
+    """Add ``nbytes`` read from a local audited file."""
+    with _lock:
+        _local["bytes"] += nbytes
+
+
+def local_bytes_read() -> int:
+    """Bytes this process read from local audited files so far (see :func:`count_local`)."""
+    return _local["bytes"]
+
+
+def stage_bytes() -> Dict[str, int]:
+    """A snapshot of every byte counter: ``local``, ``remote_ranged``, ``remote_streamed`` (bytes)."""
+    return {"local": _local["bytes"], "remote_ranged": _bytes["ranged"], "remote_streamed": _bytes["streamed"]}
 
 
 def reset_bytes_read() -> None:

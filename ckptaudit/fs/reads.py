@@ -10,11 +10,12 @@
 
 from __future__ import annotations
 
+import io
 import os
 import re
 from typing import List, Optional, Tuple
 
-from .counters import count
+from .counters import count, count_local
 from .remote import RANGE_BLOCK_BYTES, _as_rpath, _split, filesystem, is_remote, open_object
 
 SMALL_FILE_BYTES = 16 << 20  # cap for sidecars, manifests, pointers, indexes, trainer_state.json
@@ -132,16 +133,53 @@ def open_binary(p, block_size: int = RANGE_BLOCK_BYTES, exact: bool = False, cac
     read known ranges (zip records, tensor values) at scattered offsets.  ``cache_type``
     overrides fsspec's cache (e.g. "blockcache": an LRU of 32 blocks of ``block_size``).  Raises ``OSError`` (FileNotFoundError) when absent."""
     if not is_remote(p):
-        return open(p, "rb")
+        return io.BufferedReader(CountedFile(p), buffer_size=io.DEFAULT_BUFFER_SIZE)
     return open_object(_as_rpath(p), block_size=block_size, exact=exact, cache_type=cache_type)
 
 
-def read_ranges(p, ranges: List[Tuple[int, int]]) -> List[Optional[bytes]]:
+class CountedFile(io.FileIO):
+    """A local file opened for reading whose every byte read is counted (:func:`ckptaudit.fs.counters.count_local`)."""
+
+    def __init__(self, p) -> None:
+        super().__init__(os.fspath(p), "rb")
+
+    def readinto(self, b) -> int:
+        n = super().readinto(b)
+        count_local(n or 0)
+        return n
+
+    def readall(self) -> bytes:
+        data = super().readall()
+        count_local(len(data))
+        return data
+
+    def read(self, size: int = -1) -> bytes:
+        data = super().read(size)
+        count_local(len(data or b""))
+        return data
+
+
+def pread(fd: int, n: int, off: int) -> bytes:
+    """``os.pread`` of a local audited file, counted."""
+    data = os.pread(fd, n, off)
+    count_local(len(data))
+    return data
+
+
+def preadv(fd: int, views, off: int) -> int:
+    """``os.preadv`` of a local audited file, counted."""
+    n = os.preadv(fd, views, off)
+    count_local(n)
+    return n
+
+
+def read_ranges(p, ranges: List[Tuple[int, int]], purpose: str = "ranged") -> List[Optional[bytes]]:
     """Bytes of each ``(offset, length)`` of remote object ``p``, fetched concurrently
     (fsspec ``cat_ranges``: s3fs issues the ranged GETs together, in batches of fsspec's
     ``gather_batch_size``), so N scattered small reads cost about one round trip rather
     than N.  A range that failed is None (the caller reads it again on its own).  Counted
-    in :func:`bytes_read` / :func:`gets_issued` as "ranged".  Local paths raise
+    in :func:`bytes_read` / :func:`gets_issued` as ``purpose`` ("ranged"; the one-pass reader's
+whole-object ranges are "streamed").  Local paths raise
     ``ValueError``: read them with ``os.pread``."""
     if not is_remote(p):
         raise ValueError(f"{p}: read_ranges is for remote objects")
@@ -161,5 +199,5 @@ def read_ranges(p, ranges: List[Tuple[int, int]]) -> List[Optional[bytes]]:
         ok = isinstance(b, (bytes, bytearray))
         out.append(bytes(b) if ok else None)
         got += len(b) if ok else 0
-    count("ranged", got, len(ranges))
+    count(purpose, got, len(ranges))
     return out

@@ -8,6 +8,7 @@ from __future__ import annotations
 import zlib
 from typing import Optional, Tuple
 
+from ...onepass import facts
 from .reader import Member, _File
 
 
@@ -16,8 +17,9 @@ def _member_crc(fh: _File, m: Member, chunk: int, buf: bytearray) -> Optional[Tu
     None when it cannot be verified (CRC not recorded, or a method other than stored/deflated)."""
     if m.crc32 == 0 and m.size_bytes > 0:
         return None  # CRC not recorded (torch compute_crc32=False writes 0): cannot verify
-    if m.method == 0:
-        return fh.crc(m.data_offset, m.compressed_size_bytes, chunk, buf)
+    if m.method == 0:  # the hash stage's one pass computed it already, when it could plan this archive
+        known = facts.crc_of(fh.path, m.data_offset, m.compressed_size_bytes)
+        return known if known is not None else fh.crc(m.data_offset, m.compressed_size_bytes, chunk, buf)
     if m.method == 8:
         return _crc_deflated(fh, m, chunk)
     return None

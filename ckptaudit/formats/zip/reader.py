@@ -69,7 +69,7 @@ class _File:
             self.fd = None
             self.size = fs.size(path)
         else:
-            self.f = open(path, "rb", buffering=0)
+            self.f = fs.CountedFile(path)  # every byte read is counted (fs.local_bytes_read)
             self.fd = self.f.fileno()
             self.size = os.fstat(self.fd).st_size
 
@@ -118,9 +118,9 @@ class _File:
                 w0, win = off, self.f.read(max(n, self.window_bytes))
                 self._win = (w0, win)
             return win[off - w0: off - w0 + n]
-        out = os.pread(self.fd, n, off)
+        out = fs.pread(self.fd, n, off)
         while len(out) < n:  # pread may return short on some filesystems
-            more = os.pread(self.fd, n - len(out), off + len(out))
+            more = fs.pread(self.fd, n - len(out), off + len(out))
             if not more:
                 break
             out += more

@@ -1,0 +1,94 @@
+"""One file's pass: plan it, feed every byte once to its consumers, return the facts (digests, CRCs, value stats).
+
+With the whole-file SHA-256 wanted the file is one stream (SHA-256 is serial; the other consumers
+of each buffer run beside it on a second thread).  Without it (a manifest with chunk digests
+implies the whole-file digest) a big file is split into segments on chunk boundaries, each
+streamed by its own thread with its own consumers, merged at the end.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+from .. import fs
+from .consumers import ChunkSha256, RangeCrc32, RangeValues, Sha256, split_points
+from .plan import Plan, plan_file
+from . import stream
+from .stream import BUFFER_BYTES, run
+
+
+@dataclass
+class FileFacts:
+    """What one pass computed.  ``crc``: {(member, data offset, length): (crc32, bytes seen)};
+    ``values``: {(data offset, nbytes, dtype): (non-finite count, Σx² of the finite values, bytes seen)};
+    ``sha256_hex`` "" when not computed; ``chunk_sha256_hex`` None when not asked for;
+    ``bytes_read``: bytes the pass itself read (the plan's small reads are counted by ``fs``);
+    ``tensor_data``: the plan's ``(offset, length)`` of bytes that only hold tensor data."""
+
+    size_bytes: int
+    sha256_hex: str = ""
+    chunk_sha256_hex: Optional[List[str]] = None
+    crc: Dict[Tuple[str, int, int], Tuple[int, int]] = field(default_factory=dict)
+    values: Dict[Tuple[int, int, str], Tuple[int, float, int]] = field(default_factory=dict)
+    bytes_read: int = 0
+    seconds: float = 0.0
+    tensor_data: List[Tuple[int, int]] = field(default_factory=list)
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def pass_file(path, *, whole_sha: bool = True, chunk_bytes: Optional[int] = None,
+              threads: Optional[int] = None, plan: Optional[Plan] = None, progress=None) -> FileFacts:
+    """Read ``path`` once and compute every fact of it; ``progress`` (a consumer, e.g.
+    :class:`~.consumers.Progress`) is fed too.  Raises ``OSError`` when it cannot be read."""
+    size = fs.size(path) if fs.is_remote(path) else os.stat(fs.fspath(path)).st_size
+    data = None
+    if plan is None and fs.is_remote(path) and size <= stream.SMALL_REMOTE_BYTES:
+        data = stream.fetch(path, size)  # one round of GETs; the plan is made from these bytes
+    plan = plan_file(path, data) if plan is None else plan
+    threads = max(1, threads or _cores())
+    crc_ranges = [((m, o, n), o, n) for m, o, n in plan.crc]
+    value_ranges = [(k, k[0], k[1], k[2]) for k in plan.values]
+    out = FileFacts(size_bytes=size, tensor_data=list(plan.tensor_data))
+    segments = [(0, size)]
+    if data is None and not whole_sha and threads > 1 and size > 2 * BUFFER_BYTES:
+        segments = split_points(size, threads, chunk_bytes or BUFFER_BYTES)
+    parts = []
+    with ThreadPoolExecutor(max_workers=max(2, len(segments))) as pool:
+        def one(seg):
+            cons = [RangeCrc32(crc_ranges) if crc_ranges else None, RangeValues(value_ranges) if value_ranges else None,
+                    ChunkSha256(chunk_bytes, seg[0]) if chunk_bytes else None, Sha256() if whole_sha else None]
+            live = [c for c in cons if c is not None] + ([progress] if progress is not None else [])
+            if data is not None:
+                n = stream.feed_bytes(data, live, pool)
+            elif len(segments) == 1:
+                n = run(path, live, seg[0], seg[1], pool=pool)
+            else:  # one thread per segment: its consumers take turns
+                n = run(path, live, seg[0], seg[1])
+            return cons, n
+
+        parts = list(pool.map(one, segments)) if len(segments) > 1 else [one(segments[0])]
+    (crc, vals, chunks, sha), _ = parts[0]
+    out.bytes_read = sum(n for _, n in parts)
+    for (c2, v2, _, _), _ in parts[1:]:
+        if crc is not None:
+            crc.merge(c2)
+        if vals is not None:
+            vals.merge(v2)
+    if sha is not None:
+        out.sha256_hex = sha.hexdigest()
+    if chunks is not None:  # segments end on chunk boundaries: only the last one has a short chunk
+        out.chunk_sha256_hex = [d for (_, _, ch, _), _ in parts for d in ch.finish()]
+    if crc is not None:
+        out.crc = crc.results()
+    if vals is not None:
+        out.values = vals.results()
+    return out

@@ -1,0 +1,109 @@
+"""The reader of one pass: every byte of a file (or of one segment of it) read once, in order, into a bounded buffer.
+
+Locally: ``os.preadv`` into two alternating buffers of :data:`BUFFER_BYTES` (the next read runs
+while the consumers work on the last one), ``posix_fadvise(SEQUENTIAL)`` on the descriptor.  An
+``s3://`` object: ranged GETs of :data:`BUFFER_BYTES`, :data:`REMOTE_PARALLEL` at once
+(:func:`ckptaudit.fs.read_ranges`, counted as "streamed").  Each buffer goes to every consumer; the
+consumers of one buffer run concurrently on threads (``hashlib``, ``zlib.crc32`` and numpy release
+the GIL on large buffers), and the pass waits for them before the buffer is reused, so memory is
+two buffers (local) or ``REMOTE_PARALLEL`` (remote) whatever the file size.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import List, Optional, Sequence
+
+from .. import fs
+
+#: Bytes of one read (and of each of the two buffers of a local pass).
+BUFFER_BYTES = 8 << 20
+#: Ranged GETs of BUFFER_BYTES in flight at once while a remote object is streamed.
+REMOTE_PARALLEL = 4
+#: A remote object up to this size (bytes) is fetched whole first (one ranged GET), so its plan is made
+#: from those bytes and costs no reads of its own.
+SMALL_REMOTE_BYTES = BUFFER_BYTES
+
+
+def _feed_all(pool: Optional[ThreadPoolExecutor], consumers: Sequence, off: int, view) -> List:
+    if pool is None or len(consumers) < 2:
+        for c in consumers:
+            c.feed(off, view)
+        return []
+    return [pool.submit(c.feed, off, view) for c in consumers]
+
+
+def _wait(futures: List) -> None:
+    for f in futures:
+        f.result()
+
+
+def run(path, consumers: Sequence, start: int = 0, end: Optional[int] = None, *,
+        pool: Optional[ThreadPoolExecutor] = None, buffer_bytes: int = BUFFER_BYTES) -> int:
+    """Feed bytes ``[start, end)`` of ``path`` (``end`` None: to the end of the file) to every consumer, in
+    order; return the bytes read.  ``pool`` runs the consumers of one buffer concurrently (None: in turn).
+    Raises ``OSError`` when the file cannot be read."""
+    if fs.is_remote(path):
+        return _run_remote(path, consumers, start, end, pool, buffer_bytes)
+    fd = os.open(fs.fspath(path), os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        end = size if end is None else min(end, size)
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_SEQUENTIAL)
+        bufs = [bytearray(min(buffer_bytes, max(end - start, 1))) for _ in range(2)]
+        off, k, pending, done = start, 0, [], 0
+        while off < end:
+            view = memoryview(bufs[k])[:min(len(bufs[k]), end - off)]
+            n = fs.preadv(fd, [view], off)  # the other buffer is still with the consumers
+            _wait(pending)
+            if n <= 0:
+                pending = []
+                break
+            pending = _feed_all(pool, consumers, off, view[:n])
+            off, done, k = off + n, done + n, 1 - k
+        _wait(pending)
+        return done
+    finally:
+        os.close(fd)
+
+
+def fetch(path, size: int, buffer_bytes: int = BUFFER_BYTES) -> bytes:
+    """All ``size`` bytes of remote object ``path`` (ranged GETs of ``buffer_bytes``, all at once, counted as
+    "streamed"); for objects up to :data:`SMALL_REMOTE_BYTES`.  Raises ``OSError`` when a range fails."""
+    ranges = [(o, min(buffer_bytes, size - o)) for o in range(0, size, buffer_bytes)]
+    blobs = fs.read_ranges(path, ranges, purpose="streamed") if ranges else []
+    if any(b is None for b in blobs):
+        raise OSError(f"{fs.fspath(path)}: a ranged read failed")
+    return blobs[0] if len(blobs) == 1 else b"".join(blobs)
+
+
+def feed_bytes(data: bytes, consumers: Sequence, pool: Optional[ThreadPoolExecutor] = None,
+               buffer_bytes: int = BUFFER_BYTES) -> int:
+    """Feed bytes already in memory (the whole file) to every consumer, ``buffer_bytes`` at a time."""
+    view = memoryview(data)
+    for off in range(0, len(data), buffer_bytes):
+        _wait(_feed_all(pool, consumers, off, view[off:off + buffer_bytes]))
+    return len(data)
+
+
+def _run_remote(path, consumers: Sequence, start: int, end: Optional[int], pool, buffer_bytes: int) -> int:
+    size = fs.size(path)
+    end = size if end is None else min(end, size)
+    done, off = 0, start
+    while off < end:
+        batch = [(o, min(buffer_bytes, end - o)) for o in range(off, min(end, off + REMOTE_PARALLEL * buffer_bytes),
+                                                                buffer_bytes)]
+        blobs = fs.read_ranges(path, batch, purpose="streamed")
+        for (o, n), b in zip(batch, blobs):
+            if b is None:  # a failed GET: once more on its own
+                b = fs.read_ranges(path, [(o, n)], purpose="streamed")[0]
+            if b is None:
+                raise OSError(f"{fs.fspath(path)}: ranged read of {n} bytes at {o} failed")
+            _wait(_feed_all(pool, consumers, o, memoryview(b)))
+            done += len(b)
+            if len(b) < n:
+                return done
+        off = batch[-1][0] + batch[-1][1]
+    return done

@@ -1,0 +1,187 @@
+"""One pass per file (ckptaudit.onepass): each consumer against its reference, segments merged, the plan of a
+real torch.save zip and of a safetensors file, the facts the scan and state stages read instead of bytes."""
+
+import hashlib
+import json
+import os
+import struct
+import zlib
+
+import numpy as np
+import pytest
+
+from ckptaudit import fs
+from ckptaudit.onepass import facts
+from ckptaudit.onepass.consumers import (ChunkSha256, RangeCrc32, RangeValues, Sha256, crc32_combine,
+                                         split_points)
+from ckptaudit.onepass.filepass import pass_file
+from ckptaudit.onepass.plan import plan_file
+from ckptaudit.onepass.stream import run
+from ckptaudit.onepass.values import buffer_stats
+
+
+def _feed(consumers, data: bytes, step: int, start: int = 0, end=None):
+    end = len(data) if end is None else end
+    for o in range(start, end, step):
+        v = memoryview(data)[o:min(o + step, end)]
+        for c in consumers:
+            c.feed(o, v)
+
+
+@pytest.mark.parametrize("n1,n2", [(0, 0), (1, 0), (0, 7), (5, 100), (4096, 99999)])
+def test_crc32_combine_equals_zlib(n1, n2):
+    a, b = os.urandom(n1), os.urandom(n2)
+    assert crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
+
+
+@pytest.mark.parametrize("step", [1, 3, 64, 1000, 1 << 20])
+def test_sha_chunks_and_crc_for_any_buffer_size(step):
+    data = os.urandom(10_007)
+    sha, chunks = Sha256(), ChunkSha256(1000)
+    crc = RangeCrc32([("a", 0, 10_007), ("b", 13, 500), ("c", 9_000, 2_000), ("empty", 50, 0)])
+    _feed([sha, chunks, crc], data, step)
+    assert sha.hexdigest() == hashlib.sha256(data).hexdigest()
+    assert chunks.finish() == [hashlib.sha256(data[i:i + 1000]).hexdigest() for i in range(0, len(data), 1000)]
+    r = crc.results()
+    assert r["a"] == (zlib.crc32(data), 10_007)
+    assert r["b"] == (zlib.crc32(data[13:513]), 500)
+    assert r["c"] == (zlib.crc32(data[9_000:]), 1_007)  # past the end of the file: only what is there
+    assert r["empty"] == (0, 0)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
+@pytest.mark.parametrize("step", [1, 5, 4096])
+def test_values_match_one_buffer(dtype, step):
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(999).astype(np.float32)
+    a[3], a[500] = np.nan, np.inf
+    raw = (a.view(np.uint32) >> 16).astype(np.uint16).tobytes() if dtype == "bfloat16" else a.astype(dtype).tobytes()
+    data = b"\x01" * 13 + raw + b"\x02" * 5  # starts at an odd offset: elements split across buffers
+    v = RangeValues([("w", 13, len(raw), dtype)])
+    _feed([v], data, step)
+    bad, sq, seen = v.results()["w"]
+    ref_bad, ref_sq = buffer_stats(raw, dtype)
+    assert bad == ref_bad == 2 and seen == len(raw)
+    assert sq == pytest.approx(ref_sq, rel=1e-5)
+
+
+def test_segments_merge_to_the_whole():
+    a = np.arange(20_001, dtype=np.float32)
+    a[10_000] = np.nan
+    data = b"\x00" * 3 + a.tobytes()
+    ranges = [("m", 3, len(data) - 3)]
+    vr = [("w", 3, len(data) - 3, "float32")]
+    parts = []
+    for s, e in split_points(len(data), 3, 1):  # boundaries fall inside elements
+        c, v = RangeCrc32(ranges), RangeValues(vr)
+        _feed([c, v], data, 4099, s, e)
+        parts.append((c, v))
+    c, v = parts[0]
+    for c2, v2 in parts[1:]:
+        c.merge(c2)
+        v.merge(v2)
+    assert c.results()["m"] == (zlib.crc32(data[3:]), len(data) - 3)
+    bad, sq, seen = v.results()["w"]
+    fin = np.delete(a, 10_000).astype(np.float64)
+    assert (bad, seen) == (1, len(data) - 3) and sq == pytest.approx(float(fin @ fin), rel=1e-6)
+
+
+def test_stream_reads_every_byte_once_and_counts_it(tmp_path):
+    p = tmp_path / "f.bin"
+    data = os.urandom(3 * 1000 + 17)
+    p.write_bytes(data)
+    sha = Sha256()
+    before = fs.local_bytes_read()
+    assert run(p, [sha], buffer_bytes=1000) == len(data)
+    assert sha.hexdigest() == hashlib.sha256(data).hexdigest()
+    assert fs.local_bytes_read() - before == len(data)
+
+
+def _torch_zip(tmp_path):
+    torch = pytest.importorskip("torch")
+    sd = {"w": torch.arange(300, dtype=torch.float32), "b": torch.ones(7, dtype=torch.bfloat16),
+          "i": torch.arange(5), "view": None}
+    sd["w"][4] = float("nan")
+    sd["view"] = sd["w"][10:20]  # a view into w's storage: its own value range
+    p = tmp_path / "ckpt.pt"
+    torch.save(sd, p)
+    return p, sd
+
+
+def test_plan_and_pass_of_a_torch_zip(tmp_path):
+    import zipfile
+
+    p, sd = _torch_zip(tmp_path)
+    plan = plan_file(p)
+    with zipfile.ZipFile(p) as z:
+        infos = {i.filename: i for i in z.infolist()}
+    assert {m for m, _, _ in plan.crc} == set(infos)
+    raw = p.read_bytes()
+    for m, off, n in plan.crc:
+        assert zlib.crc32(raw[off:off + n]) == infos[m].CRC
+    dtypes = sorted(d for _, _, d in plan.values)
+    assert dtypes == ["bfloat16", "float32", "float32"]  # w, its view, b; the int64 tensor has no values
+    ff = pass_file(p)
+    assert ff.sha256_hex == hashlib.sha256(raw).hexdigest() and ff.bytes_read == len(raw)
+    assert all(ff.crc[k][0] == infos[k[0]].CRC for k in ff.crc)
+    w = next(v for (o, n, d), v in ff.values.items() if n == 300 * 4)
+    fin = np.delete(np.arange(300, dtype=np.float64), 4)
+    assert w[0] == 1 and w[1] == pytest.approx(float(fin @ fin))
+    view = next(v for (o, n, d), v in ff.values.items() if n == 40)
+    assert view[0] == 0 and view[1] == pytest.approx(float(np.arange(10, 20.0) @ np.arange(10, 20.0)))
+
+
+def test_chunked_pass_in_segments(tmp_path):
+    p = tmp_path / "big.bin"
+    data = os.urandom((1 << 20) * 3 + 5)
+    p.write_bytes(data)
+    from ckptaudit.onepass import filepass, stream
+
+    old = stream.BUFFER_BYTES
+    try:
+        filepass.BUFFER_BYTES = stream.BUFFER_BYTES = 1 << 18  # small buffers so the file splits
+        ff = pass_file(p, whole_sha=False, chunk_bytes=1 << 18, threads=3)
+    finally:
+        filepass.BUFFER_BYTES = stream.BUFFER_BYTES = old
+    assert ff.sha256_hex == ""
+    assert ff.chunk_sha256_hex == [hashlib.sha256(data[i:i + (1 << 18)]).hexdigest()
+                                   for i in range(0, len(data), 1 << 18)]
+    assert ff.bytes_read == len(data)
+
+
+def test_plan_of_safetensors(tmp_path):
+    a = np.array([1.0, np.inf, 3.0], dtype=np.float32)
+    header = {"x": {"dtype": "F32", "shape": [3], "data_offsets": [0, 12]},
+              "n": {"dtype": "I64", "shape": [1], "data_offsets": [12, 20]}}
+    h = json.dumps(header).encode()
+    p = tmp_path / "m.safetensors"
+    p.write_bytes(struct.pack("<Q", len(h)) + h + a.tobytes() + np.int64(5).tobytes())
+    plan = plan_file(p)
+    assert plan.values == [(8 + len(h), 12, "float32")] and plan.crc == []
+    ff = pass_file(p)
+    assert ff.values[(8 + len(h), 12, "float32")] == (1, 10.0, 12)
+
+
+def test_plan_of_other_bytes_is_empty(tmp_path):
+    p = tmp_path / "x.bin"
+    p.write_bytes(b"PK\x03\x04" + b"\x00" * 100)  # a zip head with no central directory
+    assert plan_file(p).crc == [] and plan_file(p).values == []
+    q = tmp_path / "t.txt"
+    q.write_text("hello")
+    assert plan_file(q).crc == []
+
+
+def test_facts_answer_only_their_exact_ranges_and_file_size(tmp_path):
+    p, _ = _torch_zip(tmp_path)
+    ff = pass_file(p)
+    rows = facts.rows_of("u", "ckpt.pt", ff)
+    assert facts.load(rows, tmp_path) == len(rows)
+    (m, off, n), (crc, seen) = next(iter(ff.crc.items()))
+    assert facts.crc_of(fs.fspath(p), off, n) == (crc, seen)
+    assert facts.crc_of(fs.fspath(p), off + 1, n) is None
+    (o, nb, dt), v = next(iter(ff.values.items()))
+    assert facts.values_of(fs.fspath(p), o, nb, dt) == v
+    with open(p, "ab") as f:  # the file changed since the pass: its facts are not used
+        f.write(b"\x00")
+    assert facts.load(rows, tmp_path) == 0 and facts.crc_of(fs.fspath(p), off, n) is None
+    facts.clear()
