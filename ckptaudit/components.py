@@ -125,7 +125,7 @@ class Components:
         return int(v) if v is not None else None
 
 
-_MEMO: "OrderedDict[Tuple[str, str, str], Components]" = OrderedDict()
+_MEMO: "OrderedDict[Tuple[str, str, str, bool], Components]" = OrderedDict()
 
 
 def of_scan_row(scan_row: dict) -> Tuple[Components, Dict[str, Any], Dict[str, Any]]:
@@ -136,7 +136,8 @@ def of_scan_row(scan_row: dict) -> Tuple[Components, Dict[str, Any], Dict[str, A
     they are collected from the row's ``tree_json``/``facts_json`` once and shared (callers only
     read them).  The last 16 rows are kept.
     """
-    key = (scan_row.get("layout") or "", scan_row.get("tree_json") or "{}", scan_row.get("facts_json") or "{}")
+    key = (scan_row.get("layout") or "", scan_row.get("tree_json") or "{}", scan_row.get("facts_json") or "{}",
+           producers.enabled())  # switching the contracts off (CKPTAUDIT_PRODUCER_CONTRACTS=0) changes the result
     tree, facts = json.loads(key[1]), json.loads(key[2])
     c = _MEMO.get(key)
     if c is None:

@@ -181,7 +181,8 @@ def missing_components(units: List[dict], state_rows: Dict[str, dict],
     A component the run never had is not missing: a run without an LR scheduler (a constant LR, or
     one computed from the step as nanoGPT does) or that never saves RNG state gets no warning on
     every unit.  The evidence that the run had it, any of: other units of the run hold it; the
-    producer always saves it (a Trainer folder without ``rng_state.pth``); for the scheduler, the
+    producer always saves it (its contract, or by layout a Trainer folder without ``rng_state.pth``
+    or ``scheduler.pt``); for the scheduler, the
     unit's own optimizer param groups carry ``initial_lr``, which a torch LR scheduler sets.  A
     producer that never saves a component is never judged on it.
     """
@@ -207,6 +208,8 @@ def missing_components(units: List[dict], state_rows: Dict[str, dict],
                 evidence.append("its optimizer's param groups carry initial_lr, which a torch LR scheduler sets")
             if comp in c.always_saves and c.producer:
                 evidence.append(f"{c.producer} saves it in every checkpoint")
+            elif u.get("layout") == "hf-trainer" and any(f.endswith("trainer_state.json") for f in u.get("files", [])):
+                evidence.append("a Trainer checkpoint folder (trainer_state.json) always holds it")
             if have[comp]:
                 shown = ", ".join(sorted(have[comp])[:3]) + (f" and {len(have[comp]) - 3} more"
                                                              if len(have[comp]) > 3 else "")

@@ -8,6 +8,9 @@ does; the fast-forward repair is run as printed against a rebuilt scheduler.
 
 from __future__ import annotations
 
+import json
+
+import pytest
 import torch
 
 from ckptaudit import publish as P
@@ -117,3 +120,27 @@ def test_scheduler_never_in_run_and_no_initial_lr(tmp_path):
         P.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step,
                 "rng": torch.get_rng_state()}, tmp_path, step)
     assert _findings(audit_in_process(tmp_path)) == {"ckpt_000001.pt": [], "ckpt_000002.pt": []}
+
+
+@pytest.mark.parametrize("contracts", ["1", "0"])
+def test_trainer_folder_without_rng_state_is_missing_it(tmp_path, monkeypatch, contracts):
+    """A Trainer saves rng_state.pth and scheduler.pt in every checkpoint: one alone without them lacks them."""
+    from safetensors.torch import save_file
+
+    monkeypatch.setenv("CKPTAUDIT_PRODUCER_CONTRACTS", contracts)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(3):
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+    d = tmp_path / "checkpoint-3"
+    d.mkdir()
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(d / "model.safetensors"))
+    torch.save(opt.state_dict(), d / "optimizer.pt")
+    (d / "trainer_state.json").write_text(json.dumps({"global_step": 3, "epoch": 1.0}))
+    v = audit_in_process(tmp_path)
+    assert _findings(v) == {"checkpoint-3": ["missing_rng_state", "missing_scheduler_state"]}
+    f = {f["kind"]: f for f in v["units"][0]["findings"]}
+    assert f["missing_scheduler_state"]["repair"] == ""  # no initial_lr: the audit does not know the schedule
+    assert "set its position from the training log" in f["missing_scheduler_state"]["next_step"]
