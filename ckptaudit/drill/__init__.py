@@ -58,7 +58,7 @@ from __future__ import annotations
 
 from .checks_restore import _f, _quoted, _same  # noqa: F401
 from .child import _Child, _guard_torch_load, _is_alloc_error, _LimitHit, child_main  # noqa: F401
-from .contract import (CHECKS, COLUMNS, EXIT_FAILED, EXIT_NO_UNIT, EXIT_PASSED, EXIT_PROBLEM,  # noqa: F401
+from .contract import (CHECKS, EXIT_FAILED, EXIT_NO_UNIT, EXIT_PASSED, EXIT_PROBLEM,  # noqa: F401
                        INFRA_CHECKS, REQUIRED_MEMBERS, SCHEMA, STATUS_WORDS, WEIGHTS_ONLY_REFUSAL, Restored,
                        RestoreHook, SimpleRestored, _row, import_hook)
 from .outputs import copy_dated, render_html, summary_line, write_outputs  # noqa: F401
@@ -67,3 +67,13 @@ from .parent import (_child_env, _child_row, _drill_devices, _log_tail, _read_ve
 from .select import _order, exit_code, refusal, security_errors, select_unit  # noqa: F401
 from .settings import (DEFAULTS, drill_config, report_date, rule_config_json, rule_mem_mb,  # noqa: F401
                        rule_runtime_minutes)
+
+
+def __getattr__(name: str):
+    """``COLUMNS``: the drill table's (column, type) pairs, read from :data:`ckptaudit.tables.SCHEMAS` on
+    first use, so that importing this package still imports no pyarrow."""
+    if name == "COLUMNS":
+        from ..tables import SCHEMAS
+
+        return tuple((f.name, str(f.type)) for f in SCHEMAS["drill"])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

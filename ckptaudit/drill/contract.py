@@ -52,14 +52,6 @@ WEIGHTS_ONLY_REFUSAL = ("the restore drill only allows torch.load(weights_only=T
                         "the hook asked for weights_only=False")
 
 
-#: Columns of ``drill.parquet`` (one row per device and check).  Units are in the names.
-COLUMNS: Tuple[Tuple[str, str], ...] = (
-    ("unit", "string"), ("step", "int64"), ("device", "string"), ("check", "string"), ("status", "string"),
-    ("expected", "string"), ("actual", "string"), ("message", "string"), ("check_seconds", "float64"),
-    ("wall_seconds", "float64"), ("peak_rss_bytes", "int64"),
-)
-
-
 @runtime_checkable
 class Restored(Protocol):
     """What a restore hook returns: the training state *after* the job's own resume code ran.

@@ -8,7 +8,7 @@ from typing import Any, Mapping, Sequence
 
 from .._io import atomic_write
 from ..text import step_text
-from .contract import CHECKS, COLUMNS, EXIT_FAILED, EXIT_NO_UNIT, EXIT_PROBLEM, INFRA_CHECKS, STATUS_WORDS
+from .contract import CHECKS, EXIT_FAILED, EXIT_NO_UNIT, EXIT_PROBLEM, INFRA_CHECKS, STATUS_WORDS
 
 
 def summary_line(doc: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
@@ -38,19 +38,11 @@ def summary_line(doc: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> s
 
 
 def write_outputs(out: Path, doc: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> None:
-    """``drill.parquet`` (:data:`COLUMNS`), ``drill.json`` and a self-contained ``drill.html`` in ``out``."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    """``drill.parquet`` (table ``drill`` of :mod:`ckptaudit.tables`), ``drill.json`` and a self-contained
+    ``drill.html`` in ``out``."""
+    from .. import tables  # pyarrow: imported when a drill writes, not when the package is imported
 
-    schema = pa.schema([(n, getattr(pa, t)()) for n, t in COLUMNS])
-    cols = [n for n, _ in COLUMNS]
-    for r in rows:
-        extra = sorted(set(r) - set(cols))
-        if extra:
-            raise KeyError(f"drill table: unexpected columns {extra}")
-    table = pa.Table.from_pylist([{n: r.get(n) for n in cols} for r in rows], schema=schema)
-    out.mkdir(parents=True, exist_ok=True)
-    atomic_write(out / "drill.parquet", lambda f: pq.write_table(table, f))
+    tables.write("drill", [dict(r) for r in rows], out / "drill.parquet")
     atomic_write(out / "drill.json", (json.dumps(doc, indent=2, default=str) + "\n").encode())
     atomic_write(out / "drill.html", render_html(doc, rows).encode())
 
