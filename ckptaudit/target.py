@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
+from . import job_args
 from ._io import atomic_write
 
 
@@ -96,16 +97,12 @@ def write(cfg: dict, out: str) -> dict:
 def parser() -> argparse.ArgumentParser:
     """``python -m ckptaudit.target write CONFIG_JSON OUT_JSON`` (the target rule) and
     ``… child FACTORY MODEL_ARGS_JSON`` (the meta-device child :func:`build` starts): every argument required."""
-    ap = argparse.ArgumentParser(prog="python -m ckptaudit.target",
-                                 description="The structure of the job that will resume.")
-    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    w = sub.add_parser("write", help="build work/target.json from the stage config (the target rule)")
-    w.add_argument("config_json", metavar="CONFIG_JSON", help="the stage config (work/config.json)")
-    w.add_argument("out_json", metavar="OUT_JSON", help="where target.json goes")
-    c = sub.add_parser("child", help="build the model on the meta device and print its structure (internal)")
-    c.add_argument("factory", metavar="FACTORY", help='"package.module:function"')
-    c.add_argument("model_args_json", metavar="MODEL_ARGS_JSON", help="expected_model_args as JSON")
-    return ap
+    return job_args.parser("python -m ckptaudit.target", "The structure of the job that will resume.", {
+        "write": ("build work/target.json from the stage config (the target rule)",
+                  [("CONFIG_JSON", "the stage config (work/config.json)"), ("OUT_JSON", "where target.json goes")]),
+        "child": ("build the model on the meta device and print its structure (internal)",
+                  [("FACTORY", '"package.module:function"'), ("MODEL_ARGS_JSON", "expected_model_args as JSON")]),
+    })
 
 
 def main(argv=None) -> int:

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any, List, Optional
 
-from . import fs
+from . import fs, job_args
 from ._io import atomic_write
 from .parts import listing_fingerprint, part_units, read_inventory, read_inventory_cached  # noqa: F401
 
@@ -105,18 +105,15 @@ def write_config(doc_json: str, out: str) -> None:
 
 def parser() -> argparse.ArgumentParser:
     """``python -m ckptaudit.workflow_support write-config JSON OUT`` (the config rule): both arguments required."""
-    ap = argparse.ArgumentParser(prog="python -m ckptaudit.workflow_support",
-                                 description="Helpers of the Snakemake workflow that run as a job.")
-    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    w = sub.add_parser("write-config", help="write work/config.json (the part of the config the stages read)")
-    w.add_argument("doc_json", metavar="JSON", help="the stage config as JSON text")
-    w.add_argument("out", metavar="OUT", help="where config.json goes")
-    return ap
+    return job_args.parser("python -m ckptaudit.workflow_support", "The workflow's helpers that run as a job.", {
+        "write-config": ("write work/config.json (the part of the config the stages read)",
+                         [("JSON", "the stage config as JSON text"), ("OUT", "where config.json goes")]),
+    })
 
 
 def main(argv=None) -> int:
     a = parser().parse_args(argv)
-    write_config(a.doc_json, a.out)  # the only command
+    write_config(a.json, a.out)  # the only command
     return 0
 
 
