@@ -18,7 +18,13 @@ is called.  The shapes come from the code that writes them:
 * RNG state — ``torch.get_rng_state()`` (a uint8 tensor of 5056 bytes: the CPU
   mt19937 generator), ``torch.cuda.get_rng_state()`` (uint8, 16 bytes),
   ``random.getstate()`` (``(3, <625 ints>, None)``), ``numpy.random.get_state()``
-  (``("MT19937", <624 uint32>, pos, has_gauss, cached)``);
+  (``("MT19937", <624 uint32>, pos, has_gauss, cached)``); a mapping of two or more of
+  these with only scalars beside them is one RNG bundle (accelerate's
+  ``random_states_<rank>.pkl``, the Trainer's ``rng_state.pth``): its scalars belong to the
+  RNG state — accelerate's ``"step"`` there is ``Accelerator.step``, the gradient-accumulation
+  counter that only ``accumulate()`` advances and the end of each dataloader resets
+  (accelerate 1.15 ``checkpointing.py`` ``save_accelerator_state``, ``accelerator.py``
+  ``_do_sync``), not the training step;
 * model weights — a mapping whose values are mostly tensors, outside every
   component above; an EMA copy has the same keys and shapes as the weights.
 
@@ -173,6 +179,20 @@ def is_rng(x: Any) -> bool:
     return False
 
 
+def is_rng_bundle(x: Any) -> bool:
+    """A plain mapping of at least two RNG states (or lists of them: ``get_rng_state_all()``)
+    whose other values are all scalars."""
+    if not isinstance(x, dict) or any(k in x for k in ("__tensor__", "__instance__", "__call__", "__list__")):
+        return False
+    n_rng = 0
+    for v in x.values():
+        if is_rng(v) or (isinstance(v, list) and v and all(is_rng(e) for e in v)):
+            n_rng += 1
+        elif not (v is None or isinstance(v, (bool, int, float, str))):
+            return False
+    return n_rng >= 2
+
+
 def _tensor_share(d: dict) -> Tuple[int, int]:
     vals = [v for k, v in d.items() if k != "__truncated__"]
     return sum(1 for v in vals if is_tensor(v)), len(vals)
@@ -244,7 +264,7 @@ def _visit(fkey: str, x: Any, path: str, key: str, out: Found, budget: List[int]
         kind = "scheduler"
     elif is_scaler(x):
         kind = "scaler"
-    elif is_rng(x):
+    elif is_rng(x) or is_rng_bundle(x):
         kind = "rng"
     elif is_weights(x):
         kind = "weights"

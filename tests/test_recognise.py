@@ -57,6 +57,31 @@ def test_rng_states_by_shape():
     assert not R.is_rng(T("uint8", (100,)))
 
 
+def accelerate_random_states(step=0):
+    """random_states_0.pkl of accelerate 1.15 save_accelerator_state, as the scan prunes it."""
+    return {"numpy_random_seed": ["MT19937", {"__call__": "numpy._core.multiarray._reconstruct"}, 623, 0, 0.0],
+            "random_state": [3, {"__list__": 625}, None], "step": step, "torch_manual_seed": T("uint8", (5056,))}
+
+
+def test_accelerate_rng_step_is_not_the_training_step(monkeypatch):
+    """Regression: random_states_0.pkl's 'step' (Accelerator.step, the gradient-accumulation counter, 0 without
+    accumulate()) was read as the global step, so a clean run had step 0 in every unit and a step_counter_reset.
+    The RNG bundle is one component; the step comes from the optimizer (contracts on and off)."""
+    assert R.is_rng_bundle(accelerate_random_states())
+    assert not R.is_rng_bundle({"step": 3, "torch_manual_seed": T("uint8", (5056,)), "w": T()})
+    tree = {"model.safetensors": {"__safetensors__": {"0.weight": T()}, "__metadata__": {"format": "pt"}},
+            "optimizer.bin": adam_sd(step=24.0),
+            "random_states_0.pkl": accelerate_random_states(0),
+            "scheduler.bin": {"last_epoch": 24, "base_lrs": [1e-3], "_step_count": 25, "lr_lambdas": [None]}}
+    for on in ("1", "0"):
+        monkeypatch.setenv("CKPTAUDIT_PRODUCER_CONTRACTS", on)
+        c = C.collect("accelerate", tree, {})
+        assert c.rng and (c.step, c.step_source) == (24, "optimizer.bin:(root).state.*.step"), on
+    # a registered custom object's step is still the step
+    tree["custom_checkpoint_0.pkl"] = {"step": 24, "epoch": 2, "best_loss": 0.5}
+    assert C.collect("accelerate", tree, {}).step_source == "custom_checkpoint_0.pkl:step"
+
+
 def test_real_torch_state_dicts_match_the_recognisers():
     """The shapes come from torch itself: build real objects and prune them as the scan would."""
     model = torch.nn.Linear(3, 2)

@@ -5,6 +5,12 @@ automatic_checkpoint_naming=True))``; a plain torch MLP, AdamW, a LinearLR
 schedule and the DataLoader prepared by accelerate, one ``TrainState`` object
 registered with ``register_for_checkpointing``; ``save_state()`` every 5 of 60
 optimizer steps gives ``checkpoints/checkpoint_0`` … ``checkpoint_11``.
+
+``accelerate_epoch_saves`` is the plainest use: nothing registered, no
+``accumulate()``, ``save_state()`` at the end of each of 3 epochs (8 AdamW steps
+each, a LambdaLR stepped per step): ``checkpoint_0`` … ``checkpoint_2``, whose only
+field named ``step`` is ``random_states_0.pkl``'s ``Accelerator.step`` (0 there:
+the gradient-accumulation counter, which only ``accumulate()`` advances).
 """
 
 from __future__ import annotations
@@ -72,6 +78,46 @@ def train(run: str, kill_file: str | None = None, kill_log: str | None = None) -
         state.epoch += 1
 
 
+EPOCHS, EPOCH_STEPS = 3, 8
+
+
+def train_epochs(run: str) -> None:
+    """The loop of the accelerate quick tour with ``save_state()`` after each epoch, nothing registered."""
+    import torch
+    from accelerate import Accelerator
+    from accelerate.utils import ProjectConfiguration, set_seed
+
+    set_seed(0)
+    torch.set_num_threads(1)
+    acc = Accelerator(project_config=ProjectConfiguration(project_dir=run, automatic_checkpoint_naming=True))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 / (1 + s))
+    g = torch.Generator().manual_seed(0)
+    ds = torch.utils.data.TensorDataset(torch.randn(8 * EPOCH_STEPS, 8, generator=g),
+                                        torch.randn(8 * EPOCH_STEPS, 1, generator=g))
+    dl = torch.utils.data.DataLoader(ds, batch_size=8, shuffle=True)
+    model, opt, dl, sched = acc.prepare(model, opt, dl, sched)
+    for _ in range(EPOCHS):
+        for xb, yb in dl:
+            acc.backward(torch.nn.functional.mse_loss(model(xb), yb))
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+        acc.save_state()
+
+
+def epoch_saves(dest: Path) -> dict:
+    run = dest / "run"
+    U.run_child(f"{__name__}:train_epochs", {"run": str(run)})
+    newest = f"checkpoints/checkpoint_{EPOCHS - 1}"
+    return _truth("accelerate_epoch_saves",
+                  f"accelerate {_v()} save_state() after each of {EPOCHS} epochs of {EPOCH_STEPS} AdamW steps, "
+                  f"nothing registered for checkpointing, no accumulate(): random_states_0.pkl's 'step' "
+                  f"(Accelerator.step) is 0 in every save; checkpoints/checkpoint_0 … checkpoint_{EPOCHS - 1}.",
+                  U.clean_expect(newest))
+
+
 def _run(dest: Path, **kw) -> Path:
     run = dest / "run"
     U.run_child(f"{__name__}:train", {"run": str(run), **kw}, expect_kill=bool(kw.get("kill_file")))
@@ -122,4 +168,5 @@ FIXTURES = {
     "accelerate_clean": clean,
     "accelerate_kill_in_save_state": kill_in_save_state,
     "accelerate_truncated_optimizer": truncated_optimizer,
+    "accelerate_epoch_saves": epoch_saves,
 }

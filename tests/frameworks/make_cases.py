@@ -64,6 +64,14 @@ CASES = {
          "rollback_candidate": "checkpoints/checkpoint_11",
          "description": "Clean accelerate 1.15 save_state run: checkpoint_<save count> folders (checkpoint_10 "
                         "after checkpoint_2), the step lives in the optimizer and scheduler."}),
+    "ok_fw_accelerate_epoch_saves": (
+        "accelerate_epoch_saves", ["checkpoints"],
+        {"layer": "none", "expected_error_kind": "ok", "rollback_quality": "full",
+         "rollback_candidate": "checkpoints/checkpoint_2",
+         "description": "accelerate 1.15 default save_state() after each of 3 epochs (24 AdamW steps), nothing "
+                        "registered: random_states_0.pkl's 'step' is Accelerator.step, the gradient-accumulation "
+                        "counter (0 without accumulate()), not the training step; the step is the optimizer's "
+                        "(8, 16, 24)."}),
     "ok_fw_deepspeed_zero3": (
         "deepspeed_zero3_clean", ["global_step20", "global_step30", "latest"],
         {"layer": "none", "expected_error_kind": "ok", "rollback_quality": "full",
