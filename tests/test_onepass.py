@@ -185,3 +185,64 @@ def test_facts_answer_only_their_exact_ranges_and_file_size(tmp_path):
         f.write(b"\x00")
     assert facts.load(rows, tmp_path) == 0 and facts.crc_of(fs.fspath(p), off, n) is None
     facts.clear()
+
+
+def _run(tmp_path, n=3, numel=200_000):
+    torch = pytest.importorskip("torch")
+    run = tmp_path / "run"
+    run.mkdir()
+    for step in range(1, n + 1):
+        w = torch.randn(numel)
+        if step == 2:
+            w[7] = float("nan")
+        sd = {"model": {"w": w, "b": torch.ones(3)}, "step": step * 100,
+              "optimizer": {"state": {0: {"exp_avg": torch.zeros(numel), "exp_avg_sq": torch.zeros(numel)}},
+                            "param_groups": [{"lr": 1e-3, "params": [0]}]}}
+        p = run / f"ckpt_{step * 100:06d}.pt"
+        torch.save(sd, p)
+        (run / (p.name + ".sha256")).write_text(f"{hashlib.sha256(p.read_bytes()).hexdigest()}  {p.name}\n")
+    return run
+
+
+def _stage_bytes(out, stage):
+    docs = [json.loads(p.read_text()) for p in (out / "work" / "bytes" / stage).glob("*.json")]
+    assert docs, stage
+    return {k: sum(d.get(k, 0) for d in docs) for k in ("total", "local", "loadtest_bytes")}
+
+
+def test_local_audit_reads_each_byte_once(tmp_path):
+    """Per-stage bytes from the counters: the hash stage reads every byte (plus what it plans from: the last
+    64 KiB where the end-of-central-directory record is looked for, the local headers and data.pkl); scan reads headers and data.pkl only; state reads nothing; the
+    load children (mmap) read a fraction."""
+    from ckptaudit.pipeline import audit_in_process
+
+    run = _run(tmp_path)
+    data = sum(p.stat().st_size for p in run.glob("*.pt"))
+    out = tmp_path / "out"
+    audit_in_process(run, {"load": {"enabled": True}}, out)
+    h, s, st, ld = (_stage_bytes(out, x) for x in ("hash", "scan", "state", "load"))
+    assert data <= h["local"] <= data + 3 * (72 << 10), h["local"] - data
+    assert 0 < s["total"] <= 3 * (128 << 10), s["total"]  # a fixed ~90 KiB a file, whatever its size
+    assert st["total"] == 0
+    assert 0 < ld["loadtest_bytes"] <= data * 0.05
+    assert (out / "work" / "bytefacts").is_dir()
+
+
+def test_verdicts_are_the_same_without_the_facts(tmp_path, monkeypatch):
+    """The facts are only a shortcut: an audit whose scan and state stages read the bytes themselves reaches
+    the same verdict (units, findings, NaN tensors)."""
+    import pyarrow.parquet as pq
+
+    from ckptaudit.pipeline import audit_in_process
+
+    run = _run(tmp_path)
+    audit_in_process(run, {"load": {"enabled": False}}, tmp_path / "with")
+    monkeypatch.setattr(facts, "load", lambda rows, run_dir: facts.clear() or 0)
+    audit_in_process(run, {"load": {"enabled": False}}, tmp_path / "without")
+    cols = ["unit", "usable_for", "kinds", "n_errors", "n_warnings"]
+    a = pq.read_table(tmp_path / "with" / "tables" / "units.parquet", columns=cols).to_pylist()
+    b = pq.read_table(tmp_path / "without" / "tables" / "units.parquet", columns=cols).to_pylist()
+    assert a == b and any("nan_in_weights" in r["kinds"] for r in a)
+    sa = pq.read_table(tmp_path / "with" / "tables" / "state.parquet", columns=["nonfinite_tensors"]).to_pylist()
+    sb = pq.read_table(tmp_path / "without" / "tables" / "state.parquet", columns=["nonfinite_tensors"]).to_pylist()
+    assert sa == sb

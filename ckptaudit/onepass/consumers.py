@@ -173,6 +173,10 @@ class RangeCrc32(_Ranges):
         return out
 
 
+#: Bytes of one value-statistics call (a multiple of every dtype's block of ``values._BLOCK`` elements).
+_STATS_BYTES = 1 << 20
+
+
 class RangeValues(_Ranges):
     """Value statistics of each range ``(key, start, nbytes, dtype)`` read as elements of ``dtype``:
     ``results()`` is {key: (non-finite count, Σx² of the finite values, bytes seen)}.
@@ -189,7 +193,10 @@ class RangeValues(_Ranges):
         self._frag: Dict[Tuple[int, int], Dict[int, bytes]] = {}  # (range, element start) -> {offset: bytes}
 
     def _add(self, i: int, buf, dtype: str) -> None:
-        bad, sq = buffer_stats(buf, dtype)
+        bad, sq = 0, 0.0
+        for k in range(0, len(buf), _STATS_BYTES):  # numpy temporaries of 1 MiB, not of the whole buffer
+            b, q = buffer_stats(buf[k:k + _STATS_BYTES], dtype)
+            bad, sq = bad + b, sq + q
         self._bad[i] = self._bad.get(i, 0) + bad
         self._sq[i] = self._sq.get(i, 0.0) + sq
 

@@ -41,9 +41,15 @@ def plan_file(path, data: Optional[bytes] = None) -> Plan:
     try:
         if data is not None:
             head = bytes(data[:16])
-        else:
+        elif fs.is_remote(path):
             with fs.open_binary(path, exact=True) as fh:
                 head = fh.read(16)
+        else:
+            fd = os.open(fs.fspath(path), os.O_RDONLY)
+            try:
+                head = fs.pread(fd, 16, 0)
+            finally:
+                os.close(fd)
         if head[:4] == b"PK\x03\x04":
             return _plan_zip(path, data)
         if len(head) >= 9 and head[8:9] == b"{":
