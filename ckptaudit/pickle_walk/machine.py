@@ -59,6 +59,13 @@ class _State(_HiddenPickles, _ObjectOps):
         else:
             self.n_tricks_dropped += 1
 
+    def line_global(self, pos: int, opname: str) -> GlobalRef:
+        """The module/name operand lines of GLOBAL or INST at ``pos``: listed as an import, checked, and returned."""
+        mod, name = _raw_line_pair(self.data, pos)
+        self.res.globals.append(GlobalImport(mod, name, opname, pos, True))
+        self.check_name(mod, name, pos)
+        return GlobalRef(mod, name)
+
     # -- main loop
     def run(self, f: Any, start: int) -> None:  # noqa: C901 - one opcode table, kept flat for speed
         res = self.res
@@ -108,15 +115,10 @@ class _State(_HiddenPickles, _ObjectOps):
                     metastack.append(stack)
                     stack = []
                     push = stack.append
-                elif g == 4:  # TUPLE2
-                    b = stack.pop()
-                    stack[-1] = (stack[-1], b)
                 elif g >= 100:  # _TAKES_MARK: the items since the last MARK become this opcode's operands
-                    if g == 103:  # INST: its module/name operands are read (and listed) before the MARK
-                        mod, name = _raw_line_pair(self.data, pos)
-                        res.globals.append(GlobalImport(mod, name, "INST", pos, True))
-                        self.check_name(mod, name, pos)
                     if not metastack:
+                        if g == 103:  # INST names its class in operands: listed even without a MARK
+                            self.line_global(pos, "INST")
                         raise _WalkError(f"no MARK for {op.name} at byte {pos}")
                     items = stack
                     stack = metastack.pop()
@@ -131,8 +133,14 @@ class _State(_HiddenPickles, _ObjectOps):
                             target.extend(items)
                         else:
                             self.appends(target, items, pos, "APPENDS")
-                    elif g == 103:  # INST: args since MARK
-                        push(self.newobj(GlobalRef(mod, name), tuple(items), None, pos, "INST"))
+                    elif g == 103:  # INST: module/name operands, args since MARK
+                        try:
+                            cls = self.line_global(pos, "INST")
+                        except _WalkError:  # unreadable operands: the frame goes back as it was, for the salvage
+                            metastack.append(stack)
+                            stack = items
+                            raise
+                        push(self.newobj(cls, tuple(items), None, pos, "INST"))
                     elif g == 104:  # OBJ: cls and args since MARK
                         if not items:
                             raise IndexError
@@ -150,6 +158,9 @@ class _State(_HiddenPickles, _ObjectOps):
                     elif g == 108:  # FROZENSET
                         push(frozenset(_safe_key(x) for x in items))
                     # 109, POP_MARK: the items are dropped
+                elif g == 4:  # TUPLE2
+                    b = stack.pop()
+                    stack[-1] = (stack[-1], b)
                 elif g == 5:  # NEWFALSE
                     push(False)
                 elif g == 6:  # REDUCE
@@ -200,10 +211,7 @@ class _State(_HiddenPickles, _ObjectOps):
                                    f"{_short_repr(old)}, now {_short_repr(top)}")
                     memo[i] = top
                 elif g == 19:  # GLOBAL
-                    mod, name = _raw_line_pair(self.data, pos)
-                    res.globals.append(GlobalImport(mod, name, "GLOBAL", pos, True))
-                    self.check_name(mod, name, pos)
-                    push(GlobalRef(mod, name))
+                    push(self.line_global(pos, "GLOBAL"))
                 elif g == 20:  # STACK_GLOBAL
                     name = stack.pop()
                     mod = stack.pop()
