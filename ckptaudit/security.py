@@ -20,7 +20,9 @@ and their sources are in :mod:`ckptaudit.security_tiers`:
   (``NEWOBJ``/``BUILD`` or ``REDUCE`` of literals), each entry with where and
   in which version it was seen, or listed by the team in
   ``security.allow_globals``.  Warning with the exact
-  ``torch.serialization.add_safe_globals([...])`` repair.  A data class
+  ``torch.serialization.add_safe_globals([...])`` repair, or info with none
+  where the producer's resume accepts them or never unpickles the file
+  (:mod:`ckptaudit.security_resume`).  A data class
   called with a computed argument is not data: it becomes unknown.
 * ``"unknown"`` – everything else.  A warning (``unknown_pickle_global``)
   naming module and name: ``weights_only=True`` will refuse it.
@@ -36,7 +38,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from . import findings, security_tricks
+from . import findings, security_resume, security_tricks
 from .findings import Finding
 from .pickle_walk import Call, GlobalRef, Instance, WalkResult, normalize_global, walk, walk_streams
 from .security_tiers import (  # noqa: F401 - re-exported: the tier tables live in security_tiers
@@ -292,7 +294,8 @@ def _quoted(names: Sequence[str]) -> str:
 
 
 def scan(result: WalkResult, *, path: str, member: str, extra_allowed: Sequence[str] = (),
-         loader: str = "auto") -> Tuple[List[ImportVerdict], List[Finding]]:
+         loader: str = "auto", resume: Optional["security_resume.ResumeLoad"] = None
+         ) -> Tuple[List[ImportVerdict], List[Finding]]:
     """Classify every import of ``result`` (and of its nested pickles); make findings.
 
     Returns one :class:`ImportVerdict` per distinct import, in order of first
@@ -308,7 +311,9 @@ def scan(result: WalkResult, *, path: str, member: str, extra_allowed: Sequence[
     ``FileSystemReader.read_metadata``: benign imports need nothing and get no
     finding; dangerous and unknown ones are still errors).  ``"auto"`` picks
     ``"pickle.load"`` for a member named ``.metadata`` and ``"torch.load"``
-    otherwise.
+    otherwise.  ``resume`` says how the producer's resume loads the file
+    (:func:`ckptaudit.security_resume.resume_load`): benign imports its loader
+    accepts, or in a file it never unpickles, are info with no repair.
     """
     if loader == "auto":
         loader = "pickle.load" if member.replace("\\", "/").rsplit("/", 1)[-1] == ".metadata" else "torch.load"
@@ -341,14 +346,10 @@ def scan(result: WalkResult, *, path: str, member: str, extra_allowed: Sequence[
         out.append(findings.make("unknown_pickle_global", path=path, member=member,
                                  unknown=_quoted(names), imports=sorted(set(names))))
     if "benign" in by_cat and loader == "torch.load":
-        names = [v.qualname for v in by_cat["benign"]]
-        spellings = {v.add_safe for v in by_cat["benign"]}
-        if any(v.qualname == "numpy.dtype" or normalize_global(v.module, v.name) == ("numpy", "dtype")
-               for v in by_cat["benign"]):
-            spellings.update(_numpy_dtype_classes(result))
-        out.append(findings.make("non_allowlisted_global_benign", path=path, member=member,
-                                 benign=_quoted(names), add_safe=", ".join(sorted(spellings)),
-                                 imports=sorted(set(names))))
+        benign = [(v.qualname, _torch_name(v.module, v.name), v.add_safe) for v in by_cat["benign"]]
+        dtypes = _numpy_dtype_classes(result) if any(
+            normalize_global(v.module, v.name) == ("numpy", "dtype") for v in by_cat["benign"]) else []
+        out.extend(security_resume.benign_findings(benign, dtypes, path=path, member=member, resume=resume))
     tricks = result.all_tricks()
     if tricks:
         why = "; ".join(tricks[:5]) + (f"; and {len(tricks) - 5} more" if len(tricks) > 5 else "")

@@ -24,10 +24,22 @@ ENTRIES: List[_k] = [
        stage="scan", detector="ckptaudit.security:scan"),
     _k("non_allowlisted_global_benign", "security", "warning", "resume",
        "{path}: the pickle in {member} imports {benign}, known-benign but rejected by torch.load(weights_only=True) "
-       "(the default since torch 2.6).",
+       "(the default since torch 2.6): loading it needs exactly {allow} allowed.",
        "Allow exactly these types before loading.",
        "torch.serialization.add_safe_globals([{add_safe}])",
-       stage="scan", detector="ckptaudit.security:scan"),
+       stage="scan", detector="ckptaudit.security_resume:benign_findings"),
+    _k("pickle_global_allowed_by_resume", "security", "info", "resume",
+       "{path}: the pickle in {member} needs {benign}, known-benign types that torch.load(weights_only=True) "
+       "refuses by default; the resume's own loader ({loader}) {how}, so a resume loads the file as saved.",
+       "Nothing to do for a resume; only a load of this file outside the framework needs these types allowed "
+       "(torch.serialization.add_safe_globals).",
+       stage="scan", detector="ckptaudit.security_resume:benign_findings"),
+    _k("pickle_global_not_loaded_on_resume", "security", "info", "resume",
+       "{path}: the pickle in {member} needs {benign}, known-benign types that torch.load(weights_only=True) "
+       "refuses by default; the resume never unpickles this file ({loader}), so it does not affect a resume.",
+       "Nothing to do for a resume; only reading this file yourself needs these types allowed "
+       "(torch.serialization.add_safe_globals).",
+       stage="scan", detector="ckptaudit.security_resume:benign_findings"),
     _k("pickle_obfuscation", "security", "error", "none",
        "{path}: the pickle in {member} uses a trick that hides what it imports ({why}).",
        "Never load it; find out where the file came from.",

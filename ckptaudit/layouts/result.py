@@ -90,7 +90,8 @@ def _scope_security_by_role(fl: List[Finding], file_roles: Dict[str, str]) -> No
     """Say so on each security warning of a metadata file (``training_args.bin``): it cannot stop a
     resume; only a dangerous finding there (an error) still makes the unit unusable."""
     for f in fl:
-        if f.layer != "security" or f.severity == "error" or file_roles.get(f.path) != "metadata":
+        if f.layer != "security" or f.severity == "error" or file_roles.get(f.path) != "metadata" \
+                or f.kind == "pickle_global_not_loaded_on_resume":  # its message already says so
             continue
         if f.detail.get("file_role") != "metadata":
             f.detail["file_role"] = "metadata"

@@ -12,7 +12,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, List
 
-from .. import fs
+from .. import fs, security_resume
 from .result import TensorRow, UnitScan
 from .tree import SMALL_TENSOR_NUMEL, decode_small, read_small, small_nbytes
 
@@ -48,7 +48,8 @@ def _security_sweep(path: Path, rel: str, s, scan: UnitScan, allowed: List[str])
     res = security.streams(data, first, expected=5 if s.kind == "torch_legacy" else 1)
     scan.walk_seconds += time.perf_counter() - t0
     member = "(legacy pickle)" if s.kind == "torch_legacy" else "(pickle)"
-    verdicts, sec = security.scan(res, path=rel, member=member, extra_allowed=allowed)
+    verdicts, sec = security.scan(res, path=rel, member=member, extra_allowed=allowed,
+                                  resume=security_resume.resume_load(scan.layout, rel))
     scan.add(sec)
     scan.imports.extend({"file": rel, "member": member, **asdict(v)} for v in verdicts)
     return res
@@ -71,7 +72,8 @@ def _record_security(scan: UnitScan, rel: str, member: str, all_streams, allowed
     """The security verdicts of one member's pickle streams: findings and one import row each."""
     from .. import security
 
-    verdicts, sec = security.scan(all_streams, path=rel, member=member, extra_allowed=allowed)
+    verdicts, sec = security.scan(all_streams, path=rel, member=member, extra_allowed=allowed,
+                                  resume=security_resume.resume_load(scan.layout, rel))
     scan.add(sec)
     scan.imports.extend({"file": rel, "member": member, **asdict(v)} for v in verdicts)
 
