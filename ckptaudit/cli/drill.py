@@ -9,7 +9,39 @@ import click
 
 from ..config import load_user_config
 from .common import ExitThreeOnUsageError, check_paths, failures_exit_3
+from ..drill.contract import EXIT_NO_UNIT
+from ..drill.select import unknown_unit
 from .snakemake import run_workflow
+
+
+def _unit_exists(run_dir: str, unit: str) -> bool:
+    """True when ``unit`` is a path under ``run_dir``, or the base name of one (as the drill's selection takes it)."""
+    from pathlib import Path
+
+    root = Path(run_dir)
+    if (root / unit).exists():
+        return True
+    return "/" not in unit and any(p.name == unit for _, p in zip(range(100_000), root.rglob(unit)))
+
+
+def _check_hook(cfg: dict) -> None:
+    """Import ``drill.hook`` in a throw-away interpreter, as the drill's child will, before the audit runs: a
+    hook that cannot be imported is a configuration error (exit 3) now, not after the whole audit."""
+    import subprocess
+
+    from ..drill.settings import drill_config
+
+    spec = str(drill_config(cfg).get("hook") or "")
+    code = "import sys\nfrom ckptaudit.drill.contract import import_hook\nimport_hook(sys.argv[1])"
+    try:
+        r = subprocess.run([sys.executable, "-c", code, spec], capture_output=True, text=True, timeout=300,
+                           stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        raise click.ClickException(f"drill.hook {spec!r}: importing it took over 300 s")
+    if r.returncode != 0:
+        last = next((ln for ln in reversed(r.stderr.strip().splitlines()) if ln.strip()), f"exit {r.returncode}")
+        raise click.ClickException(f"drill.hook {spec!r} cannot be imported: {last.strip()} (set drill.hook to "
+                                   "your job's restore function, \"package.module:function\", see docs/drill.md)")
 
 
 @click.command("drill", cls=ExitThreeOnUsageError)
@@ -46,8 +78,16 @@ def drill_command(run_dir, out_dir, unit, devices, config_file, cores, as_json, 
             if bad:
                 raise click.ClickException(f"--device {bad[0]!r}: expected cpu, cuda or cuda:N")
             cfg["drill"]["devices"] = list(devices)
+        if unit and not _unit_exists(rd, unit):  # before the audit: a typo'd --unit is a usage error
+            raise click.ClickException(f"--unit {unit}: no such file or folder in {rd} (give the unit's path "
+                                       "relative to RUN_DIR, e.g. checkpoint-20)")
+        _check_hook(cfg)
         run_workflow(cfg, out, cores, targets=("drill",), quiet=not verbose)
         doc = json.loads((out / "drill" / "drill.json").read_text())
+        if unit and doc.get("exit_code") == EXIT_NO_UNIT and (out / "verdict.json").exists() \
+                and unknown_unit(json.loads((out / "verdict.json").read_text()), unit):
+            raise click.ClickException(f"--unit {unit}: not a unit of the audited run; "
+                                       f"{doc.get('summary', '').split(': ', 2)[-1]}")
     click.echo(json.dumps(doc, indent=2) if as_json else doc["summary"])
     if not as_json:
         click.echo(f"report: {out / 'drill' / 'drill.html'}")

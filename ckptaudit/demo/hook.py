@@ -23,6 +23,23 @@ class NotADemoCheckpoint(KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+def _check_is_torch_file(path: PathLike) -> None:
+    """Raise :class:`NotADemoCheckpoint` unless ``path`` is a file that starts like ``torch.save`` output (a zip
+    or a pickle): a folder unit (a Trainer ``checkpoint-N/``, a DCP or DeepSpeed folder) or another format is
+    another trainer's, while a torch file that then fails to load is a damaged demo checkpoint."""
+    import os
+
+    if os.path.isdir(path):
+        raise NotADemoCheckpoint(f"{path}: a folder, not the single torch.save file the demo trainer writes")
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+    except OSError:
+        return  # torch.load reports it
+    if not (head.startswith(b"PK\x03\x04") or head[:1] == b"\x80"):
+        raise NotADemoCheckpoint(f"{path}: not a torch.save file (starts with {head!r}): not a demo checkpoint")
+
+
 def restore_hook(path: PathLike, device: str = "cpu"):
     """Restore hook of the demo trainer for ``ckptaudit drill`` (``drill.hook:
     "ckptaudit.demo:restore_hook"``): resume the checkpoint at ``path`` on ``device`` the way
@@ -40,10 +57,12 @@ def restore_hook(path: PathLike, device: str = "cpu"):
     ``train_step`` is the loop body of :func:`_train`; ``lr_at(s)`` is ``learning_rate *
     lr_multiplier(s, ...)`` per param group.  Bit-exact on CPU with one intra-op thread (the drill
     child sets it), so ``deterministic`` is True there.
-    Raises :class:`NotADemoCheckpoint` (a KeyError) if the checkpoint is not a dict with ``model``,
+    Raises :class:`NotADemoCheckpoint` (a KeyError) if ``path`` is a folder or no torch.save file, or the
+    checkpoint is not a dict with ``model``,
     ``optimizer``, ``model_args`` and ``config``, or its ``model_args`` lack a key of the demo model.
     """
     dev = torch.device(device)
+    _check_is_torch_file(path)
     ckpt = torch.load(path, map_location="cpu", weights_only=True)
     if not isinstance(ckpt, dict):
         raise NotADemoCheckpoint(f"{path}: expected a checkpoint dict, found {type(ckpt).__name__}")

@@ -30,6 +30,15 @@ def _order(u: Mapping[str, Any]) -> int:
     return u["step"] if u.get("step") is not None else -1
 
 
+def _hits(units: Sequence[Mapping[str, Any]], unit: str) -> List[Any]:
+    return [u for u in units if u["unit"] == unit] or [u for u in units if u["unit"].rsplit("/", 1)[-1] == unit]
+
+
+def unknown_unit(verdict: Mapping[str, Any], unit: Optional[str]) -> bool:
+    """True when ``unit`` (``--unit``/``drill.unit``) names no unit of the verdict: a usage error (exit 3)."""
+    return bool(unit) and not _hits(list(verdict.get("units") or []), unit or "")
+
+
 def select_unit(verdict: Mapping[str, Any], unit: Optional[str] = None
                 ) -> Tuple[Optional[dict], Optional[dict], str]:
     """(the unit to drill, the next later drillable unit or None, why none) from a verdict.
@@ -39,7 +48,7 @@ def select_unit(verdict: Mapping[str, Any], unit: Optional[str] = None
     unit is returned as None too (see :func:`refusal`)."""
     units = list(verdict.get("units") or [])
     if unit:
-        hits = [u for u in units if u["unit"] == unit] or [u for u in units if u["unit"].rsplit("/", 1)[-1] == unit]
+        hits = _hits(units, unit)
         if not hits:
             names = ", ".join(repr(u["unit"]) for u in units) or "none"
             return None, None, f"{unit}: not a unit of the audited run (units: {names})"
