@@ -117,10 +117,10 @@ def _walk(root: Path, d: Path, units, pointers, stray):
             except OSError:
                 target = ""
             if e.name == "last.ckpt":
-                # Lightning's save_last writes a real copy where it cannot (or was told not to) link:
-                # audit it as a unit, and as the pointer a `ckpt_path="last"` resume follows
+                # a pointer is a symbolic link or a small text file naming a unit; Lightning's save_last=True
+                # writes last.ckpt as a second full save (model_checkpoint.py _save_last_checkpoint): a unit,
+                # judged by its bytes; what ckpt_path="last" would do with it is ckptaudit.resume_entry's
                 units.append(_file_unit(root, path, names))
-                pointers.append(Pointer(rel, "Lightning last checkpoint (a copy)", e.name, "", True, False))
             else:
                 pointers.append(Pointer(rel, POINTER_NAMES[e.name], target, "", True, False))
             continue
@@ -286,8 +286,6 @@ def _resolve_pointer(root: Path, p: Pointer, unit_names: set) -> str:
     t = p.target.strip()
     if not t:
         return ""
-    if p.kind == "Lightning last checkpoint (a copy)":
-        return p.path
     cands = [t]
     if p.kind == "Megatron tracker file":
         if t == "release":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional
 
+from .resume_hint import instruction
 from .text import step_text
 
 #: kind -> the cause in a few plain words
@@ -99,6 +100,9 @@ def unit_sentence(u: dict, newest: Optional[str], rollback: Optional[str], late:
 def headline(verdict: dict, late: Dict[str, dict]) -> List[str]:
     """The headline box: the recommendation, then one sentence per damaged unit (newest first), then pointers."""
     out = list(verdict.get("reasons", [])[:1])
+    hint = instruction(verdict)  # the framework's own call when its default resume would take another unit
+    if hint:
+        out.append(hint)
     newest = (verdict.get("newest") or {}).get("unit")
     rollback = (verdict.get("rollback") or {}).get("unit")
     for u in reversed(verdict.get("units", [])):
@@ -113,6 +117,8 @@ def headline(verdict: dict, late: Dict[str, dict]) -> List[str]:
     if any(u["unit"] == rollback and any(f.get("repair") for f in u["findings"]) for u in verdict.get("units", [])):
         out.append(f"Before using {rollback}, apply the repair printed under its findings.")
     out += [pointer_sentence(p) for p in verdict.get("pointers", []) if not p.get("ok")]
+    out += [f"{e['unit']} is damaged, so {e['call']} would fail: replace it or resume with an explicit path."
+            for e in verdict.get("resume_entries", []) if not e.get("ok")]
     return out
 
 

@@ -235,6 +235,9 @@ def safe_load_checkpoint(ckpt_dir: str | Path, *, map_location: Any = "cpu",
                 for name in ("scan", "state")}
     inv_units = {u["unit"]: u for u in inv["units"]}
     rollback, reasons = choose(v, inv_units, rows["state"])
+    for e in v.get("resume_entries") or []:  # Lightning's last.ckpt: what ckpt_path="last" would load
+        if not e.get("ok") and e.get("finding") and e["unit"] not in reasons:
+            reasons[e["unit"]] = f"resume_entry_damaged: {e['finding']['message']} {e['finding']['next_step']}"
     for unit, why in reasons.items():
         lg.warning("safe_load_checkpoint: skipping %s: %s", unit, why)
     if rollback is None:

@@ -9,7 +9,9 @@
      "alternatives": [{"unit", "step", "usable_for", "steps_lost"}],
      "reasons": ["plain words", ...],
      "units": [{"unit", "step", "layout", "usable_for", "findings": [...]}],
-     "pointers": [{"path", "target", "ok", "kind"}]}
+     "pointers": [{"path", "target", "ok", "kind"}],
+     "resume_entries": [{"unit", "framework", "call", "ok", "finding"}],
+     "resume_hint": "Resume from … explicitly: trainer.train(resume_from_checkpoint=…); …" | null}
 
 A unit's ``usable_for`` is the minimum of its findings' caps (see
 :mod:`ckptaudit.findings`).  The rollback point is the newest unit usable for
@@ -17,6 +19,16 @@ A unit's ``usable_for`` is the minimum of its findings' caps (see
 each option loses.  With no resumable unit the newest warm-start unit is the
 rollback point; with neither the recommendation is ``retrain``.  ``steps_lost``
 counts from the newest unit's step (damaged or not).
+
+``resume_entries`` are the files a framework resumes from when told "the latest"
+(:mod:`ckptaudit.resume_entry`: Lightning's ``last.ckpt``); ``resume_hint`` says how to
+resume from the rollback point in its framework's own terms when that framework's default
+would take another unit (:mod:`ckptaudit.resume_hint`), else null.
+
+Exit codes (:func:`exit_code`): 0 when the newest unit is usable for resume *and* every resume
+entry is intact; 1 when a roll back is needed and possible — also when the newest intact unit is
+the rollback point but the run's configured resume entry is damaged (a cron job resuming with
+``ckpt_path="last"`` would crash: exit 0 would tell it to go ahead); 2 retrain; 3 audit failed.
 """
 
 from __future__ import annotations
@@ -25,7 +37,7 @@ import json
 from typing import Dict, List, Optional
 
 from . import findings as F
-from . import roles
+from . import resume_entry, resume_hint, roles
 from .run_findings import _step, name_counts_saves, run_findings  # noqa: F401 - re-exported
 from .text import step_text
 
@@ -140,7 +152,8 @@ def build(inv: dict, tables: Dict[str, List[dict]], cfg: dict) -> dict:
     pointers = pointer_verdicts(inv.get("pointers", []), units_out, inv["units"])
     for u in units_out:  # pointer findings may have lowered a unit
         u["usable_for"] = F.usable_for(u["findings"])
-    return decide(inv["run_dir"], units_out, pointers)
+    entries = resume_entry.entry_findings(units_out, inv["run_dir"])
+    return decide(inv["run_dir"], units_out, pointers, entries)
 
 
 def _order(u: dict) -> int:
@@ -156,7 +169,7 @@ def _key(u: dict):
     return (_order(u), u.get("name_step") is not None, u["unit"])
 
 
-def decide(run_dir: str, units_out: List[dict], pointers: List[dict]) -> dict:
+def decide(run_dir: str, units_out: List[dict], pointers: List[dict], entries: List[dict] = ()) -> dict:
     ordered = sorted(units_out, key=_key)
     newest = ordered[-1] if ordered else None
     newest_step = max((_order(u) for u in ordered if _order(u) >= 0), default=None)
@@ -180,7 +193,10 @@ def decide(run_dir: str, units_out: List[dict], pointers: List[dict]) -> dict:
     elif warm:
         rollback, rec = warm[-1], "warm-start"
     reasons = _reasons(ordered, rollback, rec, alternatives, lost, pointers)
-    return {
+    for e in entries:
+        if not e["ok"] and e.get("finding"):
+            reasons.append(e["finding"]["message"] + " " + e["finding"]["next_step"])
+    doc = {
         "schema": SCHEMA,
         "run_dir": run_dir,
         "recommendation": rec,
@@ -193,7 +209,12 @@ def decide(run_dir: str, units_out: List[dict], pointers: List[dict]) -> dict:
         "units": [{k: u[k] for k in ("unit", "step", "layout", "usable_for", "findings")} for u in ordered],
         "pointers": [{"path": p["path"], "target": p["target"], "ok": p["ok"], "kind": p["kind"]} for p in pointers],
         "pointer_findings": [p["finding"] for p in pointers if p.get("finding")],
+        "resume_entries": [dict(e) for e in entries],
     }
+    doc["resume_hint"] = resume_hint.instruction(doc)
+    if doc["resume_hint"]:
+        reasons.insert(1, doc["resume_hint"])
+    return doc
 
 
 def _first_error(u: dict) -> Optional[dict]:
@@ -240,10 +261,13 @@ def _reasons(ordered, rollback, rec, alternatives, lost, pointers) -> List[str]:
 
 
 def exit_code(verdict: dict) -> int:
-    """0 newest unit usable for resume; 1 roll back needed and possible; 2 retrain."""
+    """0 newest unit usable for resume and every resume entry intact; 1 roll back needed and possible (or the
+    configured resume entry is damaged); 2 retrain."""
     if verdict["recommendation"] == "retrain":
         return EXIT_RETRAIN
     rb, newest = verdict["rollback"], verdict.get("newest")
+    if any(not e.get("ok") for e in verdict.get("resume_entries") or []):
+        return EXIT_ROLLBACK
     if verdict["recommendation"] == "resume" and rb and newest and rb["unit"] == newest["unit"]:
         return EXIT_NEWEST_OK
     return EXIT_ROLLBACK

@@ -141,6 +141,17 @@ def missing_weights(dest: Path) -> dict:
                    "damaged": {NEWEST: {"layer": "file", "usable_for": "none"}}})
 
 
+def missing_optimizer(dest: Path) -> dict:
+    run = _run(dest)
+    (run / NEWEST / "optimizer.pt").unlink()
+    return _truth("hf_trainer_missing_optimizer",
+                  f"transformers {_version()} Trainer clean run, then checkpoint-30/optimizer.pt deleted: "
+                  f"train(resume_from_checkpoint=True) takes checkpoint-30 (get_last_checkpoint) and continues "
+                  f"with a fresh AdamW, silently.",
+                  {"recommendation": "resume", "rollback": "checkpoint-20", "clean": False,
+                   "damaged": {NEWEST: {"layer": "state", "usable_for": "warm-start"}}})
+
+
 def save_only_model(dest: Path) -> dict:
     _run(dest, save_only_model=True)
     units = [f"checkpoint-{s}" for s in range(SAVE_STEPS, MAX_STEPS + 1, SAVE_STEPS)]
@@ -185,6 +196,7 @@ FIXTURES = {
     "hf_trainer_truncated_optimizer": truncated_optimizer,
     "hf_trainer_missing_weights": missing_weights,
     "hf_trainer_save_only_model": save_only_model,
+    "hf_trainer_missing_optimizer": missing_optimizer,
     "hf_trainer_nan_divergence": nan_divergence,
     "hf_trainer_changed_n_head": changed_config,
 }

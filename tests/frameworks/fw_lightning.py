@@ -23,6 +23,11 @@ then fsspec's local transaction writes a ``tempfile.mkstemp()`` file in
 
 Training runs in a child process (:mod:`._dist`) so a staged SIGKILL kills a
 real training process during Lightning's own save.
+
+``lightning_default_*``: the plainest set-up, ``Trainer(max_epochs=3)`` with one
+``ModelCheckpoint(dirpath=run/"checkpoints", save_last=True)`` and everything else
+default (top-1 by the newest step, saved at each train-epoch end): the run holds
+``epoch=2-step=30.ckpt`` and ``last.ckpt``, a second full save of the same state.
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -169,8 +175,14 @@ def _install_kill(kill: dict) -> None:
         raise ValueError(kill["where"])
 
 
+def _default_callbacks(run: Path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    return [ModelCheckpoint(dirpath=run / CKPT, save_last=True)]
+
+
 def _train(run: str, making: str, lr: float = 1e-2, optimizer: str = "adamw", gamma: float = 0.9,
-           kill: dict | None = None, tmpdir: str | None = None) -> None:
+           kill: dict | None = None, tmpdir: str | None = None, default: bool = False) -> None:
     import warnings
 
     import lightning as L
@@ -183,13 +195,17 @@ def _train(run: str, making: str, lr: float = 1e-2, optimizer: str = "adamw", ga
         _install_kill(kill)
     L.seed_everything(0, verbose=False)
     model, data = _build(lr, optimizer, gamma)
-    trainer = L.Trainer(max_steps=30, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-                        enable_model_summary=False, default_root_dir=run,
-                        callbacks=_callbacks(Path(run), Path(making)))
+    if default:
+        trainer = L.Trainer(max_epochs=3, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                            enable_model_summary=False, default_root_dir=run, callbacks=_default_callbacks(Path(run)))
+    else:
+        trainer = L.Trainer(max_steps=30, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                            enable_model_summary=False, default_root_dir=run,
+                            callbacks=_callbacks(Path(run), Path(making)))
     trainer.fit(model, data)
 
 
-def _resume_last(run: str, out: str) -> None:
+def _resume_last(run: str, out: str, default: bool = False) -> None:
     """What ``trainer.fit(model, ckpt_path="last")`` does on this run folder (written to ``out``)."""
     import warnings
 
@@ -200,7 +216,8 @@ def _resume_last(run: str, out: str) -> None:
     model, data = _build(1e-2, "adamw")
     trainer = L.Trainer(max_steps=40, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
                         enable_model_summary=False, default_root_dir=run,
-                        callbacks=_callbacks(Path(run), Path(out + ".making")))
+                        callbacks=_default_callbacks(Path(run)) if default else
+                        _callbacks(Path(run), Path(out + ".making")))
     res = {"ckpt_path": "last"}
     try:
         trainer.fit(model, data, ckpt_path="last")
@@ -322,6 +339,66 @@ def make_truncated_last(dest: Path) -> dict:
                   equivalent=set(eq))
 
 
+def _probe_last(dest: Path, run: Path, name: str, prepare=None) -> dict:
+    """What ``trainer.fit(model, ckpt_path="last")`` does on a copy of ``run`` (``prepare(copy)`` first)."""
+    from . import _dist
+
+    probe_run = dest / name / "run"
+    shutil.copytree(run, probe_run)
+    if prepare:
+        prepare(probe_run)
+    out = dest / name / "resume_last.json"
+    codes = _dist.launch("tests.frameworks.fw_lightning", "_resume_last", 1,
+                         {"run": str(probe_run), "out": str(out), "default": True}, dest / name / "logs")
+    _dist.check_codes(codes, dest / name / "logs")
+    res = json.loads(out.read_text())
+    if res.get("resumed_from"):
+        res["resumed_from"] = os.path.relpath(res["resumed_from"], probe_run)
+    shutil.rmtree(probe_run)
+    return res
+
+
+def make_default_clean(dest: Path) -> dict:
+    run, _ = _run(dest, default=True)
+    names = _units(run)
+    newest = _newest_periodic(names)
+    return _truth("lightning_default_clean",
+                  "Trainer(max_epochs=3) with the default ModelCheckpoint(save_last=True) only: "
+                  f"{names}; last.ckpt is a second full save of the step-30 state, not a pointer.",
+                  "resume", newest, {},
+                  {"files": names, "last_is_symlink": (run / CKPT / "last.ckpt").is_symlink(),
+                   "last_same_tensors_as_newest": _same_state(run, f"{CKPT}/last.ckpt", newest)},
+                  equivalent={f"{CKPT}/last.ckpt"})
+
+
+LAST_TRUNCATED_BYTES = 6000  # as `truncate -s 6000 checkpoints/last.ckpt`
+
+
+def make_default_last_truncated(dest: Path) -> dict:
+    run, _ = _run(dest, default=True)
+    last = run / CKPT / "last.ckpt"
+    size = last.stat().st_size
+    with open(last, "r+b") as f:
+        f.truncate(LAST_TRUNCATED_BYTES)
+    names = _units(run)
+    newest = _newest_periodic(names)
+    broken = _probe_last(dest, run, "resume_probe")
+
+    def repair(r: Path) -> None:  # the audit's printed repair, run in the run folder
+        subprocess.run(f"cp -p {newest} {CKPT}/last.ckpt.tmp && mv {CKPT}/last.ckpt.tmp {CKPT}/last.ckpt",
+                       shell=True, cwd=r, check=True)
+
+    repaired = _probe_last(dest, run, "repaired_probe", repair)
+    return _truth("lightning_default_last_truncated",
+                  f"Trainer(max_epochs=3), default ModelCheckpoint(save_last=True); then checkpoints/last.ckpt cut "
+                  f"to {LAST_TRUNCATED_BYTES} of {size} bytes. trainer.fit(ckpt_path='last') fails: "
+                  f"{broken.get('error', broken)}; after copying {newest} over last.ckpt it resumes "
+                  f"({repaired.get('ok')}).",
+                  "resume", newest, {f"{CKPT}/last.ckpt": {"layer": "file", "usable_for": "none"}},
+                  {"files": names, "last_ckpt_original_bytes": size, "last_ckpt_bytes": LAST_TRUNCATED_BYTES,
+                   "resume_ckpt_path_last": broken, "resume_after_repair": repaired})
+
+
 def make_sigkill_save30(dest: Path) -> dict:
     """SIGKILL in ``_atomic_save``'s write of ``epoch=2-step=30.ckpt`` (default $TMPDIR)."""
     tmp = dest / "tmp"
@@ -406,4 +483,6 @@ FIXTURES = {
     "lightning_sigkill_save30": make_sigkill_save30,
     "lightning_sigkill_save30_cross_fs": make_sigkill_save30_cross_fs,
     "lightning_nan_divergence": make_nan_divergence,
+    "lightning_default_clean": make_default_clean,
+    "lightning_default_last_truncated": make_default_last_truncated,
 }

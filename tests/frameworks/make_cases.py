@@ -48,10 +48,31 @@ CASES = {
     "fw_lightning_last_truncated": (
         "lightning_truncated_last", ["checkpoints/epoch=1-step=20.ckpt", "checkpoints/epoch=2-step=30.ckpt",
                                      "checkpoints/last.ckpt"],
-        {"layer": "file", "expected_error_kind": "latest_pointer_incomplete", "rollback_quality": "none",
+        {"layer": "file", "expected_error_kind": "resume_entry_damaged", "rollback_quality": "none",
          "rollback_candidate": "checkpoints/epoch=2-step=30.ckpt",
          "description": "Lightning 2.6 save_last=True writes last.ckpt as a second full save; it was cut short, "
                         "so Trainer.fit(ckpt_path='last') fails although epoch=2-step=30.ckpt is intact."}),
+    "fw_lightning_default_last_truncated": (
+        "lightning_default_last_truncated", ["checkpoints"],
+        {"layer": "file", "expected_error_kind": "resume_entry_damaged", "rollback_quality": "none",
+         "rollback_candidate": "checkpoints/epoch=2-step=30.ckpt",
+         "description": "Lightning 2.6 Trainer(max_epochs=3) with the default ModelCheckpoint(save_last=True); "
+                        "last.ckpt (a full copy, not a pointer) cut to 6000 bytes: trainer.fit(ckpt_path='last') "
+                        "fails in torch.load; copying epoch=2-step=30.ckpt over it makes that resume work again."}),
+    "ok_fw_lightning_default_save_last": (
+        "lightning_default_clean", ["checkpoints"],
+        {"layer": "none", "expected_error_kind": "ok", "rollback_quality": "full",
+         "rollback_candidate": "checkpoints/epoch=2-step=30.ckpt",
+         "description": "Lightning 2.6 Trainer(max_epochs=3) with the default ModelCheckpoint(save_last=True): "
+                        "epoch=2-step=30.ckpt and last.ckpt, a second full save of the same state (a unit, no "
+                        "pointer)."}),
+    "fw_hf_trainer_optimizer_deleted": (
+        "hf_trainer_missing_optimizer", ["checkpoint-20", "checkpoint-30"],
+        {"layer": "state", "expected_error_kind": "missing_optimizer_state", "rollback_quality": "weights_only",
+         "rollback_candidate": "checkpoint-20",
+         "description": "transformers 5.24 Trainer run; optimizer.pt deleted from checkpoint-30: "
+                        "train(resume_from_checkpoint=True) would take checkpoint-30 and continue with a fresh "
+                        "optimizer, so the verdict names trainer.train(resume_from_checkpoint=<checkpoint-20>)."}),
     "ok_fw_lightning": (
         "lightning_clean", ["checkpoints"],
         {"layer": "none", "expected_error_kind": "ok", "rollback_quality": "full",
