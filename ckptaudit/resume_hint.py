@@ -73,20 +73,19 @@ def framework_of(unit: dict) -> str:
     return ""
 
 
+#: the framework's own resume call for one unit ({path}: the unit; {dir} and {tag}: its folder and name)
+CALLS = {"hf-trainer": 'trainer.train(resume_from_checkpoint="{path}")',
+         "lightning": 'trainer.fit(model, ckpt_path="{path}")',
+         "accelerate": 'accelerator.load_state("{path}")',
+         "deepspeed": 'engine.load_checkpoint("{dir}", tag="{tag}")',
+         "dcp": 'torch.distributed.checkpoint.load(state_dict, checkpoint_id="{path}")'}
+PLAIN_CALL = 'load "{path}" in the resume script'
+
+
 def call(framework: str, run_dir: str, unit: str) -> str:
     """The framework's own resume call for ``unit`` (run-relative) of the run at ``run_dir``."""
-    path = _join(run_dir, unit)
-    if framework == "hf-trainer":
-        return f'trainer.train(resume_from_checkpoint="{path}")'
-    if framework == "lightning":
-        return f'trainer.fit(model, ckpt_path="{path}")'
-    if framework == "accelerate":
-        return f'accelerator.load_state("{path}")'
-    if framework == "deepspeed":
-        return f'engine.load_checkpoint("{_join(run_dir, _parent(unit))}", tag="{_base(unit)}")'
-    if framework == "dcp":
-        return f'torch.distributed.checkpoint.load(state_dict, checkpoint_id="{path}")'
-    return f'load "{path}" in the resume script'
+    return CALLS.get(framework, PLAIN_CALL).format(path=_join(run_dir, unit), dir=_join(run_dir, _parent(unit)),
+                                                    tag=_base(unit))
 
 
 def default_pick(v: dict, framework: str, rollback: str) -> Tuple[Optional[str], bool]:
