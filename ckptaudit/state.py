@@ -129,8 +129,7 @@ def analyse_unit(unit: dict, scan_row: dict, tensors: List[dict], run_dir: Path,
         scan_errors = [f for f in json.loads(scan_row.get("findings_json") or "[]") if f.get("severity") == "error"]
         if not tree and not scan_errors:  # an empty folder, or one with only metadata: nothing to resume from
             row.update(has_weights=False)
-            row["findings_json"] = json.dumps([F.make("missing_model_weights", path=unit["unit"], keys="none")
-                                               .to_dict()])
+            row["findings_json"] = json.dumps([missing_weights(unit["unit"], "none").to_dict()])
         return row
     c = C.of_scan_row(scan_row)[0]
     name_step = unit.get("step_from_name") if c.name_number == "step" else None
@@ -153,11 +152,18 @@ def analyse_unit(unit: dict, scan_row: dict, tensors: List[dict], run_dir: Path,
     return row
 
 
+def missing_weights(path: str, keys: str) -> F.Finding:
+    """``missing_model_weights``: unit ``path`` holds no model weights (``keys``: what it holds instead).
+    Decided by :func:`analyse_unit` (nothing to resume from), :func:`_completeness` (no weights among the
+    components) and the DeepSpeed adapter (no ``mp_rank_XX_model_states.pt``, at scan time)."""
+    return F.make("missing_model_weights", path=path, keys=keys)
+
+
 def _completeness(p: str, c: C.Components, step: Optional[int], name_step: Optional[int]) -> List[F.Finding]:
     """Which components a faithful resume needs and the unit lacks."""
     training_state = c.optimizer is not None or c.scheduler is not None or c.step is not None
     if not c.weights:
-        return [F.make("missing_model_weights", path=p, keys=", ".join(repr(k) for k in c.top_keys[:12]) or "none")]
+        return [missing_weights(p, ", ".join(repr(k) for k in c.top_keys[:12]) or "none")]
     if c.weights_only_format or not training_state:
         return [F.make("weights_only_checkpoint", path=p)]
     out: List[F.Finding] = []

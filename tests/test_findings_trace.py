@@ -27,9 +27,6 @@ MULTI_MODULE: Dict[str, tuple] = {
         {"ckptaudit.hashing": "hash"},
         "built in loadtest (load) and hashing (hash: the file cannot be read while hashing) until hashing "
         "calls the loadtest builder"),
-    "missing_model_weights": (
-        {"ckptaudit.layouts.deepspeed": "scan"},
-        "built in state (state) and layouts/deepspeed (scan) until deepspeed calls state's builder"),
     "step_counter_reset": (
         {"ckptaudit.run_findings": "report"},
         "built in state (state) and the run-level findings (report: the scheduler's last_epoch read over "

@@ -19,7 +19,7 @@ ENTRIES: List[_k] = [
     _k("missing_model_weights", "state", "error", "none",
        "{path} has no model weights that the audit can find (top-level keys: {keys}).",
        "Check the checkpoint's producer; without weights it cannot be resumed or warm-started.",
-       stage="state", detector="ckptaudit.state:_completeness"),
+       stage="state", detector="ckptaudit.state:missing_weights"),
     _k("state_file_unreadable", "state", "error", "warm-start",
        "{path} cannot be read as the JSON training state it should be ({why}): a resume that loads it fails "
        "before the first step, and the step, epoch and best checkpoint it records are unknown.",

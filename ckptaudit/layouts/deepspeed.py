@@ -84,7 +84,9 @@ class DeepSpeed:
         if steps:
             facts["step"] = max(steps)
         if not model_files:
-            scan.add(F.make("missing_model_weights", path=unit["unit"], keys="no mp_rank_XX_model_states.pt"))
+            from ..state import missing_weights
+
+            scan.add(missing_weights(unit["unit"], "no mp_rank_XX_model_states.pt"))
         expected = facts["dp_world_size"]
         if optim_files and expected:
             missing = sorted(set(range(expected)) - set(dp_ranks))
