@@ -19,18 +19,22 @@ from .config import SCHEMA_PATH, _non_finite, check_config, config_problems  # n
 from .run_folder import check_run_dir  # noqa: F401 - re-exported
 
 
-def check_out_dir(run_dir: str | Path, out_dir: str | Path) -> None:
+def check_out_dir(run_dir: str | Path, out_dir: str | Path, state_dir: Optional[str | Path] = None) -> None:
     """Raise ``ValueError`` when ``out_dir`` is the local run folder or inside it.
 
-    The audit writes ``.snakemake/``, its tables and logs into ``out_dir``; inside the run
-    folder that changes what is audited (and the next audit sees its own outputs).  Both
-    paths are resolved (symlinks followed) first; ``s3://`` runs are not checked."""
+    The audit writes its tables, logs and report into ``out_dir``, and Snakemake its ``.snakemake/`` into
+    ``state_dir`` (``ckptaudit audit``: ``out_dir`` itself, the default; plain ``snakemake``: its working
+    directory); inside the run folder that changes what is audited (and the next audit sees its own
+    outputs).  The message names only what would really land in the run.  Both paths are resolved
+    (symlinks followed) first; ``s3://`` runs are not checked."""
     if "://" in str(run_dir):
         return
     rd, out = Path(run_dir).resolve(), Path(out_dir).resolve()
     if out == rd or rd in out.parents:
-        raise ValueError(f"output folder {out} is inside the run folder {rd}; the audit would write .snakemake/ "
-                         "and its tables into what it audits; choose an output folder outside the run")
+        state = Path(state_dir).resolve() if state_dir is not None else out
+        what = ".snakemake/ and its tables" if state == rd or rd in state.parents else "its tables, logs and report"
+        raise ValueError(f"output folder {out} is inside the run folder {rd}; the audit would write {what} "
+                         "into what it audits; choose an output folder outside the run")
 
 
 #: the keys of the config that the stages read (the rest are the workflow's: run_dir, out_dir, demo, drill, …)

@@ -3,8 +3,8 @@
 # Snakemake); nothing heavy is imported here.
 import json
 import os
+import sys
 
-from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 import ckptaudit
@@ -12,10 +12,20 @@ from ckptaudit import workflow_support as ws
 from ckptaudit.pipeline import check_config, check_out_dir, check_run_dir
 
 SCHEMA = os.path.join(workflow.basedir, "config", "schema.yaml")
+
+
+def usage_error(message):
+    """A config or path error: one line on stderr and exit 3 (the audit's own failure), as ``ckptaudit audit``
+    does; a WorkflowError would exit 1, which means "roll back"."""
+    sys.stderr.write(f"ckptaudit: error: {message}\n")
+    sys.stderr.flush()
+    sys.exit(3)
+
+
 try:  # the schema's bounds plus finiteness (NaN passes every JSON Schema bound), in one line
     check_config(config, SCHEMA)
 except ValueError as e:
-    raise WorkflowError(str(e))
+    usage_error(e)
 validate(config, SCHEMA)  # cannot fail after check_config (same schema); its defaults equal config/config.yaml's
 ws.configure_storage(config)  # s3: settings for this process and the jobs it starts (no secrets)
 
@@ -27,11 +37,11 @@ RUN_DIR = config["run_dir"] or DEMO_DIR
 RUN_NAME = config["run_name"] or ws.run_name(RUN_DIR)
 OUT = (config["out_dir"] or os.path.join("reports", RUN_NAME)).rstrip("/")
 try:
-    check_out_dir(RUN_DIR, OUT)
+    check_out_dir(RUN_DIR, OUT, state_dir=os.getcwd())  # Snakemake keeps .snakemake/ in its working directory
     if config["run_dir"]:  # a missing path or a file stops here, in one line (not in the inventory job)
         check_run_dir(RUN_DIR)
 except ValueError as e:
-    raise WorkflowError(str(e))
+    usage_error(e)
 TABLES = f"{OUT}/tables"
 PARTS = f"{OUT}/tables/parts"
 LOGS = f"{OUT}/logs"

@@ -144,3 +144,19 @@ def test_snakemake_missing_run_folder_and_config_typo_stop_in_a_few_lines(where)
     assert p.returncode != 0 and len(out.strip().splitlines()) <= 15, out
     assert "laod: unknown key (did you mean 'load'?)" in out
     assert "properties:" not in out  # not the schema dump
+
+
+def test_snakemake_usage_errors_exit_3_and_say_what_lands_in_the_run(where):
+    """Config and path errors at parse time exit 3 (as ckptaudit audit does), never 1 ("roll back"); the
+    out-inside-run line names what Snakemake would write there (.snakemake/ stays in its working directory)."""
+    p = _snakemake(where, "-n", "audit", "--cores", "1", "--config", f"run_dir={where}/missing")
+    assert p.returncode == 3, p.stdout + p.stderr
+    assert f"ckptaudit: error: {where}/missing: does not exist" in p.stderr
+    run = where / "run_in"
+    run.mkdir(exist_ok=True)
+    (run / "ckpt.pt").write_bytes(b"x")
+    p = _snakemake(where, "-n", "audit", "--cores", "1", "--config", f"run_dir={run}", f"out_dir={run}/o")
+    assert p.returncode == 3, p.stdout + p.stderr
+    assert ("the audit would write its tables, logs and report into what it audits; choose an output folder "
+            "outside the run") in p.stderr
+    assert not (run / "o").exists()
