@@ -150,8 +150,10 @@ def _reset(unit: str, last_epoch: int, evidence: str, step: int, pts: List[tuple
               if per_step and unit.endswith((".pt", ".pth", ".ckpt", ".tar")) else "")
     nxt = "" if repair else ("; this run's scheduler cadence is not one step per optimizer step, so set "
                              "last_epoch to what the schedule had reached at this point")
-    return F.make("step_counter_reset", path=unit, field="scheduler.last_epoch", saved=last_epoch,
-                  evidence=evidence, true_step=step, repair_code=repair, scheduler_text=nxt)
+    from .state import step_counter_reset
+
+    return step_counter_reset(unit, field="scheduler.last_epoch", saved=last_epoch, evidence=evidence,
+                              true_step=step, repair_code=repair, scheduler_text=nxt)
 
 
 def name_counts_saves(units_out: List[dict]) -> bool:

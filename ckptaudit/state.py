@@ -159,6 +159,15 @@ def missing_weights(path: str, keys: str) -> F.Finding:
     return F.make("missing_model_weights", path=path, keys=keys)
 
 
+def step_counter_reset(path: str, **values) -> F.Finding:
+    """``step_counter_reset``: a saved step counter (``field``) went back to ``saved`` where the unit's other
+    evidence says ``true_step``; ``values`` are the template's fields (``field``, ``saved``, ``evidence``,
+    ``true_step``, ``scheduler_text``, ``repair_code``), kept in the detail in the order given.  Decided by
+    :func:`_counter_findings` (one unit) and :func:`ckptaudit.run_findings.scheduler_resets` (the
+    scheduler's ``last_epoch`` read across the run)."""
+    return F.make("step_counter_reset", path=path, **values)
+
+
 def _completeness(p: str, c: C.Components, step: Optional[int], name_step: Optional[int]) -> List[F.Finding]:
     """Which components a faithful resume needs and the unit lacks."""
     training_state = c.optimizer is not None or c.scheduler is not None or c.step is not None
@@ -240,9 +249,9 @@ def _counter_findings(p: str, c: C.Components, step: Optional[int], name_step: O
         le = c.scheduler_last_epoch
         sched = (f"; the scheduler's last_epoch is {le}: if it steps once per optimizer step, set it to {true_step} "
                  "too (its cadence could not be learnt from this unit alone)") if le is not None and le < (true_step or 0) else ""
-        out.append(F.make("step_counter_reset", path=p, field=_field_text(c.step_source), saved=step,
-                          evidence=" and ".join(evidence), true_step=true_step, scheduler_text=sched,
-                          repair_code=_step_repair(p, c.step_source, true_step)))
+        out.append(step_counter_reset(p, field=_field_text(c.step_source), saved=step,
+                                      evidence=" and ".join(evidence), true_step=true_step, scheduler_text=sched,
+                                      repair_code=_step_repair(p, c.step_source, true_step)))
         return out
     if name_step is not None and step is not None and name_step != step:
         out.append(F.make("step_name_disagrees", path=p, name_step=name_step, content_step=step))

@@ -2,9 +2,8 @@
 
 Every ``make("kind", ...)`` call in ``ckptaudit/`` (``make``, ``F.make``, ``findings.make``, found by AST)
 must pass a literal kind and sit in the module of that kind's declared detector, and the detector itself
-must contain one of the calls.  What does not hold yet is listed below with its reason: that list is
-the remaining work of issue 14, not a loophole.  It must only shrink: an entry that is no longer true
-fails the test, so it is taken off when the code moves.
+must contain one of the calls.  There are no exceptions: a kind two modules decide gets one builder in
+its detector's module, which the other calls (e.g. ``formats.zeros``, ``layouts.leftovers``).
 """
 
 from __future__ import annotations
@@ -27,11 +26,8 @@ MULTI_MODULE: Dict[str, tuple] = {
         {"ckptaudit.hashing": "hash"},
         "built in loadtest (load) and hashing (hash: the file cannot be read while hashing) until hashing "
         "calls the loadtest builder"),
-    "step_counter_reset": (
-        {"ckptaudit.run_findings": "report"},
-        "built in state (state) and the run-level findings (report: the scheduler's last_epoch read over "
-        "the whole run) until the run-level pass calls state's builder"),
 }
+
 
 class Site(NamedTuple):
     module: str

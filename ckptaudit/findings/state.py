@@ -63,7 +63,7 @@ ENTRIES: List[_k] = [
        "scheduler), so a resume re-warms the learning rate and restarts step counting.",
        "Restore the counters before resuming{scheduler_text}.",
        "{repair_code}",
-       stage="state", detector="ckptaudit.state:_counter_findings"),
+       stage="state", detector="ckptaudit.state:step_counter_reset"),
     _k("step_name_disagrees", "state", "warning", "resume",
        "{path}: the name says step {name_step} but the contents say {content_step}.",
        "Trust the contents; check the naming in the save code.",
