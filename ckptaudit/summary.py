@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List
 
-from .text import step_text
+from .text import clip, step_text
 
 #: longest "what is wrong" text on a unit's line (the report has the rest)
 WHAT_CHARS = 100
@@ -51,8 +51,7 @@ def _what(unit: Dict, cap: str) -> str:
     head, sep, _ = msg.partition(": ")
     if sep and len(head) >= 20:  # "ckpt_000300.pt is a torch.save zip cut short: it is 722283 bytes …"
         msg = head
-    if len(msg) > WHAT_CHARS:
-        msg = msg[: WHAT_CHARS - 1].rstrip() + "…"
+    msg = clip(msg, WHAT_CHARS)
     more = len({f["kind"] for f in limiting}) - 1
     return msg + (f" (+{more} more)" if more > 0 else "")
 
@@ -83,7 +82,7 @@ def unit_lines(v: Dict) -> List[str]:
         out.append(_healthy_run(run))
     for f in v.get("pointer_findings") or []:
         if f.get("severity") == "error":
-            out.append(f"  pointer {f.get('path')}: {' '.join(str(f.get('message')).split())[:WHAT_CHARS]}")
+            out.append(f"  pointer {f.get('path')}: {clip(' '.join(str(f.get('message')).split()), WHAT_CHARS)}")
     return out
 
 

@@ -1,4 +1,4 @@
-"""Short words the front prints about a unit: its step as ``step 500`` or ``no step``."""
+"""Short words the front prints: a unit's step as ``step 500`` or ``no step``, and long text clipped at a word."""
 
 from __future__ import annotations
 
@@ -10,3 +10,15 @@ def step_text(step: Optional[int]) -> str:
 
     ``verdict._step_txt`` says the same for the verdict's reasons."""
     return "no step" if step is None else f"step {step}"
+
+
+def clip(text: str, limit: int) -> str:
+    """``text`` when it fits in ``limit`` characters, else cut at the last word boundary before it and ended
+    with ``…`` (a single word longer than half the limit is cut inside, still with ``…``)."""
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1]
+    space = cut.rfind(" ")
+    if space > limit // 2:
+        cut = cut[:space]
+    return cut.rstrip(" ,;:([{'\"") + "…"

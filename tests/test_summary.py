@@ -169,3 +169,17 @@ def test_of_a_failed_group_job_only_the_members_that_erred_are_named(tmp_path):
     empty = tmp_path / "empty.log"
     empty.write_text("")
     assert job_errors.job_lines([_Job(str(empty))]) == [f"hash p0003: failed; its log {empty} is empty"]
+
+
+def test_long_lines_are_cut_at_a_word_and_end_with_an_ellipsis():
+    """The user's Lightning run: the pointer line was cut inside "truncated_zip_no_central_di", with no "…"."""
+    msg = ("checkpoints/last.ckpt names 'last.ckpt', which exists but is not usable "
+           "(truncated_zip_no_central_directory); the newest usable checkpoint is checkpoints/epoch=0-step=20.ckpt")
+    v = {**VERDICT, "pointer_findings": [{"severity": "error", "kind": "latest_pointer_target_unusable",
+                                          "path": "checkpoints/last.ckpt", "message": msg}]}
+    line = summary.unit_lines(v)[-1]
+    assert line == ("  pointer checkpoints/last.ckpt: checkpoints/last.ckpt names 'last.ckpt', which exists but is "
+                    "not usable…")
+    long_unit = _u("u.pt", 7, "none", [_f("x", "error", "none", "u.pt: " + "word " * 40 + "end")])
+    what = summary.unit_lines({"units": [long_unit]})[0]
+    assert what.endswith("word…") and len(what.split(": ", 2)[2]) <= summary.WHAT_CHARS
