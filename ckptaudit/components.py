@@ -343,13 +343,25 @@ def _scalars(c: Components, tree, found, contract, facts, layout) -> None:
     v, _ = _search(tree, found, BEST_KEYS, 4)
     c.best_metric = float(v) if v is not None else None
     v, _ = _search(tree, found, LOSS_KEYS, 2)
-    c.loss = float(v) if v is not None else None
+    c.loss = float(v) if v is not None else _logged_loss(tree, c.step)
     c.sampler = any(k in SAMPLER_KEYS for k in c.top_keys) or any(
         fnmatch.fnmatch(f.rsplit("/", 1)[-1], pat) for f in tree for pat in ("sampler*.bin", "dl_state_dict*"))
     if not c.ema:
         c.ema = any(EMA_RE.search(k) for k in c.top_keys)
     _model_args(c, tree)
     _versions(c, tree)
+
+
+def _logged_loss(tree, step) -> Optional[float]:
+    """The loss a Trainer logged last at or before ``step`` (``trainer_state.json`` ``log_history``)."""
+    for fkey, sub in tree.items():
+        hist = sub.get("log_history") if fkey.endswith("trainer_state.json") and isinstance(sub, dict) else None
+        rows = [r for r in hist if isinstance(r, dict)] if isinstance(hist, list) else []
+        got = [scalar(r.get("loss")) for r in rows if scalar(r.get("loss")) is not None
+               and (step is None or (scalar(r.get("step")) is not None and scalar(r.get("step")) <= step))]
+        if got:
+            return float(got[-1])
+    return None
 
 
 def _model_args(c: Components, tree) -> None:

@@ -44,3 +44,17 @@ def test_ticks_are_round():
     assert svg.ticks(0, 1, 5) == [0, 0.2, 0.4, 0.6, 0.8, 1.0]
     assert svg.ticks(47.5, 302.5, 8) == [50, 100, 150, 200, 250, 300]
     assert svg.num(250.0) == "250" and svg.num(0.000482) == "0.000482"
+
+
+def test_tiny_weight_norm_change_has_distinct_ticks_and_says_how_small_it_is():
+    """The HF run's norms 9.072378, 9.072326, 9.072304: both ticks used to read 9.072 over a steep-looking line."""
+    units = [{"unit": f"checkpoint-{s}", "step": s} for s in (5, 10, 15)]
+    rows = [{"unit": "checkpoint-5", "weight_norm": 9.072378}, {"unit": "checkpoint-10", "weight_norm": 9.072326},
+            {"unit": "checkpoint-15", "weight_norm": 9.072304}]
+    c = values.build(units, rows, {})
+    ticks = [m["text"] for m in c["marks"] if m["attrs"].get("class") == "tick" and m["attrs"].get("text-anchor") == "end"]
+    assert ticks == ["9.07230", "9.07235"]
+    assert [m["text"] for m in _classes(c, "value-spread")] == ["varies by 0.00082 % (9.072304 to 9.072378)"]
+    assert svg.relative_spread(3.0, 3.5) is None  # a visible change gets no note
+    fmt = svg.tick_format([0, 100, 200])
+    assert [fmt(v) for v in (0, 100, 200)] == ["0", "100", "200"]

@@ -160,3 +160,16 @@ def test_file_roles_weigh_damage():
     assert roles.capped(f, r, intact=False) == "none"
     assert roles.roles_for("deepspeed", ["g/zero_pp_rank_0_mp_rank_00_optim_states.pt"],
                            {"zero_stage": 3}) == {"g/zero_pp_rank_0_mp_rank_00_optim_states.pt": "weights"}
+
+
+def test_trainer_loss_at_the_save_step_comes_from_log_history():
+    """transformers' trainer_state.json logs the loss every logging_steps: the unit's loss is the last logged at
+    or before its global_step (the HF run of the user: loss at steps 5, 10, 15, 20)."""
+    hist = [{"loss": 3.89, "step": 5}, {"loss": 3.91, "step": 10}, {"eval_loss": 3.5, "step": 10},
+            {"loss": 3.8975, "step": 15}, {"loss": 3.8995, "step": 20}]
+    tree = {"checkpoint-15/trainer_state.json": {"global_step": 15, "log_history": hist}}
+    c = C.collect("hf-trainer", tree, {})
+    assert (c.step, c.loss) == (15, 3.8975)
+    tree = {"checkpoint-12/trainer_state.json": {"global_step": 12, "log_history": hist[:3]}}
+    assert C.collect("hf-trainer", tree, {}).loss == 3.91
+    assert C.collect("hf-trainer", {"t/trainer_state.json": {"global_step": 3, "log_history": hist}}, {}).loss is None

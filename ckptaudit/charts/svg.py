@@ -74,6 +74,24 @@ def num(v: float) -> str:
     return f"{v:.4g}"
 
 
+def tick_format(values: Sequence[float]):
+    """A label format with just enough decimals that neighbouring ``values`` (round ticks) read differently."""
+    vs = sorted(set(values))
+    steps = [b - a for a, b in zip(vs, vs[1:]) if b > a]
+    if not steps or max(abs(v) for v in vs) >= 1e6:
+        return num
+    dec = min(12, max(0, -math.floor(math.log10(min(steps)) + 1e-9)))
+    return lambda v: f"{v:.{dec}f}"
+
+
+def relative_spread(lo: float, hi: float) -> Optional[str]:
+    """Words for a spread far below the values' magnitude (under 0.1 %), e.g. ``varies by 0.00082 %``."""
+    big = max(abs(lo), abs(hi))
+    if not (big > 0 and 0 < hi - lo < 1e-3 * big):
+        return None
+    return f"varies by {(hi - lo) / big * 100:.2g} % ({lo:.7g} to {hi:.7g})"
+
+
 def x_axis(scale: Scale, y: float, values: Iterable[float], label: str = "", top: Optional[float] = None,
            fmt=num) -> List[Mark]:
     """A horizontal axis line at ``y`` with tick labels; grid lines up to ``top`` when given."""

@@ -50,7 +50,12 @@ def build(units: List[dict], state_rows: List[dict], why_missing: Dict[str, str]
             continue
         lo, hi = min(v for _, v in have), max(v for _, v in have)
         y = svg.Scale(*svg.padded(lo, hi, 0.12), bottom - 4, top + 6)
-        marks += svg.y_axis(y, LEFT, WIDTH - RIGHT, svg.ticks(y.d0, y.d1, 3))
+        tv = svg.ticks(y.d0, y.d1, 3)
+        marks += svg.y_axis(y, LEFT, WIDTH - RIGHT, tv, fmt=svg.tick_format(tv))
+        spread = svg.relative_spread(lo, hi)
+        if spread:  # a tiny change drawn over the panel's full height: say how small it is
+            marks.append(svg.label(WIDTH - RIGHT, top + 12, spread, 11, anchor="end", fill=svg.MUTED,
+                                   cls="value-spread"))
         marks.append(svg.polyline([(x(u["step"]), y(v)) for u, v in have], colour, f"series series-{key}"))
         for u, v in pts:
             if v is None:

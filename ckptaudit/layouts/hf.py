@@ -205,6 +205,12 @@ class HFTrainer:
                         raise ValueError(f"global_step is {shown}, not a non-negative integer")
                     scan.tree["trainer_state.json"] = {k: st.get(k) for k in ("global_step", "epoch", "best_metric",
                                                                               "best_model_checkpoint", "max_steps")}
+                    # the loss logged last at or before global_step (components reads it as the unit's loss)
+                    logged = [r for r in st.get("log_history") or [] if isinstance(r, dict) and "loss" in r
+                              and isinstance(r.get("step"), int) and r["step"] <= gs]
+                    if logged:
+                        scan.tree["trainer_state.json"]["log_history"] = [
+                            {"step": logged[-1]["step"], "loss": logged[-1]["loss"]}]
                     scan.facts["global_step"] = st.get("global_step")
                 except (OSError, ValueError) as e:
                     scan.add(F.make("state_file_unreadable", path=f, name=n, why=f"{type(e).__name__}: {e}"[:200]))
