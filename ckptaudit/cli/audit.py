@@ -38,8 +38,10 @@ def audit_command(run_dir, snakemake_args, out_dir, config_file, cores, profile,
 
     \b
     Exit codes (for cron and CI):
-      0  the newest unit is usable for resume
-      1  roll back needed and possible (resume or warm-start from another unit)
+      0  the newest unit is usable for resume (and Lightning's last.ckpt, if
+         any, is intact)
+      1  roll back needed and possible (resume or warm-start from another unit),
+         or last.ckpt is damaged: ckpt_path="last" would fail
       2  nothing usable: retrain
       3  the audit itself failed (bad arguments or config, missing, empty or
          checkpoint-less folder, workflow error); stderr says why
