@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Dict, List
 
+from .resume_hint import instruction
 from .text import clip, step_text
 
 #: longest "what is wrong" text on a unit's line (the report has the rest)
@@ -92,7 +93,15 @@ def summary(v: Dict, out_dir: str | Path) -> str:
     reasons = v.get("reasons") or []
     if reasons and v.get("recommendation") != "resume":
         lines.append(f"  {reasons[0]}")
+    hint = instruction(v)  # how to resume from the rollback point when the framework's default picks another
+    if hint:
+        lines.append(f"  {hint}")
     lines += unit_lines(v)
+    for e in v.get("resume_entries") or []:
+        if not e.get("ok") and e.get("finding"):
+            repair = e["finding"].get("repair")
+            lines.append(f"  resume entry {e['unit']}: damaged, {e['call']} would fail"
+                         + (f"; repair: {repair}" if repair else ""))
     lines.append(f"report: {Path(out_dir) / 'report.html'}")
     return "\n".join(lines)
 
