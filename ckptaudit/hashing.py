@@ -275,10 +275,11 @@ def hash_unit(run_dir: Path, unit: dict, facts: Optional[List[dict]] = None) -> 
             else:
                 digest = ff.sha256_hex
         except OSError as e:
+            from .loadtest import unreadable
+
             rows.append({"unit": unit["unit"], "file": rel, "size_bytes": None, "sha256_hex": "", "hash_seconds": 0.0,
                          "expected_sha256_hex": "", "expected_source": "", "verified": None,
-                         "findings_json": json.dumps([F.make("load_failed", path=rel,
-                                                             why=f"cannot read: {e.strerror}").to_dict()])})
+                         "findings_json": json.dumps([unreadable(rel, f"cannot read: {e.strerror}").to_dict()])})
             continue
         dt = ff.seconds
         if facts is not None:

@@ -211,6 +211,12 @@ def load_in_child(path: str, kind: str, benign: List[str], *, timeout_seconds: f
     return res
 
 
+def unreadable(path: str, why: str) -> F.Finding:
+    """``load_failed`` for a file the hash stage could not even read (``why``), so no load can succeed
+    (:func:`ckptaudit.hashing.hash_unit`); a load that fails in its isolated child is :func:`load_units`'."""
+    return F.make("load_failed", path=path, why=why)
+
+
 def load_units(run_dir: Path, units: List[dict], scans: Dict[str, dict], hashes: Dict[str, List[dict]],
                cfg: dict) -> List[dict]:
     """Rows of the ``load`` table for ``units``.

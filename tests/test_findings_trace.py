@@ -20,14 +20,6 @@ from .conftest import REPO
 PKG = REPO / "ckptaudit"
 STAGES = {"inventory", "hash", "scan", "load", "configdiff", "target", "structure", "state", "report", "any"}
 
-#: kinds built in more modules than their detector's: {kind: ({other module: its stage}, reason)}
-MULTI_MODULE: Dict[str, tuple] = {
-    "load_failed": (
-        {"ckptaudit.hashing": "hash"},
-        "built in loadtest (load) and hashing (hash: the file cannot be read while hashing) until hashing "
-        "calls the loadtest builder"),
-}
-
 
 class Site(NamedTuple):
     module: str
@@ -157,19 +149,12 @@ def test_each_kind_is_made_only_in_its_detector_module():
         if s.kind is not None:
             by_kind.setdefault(s.kind, []).append(s)
     bad = []
-    for kind, (others, reason) in MULTI_MODULE.items():
-        assert kind in F.CATALOGUE and reason and set(others.values()) <= STAGES, kind
     for k in F.CATALOGUE.values():
         mod, _, qual = k.detector.partition(":")
         here = by_kind.get(k.kind, [])
-        allowed, _reason = MULTI_MODULE.get(k.kind, ({}, ""))
-        elsewhere = sorted({s.module for s in here} - {mod})
-        unexpected = [_where(s) for s in here if s.module != mod and s.module not in allowed]
+        unexpected = [_where(s) for s in here if s.module != mod]
         if unexpected:
             bad.append(f"{k.kind} (detector {k.detector}) is also made in {', '.join(unexpected)}")
-        if k.kind in MULTI_MODULE and elsewhere != sorted(allowed):
-            bad.append(f"{k.kind}: MULTI_MODULE says {sorted(allowed)}, the code makes it in {elsewhere} "
-                       "besides its detector: update the list (take the entry off when it is one module)")
         in_detector = [s for s in here if s.module == mod and _inside(s, qual)]
         if not in_detector:
             where = ", ".join(_where(s) for s in here) or "nowhere"
