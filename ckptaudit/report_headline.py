@@ -127,7 +127,7 @@ def pointer_sentence(p: dict) -> str:
     path, target, kind = p["path"], p.get("target") or "nothing", p.get("kind") or ""
     if kind in ("latest_pointer_dangling", "dangling_symlink"):
         return f"The pointer {path} names {target}, which does not exist."
-    if kind == "latest_pointer_incomplete":
+    if kind in ("latest_pointer_incomplete", "symlink_target_unusable"):
         return f"The pointer {path} names {target}, which is not usable."
     if kind == "megatron_tracker_invalid":
         return f"The pointer {path} does not hold an iteration number."

@@ -103,6 +103,10 @@ def default_pick(v: dict, framework: str, rollback: str) -> Tuple[Optional[str],
         return (max(named)[1] if named else None), bool(named)
     if framework == "lightning":
         last = sorted(u["unit"] for u in here if is_lightning_last(u["unit"]))
+        links = [p for p in v.get("pointers") or [] if is_lightning_last(p["path"]) and _parent(p["path"]) == folder]
+        if not last and links:  # save_last="link": the link's target (relative to its folder)
+            tag = (links[-1].get("target") or "").strip()
+            return (_join(folder, tag) if folder and tag else tag or None), True
         return (last[-1] if last else None), bool(last)
     if framework == "deepspeed":
         latest = next((p for p in v.get("pointers") or [] if _base(p["path"]) == "latest"

@@ -112,9 +112,13 @@ def pointer_verdicts(pointers: List[dict], units_out: List[dict], inv_units: Lis
             if file_errs:
                 # a resume through this pointer reads damaged or missing bytes; a unit that is unusable for
                 # other reasons (a changed world size, NaN weights) says so in its own findings
-                errs = file_errs
-                f = F.make("latest_pointer_incomplete", path=p["path"], pointer=p["path"], target=p["target"],
-                           suggestion=suggestion, why=", ".join(errs) or "not usable")
+                why = ", ".join(file_errs) or "not usable"
+                if p["is_symlink"]:  # Lightning save_last="link", a publish symlink: re-point the link
+                    f = F.make("symlink_target_unusable", path=p["path"], pointer=p["path"], target=p["target"],
+                               suggestion=suggestion, why=why)
+                else:  # a text pointer (DeepSpeed latest, Megatron tracker): rewrite the name it holds
+                    f = F.make("latest_pointer_incomplete", path=p["path"], pointer=p["path"], target=p["target"],
+                               suggestion=suggestion, why=why)
                 if u["usable_for"] == "none":
                     u["findings"].append(f.to_dict())
             elif best and u["step"] is not None and best["step"] is not None and best["step"] > u["step"]:

@@ -130,3 +130,29 @@ def test_plain_torch_hint_is_the_file_path(tmp_path):
     v = audit_in_process(run, {}, out_dir=tmp_path / "out")
     assert v["rollback"]["unit"] == "ckpt_10.pt"
     assert v["resume_hint"] == f'Resume from ckpt_10.pt: load "{run}/ckpt_10.pt" in the resume script (the newest unit is ckpt_20.pt).'
+
+
+def test_save_last_link_is_repointed_not_overwritten(tmp_path):
+    """save_last="link": last.ckpt is a symlink (a pointer).  Its target cut short used to get the text-pointer
+    repair `echo -n <name> > last.ckpt.tmp && mv …`, which replaces the link with a text file; the repair
+    re-points the link, and ckpt_path="last" then resumes (the fixture ran that resume)."""
+    case = CASES / "fw_lightning_link_target_truncated"
+    v = _audit(case.name, tmp_path)
+    assert [(p["path"], p["ok"], p["kind"]) for p in v["pointers"]] == [
+        ("checkpoints/last.ckpt", False, "symlink_target_unusable")]
+    f = v["pointer_findings"][0]
+    assert f["repair"] == ("ln -s epoch=1-step=20.ckpt checkpoints/last.ckpt.new && "
+                           "mv -T checkpoints/last.ckpt.new checkpoints/last.ckpt")
+    assert v["rollback"]["unit"] == "checkpoints/epoch=1-step=20.ckpt" and verdict.exit_code(v) == 1
+    assert v["resume_hint"] == (
+        f'Resume from checkpoints/epoch=1-step=20.ckpt explicitly: trainer.fit(model, ckpt_path="{case}/checkpoints/'
+        'epoch=1-step=20.ckpt"); Lightning\'s default trainer.fit(model, ckpt_path="last") would take '
+        "checkpoints/epoch=2-step=30.ckpt.")
+    copy = tmp_path / "run"
+    shutil.copytree(case, copy, symlinks=True)
+    subprocess.run(f["repair"], shell=True, cwd=copy, check=True)
+    assert (copy / "checkpoints" / "last.ckpt").is_symlink()
+    v2 = audit_in_process(copy, case_config(json.loads((case / "expected.json").read_text())),
+                          out_dir=tmp_path / "out2")
+    assert [(p["path"], p["ok"]) for p in v2["pointers"]] == [("checkpoints/last.ckpt", True)]
+    assert v2["resume_hint"] is None

@@ -175,14 +175,16 @@ def _install_kill(kill: dict) -> None:
         raise ValueError(kill["where"])
 
 
-def _default_callbacks(run: Path):
+def _default_callbacks(run: Path, link: bool = False):
     from lightning.pytorch.callbacks import ModelCheckpoint
 
+    if link:  # save_last="link": last.ckpt is a relative symlink to the newest save (_link_checkpoint)
+        return [ModelCheckpoint(dirpath=run / CKPT, save_last="link", save_top_k=-1)]
     return [ModelCheckpoint(dirpath=run / CKPT, save_last=True)]
 
 
 def _train(run: str, making: str, lr: float = 1e-2, optimizer: str = "adamw", gamma: float = 0.9,
-           kill: dict | None = None, tmpdir: str | None = None, default: bool = False) -> None:
+           kill: dict | None = None, tmpdir: str | None = None, default: bool = False, link: bool = False) -> None:
     import warnings
 
     import lightning as L
@@ -197,7 +199,8 @@ def _train(run: str, making: str, lr: float = 1e-2, optimizer: str = "adamw", ga
     model, data = _build(lr, optimizer, gamma)
     if default:
         trainer = L.Trainer(max_epochs=3, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
-                            enable_model_summary=False, default_root_dir=run, callbacks=_default_callbacks(Path(run)))
+                            enable_model_summary=False, default_root_dir=run,
+                            callbacks=_default_callbacks(Path(run), link))
     else:
         trainer = L.Trainer(max_steps=30, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
                             enable_model_summary=False, default_root_dir=run,
@@ -205,7 +208,7 @@ def _train(run: str, making: str, lr: float = 1e-2, optimizer: str = "adamw", ga
     trainer.fit(model, data)
 
 
-def _resume_last(run: str, out: str, default: bool = False) -> None:
+def _resume_last(run: str, out: str, default: bool = False, link: bool = False) -> None:
     """What ``trainer.fit(model, ckpt_path="last")`` does on this run folder (written to ``out``)."""
     import warnings
 
@@ -216,7 +219,7 @@ def _resume_last(run: str, out: str, default: bool = False) -> None:
     model, data = _build(1e-2, "adamw")
     trainer = L.Trainer(max_steps=40, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
                         enable_model_summary=False, default_root_dir=run,
-                        callbacks=_default_callbacks(Path(run)) if default else
+                        callbacks=_default_callbacks(Path(run), link) if default else
                         _callbacks(Path(run), Path(out + ".making")))
     res = {"ckpt_path": "last"}
     try:
@@ -339,17 +342,18 @@ def make_truncated_last(dest: Path) -> dict:
                   equivalent=set(eq))
 
 
-def _probe_last(dest: Path, run: Path, name: str, prepare=None) -> dict:
+def _probe_last(dest: Path, run: Path, name: str, prepare=None, link: bool = False) -> dict:
     """What ``trainer.fit(model, ckpt_path="last")`` does on a copy of ``run`` (``prepare(copy)`` first)."""
     from . import _dist
 
     probe_run = dest / name / "run"
-    shutil.copytree(run, probe_run)
+    shutil.copytree(run, probe_run, symlinks=True)  # a save_last="link" symlink stays a link
     if prepare:
         prepare(probe_run)
     out = dest / name / "resume_last.json"
     codes = _dist.launch("tests.frameworks.fw_lightning", "_resume_last", 1,
-                         {"run": str(probe_run), "out": str(out), "default": True}, dest / name / "logs")
+                         {"run": str(probe_run), "out": str(out), "default": True, "link": link},
+                         dest / name / "logs")
     _dist.check_codes(codes, dest / name / "logs")
     res = json.loads(out.read_text())
     if res.get("resumed_from"):
@@ -397,6 +401,34 @@ def make_default_last_truncated(dest: Path) -> dict:
                   "resume", newest, {f"{CKPT}/last.ckpt": {"layer": "file", "usable_for": "none"}},
                   {"files": names, "last_ckpt_original_bytes": size, "last_ckpt_bytes": LAST_TRUNCATED_BYTES,
                    "resume_ckpt_path_last": broken, "resume_after_repair": repaired})
+
+
+def make_link_target_truncated(dest: Path) -> dict:
+    run, _ = _run(dest, default=True, link=True)
+    last = run / CKPT / "last.ckpt"
+    target = os.readlink(last)
+    t = run / CKPT / target
+    size = t.stat().st_size
+    with open(t, "r+b") as f:
+        f.truncate(size // 2)
+    names = _units(run)
+    prev = _newest_periodic(names, below=_step_of(target))
+    broken = _probe_last(dest, run, "resume_probe", link=True)
+
+    def repair(r: Path) -> None:  # the audit's printed repair for the link, run in the run folder
+        base = prev.rsplit("/", 1)[-1]
+        subprocess.run(f"ln -s {base} {CKPT}/last.ckpt.new && mv -T {CKPT}/last.ckpt.new {CKPT}/last.ckpt",
+                       shell=True, cwd=r, check=True)
+
+    repaired = _probe_last(dest, run, "repaired_probe", repair, link=True)
+    return _truth("lightning_link_target_truncated",
+                  f"Trainer(max_epochs=3), ModelCheckpoint(save_last='link', save_top_k=-1): last.ckpt is a "
+                  f"symlink to {target}, which was then cut to {size // 2} of {size} bytes. "
+                  f"trainer.fit(ckpt_path='last') fails: {broken.get('error', broken)}; after re-pointing the link "
+                  f"at {prev.rsplit('/', 1)[-1]} it resumes ({repaired.get('ok')}).",
+                  "resume", prev, {f"{CKPT}/{target}": {"layer": "file", "usable_for": "none"}},
+                  {"files": names, "link_target": target, "resume_ckpt_path_last": broken,
+                   "resume_after_repair": repaired})
 
 
 def make_sigkill_save30(dest: Path) -> dict:
@@ -485,4 +517,5 @@ FIXTURES = {
     "lightning_nan_divergence": make_nan_divergence,
     "lightning_default_clean": make_default_clean,
     "lightning_default_last_truncated": make_default_last_truncated,
+    "lightning_link_target_truncated": make_link_target_truncated,
 }

@@ -59,6 +59,14 @@ CASES = {
          "description": "Lightning 2.6 Trainer(max_epochs=3) with the default ModelCheckpoint(save_last=True); "
                         "last.ckpt (a full copy, not a pointer) cut to 6000 bytes: trainer.fit(ckpt_path='last') "
                         "fails in torch.load; copying epoch=2-step=30.ckpt over it makes that resume work again."}),
+    "fw_lightning_link_target_truncated": (
+        "lightning_link_target_truncated", ["checkpoints/epoch=1-step=20.ckpt", "checkpoints/epoch=2-step=30.ckpt",
+                                            "checkpoints/last.ckpt"],
+        {"layer": "file", "expected_error_kind": "symlink_target_unusable", "rollback_quality": "none",
+         "rollback_candidate": "checkpoints/epoch=1-step=20.ckpt",
+         "description": "Lightning 2.6 ModelCheckpoint(save_last='link', save_top_k=-1): last.ckpt is a symlink to "
+                        "epoch=2-step=30.ckpt, which was cut to half: ckpt_path='last' fails; re-pointing the link "
+                        "(ln -s, not a name written into it) at epoch=1-step=20.ckpt makes it resume."}),
     "ok_fw_lightning_default_save_last": (
         "lightning_default_clean", ["checkpoints"],
         {"layer": "none", "expected_error_kind": "ok", "rollback_quality": "full",
