@@ -197,6 +197,10 @@ ENTRIES: List[_k] = [
        "Resume from the newest usable checkpoint instead ({suggestion}); rewrite {pointer} atomically to name it.",
        "echo -n {suggestion} > {pointer}.tmp && mv {pointer}.tmp {pointer}",
        stage="report", detector="ckptaudit.verdict:pointer_verdicts"),
+    _k("resume_entry_damaged", "file", "error", "none",
+       "{path} is the checkpoint Lightning's trainer.fit(model, ckpt_path=\"last\") resumes from, and it is "
+       "damaged ({why}): a job resuming as configured would fail in the load{intact_text}.",
+       "{next_text}", "{repair_code}", stage="report", detector="ckptaudit.resume_entry:entry_findings"),
     _k("latest_pointer_not_newest", "file", "info", "resume",
        "{pointer} names {target!r} but a newer usable checkpoint exists ({suggestion}).",
        "Check whether the newer checkpoint should be resumed from.",
@@ -206,6 +210,12 @@ ENTRIES: List[_k] = [
        "Point it at the newest usable checkpoint ({suggestion}).",
        "ln -s {suggestion} {pointer}.new && mv -T {pointer}.new {pointer}",
        stage="report", detector="ckptaudit.verdict:pointer_verdicts"),
+    _k("symlink_target_unusable", "file", "error", "none",
+       "{pointer} is a symbolic link to {target!r}, which exists but is not usable ({why}).",
+       "Point the link at the newest usable checkpoint ({suggestion}); writing its name into {pointer} would "
+       "replace the link with a text file that no loader reads as a checkpoint.",
+       "ln -s {suggestion} {pointer}.new && mv -T {pointer}.new {pointer}", stage="report",
+       detector="ckptaudit.verdict:pointer_verdicts"),
     _k("megatron_tracker_invalid", "file", "error", "none",
        "{pointer} does not hold an iteration number or 'release' (it holds {content!r}).",
        "Rewrite it with the newest complete iteration ({suggestion}).",
