@@ -62,7 +62,8 @@ def pass_file(path, *, whole_sha: bool = True, chunk_bytes: Optional[int] = None
     if data is None and not whole_sha and threads > 1 and size > 2 * BUFFER_BYTES:
         segments = split_points(size, threads, chunk_bytes or BUFFER_BYTES)
     parts = []
-    with ThreadPoolExecutor(max_workers=max(2, len(segments))) as pool:
+    # one segment: SHA-256, CRC32 and the value statistics of a buffer side by side; else one thread a segment
+    with ThreadPoolExecutor(max_workers=max(3, len(segments))) as pool:
         def one(seg):
             cons = [RangeCrc32(crc_ranges) if crc_ranges else None, RangeValues(value_ranges) if value_ranges else None,
                     ChunkSha256(chunk_bytes, seg[0]) if chunk_bytes else None, Sha256() if whole_sha else None]
