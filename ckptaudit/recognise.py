@@ -251,23 +251,22 @@ def find(tree: Dict[str, Any]) -> Found:
     return out
 
 
+#: the component kinds in the order they are tried (first match wins): (kind, its recognisers)
+_KINDS = (
+    ("zero", (is_zero_wrapper,)),
+    ("optimizer", (is_optimizer, is_flat_optimizer)),
+    ("scheduler", (is_scheduler,)),
+    ("scaler", (is_scaler,)),
+    ("rng", (is_rng, is_rng_bundle)),
+    ("weights", (is_weights,)),
+)
+
+
 def _visit(fkey: str, x: Any, path: str, key: str, out: Found, budget: List[int], depth: int) -> None:
     budget[0] -= 1
     if budget[0] < 0 or depth > 40:
         return
-    kind = None
-    if is_zero_wrapper(x):
-        kind = "zero"
-    elif is_optimizer(x) or is_flat_optimizer(x):
-        kind = "optimizer"
-    elif is_scheduler(x):
-        kind = "scheduler"
-    elif is_scaler(x):
-        kind = "scaler"
-    elif is_rng(x) or is_rng_bundle(x):
-        kind = "rng"
-    elif is_weights(x):
-        kind = "weights"
+    kind = next((k for k, tests in _KINDS if any(t(x) for t in tests)), None)
     if kind:
         out.nodes.append(Node(kind, fkey, path, x, key))
         if kind != "zero":
