@@ -152,4 +152,4 @@ def instruction(v: Dict) -> Optional[str]:
         return None
     if fw in NAMES:
         return f"Resume from {rb['unit']} explicitly: {how}; the newest unit is {newest['unit']}."
-    return f"Resume from {rb['unit']}: {how} (the newest unit is {newest['unit']})."
+    return f"To resume, {how}, not the newest unit {newest['unit']}."

@@ -143,11 +143,14 @@ def test_report_charts_and_headline(reports):
     box = html[html.index('class="headline"'):html.index('id="chart-timeline"')]
     items = re.findall(r"<li>(.*?)</li>", box)
     assert items[0] == "Resume from ckpt_000250.pt (step 250), losing 50 steps."
-    assert items[1] == ("ckpt_000300.pt (step 300), the newest unit, is unusable: the file is cut short "
+    # how to resume from it (plain torch.save files: the resume script names the file)
+    assert items[1] == (f"To resume, load &#34;{run.run_dir}/ckpt_000250.pt&#34; in the resume script, "
+                        "not the newest unit ckpt_000300.pt.")
+    assert items[2] == ("ckpt_000300.pt (step 300), the newest unit, is unusable: the file is cut short "
                         "(the save did not finish).")
-    assert items[2].startswith("ckpt_000150.pt (step 150) is unusable: silent corruption of an older unit")
-    assert items[2].endswith("it was modified after ckpt_000300.pt (step 300), a newer unit, was written.")
-    assert len(items) == 3
+    assert items[3].startswith("ckpt_000150.pt (step 150) is unusable: silent corruption of an older unit")
+    assert items[3].endswith("it was modified after ckpt_000300.pt (step 300), a newer unit, was written.")
+    assert len(items) == 4
     assert not re.search(r"\bbytes? \d|\d+ bytes|[0-9a-f]{16}|data/\d", box)  # no byte counts, offsets or hashes
     # layers that were not checked say so, and why
     assert html.count("not checked (not loaded: file errors)") == 6  # structure + state of 2 units, 2 state rows

@@ -129,7 +129,7 @@ def test_plain_torch_hint_is_the_file_path(tmp_path):
     (run / "ckpt_20.pt").write_bytes(data[: len(data) // 2])
     v = audit_in_process(run, {}, out_dir=tmp_path / "out")
     assert v["rollback"]["unit"] == "ckpt_10.pt"
-    assert v["resume_hint"] == f'Resume from ckpt_10.pt: load "{run}/ckpt_10.pt" in the resume script (the newest unit is ckpt_20.pt).'
+    assert v["resume_hint"] == f'To resume, load "{run}/ckpt_10.pt" in the resume script, not the newest unit ckpt_20.pt.'
 
 
 def test_save_last_link_is_repointed_not_overwritten(tmp_path):
