@@ -183,3 +183,15 @@ def test_long_lines_are_cut_at_a_word_and_end_with_an_ellipsis():
     long_unit = _u("u.pt", 7, "none", [_f("x", "error", "none", "u.pt: " + "word " * 40 + "end")])
     what = summary.unit_lines({"units": [long_unit]})[0]
     assert what.endswith("word…") and len(what.split(": ", 2)[2]) <= summary.WHAT_CHARS
+
+
+def test_drill_summary_line_is_cut_at_a_word_boundary():
+    from ckptaudit.drill.outputs import summary_line
+
+    message = ("the restore hook could not be used: set drill.hook to your job's restore function "
+               "(\"package.module:function\", see docs/drill.md): 'ckptaudit.demo:restore_hook' cannot restore it")
+    rows = [{"check": "restore_hook", "device": "cpu", "status": "fail", "message": message}]
+    line = summary_line({"exit_code": 3, "unit": "checkpoint-20", "step": 20}, rows)
+    assert line == ("ckptaudit drill: DRILL FAILED checkpoint-20 (step 20): restore_hook@cpu: the restore hook "
+                    "could not be used: set drill.hook to your job's restore function (\"package.module:function\", "
+                    "see docs/drill.md)…")

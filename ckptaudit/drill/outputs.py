@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .._io import atomic_write
-from ..text import step_text
+from ..text import clip, step_text
 from .contract import CHECKS, EXIT_FAILED, EXIT_NO_UNIT, EXIT_PROBLEM, INFRA_CHECKS, STATUS_WORDS
 
 
@@ -18,7 +18,7 @@ def summary_line(doc: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> s
     where = f" {doc['unit']} ({step_text(doc.get('step'))})" if doc.get("unit") else ""
 
     def short(s: str, n: int = 180) -> str:
-        return s if len(s) <= n else s[: n - 1] + "…"
+        return clip(s, n)  # at a word boundary, ended with …
 
     if code == EXIT_NO_UNIT:
         why = next((r["message"] for r in rows if r["check"] == "eligibility"), "")
