@@ -115,7 +115,8 @@ def _child(path: str, kind: str, benign: List[str], limit_bytes: int, wfd: int) 
         torch.set_num_threads(1)
         if kind == "safetensors":
             from safetensors import safe_open
-
+        rchar0 = _rchar()  # the load's own reads: imports (a cold .pyc cache reads MBs of sources) not counted
+        if kind == "safetensors":
             n = 0
             with safe_open(path, framework="pt", device="cpu") as f:
                 for k in f.keys():

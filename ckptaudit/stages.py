@@ -156,6 +156,7 @@ def stage_load(inv: dict, part: str, cfg: dict, scan_path: str, hash_path: str, 
     from . import fs, loadtest, tables
 
     before = fs.stage_bytes()
+    children_before = loadtest.child_bytes_read()  # the counter is per process: this stage's share only
     scans = {r["unit"]: r for r in tables.read_rows(scan_path)}
     hashes = _by_unit(tables.read_rows(hash_path))
     run_dir = _run_dir(inv, cfg)
@@ -166,7 +167,7 @@ def stage_load(inv: dict, part: str, cfg: dict, scan_path: str, hash_path: str, 
                                    lambda f: [{**loadtest.skip_row(u["unit"], "", "the load stage failed on this unit"),
                                                "findings_json": json.dumps([f.to_dict()])}]))
     tables.write("load", rows, out)
-    _write_bytes(out, "load", part, before, loadtest_bytes=loadtest.child_bytes_read())
+    _write_bytes(out, "load", part, before, loadtest_bytes=loadtest.child_bytes_read() - children_before)
     return rows
 
 
