@@ -26,6 +26,7 @@ import hashlib
 import json
 import os
 import re
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -188,8 +189,9 @@ def _file_passes(run_dir: Path, unit: dict, manifest_entries: Dict[str, dict], p
         try:
             me = manifest_entries.get(rel)
             chunked = _chunked(me, p.stat().st_size)
-            ff = pass_file(p, whole_sha=not chunked, chunk_bytes=me["chunk_bytes"] if chunked else None,
-                           progress=Progress(prog))
+            with _PASS_SLOTS:
+                ff = pass_file(p, whole_sha=not chunked, chunk_bytes=me["chunk_bytes"] if chunked else None,
+                               progress=Progress(prog))
         except OSError as e:
             return e
         ff.seconds = time.perf_counter() - t0
@@ -204,6 +206,11 @@ def _file_passes(run_dir: Path, unit: dict, manifest_entries: Dict[str, dict], p
 
 #: Files of one unit read at once by the hash stage (each holds two read buffers: memory stays bounded).
 FILES_AT_ONCE = 4
+#: File passes in flight in one process, whatever the units hashed at once (``stages.stage_hash``'s threads)
+#: and their files: each pass holds two buffers of ``onepass.stream.BUFFER_BYTES`` (8 MiB) plus the value
+#: scan's 1 MiB temporaries, so the hash job stays within ~100 MiB over its baseline.
+PASSES_AT_ONCE = 4
+_PASS_SLOTS = threading.BoundedSemaphore(PASSES_AT_ONCE)
 
 
 def hash_unit(run_dir: Path, unit: dict, facts: Optional[List[dict]] = None) -> List[dict]:

@@ -36,8 +36,13 @@ def auto_units_per_job(n_units: int) -> int:
 
 
 #: "auto" packs consecutive units into one part while the part stays within this many bytes
-#: (and :data:`SMALL_PART_UNITS` units): a few small units cost one set of jobs, not one set each
-SMALL_PART_BYTES = 256 << 20
+#: (and :data:`SMALL_PART_UNITS` units): a few units cost one set of jobs, not one set each.  A part's
+#: fixed cost is ~7 fresh Python processes and one ``import torch``, ~3.5 CPU-s, the SHA-256 of ~4 GiB
+#: at 1.2 GiB/s on one core (docs/benchmarks-history.md, issue 15): below that, start-up outweighs the
+#: bytes.  The hash job of a packed part hashes its units at once on the cores it is given
+#: (``rules/resources.smk``: ``get_hash_threads``), so packing costs no parallelism locally; units larger
+#: than this keep a part each, so a cluster spreads them over nodes.
+SMALL_PART_BYTES = 4 << 30
 SMALL_PART_UNITS = 16
 
 
@@ -51,7 +56,7 @@ def assign_parts(units: List[Unit], units_per_job) -> Dict[str, List[str]]:
     ``max(SMALL_PART_UNITS, that count)``, while its bytes stay within
     :data:`SMALL_PART_BYTES` — so a run of up to 16 small units is one part (one job
     per stage: per-job start-up, not bytes, is what a small unit costs), while units
-    of hundreds of MiB keep a part each and run in parallel.  The grouping depends
+    of several GiB keep a part each and run in parallel.  The grouping depends
     only on the order, the unit count and the sizes of the units, so new (later)
     units only touch the last part.
     """

@@ -1,4 +1,5 @@
-# Config/environment diff: saved model args and versions vs the target.
+# Config/environment diff: saved model args and versions vs the target.  It reads what the scan
+# found (no tensor data, nothing unpickled), so it runs beside the load test, not after it.
 
 
 rule configdiff:
@@ -6,7 +7,6 @@ rule configdiff:
         "envs/ckptaudit.yaml"
     input:
         scan=f"{PARTS}/scan/{{part}}.parquet",
-        load=f"{PARTS}/load/{{part}}.parquet",
         config=f"{WORK}/config.json",
         inventory_done=get_inventory_done,
     output:

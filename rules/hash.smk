@@ -19,7 +19,7 @@ rule hash:
         f"{LOGS}/hash/{{part}}.log",
     benchmark:
         f"{BENCH}/hash/{{part}}.tsv"
-    threads: STAGE_THREADS
+    threads: get_hash_threads
     resources:
         mem_mb=get_part_mem_mb("hash"),
         runtime=get_part_runtime("hash"),

@@ -24,6 +24,8 @@ rule load:
     benchmark:
         f"{BENCH}/load/{{part}}.tsv"
     threads: STAGE_THREADS
+    # the longest job after the scan (``import torch``): started first, while the cheaper stages share the rest
+    priority: 10
     resources:
         mem_mb=get_part_mem_mb("load"),
         runtime=get_part_runtime("load"),

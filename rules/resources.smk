@@ -14,7 +14,7 @@ from snakemake.exceptions import IncompleteCheckpointException
 from ckptaudit import cluster
 
 PART_GROUP = "unit"
-STAGE_THREADS = 1  # every stage is single-threaded; a part's units are audited one after another
+STAGE_THREADS = 1  # the stages after hash audit a part's units one after another
 
 
 def get_inventory_done(wildcards):
@@ -57,6 +57,14 @@ def _sizes():
 def _part_size(wildcards):
     """(total bytes, largest unit's bytes, units) of the job's part."""
     return _sizes()[0].get(wildcards.part, (0, 0, 0))
+
+
+def get_hash_threads(wildcards):
+    """The hash job's threads (ckptaudit.cluster.hash_threads: one per 256 MiB of its part, at most one per
+    unit; Snakemake caps it at --cores).  A part packs several units (ckptaudit.parts.assign_parts) and the job
+    hashes them at once, so packing big units costs no parallelism."""
+    total, _largest, n = _part_size(wildcards)
+    return cluster.hash_threads(total, n)
 
 
 def get_part_mem_mb(stage):

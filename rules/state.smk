@@ -1,4 +1,5 @@
-# State: components present and sound, counters, streamed NaN/Inf scan.
+# State: components present and sound, counters, NaN/Inf counts (from the hash stage's one pass).
+# It reads the scan's tables and the byte facts, so it runs beside the load test and configdiff.
 
 
 rule state:
@@ -7,7 +8,6 @@ rule state:
     input:
         scan=f"{PARTS}/scan/{{part}}.parquet",
         tensors=f"{PARTS}/tensors/{{part}}.parquet",
-        configdiff=f"{PARTS}/configdiff/{{part}}.parquet",
         facts=f"{WORK}/bytefacts/{{part}}.parquet",
         config=f"{WORK}/config.json",
         inventory_done=get_inventory_done,

@@ -72,7 +72,9 @@ def test_auto_packs_small_units_into_one_part_and_keeps_big_ones_apart():
     kib, gib = 1 << 10, 1 << 30
     assert list(assign_parts(_sized([16 * kib] * 3), "auto")) == ["p0000"]  # a tiny run: one part
     assert [len(v) for v in assign_parts(_sized([16 * kib] * 17), "auto").values()] == [16, 1]
-    assert [len(v) for v in assign_parts(_sized([gib] * 3), "auto").values()] == [1, 1, 1]
+    assert [len(v) for v in assign_parts(_sized([gib] * 3), "auto").values()] == [3]  # 3 GiB: one part, hashed at once
+    assert [len(v) for v in assign_parts(_sized([gib] * 6), "auto").values()] == [4, 2]  # parts stop at 4 GiB
+    assert [len(v) for v in assign_parts(_sized([5 * gib] * 3), "auto").values()] == [1, 1, 1]  # big units apart
     half = SMALL_PART_BYTES // 2
     assert [len(v) for v in assign_parts(_sized([half] * 5), "auto").values()] == [2, 2, 1]
     # a large run keeps the count rule: 1,000 small units in 16 parts of 64, big units too

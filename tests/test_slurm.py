@@ -51,6 +51,17 @@ def test_mem_mb_report_grows_with_units_and_retries_ask_for_more():
     assert mem_mb_for("hash", attempt=0) == 512
 
 
+def test_hash_threads_follow_the_parts_bytes_not_its_unit_count():
+    """A part of big units asks for a core per unit it hashes at once; a part of many small units, whose hashing
+    is Python under the GIL, asks for one (so other parts' jobs keep the other cores)."""
+    from ckptaudit.cluster import hash_threads
+
+    assert hash_threads(3 << 30, 3) == 3
+    assert hash_threads(16 << 20, 64) == 1
+    assert hash_threads(600 * MIB, 16) == 2
+    assert hash_threads(0, 0) == 1
+
+
 def test_runtime_minutes_from_bytes_units_and_attempt():
     assert runtime_for("hash", 0, 1) == 1 + 1  # 1 s per unit, doubled, rounded up to a minute
     # 6000 MiB at 100 MiB/s = 60 s, + 32 units x 1 s = 92 s, doubled = 184 s -> 4 min, + 1 base

@@ -1,7 +1,7 @@
 """Resource sizing for the rules: memory (MiB) and runtime (minutes) of each stage's jobs.
 
 Pure functions the rules' ``resources:`` call through ``rules/resources.smk``:
-:func:`mem_mb_for`, :func:`runtime_for`, :func:`part_size`.  Memory is MiB (Snakemake's
+:func:`mem_mb_for`, :func:`runtime_for`, :func:`part_size`, :func:`hash_threads`.  Memory is MiB (Snakemake's
 ``mem_mb``), runtime is minutes (Snakemake's ``runtime``), both grow with the ``attempt``
 number so a job killed for memory or time (an infrastructure failure, see
 ``config/profiles/slurm/config.yaml``) is retried with more.  Stdlib only.
@@ -56,6 +56,17 @@ DEFAULT_SECONDS_PER_UNIT = 1.0
 #: Snakemake adds up its members' runtimes, so their base is small.
 BASE_RUNTIME_MIN: Dict[str, int] = {"inventory": 10, "report": 5}
 DEFAULT_BASE_RUNTIME_MIN = 1
+
+#: Bytes of a part per thread its hash job asks for: below ~256 MiB a unit's hashing is mostly Python
+#: (planning, parsing, writing rows, under the GIL), so more threads would only reserve cores idle.
+HASH_BYTES_PER_THREAD = 256 * MIB
+
+
+def hash_threads(total_bytes: int, n_units: int) -> int:
+    """Threads of a part's hash job: one per :data:`HASH_BYTES_PER_THREAD` of its ``total_bytes``, at most one
+    per unit (``n_units``; the job hashes its units at once, ``ckptaudit.stages.stage_hash``), at least 1.
+    Snakemake caps it at ``--cores`` (the SLURM profile's ``cores: 1`` makes it 1 there)."""
+    return max(1, min(int(n_units), int(total_bytes) // HASH_BYTES_PER_THREAD))
 
 
 def _stage(stage: str) -> str:

@@ -35,41 +35,46 @@ def _chunk_stats(a, dtype: str) -> Tuple[int, float]:
         return int(np.count_nonzero((a & 0x7F) == 0x7F)), 0.0
     if dtype == "float8_e5m2":
         return int(np.count_nonzero((a & 0x7C) == 0x7C)), 0.0
-    if dtype == "bfloat16":
-        bad = int(np.count_nonzero((a & 0x7F80) == 0x7F80))
-        f = (a.astype(np.uint32) << 16).view(np.float32)
-    else:
-        f = a
-        bad = f.size - int(np.count_nonzero(np.isfinite(f)))
-    if bad:
-        f = f[np.isfinite(f)]
-    return bad, _sum_squares(f)
+    f = (a.astype(np.uint32) << 16).view(np.float32) if dtype == "bfloat16" else a  # bf16: the upper half
+    return _blocks(f)
 
 
 _BLOCK = 1 << 16
 
 
-def _sum_squares(f) -> float:
-    """Σx² of finite values: float32 dot products over 64 Ki-element blocks, added
-    in float64 (no float64 copy of the chunk); recomputed in float64 only when a
-    block overflows float32."""
+def _blocks(f) -> Tuple[int, float]:
+    """(non-finite count, Σx² of the finite values) of float array ``f``: float32 dot products over
+    64 Ki-element blocks (float16 blocks widened to float32 first), added in float64.
+
+    A NaN or ±Inf element makes its block's dot product non-finite (squares are ≥ 0, so no Inf − Inf
+    cancels it), so a block whose sum is finite holds only finite values and is not tested element by
+    element; only a non-finite block (a NaN/Inf in it, or squares past float32's range) is counted with
+    ``isfinite`` and summed again over its finite values, in float64."""
     import numpy as np
 
     if f.size == 0:
-        return 0.0
-    if f.dtype == np.float64:
-        return float(np.dot(f, f))
-    total = 0.0
-    with np.errstate(over="ignore", invalid="ignore"):  # an overflowing block is redone in float64 below
-        for i in range(0, f.size, _BLOCK):
-            b = f[i:i + _BLOCK]
-            if b.dtype != np.float32:
+        return 0, 0.0
+    bad, total = 0, 0.0
+    step = f.size if f.dtype == np.float64 else _BLOCK
+    with np.errstate(over="ignore", invalid="ignore"):  # a non-finite block is redone below
+        for i in range(0, f.size, step):
+            b = f[i:i + step]
+            if b.dtype not in (np.float32, np.float64):
                 b = b.astype(np.float32)
-            total += float(np.dot(b, b))
-    if not np.isfinite(total):
-        f64 = f.astype(np.float64)
-        total = float(np.dot(f64, f64))
-    return total
+            q = float(np.dot(b, b))
+            if q != q or q in (float("inf"), float("-inf")):
+                ok = np.isfinite(b)
+                n_ok = int(np.count_nonzero(ok))
+                bad += b.size - n_ok
+                g = (b if n_ok == b.size else b[ok]).astype(np.float64)
+                q = float(np.dot(g, g))
+            total += q
+    return bad, total
+
+
+def _sum_squares(f) -> float:
+    """Σx² of the finite values of float array ``f`` (see :func:`_blocks`)."""
+    return _blocks(f)[1]
 
 
 def buffer_stats(buf, dtype: str) -> Tuple[int, float]:

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import re
 import struct
-import zlib
 from typing import Dict, List, Optional, Tuple
 
 from ... import findings
 from ...findings import Finding
+from ...onepass.crc32 import crc32
 from .central import _read_descriptor
 from .reader import (_CENTRAL_SIZE, _EOCD_SIZE, _LOCAL_SIZE, SIG_CENTRAL, SIG_DESCRIPTOR, SIG_EOCD, SIG_LOCAL,
                      SIG_ZIP64_EOCD, SIG_ZIP64_LOCATOR, Member, _File, _strip, _zip64_extra)
@@ -52,7 +52,7 @@ def _scan_descriptor(fh: _File, data_offset: int, chunk: int) -> Optional[dict]:
                 if c64 == length and u64 == length:
                     ok_len = 24
             if ok_len or len(dd) < 16:
-                crc_here = zlib.crc32(bufb[:i], crc)
+                crc_here = crc32(bufb[:i], crc)
                 stored = struct.unpack_from("<I", dd, 4)[0] if len(dd) >= 8 else None
                 if ok_len:
                     return {"size": length, "crc_stored": stored, "crc_actual": crc_here, "dd_len": ok_len}
@@ -61,7 +61,7 @@ def _scan_descriptor(fh: _File, data_offset: int, chunk: int) -> Optional[dict]:
                             "dd_len": len(dd)}
             i = bufb.find(SIG_DESCRIPTOR, i + 1)
         keep = min(3, len(bufb))
-        crc = zlib.crc32(bufb[: len(bufb) - keep], crc)
+        crc = crc32(bufb[: len(bufb) - keep], crc)
         done += len(bufb) - keep
         carry = bufb[len(bufb) - keep:]
     return None

@@ -9,11 +9,11 @@ from __future__ import annotations
 import bisect
 import os
 import struct
-import zlib
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from ... import fs
+from ...onepass.crc32 import crc32
 
 SIG_LOCAL = b"PK\x03\x04"
 SIG_CENTRAL = b"PK\x01\x02"
@@ -141,7 +141,7 @@ class _File:
             k = f.readinto(view[: min(len(buf), n - done)])
             if not k:
                 break
-            crc = zlib.crc32(view[:k], crc)
+            crc = crc32(view[:k], crc)
             done += k
         return crc, done
 
