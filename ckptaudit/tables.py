@@ -64,10 +64,12 @@ SCHEMAS: Dict[str, pa.Schema] = {
         ("expected_sha256_hex", S), ("expected_source", S), ("verified", B), ("findings_json", S),
     ]),
     # bytefacts (internal, <out>/work/bytefacts/): what the hash stage's one pass computed for later stages,
-    # one row per zip record CRC32 (kind "crc") or tensor value range (kind "values"); see ckptaudit.onepass.facts
+    # one row per zip record CRC32 (kind "crc"), tensor value range ("values"), tensor-data range ("tensor_data")
+    # or kept piece of a remote object ("bytes", its bytes in "data"); see ckptaudit.onepass.facts
     "bytefacts": pa.schema([
         ("unit", S), ("file", S), ("kind", S), ("member", S), ("data_offset", I), ("length_bytes", I),
         ("crc32", I), ("dtype", S), ("nonfinite", I), ("sum_squares", F), ("seen_bytes", I), ("size_bytes", I),
+        ("data", pa.binary()), ("zero_offset", I), ("zero_bytes", I),
     ]),
     # scan (file + security layers from bytes): one row per unit
     "scan": pa.schema([

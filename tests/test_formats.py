@@ -780,3 +780,21 @@ def test_legacy_size_prefix_mismatch(tmp_path, small_legacy):
     _, (fnd,) = check_legacy(p)
     assert fnd.kind == "legacy_storage_size_mismatch"
     assert (fnd.detail["found"], fnd.detail["expected"]) == (count + 1, count)
+
+
+@pytest.mark.parametrize("comment", [0, 100, 5000, 65535])
+def test_end_record_found_behind_a_zip_comment_of_any_length(tmp_path, comment):
+    """The end record is looked for in the last 4 KiB first (torch.save writes no comment) and in the whole
+    22 + 65,535-byte window when it is not there: a comment of any length still finds the central directory."""
+    from ckptaudit.formats.zip.central import _find_central_directory
+    from ckptaudit.formats.zip.reader import _File
+
+    p = tmp_path / "c.zip"
+    with zipfile.ZipFile(p, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("c/data.pkl", b"x" * 10_000)
+        z.writestr("c/data/0", os.urandom(200_000))
+        z.comment = b"#" * comment
+    with zipfile.ZipFile(p) as z:
+        want = z.start_dir
+    cd = _find_central_directory(_File(str(p), window=65536, prefetch=False))
+    assert isinstance(cd, dict) and cd["cd_offset"] == want and cd["n_entries"] == 2

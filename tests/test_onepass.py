@@ -9,6 +9,8 @@ import zlib
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ckptaudit import fs
 from ckptaudit.onepass import facts
@@ -246,3 +248,80 @@ def test_verdicts_are_the_same_without_the_facts(tmp_path, monkeypatch):
     sa = pq.read_table(tmp_path / "with" / "tables" / "state.parquet", columns=["nonfinite_tensors"]).to_pylist()
     sb = pq.read_table(tmp_path / "without" / "tables" / "state.parquet", columns=["nonfinite_tensors"]).to_pylist()
     assert sa == sb
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300), st.lists(st.tuples(st.integers(0, 299), st.integers(1, 90)), max_size=5))
+def test_nul_runs_are_the_maximal_runs_of_nul_bytes(noise, holes):
+    """Every NUL run of >= 15 bytes and every run at an edge is found, each exactly (start, length); nothing else
+    but true maximal runs is listed (the word-at-a-time kernel against a regex over the bytes)."""
+    import re
+
+    from ckptaudit.onepass.nulruns import nul_runs
+
+    b = bytearray(x | 1 for x in noise)
+    for s, n in holes:
+        b[s:s + n] = bytes(len(b[s:s + n]))
+    b = bytes(b)
+    truth = [(m.start(), m.end() - m.start()) for m in re.finditer(rb"\x00+", b)]
+    must = [(s, n) for s, n in truth if n >= 15 or s == 0 or s + n == len(b)]
+    got = nul_runs(b)
+    assert set(must) <= set(got) <= set(truth) and got == sorted(got)
+
+
+@pytest.mark.parametrize("step", [7, 100, 4096, 1 << 20])
+def test_nul_run_facts_equal_the_zero_run_search_of_each_record(tmp_path, step):
+    """The pass's longest NUL run per zip record (fed in any buffer size) is the one the scan's own
+    search over that record gives, for a zeroed tensor, a zeroed span written over random data and none."""
+    torch = pytest.importorskip("torch")
+    from ckptaudit.formats.zeros import zero_runs
+    from ckptaudit.onepass.consumers import RangeNulRuns
+
+    a = torch.randn(30_000)
+    a[100:5_000] = 0
+    p = tmp_path / "z.pt"
+    torch.save({"a": a, "zeros": torch.zeros(1000), "r": torch.randn(5000)}, p)
+    data = bytearray(p.read_bytes())
+    plan = plan_file(p)
+    r_off, r_len = next((o, n) for m, o, n in plan.crc if m.endswith("data/2"))
+    data[r_off + 1000:r_off + 1300] = bytes(300)  # a lost block inside the random tensor
+    p.write_bytes(bytes(data))
+    c = RangeNulRuns([((m, o, n), o, n) for m, o, n in plan.crc])
+    _feed([c], bytes(data), step)
+    got = c.results()
+    assert got == pass_file(p).nul_runs
+    for (m, o, n), run in got.items():
+        runs = zero_runs(p, min_run=64, start=o, end=o + n)
+        assert run == (tuple(max(runs, key=lambda r: r[1])) if runs else None), m
+    assert got[next(k for k in got if k[0].endswith("data/2"))] == (r_off + 1000, 300)
+
+
+def test_keep_ranges_leave_out_long_tensor_data_only():
+    from ckptaudit.onepass.filepass import KEEP_REMOTE_BYTES, KEEP_TENSOR_DATA_UNDER, keep_ranges
+
+    big, small = KEEP_TENSOR_DATA_UNDER, KEEP_TENSOR_DATA_UNDER - 1
+    assert keep_ranges(1000 + big + 500, [(1000, big)]) == [(None, 0, 1000), (None, 1000 + big, 500)]
+    assert keep_ranges(100 + small + 10, [(100, small)]) == [(None, 0, 100 + small + 10)]  # small tensors kept
+    assert keep_ranges(5000, []) == [(None, 0, 5000)]  # nothing planned: the whole (small) object
+    assert keep_ranges(KEEP_REMOTE_BYTES + 1, []) == []  # nothing planned, too big: nothing
+    assert sum(n for _, _, n in keep_ranges(3 * KEEP_REMOTE_BYTES, [(10, big)])) == KEEP_REMOTE_BYTES  # the cap
+
+
+def test_kept_bytes_serve_reads_and_only_gaps_are_fetched():
+    from ckptaudit.fs import kept
+
+    kept.clear()
+    try:
+        url = "s3://b/k"
+        kept.put(url, 0, b"abcd", 20)
+        kept.put(url, 10, b"klmn", 20)
+        kept.put(url, 2, b"XX", 20)  # overlaps what is kept: ignored
+        assert kept.pieces(url, 1, 12) == [(1, 3, b"bcd"), (4, 6, None), (10, 2, b"kl")]
+        assert kept.pieces(url, 12, 99) == [(12, 2, b"mn"), (14, 6, None)]  # clipped at the object's 20 bytes
+        assert kept.pieces("s3://b/other", 0, 5) == [(0, 5, None)]
+        calls = []
+        f = kept.KeptFetcher(url, lambda s, e: calls.append((s, e)) or bytes(range(s, e)))
+        assert f(2, 12) == b"cd" + bytes(range(4, 10)) + b"kl" and calls == [(4, 10)]
+        assert kept.served_bytes() == 4
+    finally:
+        kept.clear()

@@ -266,3 +266,15 @@ def test_hash_pass_reads_each_object_byte_once_and_state_reads_none(audits, s3_r
     total = s3_run["object_bytes"]
     assert 0.99 * total <= stage("hash") <= total + 4096, (stage("hash"), total)  # pointer files are not hashed
     assert stage("state") == 0
+
+
+def test_whole_s3_audit_reads_each_object_byte_about_once(audits, s3_run):
+    """Issue 15: the whole audit of an s3:// run reads at most 1.05 × the object bytes.  The hash stage's pass
+    keeps what later stages read again (headers, data.pkl, small tensors, damaged archives whole), so the scan
+    and the load test's sparse copy fetch only a few header windows that reach into long tensor data."""
+    total = s3_run["object_bytes"]
+    whole = audits["ranged"] + audits["streamed"]
+    assert whole <= 1.05 * total, (whole, total)
+    later = [json.loads(p.read_text())["total"] for name in ("scan", "load", "state")
+             for p in (Path(audits["out_s3"]) / "work" / "bytes" / name).glob("*.json")]
+    assert sum(later) <= 0.02 * total, (later, total)

@@ -25,7 +25,8 @@ adapters and byte checkers keep their code; they call :func:`open_binary` and
   profile.  Keys are never read, stored or logged here: botocore reads them.
 
 The package, in import order (each imports only those before it, and nothing of ckptaudit
-outside ``fs``): :mod:`.counters` (the I/O counters), :mod:`.remote` (configure, the fsspec
+outside ``fs``): :mod:`.counters` (the I/O counters), :mod:`.kept` (bytes of remote objects an
+earlier stage already read, served instead of fetched), :mod:`.remote` (configure, the fsspec
 filesystem, listing snapshots, :class:`RPath`), :mod:`.reads` (bounded reads, ``open_binary``,
 ``read_ranges``) and :mod:`.ops` (path operations, ``download``, multipart uploads, the listing
 fingerprint).  This face re-exports every name, so ``fs.<name>`` keeps working.  The module
@@ -35,12 +36,14 @@ here are the same objects, mutated in place and never rebound.
 
 from __future__ import annotations
 
+from . import kept  # noqa: F401
 from .counters import (_bytes, _Counted, _gets, _local, _lock, _rounds, bytes_read, count,  # noqa: F401
                        count_local, gets_issued, local_bytes_read, reset_bytes_read, round_trips, stage_bytes)
 from .ops import (_Entry, download, etag, exists, fspath, join, listdir, listing_fingerprint,  # noqa: F401
                   multipart_uploads, path, relpath, scandir, size, walk)
 from .reads import (_LONE_SURROGATE, SMALL_FILE_BYTES, CountedFile, TooLarge, clean_text,  # noqa: F401
-                    loads_json, open_binary, pread, preadv, read_bounded, read_ranges, without_lone_surrogates)
+                    loads_json, open_binary, pread, preadv, read_bounded, read_ranges, read_ranges_uncached,
+                    without_lone_surrogates)
 from .remote import (_ENV, _as_rpath, _fs_cache, _lookup, _mtime_ns, _snapshots, _split,  # noqa: F401
                      RANGE_BLOCK_BYTES, STREAM_BLOCK_BYTES, RPath, Snapshot, configure, filesystem,
                      is_remote, open_object, refresh, snapshot_for)
@@ -50,6 +53,6 @@ __all__ = [
     "CountedFile", "bytes_read", "clean_text", "configure", "count", "count_local", "local_bytes_read", "pread",
     "preadv", "stage_bytes", "download", "etag", "exists", "filesystem", "fspath",
     "gets_issued", "is_remote", "join", "listdir", "listing_fingerprint", "loads_json", "multipart_uploads",
-    "open_binary", "open_object", "path", "read_bounded", "read_ranges", "refresh", "relpath",
+    "open_binary", "open_object", "path", "read_bounded", "read_ranges", "read_ranges_uncached", "refresh", "relpath",
     "reset_bytes_read", "round_trips", "scandir", "size", "snapshot_for", "walk", "without_lone_surrogates",
 ]

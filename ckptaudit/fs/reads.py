@@ -15,6 +15,7 @@ import os
 import re
 from typing import List, Optional, Tuple
 
+from . import kept
 from .counters import count, count_local
 from .remote import RANGE_BLOCK_BYTES, _as_rpath, _split, filesystem, is_remote, open_object
 
@@ -179,12 +180,36 @@ def read_ranges(p, ranges: List[Tuple[int, int]], purpose: str = "ranged") -> Li
     ``gather_batch_size``), so N scattered small reads cost about one round trip rather
     than N.  A range that failed is None (the caller reads it again on its own).  Counted
     in :func:`bytes_read` / :func:`gets_issued` as ``purpose`` ("ranged"; the one-pass reader's
-whole-object ranges are "streamed").  Local paths raise
-    ``ValueError``: read them with ``os.pread``."""
+    whole-object ranges are "streamed").  Bytes an earlier stage's pass kept (:mod:`.kept`) are served
+    from memory and only the gaps fetched.  Local paths raise ``ValueError``: read them with ``os.pread``."""
     if not is_remote(p):
         raise ValueError(f"{p}: read_ranges is for remote objects")
     if not ranges:
         return []
+    url = _as_rpath(p).url
+    if kept.has(url):  # bytes the hash stage's pass already read: only the gaps are fetched
+        return _with_kept(p, url, ranges, purpose)
+    return read_ranges_uncached(p, ranges, purpose)
+
+
+def _with_kept(p, url: str, ranges: List[Tuple[int, int]], purpose: str) -> List[Optional[bytes]]:
+    """:func:`read_ranges` where part of the object is kept (:mod:`.kept`): one batch of GETs for the gaps."""
+    split = [kept.pieces(url, int(o), int(o) + int(n)) for o, n in ranges]
+    gaps = [(o, n) for parts in split for o, n, b in parts if b is None]
+    fetched = dict(zip(gaps, read_ranges_uncached(p, gaps, purpose))) if gaps else {}
+    out: List[Optional[bytes]] = []
+    for parts in split:
+        blobs = [b if b is not None else fetched.get((o, n)) for o, n, b in parts]
+        if any(b is None for b in blobs):
+            out.append(None)
+            continue
+        kept.served(sum(len(b) for (_, _, k), b in zip(parts, blobs) if k is not None))
+        out.append(b"".join(blobs))
+    return out
+
+
+def read_ranges_uncached(p, ranges: List[Tuple[int, int]], purpose: str = "ranged") -> List[Optional[bytes]]:
+    """:func:`read_ranges` without the kept bytes: every range is fetched."""
     proto, key = _split(_as_rpath(p).url)
     fsys = filesystem(proto)
     starts = [int(o) for o, _ in ranges]

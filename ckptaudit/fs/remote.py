@@ -17,6 +17,7 @@ from types import SimpleNamespace
 from typing import Dict, Iterator, List, Optional, Tuple
 
 from .counters import _Counted
+from .kept import KeptFetcher
 
 RANGE_BLOCK_BYTES = 16 << 10  # readahead of one ranged GET in the file layer (bytes)
 STREAM_BLOCK_BYTES = 8 << 20  # ranged GET size while hashing/downloading a whole object (bytes)
@@ -259,5 +260,6 @@ def open_object(rp: RPath, block_size: int = RANGE_BLOCK_BYTES, exact: bool = Fa
     except TypeError:  # an fsspec implementation without the size keyword
         f = fs.open(key, "rb", block_size=block_size, cache_type=cache)
     if getattr(f, "cache", None) is not None:  # buffered files (s3fs, gcsfs…); others are not counted
-        f.cache.fetcher = _Counted(f.cache.fetcher, "streamed" if block_size >= (1 << 20) else "ranged")
+        counted = _Counted(f.cache.fetcher, "streamed" if block_size >= (1 << 20) else "ranged")
+        f.cache.fetcher = KeptFetcher(rp.url, counted)  # bytes the hash stage's pass kept are not fetched again
     return f

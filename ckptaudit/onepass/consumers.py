@@ -4,7 +4,7 @@ Every consumer has ``feed(offset, view)`` (``view``: the file's bytes from ``off
 none reads a file.  :class:`RangeCrc32` and :class:`RangeValues` also accept the buffers of one
 byte range of the file only, so a big file may be split into segments fed by different threads:
 :meth:`RangeCrc32.merge` and :meth:`RangeValues.merge` join the segments' instances
-(:func:`crc32_combine` for CRC32, sums for the value statistics).  SHA-256 of the whole file is
+(:func:`~.crc32.crc32_combine` for CRC32, sums for the value statistics).  SHA-256 of the whole file is
 serial (:class:`Sha256`); the manifest's chunk digests are per chunk (:class:`ChunkSha256`).
 """
 
@@ -13,9 +13,10 @@ from __future__ import annotations
 import bisect
 import hashlib
 import threading
-import zlib
-from typing import Dict, Iterable, List, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
+from .crc32 import crc32, crc32_combine  # noqa: F401 - crc32_combine is part of this module's interface
+from .nulruns import nul_runs
 from .values import _BLOCK, buffer_stats, itemsize
 
 
@@ -76,37 +77,6 @@ class ChunkSha256:
         return self.digests
 
 
-def _gf2_times(mat: List[int], vec: int) -> int:
-    s, i = 0, 0
-    while vec:
-        if vec & 1:
-            s ^= mat[i]
-        vec >>= 1
-        i += 1
-    return s
-
-
-def _gf2_square(mat: List[int]) -> List[int]:
-    return [_gf2_times(mat, mat[n]) for n in range(32)]
-
-
-def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
-    """CRC32 of ``A + B`` from ``crc1`` = CRC32(A), ``crc2`` = CRC32(B) and ``len2`` = len(B) in bytes
-    (zlib's ``crc32_combine``: the CRC register advanced over ``len2`` zero bytes by GF(2) matrix squaring)."""
-    if len2 <= 0:
-        return crc1
-    op = [0xEDB88320] + [1 << n for n in range(31)]  # the operator for one zero bit
-    for _ in range(3):
-        op = _gf2_square(op)  # ... for 2, 4, then 8 zero bits: one zero byte
-    while len2:
-        if len2 & 1:
-            crc1 = _gf2_times(op, crc1)
-        len2 >>= 1
-        if len2:
-            op = _gf2_square(op)
-    return crc1 ^ crc2
-
-
 class _Ranges:
     """Byte ranges ``(key, start, length)`` of the file; :meth:`feed` hands each the part of a buffer inside it."""
 
@@ -149,10 +119,10 @@ class RangeCrc32(_Ranges):
     def _piece(self, i: int, at: int, piece) -> None:
         runs = self._parts.setdefault(i, [])
         if runs and runs[-1][0] + runs[-1][2] == at:
-            runs[-1][1] = zlib.crc32(piece, runs[-1][1])
+            runs[-1][1] = crc32(piece, runs[-1][1])
             runs[-1][2] += len(piece)
         else:
-            runs.append([at, zlib.crc32(piece), len(piece)])
+            runs.append([at, crc32(piece), len(piece)])
 
     def merge(self, other: "RangeCrc32") -> "RangeCrc32":
         """Take the pieces ``other`` (fed another segment of the same file, same ranges) computed."""
@@ -171,6 +141,81 @@ class RangeCrc32(_Ranges):
                 crc, seen, at = crc32_combine(crc, c, n), seen + n, at + n
             out[r[0]] = (crc, seen)
         return out
+
+
+class RangeNulRuns(_Ranges):
+    """The longest run of at least ``min_run`` NUL bytes inside each range ``(key, start, length)``: ``results()``
+    is {key: (offset, length) or None}, the earliest of equal longest runs (as ``max`` over
+    :func:`ckptaudit.formats.zeros.zero_runs` of the range gives).  Runs inside a piece are judged at once;
+    runs touching a piece's edge are joined with their neighbours' (buffers and segments alike) at the end."""
+
+    def __init__(self, ranges: Iterable[Tuple[object, int, int]], min_run: int = 64) -> None:
+        super().__init__(ranges)
+        self.min_run = min_run
+        self._best: Dict[int, Tuple[int, int]] = {}
+        self._edges: Dict[int, List[Tuple[int, int]]] = {}
+
+    def _keep(self, i: int, off: int, n: int) -> None:
+        b = self._best.get(i)
+        if n >= self.min_run and (b is None or n > b[1] or (n == b[1] and off < b[0])):
+            self._best[i] = (off, n)
+
+    def _piece(self, i: int, at: int, piece) -> None:
+        n = len(piece)
+        for o, k in nul_runs(piece):
+            if o == 0 or o + k == n:
+                self._edges.setdefault(i, []).append((at + o, k))
+            else:
+                self._keep(i, at + o, k)
+
+    def merge(self, other: "RangeNulRuns") -> "RangeNulRuns":
+        """Take the runs ``other`` (fed another segment of the same file, same ranges) found."""
+        for i, (o, n) in other._best.items():
+            self._keep(i, o, n)
+        for i, e in other._edges.items():
+            self._edges.setdefault(i, []).extend(e)
+        return self
+
+    def results(self) -> Dict[object, Optional[Tuple[int, int]]]:
+        for i, edges in self._edges.items():
+            cur = None
+            for o, n in sorted(edges):
+                if cur is not None and cur[0] + cur[1] == o:
+                    cur = (cur[0], cur[1] + n)
+                    continue
+                if cur is not None:
+                    self._keep(i, *cur)
+                cur = (o, n)
+            if cur is not None:
+                self._keep(i, *cur)
+        self._edges = {}
+        return {r[0]: self._best.get(i) for i, r in enumerate(self.ranges)}
+
+
+class KeepBytes(_Ranges):
+    """A copy of the bytes of each range ``(key, start, length)``: ``results()`` is ``[(offset, bytes), ...]``
+    in file order, contiguous pieces joined (a range the feed did not wholly cover keeps what it saw)."""
+
+    def __init__(self, ranges: Iterable[Tuple[object, int, int]]) -> None:
+        super().__init__(ranges)
+        self._got: List[Tuple[int, bytes]] = []
+
+    def _piece(self, i: int, at: int, piece) -> None:
+        self._got.append((at, bytes(piece)))
+
+    def merge(self, other: "KeepBytes") -> "KeepBytes":
+        """Take the bytes ``other`` (fed another segment of the same file, same ranges) kept."""
+        self._got.extend(other._got)
+        return self
+
+    def results(self) -> List[Tuple[int, bytes]]:
+        out: List[Tuple[int, bytearray]] = []
+        for at, b in sorted(self._got, key=lambda x: x[0]):
+            if out and out[-1][0] + len(out[-1][1]) == at:
+                out[-1][1].extend(b)
+            else:
+                out.append((at, bytearray(b)))
+        return [(at, bytes(b)) for at, b in out]
 
 
 #: Bytes of one value-statistics call (a multiple of every dtype's block of ``values._BLOCK`` elements).

@@ -1,8 +1,10 @@
 """The facts one pass leaves for later stages: rows of the internal ``bytefacts`` table and their lookups.
 
-The hash stage writes one row per zip record CRC (``kind`` "crc"), per tensor value range
+The hash stage writes one row per zip record CRC (``kind`` "crc") and longest NUL run (``kind``
+"nul_run", what :func:`ckptaudit.formats.zip.crc._longest_zero_run` asks of a record that fails its CRC), per tensor value range
 (``kind`` "values") and per range of bytes that only hold tensor data (``kind`` "tensor_data") of each
-file it read; the scan stage (CRC32 of every record), the state stage (non-finite counts and norms) and
+file it read, and, of a remote object, the bytes later stages read again (``kind`` "bytes", served by
+:mod:`ckptaudit.fs.kept` instead of a second GET); the scan stage (CRC32 of every record), the state stage (non-finite counts and norms) and
 the load stage (which bytes a remote object's sparse copy may leave out) :func:`load` the rows of their
 part and ask :func:`crc_of`, :func:`values_of` and :func:`tensor_data_of` before reading any bytes.  A fact is keyed by the file and the exact byte range,
 so a question the pass did not answer (a damaged archive, a view into a storage) reads bytes as
@@ -19,6 +21,7 @@ from .. import fs
 _CRC: Dict[Tuple[str, int, int], Tuple[int, int]] = {}
 _VALUES: Dict[Tuple[str, int, int, str], Tuple[int, float, int]] = {}
 _TENSOR_DATA: Dict[str, List[Tuple[int, int]]] = {}
+_NUL_RUN: Dict[Tuple[str, int, int], Optional[Tuple[int, int]]] = {}
 
 
 def rows_of(unit: str, rel: str, ff) -> List[dict]:
@@ -26,18 +29,30 @@ def rows_of(unit: str, rel: str, ff) -> List[dict]:
     rows = [{"unit": unit, "file": rel, "kind": "crc", "member": m, "data_offset": o, "length_bytes": n,
              "crc32": crc, "seen_bytes": seen, "size_bytes": ff.size_bytes}
             for (m, o, n), (crc, seen) in ff.crc.items()]
+    rows += [{"unit": unit, "file": rel, "kind": "nul_run", "member": m, "data_offset": o, "length_bytes": n,
+              "zero_offset": run[0] if run else -1, "zero_bytes": run[1] if run else 0, "size_bytes": ff.size_bytes}
+             for (m, o, n), run in ff.nul_runs.items()]
     rows += [{"unit": unit, "file": rel, "kind": "values", "data_offset": o, "length_bytes": n, "dtype": dt,
               "nonfinite": bad, "sum_squares": sq, "seen_bytes": seen, "size_bytes": ff.size_bytes}
              for (o, n, dt), (bad, sq, seen) in ff.values.items()]
     rows += [{"unit": unit, "file": rel, "kind": "tensor_data", "data_offset": o, "length_bytes": n,
               "size_bytes": ff.size_bytes} for o, n in ff.tensor_data]
+    rows += [{"unit": unit, "file": rel, "kind": "bytes", "data_offset": o + k, "length_bytes": len(b[k:k + _PIECE]),
+              "data": b[k:k + _PIECE], "size_bytes": ff.size_bytes}
+             for o, b in ff.kept for k in range(0, len(b), _PIECE)]
     return rows
 
 
+#: Bytes per "bytes" row (a kept piece of a remote object is split so no Parquet cell grows large).
+_PIECE = 4 << 20
+
+
 def clear() -> None:
+    fs.kept.clear()
     _CRC.clear()
     _VALUES.clear()
     _TENSOR_DATA.clear()
+    _NUL_RUN.clear()
 
 
 def _size(p) -> Optional[int]:
@@ -51,6 +66,7 @@ def load(rows: List[dict], run_dir) -> int:
     """Make ``rows`` (of the ``bytefacts`` table, files relative to ``run_dir``) answer the lookups,
     in place of any loaded before; returns the facts kept."""
     clear()
+    pieces = 0
     sizes: Dict[str, Optional[int]] = {}
     for r in rows:
         p = run_dir / r["file"]
@@ -64,14 +80,27 @@ def load(rows: List[dict], run_dir) -> int:
         elif r["kind"] == "values":
             _VALUES[(key, r["data_offset"], r["length_bytes"], r["dtype"])] = (
                 r["nonfinite"], r["sum_squares"], r["seen_bytes"])
+        elif r["kind"] == "nul_run":
+            _NUL_RUN[(key, r["data_offset"], r["length_bytes"])] = (
+                (r["zero_offset"], r["zero_bytes"]) if r["zero_bytes"] else None)
         elif r["kind"] == "tensor_data":
             _TENSOR_DATA.setdefault(key, []).append((r["data_offset"], r["length_bytes"]))
-    return len(_CRC) + len(_VALUES) + sum(map(len, _TENSOR_DATA.values()))
+        elif r["kind"] == "bytes" and r.get("data") is not None:
+            fs.kept.put(key, r["data_offset"], r["data"], r["size_bytes"])
+            pieces += 1
+    return len(_CRC) + len(_VALUES) + len(_NUL_RUN) + sum(map(len, _TENSOR_DATA.values())) + pieces
 
 
 def crc_of(path: str, offset: int, length: int) -> Optional[Tuple[int, int]]:
     """``(crc32, bytes seen)`` of ``length`` bytes of ``path`` (``fs.fspath``) from ``offset``, or None."""
     return _CRC.get((path, offset, length)) if _CRC else None
+
+
+def nul_run_of(path: str, offset: int, length: int) -> Tuple[bool, Optional[Tuple[int, int]]]:
+    """``(known, run)``: whether the pass looked at ``length`` bytes of ``path`` (``fs.fspath``) from ``offset``,
+    and the ``(offset, length)`` of the longest run of at least 64 NUL bytes it found there (None: none)."""
+    key = (path, offset, length)
+    return (True, _NUL_RUN[key]) if key in _NUL_RUN else (False, None)
 
 
 def tensor_data_of(path: str) -> Optional[List[Tuple[int, int]]]:

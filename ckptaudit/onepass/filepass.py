@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from .. import fs
-from .consumers import ChunkSha256, RangeCrc32, RangeValues, Sha256, split_points
+from .consumers import ChunkSha256, KeepBytes, RangeCrc32, RangeNulRuns, RangeValues, Sha256, split_points
 from .plan import Plan, plan_file
 from . import stream
 from .stream import BUFFER_BYTES, run
@@ -26,16 +26,45 @@ class FileFacts:
     ``values``: {(data offset, nbytes, dtype): (non-finite count, Σx² of the finite values, bytes seen)};
     ``sha256_hex`` "" when not computed; ``chunk_sha256_hex`` None when not asked for;
     ``bytes_read``: bytes the pass itself read (the plan's small reads are counted by ``fs``);
-    ``tensor_data``: the plan's ``(offset, length)`` of bytes that only hold tensor data."""
+    ``tensor_data``: the plan's ``(offset, length)`` of bytes that only hold tensor data; ``kept``: ``(offset,
+    bytes)`` of a remote object that later stages will read again (:func:`keep_ranges`), else empty."""
 
     size_bytes: int
     sha256_hex: str = ""
     chunk_sha256_hex: Optional[List[str]] = None
     crc: Dict[Tuple[str, int, int], Tuple[int, int]] = field(default_factory=dict)
+    nul_runs: Dict[Tuple[str, int, int], Optional[Tuple[int, int]]] = field(default_factory=dict)
     values: Dict[Tuple[int, int, str], Tuple[int, float, int]] = field(default_factory=dict)
     bytes_read: int = 0
     seconds: float = 0.0
     tensor_data: List[Tuple[int, int]] = field(default_factory=list)
+    kept: List[Tuple[int, bytes]] = field(default_factory=list)
+
+
+#: Tensor data shorter than this (bytes) is kept with the rest of a remote object: a later stage reads the
+#: values of small tensors (a step counter, a scalar learning rate) and the windows around record headers.
+KEEP_TENSOR_DATA_UNDER = 64 << 10
+#: At most this many bytes of one remote object are kept, the first in file order (headers, data.pkl); past
+#: it, a later stage fetches what it reads, as before.  Memory: ``hashing.PASSES_AT_ONCE`` times this.
+KEEP_REMOTE_BYTES = 16 << 20
+
+
+def keep_ranges(size: int, tensor_data: List[Tuple[int, int]]) -> List[Tuple[None, int, int]]:
+    """The ranges ``(None, start, length)`` of a remote object of ``size`` bytes that the pass keeps for later
+    stages (:mod:`ckptaudit.fs.kept`): every byte outside the runs of tensor data of at least
+    :data:`KEEP_TENSOR_DATA_UNDER` bytes, the first :data:`KEEP_REMOTE_BYTES` of them.  With no tensor data
+    planned (a damaged archive, another format) that is the whole object, when it fits."""
+    skip = sorted((o, n) for o, n in tensor_data if n >= KEEP_TENSOR_DATA_UNDER)
+    out, at, left = [], 0, KEEP_REMOTE_BYTES
+    for o, n in skip + [(size, 0)]:
+        if o > at and left > 0:
+            k = min(o - at, left)
+            out.append((None, at, k))
+            left -= k
+        at = max(at, o + n)
+    if not skip and size > KEEP_REMOTE_BYTES:
+        return []  # nothing planned and too big to keep: the later stages read it themselves
+    return out
 
 
 def _cores() -> int:
@@ -56,6 +85,7 @@ def pass_file(path, *, whole_sha: bool = True, chunk_bytes: Optional[int] = None
     plan = plan_file(path, data) if plan is None else plan
     threads = max(1, threads or _cores())
     crc_ranges = [((m, o, n), o, n) for m, o, n in plan.crc]
+    keep = keep_ranges(size, plan.tensor_data) if fs.is_remote(path) else []
     value_ranges = [(k, k[0], k[1], k[2]) for k in plan.values]
     out = FileFacts(size_bytes=size, tensor_data=list(plan.tensor_data))
     segments = [(0, size)]
@@ -66,7 +96,8 @@ def pass_file(path, *, whole_sha: bool = True, chunk_bytes: Optional[int] = None
     with ThreadPoolExecutor(max_workers=max(3, len(segments))) as pool:
         def one(seg):
             cons = [RangeCrc32(crc_ranges) if crc_ranges else None, RangeValues(value_ranges) if value_ranges else None,
-                    ChunkSha256(chunk_bytes, seg[0]) if chunk_bytes else None, Sha256() if whole_sha else None]
+                    ChunkSha256(chunk_bytes, seg[0]) if chunk_bytes else None, Sha256() if whole_sha else None,
+                    KeepBytes(keep) if keep else None, RangeNulRuns(crc_ranges) if crc_ranges else None]
             live = [c for c in cons if c is not None] + ([progress] if progress is not None else [])
             if data is not None:
                 n = stream.feed_bytes(data, live, pool)
@@ -77,19 +108,27 @@ def pass_file(path, *, whole_sha: bool = True, chunk_bytes: Optional[int] = None
             return cons, n
 
         parts = list(pool.map(one, segments)) if len(segments) > 1 else [one(segments[0])]
-    (crc, vals, chunks, sha), _ = parts[0]
+    (crc, vals, chunks, sha, kept, nuls), _ = parts[0]
     out.bytes_read = sum(n for _, n in parts)
-    for (c2, v2, _, _), _ in parts[1:]:
+    for (c2, v2, _, _, k2, z2), _ in parts[1:]:
+        if nuls is not None:
+            nuls.merge(z2)
         if crc is not None:
             crc.merge(c2)
         if vals is not None:
             vals.merge(v2)
+        if kept is not None:
+            kept.merge(k2)
     if sha is not None:
         out.sha256_hex = sha.hexdigest()
     if chunks is not None:  # segments end on chunk boundaries: only the last one has a short chunk
-        out.chunk_sha256_hex = [d for (_, _, ch, _), _ in parts for d in ch.finish()]
+        out.chunk_sha256_hex = [d for (_, _, ch, _, _, _), _ in parts for d in ch.finish()]
     if crc is not None:
         out.crc = crc.results()
     if vals is not None:
         out.values = vals.results()
+    if kept is not None:
+        out.kept = kept.results()
+    if nuls is not None:
+        out.nul_runs = nuls.results()
     return out

@@ -3,7 +3,8 @@
 Locally: ``os.preadv`` into two alternating buffers of :data:`BUFFER_BYTES` (the next read runs
 while the consumers work on the last one), ``posix_fadvise(SEQUENTIAL)`` on the descriptor.  An
 ``s3://`` object: ranged GETs of :data:`BUFFER_BYTES`, :data:`REMOTE_PARALLEL` at once
-(:func:`ckptaudit.fs.read_ranges`, counted as "streamed").  Each buffer goes to every consumer; the
+(:func:`ckptaudit.fs.read_ranges_uncached`, counted as "streamed": the pass reads the object itself, never
+bytes an earlier pass kept).  Each buffer goes to every consumer; the
 consumers of one buffer run concurrently on threads (``hashlib``, ``zlib.crc32`` and numpy release
 the GIL on large buffers), and the pass waits for them before the buffer is reused, so memory is
 two buffers (local) or ``REMOTE_PARALLEL`` (remote) whatever the file size.
@@ -73,7 +74,7 @@ def fetch(path, size: int, buffer_bytes: int = BUFFER_BYTES) -> bytes:
     """All ``size`` bytes of remote object ``path`` (ranged GETs of ``buffer_bytes``, all at once, counted as
     "streamed"); for objects up to :data:`SMALL_REMOTE_BYTES`.  Raises ``OSError`` when a range fails."""
     ranges = [(o, min(buffer_bytes, size - o)) for o in range(0, size, buffer_bytes)]
-    blobs = fs.read_ranges(path, ranges, purpose="streamed") if ranges else []
+    blobs = fs.read_ranges_uncached(path, ranges, purpose="streamed") if ranges else []
     if any(b is None for b in blobs):
         raise OSError(f"{fs.fspath(path)}: a ranged read failed")
     return blobs[0] if len(blobs) == 1 else b"".join(blobs)
@@ -95,10 +96,10 @@ def _run_remote(path, consumers: Sequence, start: int, end: Optional[int], pool,
     while off < end:
         batch = [(o, min(buffer_bytes, end - o)) for o in range(off, min(end, off + REMOTE_PARALLEL * buffer_bytes),
                                                                 buffer_bytes)]
-        blobs = fs.read_ranges(path, batch, purpose="streamed")
+        blobs = fs.read_ranges_uncached(path, batch, purpose="streamed")
         for (o, n), b in zip(batch, blobs):
             if b is None:  # a failed GET: once more on its own
-                b = fs.read_ranges(path, [(o, n)], purpose="streamed")[0]
+                b = fs.read_ranges_uncached(path, [(o, n)], purpose="streamed")[0]
             if b is None:
                 raise OSError(f"{fs.fspath(path)}: ranged read of {n} bytes at {o} failed")
             _wait(_feed_all(pool, consumers, o, memoryview(b)))

@@ -28,7 +28,23 @@ def _find_central_directory(fh: _File):
     size = fh.size
     if size < _EOCD_SIZE:
         return None
-    tail_len = min(size, _EOCD_SIZE + 0xFFFF)
+    # The end record sits in the last 22 + 65,535 bytes (its comment is at most 65,535 bytes; APPNOTE 4.3.16).
+    # torch.save writes no comment, so the last 4 KiB are read first: the search runs from the end backwards,
+    # so a consistent record found there is the one the whole window would give.  Only without one is the
+    # whole window read (on a remote object those are the tail bytes of the last tensor's record).
+    if size > _EOCD_SIZE + _FIRST_TAIL_BYTES:
+        found = _search_end_records(fh, size, _EOCD_SIZE + _FIRST_TAIL_BYTES)
+        if isinstance(found, dict):
+            return found
+    return _search_end_records(fh, size, min(size, _EOCD_SIZE + 0xFFFF))
+
+
+#: Bytes before the end record's fixed part read in the first look for it.
+_FIRST_TAIL_BYTES = 4096
+
+
+def _search_end_records(fh: _File, size: int, tail_len: int):
+    """:func:`_find_central_directory` over the last ``tail_len`` bytes."""
     tail_off = size - tail_len
     tail = fh.pread(tail_off, tail_len)
     problem = None

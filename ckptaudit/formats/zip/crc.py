@@ -9,6 +9,7 @@ import zlib
 from typing import Optional, Tuple
 
 from ...onepass import facts
+from ...onepass.crc32 import crc32
 from .reader import Member, _File
 
 
@@ -37,13 +38,13 @@ def _crc_deflated(fh: _File, m: Member, chunk: int) -> Tuple[int, Optional[int]]
             left -= len(b)
             piece = d.decompress(b, chunk)
             while True:
-                crc = zlib.crc32(piece, crc)
+                crc = crc32(piece, crc)
                 total += len(piece)
                 if not d.unconsumed_tail:
                     break
                 piece = d.decompress(d.unconsumed_tail, chunk)
         piece = d.flush()
-        crc = zlib.crc32(piece, crc)
+        crc = crc32(piece, crc)
         total += len(piece)
     except zlib.error:
         return 0, None
@@ -51,7 +52,13 @@ def _crc_deflated(fh: _File, m: Member, chunk: int) -> Tuple[int, Optional[int]]
 
 
 def _longest_zero_run(fh: _File, off: int, n: int, chunk: int) -> Optional[Tuple[int, int]]:
+    """``(offset, length)`` of the longest run of at least 64 NUL bytes in ``n`` bytes from ``off`` (None: none);
+    the hash stage's one pass answers for the records it planned, else the bytes are read again."""
     from ..sniff import zero_runs
+
+    known, run = facts.nul_run_of(fh.path, off, n)
+    if known:
+        return run
 
     runs = zero_runs(fh.path, min_run=64, chunk=chunk, start=off, end=off + n)
     return max(runs, key=lambda r: r[1]) if runs else None
