@@ -22,40 +22,51 @@ from .findings.build import STAGE_LAYER  # noqa: F401 - re-exported: make() give
 __all__ = ["snapshot", "changed_files", "guard", "STAGE_LAYER"]
 
 
-def _stat(path) -> Optional[Tuple[int, int, int]]:
+def _stat(root, f: str) -> Optional[Tuple]:
+    """``(size_bytes, mtime_ns, inode)`` of a local file, ``(size_bytes, mtime_ns, etag)`` of an object (from the
+    listing: an object rewritten with the same size gets a new ETag and LastModified); None when it is gone."""
+    from . import fs
+
+    if fs.is_remote(root):
+        try:
+            i = fs.path(fs.join(root, f)).info()
+        except (OSError, ValueError):
+            return None
+        return (i["size"], i["mtime_ns"], i["etag"])
     try:
-        st = os.lstat(path)
+        st = os.lstat(os.path.join(str(root), f))
     except (OSError, ValueError):
         return None
     return (st.st_size, st.st_mtime_ns, st.st_ino)
 
 
-def snapshot(root, files: List[str]) -> Dict[str, List[int]]:
-    """{file: [size_bytes, mtime_ns, inode]} of a unit's files now (local runs; {} for object storage)."""
-    from . import fs
-
-    if fs.is_remote(root):
-        return {}
+def snapshot(root, files: List[str]) -> Dict[str, list]:
+    """{file: [size_bytes, mtime_ns, inode]} of a unit's files now; an object's third value is its ETag."""
     out = {}
     for f in files:
-        s = _stat(os.path.join(str(root), f))
+        s = _stat(root, f)
         if s is not None:
             out[f] = list(s)
     return out
 
 
-def changed_files(root, snap: Dict[str, List[int]]) -> List[str]:
-    """Files of a snapshot that are gone or differ (size, mtime or inode) now."""
+def changed_files(root, snap: Dict[str, list]) -> List[str]:
+    """Files of a snapshot that are gone or differ (size, mtime, inode or ETag) now.  An object store is listed
+    again first, so an object replaced since the inventory's listing is seen."""
+    from . import fs
+
+    if snap and fs.is_remote(root):
+        fs.refresh(root)
     out = []
     for f, want in sorted(snap.items()):
-        now = _stat(os.path.join(str(root), f))
+        now = _stat(root, f)
         if now is None or list(now) != list(want):
             out.append(f)
     return out
 
 
 def changed_finding(unit: str, files: List[str], root) -> F.Finding:
-    gone = [f for f in files if _stat(os.path.join(str(root), f)) is None]
+    gone = [f for f in files if _stat(root, f) is None]
     what = (f"{len(gone)} file(s) vanished ({', '.join(gone[:3])})" if gone else
             f"{len(files)} file(s) were rewritten ({', '.join(files[:3])})")
     return F.make("unit_changed_during_audit", path=unit, what=what, files=files)

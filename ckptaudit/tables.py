@@ -69,7 +69,7 @@ SCHEMAS: Dict[str, pa.Schema] = {
     "bytefacts": pa.schema([
         ("unit", S), ("file", S), ("kind", S), ("member", S), ("data_offset", I), ("length_bytes", I),
         ("crc32", I), ("dtype", S), ("nonfinite", I), ("sum_squares", F), ("seen_bytes", I), ("size_bytes", I),
-        ("data", pa.binary()), ("zero_offset", I), ("zero_bytes", I),
+        ("data", pa.binary()), ("zero_offset", I), ("zero_bytes", I), ("version", S),
     ]),
     # scan (file + security layers from bytes): one row per unit
     "scan": pa.schema([

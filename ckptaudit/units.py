@@ -74,7 +74,7 @@ class Unit:
     manifest: str = ""
     missing_files: List[str] = field(default_factory=list)  # files the layout expects but cannot find
     part: str = ""
-    snapshot: Dict[str, List[int]] = field(default_factory=dict)  # file -> [size, mtime_ns, inode] at inventory
+    snapshot: Dict[str, list] = field(default_factory=dict)  # file -> [size, mtime_ns, inode or ETag] at inventory
     irregular: Dict[str, str] = field(default_factory=dict)  # file -> why it is never opened (FIFO, device, …)
 
     def to_dict(self) -> Dict:

@@ -325,3 +325,61 @@ def test_kept_bytes_serve_reads_and_only_gaps_are_fetched():
         assert kept.served_bytes() == 4
     finally:
         kept.clear()
+
+
+def test_facts_of_a_file_rewritten_with_the_same_size_are_dropped(tmp_path):
+    """A local file rewritten after the pass (same size, new mtime or inode) keeps none of its facts: the scan
+    reads its bytes again instead of trusting CRCs of bytes that are no longer there."""
+    p, _ = _torch_zip(tmp_path)
+    rows = facts.rows_of("u", "ckpt.pt", pass_file(p))
+    assert facts.load(rows, tmp_path) == len(rows)
+    data = p.read_bytes()
+    tmp = tmp_path / "new"
+    tmp.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    os.replace(tmp, p)  # a writer's atomic publish: a new inode, the same size
+    try:
+        assert facts.load(rows, tmp_path) == 0
+    finally:
+        facts.clear()
+
+
+@pytest.mark.parametrize("step", [4096, 1 << 20])
+def test_safetensors_nul_runs_come_from_the_pass_and_match_the_scans_own_search(tmp_path, step):
+    """A safetensors data area's NUL runs of >= 4096 bytes (a lost block across two tensors, and an all-zero
+    tensor) are listed by the pass, equal what the file layer's own search finds, and give the same findings
+    with the facts loaded as without (so the scan no longer reads the tensor data again)."""
+    from safetensors.numpy import save_file
+
+    from ckptaudit.formats.safetensors_check import MIN_ZERO_RUN_BYTES, check_safetensors
+    from ckptaudit.formats.zeros import zero_runs
+    from ckptaudit.onepass.consumers import RangeAllNulRuns
+
+    rng = np.random.default_rng(1)
+    p = tmp_path / "model.safetensors"
+    save_file({"a": rng.standard_normal(5000).astype(np.float32), "b": rng.standard_normal(5000).astype(np.float32),
+               "z": np.zeros(3000, np.float32)}, str(p))
+    data = bytearray(p.read_bytes())
+    hlen = struct.unpack("<Q", data[:8])[0]
+    start = 8 + hlen + 4 * 5000 - 3000  # 3000 bytes before a's end into b: a lost block across the boundary
+    data[start:start + 6000] = bytes(6000)
+    p.write_bytes(bytes(data))
+    plan = plan_file(p)
+    (o, n, m), = plan.nul_scans
+    assert (o, n, m) == (8 + hlen, len(data) - 8 - hlen, MIN_ZERO_RUN_BYTES)
+    c = RangeAllNulRuns([((o, n, m), o, n)], m)
+    _feed([c], bytes(data), step)
+    want = [tuple(r) for r in zero_runs(p, min_run=m, start=o, end=o + n)]
+    assert c.results()[(o, n, m)] == want == pass_file(p).nul_scans[(o, n, m)] and len(want) == 2
+    before = fs.local_bytes_read()
+    _, without = check_safetensors(str(p), display="model.safetensors")
+    read_without = fs.local_bytes_read() - before
+    facts.load(facts.rows_of("u", "model.safetensors", pass_file(p)), tmp_path)
+    try:
+        before = fs.local_bytes_read()
+        _, with_facts = check_safetensors(str(p), display="model.safetensors")
+        read = fs.local_bytes_read() - before
+    finally:
+        facts.clear()
+    assert [f.to_dict() for f in with_facts] == [f.to_dict() for f in without]
+    assert any(f.kind == "zero_filled_span" for f in with_facts)
+    assert read_without - read >= n - 16384, (read, read_without)  # the sniff's first 16 KiB, not the data area

@@ -278,3 +278,33 @@ def test_whole_s3_audit_reads_each_object_byte_about_once(audits, s3_run):
     later = [json.loads(p.read_text())["total"] for name in ("scan", "load", "state")
              for p in (Path(audits["out_s3"]) / "work" / "bytes" / name).glob("*.json")]
     assert sum(later) <= 0.02 * total, (later, total)
+
+
+def test_object_rewritten_with_the_same_size_drops_its_facts_and_changes_its_unit(moto_s3, tmp_path):
+    """A writer beside the audit replaces an object with other bytes of the same size after the hash stage's
+    pass: the later stages drop that object's facts and kept bytes (its ETag differs), so they read it again,
+    and the report's liveness check (a fresh listing) names the unit as changed during the audit."""
+    torch = pytest.importorskip("torch")
+    from ckptaudit import fs, liveness
+    from ckptaudit.onepass import facts
+    from ckptaudit.onepass.filepass import pass_file
+
+    c = moto_s3["client"]
+    p = tmp_path / "ckpt.pt"
+    torch.save({"w": torch.randn(100_000), "step": 7}, p)
+    key = "rewrite/ckpt_000007.pt"
+    c.put_object(Bucket=BUCKET, Key=key, Body=p.read_bytes())
+    root = fs.path(f"s3://{BUCKET}/rewrite")
+    fs.refresh(root)
+    snap = liveness.snapshot(root, ["ckpt_000007.pt"])
+    ff = pass_file(root / "ckpt_000007.pt")
+    rows = facts.rows_of("ckpt_000007.pt", "ckpt_000007.pt", ff)
+    assert ff.kept and facts.load(rows, root) == len(rows)  # unchanged: every fact answers, bytes kept
+    data = bytearray(p.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # the same size, other bytes
+    c.put_object(Bucket=BUCKET, Key=key, Body=bytes(data))
+    assert liveness.changed_files(root, snap) == ["ckpt_000007.pt"]  # listed again: a new ETag
+    try:
+        assert facts.load(rows, root) == 0 and not fs.kept.has(fs.fspath(root / "ckpt_000007.pt"))
+    finally:
+        facts.clear()

@@ -29,6 +29,7 @@ from typing import List, Optional, Tuple
 
 from .. import findings, fs
 from ..findings import Finding
+from ..onepass import facts
 from . import zeros
 from .sniff import generic_findings, sniff
 from .zeros import zero_runs
@@ -247,7 +248,9 @@ def _suspicious_zero_runs(path: str, display: str, tensors, data_start: int, dat
              if t[1]["data_offsets"][1] > t[1]["data_offsets"][0]]
     out: List[Finding] = []
     file_end = data_start + data_len
-    for off, length in zero_runs(path, min_run=min_run, chunk=chunk, start=data_start, end=file_end):
+    listed = facts.nul_runs_in(path, data_start, data_len, min_run)  # the hash stage's one pass, when it planned this file
+    runs = listed if listed is not None else zero_runs(path, min_run=min_run, chunk=chunk, start=data_start, end=file_end)
+    for off, length in runs:
         rb, re_ = off - data_start, off - data_start + length
         touched = [s for s in spans if s[0] < re_ and s[1] > rb]
         if len(touched) < 2:

@@ -192,6 +192,39 @@ class RangeNulRuns(_Ranges):
         return {r[0]: self._best.get(i) for i, r in enumerate(self.ranges)}
 
 
+class RangeAllNulRuns(RangeNulRuns):
+    """Every run of at least ``min_run`` NUL bytes inside each range: ``results()`` is {key: [(offset, length),
+    ...] in file order, or None when a range holds more than :data:`MAX_LISTED_NUL_RUNS` (the reader then looks
+    itself)}; the list :func:`ckptaudit.formats.zeros.zero_runs` of that range gives."""
+
+    def __init__(self, ranges: Iterable[Tuple[object, int, int]], min_run: int) -> None:
+        super().__init__(ranges, min_run)
+        self._all: Dict[int, List[Tuple[int, int]]] = {}
+
+    def _keep(self, i: int, off: int, n: int) -> None:
+        if n >= self.min_run:
+            self._all.setdefault(i, []).append((off, n))
+
+    def merge(self, other: "RangeAllNulRuns") -> "RangeAllNulRuns":
+        for i, runs in other._all.items():
+            self._all.setdefault(i, []).extend(runs)
+        for i, e in other._edges.items():
+            self._edges.setdefault(i, []).extend(e)
+        return self
+
+    def results(self) -> Dict[object, Optional[List[Tuple[int, int]]]]:
+        super().results()
+        out: Dict[object, Optional[List[Tuple[int, int]]]] = {}
+        for i, r in enumerate(self.ranges):
+            runs = sorted(self._all.get(i, []))
+            out[r[0]] = runs if len(runs) <= MAX_LISTED_NUL_RUNS else None
+        return out
+
+
+#: Most NUL runs one range's facts list; past it (a sparse tensor file) the reader searches the bytes itself.
+MAX_LISTED_NUL_RUNS = 10_000
+
+
 class KeepBytes(_Ranges):
     """A copy of the bytes of each range ``(key, start, length)``: ``results()`` is ``[(offset, bytes), ...]``
     in file order, contiguous pieces joined (a range the feed did not wholly cover keeps what it saw)."""

@@ -8,12 +8,12 @@ file it read, and, of a remote object, the bytes later stages read again (``kind
 the load stage (which bytes a remote object's sparse copy may leave out) :func:`load` the rows of their
 part and ask :func:`crc_of`, :func:`values_of` and :func:`tensor_data_of` before reading any bytes.  A fact is keyed by the file and the exact byte range,
 so a question the pass did not answer (a damaged archive, a view into a storage) reads bytes as
-before.  Facts of a file whose size changed since the pass are dropped.
+before.  Facts of a file whose size or version (ETag; local mtime and inode) changed since the pass are
+dropped.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Dict, List, Optional, Tuple
 
 from .. import fs
@@ -22,16 +22,27 @@ _CRC: Dict[Tuple[str, int, int], Tuple[int, int]] = {}
 _VALUES: Dict[Tuple[str, int, int, str], Tuple[int, float, int]] = {}
 _TENSOR_DATA: Dict[str, List[Tuple[int, int]]] = {}
 _NUL_RUN: Dict[Tuple[str, int, int], Optional[Tuple[int, int]]] = {}
+_NUL_SCAN: Dict[Tuple[str, int, int], Tuple[int, List[Tuple[int, int]]]] = {}  # -> (min_run, runs)
 
 
 def rows_of(unit: str, rel: str, ff) -> List[dict]:
-    """Rows of the ``bytefacts`` table for file ``rel`` of ``unit`` from a :class:`~.filepass.FileFacts`."""
+    """Rows of the ``bytefacts`` table for file ``rel`` of ``unit`` from a :class:`~.filepass.FileFacts`, each
+    with the file's ``version`` at the pass (:func:`ckptaudit.onepass.filepass.file_version`)."""
+    return [{**r, "version": ff.version} for r in _rows(unit, rel, ff)]
+
+
+def _rows(unit: str, rel: str, ff) -> List[dict]:
     rows = [{"unit": unit, "file": rel, "kind": "crc", "member": m, "data_offset": o, "length_bytes": n,
              "crc32": crc, "seen_bytes": seen, "size_bytes": ff.size_bytes}
             for (m, o, n), (crc, seen) in ff.crc.items()]
     rows += [{"unit": unit, "file": rel, "kind": "nul_run", "member": m, "data_offset": o, "length_bytes": n,
               "zero_offset": run[0] if run else -1, "zero_bytes": run[1] if run else 0, "size_bytes": ff.size_bytes}
              for (m, o, n), run in ff.nul_runs.items()]
+    for (o, n, m), runs in ff.nul_scans.items():  # a scan row (zero_bytes: the shortest run looked for), then its runs
+        rows.append({"unit": unit, "file": rel, "kind": "nul_scan", "data_offset": o, "length_bytes": n,
+                     "zero_bytes": m, "seen_bytes": -1 if runs is None else len(runs), "size_bytes": ff.size_bytes})
+        rows += [{"unit": unit, "file": rel, "kind": "nul_scan_run", "data_offset": o, "length_bytes": n,
+                  "zero_offset": ro, "zero_bytes": rn, "size_bytes": ff.size_bytes} for ro, rn in runs or []]
     rows += [{"unit": unit, "file": rel, "kind": "values", "data_offset": o, "length_bytes": n, "dtype": dt,
               "nonfinite": bad, "sum_squares": sq, "seen_bytes": seen, "size_bytes": ff.size_bytes}
              for (o, n, dt), (bad, sq, seen) in ff.values.items()]
@@ -53,12 +64,15 @@ def clear() -> None:
     _VALUES.clear()
     _TENSOR_DATA.clear()
     _NUL_RUN.clear()
+    _NUL_SCAN.clear()
 
 
-def _size(p) -> Optional[int]:
+def _now(p) -> Optional[Tuple[int, str]]:
+    from .filepass import file_version
+
     try:
-        return fs.size(p) if fs.is_remote(p) else os.stat(fs.fspath(p)).st_size
-    except OSError:
+        return file_version(p)
+    except (OSError, ValueError):
         return None
 
 
@@ -67,14 +81,15 @@ def load(rows: List[dict], run_dir) -> int:
     in place of any loaded before; returns the facts kept."""
     clear()
     pieces = 0
-    sizes: Dict[str, Optional[int]] = {}
+    pending: List[Tuple[str, dict]] = []  # runs of a scan, added once its scan row is known
+    now: Dict[str, Optional[Tuple[int, str]]] = {}
     for r in rows:
         p = run_dir / r["file"]
         key = fs.fspath(p)
-        if key not in sizes:
-            sizes[key] = _size(p)
-        if sizes[key] is None or sizes[key] != r["size_bytes"]:
-            continue
+        if key not in now:
+            now[key] = _now(p)
+        if now[key] is None or now[key][0] != r["size_bytes"] or (r.get("version") or "") != now[key][1]:
+            continue  # gone, or rewritten since the pass: the later stage reads the file itself
         if r["kind"] == "crc":
             _CRC[(key, r["data_offset"], r["length_bytes"])] = (r["crc32"], r["seen_bytes"])
         elif r["kind"] == "values":
@@ -83,12 +98,23 @@ def load(rows: List[dict], run_dir) -> int:
         elif r["kind"] == "nul_run":
             _NUL_RUN[(key, r["data_offset"], r["length_bytes"])] = (
                 (r["zero_offset"], r["zero_bytes"]) if r["zero_bytes"] else None)
+        elif r["kind"] == "nul_scan" and r["seen_bytes"] >= 0:
+            _NUL_SCAN.setdefault((key, r["data_offset"], r["length_bytes"]), (r["zero_bytes"], []))
+        elif r["kind"] == "nul_scan_run":
+            pending.append((key, r))
         elif r["kind"] == "tensor_data":
             _TENSOR_DATA.setdefault(key, []).append((r["data_offset"], r["length_bytes"]))
         elif r["kind"] == "bytes" and r.get("data") is not None:
             fs.kept.put(key, r["data_offset"], r["data"], r["size_bytes"])
             pieces += 1
-    return len(_CRC) + len(_VALUES) + len(_NUL_RUN) + sum(map(len, _TENSOR_DATA.values())) + pieces
+    for key, r in pending:
+        scan = _NUL_SCAN.get((key, r["data_offset"], r["length_bytes"]))
+        if scan is not None:
+            scan[1].append((r["zero_offset"], r["zero_bytes"]))
+    for _m, runs in _NUL_SCAN.values():
+        runs.sort()
+    return (len(_CRC) + len(_VALUES) + len(_NUL_RUN) + sum(map(len, _TENSOR_DATA.values())) + pieces
+            + len(_NUL_SCAN) + sum(len(runs) for _m, runs in _NUL_SCAN.values()))
 
 
 def crc_of(path: str, offset: int, length: int) -> Optional[Tuple[int, int]]:
@@ -101,6 +127,13 @@ def nul_run_of(path: str, offset: int, length: int) -> Tuple[bool, Optional[Tupl
     and the ``(offset, length)`` of the longest run of at least 64 NUL bytes it found there (None: none)."""
     key = (path, offset, length)
     return (True, _NUL_RUN[key]) if key in _NUL_RUN else (False, None)
+
+
+def nul_runs_in(path: str, offset: int, length: int, min_run: int) -> Optional[List[Tuple[int, int]]]:
+    """Every ``(offset, length)`` NUL run of at least ``min_run`` bytes the pass listed in ``length`` bytes of
+    ``path`` (``fs.fspath``) from ``offset``, in order, or None when it did not list that range so."""
+    scan = _NUL_SCAN.get((path, offset, length))
+    return list(scan[1]) if scan is not None and scan[0] == min_run else None
 
 
 def tensor_data_of(path: str) -> Optional[List[Tuple[int, int]]]:

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from .. import fs
-from .consumers import ChunkSha256, KeepBytes, RangeCrc32, RangeNulRuns, RangeValues, Sha256, split_points
+from .consumers import (ChunkSha256, KeepBytes, RangeAllNulRuns, RangeCrc32, RangeNulRuns, RangeValues, Sha256,
+                        split_points)
 from .plan import Plan, plan_file
 from . import stream
 from .stream import BUFFER_BYTES, run
@@ -26,14 +27,16 @@ class FileFacts:
     ``values``: {(data offset, nbytes, dtype): (non-finite count, Σx² of the finite values, bytes seen)};
     ``sha256_hex`` "" when not computed; ``chunk_sha256_hex`` None when not asked for;
     ``bytes_read``: bytes the pass itself read (the plan's small reads are counted by ``fs``);
-    ``tensor_data``: the plan's ``(offset, length)`` of bytes that only hold tensor data; ``kept``: ``(offset,
+    ``version``: :func:`file_version`'s tag of the file as the pass found it; ``tensor_data``: the plan's ``(offset, length)`` of bytes that only hold tensor data; ``kept``: ``(offset,
     bytes)`` of a remote object that later stages will read again (:func:`keep_ranges`), else empty."""
 
     size_bytes: int
+    version: str = ""
     sha256_hex: str = ""
     chunk_sha256_hex: Optional[List[str]] = None
     crc: Dict[Tuple[str, int, int], Tuple[int, int]] = field(default_factory=dict)
     nul_runs: Dict[Tuple[str, int, int], Optional[Tuple[int, int]]] = field(default_factory=dict)
+    nul_scans: Dict[Tuple[int, int, int], Optional[List[Tuple[int, int]]]] = field(default_factory=dict)
     values: Dict[Tuple[int, int, str], Tuple[int, float, int]] = field(default_factory=dict)
     bytes_read: int = 0
     seconds: float = 0.0
@@ -67,6 +70,18 @@ def keep_ranges(size: int, tensor_data: List[Tuple[int, int]]) -> List[Tuple[Non
     return out
 
 
+def file_version(path) -> Tuple[int, str]:
+    """``(size in bytes, version tag)`` of ``path`` now: an object's ETag (from the listing), a local file's
+    ``"<mtime_ns>:<inode>"``.  Facts carry the tag, so a file rewritten with the same size after the pass (a
+    writer beside the audit) has its facts and kept bytes dropped, and the later stage reads it again.
+    Raises ``OSError`` when the file is gone."""
+    if fs.is_remote(path):
+        info = fs.path(path).info()
+        return int(info["size"]), str(info["etag"])
+    st = os.stat(fs.fspath(path))
+    return st.st_size, f"{st.st_mtime_ns}:{st.st_ino}"
+
+
 def _cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -78,7 +93,7 @@ def pass_file(path, *, whole_sha: bool = True, chunk_bytes: Optional[int] = None
               threads: Optional[int] = None, plan: Optional[Plan] = None, progress=None) -> FileFacts:
     """Read ``path`` once and compute every fact of it; ``progress`` (a consumer, e.g.
     :class:`~.consumers.Progress`) is fed too.  Raises ``OSError`` when it cannot be read."""
-    size = fs.size(path) if fs.is_remote(path) else os.stat(fs.fspath(path)).st_size
+    size, version = file_version(path)
     data = None
     if plan is None and fs.is_remote(path) and size <= stream.SMALL_REMOTE_BYTES:
         data = stream.fetch(path, size)  # one round of GETs; the plan is made from these bytes
@@ -87,7 +102,7 @@ def pass_file(path, *, whole_sha: bool = True, chunk_bytes: Optional[int] = None
     crc_ranges = [((m, o, n), o, n) for m, o, n in plan.crc]
     keep = keep_ranges(size, plan.tensor_data) if fs.is_remote(path) else []
     value_ranges = [(k, k[0], k[1], k[2]) for k in plan.values]
-    out = FileFacts(size_bytes=size, tensor_data=list(plan.tensor_data))
+    out = FileFacts(size_bytes=size, version=version, tensor_data=list(plan.tensor_data))
     segments = [(0, size)]
     if data is None and not whole_sha and threads > 1 and size > 2 * BUFFER_BYTES:
         segments = split_points(size, threads, chunk_bytes or BUFFER_BYTES)
@@ -98,6 +113,7 @@ def pass_file(path, *, whole_sha: bool = True, chunk_bytes: Optional[int] = None
             cons = [RangeCrc32(crc_ranges) if crc_ranges else None, RangeValues(value_ranges) if value_ranges else None,
                     ChunkSha256(chunk_bytes, seg[0]) if chunk_bytes else None, Sha256() if whole_sha else None,
                     KeepBytes(keep) if keep else None, RangeNulRuns(crc_ranges) if crc_ranges else None]
+            cons += [RangeAllNulRuns([((o, n, m), o, n)], m) for o, n, m in plan.nul_scans]
             live = [c for c in cons if c is not None] + ([progress] if progress is not None else [])
             if data is not None:
                 n = stream.feed_bytes(data, live, pool)
@@ -108,9 +124,11 @@ def pass_file(path, *, whole_sha: bool = True, chunk_bytes: Optional[int] = None
             return cons, n
 
         parts = list(pool.map(one, segments)) if len(segments) > 1 else [one(segments[0])]
-    (crc, vals, chunks, sha, kept, nuls), _ = parts[0]
+    (crc, vals, chunks, sha, kept, nuls, *scans), _ = parts[0]
     out.bytes_read = sum(n for _, n in parts)
-    for (c2, v2, _, _, k2, z2), _ in parts[1:]:
+    for (c2, v2, _, _, k2, z2, *s2), _ in parts[1:]:
+        for a, b in zip(scans, s2):
+            a.merge(b)
         if nuls is not None:
             nuls.merge(z2)
         if crc is not None:
@@ -122,7 +140,7 @@ def pass_file(path, *, whole_sha: bool = True, chunk_bytes: Optional[int] = None
     if sha is not None:
         out.sha256_hex = sha.hexdigest()
     if chunks is not None:  # segments end on chunk boundaries: only the last one has a short chunk
-        out.chunk_sha256_hex = [d for (_, _, ch, _, _, _), _ in parts for d in ch.finish()]
+        out.chunk_sha256_hex = [d for (_, _, ch, *_rest), _ in parts for d in ch.finish()]
     if crc is not None:
         out.crc = crc.results()
     if vals is not None:
@@ -131,4 +149,6 @@ def pass_file(path, *, whole_sha: bool = True, chunk_bytes: Optional[int] = None
         out.kept = kept.results()
     if nuls is not None:
         out.nul_runs = nuls.results()
+    for sc in scans:
+        out.nul_scans.update(sc.results())
     return out

@@ -28,11 +28,14 @@ class Plan:
     """The byte ranges of one file: ``crc`` ``(member, data offset, length)`` of stored zip records with a
     recorded CRC32, ``values`` ``(data offset, nbytes, dtype)`` of floating tensors (deduplicated),
     ``tensor_data`` ``(offset, length)`` of the bytes that only hold tensor data (stored ``data/`` records,
-    a safetensors data area): what a loader that builds the object tree over ``mmap`` does not read."""
+    a safetensors data area): what a loader that builds the object tree over ``mmap`` does not read;
+    ``nul_scans`` ``(start, length, min_run)``: ranges whose every NUL run of ``min_run`` bytes or more the file
+    layer lists (a safetensors data area: :func:`ckptaudit.formats.safetensors_check._suspicious_zero_runs`)."""
 
     crc: List[Tuple[str, int, int]] = field(default_factory=list)
     values: List[Tuple[int, int, str]] = field(default_factory=list)
     tensor_data: List[Tuple[int, int]] = field(default_factory=list)
+    nul_scans: List[Tuple[int, int, int]] = field(default_factory=list)
 
 
 def plan_file(path, data: Optional[bytes] = None) -> Plan:
@@ -158,7 +161,10 @@ def _plan_safetensors(path, hlen: int, data: Optional[bytes]) -> Plan:
     if not isinstance(header, dict):
         return plan
     if size > 8 + hlen:
+        from ..formats.safetensors_check import MIN_ZERO_RUN_BYTES
+
         plan.tensor_data = [(8 + hlen, size - 8 - hlen)]
+        plan.nul_scans = [(8 + hlen, size - 8 - hlen, MIN_ZERO_RUN_BYTES)]
     seen = set()
     for _name, info in valid_entries(header):
         a, b = info["data_offsets"]
