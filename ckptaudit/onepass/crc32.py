@@ -34,18 +34,32 @@ def _gf2_square(mat: List[int]) -> List[int]:
     return [_gf2_times(mat, mat[n]) for n in range(32)]
 
 
+_ZERO_OPS: List[List[int]] = []  # _ZERO_OPS[k]: the operator that advances the register over 2**k zero bytes
+
+
+def _zero_op(k: int) -> List[int]:
+    if not _ZERO_OPS:
+        op = [0xEDB88320] + [1 << n for n in range(31)]  # the operator for one zero bit
+        for _ in range(3):
+            op = _gf2_square(op)  # ... for 2, 4, then 8 zero bits: one zero byte
+        _ZERO_OPS.append(op)
+    while len(_ZERO_OPS) <= k:
+        _ZERO_OPS.append(_gf2_square(_ZERO_OPS[-1]))
+    return _ZERO_OPS[k]
+
+
 def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
     """CRC32 of ``A + B`` from ``crc1`` = CRC32(A), ``crc2`` = CRC32(B) and ``len2`` = len(B) in bytes
-    (zlib's ``crc32_combine``: the CRC register advanced over ``len2`` zero bytes by GF(2) matrix squaring)."""
+    (zlib's ``crc32_combine``: the CRC register advanced over ``len2`` zero bytes by GF(2) matrix squaring;
+    the operators for 2**k zero bytes are computed once per process).  ``crc1`` 0 (A empty) gives ``crc2``."""
     if len2 <= 0:
         return crc1
-    op = [0xEDB88320] + [1 << n for n in range(31)]  # the operator for one zero bit
-    for _ in range(3):
-        op = _gf2_square(op)  # ... for 2, 4, then 8 zero bits: one zero byte
+    if crc1 == 0:  # the register of an empty prefix stays 0 over zero bytes
+        return crc2
+    k = 0
     while len2:
         if len2 & 1:
-            crc1 = _gf2_times(op, crc1)
+            crc1 = _gf2_times(_zero_op(k), crc1)
         len2 >>= 1
-        if len2:
-            op = _gf2_square(op)
+        k += 1
     return crc1 ^ crc2
