@@ -27,8 +27,9 @@ class FileFacts:
     ``values``: {(data offset, nbytes, dtype): (non-finite count, Σx² of the finite values, bytes seen)};
     ``sha256_hex`` "" when not computed; ``chunk_sha256_hex`` None when not asked for;
     ``bytes_read``: bytes the pass itself read (the plan's small reads are counted by ``fs``);
-    ``version``: :func:`file_version`'s tag of the file as the pass found it; ``tensor_data``: the plan's ``(offset, length)`` of bytes that only hold tensor data; ``kept``: ``(offset,
-    bytes)`` of a remote object that later stages will read again (:func:`keep_ranges`), else empty."""
+    ``version``: :func:`file_version`'s tag of the file as the pass found it; ``tensor_data``: the plan's
+    ``(offset, length)`` of bytes that only hold tensor data; ``kept``: ``(offset, bytes)`` of a remote object
+    that later stages will read again (:func:`keep_ranges`), else empty."""
 
     size_bytes: int
     version: str = ""
@@ -110,11 +111,16 @@ def pass_file(path, *, whole_sha: bool = True, chunk_bytes: Optional[int] = None
     # one segment: SHA-256, CRC32 and the value statistics of a buffer side by side; else one thread a segment
     with ThreadPoolExecutor(max_workers=max(3, len(segments))) as pool:
         def one(seg):
-            cons = [RangeCrc32(crc_ranges) if crc_ranges else None, RangeValues(value_ranges) if value_ranges else None,
-                    ChunkSha256(chunk_bytes, seg[0]) if chunk_bytes else None, Sha256() if whole_sha else None,
-                    KeepBytes(keep) if keep else None, RangeNulRuns(crc_ranges) if crc_ranges else None]
-            cons += [RangeAllNulRuns([((o, n, m), o, n)], m) for o, n, m in plan.nul_scans]
-            live = [c for c in cons if c is not None] + ([progress] if progress is not None else [])
+            cons = {"crc": RangeCrc32(crc_ranges) if crc_ranges else None,
+                    "values": RangeValues(value_ranges) if value_ranges else None,
+                    "chunks": ChunkSha256(chunk_bytes, seg[0]) if chunk_bytes else None,
+                    "sha": Sha256() if whole_sha else None,
+                    "kept": KeepBytes(keep) if keep else None,
+                    "nul_runs": RangeNulRuns(crc_ranges) if crc_ranges else None}
+            cons.update({("nul_scan", k): RangeAllNulRuns([((o, n, m), o, n)], m)
+                         for k, (o, n, m) in enumerate(plan.nul_scans)})
+            cons = {k: c for k, c in cons.items() if c is not None}
+            live = list(cons.values()) + ([progress] if progress is not None else [])
             if data is not None:
                 n = stream.feed_bytes(data, live, pool)
             elif len(segments) == 1:
@@ -124,31 +130,21 @@ def pass_file(path, *, whole_sha: bool = True, chunk_bytes: Optional[int] = None
             return cons, n
 
         parts = list(pool.map(one, segments)) if len(segments) > 1 else [one(segments[0])]
-    (crc, vals, chunks, sha, kept, nuls, *scans), _ = parts[0]
+    cons = parts[0][0]
     out.bytes_read = sum(n for _, n in parts)
-    for (c2, v2, _, _, k2, z2, *s2), _ in parts[1:]:
-        for a, b in zip(scans, s2):
-            a.merge(b)
-        if nuls is not None:
-            nuls.merge(z2)
-        if crc is not None:
-            crc.merge(c2)
-        if vals is not None:
-            vals.merge(v2)
-        if kept is not None:
-            kept.merge(k2)
-    if sha is not None:
-        out.sha256_hex = sha.hexdigest()
-    if chunks is not None:  # segments end on chunk boundaries: only the last one has a short chunk
-        out.chunk_sha256_hex = [d for (_, _, ch, *_rest), _ in parts for d in ch.finish()]
-    if crc is not None:
-        out.crc = crc.results()
-    if vals is not None:
-        out.values = vals.results()
-    if kept is not None:
-        out.kept = kept.results()
-    if nuls is not None:
-        out.nul_runs = nuls.results()
-    for sc in scans:
-        out.nul_scans.update(sc.results())
+    for other, _ in parts[1:]:  # the segments' range consumers into the first's (SHA-256 is never split)
+        for k, c in cons.items():
+            if hasattr(c, "merge"):
+                c.merge(other[k])
+    if "sha" in cons:
+        out.sha256_hex = cons["sha"].hexdigest()
+    if "chunks" in cons:  # segments end on chunk boundaries: only the last one has a short chunk
+        out.chunk_sha256_hex = [d for c, _ in parts for d in c["chunks"].finish()]
+    out.crc = cons["crc"].results() if "crc" in cons else {}
+    out.values = cons["values"].results() if "values" in cons else {}
+    out.kept = cons["kept"].results() if "kept" in cons else []
+    out.nul_runs = cons["nul_runs"].results() if "nul_runs" in cons else {}
+    for k, c in cons.items():
+        if isinstance(k, tuple):
+            out.nul_scans.update(c.results())
     return out
