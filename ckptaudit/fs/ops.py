@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from .reads import open_binary
 from .remote import STREAM_BLOCK_BYTES, RPath, _split, filesystem, is_remote, refresh
@@ -105,6 +105,18 @@ def walk(d, onerror=None):
 
 def exists(p) -> bool:
     return path(p).exists()
+
+
+def version(p) -> Tuple[int, str]:
+    """``(size in bytes, version tag)`` of ``p`` now: an object's ETag (from the listing), a local file's
+    ``"<mtime_ns>:<inode>"``.  The one pass's facts carry the tag (:mod:`ckptaudit.onepass.facts`), so a file
+    rewritten with the same size after the pass (a writer beside the audit) has its facts and kept bytes
+    dropped, and the later stage reads it again.  Raises ``OSError`` when the file is gone."""
+    if is_remote(p):
+        info = path(p).info()
+        return int(info["size"]), str(info["etag"])
+    st = os.stat(fspath(p))
+    return st.st_size, f"{st.st_mtime_ns}:{st.st_ino}"
 
 
 def etag(p) -> str:

@@ -1,15 +1,20 @@
 """The facts one pass leaves for later stages: rows of the internal ``bytefacts`` table and their lookups.
 
-The hash stage writes one row per zip record CRC (``kind`` "crc") and longest NUL run (``kind``
-"nul_run", what :func:`ckptaudit.formats.zip.crc._longest_zero_run` asks of a record that fails its CRC), per tensor value range
-(``kind`` "values") and per range of bytes that only hold tensor data (``kind`` "tensor_data") of each
-file it read, and, of a remote object, the bytes later stages read again (``kind`` "bytes", served by
-:mod:`ckptaudit.fs.kept` instead of a second GET); the scan stage (CRC32 of every record), the state stage (non-finite counts and norms) and
-the load stage (which bytes a remote object's sparse copy may leave out) :func:`load` the rows of their
-part and ask :func:`crc_of`, :func:`values_of` and :func:`tensor_data_of` before reading any bytes.  A fact is keyed by the file and the exact byte range,
-so a question the pass did not answer (a damaged archive, a view into a storage) reads bytes as
-before.  Facts of a file whose size or version (ETag; local mtime and inode) changed since the pass are
-dropped.
+The hash stage writes, for each file it read, one row per:
+
+* zip record CRC32 (``kind`` "crc") and longest NUL run (``kind`` "nul_run": what
+  :func:`ckptaudit.formats.zip.crc._longest_zero_run` asks of a record that fails its CRC);
+* safetensors data area scanned for NUL runs (``kind`` "nul_scan", its runs ``kind`` "nul_scan_run");
+* tensor value range (``kind`` "values") and range of bytes that only hold tensor data (``kind`` "tensor_data");
+* of a remote object, piece of the bytes later stages read again (``kind`` "bytes", served by
+  :mod:`ckptaudit.fs.kept` instead of a second GET).
+
+The scan stage (CRC32 of every record, zero spans), the state stage (non-finite counts and norms) and the load
+stage (which bytes a remote object's sparse copy may leave out) :func:`load` the rows of their part and ask
+:func:`crc_of`, :func:`nul_run_of`, :func:`nul_runs_in`, :func:`values_of` and :func:`tensor_data_of` before
+reading any bytes.  A fact is keyed by the file and the exact byte range, so a question the pass did not answer
+(a damaged archive, a view into a storage) reads bytes as before.  Facts of a file whose size or version (ETag;
+local mtime and inode: :func:`ckptaudit.fs.version`) changed since the pass are dropped.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ _NUL_SCAN: Dict[Tuple[str, int, int], Tuple[int, List[Tuple[int, int]]]] = {}  #
 
 def rows_of(unit: str, rel: str, ff) -> List[dict]:
     """Rows of the ``bytefacts`` table for file ``rel`` of ``unit`` from a :class:`~.filepass.FileFacts`, each
-    with the file's ``version`` at the pass (:func:`ckptaudit.onepass.filepass.file_version`)."""
+    with the file's ``version`` at the pass (:func:`ckptaudit.fs.version`)."""
     return [{**r, "version": ff.version} for r in _rows(unit, rel, ff)]
 
 
@@ -68,10 +73,8 @@ def clear() -> None:
 
 
 def _now(p) -> Optional[Tuple[int, str]]:
-    from .filepass import file_version
-
     try:
-        return file_version(p)
+        return fs.version(p)
     except (OSError, ValueError):
         return None
 

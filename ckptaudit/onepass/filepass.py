@@ -27,7 +27,7 @@ class FileFacts:
     ``values``: {(data offset, nbytes, dtype): (non-finite count, Σx² of the finite values, bytes seen)};
     ``sha256_hex`` "" when not computed; ``chunk_sha256_hex`` None when not asked for;
     ``bytes_read``: bytes the pass itself read (the plan's small reads are counted by ``fs``);
-    ``version``: :func:`file_version`'s tag of the file as the pass found it; ``tensor_data``: the plan's
+    ``version``: :func:`ckptaudit.fs.version`'s tag of the file as the pass found it; ``tensor_data``: the plan's
     ``(offset, length)`` of bytes that only hold tensor data; ``kept``: ``(offset, bytes)`` of a remote object
     that later stages will read again (:func:`keep_ranges`), else empty."""
 
@@ -71,18 +71,6 @@ def keep_ranges(size: int, tensor_data: List[Tuple[int, int]]) -> List[Tuple[Non
     return out
 
 
-def file_version(path) -> Tuple[int, str]:
-    """``(size in bytes, version tag)`` of ``path`` now: an object's ETag (from the listing), a local file's
-    ``"<mtime_ns>:<inode>"``.  Facts carry the tag, so a file rewritten with the same size after the pass (a
-    writer beside the audit) has its facts and kept bytes dropped, and the later stage reads it again.
-    Raises ``OSError`` when the file is gone."""
-    if fs.is_remote(path):
-        info = fs.path(path).info()
-        return int(info["size"]), str(info["etag"])
-    st = os.stat(fs.fspath(path))
-    return st.st_size, f"{st.st_mtime_ns}:{st.st_ino}"
-
-
 def _cores() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -94,7 +82,7 @@ def pass_file(path, *, whole_sha: bool = True, chunk_bytes: Optional[int] = None
               threads: Optional[int] = None, plan: Optional[Plan] = None, progress=None) -> FileFacts:
     """Read ``path`` once and compute every fact of it; ``progress`` (a consumer, e.g.
     :class:`~.consumers.Progress`) is fed too.  Raises ``OSError`` when it cannot be read."""
-    size, version = file_version(path)
+    size, version = fs.version(path)
     data = None
     if plan is None and fs.is_remote(path) and size <= stream.SMALL_REMOTE_BYTES:
         data = stream.fetch(path, size)  # one round of GETs; the plan is made from these bytes
