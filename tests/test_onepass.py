@@ -285,6 +285,7 @@ def test_nul_run_facts_equal_the_zero_run_search_of_each_record(tmp_path, step):
     plan = plan_file(p)
     r_off, r_len = next((o, n) for m, o, n in plan.crc if m.endswith("data/2"))
     data[r_off + 1000:r_off + 1300] = bytes(300)  # a lost block inside the random tensor
+    data[r_off + 999] = data[r_off + 1300] = 0x5A  # its neighbours are not NUL (random bytes can be)
     p.write_bytes(bytes(data))
     c = RangeNulRuns([((m, o, n), o, n) for m, o, n in plan.crc])
     _feed([c], bytes(data), step)

@@ -162,16 +162,25 @@ class RangeNulRuns(_Ranges):
 
     def _piece(self, i: int, at: int, piece) -> None:
         n = len(piece)
-        for o, k in nul_runs(piece):
+        for o, k in nul_runs(piece, self.min_run):
             if o == 0 or o + k == n:
-                self._edges.setdefault(i, []).append((at + o, k))
+                edges = self._edges.setdefault(i, [])
+                if o == 0 and edges and edges[-1][0] + edges[-1][1] == at:  # fed in order: the run goes on
+                    edges[-1] = (edges[-1][0], edges[-1][1] + k)
+                else:
+                    edges.append((at + o, k))
             else:
                 self._keep(i, at + o, k)
 
+    def _kept(self) -> Dict[int, List[Tuple[int, int]]]:
+        """{range index: the runs judged so far}."""
+        return {i: [b] for i, b in self._best.items()}
+
     def merge(self, other: "RangeNulRuns") -> "RangeNulRuns":
         """Take the runs ``other`` (fed another segment of the same file, same ranges) found."""
-        for i, (o, n) in other._best.items():
-            self._keep(i, o, n)
+        for i, runs in other._kept().items():
+            for o, n in runs:
+                self._keep(i, o, n)
         for i, e in other._edges.items():
             self._edges.setdefault(i, []).extend(e)
         return self
@@ -192,10 +201,15 @@ class RangeNulRuns(_Ranges):
         return {r[0]: self._best.get(i) for i, r in enumerate(self.ranges)}
 
 
+#: Most NUL runs one range's facts list; past it (a sparse tensor file) the reader searches the bytes itself.
+MAX_LISTED_NUL_RUNS = 10_000
+
+
 class RangeAllNulRuns(RangeNulRuns):
     """Every run of at least ``min_run`` NUL bytes inside each range: ``results()`` is {key: [(offset, length),
     ...] in file order, or None when a range holds more than :data:`MAX_LISTED_NUL_RUNS` (the reader then looks
-    itself)}; the list :func:`ckptaudit.formats.zeros.zero_runs` of that range gives."""
+    itself)}; the list :func:`ckptaudit.formats.zeros.zero_runs` of that range gives (that search stays apart:
+    the file layer imports no numpy, ``tests/test_formats.py``)."""
 
     def __init__(self, ranges: Iterable[Tuple[object, int, int]], min_run: int) -> None:
         super().__init__(ranges, min_run)
@@ -205,12 +219,8 @@ class RangeAllNulRuns(RangeNulRuns):
         if n >= self.min_run:
             self._all.setdefault(i, []).append((off, n))
 
-    def merge(self, other: "RangeAllNulRuns") -> "RangeAllNulRuns":
-        for i, runs in other._all.items():
-            self._all.setdefault(i, []).extend(runs)
-        for i, e in other._edges.items():
-            self._edges.setdefault(i, []).extend(e)
-        return self
+    def _kept(self) -> Dict[int, List[Tuple[int, int]]]:
+        return self._all
 
     def results(self) -> Dict[object, Optional[List[Tuple[int, int]]]]:
         super().results()
@@ -219,10 +229,6 @@ class RangeAllNulRuns(RangeNulRuns):
             runs = sorted(self._all.get(i, []))
             out[r[0]] = runs if len(runs) <= MAX_LISTED_NUL_RUNS else None
         return out
-
-
-#: Most NUL runs one range's facts list; past it (a sparse tensor file) the reader searches the bytes itself.
-MAX_LISTED_NUL_RUNS = 10_000
 
 
 class KeepBytes(_Ranges):

@@ -10,6 +10,7 @@ words (their high bytes before it, low bytes after it), all with numpy.
 
 from __future__ import annotations
 
+import re
 from typing import List, Tuple
 
 import numpy as np
@@ -24,10 +25,18 @@ def _edge_nul(a: np.ndarray, from_end: bool) -> int:
     return int(nz[0]) if nz.size else int(a.size)
 
 
-def nul_runs(view) -> List[Tuple[int, int]]:
+#: Every NUL run at least this long holds a whole aligned 64-bit zero word, so the word search finds it.
+WORD_RUN_BYTES = 15
+_ANY_NUL_RUN = re.compile(rb"\x00+")
+
+
+def nul_runs(view, min_run: int = WORD_RUN_BYTES) -> List[Tuple[int, int]]:
     """``(start, length)`` of maximal NUL runs of ``view`` (bytes-like), offsets from its start, in order: every
-    run of at least 15 bytes and every run that touches the first or last byte (a shorter run holding a whole
-    aligned zero word may be listed too; callers keep the runs of the length they look for)."""
+    run of at least ``min(min_run, 15)`` bytes and every run that touches the first or last byte (a shorter run
+    holding a whole aligned zero word may be listed too; callers keep the runs of the length they look for).
+    ``min_run`` under 15 lists every run, byte by byte (a regex: slow on zero-heavy data)."""
+    if min_run < WORD_RUN_BYTES:
+        return [(m.start(), m.end() - m.start()) for m in _ANY_NUL_RUN.finditer(view)]
     a = np.frombuffer(view, dtype=np.uint8)
     n = int(a.size)
     if n == 0:
