@@ -27,12 +27,11 @@ _served = {"bytes": 0}
 
 
 def clear() -> None:
-    """Forget every kept byte (and the served count)."""
+    """Forget every kept byte (:func:`served_bytes` keeps counting, like the I/O counters of :mod:`.counters`)."""
     with _lock:
         _pieces.clear()
         _starts.clear()
         _sizes.clear()
-        _served["bytes"] = 0
 
 
 def put(url: str, offset: int, data: bytes, size: int) -> None:
@@ -91,7 +90,7 @@ def served(nbytes: int) -> None:
 
 
 def served_bytes() -> int:
-    """Bytes this process answered from kept bytes instead of a GET."""
+    """Bytes this process answered from kept bytes instead of a GET, since it started."""
     return _served["bytes"]
 
 

@@ -248,13 +248,13 @@ class KeepBytes(_Ranges):
         return self
 
     def results(self) -> List[Tuple[int, bytes]]:
-        out: List[Tuple[int, bytearray]] = []
+        groups: List[Tuple[int, int, List[bytes]]] = []  # (start, end, pieces): each piece copied once more, joined
         for at, b in sorted(self._got, key=lambda x: x[0]):
-            if out and out[-1][0] + len(out[-1][1]) == at:
-                out[-1][1].extend(b)
+            if groups and groups[-1][1] == at:
+                groups[-1] = (groups[-1][0], at + len(b), groups[-1][2] + [b])
             else:
-                out.append((at, bytearray(b)))
-        return [(at, bytes(b)) for at, b in out]
+                groups.append((at, at + len(b), [b]))
+        return [(start, b"".join(pieces)) for start, _end, pieces in groups]
 
 
 #: Bytes of one value-statistics call (a multiple of every dtype's block of ``values._BLOCK`` elements).
