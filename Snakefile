@@ -29,15 +29,22 @@ rule audit:
         get_report_outputs(),
 
 
+# One audit at a time per output folder: the lock is taken before the first job (not in a dry run).
+onstart:
+    hold_out_lock()
+
+
 # The end of every run says what happened: the verdict's summary (ckptaudit/summary.py), or each
 # failed job's own error line from its log (ckptaudit/job_errors.py).  `ckptaudit audit` prints both itself.
 onsuccess:
     from ckptaudit import summary as _summary
 
     _summary.on_success(workflow, OUT)
+    outlock.release(OUT)
 
 
 onerror:
     from ckptaudit import job_errors as _job_errors
 
     _job_errors.on_error(workflow, OUT)
+    outlock.release(OUT)

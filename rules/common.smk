@@ -8,6 +8,7 @@ import sys
 from snakemake.utils import validate
 
 import ckptaudit
+from ckptaudit import outlock
 from ckptaudit import workflow_support as ws
 from ckptaudit.pipeline import check_config, check_out_dir, check_run_dir
 
@@ -47,6 +48,16 @@ PARTS = f"{OUT}/tables/parts"
 LOGS = f"{OUT}/logs"
 BENCH = f"{OUT}/benchmarks"
 WORK = f"{OUT}/work"
+
+
+def hold_out_lock():
+    """One audit at a time per output folder (ckptaudit/outlock.py), from `onstart` to the end.  The kernel
+    drops the lock when this process ends, however it ends, so the workflow runs with Snakemake's own lock
+    off and incomplete outputs redone (profiles/default; ckptaudit.cli.snakemake for `ckptaudit audit`)."""
+    try:
+        outlock.hold(OUT)
+    except outlock.OutputBusy as e:
+        usage_error(e)
 
 
 wildcard_constraints:

@@ -18,6 +18,23 @@ from ..config import workflow_dir
 
 
 @contextmanager
+def _out_locked(workdir: Path) -> Iterator[None]:
+    """Hold ``workdir``'s audit lock (:mod:`ckptaudit.outlock`) for the run; another holder is one line
+    (:class:`click.ClickException`, exit 3).  With it held, Snakemake's own lock is off (its lock files
+    outlive a SIGKILL) and an interrupted audit's incomplete outputs are redone."""
+    from .. import outlock
+
+    try:
+        outlock.hold(workdir)
+    except outlock.OutputBusy as e:
+        raise click.ClickException(str(e)) from None
+    try:
+        yield
+    finally:
+        outlock.release(workdir)
+
+
+@contextmanager
 def _as_cli(workdir: Path) -> Iterator[None]:
     """Run a workflow for the CLI: its ``onsuccess``/``onerror`` handlers stay quiet (the CLI prints the
     summary itself) and a failure becomes one :class:`click.ClickException` that gives each failed job's own
@@ -57,7 +74,7 @@ def run_workflow(cfg: dict, workdir: Path, cores: int, targets=("audit",), quiet
 
     workdir.mkdir(parents=True, exist_ok=True)
     out = OutputSettings(quiet={Quietness.ALL} if quiet else set(), show_failed_logs=not quiet)
-    with _as_cli(workdir), progress_line(workdir), SnakemakeApi(out) as api:
+    with _out_locked(workdir), _as_cli(workdir), progress_line(workdir), SnakemakeApi(out) as api:
         wf = api.workflow(
             resource_settings=ResourceSettings(cores=cores),
             config_settings=ConfigSettings(config=cfg),
@@ -65,8 +82,9 @@ def run_workflow(cfg: dict, workdir: Path, cores: int, targets=("audit",), quiet
             snakefile=workflow_dir() / "Snakefile",
             workdir=workdir,
         )
-        dag = wf.dag(dag_settings=DAGSettings(targets=set(targets)))
-        dag.execute_workflow(executor=executor, execution_settings=ExecutionSettings(keep_going=keep_going))
+        dag = wf.dag(dag_settings=DAGSettings(targets=set(targets), force_incomplete=True))
+        dag.execute_workflow(executor=executor,
+                             execution_settings=ExecutionSettings(keep_going=keep_going, lock=False))
     return True
 
 
@@ -120,7 +138,7 @@ def run_snakemake_cli(cfg: dict, workdir: Path, *, profile: str | None = None, e
     cfg_file.parent.mkdir(parents=True, exist_ok=True)
     cfg_file.write_text(yaml.safe_dump(cfg, sort_keys=True))
     argv = ["--snakefile", str(workflow_dir() / "Snakefile"), "--directory", str(workdir),
-            "--configfile", str(cfg_file)] + ([] if quiet else ["--show-failed-logs"])
+            "--configfile", str(cfg_file), "--nolock", "--rerun-incomplete"] + ([] if quiet else ["--show-failed-logs"])
     if profile:
         argv += ["--profile", resolve_profile(profile)]
     if executor:
@@ -134,7 +152,7 @@ def run_snakemake_cli(cfg: dict, workdir: Path, *, profile: str | None = None, e
     argv += [*extra_args, "--", *targets]
     from .ticker import progress_line
 
-    with _as_cli(workdir), progress_line(workdir):
+    with _out_locked(workdir), _as_cli(workdir), progress_line(workdir):
         try:
             parser, args = parse_args(argv)
             ok = args_to_api(args, parser)
