@@ -64,9 +64,12 @@ def render_html(v: dict, all_tables: Dict[str, List[dict]], run_name: str, costs
 
 
 def run_report(inventory_json: str, parts: Dict[str, List[str]], cfg: dict, out_dir: str,
-               bench_dir: str = "") -> dict:
+               bench_dir: str = "", audit_id: Optional[str] = None, reuse: bool = False) -> dict:
     """Concatenate part tables into ``out_dir/tables``; write verdict.json,
-    units.parquet (in tables/) and report.html.  Returns the verdict."""
+    units.parquet (in tables/) and report.html.  Returns the verdict.
+
+    ``audit_id`` (:func:`ckptaudit.reverify.audit_id`) and ``reuse`` say which units this audit re-verified:
+    the verdict's ``bytes_verified`` and each unit's ``last_hashed_utc`` / ``reverified``."""
     with open(inventory_json) as f:
         inv = json.load(f)
     out = Path(out_dir)
@@ -83,6 +86,7 @@ def run_report(inventory_json: str, parts: Dict[str, List[str]], cfg: dict, out_
         if changed:
             inv["changed_during_audit"][u["unit"]] = [liveness.changed_finding(u["unit"], changed, root).to_dict()]
     v = verdict.build(inv, all_tables, cfg)
+    _add_reverified(v, all_tables.get("hash", []), audit_id, reuse)
     sizes = {u["unit"]: u["size_bytes"] for u in inv["units"]}
     tables.write("units", verdict.units_rows(v, sizes), tdir / "units.parquet")
     ptr_rows = []
@@ -102,6 +106,21 @@ def run_report(inventory_json: str, parts: Dict[str, List[str]], cfg: dict, out_
     return v
 
 
+def _add_reverified(v: dict, hash_rows: List[dict], audit_id: Optional[str], reuse: bool) -> None:
+    """``v["bytes_verified"]``: this audit's start, ``reuse`` and how many units it hashed again or reused;
+    each unit's ``last_hashed_utc`` (its least recently hashed file) and ``reverified`` (hashed by this audit)."""
+    from . import reverify
+
+    s = reverify.summary(hash_rows, audit_id, reuse)
+    last = s.pop("last_hashed_utc")
+    v["bytes_verified"] = s
+    start = s["audit_started_utc"] or ""
+    for u in v.get("units", []):
+        t = last.get(u["unit"])
+        u["last_hashed_utc"] = t
+        u["reverified"] = bool(t) and t >= start
+
+
 def _write_json(path: Path, doc: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, (json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n").encode())
@@ -118,13 +137,15 @@ def main(argv=None) -> int:
     ap.add_argument("--config", required=True)
     ap.add_argument("--out-dir", required=True)
     ap.add_argument("--bench-dir", default="")
+    ap.add_argument("--audit-id", default=None, help="this audit's id (ckptaudit.reverify.audit_id)")
+    ap.add_argument("--reuse", action="store_true", help="the audit re-used unchanged parts (config reuse)")
     for s in STAGES:
         ap.add_argument(f"--{s}", nargs="*", default=[])
     a = ap.parse_args(argv)
     with open(a.config) as f:
         cfg = json.load(f)
     parts = {s: getattr(a, s) for s in STAGES}
-    run_report(a.inventory, parts, cfg, a.out_dir, a.bench_dir)
+    run_report(a.inventory, parts, cfg, a.out_dir, a.bench_dir, a.audit_id, a.reuse)
     return 0
 
 

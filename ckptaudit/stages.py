@@ -101,6 +101,7 @@ def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None) 
     from concurrent.futures import ThreadPoolExecutor
 
     from . import fs, hashing, tables
+    from .reverify import now_utc
 
     before = fs.stage_bytes()
     fs.kept.clear()  # this stage reads the objects themselves: no bytes kept by an earlier pass stand in for them
@@ -111,6 +112,10 @@ def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None) 
         facts: List[dict] = []
         rows = liveness.guard("hash", u, lambda: hashing.hash_unit(run_dir, u, facts),
                               lambda f: [_hash_error_row(u, f)])
+        done_at = now_utc()  # when these bytes were last verified (the report's "last hashed")
+        for r in rows:
+            if r.get("sha256_hex"):
+                r["hashed_at_utc"] = done_at
         return rows, facts
 
     workers = max(1, min(hashing.PASSES_AT_ONCE, len(units)))

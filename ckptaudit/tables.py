@@ -62,6 +62,7 @@ SCHEMAS: Dict[str, pa.Schema] = {
     "hash": pa.schema([
         ("unit", S), ("file", S), ("size_bytes", I), ("sha256_hex", S), ("hash_seconds", F),
         ("expected_sha256_hex", S), ("expected_source", S), ("verified", B), ("findings_json", S),
+        ("hashed_at_utc", S),  # ISO 8601 UTC when this file's bytes were hashed; null when they were not
     ]),
     # bytefacts (internal, <out>/work/bytefacts/): what the hash stage's one pass computed for later stages,
     # one row per zip record CRC32 (kind "crc"), tensor value range ("values"), tensor-data range ("tensor_data")

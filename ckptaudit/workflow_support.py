@@ -70,27 +70,28 @@ def part_files(inv: dict, part: str) -> List[str]:
     return out
 
 
-def part_signature(inv: dict, part: str) -> str:
+def part_signature(inv: dict, part: str, reverify: Optional[str] = None) -> str:
     """What a part holds, as a Snakemake param (a change re-runs only this part).
 
-    Per unit: its name, files, sizes and newest mtime (from the inventory), and the
-    size and mtime of its sidecars and manifest; for ``s3://`` runs also each
-    object's size and ETag.  The part jobs do not list the run's files as inputs:
-    Snakemake would ``stat`` every one of them in every scheduling round
-    (docs/benchmarks-history.md, "1,000 small units"), while the inventory already recorded them.
+    Per unit: its name, files, sizes and newest mtime (from the inventory); for ``s3://`` runs also each
+    object's size and ETag.  ``reverify`` (this audit's id, :func:`ckptaudit.reverify.audit_id`; the default
+    ``reuse: false``) is part of it, so every audit re-runs every part.  ``reverify`` None (``reuse: true``):
+    instead each local file's, sidecar's and manifest's stat key (size, mtime, ctime, inode, device;
+    :func:`ckptaudit.reverify.stat_key`), so a file rewritten with its size and mtime put back is redone.
+    The part jobs do not list the run's files as inputs: Snakemake would ``stat`` every one of them in every
+    scheduling round (docs/benchmarks-history.md, "1,000 small units"), while the inventory already recorded
+    them.
     """
+    from .reverify import stat_key
+
     osd = inv.get("object_store") or {}
     root = inv["run_dir"]
-    rows = []
+    rows: List[Any] = [["audit", reverify]] if reverify else []
     for u in part_units(inv, part):
         extra = []
-        if not fs.is_remote(root):
-            for f in list(u.get("sidecars", [])) + ([u["manifest"]] if u.get("manifest") else []):
-                try:
-                    st = os.stat(os.path.join(root, f))
-                    extra.append([f, st.st_size, st.st_mtime_ns])
-                except OSError:
-                    extra.append([f, None, None])
+        if not reverify and not fs.is_remote(root):
+            for f in list(u["files"]) + list(u.get("sidecars", [])) + ([u["manifest"]] if u.get("manifest") else []):
+                extra.append([f, stat_key(os.path.join(root, f))])
         rows.append([u["unit"], u["files"], u.get("size_bytes"), u.get("mtime_ns"), extra]
                     + ([osd[u["unit"]]] if u["unit"] in osd else []))
     return json.dumps(rows, sort_keys=True)

@@ -8,7 +8,7 @@ import sys
 from snakemake.utils import validate
 
 import ckptaudit
-from ckptaudit import outlock
+from ckptaudit import outlock, reverify
 from ckptaudit import workflow_support as ws
 from ckptaudit.pipeline import check_config, check_out_dir, check_run_dir
 
@@ -48,6 +48,10 @@ PARTS = f"{OUT}/tables/parts"
 LOGS = f"{OUT}/logs"
 BENCH = f"{OUT}/benchmarks"
 WORK = f"{OUT}/work"
+# Every audit re-verifies bytes unless `reuse: true` (ckptaudit/reverify.py): its id is a param of the
+# inventory and of every part job, so a new audit re-runs them all.
+AUDIT_ID = reverify.audit_id(workflow.is_main_process)
+REVERIFY = None if config["reuse"] else AUDIT_ID
 
 
 def hold_out_lock():
@@ -70,7 +74,7 @@ def get_run_dir_input(wildcards):
 
 
 def get_listing_fingerprint(wildcards):
-    return ws.listing_fingerprint(RUN_DIR)
+    return ws.listing_fingerprint(RUN_DIR) + (f" audit {REVERIFY}" if REVERIFY else "")
 
 
 def get_stage_config(wildcards):
@@ -92,7 +96,7 @@ def get_part_files(wildcards):
 
 
 def get_part_units(wildcards):
-    return ws.part_signature(get_inventory(), wildcards.part)
+    return ws.part_signature(get_inventory(), wildcards.part, reverify=REVERIFY)
 
 
 def get_parts_of(stage):

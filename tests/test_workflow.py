@@ -79,16 +79,17 @@ def part_mtimes(out: Path):
     return {str(p.relative_to(out / "tables" / "parts")): p.stat().st_mtime_ns for p in (out / "tables" / "parts").rglob("*.parquet")}
 
 
-def test_rerun_does_nothing_then_picks_up_new_unit(demo_run, tmp_path):
-    """Re-auditing an unchanged run must not re-hash anything; a new checkpoint
+def test_rerun_with_reuse_does_nothing_then_picks_up_new_unit(demo_run, tmp_path):
+    """With ``--reuse``, re-auditing an unchanged run must not re-hash anything; a new checkpoint
     re-runs only inventory, its own part and the report.  One unit per part
-    (``units_per_job: 1``): "auto" packs the small demo units into one part."""
+    (``units_per_job: 1``): "auto" packs the small demo units into one part.  (Without ``--reuse`` every
+    part is redone: tests/test_rerun.py.)"""
     run = tmp_path / "run"
     shutil.copytree(demo_run.run_dir, run)
     out = tmp_path / "audit"
     cfg = tmp_path / "one-per-part.yaml"
     cfg.write_text("units_per_job: 1\n")
-    audit = ("audit", str(run), "--out", str(out), "--cores", "2", "--config", str(cfg))
+    audit = ("audit", str(run), "--out", str(out), "--cores", "2", "--config", str(cfg), "--reuse")
     assert run_cli(*audit).returncode == 1
     first = part_mtimes(out)
     assert len([k for k in first if k.startswith("hash/")]) == 6

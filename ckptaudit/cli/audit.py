@@ -26,15 +26,23 @@ from .snakemake import run_snakemake_cli, run_workflow
               help="Snakemake profile: a bundled one (config/profiles/NAME, e.g. slurm) or a path.")
 @click.option("--executor", default=None, metavar="NAME",
               help="Snakemake executor plugin (e.g. slurm); overrides the profile's.")
+@click.option("--reuse", is_flag=True,
+              help="Re-use earlier results in --out for files whose size, mtime, ctime, inode and device are "
+                   "unchanged (config key reuse); by default every byte is hashed again. It cannot see bytes "
+                   "that change below the file system: see docs/rerun.md.")
 @click.option("--json", "as_json", is_flag=True, help="Print verdict.json instead of the summary.")
 @click.option("--verbose", is_flag=True, help="Show Snakemake's own output.")
-def audit_command(run_dir, snakemake_args, out_dir, config_file, cores, profile, executor, as_json, verbose):
+def audit_command(run_dir, snakemake_args, out_dir, config_file, cores, profile, executor, reuse, as_json,
+                  verbose):
     """Audit RUN_DIR; write verdict.json, report.html and tables/ into --out.
 
     With --profile or --executor, or Snakemake arguments after `--` (e.g.
     `-- --default-resources slurm_account=ACC`), the workflow runs through
     Snakemake's command line, which reads profiles; otherwise through its API.
     On a terminal, stderr shows the bytes hashed, the rate and the ETA.
+    A re-run into the same --out hashes every byte again unless --reuse; an
+    interrupted audit's leftovers are redone; a second audit into an --out
+    that another one is writing stops at once (exit 3).
 
     \b
     Exit codes (for cron and CI):
@@ -52,6 +60,8 @@ def audit_command(run_dir, snakemake_args, out_dir, config_file, cores, profile,
         rd, out = check_paths(run_dir, out_dir)
         cfg = load_user_config(config_file)
         cfg.update(run_dir=rd, out_dir=str(out))
+        if reuse:
+            cfg["reuse"] = True
         if profile or executor or snakemake_args:
             run_snakemake_cli(cfg, out, profile=profile, executor=executor, cores=cores, quiet=not verbose,
                               extra_args=snakemake_args)
