@@ -173,10 +173,16 @@ def ensure_slurm():
 
 
 def without_paths(doc, *paths):
+    """The verdict without its output folder's paths and without when its audit ran and hashed each unit
+    (``bytes_verified``, ``last_hashed_utc``: per audit, never equal across two)."""
     text = json.dumps(doc, sort_keys=True)
     for p in paths:
         text = text.replace(str(p), "<OUT>")
-    return json.loads(text)
+    out = json.loads(text)
+    out.pop("bytes_verified", None)
+    for u in out.get("units", []):
+        u.pop("last_hashed_utc", None)
+    return out
 
 
 def scontrol_job(job_id: int) -> dict:
@@ -219,6 +225,8 @@ def test_slurm_audit_equals_local(demo_run, tmp_path):
     v_local = json.loads((local_out / "verdict.json").read_text())
     v_slurm = json.loads((slurm_out / "verdict.json").read_text())
     assert without_paths(v_slurm, slurm_out) == without_paths(v_local, local_out)
+    # the cluster jobs got the audit's id (from the environment sbatch passes on): every unit hashed by this audit
+    assert v_slurm["bytes_verified"]["units_reverified"] == 6 and all(u["reverified"] for u in v_slurm["units"])
     assert v_slurm["rollback"] == {"unit": "ckpt_000250.pt", "step": 250}
 
     logs = slurm_out / ".snakemake" / "slurm_logs"
