@@ -23,7 +23,7 @@ from typing import Dict, List, Optional
 from . import fs, layouts
 from .layouts.leftovers import UNREADABLE  # the reason a file_unreadable finding is made of
 from ._io import atomic_write
-from .parts import assign_parts, auto_units_per_job, listing_fingerprint  # noqa: F401 - re-exported
+from .parts import SMALL_PART_BYTES, assign_parts, auto_units_per_job, listing_fingerprint  # noqa: F401 - re-exported
 from .units import (  # noqa: F401 - re-exported: the unit model lives in units.py
     IN_PROGRESS_PATTERNS,
     Pointer,
@@ -339,15 +339,16 @@ def _object_store(run_dir, units: List[Unit]) -> Dict[str, dict]:
     return {k: v for k, v in out.items() if v["objects"] or v["multipart_uploads"]}
 
 
-def run_inventory(run_dir: str, units_per_job="auto") -> Dict:
-    """Discover units and pointers; return the plain-data inventory document."""
+def run_inventory(run_dir: str, units_per_job="auto", part_bytes: Optional[int] = SMALL_PART_BYTES) -> Dict:
+    """Discover units and pointers; return the plain-data inventory document (parts by
+    :func:`assign_parts`: ``part_bytes`` None on one machine, packing by count only)."""
     from . import liveness
 
     units, pointers, stray = discover(run_dir)
     object_store = _object_store(run_dir, units) if fs.is_remote(run_dir) else {}
     for u in units:
         u.snapshot = liveness.snapshot(run_dir, u.files)
-    parts = assign_parts(units, units_per_job)
+    parts = assign_parts(units, units_per_job, part_bytes)
     return {
         "object_store": object_store,
         "run_dir": str(run_dir),

@@ -11,7 +11,7 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 from . import fs
 
@@ -35,30 +35,32 @@ def auto_units_per_job(n_units: int) -> int:
     return 1 << math.ceil(math.log2(math.ceil(n_units / 16)))
 
 
-#: "auto" packs consecutive units into one part while the part stays within this many bytes
-#: (and :data:`SMALL_PART_UNITS` units): a few units cost one set of jobs, not one set each.  A part's
-#: fixed cost is ~7 fresh Python processes and one ``import torch``, ~3.5 CPU-s, the SHA-256 of ~4 GiB
-#: at 1.2 GiB/s on one core (docs/benchmarks-history.md, issue 15): below that, start-up outweighs the
-#: bytes.  The hash job of a packed part hashes its units at once on the cores it is given
-#: (``rules/resources.smk``: ``get_hash_threads``), so packing costs no parallelism locally; units larger
-#: than this keep a part each, so a cluster spreads them over nodes.
+#: "auto" on a cluster packs consecutive units into one part while the part stays within this many bytes
+#: (and :data:`SMALL_PART_UNITS` units): a few units cost one set of jobs, not one set each, and units larger
+#: than this keep a part each, so the cluster spreads them over nodes.  A part's fixed cost is ~7 fresh Python
+#: processes and one ``import torch``, ~3.5 CPU-s, the SHA-256 of ~4 GiB at 1.2 GiB/s on one core
+#: (docs/benchmarks-history.md, issue 15): below that, start-up outweighs the bytes.
 SMALL_PART_BYTES = 4 << 30
 SMALL_PART_UNITS = 16
 
 
-def assign_parts(units: List[Unit], units_per_job) -> Dict[str, List[str]]:
+def assign_parts(units: List[Unit], units_per_job, part_bytes: Optional[int] = SMALL_PART_BYTES
+                 ) -> Dict[str, List[str]]:
     """Group units (already in (step, name) order) into Snakemake jobs.
 
     Returns {part_id: [unit, ...]}; part ids are ``p0000``, ``p0001``…  A number puts
     that many units in each part.  ``"auto"`` packs units greedily in order: a part
     takes at least :func:`auto_units_per_job` units (the count rule that bounds the
     part count of a large run) and keeps taking more, up to
-    ``max(SMALL_PART_UNITS, that count)``, while its bytes stay within
-    :data:`SMALL_PART_BYTES` — so a run of up to 16 small units is one part (one job
-    per stage: per-job start-up, not bytes, is what a small unit costs), while units
-    of several GiB keep a part each and run in parallel.  The grouping depends
-    only on the order, the unit count and the sizes of the units, so new (later)
-    units only touch the last part.
+    ``max(SMALL_PART_UNITS, that count)``, while its bytes stay within ``part_bytes``
+    (default :data:`SMALL_PART_BYTES`, for a cluster: units of several GiB keep a part
+    each and run on several nodes).  ``part_bytes`` None (a local run) packs by count
+    only: the hash job hashes its part's units at once on every core it has
+    (``rules/resources.smk``: ``get_hash_threads``), so one machine gains nothing from
+    a part per big unit and would pay each one a chain of ~7 jobs and an ``import torch``
+    (3 units of 3 GiB on 2 cores: 22 jobs, 0.66–0.74× the wall with one part; BENCHMARKS.md).
+    The grouping depends only on the order, the unit count and the sizes of the units,
+    so new (later) units only touch the last part.
     """
     if units_per_job not in (None, "auto"):
         per = int(units_per_job)
@@ -66,10 +68,11 @@ def assign_parts(units: List[Unit], units_per_job) -> Dict[str, List[str]]:
     else:
         least = auto_units_per_job(len(units))
         most = max(SMALL_PART_UNITS, least)
+        budget = part_bytes if part_bytes is not None else float("inf")
         groups, cur, cur_bytes = [], [], 0
         for u in units:
             size = max(0, int(u.size_bytes or 0))
-            if cur and (len(cur) >= most or (len(cur) >= least and cur_bytes + size > SMALL_PART_BYTES)):
+            if cur and (len(cur) >= most or (len(cur) >= least and cur_bytes + size > budget)):
                 groups.append(cur)
                 cur, cur_bytes = [], 0
             cur.append(u)

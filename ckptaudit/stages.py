@@ -40,10 +40,13 @@ def _run_dir(inv: dict, cfg: dict):
     return fs.path(inv["run_dir"])
 
 
-def stage_inventory(run_dir: str, units_per_job, out_parquet: str, out_json: str, out_pointers: str) -> dict:
+def stage_inventory(run_dir: str, units_per_job, out_parquet: str, out_json: str, out_pointers: str,
+                    part_bytes: Optional[int] = None) -> dict:
+    """The inventory stage; ``part_bytes`` bounds an "auto" part's bytes (a cluster), None packs by count
+    (one machine; :func:`ckptaudit.parts.assign_parts`)."""
     from . import inventory, tables
 
-    doc = inventory.run_inventory(run_dir, units_per_job)
+    doc = inventory.run_inventory(run_dir, units_per_job, part_bytes)
     inventory.write_inventory(doc, out_parquet, out_json)
     tables.write("pointers", [{**p, "ok": None, "finding_kind": "", "findings_json": "[]"} for p in doc["pointers"]],
                  out_pointers)
@@ -252,6 +255,7 @@ def _per_scanned_unit(stage: str, inv: dict, part: str, scans: Dict[str, dict], 
 #: each rule's arguments: (flag, required, help); the positional sub-command is the rule's name
 _ARGS = {
     "inventory": [("--run-dir", True, "run folder or s3://bucket/prefix"), ("--units-per-job", False, "auto or N"),
+                  ("--part-bytes", False, "auto parts' byte bound (a cluster), or none (one machine; default)"),
                   ("--out", True, "inventory.parquet"), ("--out-json", True, "inventory.json"),
                   ("--out-pointers", True, "pointers.parquet")],
     "hash": [("--inventory", True, "inventory.json"), ("--part", True, "part id (p0000…)"),
@@ -300,7 +304,8 @@ def main(argv=None) -> int:
     if a.stage == "inventory":
         from .run_folder import require_units  # an empty or checkpoint-less folder: exit 3, naming what was ignored
 
-        require_units(stage_inventory(a.run_dir, a.units_per_job, a.out, a.out_json, a.out_pointers))
+        part_bytes = None if a.part_bytes in (None, "none") else int(a.part_bytes)
+        require_units(stage_inventory(a.run_dir, a.units_per_job, a.out, a.out_json, a.out_pointers, part_bytes))
         return 0
     inv = _inventory(a.inventory)
     if a.stage == "hash":

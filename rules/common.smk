@@ -10,6 +10,7 @@ from snakemake.utils import validate
 import ckptaudit
 from ckptaudit import outlock, reverify
 from ckptaudit import workflow_support as ws
+from ckptaudit.parts import SMALL_PART_BYTES
 from ckptaudit.pipeline import check_config, check_out_dir, check_run_dir
 
 SCHEMA = os.path.join(workflow.basedir, "config", "schema.yaml")
@@ -75,6 +76,14 @@ def get_run_dir_input(wildcards):
 
 def get_listing_fingerprint(wildcards):
     return ws.listing_fingerprint(RUN_DIR) + (f" audit {REVERIFY}" if REVERIFY else "")
+
+
+def get_part_bytes(wildcards):
+    """The inventory's byte bound of an "auto" part (ckptaudit.parts.assign_parts): none on one machine (the hash
+    job hashes a part's units at once on every core, so a big unit needs no chain of jobs of its own), 4 GiB
+    with a cluster executor (big units on several nodes).  A cluster job re-reads this under its job-step
+    executor (SLURM's slurm-jobstep is not local either), so the inventory job gets the same bound."""
+    return "none" if workflow.local_exec else str(SMALL_PART_BYTES)
 
 
 def get_stage_config(wildcards):

@@ -36,6 +36,7 @@ checkpoint inventory:
         run_dir=RUN_DIR,
         listing=get_listing_fingerprint,
         units_per_job=config["units_per_job"],
+        part_bytes=get_part_bytes,
         version=VERSION,
     log:
         f"{LOGS}/inventory/inventory.log",
@@ -46,5 +47,5 @@ checkpoint inventory:
         runtime=get_inventory_runtime,
     shell:
         "{params.python} -m ckptaudit.stages inventory --run-dir {params.run_dir:q} "
-        "--units-per-job {params.units_per_job} --out {output.parquet} --out-json {output.json} "
+        "--units-per-job {params.units_per_job} --part-bytes {params.part_bytes} --out {output.parquet} --out-json {output.json} "
         "--out-pointers {output.pointers} > {log} 2>&1"

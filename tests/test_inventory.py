@@ -83,6 +83,18 @@ def test_auto_packs_small_units_into_one_part_and_keeps_big_ones_apart():
     assert [len(v) for v in assign_parts(_sized([16 * kib] * 5), 2).values()] == [2, 2, 1]  # a number is a number
 
 
+def test_auto_on_one_machine_packs_big_units_by_count():
+    """Each unit over half the 4 GiB budget had a part of its own on one machine too: 3 units of 9 GiB ran 22
+    jobs and three `import torch` load jobs, where one part hashes all three at once on every core."""
+    from ckptaudit.parts import assign_parts
+
+    gib = 1 << 30
+    assert [len(v) for v in assign_parts(_sized([9 * gib] * 3), "auto", None).values()] == [3]
+    assert [len(v) for v in assign_parts(_sized([9 * gib] * 17), "auto", None).values()] == [16, 1]
+    assert [len(v) for v in assign_parts(_sized([gib] * 1000), "auto", None).values()] == [64] * 15 + [40]
+    assert [len(v) for v in assign_parts(_sized([9 * gib] * 3), 1, None).values()] == [1, 1, 1]
+
+
 def test_auto_parts_only_change_at_the_end_as_the_run_grows():
     from ckptaudit.parts import assign_parts
 
