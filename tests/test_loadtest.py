@@ -67,3 +67,19 @@ def test_load_never_starts_for_dangerous_imports(case, monkeypatch):
     assert [r["status"] for r in rows] == ["skipped"]
     assert rows[0]["skipped_reason"] == "security: the static scan found imports that could run code"
     assert json.loads(scans[0]["findings_json"])[0]["kind"] == "malicious_pickle_code_exec"
+
+
+def test_a_mapped_file_larger_than_the_limit_is_load_tested(tmp_path):
+    """A 9 GiB torch.save checkpoint under the default 8 GiB limit was `load_memory_limit` (usable for nothing:
+    retrain) because RLIMIT_AS counted the file's own mmap; the limit now applies beyond the mapping."""
+    import torch
+
+    p = tmp_path / "big.pt"
+    torch.save({"w": torch.ones(64 << 20)}, p)  # 256 MiB of float32, a torch zip (mapped by the child)
+    # the child may allocate 64 MiB past what the parent already maps: far less than the file, enough for the load
+    limit = _vm_size_bytes() + (64 << 20)
+    r = loadtest.load_in_child(str(p), "torch_zip", [], timeout_seconds=60, memory_limit_bytes=limit)
+    assert r["status"] == "ok", r
+    # read whole (no mapping) the same file needs its 256 MiB: over the same limit
+    r = loadtest.load_in_child(str(p), "torch_legacy", [], timeout_seconds=60, memory_limit_bytes=limit)
+    assert r["status"] == "memory", r

@@ -289,7 +289,8 @@ ENTRIES: List[_k] = [
        "Raise load.timeout_seconds if the file is very large and storage slow; otherwise treat it as unusable.",
        stage="load", detector="ckptaudit.loadtest:load_units"),
     _k("load_memory_limit", "file", "error", "none",
-       "{path}: the isolated load test exceeded its {memory_limit_bytes}-byte address-space limit.",
+       "{path}: the isolated load test exceeded its {memory_limit_bytes}-byte memory limit (beyond the file's own "
+       "mapping).",
        "Raise load.memory_limit_mib if the checkpoint is legitimately that large.",
        stage="load", detector="ckptaudit.loadtest:load_units"),
     # ------------------------------------------------ file (formats/zip/central)
