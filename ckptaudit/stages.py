@@ -86,7 +86,7 @@ def _load_facts(out: str, part: str, facts_path: Optional[str], run_dir) -> int:
     from .onepass import facts
 
     p = Path(facts_path) if facts_path else work_file(out, "bytefacts", part, "parquet")
-    rows = tables.read_rows(p) if p.is_file() else []
+    rows = tables.read_table(p, columns=facts.LOAD_COLUMNS) if p.is_file() else []
     return facts.load(rows, run_dir)
 
 
@@ -107,11 +107,16 @@ def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None) 
     run_dir = fs.path(inv["run_dir"])
     units = part_units(inv, part)
 
+    facts_out = out_facts or work_file(out, "bytefacts", part, "parquet")
+    facts_writer = tables.BatchWriter("bytefacts", facts_out)  # each file's facts written as its pass ends
+
     def one(u: dict):
-        facts: List[dict] = []
+        facts: list = []
         rows = liveness.guard("hash", u, lambda: hashing.hash_unit(run_dir, u, facts),
                               lambda f: [_hash_error_row(u, f)])
-        return rows, facts
+        for t in facts:
+            facts_writer.write(t)
+        return rows
 
     workers = max(1, min(hashing.PASSES_AT_ONCE, len(units)))
     if workers > 1:
@@ -119,10 +124,9 @@ def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None) 
             done = list(pool.map(one, units))
     else:
         done = [one(u) for u in units]
-    rows = [r for unit_rows, _ in done for r in unit_rows]
-    facts = [f for _, unit_facts in done for f in unit_facts]
+    rows = [r for unit_rows in done for r in unit_rows]
     tables.write("hash", rows, out)
-    tables.write("bytefacts", facts, out_facts or work_file(out, "bytefacts", part, "parquet"))
+    facts_writer.close()
     _write_bytes(out, "hash", part, before)
     return rows
 

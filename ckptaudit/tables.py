@@ -144,6 +144,36 @@ def write(name: str, rows: List[dict], path: str | Path) -> None:
     atomic_write(path, lambda f: pq.write_table(table, f))
 
 
+class BatchWriter:
+    """Table ``name`` written to ``path`` (Parquet) a ``pyarrow`` table at a time, as its rows are produced, so
+    the writer holds one batch, not the whole table; the file appears whole at :meth:`close` (a temp file
+    beside it, renamed), or not at all.  :meth:`write` is safe to call from threads."""
+
+    def __init__(self, name: str, path: str | Path) -> None:
+        import threading
+
+        from ._io import tmp_name
+
+        self.schema = SCHEMAS[name]
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._tmp = self.path.with_name(tmp_name(self.path.name))
+        self._writer = pq.ParquetWriter(self._tmp, self.schema)
+        self._lock = threading.Lock()
+
+    def write(self, table: pa.Table) -> None:
+        """Append ``table`` (of this table's schema)."""
+        with self._lock:
+            self._writer.write_table(table.cast(self.schema))
+
+    def close(self) -> None:
+        """Finish the file and put it at ``path``."""
+        import os
+
+        self._writer.close()
+        os.replace(self._tmp, self.path)
+
+
 INT64_MAX = (1 << 63) - 1
 
 
@@ -169,6 +199,15 @@ def _saturated(data: List[dict], schema: pa.Schema) -> List[dict]:
             if isinstance(r[c], (list, tuple)):
                 r[c] = [_clamp(x) for x in r[c]]
     return data
+
+
+def read_table(path: str | Path, columns=None) -> pa.Table:
+    """A Parquet table (its ``columns``, default all) as a ``pyarrow`` table (no pandas, no Python object per
+    row); string columns stay dictionary-encoded where the file has them so (a value repeated per row is
+    stored once)."""
+    f = pq.ParquetFile(path, read_dictionary=[c for c in (columns or []) if c in ("file", "kind", "dtype",
+                                                                                    "unit", "version")])
+    return f.read(columns=columns)
 
 
 def read_rows(path: str | Path) -> List[dict]:
