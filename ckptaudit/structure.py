@@ -213,7 +213,7 @@ def _optimizer_checks(p: str, c: C.Components, tensors: List[dict], bare: Dict[s
                                                 tuple(t.get("shape") or ()))
     params = []
     seen = set()
-    for k in sorted(bare, key=lambda x: list(bare).index(x)):
+    for k in bare:  # insertion order (was sorted by list(bare).index: quadratic in the tensors)
         if BUFFER_RE.search(k):
             continue
         sk = storage_of.get(prefix + k)
