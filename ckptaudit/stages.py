@@ -86,8 +86,7 @@ def _load_facts(out: str, part: str, facts_path: Optional[str], run_dir) -> int:
     from .onepass import facts
 
     p = Path(facts_path) if facts_path else work_file(out, "bytefacts", part, "parquet")
-    rows = tables.read_table(p, columns=facts.LOAD_COLUMNS) if p.is_file() else []
-    return facts.load(rows, run_dir)
+    return facts.load(p if p.is_file() else [], run_dir)  # read a batch at a time
 
 
 def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None) -> List[dict]:
@@ -181,7 +180,8 @@ def stage_load(inv: dict, part: str, cfg: dict, scan_path: str, hash_path: str, 
     scans = {r["unit"]: r for r in tables.read_rows(scan_path)}
     hashes = _by_unit(tables.read_rows(hash_path))
     run_dir = _run_dir(inv, cfg)
-    _load_facts(out, part, facts_path or str(work_file(hash_path, "bytefacts", part, "parquet")), run_dir)
+    if fs.is_remote(run_dir):  # the facts only plan a remote object's sparse copy (loadtest._skeleton)
+        _load_facts(out, part, facts_path or str(work_file(hash_path, "bytefacts", part, "parquet")), run_dir)
     rows = []
     for u in part_units(inv, part):
         rows.extend(liveness.guard("load", u, lambda: loadtest.load_units(run_dir, [u], scans, hashes, cfg),

@@ -19,6 +19,7 @@ local mtime and inode: :func:`ckptaudit.fs.version`) changed since the pass are 
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
 
 if TYPE_CHECKING:
@@ -118,50 +119,102 @@ _KEEP = {"crc": ("crc32", "seen_bytes"), "values": ("dtype", "nonfinite", "sum_s
 
 
 def load(rows, run_dir) -> int:
-    """Make ``rows`` (of the ``bytefacts`` table: a ``pyarrow`` table, or a list of row dicts; files relative to
-    ``run_dir``) answer the lookups, in place of any loaded before; returns the facts kept.  Rows of a file
-    whose size or version changed since the pass are dropped."""
-    import numpy as np
+    """Make ``rows`` (of the ``bytefacts`` table: a Parquet file's path, read :data:`BATCH_ROWS` rows at a time, a
+    ``pyarrow`` table, or a list of row dicts; files relative to ``run_dir``) answer the lookups, in place of any
+    loaded before; returns the facts kept.  Rows of a file whose size or version changed since the pass are
+    dropped.  Memory: the kept columns (a few int64 per fact) and one batch, not the table."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    clear()
+    by_kind = _by_kind(rows)
+    if not by_kind:
+        return 0
+    files = pa.concat_tables([t.select(["file", "size_bytes", "version"]).cast(_file_version_schema())
+                              for t in by_kind.values()])
+    good = []  # the files unchanged since the pass (one size and version per file: one pass each)
+    for g in files.group_by(["file", "size_bytes", "version"]).aggregate([]).to_pylist():
+        now = _now(run_dir / str(g["file"]))
+        if now is not None and now[0] == g["size_bytes"] and now[1] == (g["version"] or ""):
+            good.append(g["file"])
+    good_set = pa.array(good, pa.string())
+    kept = 0
+    for kind in (*_KEEP, *_ROW_KINDS):  # a nul_scan before its runs
+        t = by_kind.get(kind)
+        if t is None:
+            continue
+        t = t.filter(pc.is_in(t["file"].cast(pa.string()), value_set=good_set))
+        if not t.num_rows:
+            continue
+        if kind in _KEEP:
+            kept += t.num_rows
+            _keep_columns(run_dir, kind, t.select(["file", "data_offset", "length_bytes", *_KEEP[kind]]))
+        else:
+            kept += _keep_rows(run_dir, kind, t)
+    for _m, runs in _NUL_SCAN.values():
+        runs.sort()
+    return kept
+
+
+#: Rows of the ``bytefacts`` table :func:`load` reads from a file at a time.
+BATCH_ROWS = 1 << 16
+#: The kinds :func:`load` keeps as rows (few per file) rather than as columns.
+_ROW_KINDS = ("nul_scan", "nul_scan_run", "bytes")
+
+
+def _file_version_schema():
+    import pyarrow as pa
+
+    return pa.schema([("file", pa.string()), ("size_bytes", pa.int64()), ("version", pa.string())])
+
+
+def _by_kind(rows) -> Dict[str, "pa.Table"]:
+    """{kind: its rows} of ``rows`` (see :func:`load`), each with the columns of :data:`LOAD_COLUMNS` it has,
+    dictionaries unified and one chunk; a file is read one batch at a time."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     from ..tables import SCHEMAS
 
-    clear()
-    t = rows if isinstance(rows, pa.Table) else pa.Table.from_pylist(list(rows), schema=SCHEMAS["bytefacts"])
-    t = t.select([c for c in LOAD_COLUMNS if c in t.column_names]).unify_dictionaries().combine_chunks()
-    if not t.num_rows:
-        return 0
-    good = []  # the files unchanged since the pass (one size and version per file: one pass each)
-    for g in t.select(["file", "size_bytes", "version"]).group_by(["file", "size_bytes", "version"]) \
-            .aggregate([]).to_pylist():
-        now = _now(run_dir / str(g["file"]))
-        if now is not None and now[0] == g["size_bytes"] and now[1] == (g["version"] or ""):
-            good.append(g["file"])
-    t = t.filter(pc.is_in(t["file"], value_set=pa.array(good, pa.string())))
+    if isinstance(rows, (str, os.PathLike)):
+        import pyarrow.parquet as pq
+
+        pf = pq.ParquetFile(rows, read_dictionary=["file", "kind", "dtype", "version"])
+        cols = [c for c in LOAD_COLUMNS if c in pf.schema_arrow.names]
+        batches = pf.iter_batches(batch_size=BATCH_ROWS, columns=cols, use_threads=False)
+    else:
+        t = rows if isinstance(rows, pa.Table) else pa.Table.from_pylist(list(rows), schema=SCHEMAS["bytefacts"])
+        batches = t.select([c for c in LOAD_COLUMNS if c in t.column_names]).to_batches(BATCH_ROWS)
+    parts: Dict[str, list] = {}
+    for b in batches:
+        kinds = b.column(b.schema.get_field_index("kind"))
+        for kind in (*_KEEP, *_ROW_KINDS):
+            sub = b.filter(pc.equal(kinds.cast(pa.string()), kind))
+            if sub.num_rows:
+                want = ["file", "data_offset", "length_bytes", "size_bytes", "version",
+                        *(_KEEP[kind] if kind in _KEEP else [c for c in sub.schema.names if c not in ("kind",)])]
+                parts.setdefault(kind, []).append(sub.select(list(dict.fromkeys(c for c in want
+                                                                                 if c in sub.schema.names))))
+        del b
+    return {k: pa.Table.from_batches(v).unify_dictionaries().combine_chunks() for k, v in parts.items()}
+
+
+def _keep_rows(run_dir, kind: str, t: "pa.Table") -> int:
+    """Keep the few rows of ``kind`` (:data:`_ROW_KINDS`) of ``t``; returns how many were kept."""
     kept = 0
-    for kind, extra in _KEEP.items():
-        sub = t.select(["file", "data_offset", "length_bytes", *extra])
-        sub = sub.filter(pc.equal(t["kind"], kind))
-        if sub.num_rows:
-            kept += sub.num_rows
-            _keep_columns(run_dir, kind, sub)
-        del sub
-    for r in t.filter(pc.is_in(t["kind"], value_set=pa.array(["nul_scan", "nul_scan_run", "bytes"]))).to_pylist():
+    for r in t.to_pylist():
         key = fs.fspath(run_dir / r["file"])
-        if r["kind"] == "nul_scan" and r["seen_bytes"] >= 0:
+        if kind == "nul_scan" and r["seen_bytes"] >= 0:
             _NUL_SCAN.setdefault((key, r["data_offset"], r["length_bytes"]), (r["zero_bytes"], []))
             kept += 1
-        elif r["kind"] == "bytes" and r.get("data") is not None:
+        elif kind == "bytes" and r.get("data") is not None:
             fs.kept.put(key, r["data_offset"], r["data"], r["size_bytes"])
             kept += 1
-    for r in t.filter(pc.equal(t["kind"], "nul_scan_run")).to_pylist():
-        scan = _NUL_SCAN.get((fs.fspath(run_dir / r["file"]), r["data_offset"], r["length_bytes"]))
-        if scan is not None:
-            scan[1].append((r["zero_offset"], r["zero_bytes"]))
-            kept += 1
-    for _m, runs in _NUL_SCAN.values():
-        runs.sort()
+        elif kind == "nul_scan_run":
+            scan = _NUL_SCAN.get((key, r["data_offset"], r["length_bytes"]))
+            if scan is not None:
+                scan[1].append((r["zero_offset"], r["zero_bytes"]))
+                kept += 1
     return kept
 
 
