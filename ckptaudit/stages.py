@@ -16,7 +16,7 @@ from typing import Callable, Dict, List, Optional
 
 from . import liveness
 from .parts import part_units, read_inventory  # noqa: F401 - part_units re-exported
-from .layouts.scan import object_store_findings, scan_units  # noqa: F401 - re-exported
+from .layouts.scan import iter_scans, object_store_findings, scan_units  # noqa: F401 - re-exported
 from .target import load_reference  # noqa: F401 - re-exported
 
 
@@ -154,12 +154,23 @@ def stage_scan(inv: dict, part: str, cfg: dict, out: str, out_tensors: str, out_
     before = fs.stage_bytes()
     run_dir = _run_dir(inv, cfg)
     _load_facts(out, part, facts_path, run_dir)
-    scans, tensors, imports = scan_units(run_dir, _with_object_store(inv, part_units(inv, part)), cfg)
+    scans, imports = [], []
+    tensors = tables.BatchWriter("tensors", out_tensors)  # a unit's tensors as columns, written as scanned
+    for row, tens, imps in iter_scans(run_dir, _with_object_store(inv, part_units(inv, part)), cfg):
+        scans.append(row)
+        tensors.write(tens)
+        imports.extend(imps)
+        del tens
+    tensors.close()
     tables.write("scan", scans, out)
-    tables.write("tensors", tensors, out_tensors)
     tables.write("imports", imports, out_imports)
     _write_bytes(out, "scan", part, before)
     return scans
+
+
+#: The columns of the ``tensors`` table the structure and state layers read (a dict per tensor each: no more).
+STRUCTURE_TENSOR_COLUMNS = ["unit", "file", "name", "dtype", "shape", "storage_key", "storage_offset"]
+STATE_TENSOR_COLUMNS = ["unit", "file", "name", "dtype", "data_offset", "nbytes"]
 
 
 def _by_unit(rows: List[dict]) -> Dict[str, List[dict]]:
@@ -197,7 +208,7 @@ def stage_structure(inv: dict, part: str, cfg: dict, scan_path: str, tensors_pat
     from . import structure, tables, target
 
     scans = {r["unit"]: r for r in tables.read_rows(scan_path)}
-    tens = _by_unit(tables.read_rows(tensors_path))
+    tens = _by_unit(tables.read_rows(tensors_path, columns=STRUCTURE_TENSOR_COLUMNS))
     if target_path:
         with open(target_path) as f:
             reference = json.load(f).get("weights")
@@ -227,7 +238,7 @@ def stage_state(inv: dict, part: str, cfg: dict, scan_path: str, tensors_path: s
 
     before = fs.stage_bytes()
     scans = {r["unit"]: r for r in tables.read_rows(scan_path)}
-    tens = _by_unit(tables.read_rows(tensors_path))
+    tens = _by_unit(tables.read_rows(tensors_path, columns=STATE_TENSOR_COLUMNS))
     run_dir = _run_dir(inv, cfg)
     _load_facts(out, part, facts_path, run_dir)
     rows = _per_scanned_unit("state", inv, part, scans, out, lambda u: state.analyse_unit(

@@ -144,6 +144,18 @@ def write(name: str, rows: List[dict], path: str | Path) -> None:
     atomic_write(path, lambda f: pq.write_table(table, f))
 
 
+def from_columns(name: str, cols: Dict[str, list]) -> pa.Table:
+    """Table ``name`` from ``{column: values}`` (every column of the schema, equal lengths), one array per column
+    rather than a dict per row; int64 values out of range are saturated as :func:`write` does."""
+    schema = SCHEMAS[name]
+    try:
+        return pa.Table.from_pydict({c: cols[c] for c in schema.names}, schema=schema)
+    except (OverflowError, pa.ArrowInvalid):  # a hostile header's 2**63 offset or (2**40, 2**40) shape
+        n = len(cols[schema.names[0]]) if schema.names else 0
+        rows = [{c: cols[c][i] for c in schema.names} for i in range(n)]
+        return pa.Table.from_pylist(_saturated(rows, schema), schema=schema)
+
+
 class BatchWriter:
     """Table ``name`` written to ``path`` (Parquet) a ``pyarrow`` table at a time, as its rows are produced, so
     the writer holds one batch, not the whole table; the file appears whole at :meth:`close` (a temp file
@@ -210,9 +222,9 @@ def read_table(path: str | Path, columns=None) -> pa.Table:
     return f.read(columns=columns)
 
 
-def read_rows(path: str | Path) -> List[dict]:
-    """Rows of a Parquet table as dicts (no pandas)."""
-    return pq.ParquetFile(path).read().to_pylist()  # ParquetFile avoids importing pyarrow.dataset
+def read_rows(path: str | Path, columns=None) -> List[dict]:
+    """Rows of a Parquet table (its ``columns``, default all) as dicts (no pandas)."""
+    return pq.ParquetFile(path).read(columns=columns).to_pylist()  # ParquetFile avoids importing pyarrow.dataset
 
 
 def concat(name: str, paths: List[str], out: str | Path) -> List[dict]:
