@@ -24,7 +24,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from . import optimizers, producers
 from . import recognise as R
-from .tree_values import group_size, is_tensor, scalar, state_of, tensor_map  # noqa: F401 - re-exported
+from .tree_values import (TRUNCATED, group_size, is_tensor, n_entries, scalar, state_of,  # noqa: F401 - re-exported
+                          tensor_map)
 
 STEP_KEYS = ["global_step", "iter_num", "step", "iteration", "global_steps", "num_updates", "steps", "train_step",
              "total_steps", "curr_step"]
@@ -260,8 +261,13 @@ def merge_optimizer(c: Components, opt: dict, source: str) -> None:
         c.optimizer = {"state": {}, "param_groups": []}
         c.optimizer_source = source
     if isinstance(state, dict):
+        merged = c.optimizer["state"]
+        total = n_entries(merged) + n_entries(state)
         for k, v in state.items():
-            c.optimizer["state"][f"{len(c.optimizer['state'])}:{k}" if k in c.optimizer["state"] else k] = v
+            if k != TRUNCATED:
+                merged[f"{len(merged)}:{k}" if k in merged else k] = v
+        if TRUNCATED in merged or TRUNCATED in state:  # a pruned state keeps its full count
+            merged[TRUNCATED] = total
     if isinstance(groups, list):
         c.optimizer["param_groups"].extend(g for g in groups if isinstance(g, dict))
     c.optimizer_nonempty = bool(c.optimizer["state"]) or bool(c.optimizer_nonempty)

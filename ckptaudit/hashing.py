@@ -213,7 +213,7 @@ PASSES_AT_ONCE = 4
 _PASS_SLOTS = threading.BoundedSemaphore(PASSES_AT_ONCE)
 
 
-def hash_unit(run_dir: Path, unit: dict, facts: Optional[List[dict]] = None) -> List[dict]:
+def hash_unit(run_dir: Path, unit: dict, facts: Optional[list] = None) -> List[dict]:
     """Hash every file of ``unit``; return rows of the ``hash`` table.
 
     A unit whose files have neither sidecar nor manifest entry gets one
@@ -226,8 +226,9 @@ def hash_unit(run_dir: Path, unit: dict, facts: Optional[List[dict]] = None) -> 
     ``manifest_file_missing`` finding.
 
     Every file is read once (:mod:`ckptaudit.onepass`): the same pass computes the CRC32 of its zip
-    records and the value statistics of its tensors, appended to ``facts`` (rows of the internal
-    ``bytefacts`` table) when given, for the scan and state stages.
+    records and the value statistics of its tensors, appended to ``facts`` (one ``pyarrow`` table of rows of
+    the internal ``bytefacts`` table per file, :func:`ckptaudit.onepass.facts.table_of`) when given, for the
+    scan and state stages.
     """
     sidecar_map: Dict[str, Tuple[str, str]] = {}  # file rel -> (hex, source)
     unreadable = 0
@@ -290,9 +291,10 @@ def hash_unit(run_dir: Path, unit: dict, facts: Optional[List[dict]] = None) -> 
             continue
         dt = ff.seconds
         if facts is not None:
-            from .onepass.facts import rows_of
+            from .onepass.facts import table_of
 
-            facts.extend(rows_of(unit["unit"], rel, ff))
+            facts.append(table_of(unit["unit"], rel, ff))
+        passes[rel] = None  # its columns are in the table now
         expected, source = "", ""
         verified = None
         if me is not None:

@@ -16,7 +16,7 @@ from typing import Callable, Dict, List, Optional
 
 from . import liveness
 from .parts import part_units, read_inventory  # noqa: F401 - part_units re-exported
-from .layouts.scan import object_store_findings, scan_units  # noqa: F401 - re-exported
+from .layouts.scan import iter_scans, object_store_findings, scan_units  # noqa: F401 - re-exported
 from .target import load_reference  # noqa: F401 - re-exported
 
 
@@ -89,8 +89,7 @@ def _load_facts(out: str, part: str, facts_path: Optional[str], run_dir) -> int:
     from .onepass import facts
 
     p = Path(facts_path) if facts_path else work_file(out, "bytefacts", part, "parquet")
-    rows = tables.read_rows(p) if p.is_file() else []
-    return facts.load(rows, run_dir)
+    return facts.load(p if p.is_file() else [], run_dir)  # read a batch at a time
 
 
 def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None) -> List[dict]:
@@ -111,15 +110,20 @@ def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None) 
     run_dir = fs.path(inv["run_dir"])
     units = part_units(inv, part)
 
+    facts_out = out_facts or work_file(out, "bytefacts", part, "parquet")
+    facts_writer = tables.BatchWriter("bytefacts", facts_out)  # each file's facts written as its pass ends
+
     def one(u: dict):
-        facts: List[dict] = []
+        facts: list = []
         rows = liveness.guard("hash", u, lambda: hashing.hash_unit(run_dir, u, facts),
                               lambda f: [_hash_error_row(u, f)])
         done_at = now_utc()  # when these bytes were last verified (the report's "last hashed")
         for r in rows:
             if r.get("sha256_hex"):
                 r["hashed_at_utc"] = done_at
-        return rows, facts
+        for t in facts:
+            facts_writer.write(t)
+        return rows
 
     workers = max(1, min(hashing.PASSES_AT_ONCE, len(units)))
     if workers > 1:
@@ -127,10 +131,9 @@ def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None) 
             done = list(pool.map(one, units))
     else:
         done = [one(u) for u in units]
-    rows = [r for unit_rows, _ in done for r in unit_rows]
-    facts = [f for _, unit_facts in done for f in unit_facts]
+    rows = [r for unit_rows in done for r in unit_rows]
     tables.write("hash", rows, out)
-    tables.write("bytefacts", facts, out_facts or work_file(out, "bytefacts", part, "parquet"))
+    facts_writer.close()
     _write_bytes(out, "hash", part, before)
     return rows
 
@@ -159,12 +162,23 @@ def stage_scan(inv: dict, part: str, cfg: dict, out: str, out_tensors: str, out_
     before = fs.stage_bytes()
     run_dir = _run_dir(inv, cfg)
     _load_facts(out, part, facts_path, run_dir)
-    scans, tensors, imports = scan_units(run_dir, _with_object_store(inv, part_units(inv, part)), cfg)
+    scans, imports = [], []
+    tensors = tables.BatchWriter("tensors", out_tensors)  # a unit's tensors as columns, written as scanned
+    for row, tens, imps in iter_scans(run_dir, _with_object_store(inv, part_units(inv, part)), cfg):
+        scans.append(row)
+        tensors.write(tens)
+        imports.extend(imps)
+        del tens
+    tensors.close()
     tables.write("scan", scans, out)
-    tables.write("tensors", tensors, out_tensors)
     tables.write("imports", imports, out_imports)
     _write_bytes(out, "scan", part, before)
     return scans
+
+
+#: The columns of the ``tensors`` table the structure and state layers read (a dict per tensor each: no more).
+STRUCTURE_TENSOR_COLUMNS = ["unit", "file", "name", "dtype", "shape", "storage_key", "storage_offset"]
+STATE_TENSOR_COLUMNS = ["unit", "file", "name", "dtype", "data_offset", "nbytes"]
 
 
 def _by_unit(rows: List[dict]) -> Dict[str, List[dict]]:
@@ -185,7 +199,8 @@ def stage_load(inv: dict, part: str, cfg: dict, scan_path: str, hash_path: str, 
     scans = {r["unit"]: r for r in tables.read_rows(scan_path)}
     hashes = _by_unit(tables.read_rows(hash_path))
     run_dir = _run_dir(inv, cfg)
-    _load_facts(out, part, facts_path or str(work_file(hash_path, "bytefacts", part, "parquet")), run_dir)
+    if fs.is_remote(run_dir):  # the facts only plan a remote object's sparse copy (loadtest._skeleton)
+        _load_facts(out, part, facts_path or str(work_file(hash_path, "bytefacts", part, "parquet")), run_dir)
     rows = []
     for u in part_units(inv, part):
         rows.extend(liveness.guard("load", u, lambda: loadtest.load_units(run_dir, [u], scans, hashes, cfg),
@@ -201,7 +216,7 @@ def stage_structure(inv: dict, part: str, cfg: dict, scan_path: str, tensors_pat
     from . import structure, tables, target
 
     scans = {r["unit"]: r for r in tables.read_rows(scan_path)}
-    tens = _by_unit(tables.read_rows(tensors_path))
+    tens = _by_unit(tables.read_rows(tensors_path, columns=STRUCTURE_TENSOR_COLUMNS))
     if target_path:
         with open(target_path) as f:
             reference = json.load(f).get("weights")
@@ -231,7 +246,7 @@ def stage_state(inv: dict, part: str, cfg: dict, scan_path: str, tensors_path: s
 
     before = fs.stage_bytes()
     scans = {r["unit"]: r for r in tables.read_rows(scan_path)}
-    tens = _by_unit(tables.read_rows(tensors_path))
+    tens = _by_unit(tables.read_rows(tensors_path, columns=STATE_TENSOR_COLUMNS))
     run_dir = _run_dir(inv, cfg)
     _load_facts(out, part, facts_path, run_dir)
     rows = _per_scanned_unit("state", inv, part, scans, out, lambda u: state.analyse_unit(

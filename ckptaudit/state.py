@@ -184,7 +184,7 @@ def _completeness(p: str, c: C.Components, step: Optional[int], name_step: Optio
                           optimizer=needs.name))
     elif c.optimizer_nonempty and not c.optimizer_partitioned:
         want = sum(C.group_size(g) or 0 for g in c.optimizer.get("param_groups", []))
-        have = len(c.optimizer.get("state", {}))
+        have = C.n_entries(c.optimizer.get("state") or {})  # the scan tree keeps 4,096 entries of a dict
         if want and have < want and (needs is None or needs.needs_state is not False):
             out.append(F.make("optimizer_state_incomplete", path=p, have=have, want=want))
     # a scheduler or RNG state the unit lacks is judged against the run (run_findings.missing_components):

@@ -211,9 +211,11 @@ def _optimizer_checks(p: str, c: C.Components, tensors: List[dict], bare: Dict[s
             # one flat storage (cuDNN-flattened LSTM weights) differ in offset
             storage_of[name[len(wsrc) + 1:]] = (t["file"], t["storage_key"], t.get("storage_offset") or 0,
                                                 tuple(t.get("shape") or ()))
+    if len(storage_of) > len(bare):  # the scan tree keeps 4,096 keys of a dict: the tensors table has them all
+        bare = _weights_from_rows(tensors, wsrc, prefix)
     params = []
     seen = set()
-    for k in sorted(bare, key=lambda x: list(bare).index(x)):
+    for k in bare:  # insertion order (was sorted by list(bare).index: quadratic in the tensors)
         if BUFFER_RE.search(k):
             continue
         sk = storage_of.get(prefix + k)
@@ -246,3 +248,12 @@ def _optimizer_checks(p: str, c: C.Components, tensors: List[dict], bare: Dict[s
         out.append(F.make("optimizer_state_shape_mismatch", path=p,
                           examples=", ".join(f"{n} moment(s) of shape {s} with no parameter of that shape" for s, n in diff)))
     return out
+
+
+def _weights_from_rows(tensors: List[dict], wsrc: str, prefix: str) -> Dict[str, dict]:
+    """{bare name: {"__tensor__": dtype, "shape": [...]}} of every tensor under component ``wsrc`` whose name
+    carries the wrapper ``prefix``, in the tensors table's order (the pickle's): the weights of a state dict
+    too large for the pruned scan tree."""
+    head = wsrc + "." + prefix
+    return {t["name"][len(head):]: {"__tensor__": t.get("dtype"), "shape": list(t.get("shape") or ())}
+            for t in tensors if t["name"].startswith(head)}

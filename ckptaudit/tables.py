@@ -145,6 +145,48 @@ def write(name: str, rows: List[dict], path: str | Path) -> None:
     atomic_write(path, lambda f: pq.write_table(table, f))
 
 
+def from_columns(name: str, cols: Dict[str, list]) -> pa.Table:
+    """Table ``name`` from ``{column: values}`` (every column of the schema, equal lengths), one array per column
+    rather than a dict per row; int64 values out of range are saturated as :func:`write` does."""
+    schema = SCHEMAS[name]
+    try:
+        return pa.Table.from_pydict({c: cols[c] for c in schema.names}, schema=schema)
+    except (OverflowError, pa.ArrowInvalid):  # a hostile header's 2**63 offset or (2**40, 2**40) shape
+        n = len(cols[schema.names[0]]) if schema.names else 0
+        rows = [{c: cols[c][i] for c in schema.names} for i in range(n)]
+        return pa.Table.from_pylist(_saturated(rows, schema), schema=schema)
+
+
+class BatchWriter:
+    """Table ``name`` written to ``path`` (Parquet) a ``pyarrow`` table at a time, as its rows are produced, so
+    the writer holds one batch, not the whole table; the file appears whole at :meth:`close` (a temp file
+    beside it, renamed), or not at all.  :meth:`write` is safe to call from threads."""
+
+    def __init__(self, name: str, path: str | Path) -> None:
+        import threading
+
+        from ._io import tmp_name
+
+        self.schema = SCHEMAS[name]
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._tmp = self.path.with_name(tmp_name(self.path.name))
+        self._writer = pq.ParquetWriter(self._tmp, self.schema)
+        self._lock = threading.Lock()
+
+    def write(self, table: pa.Table) -> None:
+        """Append ``table`` (of this table's schema)."""
+        with self._lock:
+            self._writer.write_table(table.cast(self.schema))
+
+    def close(self) -> None:
+        """Finish the file and put it at ``path``."""
+        import os
+
+        self._writer.close()
+        os.replace(self._tmp, self.path)
+
+
 INT64_MAX = (1 << 63) - 1
 
 
@@ -172,9 +214,18 @@ def _saturated(data: List[dict], schema: pa.Schema) -> List[dict]:
     return data
 
 
-def read_rows(path: str | Path) -> List[dict]:
-    """Rows of a Parquet table as dicts (no pandas)."""
-    return pq.ParquetFile(path).read().to_pylist()  # ParquetFile avoids importing pyarrow.dataset
+def read_table(path: str | Path, columns=None) -> pa.Table:
+    """A Parquet table (its ``columns``, default all) as a ``pyarrow`` table (no pandas, no Python object per
+    row); string columns stay dictionary-encoded where the file has them so (a value repeated per row is
+    stored once)."""
+    f = pq.ParquetFile(path, read_dictionary=[c for c in (columns or []) if c in ("file", "kind", "dtype",
+                                                                                    "unit", "version")])
+    return f.read(columns=columns)
+
+
+def read_rows(path: str | Path, columns=None) -> List[dict]:
+    """Rows of a Parquet table (its ``columns``, default all) as dicts (no pandas)."""
+    return pq.ParquetFile(path).read(columns=columns).to_pylist()  # ParquetFile avoids importing pyarrow.dataset
 
 
 def concat(name: str, paths: List[str], out: str | Path) -> List[dict]:

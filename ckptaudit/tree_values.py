@@ -42,6 +42,16 @@ def tensor_map(d: Any, prefix: str = "") -> Dict[str, dict]:
     return out
 
 
+#: The key :func:`ckptaudit.layouts.tree.prune` adds to a dict it cut, holding the dict's full length.
+TRUNCATED = "__truncated__"
+
+
+def n_entries(d: dict) -> int:
+    """Entries of a pruned dict: its full length where pruning cut it (``d["__truncated__"]``), else ``len(d)``."""
+    n = d.get(TRUNCATED)
+    return n if isinstance(n, int) and not isinstance(n, bool) else len(d)
+
+
 def group_size(group: Any) -> Optional[int]:
     """Number of parameter ids in an optimizer param group (long id lists are pruned
     to ``{"__list__": n}`` in the scan tree)."""

@@ -70,3 +70,32 @@ def test_bad_factory_is_an_audit_error(demo_run):
 
     with pytest.raises(TargetError, match="no_such_module"):
         audit_in_process(demo_run.run_dir, {"model_factory": "no_such_module:fn"})
+
+
+def test_optimizer_counts_past_the_pruned_tree(tmp_path):
+    """The scan tree keeps 4,096 keys of a dict: a state dict of 4,100 parameters with AdamW's state was
+    counted as 4,096 parameters against 4,100 ids and 4,096 states (optimizer_param_group_size_mismatch,
+    optimizer_state_incomplete, warm-start) where the checkpoint is whole."""
+    import json
+
+    import torch
+
+    from ckptaudit import tables
+
+    n = 4100
+    params = [torch.nn.Parameter(torch.zeros(1)) for _ in range(n)]
+    opt = torch.optim.AdamW(params, lr=1e-3)
+    for p in params:
+        p.grad = torch.ones(1)
+    opt.step()
+    (tmp_path / "run").mkdir()
+    torch.save({"model": {f"h.{i}.weight": p.detach() for i, p in enumerate(params)},
+                "optimizer": opt.state_dict(), "iter_num": 1}, tmp_path / "run" / "ckpt.pt")
+    v = audit_in_process(tmp_path / "run", out_dir=tmp_path / "out")
+    assert kinds(v, "ckpt.pt") == {"sidecar_missing"}
+    assert v["recommendation"] == "resume"
+    row = next(iter(tables.read_rows(next((tmp_path / "out").rglob("structure*.parquet")))))
+    assert (row["model_params"], row["optimizer_params"]) == (4100, 4100)
+    scan = next(iter(tables.read_rows(next((tmp_path / "out").rglob("scan*.parquet")))))
+    (tree,) = json.loads(scan["tree_json"]).values()
+    assert tree["model"]["__truncated__"] == 4100 and len(tree["model"]) == 4097

@@ -25,7 +25,7 @@ import json
 import math
 import os
 import struct
-from typing import List, Optional, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 from .. import findings, fs
 from ..findings import Finding
@@ -197,6 +197,39 @@ def entry_problem(name: str, e) -> str:
     if not (isinstance(off, list) and len(off) == 2 and all(type(d) is int and d >= 0 for d in off)):
         return f"tensor {name!r} has data_offsets {_short(off)}, not two non-negative integers"
     return ""
+
+
+def iter_header(text: str) -> Iterator[Tuple[str, object]]:
+    """The ``(name, value)`` pairs of a safetensors JSON header (a str starting with ``{``), one at a time and in
+    file order, so a caller that handles each in turn never holds one dict per tensor (a header of 1 M entries
+    parses into ~1 GiB of dicts at once).  Values are parsed by the standard ``json`` decoder; a duplicate key
+    is yielded again.  Raises ``json.JSONDecodeError`` (a ``ValueError``) where ``json.loads`` would."""
+    dec = json.JSONDecoder()
+    ws = json.decoder.WHITESPACE.match
+    i = ws(text, 0).end()
+    if text[i:i + 1] != "{":
+        raise json.JSONDecodeError("Expecting '{'", text, i)
+    i = ws(text, i + 1).end()
+    if text[i:i + 1] == "}":
+        return
+    while True:
+        if text[i:i + 1] != '"':
+            raise json.JSONDecodeError("Expecting property name enclosed in double quotes", text, i)
+        key, i = json.decoder.scanstring(text, i + 1)
+        i = ws(text, i).end()
+        if text[i:i + 1] != ":":
+            raise json.JSONDecodeError("Expecting ':' delimiter", text, i)
+        value, i = dec.raw_decode(text, ws(text, i + 1).end())
+        yield key, value
+        i = ws(text, i).end()
+        c = text[i:i + 1]
+        i = ws(text, i + 1).end()
+        if c == "}":
+            if i != len(text):
+                raise json.JSONDecodeError("Extra data", text, i)
+            return
+        if c != ",":
+            raise json.JSONDecodeError("Expecting ',' delimiter", text, i - 1)
 
 
 def valid_entries(header: dict) -> List[Tuple[str, dict]]:

@@ -46,7 +46,7 @@ from ..findings import Finding
 from . import zeros
 from .sniff import generic_findings, sniff
 from .zip.central import (_find_central_directory, _header_problem, _overlap, _parse_central, _prefetch_headers,
-                          cd_corrupted, member_header_corrupted, missing_data_pkl, missing_record)
+                          cd_corrupted, iter_central, member_header_corrupted, missing_data_pkl, missing_record)
 from .zip.crc import _load_data_pkl, _longest_zero_run, _member_crc
 from .zip.crc_finding import crc_mismatch
 from .zip.cut import _decide_tail, _describe_cut, _trailing_zero_start, _walk_local, truncated
@@ -163,14 +163,17 @@ def _check_with_cd(fh: _File, display: str, cd: dict, rep: ZipReport, verify_crc
                    buf: bytearray, tensor_names: Optional[TensorNames]) -> None:
     """Check every central-directory entry (local header, data descriptor, CRC), load data.pkl, then
     build the findings in archive order."""
-    entries, problem = _parse_central(fh, cd)
-    if entries:
-        first = entries[0]["name"]
-        rep.prefix = first.split("/", 1)[0] if "/" in first else ""
     cd_start = cd["cd_offset"]
-    checked = []  # (member, why its local header is damaged, CRC result of _verify_member)
-    _prefetch_headers(fh, entries, cd_start)
+    problems: List[str] = []
+    if fh.fd is None:  # remote: every local header is fetched in batches first (needs every entry)
+        entries, problem = _parse_central(fh, cd)
+        _prefetch_headers(fh, entries, cd_start)
+    else:  # local: one entry at a time (a 200,000-member archive holds no list of entries)
+        entries, problem = iter_central(fh, cd, problems), None
+    checked = []  # (member, why its local header is damaged, CRC result of _verify_member): the damaged only
     for e in entries:
+        if not rep.members:
+            rep.prefix = e["name"].split("/", 1)[0] if "/" in e["name"] else ""
         m = Member(name=e["name"], header_offset=e["lho"], data_offset=-1, size_bytes=e["usize"], crc32=e["crc"],
                    crc_ok=None, compressed_size_bytes=e["csize"], method=e["method"], flags=e["flags"])
         rep.members.append(m)
@@ -179,7 +182,10 @@ def _check_with_cd(fh: _File, display: str, cd: dict, rep: ZipReport, verify_crc
             m.header_ok = False
             m.complete = m.data_offset >= 0
         crc = _verify_member(fh, m, chunk, buf) if verify_crc and m.data_offset >= 0 else None
-        checked.append((m, why, crc))
+        if why or crc is not None:
+            checked.append((m, why, crc))
+    del entries
+    problem = problem or (problems[0] if problems else None)
     # overlapping records (a damaged central directory entry pointing into another record)
     overlap = _overlap(rep.members)
     rep.intact_members = [m.name for m in rep.members if m.header_ok and m.crc_ok is not False]

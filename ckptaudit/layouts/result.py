@@ -12,7 +12,7 @@ from typing import Any, Dict, List
 from ..findings import Finding
 
 
-@dataclass
+@dataclass(slots=True)
 class TensorRow:
     """One tensor of a unit, located in its file.
 

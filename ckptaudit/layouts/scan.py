@@ -7,19 +7,31 @@ reference-checkpoint target (:mod:`ckptaudit.target`) all scan through :func:`sc
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, List
+from typing import TYPE_CHECKING, Dict, Iterator, List, Tuple
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 from .. import liveness
 
 
 def scan_units(run_dir: Path, units: List[dict], cfg: dict):
-    """Scan units by bytes; returns (scan rows, tensor rows, import rows)."""
-    from dataclasses import asdict
+    """Scan units by bytes; returns (scan rows, tensor rows, import rows).  Holds every unit's tensor rows as
+    dicts: a caller that writes them (the scan stage) takes :func:`iter_scans` instead."""
+    scans, tensors, imports = [], [], []
+    for row, tens, imps in iter_scans(run_dir, units, cfg):
+        scans.append(row)
+        tensors.extend(tens.to_pylist())
+        imports.extend(imps)
+    return scans, tensors, imports
 
-    from .. import layouts
+
+def iter_scans(run_dir: Path, units: List[dict], cfg: dict) -> Iterator[Tuple[dict, "pa.Table", List[dict]]]:
+    """Per unit, in order: (its scan row, its tensors as a ``tensors`` table, its import rows).  A unit's
+    TensorRows are dropped once they are columns, so memory follows one unit's tensors, not the part's."""
+    from .. import layouts, tables
     from . import leftovers
 
-    scans, tensors, imports = [], [], []
     for u in units:
         adapter = layouts.adapter_for(u)
         s = liveness.guard("scan", u, lambda: adapter.scan(run_dir, u, cfg), lambda f: _scan_error(u, f))
@@ -32,11 +44,17 @@ def scan_units(run_dir: Path, units: List[dict], cfg: dict):
             s.add(leftovers.irregular(rel, why))
         if u.get("in_progress") and u["kind"] != "file" and not any(f.kind == "unit_in_progress" for f in s.findings):
             s.add(leftovers.in_progress(u["unit"], u["in_progress"]))
-        scans.append(s.row())
-        tensors.extend(asdict(t) for t in s.tensors)
-        imports.extend({"unit": u["unit"], **{k: i.get(k) for k in ("file", "member", "module", "name", "category",
-                                                                      "source", "add_safe")}} for i in s.imports)
-    return scans, tensors, imports
+        row = s.row()
+        tens = tables.from_columns("tensors", {c: [getattr(t, c) for t in s.tensors] for c in TENSOR_COLUMNS})
+        s.tensors.clear()
+        imps = [{"unit": u["unit"], **{k: i.get(k) for k in ("file", "member", "module", "name", "category",
+                                                              "source", "add_safe")}} for i in s.imports]
+        yield row, tens, imps
+
+
+#: The fields of :class:`ckptaudit.layouts.result.TensorRow`, which are the ``tensors`` table's columns.
+TENSOR_COLUMNS = ("unit", "file", "name", "dtype", "shape", "numel", "nbytes", "storage_key", "data_offset",
+                  "is_parameter", "storage_offset")
 
 
 def _file_roles(u: dict, s) -> Dict[str, str]:

@@ -78,45 +78,81 @@ class ChunkSha256:
 
 
 class _Ranges:
-    """Byte ranges ``(key, start, length)`` of the file; :meth:`feed` hands each the part of a buffer inside it."""
+    """Byte ranges of the file; :meth:`feed` hands each the part of a buffer inside it.
 
-    def __init__(self, ranges: Iterable[Tuple]) -> None:
-        self.ranges = sorted(ranges, key=lambda r: (r[1], r[2]))
-        self._starts = [r[1] for r in self.ranges]
-        self._ends_max = 0
+    ``ranges``: ``(key, start, length, ...)`` tuples (``results()`` is then keyed by ``key``), or None with
+    ``starts`` and ``lengths`` given as int64 arrays sorted by start then length (``arrays()`` then gives the
+    results row for row, no Python object per range: what a file of a million tensors needs).  Per-range
+    state lives in numpy arrays; only pieces that do not continue a range's prefix (segments fed by other
+    threads, a block split between buffers) are kept as Python objects, a few per buffer."""
+
+    def __init__(self, ranges: Optional[Iterable[Tuple]] = None, *, starts=None, lengths=None) -> None:
+        import numpy as np
+
+        if ranges is not None:
+            rs = sorted(ranges, key=lambda r: (r[1], r[2]))
+            self.keys: Optional[List] = [r[0] for r in rs]
+            self._extra_cols = [r[3:] for r in rs]
+            starts = np.array([r[1] for r in rs], dtype=np.int64)
+            lengths = np.array([r[2] for r in rs], dtype=np.int64)
+        else:
+            self.keys, self._extra_cols = None, None
+        self.starts = np.ascontiguousarray(starts, dtype=np.int64)
+        self.lengths = np.ascontiguousarray(lengths, dtype=np.int64)
+        self.n = len(self.starts)
+        self._s = memoryview(self.starts)  # indexing a memoryview gives a Python int, fast
+        self._n = memoryview(self.lengths)
         self._active: List[int] = []
         self._next = 0
 
     def feed(self, off: int, view) -> None:
+        import numpy as np
+
         end = off + len(view)
-        if self._next < len(self.ranges) and self.ranges[self._next][1] < off:  # a segment: skip what ended before
-            self._next = bisect.bisect_left(self._starts, off)
-            self._active = [i for i in range(self._next) if self.ranges[i][1] + self.ranges[i][2] > off]
-        while self._next < len(self.ranges) and self.ranges[self._next][1] < end:
+        s, ln = self._s, self._n
+        if self._next < self.n and s[self._next] < off:  # a segment: skip what ended before
+            self._next = int(np.searchsorted(self.starts, off, side="left"))
+            ends = self.starts[:self._next] + self.lengths[:self._next]
+            self._active = np.flatnonzero(ends > off).tolist()
+        while self._next < self.n and s[self._next] < end:
             self._active.append(self._next)
             self._next += 1
         still = []
         for i in self._active:
-            r = self.ranges[i]
-            a, b = max(r[1], off), min(r[1] + r[2], end)
+            r0, r1 = s[i], s[i] + ln[i]
+            a, b = max(r0, off), min(r1, end)
             if a < b:
                 self._piece(i, a, view[a - off:b - off])
-            if r[1] + r[2] > end:
+            if r1 > end:
                 still.append(i)
         self._active = still
 
     def _piece(self, i: int, at: int, piece) -> None:
         raise NotImplementedError
 
+    def _keyed(self, rows) -> Dict:
+        keys = self.keys if self.keys is not None else range(self.n)
+        return dict(zip(keys, rows))
+
 
 class RangeCrc32(_Ranges):
-    """CRC32 of each range ``(key, start, length)``: ``results()`` is {key: (crc32, bytes seen)}."""
+    """CRC32 of each range ``(key, start, length)``: ``results()`` is {key: (crc32, bytes seen)}, ``arrays()``
+    ``(crc32, bytes seen)`` int64 arrays; bytes seen: the contiguous bytes from the range's start."""
 
-    def __init__(self, ranges: Iterable[Tuple[object, int, int]]) -> None:
-        super().__init__(ranges)
-        self._parts: Dict[int, List[List[int]]] = {}  # range index -> [[start, crc, length], ...] (contiguous runs)
+    def __init__(self, ranges=None, **cols) -> None:
+        import numpy as np
+
+        super().__init__(ranges, **cols)
+        self._crc = np.zeros(self.n, np.int64)
+        self._seen = np.zeros(self.n, np.int64)
+        self._parts: Dict[int, List[List[int]]] = {}  # range index -> [[start, crc, length], ...] off the prefix
 
     def _piece(self, i: int, at: int, piece) -> None:
+        seen = int(self._seen[i])
+        if at == self._s[i] + seen and i not in self._parts:
+            self._crc[i] = crc32(piece, int(self._crc[i]))
+            self._seen[i] = seen + len(piece)
+            return
         runs = self._parts.setdefault(i, [])
         if runs and runs[-1][0] + runs[-1][2] == at:
             runs[-1][1] = crc32(piece, runs[-1][1])
@@ -124,43 +160,62 @@ class RangeCrc32(_Ranges):
         else:
             runs.append([at, crc32(piece), len(piece)])
 
+    def _runs(self, i: int) -> List[List[int]]:
+        pre = [[self._s[i], int(self._crc[i]), int(self._seen[i])]] if self._seen[i] else []
+        return pre + self._parts.get(i, [])
+
     def merge(self, other: "RangeCrc32") -> "RangeCrc32":
         """Take the pieces ``other`` (fed another segment of the same file, same ranges) computed."""
-        for i, runs in other._parts.items():
-            self._parts.setdefault(i, []).extend(runs)
+        import numpy as np
+
+        for i in set(np.flatnonzero(other._seen).tolist()) | set(other._parts):
+            self._parts.setdefault(i, []).extend(other._runs(i))
         return self
 
-    def results(self) -> Dict[object, Tuple[int, int]]:
-        out = {}
-        for i, r in enumerate(self.ranges):
-            runs = sorted(self._parts.get(i, []))
-            crc, seen, at = 0, 0, r[1]
-            for start, c, n in runs:
+    def arrays(self):
+        """``(crc32, bytes seen)`` per range, int64 arrays in range order."""
+        crc, seen = self._crc.copy(), self._seen.copy()
+        for i, extra in self._parts.items():
+            if not extra:
+                continue
+            c, n, at = 0, 0, self._s[i]
+            for start, cc, k in sorted(self._runs(i)):
                 if start != at:
                     break  # a hole: only the bytes up to it count
-                crc, seen, at = crc32_combine(crc, c, n), seen + n, at + n
-            out[r[0]] = (crc, seen)
-        return out
+                c, n, at = crc32_combine(c, cc, k), n + k, at + k
+            crc[i], seen[i] = c, n
+        return crc, seen
+
+    def results(self) -> Dict[object, Tuple[int, int]]:
+        crc, seen = self.arrays()
+        return self._keyed(zip(crc.tolist(), seen.tolist()))
 
 
 class RangeNulRuns(_Ranges):
     """The longest run of at least ``min_run`` NUL bytes inside each range ``(key, start, length)``: ``results()``
-    is {key: (offset, length) or None}, the earliest of equal longest runs (as ``max`` over
-    :func:`ckptaudit.formats.zeros.zero_runs` of the range gives).  Runs inside a piece are judged at once;
-    runs touching a piece's edge are joined with their neighbours' (buffers and segments alike) at the end."""
+    is {key: (offset, length) or None}, ``arrays()`` ``(offset or -1, length or 0)``, the earliest of equal
+    longest runs (as ``max`` over :func:`ckptaudit.formats.zeros.zero_runs` of the range gives).  Runs inside
+    a piece are judged at once; runs touching a piece's edge are joined with their neighbours' (buffers and
+    segments alike) at the end."""
 
-    def __init__(self, ranges: Iterable[Tuple[object, int, int]], min_run: int = 64) -> None:
-        super().__init__(ranges)
+    def __init__(self, ranges=None, min_run: int = 64, **cols) -> None:
+        import numpy as np
+
+        super().__init__(ranges, **cols)
         self.min_run = min_run
-        self._best: Dict[int, Tuple[int, int]] = {}
+        self._off = np.full(self.n, -1, np.int64)
+        self._len = np.zeros(self.n, np.int64)
         self._edges: Dict[int, List[Tuple[int, int]]] = {}
 
     def _keep(self, i: int, off: int, n: int) -> None:
-        b = self._best.get(i)
-        if n >= self.min_run and (b is None or n > b[1] or (n == b[1] and off < b[0])):
-            self._best[i] = (off, n)
+        b = int(self._len[i])
+        if n >= self.min_run and (b == 0 or n > b or (n == b and off < self._off[i])):
+            self._off[i], self._len[i] = off, n
 
     def _piece(self, i: int, at: int, piece) -> None:
+        if len(piece) < self.min_run and i not in self._edges:  # too short to hold a run or end one
+            if piece[:1] != b"\0" and piece[-1:] != b"\0":
+                return
         n = len(piece)
         for o, k in nul_runs(piece, self.min_run):
             if o == 0 or o + k == n:
@@ -174,7 +229,9 @@ class RangeNulRuns(_Ranges):
 
     def _kept(self) -> Dict[int, List[Tuple[int, int]]]:
         """{range index: the runs judged so far}."""
-        return {i: [b] for i, b in self._best.items()}
+        import numpy as np
+
+        return {i: [(int(self._off[i]), int(self._len[i]))] for i in np.flatnonzero(self._len).tolist()}
 
     def merge(self, other: "RangeNulRuns") -> "RangeNulRuns":
         """Take the runs ``other`` (fed another segment of the same file, same ranges) found."""
@@ -185,7 +242,7 @@ class RangeNulRuns(_Ranges):
             self._edges.setdefault(i, []).extend(e)
         return self
 
-    def results(self) -> Dict[object, Optional[Tuple[int, int]]]:
+    def _join_edges(self) -> None:
         for i, edges in self._edges.items():
             cur = None
             for o, n in sorted(edges):
@@ -198,7 +255,15 @@ class RangeNulRuns(_Ranges):
             if cur is not None:
                 self._keep(i, *cur)
         self._edges = {}
-        return {r[0]: self._best.get(i) for i, r in enumerate(self.ranges)}
+
+    def arrays(self):
+        """``(offset, length)`` of each range's longest run, int64 arrays (-1, 0: none)."""
+        self._join_edges()
+        return self._off.copy(), self._len.copy()
+
+    def results(self) -> Dict[object, Optional[Tuple[int, int]]]:
+        off, n = self.arrays()
+        return self._keyed((o, k) if k else None for o, k in zip(off.tolist(), n.tolist()))
 
 
 #: Most NUL runs one range's facts list; past it (a sparse tensor file) the reader searches the bytes itself.
@@ -212,8 +277,8 @@ class RangeAllNulRuns(RangeNulRuns):
     the file layer imports no numpy, ``tests/test_formats.py``)."""
 
     def __init__(self, ranges: Iterable[Tuple[object, int, int]], min_run: int) -> None:
-        super().__init__(ranges, min_run)
         self._all: Dict[int, List[Tuple[int, int]]] = {}
+        super().__init__(ranges, min_run)
 
     def _keep(self, i: int, off: int, n: int) -> None:
         if n >= self.min_run:
@@ -223,11 +288,11 @@ class RangeAllNulRuns(RangeNulRuns):
         return self._all
 
     def results(self) -> Dict[object, Optional[List[Tuple[int, int]]]]:
-        super().results()
+        self._join_edges()
         out: Dict[object, Optional[List[Tuple[int, int]]]] = {}
-        for i, r in enumerate(self.ranges):
+        for i, key in enumerate(self.keys if self.keys is not None else range(self.n)):
             runs = sorted(self._all.get(i, []))
-            out[r[0]] = runs if len(runs) <= MAX_LISTED_NUL_RUNS else None
+            out[key] = runs if len(runs) <= MAX_LISTED_NUL_RUNS else None
         return out
 
 
@@ -262,32 +327,45 @@ _STATS_BYTES = 1 << 20
 
 
 class RangeValues(_Ranges):
-    """Value statistics of each range ``(key, start, nbytes, dtype)`` read as elements of ``dtype``:
-    ``results()`` is {key: (non-finite count, Σx² of the finite values, bytes seen)}.
+    """Value statistics of each range ``(key, start, nbytes, dtype)`` read as elements of ``dtype`` (or columns:
+    ``starts``, ``lengths`` and ``dtypes``, codes into ``dtype_names``): ``results()`` is {key: (non-finite count,
+    Σx² of the finite values, bytes seen)}, ``arrays()`` the same as three arrays.
 
     Bytes are summed in blocks of ``values._BLOCK`` elements from the range's start (the float32 dot
     products of :func:`ckptaudit.onepass.values._sum_squares`, so the sums equal a scan of the tensor
     alone); a block split between two buffers (or segments) is kept as fragments and counted when whole."""
 
-    def __init__(self, ranges: Iterable[Tuple[object, int, int, str]]) -> None:
-        super().__init__(ranges)
-        self._bad: Dict[int, int] = {}
-        self._sq: Dict[int, float] = {}
-        self._seen: Dict[int, int] = {}
+    def __init__(self, ranges=None, *, dtypes=None, dtype_names=None, **cols) -> None:
+        import numpy as np
+
+        super().__init__(ranges, **cols)
+        if ranges is not None:
+            names = sorted({e[0] for e in self._extra_cols})
+            code = {d: k for k, d in enumerate(names)}
+            dtypes = np.array([code[e[0]] for e in self._extra_cols], dtype=np.int64)
+            dtype_names = names
+        self.dtype_names = list(dtype_names or [])
+        self._code = memoryview(np.ascontiguousarray(dtypes if dtypes is not None else np.zeros(0), np.int64))
+        self._bad = np.zeros(self.n, np.int64)
+        self._sq = np.zeros(self.n, np.float64)
+        self._seen = np.zeros(self.n, np.int64)
         self._frag: Dict[Tuple[int, int], Dict[int, bytes]] = {}  # (range, element start) -> {offset: bytes}
+
+    def _dtype(self, i: int) -> str:
+        return self.dtype_names[self._code[i]]
 
     def _add(self, i: int, buf, dtype: str) -> None:
         bad, sq = 0, 0.0
         for k in range(0, len(buf), _STATS_BYTES):  # numpy temporaries of 1 MiB, not of the whole buffer
             b, q = buffer_stats(buf[k:k + _STATS_BYTES], dtype)
             bad, sq = bad + b, sq + q
-        self._bad[i] = self._bad.get(i, 0) + bad
-        self._sq[i] = self._sq.get(i, 0.0) + sq
+        self._bad[i] += bad
+        self._sq[i] += sq
 
     def _piece(self, i: int, at: int, piece) -> None:
-        _, start, _, dtype = self.ranges[i]
+        start, dtype = self._s[i], self._dtype(i)
         item = _BLOCK * itemsize(dtype)  # whole float32 blocks, as the state stage's own scan sums them
-        self._seen[i] = self._seen.get(i, 0) + len(piece)
+        self._seen[i] += len(piece)
         end = at + len(piece)
         first = start + -(-(at - start) // item) * item  # first element boundary at or after the piece start
         last = start + ((end - start) // item) * item  # last element boundary at or before its end
@@ -304,7 +382,7 @@ class RangeValues(_Ranges):
     def _fragment(self, i: int, elem: int, at: int, data: bytes, item: int, dtype: str) -> None:
         frags = self._frag.setdefault((i, elem), {})
         frags[at] = data
-        _, start, nbytes, _ = self.ranges[i]
+        start, nbytes = self._s[i], self._n[i]
         if sum(len(b) for b in frags.values()) == min(item, start + nbytes - elem):
             whole = b"".join(frags[k] for k in sorted(frags))
             del self._frag[(i, elem)]
@@ -312,19 +390,22 @@ class RangeValues(_Ranges):
 
     def merge(self, other: "RangeValues") -> "RangeValues":
         """Take the statistics and fragments ``other`` (fed another segment, same ranges) computed."""
-        for i in other._seen:
-            self._seen[i] = self._seen.get(i, 0) + other._seen[i]
-            self._bad[i] = self._bad.get(i, 0) + other._bad.get(i, 0)
-            self._sq[i] = self._sq.get(i, 0.0) + other._sq.get(i, 0.0)
+        self._seen += other._seen
+        self._bad += other._bad
+        self._sq += other._sq
         for (i, elem), frags in other._frag.items():
-            dtype = self.ranges[i][3]
+            dtype = self._dtype(i)
             for at, data in frags.items():
                 self._fragment(i, elem, at, data, _BLOCK * itemsize(dtype), dtype)
         return self
 
+    def arrays(self):
+        """``(non-finite count, Σx², bytes seen)`` per range, arrays in range order."""
+        return self._bad.copy(), self._sq.copy(), self._seen.copy()
+
     def results(self) -> Dict[object, Tuple[int, float, int]]:
-        return {r[0]: (self._bad.get(i, 0), self._sq.get(i, 0.0), self._seen.get(i, 0))
-                for i, r in enumerate(self.ranges)}
+        bad, sq, seen = self.arrays()
+        return self._keyed(zip(bad.tolist(), sq.tolist(), seen.tolist()))
 
 
 def split_points(size: int, n: int, align: int) -> List[Tuple[int, int]]:

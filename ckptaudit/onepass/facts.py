@@ -19,44 +19,78 @@ local mtime and inode: :func:`ckptaudit.fs.version`) changed since the pass are 
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+import os
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 from .. import fs
 
-_CRC: Dict[Tuple[str, int, int], Tuple[int, int]] = {}
-_VALUES: Dict[Tuple[str, int, int, str], Tuple[int, float, int]] = {}
-_TENSOR_DATA: Dict[str, List[Tuple[int, int]]] = {}
-_NUL_RUN: Dict[Tuple[str, int, int], Optional[Tuple[int, int]]] = {}
+#: {file (``fs.fspath``): {kind: columns}} of the facts :func:`load` kept; each kind's columns are numpy arrays
+#: sorted by ``(data_offset, length_bytes)``: a lookup is a binary search, memory a few int64 per fact.
+_FILES: Dict[str, Dict[str, dict]] = {}
 _NUL_SCAN: Dict[Tuple[str, int, int], Tuple[int, List[Tuple[int, int]]]] = {}  # -> (min_run, runs)
 
 
-def rows_of(unit: str, rel: str, ff) -> List[dict]:
-    """Rows of the ``bytefacts`` table for file ``rel`` of ``unit`` from a :class:`~.filepass.FileFacts`, each
-    with the file's ``version`` at the pass (:func:`ckptaudit.fs.version`)."""
-    return [{**r, "version": ff.version} for r in _rows(unit, rel, ff)]
+def table_of(unit: str, rel: str, ff) -> "pa.Table":
+    """The ``bytefacts`` rows of file ``rel`` of ``unit`` from a :class:`~.filepass.FileFacts`, as a ``pyarrow``
+    table built column by column (no Python object per row), each row with the file's ``version`` at the pass
+    (:func:`ckptaudit.fs.version`)."""
+    import numpy as np
+    import pyarrow as pa
 
+    from ..tables import SCHEMAS
+    from .plan import DTYPES
 
-def _rows(unit: str, rel: str, ff) -> List[dict]:
-    rows = [{"unit": unit, "file": rel, "kind": "crc", "member": m, "data_offset": o, "length_bytes": n,
-             "crc32": crc, "seen_bytes": seen, "size_bytes": ff.size_bytes}
-            for (m, o, n), (crc, seen) in ff.crc.items()]
-    rows += [{"unit": unit, "file": rel, "kind": "nul_run", "member": m, "data_offset": o, "length_bytes": n,
-              "zero_offset": run[0] if run else -1, "zero_bytes": run[1] if run else 0, "size_bytes": ff.size_bytes}
-             for (m, o, n), run in ff.nul_runs.items()]
+    schema = SCHEMAS["bytefacts"]
+    plan = ff.plan
+    parts = []
+
+    def part(kind: str, n: int, **cols) -> None:
+        if n:
+            parts.append((kind, n, cols))
+
+    if ff.crc_value is not None:
+        n = len(plan.crc_range)
+        common = dict(member=plan.crc_member, data_offset=plan.crc_range[:, 0], length_bytes=plan.crc_range[:, 1])
+        part("crc", n, crc32=ff.crc_value[:, 0], seen_bytes=ff.crc_value[:, 1], **common)
+        part("nul_run", n, zero_offset=ff.nul_run[:, 0], zero_bytes=ff.nul_run[:, 1], **common)
     for (o, n, m), runs in ff.nul_scans.items():  # a scan row (zero_bytes: the shortest run looked for), then its runs
-        rows.append({"unit": unit, "file": rel, "kind": "nul_scan", "data_offset": o, "length_bytes": n,
-                     "zero_bytes": m, "seen_bytes": -1 if runs is None else len(runs), "size_bytes": ff.size_bytes})
-        rows += [{"unit": unit, "file": rel, "kind": "nul_scan_run", "data_offset": o, "length_bytes": n,
-                  "zero_offset": ro, "zero_bytes": rn, "size_bytes": ff.size_bytes} for ro, rn in runs or []]
-    rows += [{"unit": unit, "file": rel, "kind": "values", "data_offset": o, "length_bytes": n, "dtype": dt,
-              "nonfinite": bad, "sum_squares": sq, "seen_bytes": seen, "size_bytes": ff.size_bytes}
-             for (o, n, dt), (bad, sq, seen) in ff.values.items()]
-    rows += [{"unit": unit, "file": rel, "kind": "tensor_data", "data_offset": o, "length_bytes": n,
-              "size_bytes": ff.size_bytes} for o, n in ff.tensor_data]
-    rows += [{"unit": unit, "file": rel, "kind": "bytes", "data_offset": o + k, "length_bytes": len(b[k:k + _PIECE]),
-              "data": b[k:k + _PIECE], "size_bytes": ff.size_bytes}
-             for o, b in ff.kept for k in range(0, len(b), _PIECE)]
-    return rows
+        part("nul_scan", 1, data_offset=[o], length_bytes=[n], zero_bytes=[m],
+             seen_bytes=[-1 if runs is None else len(runs)])
+        if runs:
+            r = np.array(runs, dtype=np.int64).reshape(-1, 2)
+            part("nul_scan_run", len(r), data_offset=np.full(len(r), o), length_bytes=np.full(len(r), n),
+                 zero_offset=r[:, 0], zero_bytes=r[:, 1])
+    if ff.values_seen is not None:
+        names = pa.array(list(DTYPES), pa.string())
+        part("values", len(plan.values_range), data_offset=plan.values_range[:, 0],
+             length_bytes=plan.values_range[:, 1], dtype=names.take(pa.array(plan.values_dtype)),
+             nonfinite=ff.values_nonfinite, sum_squares=ff.values_sum_squares, seen_bytes=ff.values_seen)
+    td = plan.tensor_data_range
+    part("tensor_data", len(td), data_offset=td[:, 0], length_bytes=td[:, 1])
+    pieces = [(o + k, b[k:k + _PIECE]) for o, b in ff.kept for k in range(0, len(b), _PIECE)]
+    part("bytes", len(pieces), data_offset=[p[0] for p in pieces], length_bytes=[len(p[1]) for p in pieces],
+         data=[p[1] for p in pieces])
+    tables = []
+    for kind, n, cols in parts:
+        arrays = []
+        for f in schema:
+            if f.name in ("unit", "file", "kind", "size_bytes", "version"):
+                v = {"unit": unit, "file": rel, "kind": kind, "size_bytes": ff.size_bytes, "version": ff.version}[f.name]
+                arrays.append(pa.array([v], f.type).take(np.zeros(n, np.int64)))  # one value, n rows
+            elif f.name in cols:
+                arrays.append(pa.array(cols[f.name], f.type))
+            else:
+                arrays.append(pa.nulls(n, f.type))
+        tables.append(pa.Table.from_arrays(arrays, schema=schema))
+    return pa.concat_tables(tables) if tables else schema.empty_table()
+
+
+def rows_of(unit: str, rel: str, ff) -> List[dict]:
+    """:func:`table_of` as a list of row dicts (small files, tests)."""
+    return table_of(unit, rel, ff).to_pylist()
 
 
 #: Bytes per "bytes" row (a kept piece of a remote object is split so no Parquet cell grows large).
@@ -65,10 +99,7 @@ _PIECE = 4 << 20
 
 def clear() -> None:
     fs.kept.clear()
-    _CRC.clear()
-    _VALUES.clear()
-    _TENSOR_DATA.clear()
-    _NUL_RUN.clear()
+    _FILES.clear()
     _NUL_SCAN.clear()
 
 
@@ -79,57 +110,164 @@ def _now(p) -> Optional[Tuple[int, str]]:
         return None
 
 
-def load(rows: List[dict], run_dir) -> int:
-    """Make ``rows`` (of the ``bytefacts`` table, files relative to ``run_dir``) answer the lookups,
-    in place of any loaded before; returns the facts kept."""
+#: The columns of the ``bytefacts`` table :func:`load` reads.
+LOAD_COLUMNS = ["file", "kind", "data_offset", "length_bytes", "crc32", "dtype", "nonfinite", "sum_squares",
+                "seen_bytes", "size_bytes", "data", "zero_offset", "zero_bytes", "version"]
+#: The columns each kind of fact keeps, beside ``data_offset`` and ``length_bytes``.
+_KEEP = {"crc": ("crc32", "seen_bytes"), "values": ("dtype", "nonfinite", "sum_squares", "seen_bytes"),
+         "nul_run": ("zero_offset", "zero_bytes"), "tensor_data": ()}
+
+
+def load(rows, run_dir) -> int:
+    """Make ``rows`` (of the ``bytefacts`` table: a Parquet file's path, read :data:`BATCH_ROWS` rows at a time, a
+    ``pyarrow`` table, or a list of row dicts; files relative to ``run_dir``) answer the lookups, in place of any
+    loaded before; returns the facts kept.  Rows of a file whose size or version changed since the pass are
+    dropped.  Memory: the kept columns (a few int64 per fact) and one batch, not the table."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     clear()
-    pieces = 0
-    pending: List[Tuple[str, dict]] = []  # runs of a scan, added once its scan row is known
-    now: Dict[str, Optional[Tuple[int, str]]] = {}
-    for r in rows:
-        p = run_dir / r["file"]
-        key = fs.fspath(p)
-        if key not in now:
-            now[key] = _now(p)
-        if now[key] is None or now[key][0] != r["size_bytes"] or (r.get("version") or "") != now[key][1]:
-            continue  # gone, or rewritten since the pass: the later stage reads the file itself
-        if r["kind"] == "crc":
-            _CRC[(key, r["data_offset"], r["length_bytes"])] = (r["crc32"], r["seen_bytes"])
-        elif r["kind"] == "values":
-            _VALUES[(key, r["data_offset"], r["length_bytes"], r["dtype"])] = (
-                r["nonfinite"], r["sum_squares"], r["seen_bytes"])
-        elif r["kind"] == "nul_run":
-            _NUL_RUN[(key, r["data_offset"], r["length_bytes"])] = (
-                (r["zero_offset"], r["zero_bytes"]) if r["zero_bytes"] else None)
-        elif r["kind"] == "nul_scan" and r["seen_bytes"] >= 0:
-            _NUL_SCAN.setdefault((key, r["data_offset"], r["length_bytes"]), (r["zero_bytes"], []))
-        elif r["kind"] == "nul_scan_run":
-            pending.append((key, r))
-        elif r["kind"] == "tensor_data":
-            _TENSOR_DATA.setdefault(key, []).append((r["data_offset"], r["length_bytes"]))
-        elif r["kind"] == "bytes" and r.get("data") is not None:
-            fs.kept.put(key, r["data_offset"], r["data"], r["size_bytes"])
-            pieces += 1
-    for key, r in pending:
-        scan = _NUL_SCAN.get((key, r["data_offset"], r["length_bytes"]))
-        if scan is not None:
-            scan[1].append((r["zero_offset"], r["zero_bytes"]))
+    by_kind = _by_kind(rows)
+    if not by_kind:
+        return 0
+    files = pa.concat_tables([t.select(["file", "size_bytes", "version"]).cast(_file_version_schema())
+                              for t in by_kind.values()])
+    good = []  # the files unchanged since the pass (one size and version per file: one pass each)
+    for g in files.group_by(["file", "size_bytes", "version"]).aggregate([]).to_pylist():
+        now = _now(run_dir / str(g["file"]))
+        if now is not None and now[0] == g["size_bytes"] and now[1] == (g["version"] or ""):
+            good.append(g["file"])
+    good_set = pa.array(good, pa.string())
+    kept = 0
+    for kind in (*_KEEP, *_ROW_KINDS):  # a nul_scan before its runs
+        t = by_kind.get(kind)
+        if t is None:
+            continue
+        t = t.filter(pc.is_in(t["file"].cast(pa.string()), value_set=good_set))
+        if not t.num_rows:
+            continue
+        if kind in _KEEP:
+            kept += t.num_rows
+            _keep_columns(run_dir, kind, t.select(["file", "data_offset", "length_bytes", *_KEEP[kind]]))
+        else:
+            kept += _keep_rows(run_dir, kind, t)
     for _m, runs in _NUL_SCAN.values():
         runs.sort()
-    return (len(_CRC) + len(_VALUES) + len(_NUL_RUN) + sum(map(len, _TENSOR_DATA.values())) + pieces
-            + len(_NUL_SCAN) + sum(len(runs) for _m, runs in _NUL_SCAN.values()))
+    return kept
+
+
+#: Rows of the ``bytefacts`` table :func:`load` reads from a file at a time.
+BATCH_ROWS = 1 << 16
+#: The kinds :func:`load` keeps as rows (few per file) rather than as columns.
+_ROW_KINDS = ("nul_scan", "nul_scan_run", "bytes")
+
+
+def _file_version_schema():
+    import pyarrow as pa
+
+    return pa.schema([("file", pa.string()), ("size_bytes", pa.int64()), ("version", pa.string())])
+
+
+def _by_kind(rows) -> Dict[str, "pa.Table"]:
+    """{kind: its rows} of ``rows`` (see :func:`load`), each with the columns of :data:`LOAD_COLUMNS` it has,
+    dictionaries unified and one chunk; a file is read one batch at a time."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from ..tables import SCHEMAS
+
+    if isinstance(rows, (str, os.PathLike)):
+        import pyarrow.parquet as pq
+
+        pf = pq.ParquetFile(rows, read_dictionary=["file", "kind", "dtype", "version"])
+        cols = [c for c in LOAD_COLUMNS if c in pf.schema_arrow.names]
+        batches = pf.iter_batches(batch_size=BATCH_ROWS, columns=cols, use_threads=False)
+    else:
+        t = rows if isinstance(rows, pa.Table) else pa.Table.from_pylist(list(rows), schema=SCHEMAS["bytefacts"])
+        batches = t.select([c for c in LOAD_COLUMNS if c in t.column_names]).to_batches(BATCH_ROWS)
+    parts: Dict[str, list] = {}
+    for b in batches:
+        kinds = b.column(b.schema.get_field_index("kind"))
+        for kind in (*_KEEP, *_ROW_KINDS):
+            sub = b.filter(pc.equal(kinds.cast(pa.string()), kind))
+            if sub.num_rows:
+                want = ["file", "data_offset", "length_bytes", "size_bytes", "version",
+                        *(_KEEP[kind] if kind in _KEEP else [c for c in sub.schema.names if c not in ("kind",)])]
+                parts.setdefault(kind, []).append(sub.select(list(dict.fromkeys(c for c in want
+                                                                                 if c in sub.schema.names))))
+        del b
+    return {k: pa.Table.from_batches(v).unify_dictionaries().combine_chunks() for k, v in parts.items()}
+
+
+def _keep_rows(run_dir, kind: str, t: "pa.Table") -> int:
+    """Keep the few rows of ``kind`` (:data:`_ROW_KINDS`) of ``t``; returns how many were kept."""
+    kept = 0
+    for r in t.to_pylist():
+        key = fs.fspath(run_dir / r["file"])
+        if kind == "nul_scan" and r["seen_bytes"] >= 0:
+            _NUL_SCAN.setdefault((key, r["data_offset"], r["length_bytes"]), (r["zero_bytes"], []))
+            kept += 1
+        elif kind == "bytes" and r.get("data") is not None:
+            fs.kept.put(key, r["data_offset"], r["data"], r["size_bytes"])
+            kept += 1
+        elif kind == "nul_scan_run":
+            scan = _NUL_SCAN.get((key, r["data_offset"], r["length_bytes"]))
+            if scan is not None:
+                scan[1].append((r["zero_offset"], r["zero_bytes"]))
+                kept += 1
+    return kept
+
+
+def _keep_columns(run_dir, kind: str, sub: "pa.Table") -> None:
+    """The rows ``sub`` of one kind into :data:`_FILES`, per file, sorted by ``(data_offset, length_bytes)``."""
+    import numpy as np
+    import pyarrow.compute as pc
+
+    enc = pc.dictionary_encode(sub["file"]).combine_chunks()
+    idx = enc.indices.to_numpy(zero_copy_only=False)
+    names = enc.dictionary.to_pylist()
+    cols = {c: sub[c].combine_chunks() if c == "dtype" else sub[c].to_numpy(zero_copy_only=False)
+            for c in sub.column_names if c != "file"}
+    order = np.lexsort((cols["length_bytes"], cols["data_offset"], idx))
+    if not np.array_equal(order, np.arange(len(order))):  # the hash stage writes them sorted: rarely taken
+        cols = {c: v.take(order) for c, v in cols.items()}
+        idx = idx[order]
+    bounds = np.flatnonzero(np.diff(idx)) + 1
+    for a, b in zip(np.r_[0, bounds].tolist(), np.r_[bounds, len(idx)].tolist()):
+        _FILES.setdefault(fs.fspath(run_dir / names[idx[a]]), {})[kind] = {c: v[a:b] for c, v in cols.items()}
+
+
+def _find(path: str, kind: str, offset: int, length: int):
+    """``(columns, row)`` of the fact of ``kind`` at exactly ``(offset, length)`` of ``path``, or None."""
+    cols = _FILES.get(path, {}).get(kind)
+    if cols is None:  # nothing loaded: numpy stays unimported (the file layer's promise)
+        return None
+    import numpy as np
+
+    offs, lens = cols["data_offset"], cols["length_bytes"]
+    i = int(np.searchsorted(offs, offset, side="left"))
+    while i < len(offs) and offs[i] == offset:
+        if lens[i] == length:
+            return cols, i
+        i += 1
+    return None
 
 
 def crc_of(path: str, offset: int, length: int) -> Optional[Tuple[int, int]]:
     """``(crc32, bytes seen)`` of ``length`` bytes of ``path`` (``fs.fspath``) from ``offset``, or None."""
-    return _CRC.get((path, offset, length)) if _CRC else None
+    hit = _find(path, "crc", offset, length)
+    return None if hit is None else (int(hit[0]["crc32"][hit[1]]), int(hit[0]["seen_bytes"][hit[1]]))
 
 
 def nul_run_of(path: str, offset: int, length: int) -> Tuple[bool, Optional[Tuple[int, int]]]:
     """``(known, run)``: whether the pass looked at ``length`` bytes of ``path`` (``fs.fspath``) from ``offset``,
     and the ``(offset, length)`` of the longest run of at least 64 NUL bytes it found there (None: none)."""
-    key = (path, offset, length)
-    return (True, _NUL_RUN[key]) if key in _NUL_RUN else (False, None)
+    hit = _find(path, "nul_run", offset, length)
+    if hit is None:
+        return False, None
+    cols, i = hit
+    n = int(cols["zero_bytes"][i])
+    return True, ((int(cols["zero_offset"][i]), n) if n else None)
 
 
 def nul_runs_in(path: str, offset: int, length: int, min_run: int) -> Optional[List[Tuple[int, int]]]:
@@ -141,9 +279,23 @@ def nul_runs_in(path: str, offset: int, length: int, min_run: int) -> Optional[L
 
 def tensor_data_of(path: str) -> Optional[List[Tuple[int, int]]]:
     """``(offset, length)`` of the bytes of ``path`` (``fs.fspath``) that only hold tensor data, or None."""
-    return _TENSOR_DATA.get(path)
+    cols = _FILES.get(path, {}).get("tensor_data")
+    if cols is None:
+        return None
+    return list(zip(cols["data_offset"].tolist(), cols["length_bytes"].tolist()))
 
 
 def values_of(path: str, offset: int, nbytes: int, dtype: str) -> Optional[Tuple[int, float, int]]:
     """``(non-finite count, Σx², bytes seen)`` of a tensor's bytes of ``path`` (``fs.fspath``), or None."""
-    return _VALUES.get((path, offset, nbytes, dtype)) if _VALUES else None
+    cols = _FILES.get(path, {}).get("values")
+    if cols is None:
+        return None
+    import numpy as np
+
+    offs, lens = cols["data_offset"], cols["length_bytes"]
+    i = int(np.searchsorted(offs, offset, side="left"))
+    while i < len(offs) and offs[i] == offset:
+        if lens[i] == nbytes and cols["dtype"][i].as_py() == dtype:
+            return int(cols["nonfinite"][i]), float(cols["sum_squares"][i]), int(cols["seen_bytes"][i])
+        i += 1
+    return None

@@ -16,33 +16,64 @@ from typing import Dict, List, Optional, Tuple
 from .. import fs
 from .consumers import (ChunkSha256, KeepBytes, RangeAllNulRuns, RangeCrc32, RangeNulRuns, RangeValues, Sha256,
                         split_points)
-from .plan import Plan, plan_file
+from .plan import DTYPES, Plan, plan_file
 from . import stream
 from .stream import BUFFER_BYTES, run
 
 
 @dataclass
 class FileFacts:
-    """What one pass computed.  ``crc``: {(member, data offset, length): (crc32, bytes seen)};
-    ``values``: {(data offset, nbytes, dtype): (non-finite count, Σx² of the finite values, bytes seen)};
-    ``sha256_hex`` "" when not computed; ``chunk_sha256_hex`` None when not asked for;
-    ``bytes_read``: bytes the pass itself read (the plan's small reads are counted by ``fs``);
-    ``version``: :func:`ckptaudit.fs.version`'s tag of the file as the pass found it; ``tensor_data``: the plan's
-    ``(offset, length)`` of bytes that only hold tensor data; ``kept``: ``(offset, bytes)`` of a remote object
-    that later stages will read again (:func:`keep_ranges`), else empty."""
+    """What one pass computed, as columns aligned with the plan's ranges (no Python object per range):
+    ``crc_member``/``crc_range`` the plan's CRC ranges with ``crc_value`` ``(n, 2)`` ``[crc32, bytes seen]`` and
+    ``nul_run`` ``(n, 2)`` ``[offset or -1, length]`` of each record's longest NUL run; ``values_range``/
+    ``values_dtype`` the plan's value ranges with ``values_nonfinite``, ``values_sum_squares`` and
+    ``values_seen`` (non-finite count, Σx² of the finite values, bytes seen); ``nul_scans``
+    {(start, length, min_run): [(offset, length), ...] or None}; ``sha256_hex`` "" when not computed;
+    ``chunk_sha256_hex`` None when not asked for; ``bytes_read``: bytes the pass itself read (the plan's small
+    reads are counted by ``fs``); ``version``: :func:`ckptaudit.fs.version`'s tag of the file as the pass found
+    it; ``tensor_data_range``: the plan's ``(offset, length)`` of bytes that only hold tensor data; ``kept``:
+    ``(offset, bytes)`` of a remote object that later stages will read again (:func:`keep_ranges`), else empty.
+    ``crc``, ``nul_runs``, ``values`` and ``tensor_data`` give the same as dicts and lists (small files, tests)."""
 
     size_bytes: int
     version: str = ""
     sha256_hex: str = ""
     chunk_sha256_hex: Optional[List[str]] = None
-    crc: Dict[Tuple[str, int, int], Tuple[int, int]] = field(default_factory=dict)
-    nul_runs: Dict[Tuple[str, int, int], Optional[Tuple[int, int]]] = field(default_factory=dict)
+    plan: Plan = field(default_factory=Plan)
+    crc_value: object = None
+    nul_run: object = None
+    values_nonfinite: object = None
+    values_sum_squares: object = None
+    values_seen: object = None
     nul_scans: Dict[Tuple[int, int, int], Optional[List[Tuple[int, int]]]] = field(default_factory=dict)
-    values: Dict[Tuple[int, int, str], Tuple[int, float, int]] = field(default_factory=dict)
     bytes_read: int = 0
     seconds: float = 0.0
-    tensor_data: List[Tuple[int, int]] = field(default_factory=list)
     kept: List[Tuple[int, bytes]] = field(default_factory=list)
+
+    @property
+    def crc(self) -> Dict[Tuple[str, int, int], Tuple[int, int]]:
+        """{(member, data offset, length): (crc32, bytes seen)}."""
+        return {k: (int(c), int(n)) for k, (c, n) in zip(self.plan.crc, self.crc_value)} \
+            if self.crc_value is not None else {}
+
+    @property
+    def nul_runs(self) -> Dict[Tuple[str, int, int], Optional[Tuple[int, int]]]:
+        """{(member, data offset, length): (offset, length) of the longest NUL run, or None}."""
+        return {k: ((int(o), int(n)) if n else None) for k, (o, n) in zip(self.plan.crc, self.nul_run)} \
+            if self.nul_run is not None else {}
+
+    @property
+    def values(self) -> Dict[Tuple[int, int, str], Tuple[int, float, int]]:
+        """{(data offset, nbytes, dtype): (non-finite count, Σx², bytes seen)}."""
+        if self.values_seen is None:
+            return {}
+        return {k: (int(b), float(q), int(n)) for k, b, q, n in zip(
+            self.plan.values, self.values_nonfinite, self.values_sum_squares, self.values_seen)}
+
+    @property
+    def tensor_data(self) -> List[Tuple[int, int]]:
+        """``(offset, length)`` of each run of tensor data."""
+        return self.plan.tensor_data
 
 
 #: Tensor data shorter than this (bytes) is kept with the rest of a remote object: a later stage reads the
@@ -53,12 +84,12 @@ KEEP_TENSOR_DATA_UNDER = 64 << 10
 KEEP_REMOTE_BYTES = 16 << 20
 
 
-def keep_ranges(size: int, tensor_data: List[Tuple[int, int]]) -> List[Tuple[None, int, int]]:
+def keep_ranges(size: int, tensor_data) -> List[Tuple[None, int, int]]:
     """The ranges ``(None, start, length)`` of a remote object of ``size`` bytes that the pass keeps for later
     stages (:mod:`ckptaudit.fs.kept`): every byte outside the runs of tensor data of at least
     :data:`KEEP_TENSOR_DATA_UNDER` bytes, the first :data:`KEEP_REMOTE_BYTES` of them.  With no tensor data
     planned (a damaged archive, another format) that is the whole object, when it fits."""
-    skip = sorted((o, n) for o, n in tensor_data if n >= KEEP_TENSOR_DATA_UNDER)
+    skip = sorted((int(o), int(n)) for o, n in tensor_data if n >= KEEP_TENSOR_DATA_UNDER)
     out, at, left = [], 0, KEEP_REMOTE_BYTES
     for o, n in skip + [(size, 0)]:
         if o > at and left > 0:
@@ -88,10 +119,12 @@ def pass_file(path, *, whole_sha: bool = True, chunk_bytes: Optional[int] = None
         data = stream.fetch(path, size)  # one round of GETs; the plan is made from these bytes
     plan = plan_file(path, data) if plan is None else plan
     threads = max(1, threads or _cores())
-    crc_ranges = [((m, o, n), o, n) for m, o, n in plan.crc]
-    keep = keep_ranges(size, plan.tensor_data) if fs.is_remote(path) else []
-    value_ranges = [(k, k[0], k[1], k[2]) for k in plan.values]
-    out = FileFacts(size_bytes=size, version=version, tensor_data=list(plan.tensor_data))
+    crc_cols = dict(starts=plan.crc_range[:, 0], lengths=plan.crc_range[:, 1])
+    keep = keep_ranges(size, plan.tensor_data_range) if fs.is_remote(path) else []
+    value_cols = dict(starts=plan.values_range[:, 0], lengths=plan.values_range[:, 1], dtypes=plan.values_dtype,
+                      dtype_names=DTYPES)
+    has_crc, has_values = len(plan.crc_range) > 0, len(plan.values_range) > 0
+    out = FileFacts(size_bytes=size, version=version, plan=plan)
     segments = [(0, size)]
     if data is None and not whole_sha and threads > 1 and size > 2 * BUFFER_BYTES:
         segments = split_points(size, threads, chunk_bytes or BUFFER_BYTES)
@@ -99,12 +132,12 @@ def pass_file(path, *, whole_sha: bool = True, chunk_bytes: Optional[int] = None
     # one segment: SHA-256, CRC32 and the value statistics of a buffer side by side; else one thread a segment
     with ThreadPoolExecutor(max_workers=max(3, len(segments))) as pool:
         def one(seg):
-            cons = {"crc": RangeCrc32(crc_ranges) if crc_ranges else None,
-                    "values": RangeValues(value_ranges) if value_ranges else None,
+            cons = {"crc": RangeCrc32(**crc_cols) if has_crc else None,
+                    "values": RangeValues(**value_cols) if has_values else None,
                     "chunks": ChunkSha256(chunk_bytes, seg[0]) if chunk_bytes else None,
                     "sha": Sha256() if whole_sha else None,
                     "kept": KeepBytes(keep) if keep else None,
-                    "nul_runs": RangeNulRuns(crc_ranges) if crc_ranges else None}
+                    "nul_runs": RangeNulRuns(**crc_cols) if has_crc else None}
             cons.update({("nul_scan", k): RangeAllNulRuns([((o, n, m), o, n)], m)
                          for k, (o, n, m) in enumerate(plan.nul_scans)})
             cons = {k: c for k, c in cons.items() if c is not None}
@@ -128,10 +161,20 @@ def pass_file(path, *, whole_sha: bool = True, chunk_bytes: Optional[int] = None
         out.sha256_hex = cons["sha"].hexdigest()
     if "chunks" in cons:  # segments end on chunk boundaries: only the last one has a short chunk
         out.chunk_sha256_hex = [d for c, _ in parts for d in c["chunks"].finish()]
-    out.crc = cons["crc"].results() if "crc" in cons else {}
-    out.values = cons["values"].results() if "values" in cons else {}
+    del parts
+    return _collect(out, cons)
+
+
+def _collect(out: FileFacts, cons: dict) -> FileFacts:
+    """The consumers' results into ``out``'s columns."""
+    import numpy as np
+
+    if "crc" in cons:
+        out.crc_value = np.stack(cons["crc"].arrays(), axis=1)
+        out.nul_run = np.stack(cons["nul_runs"].arrays(), axis=1)
+    if "values" in cons:
+        out.values_nonfinite, out.values_sum_squares, out.values_seen = cons["values"].arrays()
     out.kept = cons["kept"].results() if "kept" in cons else []
-    out.nul_runs = cons["nul_runs"].results() if "nul_runs" in cons else {}
     for k, c in cons.items():
         if isinstance(k, tuple):
             out.nul_scans.update(c.results())

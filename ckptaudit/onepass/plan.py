@@ -10,7 +10,6 @@ fact reads those bytes itself, as it did before.
 
 from __future__ import annotations
 
-import json
 import os
 import struct
 from dataclasses import dataclass, field
@@ -23,19 +22,59 @@ from .values import FLOAT_DTYPES
 MAX_HEADER_BYTES = 100 << 20
 
 
+#: The dtypes a plan's value ranges are coded in (``Plan.values_dtype`` indexes this tuple).
+DTYPES = tuple(sorted(FLOAT_DTYPES))
+_DTYPE_CODE = {d: i for i, d in enumerate(DTYPES)}
+
+
+def _pairs(rows=()) -> "np.ndarray":
+    """An ``(n, 2)`` int64 array of ``rows`` (pairs of ints)."""
+    import numpy as np
+
+    a = np.array(list(rows) if not hasattr(rows, "shape") else rows, dtype=np.int64)
+    return a.reshape(-1, 2)
+
+
 @dataclass
 class Plan:
-    """The byte ranges of one file: ``crc`` ``(member, data offset, length)`` of stored zip records with a
-    recorded CRC32, ``values`` ``(data offset, nbytes, dtype)`` of floating tensors (deduplicated),
-    ``tensor_data`` ``(offset, length)`` of the bytes that only hold tensor data (stored ``data/`` records,
-    a safetensors data area): what a loader that builds the object tree over ``mmap`` does not read;
-    ``nul_scans`` ``(start, length, min_run)``: ranges whose every NUL run of ``min_run`` bytes or more the file
-    layer lists (a safetensors data area: :func:`ckptaudit.formats.safetensors_check._suspicious_zero_runs`)."""
+    """The byte ranges of one file, as columns (one row per range, in ascending offset; memory: a few int64 per
+    range, no Python object per record or tensor):
 
-    crc: List[Tuple[str, int, int]] = field(default_factory=list)
-    values: List[Tuple[int, int, str]] = field(default_factory=list)
-    tensor_data: List[Tuple[int, int]] = field(default_factory=list)
+    * ``crc_member`` (``pyarrow`` string array) and ``crc_range`` ``(n, 2)`` ``[data offset, length]``: stored
+      zip records with a recorded CRC32;
+    * ``values_range`` ``(n, 2)`` ``[data offset, nbytes]`` and ``values_dtype`` ``(n,)`` (codes into
+      :data:`DTYPES`): floating tensors, deduplicated;
+    * ``tensor_data_range`` ``(n, 2)`` ``[offset, length]``: the bytes that only hold tensor data (stored
+      ``data/`` records, a safetensors data area): what a loader that builds the object tree over ``mmap``
+      does not read;
+    * ``nul_scans`` ``(start, length, min_run)``: ranges whose every NUL run of ``min_run`` bytes or more the
+      file layer lists (a safetensors data area: :func:`ckptaudit.formats.safetensors_check._suspicious_zero_runs`).
+
+    ``crc``, ``values`` and ``tensor_data`` give the same ranges as lists of tuples (small files, tests)."""
+
+    crc_member: object = None
+    crc_range: object = field(default_factory=_pairs)
+    values_range: object = field(default_factory=_pairs)
+    values_dtype: object = None
+    tensor_data_range: object = field(default_factory=_pairs)
     nul_scans: List[Tuple[int, int, int]] = field(default_factory=list)
+
+    @property
+    def crc(self) -> List[Tuple[str, int, int]]:
+        """``(member, data offset, length)`` of each CRC range."""
+        names = self.crc_member.to_pylist() if self.crc_member is not None else []
+        return [(m, int(o), int(n)) for m, (o, n) in zip(names, self.crc_range)]
+
+    @property
+    def values(self) -> List[Tuple[int, int, str]]:
+        """``(data offset, nbytes, dtype)`` of each value range."""
+        codes = self.values_dtype if self.values_dtype is not None else []
+        return [(int(o), int(n), DTYPES[c]) for (o, n), c in zip(self.values_range, codes)]
+
+    @property
+    def tensor_data(self) -> List[Tuple[int, int]]:
+        """``(offset, length)`` of each run of tensor data."""
+        return [(int(o), int(n)) for o, n in self.tensor_data_range]
 
 
 def plan_file(path, data: Optional[bytes] = None) -> Plan:
@@ -82,59 +121,134 @@ def _mem_file(path, data: bytes):
 
 def _plan_zip(path, data: Optional[bytes]) -> Plan:
     from ..formats import torchzip
-    from ..formats.zip.central import _find_central_directory, _header_problem, _parse_central, _prefetch_headers
-    from ..formats.zip.reader import Member, _File
+    from ..formats.zip.central import _find_central_directory
+    from ..formats.zip.reader import _File
 
-    plan = Plan()
     fh = _mem_file(path, data) if data is not None else _File(
         fs.fspath(path), window=torchzip.REMOTE_WINDOW_BYTES, prefetch=torchzip.REMOTE_PREFETCH)
     try:
         cd = _find_central_directory(fh)
         if not isinstance(cd, dict):
+            return Plan()
+        rec = _records(fh, cd, remote=data is None and fs.is_remote(path))
+        plan = _record_plan(rec)
+        pkl = rec.index.get(f"{rec.prefix}/data.pkl" if rec.prefix else "data.pkl")
+        if pkl is None or rec.method[pkl] != 0 or rec.data_offset[pkl] < 0 or \
+                rec.usize[pkl] > torchzip.MAX_DATA_PKL_BYTES:
             return plan
-        entries, _problem = _parse_central(fh, cd)
-        _prefetch_headers(fh, entries, cd["cd_offset"])
-        members = {}
-        for e in entries:
-            m = Member(name=e["name"], header_offset=e["lho"], data_offset=-1, size_bytes=e["usize"], crc32=e["crc"],
-                       compressed_size_bytes=e["csize"], method=e["method"], flags=e["flags"])
-            _header_problem(fh, e, m, cd["cd_offset"])
-            members[m.name] = m
-            if m.data_offset >= 0 and m.method == 0 and not (m.crc32 == 0 and m.size_bytes > 0):
-                plan.crc.append((m.name, m.data_offset, m.compressed_size_bytes))
-        first = entries[0]["name"] if entries else ""
-        prefix = first.split("/", 1)[0] if "/" in first else ""
-        plan.tensor_data = sorted((m.data_offset, m.compressed_size_bytes) for m in members.values()
-                                  if m.data_offset >= 0 and m.method == 0
-                                  and m.name.startswith(f"{prefix}/data/" if prefix else "data/"))
-        pkl = members.get(f"{prefix}/data.pkl" if prefix else "data.pkl")
-        if pkl is None or pkl.method != 0 or pkl.data_offset < 0 or pkl.size_bytes > torchzip.MAX_DATA_PKL_BYTES:
-            return plan
+        at, n = int(rec.data_offset[pkl]), int(rec.usize[pkl])
         if data is None and fs.is_remote(path):  # one GET of exactly its bytes
-            pkl_bytes = fs.read_ranges(path, [(pkl.data_offset, pkl.size_bytes)])[0] or b""
+            pkl_bytes = fs.read_ranges(path, [(at, n)])[0] or b""
         else:
-            pkl_bytes = fh.pread(pkl.data_offset, pkl.size_bytes)
+            pkl_bytes = fh.pread(at, n)
     finally:
         fh.close()
-    from ..pickle_walk import walk
-
-    res = walk(pkl_bytes)
-    seen = set()
-    for _name, tm in res.tensors:
-        m = members.get(f"{prefix}/data/{tm.storage.key}")
-        if m is None or m.data_offset < 0 or tm.dtype not in FLOAT_DTYPES or not tm.nbytes:
-            continue
-        key = (m.data_offset + tm.storage_offset * tm.storage.itemsize, tm.nbytes, tm.dtype)
-        if key not in seen:
-            seen.add(key)
-            plan.values.append(key)
+    _plan_values(plan, rec, pkl_bytes)
     return plan
 
 
-def skeleton_ranges(size: int, tensor_data: List[Tuple[int, int]]) -> List[Tuple[int, int]]:
-    """``(offset, length)`` of the bytes of a file of ``size`` bytes outside ``tensor_data`` (a plan's)."""
+@dataclass
+class _Records:
+    """The stored records of a zip as columns: ``index`` {name: row}; per row ``data_offset`` (-1: the local
+    header disagrees), ``csize``, ``usize``, ``crc`` and ``method``; ``prefix``: the folder of the first record."""
+
+    names: List[str]
+    index: dict
+    data_offset: object
+    csize: object
+    usize: object
+    crc: object
+    method: object
+    prefix: str
+
+
+def _records(fh, cd: dict, remote: bool) -> _Records:
+    """Every central-directory entry with its local header checked (:func:`ckptaudit.formats.zip.central.
+    _header_problem`), streamed: one entry dict at a time (a remote object's headers are fetched in batches
+    first, which needs the list)."""
+    import numpy as np
+
+    from ..formats.zip.central import _header_problem, _parse_central, _prefetch_headers, iter_central
+    from ..formats.zip.reader import Member
+
+    problem: List[str] = []
+    if remote:
+        entries, _p = _parse_central(fh, cd)
+        _prefetch_headers(fh, entries, cd["cd_offset"])
+    else:
+        entries = iter_central(fh, cd, problem)
+    names, cols = [], {k: [] for k in ("data_offset", "csize", "usize", "crc", "method")}
+    from array import array
+
+    cols = {k: array("q") for k in cols}
+    m = Member(name="", header_offset=0, data_offset=-1, size_bytes=0, crc32=0)
+    for e in entries:
+        m.data_offset = -1
+        _header_problem(fh, e, m, cd["cd_offset"])
+        names.append(e["name"])
+        for k, v in (("data_offset", m.data_offset), ("csize", e["csize"]), ("usize", e["usize"]),
+                     ("crc", e["crc"]), ("method", e["method"])):
+            cols[k].append(v)
+    first = names[0] if names else ""
+    arr = {k: np.frombuffer(v, dtype=np.int64) if len(v) else np.zeros(0, np.int64) for k, v in cols.items()}
+    return _Records(names=names, index={n: i for i, n in enumerate(names)}, prefix=first.split("/", 1)[0]
+                    if "/" in first else "", **arr)
+
+
+def _record_plan(rec: _Records) -> Plan:
+    """The CRC ranges and tensor-data runs of a zip's records, sorted by offset."""
+    import numpy as np
+    import pyarrow as pa
+
+    placed = (rec.data_offset >= 0) & (rec.method == 0)
+    crc_rows = np.flatnonzero(placed & ~((rec.crc == 0) & (rec.usize > 0)))
+    order = crc_rows[np.lexsort((rec.csize[crc_rows], rec.data_offset[crc_rows]))]
+    data_dir = f"{rec.prefix}/data/" if rec.prefix else "data/"
+    is_data = np.fromiter((n.startswith(data_dir) for n in rec.names), dtype=bool, count=len(rec.names))
+    td = np.flatnonzero(placed & is_data)
+    td = td[np.lexsort((rec.csize[td], rec.data_offset[td]))]
+    return Plan(crc_member=pa.array([rec.names[i] for i in order], pa.string()),
+                crc_range=np.stack([rec.data_offset[order], rec.csize[order]], axis=1),
+                tensor_data_range=np.stack([rec.data_offset[td], rec.csize[td]], axis=1))
+
+
+def _plan_values(plan: Plan, rec: _Records, pkl_bytes: bytes) -> None:
+    """The value ranges of the floating tensors data.pkl rebuilds (walked statically, nothing unpickled)."""
+    from array import array
+
+    from ..pickle_walk import walk
+
+    res = walk(pkl_bytes)
+    offs, lens, codes = array("q"), array("q"), array("q")
+    for _name, tm in res.tensors:
+        i = rec.index.get(f"{rec.prefix}/data/{tm.storage.key}")
+        if i is None or rec.data_offset[i] < 0 or tm.dtype not in FLOAT_DTYPES or not tm.nbytes:
+            continue
+        offs.append(int(rec.data_offset[i]) + tm.storage_offset * tm.storage.itemsize)
+        lens.append(tm.nbytes)
+        codes.append(_DTYPE_CODE[tm.dtype])
+    del res
+    _set_values(plan, offs, lens, codes)
+
+
+def _set_values(plan: Plan, offs, lens, codes) -> None:
+    """Deduplicated value ranges ``(offset, nbytes, dtype code)``, sorted by offset then length, into ``plan``."""
+    import numpy as np
+
+    if not len(offs):
+        return
+    rows = np.stack([np.frombuffer(offs, np.int64), np.frombuffer(lens, np.int64),
+                     np.frombuffer(codes, np.int64)], axis=1)
+    rows = np.unique(rows, axis=0)  # sorted by (offset, nbytes, code); each triple once
+    plan.values_range = np.ascontiguousarray(rows[:, :2])
+    plan.values_dtype = np.ascontiguousarray(rows[:, 2])
+
+
+def skeleton_ranges(size: int, tensor_data) -> List[Tuple[int, int]]:
+    """``(offset, length)`` of the bytes of a file of ``size`` bytes outside ``tensor_data`` (a plan's
+    ``(offset, length)`` pairs, a list or an ``(n, 2)`` array)."""
     out, at = [], 0
-    for off, n in sorted(tensor_data):
+    for off, n in sorted((int(o), int(k)) for o, k in tensor_data):
         if off > at:
             out.append((at, off - at))
         at = max(at, off + n)
@@ -144,7 +258,11 @@ def skeleton_ranges(size: int, tensor_data: List[Tuple[int, int]]) -> List[Tuple
 
 
 def _plan_safetensors(path, hlen: int, data: Optional[bytes]) -> Plan:
-    from ..formats.safetensors_check import valid_entries
+    """The data area and the value ranges of a safetensors file; its header is parsed one entry at a time
+    (:func:`ckptaudit.formats.safetensors_check.iter_header`), the ranges kept as columns."""
+    from array import array
+
+    from ..formats.safetensors_check import MIN_ZERO_RUN_BYTES, entry_problem, iter_header
     from ..layouts.scan_file import _ST_DTYPES
 
     plan = Plan()
@@ -157,20 +275,21 @@ def _plan_safetensors(path, hlen: int, data: Optional[bytes]) -> Plan:
             fh.seek(8)
             raw = fh.read(hlen)
         size = fs.size(path) if fs.is_remote(path) else os.stat(fs.fspath(path)).st_size
-    header = json.loads(raw)
-    if not isinstance(header, dict):
-        return plan
-    if size > 8 + hlen:
-        from ..formats.safetensors_check import MIN_ZERO_RUN_BYTES
-
-        plan.tensor_data = [(8 + hlen, size - 8 - hlen)]
-        plan.nul_scans = [(8 + hlen, size - 8 - hlen, MIN_ZERO_RUN_BYTES)]
-    seen = set()
-    for _name, info in valid_entries(header):
+    text = raw.decode("utf-8")
+    del raw
+    offs, lens, codes = array("q"), array("q"), array("q")
+    base = 8 + hlen
+    for name, info in iter_header(text):
+        if name == "__metadata__" or entry_problem(name, info):
+            continue
         a, b = info["data_offsets"]
         dtype = _ST_DTYPES.get(info.get("dtype"), str(info.get("dtype")).lower())
-        key = (8 + hlen + a, b - a, dtype)
-        if dtype in FLOAT_DTYPES and b > a and key not in seen:
-            seen.add(key)
-            plan.values.append(key)
+        if dtype in FLOAT_DTYPES and b > a:
+            offs.append(base + a)
+            lens.append(b - a)
+            codes.append(_DTYPE_CODE[dtype])
+    if size > base:
+        plan.tensor_data_range = _pairs([(base, size - base)])
+        plan.nul_scans = [(base, size - base, MIN_ZERO_RUN_BYTES)]
+    _set_values(plan, offs, lens, codes)
     return plan

@@ -9,7 +9,7 @@ place each of ``zip_central_directory_corrupted``, ``zip_member_header_corrupted
 from __future__ import annotations
 
 import struct
-from typing import List, Optional, Sequence, Tuple
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 from ... import findings
 from ...findings import Finding
@@ -85,26 +85,37 @@ def _search_end_records(fh: _File, size: int, tail_len: int):
 
 def _parse_central(fh: _File, cd: dict) -> Tuple[List[dict], Optional[str]]:
     """Central-directory entries (dicts) and the first problem met, if any."""
-    entries: List[dict] = []
+    problem: List[str] = []
+    entries = list(iter_central(fh, cd, problem))
+    return entries, (problem[0] if problem else None)
+
+
+def iter_central(fh: _File, cd: dict, problem: List[str]) -> Iterator[dict]:
+    """The central-directory entries of :func:`_parse_central` one at a time, read in slabs of at most 8 MiB,
+    so a caller that handles each entry in turn holds one entry, not one per member; the first problem met
+    is appended to ``problem`` (then the iteration stops)."""
     off = cd["cd_offset"]
     end = cd["cd_offset"] + cd["cd_size"]
-    # read in slabs to keep syscalls down, never more than 8 MiB at a time
+    n = 0
     slab_off, slab = off, b""
     for idx in range(cd["n_entries"]):
         need = _CENTRAL_SIZE
         if off + need > end:
-            return entries, f"entry {idx} at offset {off} runs past the end of the central directory"
+            problem.append(f"entry {idx} at offset {off} runs past the end of the central directory")
+            return
         if off + need > slab_off + len(slab):
             slab_off, slab = off, fh.pread(off, min(8 << 20, end - off))
         h = slab[off - slab_off: off - slab_off + _CENTRAL_SIZE]
         if len(h) < _CENTRAL_SIZE or h[:4] != SIG_CENTRAL:
-            return entries, (f"entry {idx} at offset {off} has signature {h[:4].hex(' ') or 'EOF'}, "
-                             f"not 50 4b 01 02")
+            problem.append(f"entry {idx} at offset {off} has signature {h[:4].hex(' ') or 'EOF'}, "
+                           f"not 50 4b 01 02")
+            return
         (_sig, _vm, vn, flags, method, mtime, mdate, crc, csize, usize, nlen, xlen, clen, _disk, _ia, _ea,
          lho) = struct.unpack("<4sHHHHHHIIIHHHHHII", h)
         total = _CENTRAL_SIZE + nlen + xlen + clen
         if off + total > end:
-            return entries, f"entry {idx} at offset {off} runs past the end of the central directory"
+            problem.append(f"entry {idx} at offset {off} runs past the end of the central directory")
+            return
         if off + total > slab_off + len(slab):
             slab_off, slab = off, fh.pread(off, min(max(8 << 20, total), end - off))
         base = off - slab_off + _CENTRAL_SIZE
@@ -114,14 +125,14 @@ def _parse_central(fh: _File, cd: dict) -> Tuple[List[dict], Optional[str]]:
         want = [k for k, v in (("usize", usize), ("csize", csize), ("lho", lho)) if v == 0xFFFFFFFF]
         if want:
             _zip64_extra(extra, want, vals)
-        entries.append({"name": name_b.decode("utf-8" if flags & 0x800 else "cp437", "replace"),
-                        "name_bytes": name_b, "flags": flags, "method": method, "crc": crc,
-                        "fixed": (vn, flags, mtime, mdate),
-                        "csize": vals["csize"], "usize": vals["usize"], "lho": vals["lho"]})
+        n += 1
+        yield {"name": name_b.decode("utf-8" if flags & 0x800 else "cp437", "replace"),
+               "name_bytes": name_b, "flags": flags, "method": method, "crc": crc,
+               "fixed": (vn, flags, mtime, mdate),
+               "csize": vals["csize"], "usize": vals["usize"], "lho": vals["lho"]}
         off += total
     if off != end:
-        return entries, f"{end - off} bytes of the central directory are not covered by its {len(entries)} entries"
-    return entries, None
+        problem.append(f"{end - off} bytes of the central directory are not covered by its {n} entries")
 
 
 #: Torch's alignment padding: extra-field id ``b"FB"`` (0x4246) filled with ``b"Z"``

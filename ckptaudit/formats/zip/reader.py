@@ -26,7 +26,7 @@ _LOCAL_SIZE = 30
 _CENTRAL_SIZE = 46
 
 
-@dataclass
+@dataclass(slots=True)
 class Member:
     """One zip record.  Offsets and sizes in bytes; ``size_bytes`` is the
     uncompressed size.  ``crc_ok`` is None when not verified (``verify_crc``
