@@ -173,6 +173,8 @@ class CrashHarness:
                 os.close(notify_r)
                 os.close(block_w)
                 t0 = time.perf_counter()
+                if self.background:  # staging copies with torch's OpenMP pool, which a forked child
+                    torch.set_num_threads(1)  # must not use (as DataLoader workers do)
                 if inj is not None:
                     inj.report_fd = notify_w
                     inj.install()

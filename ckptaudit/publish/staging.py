@@ -11,6 +11,10 @@ The file a background publish writes is the one a blocking publish would write: 
 copy of an accelerator storage is tagged with the source's location (``cuda:0`` …) through
 ``torch.serialization.register_package``, so ``torch.load`` puts it back there.
 
+The copy runs on torch's intra-op thread pool.  A process forked after a staging must call
+``torch.set_num_threads(1)`` before it stages (GNU OpenMP's pool does not survive ``fork``;
+DataLoader workers do the same).
+
 Memory: one copy of the state's tensor bytes, in :class:`StagingCache`, reused by the next
 staging of a state of the same shapes (so a steady training loop pays a ``memcpy``, not page
 faults of fresh memory) until :meth:`StagingCache.release`.
