@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import os
 import json
 from concurrent.futures import ThreadPoolExecutor
 
@@ -58,3 +59,20 @@ def test_failed_big_write_waits_for_the_hash_workers_and_keeps_the_error(tmp_pat
         assert ei.value.errno == errno.ENOSPC and w.error is ei.value
         w.abort()
     assert w.closed and w.fd == -1
+
+
+@pytest.mark.parametrize("sizes", [[0], [5], [4096], [4095, 1], [4096, 1], [100, 8000], [W.PARALLEL_BYTES + 1]])
+def test_chunk_zero_from_the_whole_file_hash_at_every_boundary(tmp_path, sizes):
+    """Chunk 0 is taken from the whole-file hasher: a file that ends before, at or just after
+    the first chunk boundary must still list the digests of its own chunks."""
+    cb = 4096
+    data = os.urandom(sum(sizes))
+    with ThreadPoolExecutor(2) as pool:
+        w = W.HashingWriter(tmp_path / "f.bin", "f.bin", cb, pool, _Clock())
+        off = 0
+        for n in sizes:
+            w.write(data[off:off + n])
+            off += n
+        rec = w.close()
+    assert rec.sha256_hex == hashlib.sha256(data).hexdigest()
+    assert rec.chunk_sha256_hex == [hashlib.sha256(data[i:i + cb]).hexdigest() for i in range(0, len(data), cb)]

@@ -53,7 +53,9 @@ class HashingWriter:
     """Binary write-only file (what ``torch.save`` needs: ``write``, ``flush``) that hashes
     every byte it is handed, in memory, so the file is never read back: the whole-file
     SHA-256 and the SHA-256 of each ``chunk_bytes`` chunk (for the manifest) are computed
-    from the buffer while the calling thread writes the same buffer to disk.
+    from the buffer while the calling thread writes the same buffer to disk.  Chunk 0 is
+    the whole-file hash's prefix and costs nothing extra, so a file of at most
+    ``chunk_bytes`` is hashed once.
 
     A write of at least :data:`PARALLEL_BYTES` runs both digests on ``pool`` (hashlib and
     ``os.write`` release the GIL, so the three run at once on three cores) and returns only
@@ -75,9 +77,10 @@ class HashingWriter:
         self._pool, self._clock = pool, clock
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o644)
         self._full = hashlib.sha256()
-        self._chunk = hashlib.sha256()  # the chunk being filled
+        self._first: Optional[str] = None  # chunk 0's digest: the whole-file hasher's, copied at its end
+        self._chunk = hashlib.sha256()  # the chunk (after chunk 0) being filled
         self._chunk_fill = 0  # bytes of it so far
-        self._chunks: List[str] = []  # hex digests of the finished chunks
+        self._chunks: List[str] = []  # hex digests of the finished chunks after chunk 0
         self.written = 0
         self.closed = False
         self.record: Optional[FileRecord] = None
@@ -87,13 +90,14 @@ class HashingWriter:
     def write(self, b) -> int:
         view = memoryview(b).cast("B")
         n = len(view)
+        start = self.written
         if n < PARALLEL_BYTES:
             self._write(view)
-            self._full.update(view)
-            self._chunk_update(view)
+            self._full_update(view, start)
+            self._chunk_update(view, start)
         else:
-            futs: List[Future] = [self._pool.submit(self._full.update, view),
-                                  self._pool.submit(self._chunk_update, view)]
+            futs: List[Future] = [self._pool.submit(self._full_update, view, start),
+                                  self._pool.submit(self._chunk_update, view, start)]
             try:
                 self._write(view)
                 start_writeback(self.fd, self.written, n)
@@ -112,8 +116,22 @@ class HashingWriter:
             self.error = e
             raise
 
-    def _chunk_update(self, view: memoryview) -> None:
+    def _full_update(self, view: memoryview, start: int) -> None:
+        """The whole-file hash; on crossing ``chunk_bytes`` it also yields chunk 0's digest
+        (the same bytes from the same start), so chunk 0 — a whole file up to ``chunk_bytes``
+        — is hashed once, not twice."""
+        k = self.chunk_bytes - start
+        if self._first is None and 0 <= k <= len(view):
+            self._full.update(view[:k])
+            self._first = self._full.copy().hexdigest()
+            view = view[k:]
+        self._full.update(view)
+
+    def _chunk_update(self, view: memoryview, start: int) -> None:
+        """The digests of chunks 1, 2, … (chunk 0 comes from :meth:`_full_update`)."""
         cb = self.chunk_bytes
+        if start < cb:
+            view = view[cb - start:]
         while view:
             take = min(cb - self._chunk_fill, len(view))
             self._chunk.update(view[:take])
@@ -142,7 +160,10 @@ class HashingWriter:
                 os.fsync(self.fd)
         finally:
             self._release()
-        chunks = self._chunks + ([self._chunk.hexdigest()] if self._chunk_fill else [])
+        if self.written <= self.chunk_bytes:  # one chunk (or none): the whole file
+            chunks = [self._full.hexdigest()] if self.written else []
+        else:
+            chunks = [self._first] + self._chunks + ([self._chunk.hexdigest()] if self._chunk_fill else [])
         self.record = FileRecord(self.rel, self.written, self._full.hexdigest(), self.chunk_bytes, chunks,
                                  self.rank, self.role)
         return self.record
