@@ -103,8 +103,9 @@ def overhead_part(size_gib: float, repeats: int, base: Path) -> str:
     fsync_plain, commit_async = [], []
     step = 0
     t0 = time.perf_counter()
-    save(state, work, 0, background=True).wait()  # allocates the staging copy, once per run
+    first = save(state, work, 0, background=True)  # allocates the staging copy, once per run
     first_async = time.perf_counter() - t0
+    first.wait()
     order = list(times)
     for r in range(repeats):
         for k in order[r % len(order):] + order[:r % len(order)]:

@@ -127,3 +127,30 @@ def test_release_staging_memory_returns_the_bytes_held(tmp_path):
     P.save(state(1), tmp_path, 1, background=True).wait()
     assert P.release_staging_memory() == 2 * 300 * 300 * 4
     assert P.release_staging_memory() == 0
+
+
+def test_staged_copy_of_an_accelerator_storage_is_saved_with_its_source_location():
+    """Without the tag, a GPU tensor saved from its CPU copy would load on the CPU; checked
+    here by tagging a CPU copy by hand, as stage() does for a cuda:0 source (no GPU here)."""
+    import io
+
+    cache = S.StagingCache()
+    staged, _ = S.stage({"w": torch.arange(4.0)}, cache)
+    ptr = staged["w"].untyped_storage().data_ptr()
+    S._LOCATIONS[ptr] = "cuda:0"
+    try:
+        buf = io.BytesIO()
+        torch.save(staged, buf)
+    finally:
+        cache.release()
+    assert ptr not in S._LOCATIONS
+    seen = []
+    buf.seek(0)
+    out = torch.load(buf, map_location=lambda s, loc: (seen.append(loc), s)[1], weights_only=True)
+    assert seen == ["cuda:0"] and torch.equal(out["w"], torch.arange(4.0))
+    buf2 = io.BytesIO()
+    torch.save({"w": torch.arange(4.0)}, buf2)  # an untagged storage keeps torch's own tag
+    buf2.seek(0)
+    seen.clear()
+    torch.load(buf2, map_location=lambda s, loc: (seen.append(loc), s)[1], weights_only=True)
+    assert seen == ["cpu"]
