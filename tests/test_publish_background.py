@@ -154,3 +154,25 @@ def test_staged_copy_of_an_accelerator_storage_is_saved_with_its_source_location
     seen.clear()
     torch.load(buf2, map_location=lambda s, loc: (seen.append(loc), s)[1], weights_only=True)
     assert seen == ["cpu"]
+
+
+def test_abandon_mode_never_abandons_a_background_commit(tmp_path, monkeypatch):
+    """A preemption signal during a background commit must only be recorded: raising
+    Preempted in the training loop (or cutting the commit short) would lose the save."""
+    import signal
+
+    gate = threading.Event()
+    real = U._Publish._after_commit
+
+    def slow_after_commit(self, recs):
+        gate.wait(10)
+        return real(self, recs)
+
+    monkeypatch.setattr(U._Publish, "_after_commit", slow_after_commit)
+    with P.PreemptionGuard(mode="abandon") as guard:
+        pending = P.save(state(4), tmp_path, 4, background=True)
+        os.kill(os.getpid(), signal.SIGTERM)  # handled here, on the main thread, mid-commit
+        assert guard.requested == signal.SIGTERM and not pending.done()
+        gate.set()
+    assert pending.done() and pending.wait().unit == "ckpt_000004.pt"
+    assert (tmp_path / "latest").read_text() == "ckpt_000004.pt"
