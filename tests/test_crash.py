@@ -10,6 +10,8 @@ returns the previous complete step or the new one with exactly the saved tensors
 progress verifies; every ``AUDIT_EVERY``-th kill it also runs the whole audit and checks
 that no unit it calls usable fails verification.  Plus a disk-full run (``RLIMIT_FSIZE``
 on the child) and preemption runs (SIGTERM to a training loop under PreemptionGuard).
+The same kills and checks run on ``save(..., background=True)`` (``CrashHarness(background=True)``:
+the kill lands in the staging or in the thread's commit), a quarter as many.
 
 ``CKPTAUDIT_CRASH_KILLS`` sets the number of mid-publish kills (default 200);
 ``benchmarks/bench_publish.py`` runs 1,000 with the same harness.
