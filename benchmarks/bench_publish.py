@@ -166,8 +166,8 @@ def overhead_part(size_gib: float, repeats: int, base: Path) -> str:
     return "\n".join([
         f"State: {n} float32 tensors of 64 MiB = {size / C.GIB:.2f} GiB; file ~ {size / C.GIB:.2f} GiB. "
         f"Median of {repeats} interleaved rounds, seconds (all runs: {spread}).", "",
-        C.md_table(["save", "median s", "× plain", "× torch.save + fsync (median of per-round ratios)",
-                    "CPU s (all threads)", "of which"],
+        C.md_table(["save", "median s", "× plain", "× torch.save + fsync (of the medians)",
+                    "× torch.save + fsync (median of per-round ratios)", "CPU s (all threads)", "of which"],
                    [r[:3] + [sync_s and med[k] / sync_s, ratio[k], mcpu[k]] + r[3:] for r, k in zip(rows, times)]),
         "",
         f"The first background save of the run blocked {first_async:.2f} s (it allocates the staging copy, "
