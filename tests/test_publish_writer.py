@@ -76,3 +76,16 @@ def test_chunk_zero_from_the_whole_file_hash_at_every_boundary(tmp_path, sizes):
         rec = w.close()
     assert rec.sha256_hex == hashlib.sha256(data).hexdigest()
     assert rec.chunk_sha256_hex == [hashlib.sha256(data[i:i + cb]).hexdigest() for i in range(0, len(data), cb)]
+
+
+def test_start_writeback_finds_sync_file_range_on_linux_and_is_advice_elsewhere(tmp_path):
+    p = tmp_path / "f.bin"
+    fd = os.open(p, os.O_RDWR | os.O_CREAT)
+    try:
+        os.write(fd, b"w" * 8192)
+        W.start_writeback(fd, 0, 8192)
+        W.start_writeback(-1, 0, 8192)  # a bad descriptor: advice, never an error
+    finally:
+        os.close(fd)
+    assert (W._SYNC_FILE_RANGE[0] is not None) == os.uname().sysname.startswith("Linux")
+    assert p.read_bytes() == b"w" * 8192

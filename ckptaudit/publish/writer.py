@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import hashlib
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -24,9 +23,10 @@ _SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of the range's dirty
 
 
 def _libc_sync_file_range():
-    """libc's ``sync_file_range(2)`` (Linux; the ``os`` module does not wrap it), or None."""
+    """libc's ``sync_file_range(2)`` (Linux; the ``os`` module does not wrap it), or None.
+    Looked up in the symbols the process already has (``CDLL(None)``): no library search."""
     try:
-        fn = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True).sync_file_range
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
     except (OSError, AttributeError):
         return None
     fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
@@ -34,7 +34,7 @@ def _libc_sync_file_range():
     return fn
 
 
-_sync_file_range = _libc_sync_file_range()
+_SYNC_FILE_RANGE: list = []  # [the function or None], looked up on first use
 
 
 def start_writeback(fd: int, offset: int, length: int) -> None:
@@ -45,8 +45,11 @@ def start_writeback(fd: int, offset: int, length: int) -> None:
     (with Linux's default ``vm.dirty_background_ratio`` of 10 %, a 1 GiB file on a 23 GiB host
     would otherwise sit in the page cache until then).  A no-op where the call is missing or
     fails (it is advice)."""
-    if _sync_file_range is not None:
-        _sync_file_range(fd, offset, length, _SYNC_FILE_RANGE_WRITE)
+    if not _SYNC_FILE_RANGE:
+        _SYNC_FILE_RANGE.append(_libc_sync_file_range())
+    fn = _SYNC_FILE_RANGE[0]
+    if fn is not None:
+        fn(fd, offset, length, _SYNC_FILE_RANGE_WRITE)
 
 
 class HashingWriter:
