@@ -105,7 +105,7 @@ class _Publish(_Commit):
     then the commit steps of :class:`~.commit._Commit`)."""
 
     def __init__(self, run_dir, step, *, name, folder, config, metrics, rank, world_size, group, chunk_bytes,
-                 update_latest, latest_symlink, verify, retention, in_background=False):
+                 update_latest, latest_symlink, verify, retention):
         if not isinstance(step, int) or step < 0:
             raise ValueError(f"step must be an int >= 0, got {step!r}")
         if chunk_bytes < 1:
@@ -141,10 +141,11 @@ class _Publish(_Commit):
         self.pool: Optional[ThreadPoolExecutor] = None
         self.pub = Publication(self)
         self.t_enter = 0.0
-        # a background commit keeps its phase to itself: PreemptionGuard's handler reads
-        # _PHASES to abandon the body of a publish on the main thread, never a thread's commit
-        self.in_background = in_background
-        self.phases: List[str] = [] if in_background else _PHASES
+        # save(background=True) sets in_background and gives the commit a phase list of its
+        # own: PreemptionGuard's handler reads _PHASES to abandon the body of a publish on the
+        # main thread, never a thread's commit
+        self.in_background = False
+        self.phases: List[str] = _PHASES
 
     # ----------------------------------------------------------------- enter
     def __enter__(self) -> Publication:
