@@ -10,6 +10,8 @@ returns the previous complete step or the new one with exactly the saved tensors
 progress verifies; every ``AUDIT_EVERY``-th kill it also runs the whole audit and checks
 that no unit it calls usable fails verification.  Plus a disk-full run (``RLIMIT_FSIZE``
 on the child) and preemption runs (SIGTERM to a training loop under PreemptionGuard).
+The same kills and checks run on ``save(..., background=True)`` (``CrashHarness(background=True)``:
+the kill lands in the staging or in the thread's commit), a quarter as many.
 
 ``CKPTAUDIT_CRASH_KILLS`` sets the number of mid-publish kills (default 200);
 ``benchmarks/bench_publish.py`` runs 1,000 with the same harness.
@@ -132,8 +134,10 @@ class CrashHarness:
     """Publishes ``crash_state(step)`` for increasing steps into ``run_dir``, each in a child
     killed as chosen, and checks the run after every kill (see the module docstring)."""
 
-    def __init__(self, run_dir: Path, seed: int = 0, audit_every: int = AUDIT_EVERY, timeout_s: float = 60.0):
+    def __init__(self, run_dir: Path, seed: int = 0, audit_every: int = AUDIT_EVERY, timeout_s: float = 60.0,
+                 background: bool = False):
         self.run = Path(run_dir)
+        self.background = background  # publish with save(..., background=True), then wait()
         self.run.mkdir(parents=True, exist_ok=True)
         self.rng = random.Random(seed)
         self.audit_every, self.timeout_s = audit_every, timeout_s
@@ -153,6 +157,13 @@ class CrashHarness:
                 del self.states[old]
         return self.states[step]
 
+    def _save(self, obj: Dict, step: int) -> None:
+        """One publish as the harness makes it: blocking, or staged then committed on a thread
+        (the kill then lands in the staging or in the background commit) and waited for."""
+        out = P.save(obj, self.run, step, retention=RETENTION, chunk_bytes=CHUNK_BYTES, background=self.background)
+        if self.background:
+            out.wait()
+
     # ------------------------------------------------------------------ one child
     def _fork(self, step: int, inj: Optional[_Injector]):
         obj = self.state(step)
@@ -164,10 +175,12 @@ class CrashHarness:
                 os.close(notify_r)
                 os.close(block_w)
                 t0 = time.perf_counter()
+                if self.background:  # staging copies with torch's OpenMP pool, which a forked child
+                    torch.set_num_threads(1)  # must not use (as DataLoader workers do)
                 if inj is not None:
                     inj.report_fd = notify_w
                     inj.install()
-                P.save(obj, self.run, step, retention=RETENTION, chunk_bytes=CHUNK_BYTES)
+                self._save(obj, step)
                 if inj is not None:
                     inj.uninstall()
                 msg = {"seconds": time.perf_counter() - t0}
@@ -218,7 +231,7 @@ class CrashHarness:
         t0 = time.perf_counter()
         inj.install()
         try:
-            P.save(self.state(self.step), self.run, self.step, retention=RETENTION, chunk_bytes=CHUNK_BYTES)
+            self._save(self.state(self.step), self.step)
         finally:
             inj.uninstall()
         self.calibration = {"calls": inj.calls, "bytes": inj.bytes, "order": inj.order,
@@ -329,6 +342,19 @@ def test_sigkill_mid_publish_never_leaves_a_torn_unit(tmp_path, record_property)
     assert h.sites["byte"] >= N_KILLS // 5 and h.sites["timed"] >= 1
     assert min(h.byte_fracs) < 0.1 and max(h.byte_fracs) > 0.9
     assert h.complete > 0
+
+
+def test_sigkill_mid_background_publish_never_leaves_a_torn_unit(tmp_path):
+    """A background publish killed in its staging or anywhere in its thread's commit leaves
+    what a killed blocking publish leaves: no torn unit loaded, visible or called usable."""
+    n = max(20, N_KILLS // 4)
+    h = CrashHarness(tmp_path / "run", seed=20261202, background=True)
+    run_kills(h, n)
+    mids = sum(v for k, v in h.stats.items() if k.endswith(":mid"))
+    assert mids >= n and h.audits >= h.stats["kills"] // AUDIT_EVERY
+    ops_hit = {site.split()[1] for site in h.sites if site.startswith(("before ", "after "))}
+    assert len(ops_hit) >= 2, ops_hit  # a few kinds: with N_KILLS/4 kills, not necessarily every one
+    assert h.sites["byte"] >= 1 and h.complete > 0
 
 
 def test_disk_full_child_abandons_cleanly(tmp_path):

@@ -9,11 +9,13 @@ A unit is written under a ``.ckptaudit-tmp-…`` name (in progress for the audit
 written, fsynced, given sidecars and a ``ckptaudit.manifest/1`` manifest, then renamed into place
 (a folder then gets its ``COMPLETE`` marker).  ``latest`` only moves forwards; :func:`prune`
 deletes only verified units older than the rollback point; :func:`seal` adds sidecars to an
-existing run; :class:`PreemptionGuard` turns SIGTERM into a flag.  The protocol step by step,
+existing run; :class:`PreemptionGuard` turns SIGTERM into a flag.  ``save(..., background=True)``
+stages the state to CPU memory and commits on a thread (:mod:`.background`).  The protocol step by step,
 what a crash at each step leaves and why each fsync: ``docs/publish-protocol.md``.  Imports
 nothing heavy: torch on save, click only for the commands.
 """
 
+from .background import PendingPublish, release_staging_memory, wait_background
 from .clock import _Clock
 from .commit import PublishResult
 from .latest import read_latest, update_latest
@@ -28,7 +30,7 @@ from .seal import SealOutcome, seal
 from .unit import Publication, _Publish, publish, save
 from .writer import HashingWriter
 
-__all__ = ["publish", "save", "Publication", "PublishResult", "PublishError", "FileRecord", "HashingWriter",
+__all__ = ["publish", "save", "Publication", "PendingPublish", "wait_background", "release_staging_memory", "PublishResult", "PublishError", "FileRecord", "HashingWriter",
            "Retention", "prune", "PrunePlan", "PruneDecision", "verify_unit", "seal", "SealOutcome",
            "PreemptionGuard", "Preempted", "update_latest", "read_latest", "hash_file", "tmp_name",
            "seal_command", "prune_command", "SCHEMA", "MANIFEST_NAME", "COMPLETE_MARKER", "LATEST_NAME",

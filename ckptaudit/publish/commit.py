@@ -18,7 +18,6 @@ from .files import _atomic_write, _fsync_dir, _remove_tree_quiet, _rename, _unli
 from .latest import update_latest
 from .manifest import FileRecord, _fsync_and_hash, manifest_bytes, sidecar_text
 from .names import COMPLETE_MARKER, MANIFEST_NAME, SIDECAR_SUFFIX, TMP_PREFIX, _RESERVED, Preempted, PublishError
-from .phases import _PHASES
 from .retention import prune
 
 log = logging.getLogger("ckptaudit.publish")
@@ -42,7 +41,7 @@ class PublishResult:
 
 class _Commit:
     """The commit steps of :class:`~.unit._Publish` (attributes set there: ``name``,
-    ``final``, ``run_dir``, ``tmp_path``, ``writers``, ``comm``, ``clock``, ``pub`` …)."""
+    ``final``, ``run_dir``, ``tmp_path``, ``writers``, ``comm``, ``clock``, ``pub``, ``phases`` …)."""
 
     def _exit_file(self, exc) -> None:
         if exc is not None or not self.writers:
@@ -56,7 +55,7 @@ class _Commit:
         committed = False
         try:
             recs = self._close_local()
-            _PHASES[-1] = "commit"
+            self.phases[-1] = "commit"
             problems = self._verify(self.tmp_path, recs)
             if problems:
                 raise PublishError(self.name, {f"verify {i}": p for i, p in enumerate(problems)})
@@ -98,7 +97,7 @@ class _Commit:
                 self._abort_local()
                 local["error"] = f"{type(e).__name__}: {e}"
                 local_exc = e
-        _PHASES[-1] = "commit"
+        self.phases[-1] = "commit"
         gathered = self.comm.all_gather(local)
         outcome: Dict[str, Any] = {"error": {}, "result": None}
         if self.rank == 0:

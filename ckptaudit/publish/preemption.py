@@ -7,6 +7,7 @@ import signal
 import time
 from typing import Any, Dict, Optional, Sequence
 
+from .background import wait_background
 from .names import Preempted
 from .phases import _PHASES, in_exit
 
@@ -35,6 +36,12 @@ class PreemptionGuard:
                     save(state(), out_dir, it)
                 if guard.requested:
                     break
+
+    A background publish (``save(..., background=True)``) is never abandoned: its commit
+    runs on a thread the signal does not reach, and leaving the ``with`` block waits for it
+    (:func:`~.background.wait_background`), so a job that exits after the block does not
+    cut a commit short; the block's grace period must cover that commit.  Its error, if it
+    failed unreported, is raised there (logged instead when the block itself raised).
 
     Handlers are installed on enter and the previous ones restored on exit.  Raises
     ``ValueError`` outside the main thread (Python runs signal handlers only there) or
@@ -73,7 +80,14 @@ class PreemptionGuard:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        for s, h in self._previous.items():
-            signal.signal(s, h)
-        self._previous.clear()
+        try:
+            wait_background()
+        except Exception as e:  # noqa: BLE001 - raised unless it would mask the block's exception
+            if exc_type is None:
+                raise
+            log.error("background publish failed while leaving the guard: %s: %s", type(e).__name__, e)
+        finally:
+            for s, h in self._previous.items():
+                signal.signal(s, h)
+            self._previous.clear()
         return False

@@ -14,9 +14,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 from ..hashing import chunk_sha256
+from . import background as _background
 from .clock import _Clock
 from .collectives import _Comm
 from .commit import PublishResult, _Commit
@@ -140,9 +141,16 @@ class _Publish(_Commit):
         self.pool: Optional[ThreadPoolExecutor] = None
         self.pub = Publication(self)
         self.t_enter = 0.0
+        # save(background=True) sets in_background and gives the commit a phase list of its
+        # own: PreemptionGuard's handler reads _PHASES to abandon the body of a publish on the
+        # main thread, never a thread's commit
+        self.in_background = False
+        self.phases: List[str] = _PHASES
 
     # ----------------------------------------------------------------- enter
     def __enter__(self) -> Publication:
+        if not self.in_background:
+            _background.wait_background()  # a second save waits for the first (and raises its error)
         self.t_enter = time.perf_counter()
         err = ""
         if self.rank == 0:
@@ -162,11 +170,11 @@ class _Publish(_Commit):
         self.tmp_path = Path(tmp)
         self.pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="ckptaudit-hash")
         try:
-            _PHASES.append("writing")
+            self.phases.append("writing")
             return self.pub
         except BaseException:  # a Preempted between the push and the block: __exit__ will not run
-            if _PHASES:
-                _PHASES.pop()
+            if self.phases:
+                self.phases.pop()
             self.pool.shutdown(wait=True)
             if self.rank == 0 and self.folder:
                 _remove_tree_quiet(self.tmp_path)
@@ -201,8 +209,8 @@ class _Publish(_Commit):
 
     # ----------------------------------------------------------------- exit
     def __exit__(self, exc_type, exc, tb) -> bool:
-        if _PHASES:  # from here on a preemption signal is only recorded (PreemptionGuard._handler)
-            _PHASES[-1] = "closing"
+        if self.phases:  # from here on a preemption signal is only recorded (PreemptionGuard._handler)
+            self.phases[-1] = "closing"
         t_exit = time.perf_counter()
         self.clock.seconds["write_seconds"] = t_exit - self.t_enter
         try:
@@ -211,8 +219,8 @@ class _Publish(_Commit):
             else:
                 self._exit_file(exc)
         finally:
-            if _PHASES:
-                _PHASES.pop()
+            if self.phases:
+                self.phases.pop()
             if self.pool is not None:
                 self.pool.shutdown(wait=True)
         if self.pub.result is not None:
@@ -289,8 +297,8 @@ def publish(run_dir: str | os.PathLike, step: int, *, name: Optional[str] = None
     the block (the exit runs collectives on ``group``).  ``chunk_bytes``: bytes per chunk
     digest (64 MiB).  ``verify``: rank 0 re-reads every file and checks its chunk digests
     before the commit (on all cores); default (None): on when ``world_size > 1`` (rank 0 has
-    not seen the other ranks' bytes, which may come over NFS), off in one process, where the
-    chunk digests are already read back from the written file.  ``update_latest``: move
+    not seen the other ranks' bytes, which may come over NFS), off in one process, where
+    every digest was computed from the very bytes handed to ``os.write``.  ``update_latest``: move
     ``run_dir/latest`` to this unit (only forwards); ``latest_symlink``: also swap a symlink
     of that name.  ``retention``: :func:`prune` after the commit.
 
@@ -298,18 +306,47 @@ def publish(run_dir: str | os.PathLike, step: int, *, name: Optional[str] = None
     could not be published (``causes`` per rank), and re-raises the block's exception.  An
     ``OSError`` after the commit (fsync of the run folder, moving ``latest``) is raised as
     is: the unit is then published, its durability or ``latest`` not assured.  After the
-    block, ``pub.result`` is a :class:`PublishResult`.
+    block, ``pub.result`` is a :class:`PublishResult`.  Entering the block first waits for
+    this process's background publish (:func:`save` with ``background=True``) and raises
+    its error if it failed unreported.
     """
     return _Publish(run_dir, step, name=name, folder=folder, config=config, metrics=metrics, rank=rank,
                     world_size=world_size, group=group, chunk_bytes=chunk_bytes, update_latest=update_latest,
                     latest_symlink=latest_symlink, verify=verify, retention=retention)
 
 
-def save(obj: Any, run_dir: str | os.PathLike, step: int, **kwargs: Any) -> PublishResult:
+def save(obj: Any, run_dir: str | os.PathLike, step: int, *, background: bool = False,
+         **kwargs: Any) -> Union[PublishResult, "_background.PendingPublish"]:
     """Publish ``obj`` (``torch.save``-able) as the file unit ``run_dir/ckpt_<step:06d>.pt``.
 
     Shortcut for ``with publish(run_dir, step, **kwargs) as pub: pub.save(obj)``; returns
-    the :class:`PublishResult`.  Same arguments and errors as :func:`publish`."""
-    with publish(run_dir, step, **kwargs) as pub:
-        pub.save(obj)
-    return pub.result  # type: ignore[return-value]
+    the :class:`PublishResult`.  Same arguments and errors as :func:`publish`.
+
+    ``background=True``: wait for the previous background publish (raising its error if it
+    failed unreported), copy ``obj``'s tensors into CPU memory
+    (:func:`~.staging.stage`; memory: one copy of the state's tensor bytes, kept for the
+    next save, freed by :func:`~.background.release_staging_memory`), and return a
+    :class:`~.background.PendingPublish` while a thread runs the same publish on the copy;
+    training may change ``obj`` as soon as this returns.  A crash or kill at any point of the
+    background commit leaves what the blocking publish leaves at that point: no unit that
+    the audit or the reader accepts unless it is complete.  ``pending.wait()`` returns the
+    :class:`PublishResult` or raises the commit's error; the next ``save``/``publish``,
+    :func:`~.background.wait_background` and leaving a :class:`PreemptionGuard` wait for the
+    commit.  File units only (``folder=False``); ``ValueError`` otherwise, and for bad
+    arguments, before anything is copied."""
+    if not background:
+        with publish(run_dir, step, **kwargs) as pub:
+            pub.save(obj)
+        return pub.result  # type: ignore[return-value]
+    p = publish(run_dir, step, **kwargs)
+    if p.folder:
+        raise ValueError("background=True publishes file units (one process); a folder unit is written by "
+                         "every rank inside `with publish(...)`")
+    p.in_background, p.phases = True, []
+
+    def commit(staged: Any) -> PublishResult:
+        with p as pub:
+            pub.save(staged)
+        return pub.result  # type: ignore[return-value]
+
+    return _background.start(p.name, obj, commit)
