@@ -180,8 +180,10 @@ def _file_passes(run_dir: Path, unit: dict, manifest_entries: Dict[str, dict], p
     """{file: its one pass (:class:`ckptaudit.onepass.filepass.FileFacts`) or the ``OSError`` that stopped it},
     files passed in parallel (at most :data:`FILES_AT_ONCE`).  A file whose manifest entry has usable chunk
     digests gets those instead of the whole-file SHA-256 (which they imply when all match)."""
+    from . import layouts
     from .onepass.consumers import Progress
     from .onepass.filepass import pass_file
+    from .onepass.plan import Plan
 
     def one(rel: str):
         p = run_dir / rel
@@ -191,7 +193,7 @@ def _file_passes(run_dir: Path, unit: dict, manifest_entries: Dict[str, dict], p
             chunked = _chunked(me, p.stat().st_size)
             with _PASS_SLOTS:
                 ff = pass_file(p, whole_sha=not chunked, chunk_bytes=me["chunk_bytes"] if chunked else None,
-                               progress=Progress(prog))
+                               progress=Progress(prog), plan=None if layouts.reads_records(unit, rel) else Plan())
         except OSError as e:
             return e
         ff.seconds = time.perf_counter() - t0

@@ -48,6 +48,13 @@ def file_layout(path: Path) -> str:
     return single.layout_of(path)
 
 
+def reads_records(unit: dict, rel: str) -> bool:
+    """Whether a later stage reads file ``rel`` of ``unit`` (an inventory row) by zip record or tensor value, so
+    the hash stage's one pass plans it for those facts; an adapter without ``reads_records`` reads them all."""
+    ask = getattr(adapter_for(unit), "reads_records", None)
+    return True if ask is None else bool(ask(rel))
+
+
 def adapter_for(unit: dict) -> LayoutAdapter:
     """The adapter that scans ``unit`` (an inventory row); a layout no adapter knows is scanned as in progress."""
     if unit["layout"] == "irregular":  # FIFO, device, foreign symlink, folder under a file name: never opened

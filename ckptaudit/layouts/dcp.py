@@ -58,6 +58,11 @@ class DCP:
         names = folder_names(path) or []
         return ".metadata" in names or ".metadata.tmp" in names or any(DISTCP.match(n) for n in names)
 
+    def reads_records(self, rel: str) -> bool:
+        """Whether the scan reads ``rel`` by zip record or tensor value (so the hash stage's pass plans it):
+        not a data file, whose items are only checked against ``.metadata``'s offsets and lengths."""
+        return not DISTCP.match(rel.rpartition("/")[2])
+
     def scan(self, run_dir: Path, unit: dict, cfg: dict) -> UnitScan:
         from .. import security
         from ..pickle_walk import walk
