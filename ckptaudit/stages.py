@@ -100,7 +100,9 @@ def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None) 
     :func:`work_file`) and the bytes read (:func:`bytes_path`)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from . import fs, hashing, tables
+    import functools
+
+    from . import fs, hashing, layouts, tables
 
     before = fs.stage_bytes()
     fs.kept.clear()  # this stage reads the objects themselves: no bytes kept by an earlier pass stand in for them
@@ -109,7 +111,8 @@ def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None) 
 
     def one(u: dict):
         facts: List[dict] = []
-        rows = liveness.guard("hash", u, lambda: hashing.hash_unit(run_dir, u, facts),
+        planned = functools.partial(layouts.reads_records, u)  # files a later stage reads by record
+        rows = liveness.guard("hash", u, lambda: hashing.hash_unit(run_dir, u, facts, planned),
                               lambda f: [_hash_error_row(u, f)])
         return rows, facts
 

@@ -43,6 +43,12 @@ def claim_dir(path: Path) -> Optional[LayoutAdapter]:
     return None
 
 
+def claims_names(names: List[str]) -> bool:
+    """Whether a folder holding ``names`` is a unit by its names alone (what a folder under a path too long to
+    open is judged by): a torch.distributed.checkpoint folder's ``.metadata``/``__R_N.distcp``."""
+    return dcp.ADAPTER.claims_names(names)
+
+
 def file_layout(path: Path) -> str:
     """Layout of a single-file unit from its name and first bytes."""
     return single.layout_of(path)

@@ -55,7 +55,10 @@ class DCP:
     name = "dcp"
 
     def claim_dir(self, path: Path) -> bool:
-        names = folder_names(path) or []
+        return self.claims_names(folder_names(path) or [])
+
+    def claims_names(self, names) -> bool:
+        """A folder holding ``names`` is a DCP save (committed or not)."""
         return ".metadata" in names or ".metadata.tmp" in names or any(DISTCP.match(n) for n in names)
 
     def reads_records(self, rel: str) -> bool:
