@@ -7,6 +7,8 @@ Both make the newest unit damaged, so the right rollback point is the unit befor
   ``__<rank>_0.distcp`` per rank holding its chunk of ``model.weight`` as a ``torch.save`` blob (rank 0 also
   the ``step`` bytes item), and ``.metadata``, a pickle of ``Metadata`` naming each item's file, offset and
   length.  The newest save has one rank file truncated (``dcp_shard_too_short``).
+* :func:`file_names`: the same names, each file one small ``torch.save`` blob (the same bytes): what the
+  inventory alone reads (names, sizes, first bytes), fast to write at 200,000 files.
 * :func:`file_units`: ``units`` single-file checkpoints ``ckpt_NNNNNNN.pt`` of the tiny nanoGPT of
   :mod:`ckptaudit.demo` (model, AdamW state, scheduler, RNG, ``iter_num`` = the step in the name), each a real
   ``torch.save`` of its own; one weight differs per step.  The newest is cut to 55 % of its bytes.
@@ -90,4 +92,19 @@ def file_units(run: Path, units: int) -> Tuple[float, str, str]:
         (run / f"ckpt_{step:07d}.pt").write_bytes(demo.serialize(ckpt))
     newest = run / f"ckpt_{units:07d}.pt"
     os.truncate(newest, int(newest.stat().st_size * 0.55))
+    return time.perf_counter() - t0, newest.name, f"ckpt_{units - 1:07d}.pt"
+
+
+def file_names(run: Path, units: int) -> Tuple[float, str, str]:
+    """``units`` files ``ckpt_NNNNNNN.pt``, each the same small torch.save blob, the newest cut to 55 %: for
+    timing the inventory alone.  Returns (seconds, the damaged newest unit, the expected rollback unit)."""
+    import torch
+
+    t0 = time.perf_counter()
+    run.mkdir(parents=True)
+    data = _blob({"w": torch.zeros(4), "iter_num": 1})
+    for step in range(1, units + 1):
+        (run / f"ckpt_{step:07d}.pt").write_bytes(data)
+    newest = run / f"ckpt_{units:07d}.pt"
+    os.truncate(newest, int(len(data) * 0.55))
     return time.perf_counter() - t0, newest.name, f"ckpt_{units - 1:07d}.pt"
