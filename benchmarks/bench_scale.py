@@ -1,4 +1,5 @@
-"""Targets 2 and 3: a 1,000-unit run on 2 cores; re-runs on an unchanged / grown run.
+"""Targets 2 and 3: a 1,000-unit run on 2 cores; re-runs on an unchanged / grown run.  Issue 22: runs of
+50,000 and 200,000 files (``--shape dcp`` or ``--shape files``, see below).
 
 1. Generates N small but real checkpoints with :func:`ckptaudit.demo.train`
    (a tiny nanoGPT GPT, 1 layer, n_embd 16: ``model`` state_dict, AdamW
@@ -15,11 +16,22 @@
     /work/venv/bin/python benchmarks/bench_scale.py [--units 1000] [--cores 2] [--keep]
 
 Targets: first run ≤ 120 s wall; unchanged re-run ≤ 5 % of the first, no part job.
+
+Issue 22 (many files; :mod:`scale_runs` generates them, the newest unit damaged):
+
+    python benchmarks/bench_scale.py --shape dcp --saves 48 --ranks 1024 --cores 2    # 49,200 files
+    python benchmarks/bench_scale.py --shape files --units 50000 --cores 2            # 50,000 file units
+    python benchmarks/bench_scale.py --shape dcp --saves 195 --ranks 1024 --inventory-only   # 199,875 files
+
+times the inventory stage alone (its own process: ``python -m ckptaudit.stages inventory``; seconds per
+file) and, unless ``--inventory-only``, the whole audit (``snakemake --cores N audit``), and checks that the
+rollback point is the unit before the damaged newest one.  Target: 50,000 files audited in ≤ 60 s on 2 cores.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shutil
 import sys
@@ -70,8 +82,79 @@ def changed(before: dict, after: dict) -> list:
     return sorted(k for k in after if before.get(k) != after[k])
 
 
+def many_files(a) -> int:
+    """Issue 22: generate a run of many files, time its inventory alone and (unless --inventory-only) the
+    whole audit, and check the rollback point."""
+    import json
+
+    import scale_runs
+
+    tmp = Path(tempfile.mkdtemp(prefix=f"ckptaudit-bench-{a.shape}-", dir=a.tmp))
+    run_dir, out, work = tmp / "run", tmp / "out", tmp / "work"
+    work.mkdir()
+    try:
+        if a.shape == "dcp":
+            gen_s, damaged, expected = scale_runs.dcp_run(run_dir, a.saves, a.ranks)
+        elif a.inventory_only:  # the inventory reads names, sizes and first bytes: one small blob each
+            gen_s, damaged, expected = scale_runs.file_names(run_dir, a.units)
+        else:
+            gen_s, damaged, expected = scale_runs.file_units(run_dir, a.units)
+        n_files = sum(len(fs) for _, _, fs in os.walk(run_dir))
+        print(f"# generated {n_files} files in {gen_s:.1f} s", file=sys.stderr)
+        inv = C.run_gnu_time([C.PYTHON, "-m", "ckptaudit.stages", "inventory", "--run-dir", str(run_dir),
+                              "--out", str(tmp / "inv.parquet"), "--out-json", str(tmp / "inv.json"),
+                              "--out-pointers", str(tmp / "pointers.parquet")])
+        n_units = len(json.loads((tmp / "inv.json").read_text())["units"])
+        rows = [["inventory alone (`python -m ckptaudit.stages inventory`)", f"{inv['wall_s']:.2f}",
+                 f"{inv['cpu_s']:.1f}", f"{inv['other_cpu_s']:.0f}", f"{inv['max_rss_mib']:.0f}",
+                 f"{1e6 * inv['wall_s'] / n_files:.0f} µs/file", "–"]]
+        ok = None
+        if not a.inventory_only:
+            r = C.run_gnu_time(C.snakemake_cmd(run_dir, out, work, a.cores))
+            v = json.loads((out / "verdict.json").read_text())
+            got = (v.get("rollback") or {}).get("unit")
+            dmg = next((u for u in v["units"] if u["unit"] == damaged), {})
+            ok = got == expected and dmg.get("usable_for") == "none"
+            rows.append([f"whole audit (`snakemake --cores {a.cores} audit`)", f"{r['wall_s']:.1f}",
+                         f"{r['cpu_s']:.0f}", f"{r['other_cpu_s']:.0f}", f"{r['max_rss_mib']:.0f}",
+                         f"{1e3 * r['wall_s'] / n_files:.2f} ms/file",
+                         f"{v['recommendation']} from {got} (expected {expected}; newest {damaged}: "
+                         f"{dmg.get('usable_for')}): {'right' if ok else 'WRONG'}"])
+            stage_rows = []
+            bench = C.read_benchmark_tsvs(out)
+            for st in ("inventory",) + PART_STAGES + ("report",):
+                secs = [C.as_float(b.get("s")) for b in bench if b["stage"] == st]
+                if secs:
+                    stage_rows.append([st, len(secs), f"{sum(secs):.1f}", f"{max(secs):.2f}"])
+        shape = (f"DCP-like: {a.saves} saves × {a.ranks} rank files + .metadata" if a.shape == "dcp"
+                 else f"{a.units} small torch.save file units, no sidecars"
+                 + (" (one 1.5 KB blob each)" if a.inventory_only else ""))
+        print(f"\nMachine: {C.machine_line()}\n")
+        print(f"Run: {shape}: {n_files} files, {n_units} units (generated in {gen_s:.0f} s); newest unit "
+              f"{damaged} damaged.  'CPU s': user+sys of the process tree; 'others': other processes' CPU "
+              "meanwhile (load).\n")
+        print(C.md_table(["what", "wall s", "CPU s", "others' CPU s", "peak RSS MiB", "per file", "verdict"], rows))
+        if not a.inventory_only:
+            print("\nPer stage (Snakemake `benchmark:` files, job wall seconds):\n")
+            print(C.md_table(["stage", "jobs", "sum s", "max s/job"], stage_rows))
+            met = ok and r["wall_s"] <= 60
+            print(f"\nTarget (≤ 60 s on {a.cores} cores, right rollback point): {'MET' if met else 'MISSED'}")
+    finally:
+        if a.keep:
+            print(f"# kept {tmp}", file=sys.stderr)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", choices=("train", "dcp", "files"), default="train",
+                    help="train: N trained units with sidecars and the re-run checks (targets 2, 3); dcp: "
+                         "--saves × --ranks rank files; files: --units small file units (issue 22)")
+    ap.add_argument("--saves", type=int, default=48, help="--shape dcp: saves (folders)")
+    ap.add_argument("--ranks", type=int, default=1024, help="--shape dcp: rank files per save")
+    ap.add_argument("--inventory-only", action="store_true", help="--shape dcp/files: time the inventory only")
     ap.add_argument("--units", type=int, default=1000)
     ap.add_argument("--cores", type=int, default=2)
     ap.add_argument("--tmp", default="/tmp")
@@ -79,6 +162,8 @@ def main(argv=None) -> int:
     ap.add_argument("--keep", action="store_true", help="keep the temp folder (printed)")
     a = ap.parse_args(argv)
     C.require_gnu_time()
+    if a.shape != "train":
+        return many_files(a)
     tmp = Path(tempfile.mkdtemp(prefix="ckptaudit-bench-scale-", dir=a.tmp))
     run_dir, extra, out, work = tmp / "run", tmp / "extra", tmp / "out", tmp / "work"
     work.mkdir()

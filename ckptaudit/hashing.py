@@ -30,7 +30,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from . import findings as F
 from . import fs
@@ -176,12 +176,15 @@ def _where(run_dir: Path, rel: str, unit: str, start: int, end: int) -> str:
     return "it holds tensor(s) " + ", ".join(hit[:5]) + more
 
 
-def _file_passes(run_dir: Path, unit: dict, manifest_entries: Dict[str, dict], prog) -> Dict[str, object]:
+def _file_passes(run_dir: Path, unit: dict, manifest_entries: Dict[str, dict], prog,
+                 planned: Callable[[str], bool]) -> Dict[str, object]:
     """{file: its one pass (:class:`ckptaudit.onepass.filepass.FileFacts`) or the ``OSError`` that stopped it},
     files passed in parallel (at most :data:`FILES_AT_ONCE`).  A file whose manifest entry has usable chunk
-    digests gets those instead of the whole-file SHA-256 (which they imply when all match)."""
+    digests gets those instead of the whole-file SHA-256 (which they imply when all match).  A file for which
+    ``planned`` is false gets no plan (no record or value facts: no later stage asks for them)."""
     from .onepass.consumers import Progress
     from .onepass.filepass import pass_file
+    from .onepass.plan import Plan
 
     def one(rel: str):
         p = run_dir / rel
@@ -191,7 +194,7 @@ def _file_passes(run_dir: Path, unit: dict, manifest_entries: Dict[str, dict], p
             chunked = _chunked(me, p.stat().st_size)
             with _PASS_SLOTS:
                 ff = pass_file(p, whole_sha=not chunked, chunk_bytes=me["chunk_bytes"] if chunked else None,
-                               progress=Progress(prog))
+                               progress=Progress(prog), plan=None if planned(rel) else Plan())
         except OSError as e:
             return e
         ff.seconds = time.perf_counter() - t0
@@ -213,7 +216,8 @@ PASSES_AT_ONCE = 4
 _PASS_SLOTS = threading.BoundedSemaphore(PASSES_AT_ONCE)
 
 
-def hash_unit(run_dir: Path, unit: dict, facts: Optional[list] = None) -> List[dict]:
+def hash_unit(run_dir: Path, unit: dict, facts: Optional[list] = None,
+              planned: Optional[Callable[[str], bool]] = None) -> List[dict]:
     """Hash every file of ``unit``; return rows of the ``hash`` table.
 
     A unit whose files have neither sidecar nor manifest entry gets one
@@ -228,7 +232,8 @@ def hash_unit(run_dir: Path, unit: dict, facts: Optional[list] = None) -> List[d
     Every file is read once (:mod:`ckptaudit.onepass`): the same pass computes the CRC32 of its zip
     records and the value statistics of its tensors, appended to ``facts`` (one ``pyarrow`` table of rows of
     the internal ``bytefacts`` table per file, :func:`ckptaudit.onepass.facts.table_of`) when given, for the
-    scan and state stages.
+    scan and state stages; ``planned(file)`` false (the layout never reads that file by record:
+    :func:`ckptaudit.layouts.reads_records`) skips them for that file.
     """
     sidecar_map: Dict[str, Tuple[str, str]] = {}  # file rel -> (hex, source)
     unreadable = 0
@@ -265,7 +270,7 @@ def hash_unit(run_dir: Path, unit: dict, facts: Optional[list] = None) -> List[d
     rows = []
     covered = 0
     prog = _progress.for_unit(unit)  # bytes hashed, for the CLI's progress line ($CKPTAUDIT_PROGRESS_DIR)
-    passes = _file_passes(run_dir, unit, manifest_entries, prog)
+    passes = _file_passes(run_dir, unit, manifest_entries, prog, planned or (lambda rel: True))
     for rel in unit["files"]:
         p = run_dir / rel
         fl = list(row_findings.get(rel, []))

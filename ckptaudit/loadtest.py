@@ -35,6 +35,7 @@ from typing import Dict, List, Tuple
 from . import findings as F
 from . import roles
 from . import fs
+from .loadchild import _rchar, _resolve_benign, batched_loads
 
 LOADABLE = ("torch_zip", "torch_legacy", "safetensors")
 
@@ -66,39 +67,6 @@ def explain(message: str) -> str:
         if needle in message:
             return words
     return "the loader raised an error the audit does not recognise (see the load table)"
-
-
-def _resolve_benign(names: List[str]):
-    import importlib
-
-    out = []
-    if any(n.endswith(("numpy.dtype", "numpy.core.multiarray.scalar", "numpy._core.multiarray.scalar")) for n in names):
-        # numpy.dtype(...) builds an instance of a numpy.dtypes.*DType class, which
-        # weights_only checks too (torch docs, "weights_only" numpy example)
-        try:
-            import numpy.dtypes as npd
-
-            out.extend(getattr(npd, a) for a in dir(npd) if a.endswith("DType") and isinstance(getattr(npd, a), type))
-        except ImportError:
-            pass
-    from .security import BENIGN
-
-    for full in names:
-        mod, _, attr = full.rpartition(".")
-        obj = None
-        if BENIGN.get(full) is not None and BENIGN[full].add_safe.startswith("(dict,"):
-            # a dict subclass that torch's SETITEMS check refuses even when allowlisted: load it as dict
-            out.append((dict, full))
-            continue
-        try:
-            obj = getattr(importlib.import_module(mod), attr)
-        except Exception:  # noqa: BLE001 - any failure means "use the stand-in"
-            obj = None
-        # not installed here: map the name to plain dict (the weights_only unpickler
-        # only allows SETITEMS on dict itself, and the benign non-stdlib classes on
-        # the list, Lightning's AttributeDict, are dict subclasses)
-        out.append((obj, full) if obj is not None else (dict, full))
-    return out
 
 
 def _child(path: str, kind: str, benign: List[str], limit_bytes: int, wfd: int) -> None:
@@ -139,20 +107,6 @@ def _child(path: str, kind: str, benign: List[str], limit_bytes: int, wfd: int) 
         os.write(wfd, json.dumps(result).encode())
     finally:
         os._exit(0)
-
-
-def _rchar() -> int:
-    """Bytes this process has read through read(2)-like calls (Linux ``/proc/self/io`` ``rchar``; 0 elsewhere).
-    Pages of an ``mmap`` that are touched are not in it: a ``mmap=True`` load that builds the object tree
-    without touching tensor data reads only the zip directory, the headers and data.pkl."""
-    try:
-        with open("/proc/self/io", "rb") as f:
-            for line in f:
-                if line.startswith(b"rchar:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return 0
 
 
 _CHILD_BYTES = [0]
@@ -284,7 +238,8 @@ def load_units(run_dir: Path, units: List[dict], scans: Dict[str, dict], hashes:
     if todo:
         import torch  # noqa: F401 - imported once here so each forked child is cheap
 
-        for u, f, k, benign in todo:
+        batched = batched_loads(run_dir, todo, timeout, limit, alone=load_in_child)  # small local files
+        for i, (u, f, k, benign) in enumerate(todo):
             src, scratch = run_dir / f, None
             if fs.is_remote(src):  # object storage: download to a scratch folder under a size limit
                 dl_limit = int((cfg.get("s3") or {}).get("download_limit_mib", 4096)) << 20
@@ -302,7 +257,9 @@ def load_units(run_dir: Path, units: List[dict], scans: Dict[str, dict], hashes:
                     continue
                 src = local
             try:
-                res = load_in_child(str(src), k, benign, timeout_seconds=timeout, memory_limit_bytes=limit)
+                res = batched.get(i) or load_in_child(str(src), k, benign, timeout_seconds=timeout,
+                                                      memory_limit_bytes=limit)
+                _CHILD_BYTES[0] += int(res.pop("read_bytes", 0) or 0)  # a batched load's own reads
             finally:
                 if scratch:
                     shutil.rmtree(scratch, ignore_errors=True)

@@ -102,7 +102,9 @@ def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None) 
     :func:`work_file`) and the bytes read (:func:`bytes_path`)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from . import fs, hashing, tables
+    import functools
+
+    from . import fs, hashing, layouts, tables
     from .reverify import now_utc
 
     before = fs.stage_bytes()
@@ -115,7 +117,8 @@ def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None) 
 
     def one(u: dict):
         facts: list = []
-        rows = liveness.guard("hash", u, lambda: hashing.hash_unit(run_dir, u, facts),
+        planned = functools.partial(layouts.reads_records, u)  # files a later stage reads by record
+        rows = liveness.guard("hash", u, lambda: hashing.hash_unit(run_dir, u, facts, planned),
                               lambda f: [_hash_error_row(u, f)])
         done_at = now_utc()  # when these bytes were last verified (the report's "last hashed")
         for r in rows:
@@ -201,14 +204,25 @@ def stage_load(inv: dict, part: str, cfg: dict, scan_path: str, hash_path: str, 
     run_dir = _run_dir(inv, cfg)
     if fs.is_remote(run_dir):  # the facts only plan a remote object's sparse copy (loadtest._skeleton)
         _load_facts(out, part, facts_path or str(work_file(hash_path, "bytefacts", part, "parquet")), run_dir)
-    rows = []
-    for u in part_units(inv, part):
-        rows.extend(liveness.guard("load", u, lambda: loadtest.load_units(run_dir, [u], scans, hashes, cfg),
-                                   lambda f: [{**loadtest.skip_row(u["unit"], "", "the load stage failed on this unit"),
-                                               "findings_json": json.dumps([f.to_dict()])}]))
+    units = part_units(inv, part)
+    try:  # the part's units at once, so their small files share load children (ckptaudit.loadchild)
+        rows = _in_unit_order(units, loadtest.load_units(run_dir, units, scans, hashes, cfg))
+    except Exception:  # noqa: BLE001 - again unit by unit: the error becomes a finding on the unit that raised it
+        rows = []
+        for u in units:
+            rows.extend(liveness.guard("load", u, lambda: loadtest.load_units(run_dir, [u], scans, hashes, cfg),
+                                       lambda f: [{**loadtest.skip_row(u["unit"], "", "the load stage failed on this "
+                                                                                      "unit"),
+                                                   "findings_json": json.dumps([f.to_dict()])}]))
     tables.write("load", rows, out)
     _write_bytes(out, "load", part, before, loadtest_bytes=loadtest.child_bytes_read() - children_before)
     return rows
+
+
+def _in_unit_order(units: List[dict], rows: List[dict]) -> List[dict]:
+    """``rows`` grouped by unit in the order of ``units`` (stable within a unit)."""
+    order = {u["unit"]: i for i, u in enumerate(units)}
+    return sorted(rows, key=lambda r: order.get(r["unit"], len(order)))
 
 
 def stage_structure(inv: dict, part: str, cfg: dict, scan_path: str, tensors_path: str, out: str,

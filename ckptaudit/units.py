@@ -9,7 +9,7 @@ imports the other for these types.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Dict, List, Optional
 
 # Names that are in-progress leftovers of a save, never a rollback point.
@@ -24,6 +24,10 @@ IN_PROGRESS_PATTERNS = [
     (re.compile(r"\.orbax-checkpoint-tmp"), "Orbax temporary folder"),
     (re.compile(r"^\.ckptaudit-tmp-"), "ckptaudit.publish temporary file or folder"),
 ]
+
+#: Names beside a checkpoint that describe it, never units: ``sha256sum`` sidecars and manifests.
+SIDECAR_SUFFIXES = (".sha256", ".sha256sum")
+MANIFEST_NAMES = ("manifest.json", "ckptaudit.manifest.json")
 
 _STEP_PATTERNS = [
     re.compile(r"(?:^|[^a-z])step[=_-]?(\d+)", re.I),
@@ -49,6 +53,13 @@ def step_from_name(name: str) -> Optional[int]:
     if m and not re.search(r"epoch", base, re.I):
         return int(m.group(1))
     return None
+
+
+def names_a_save(name: str) -> bool:
+    """Whether ``name`` says it is a save by a step pattern (``checkpoint-500``, ``global_step300``,
+    ``step-6``, ``iter_0000300``, ``ckpt_10``), not only by holding digits (``run_0001``)."""
+    base = _SHARD_NAME.sub("", name)
+    return any(pat.search(base) for pat in _STEP_PATTERNS)
 
 
 def in_progress_reason(name: str) -> Optional[str]:
@@ -78,7 +89,13 @@ class Unit:
     irregular: Dict[str, str] = field(default_factory=dict)  # file -> why it is never opened (FIFO, device, …)
 
     def to_dict(self) -> Dict:
-        return asdict(self)
+        """The unit as plain data: its lists and dicts copied one level deep (``dataclasses.asdict`` deep-copies
+        every file name and snapshot value, ~0.3 ms per unit of 1,000 files)."""
+        return {f.name: _copied(getattr(self, f.name)) for f in fields(self)}
+
+
+def _copied(v):
+    return list(v) if isinstance(v, list) else dict(v) if isinstance(v, dict) else v
 
 
 @dataclass

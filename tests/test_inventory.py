@@ -109,3 +109,124 @@ def test_auto_parts_only_change_at_the_end_as_the_run_grows():
 def test_missing_run_folder_is_an_error(tmp_path):
     with pytest.raises(FileNotFoundError):
         inventory.discover(tmp_path / "missing")
+
+
+def _rank_saves(run, saves, ranks):
+    """``saves`` DCP-like folders ``step-N`` of ``ranks`` data files each (what the inventory looks at: names,
+    sizes, mtimes), rank r's file r + 1 bytes long."""
+    for s in range(1, saves + 1):
+        d = run / f"step-{s * 10}"
+        d.mkdir(parents=True)
+        (d / ".metadata").write_bytes(b"\x80\x04N.")
+        for r in range(ranks):
+            (d / f"__{r}_0.distcp").write_bytes(b"x" * (r + 1))
+
+
+def test_many_rank_files_make_one_unit_per_save_with_every_file(tmp_path):
+    """A multi-rank run (thousands of rank files) once stalled the inventory; each save must stay one unit
+    holding all its files, sizes summed, each file's snapshot taken by the walk."""
+    _rank_saves(tmp_path, saves=3, ranks=700)
+    units, pointers, stray = inventory.discover(tmp_path)
+    assert [(u.unit, u.layout, u.kind, u.step_from_name) for u in units] == [
+        ("step-10", "dcp", "folder", 10), ("step-20", "dcp", "folder", 20), ("step-30", "dcp", "folder", 30)]
+    for u in units:
+        assert len(u.files) == 701 and u.files[0] == f"{u.unit}/.metadata"
+        assert u.files[1:4] == [f"{u.unit}/__0_0.distcp", f"{u.unit}/__100_0.distcp", f"{u.unit}/__101_0.distcp"]
+        assert u.size_bytes == 4 + 700 * 701 // 2  # .metadata is 4 bytes
+        assert sorted(u.snapshot) == sorted(u.files)
+        assert u.snapshot[f"{u.unit}/__699_0.distcp"][0] == 700
+    assert pointers == [] and stray == []
+
+
+def test_many_file_units_in_one_folder_each_get_their_own_sidecar(tmp_path):
+    """Sidecars are looked up by name (a set), not searched in the folder's listing once per file: 3,000
+    checkpoints and their sidecars in one folder give 3,000 units, each with exactly its own sidecar."""
+    for i in range(3000):
+        (tmp_path / f"ckpt_{i:06d}.pt").write_bytes(b"PK\x03\x04" + bytes(i % 7))
+        if i % 2 == 0:
+            (tmp_path / f"ckpt_{i:06d}.pt.sha256").write_text("0" * 64 + "\n")
+    doc = inventory.run_inventory(str(tmp_path))
+    assert len(doc["units"]) == 3000 and doc["stray_files"] == []
+    u0, u1, last = doc["units"][0], doc["units"][1], doc["units"][-1]
+    assert (u0["unit"], u0["step_from_name"], u0["sidecars"], u0["size_bytes"]) == (
+        "ckpt_000000.pt", 0, ["ckpt_000000.pt.sha256"], 4)
+    assert (u1["unit"], u1["sidecars"], u1["size_bytes"], u1["layout"]) == ("ckpt_000001.pt", [], 5, "torch-zip")
+    assert (last["unit"], last["step_from_name"], last["sidecars"]) == ("ckpt_002999.pt", 2999, [])
+    assert sum(len(u["sidecars"]) for u in doc["units"]) == 1500
+    assert list(last["snapshot"]) == ["ckpt_002999.pt"] and last["snapshot"]["ckpt_002999.pt"][0] == 4 + 2999 % 7
+    assert [len(v) for v in doc["parts"].values()] == [256] * 11 + [184]
+
+
+def _deep_folders(top, levels, name="nested_folder_number_{:03d}"):
+    """``levels`` nested folders under ``top``, made through directory descriptors (their path is too long
+    to name); returns the descriptor of the deepest one (the caller closes it)."""
+    fd = os.open(top, os.O_RDONLY | os.O_DIRECTORY)
+    for i in range(levels):
+        os.mkdir(name.format(i), dir_fd=fd)
+        nfd = os.open(name.format(i), os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = nfd
+    return fd
+
+
+def test_unit_beyond_path_max_is_found_through_descriptors_and_never_read(tmp_path):
+    """A unit 200 folders deep (a path over PATH_MAX, 4096 bytes) ended the whole inventory with
+    ``OSError: File name too long``; it must become an irregular unit with its reason, the rest audited."""
+    shutil.copy(CASES / "ok_full_torch" / "ckpt.pt", tmp_path / "ckpt_000100.pt")
+    fd = _deep_folders(tmp_path, 200)
+    try:
+        os.close(os.open("ckpt_000900.pt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))
+        os.mkdir("step-950", dir_fd=fd)
+        sub = os.open("step-950", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(os.open(".metadata", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=sub))
+        os.close(sub)
+        os.close(os.open("notes.txt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd))
+    finally:
+        os.close(fd)
+    units, _, stray = inventory.discover(tmp_path)
+    deep = "/".join(f"nested_folder_number_{i:03d}" for i in range(200))
+    assert [(u.unit, u.layout, u.step_from_name, u.files) for u in units] == [
+        ("ckpt_000100.pt", "torch-zip", 100, ["ckpt_000100.pt"]),
+        (f"{deep}/ckpt_000900.pt", "irregular", 900, []),
+        (f"{deep}/step-950", "irregular", 950, [])]
+    n = len(os.fsencode(os.path.abspath(tmp_path))) + 1 + len(deep) + len("/ckpt_000900.pt")
+    assert n > 4096
+    assert units[1].irregular == {f"{deep}/ckpt_000900.pt": (
+        f"its path is {n:,} bytes, over this system's limit (PATH_MAX: a path of 4,096 bytes or more cannot be "
+        "opened by name)")}
+    assert stray == [f"{deep}/notes.txt"]
+
+
+def test_save_folder_whose_files_reach_path_max_is_one_finding(tmp_path):
+    """A save folder whose own path fits but whose files' paths reach PATH_MAX cannot be read either: it is
+    one unit with a path_too_long finding that says so, not a crash on the first path formed inside it."""
+    from ckptaudit.layouts.leftovers import irregular
+
+    top = tmp_path / ("x" * 200)
+    top.mkdir()
+    base = len(os.fsencode(str(top)))
+    levels = (4090 - 14 - base - 1) // 201  # then a pad folder, so checkpoint-7's path is 4,090 bytes
+    fd = _deep_folders(top, levels, name="y" * 200)
+    pad = "z" * (4090 - len("/checkpoint-7") - 1 - base - 201 * levels)
+    os.mkdir(pad, dir_fd=fd)
+    nfd = os.open(pad, os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+    os.close(fd)
+    fd = nfd
+    try:
+        os.mkdir("checkpoint-7", dir_fd=fd)
+        sub = os.open("checkpoint-7", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(os.open("model.safetensors", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=sub))
+        os.close(sub)
+    finally:
+        os.close(fd)
+    units, _, _ = inventory.discover(tmp_path)
+    assert [(u.unit.rsplit("/", 1)[-1], u.layout, u.step_from_name, u.files) for u in units] == [
+        ("checkpoint-7", "irregular", 7, [])]
+    ((path, why),) = units[0].irregular.items()
+    assert path == units[0].unit and len(os.fsencode(str(tmp_path / path))) == 4090
+    assert why == ("its path is 4,090 bytes, and the paths of the files in it reach this system's limit "
+                   "(PATH_MAX: a path of 4,096 bytes or more cannot be opened by name)")
+    f = irregular(path, why)
+    assert (f.kind, f.layer, f.severity, f.caps) == ("path_too_long", "file", "error", "none")
+    assert f.message.endswith("a training job cannot open it by this path either.") and "characters)…" in f.message
+    assert f.next_step.startswith("Move or rename it to a shorter path")

@@ -83,3 +83,51 @@ def test_a_mapped_file_larger_than_the_limit_is_load_tested(tmp_path):
     # read whole (no mapping) the same file needs its 256 MiB: over the same limit
     r = loadtest.load_in_child(str(p), "torch_legacy", [], timeout_seconds=60, memory_limit_bytes=limit)
     assert r["status"] == "memory", r
+
+
+def test_one_child_loads_many_small_files_and_a_failure_is_tried_alone(tmp_path):
+    """1,000 small units paid a fork each (~75 ms a unit); a batch shares one child, but only its ok results
+    count: the damaged file in the middle gets the same result as when loaded alone, the files after it load."""
+    from ckptaudit import loadchild
+
+    import torch
+
+    paths = []
+    for i in range(5):
+        p = tmp_path / f"ckpt_{i}.pt"
+        torch.save({"w": torch.full((4,), float(i)), "step": i}, p)
+        paths.append(str(p))
+    cut = tmp_path / "ckpt_2.pt"
+    cut.write_bytes(cut.read_bytes()[:200])
+    alone_calls = []
+
+    def alone(path, kind, benign, **kw):
+        alone_calls.append(os.path.basename(path))
+        return loadtest.load_in_child(path, kind, benign, **kw)
+
+    rs = loadchild.load_many([(p, "torch_zip", []) for p in paths], timeout_seconds=60,
+                             memory_limit_bytes=8 << 30, alone=alone)
+    assert [r["status"] for r in rs] == ["ok", "ok", "failed", "ok", "ok"]
+    assert [r["n_top_level_keys"] for r in rs if r["status"] == "ok"] == [2, 2, 2, 2]
+    assert alone_calls == ["ckpt_2.pt"]
+    single = loadtest.load_in_child(str(cut), "torch_zip", [], timeout_seconds=60, memory_limit_bytes=8 << 30)
+    assert (rs[2]["error_type"], rs[2]["error_message"]) == (single["error_type"], single["error_message"])
+
+
+def test_allowed_globals_of_one_file_do_not_leak_to_the_next_in_a_batch(tmp_path):
+    """Each file's allowed globals are in force only while it loads: a file that names argparse.Namespace
+    without having it allowed fails under weights_only even right after a file that had it allowed."""
+    import argparse
+
+    import torch
+
+    from ckptaudit import loadchild
+
+    a, b = tmp_path / "a.pt", tmp_path / "b.pt"
+    torch.save({"args": argparse.Namespace(lr=0.1)}, a)
+    torch.save({"args": argparse.Namespace(lr=0.2)}, b)
+    rs = loadchild.load_many([(str(a), "torch_zip", ["argparse.Namespace"]), (str(b), "torch_zip", []),
+                              (str(a), "torch_zip", ["argparse.Namespace"])],
+                             timeout_seconds=60, memory_limit_bytes=8 << 30, alone=loadtest.load_in_child)
+    assert [r["status"] for r in rs] == ["ok", "failed", "ok"]
+    assert loadtest.explain(rs[1]["error_message"]) == "the pickle names a global that weights_only does not allow"

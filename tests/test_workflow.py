@@ -108,6 +108,43 @@ def test_rerun_with_reuse_does_nothing_then_picks_up_new_unit(demo_run, tmp_path
     assert {f["kind"] for f in u["findings"]} >= {"step_name_disagrees"}
 
 
+def test_unit_beyond_path_max_is_a_finding_and_the_good_unit_the_rollback_point(demo_run, tmp_path):
+    """A unit 200 folders deep (its path over PATH_MAX, 4096 bytes) ended the whole audit with exit 3
+    (``OSError: File name too long``); it must get a path_too_long finding, and the good unit be the
+    rollback point."""
+    run = tmp_path / "run"
+    run.mkdir()
+    shutil.copy(demo_run.run_dir / "ckpt_000050.pt", run / "ckpt_000050.pt")
+    data = (demo_run.run_dir / "ckpt_000100.pt").read_bytes()
+    fd = os.open(run, os.O_RDONLY | os.O_DIRECTORY)
+    for i in range(200):  # made through descriptors: the path is too long to name
+        os.mkdir(f"nested_folder_number_{i:03d}", dir_fd=fd)
+        sub = os.open(f"nested_folder_number_{i:03d}", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = sub
+    w = os.open("ckpt_000100.pt", os.O_WRONLY | os.O_CREAT, 0o644, dir_fd=fd)
+    os.write(w, data)
+    os.close(w)
+    os.close(fd)
+    out = tmp_path / "audit"
+    p = run_cli("audit", str(run), "--out", str(out), "--cores", "2")
+    assert p.returncode == 1, p.stdout + p.stderr  # roll back needed and possible
+    v = json.loads((out / "verdict.json").read_text())
+    assert (v["recommendation"], v["rollback"]) == ("resume", {"unit": "ckpt_000050.pt", "step": 50})
+    deep = "/".join(f"nested_folder_number_{i:03d}" for i in range(200)) + "/ckpt_000100.pt"
+    units = {u["unit"]: u for u in v["units"]}
+    assert sorted(units) == ["ckpt_000050.pt", deep]
+    assert (units[deep]["step"], units[deep]["usable_for"]) == (100, "none")
+    (f,) = units[deep]["findings"]
+    assert (f["layer"], f["kind"], f["severity"], f["path"]) == ("file", "path_too_long", "error", deep)
+    n = len(os.fsencode(str(run))) + 1 + len(deep)
+    assert f["message"] == (f"{deep[:60]}…({len(deep) - 120:,} characters)…{deep[-60:]} is not read: its path is "
+                            f"{n:,} bytes, over this system's limit (PATH_MAX: a path of 4,096 bytes or more cannot "
+                            "be opened by name); a training job cannot open it by this path either.")
+    assert f["next_step"].startswith("Move or rename it to a shorter path")
+    assert units["ckpt_000050.pt"]["usable_for"] == "resume"
+
+
 def test_bad_arguments_exit_3(tmp_path):
     p = run_cli("audit", str(tmp_path / "missing"), "--out", str(tmp_path / "o"))
     assert p.returncode == 3

@@ -243,6 +243,11 @@ ENTRIES: List[_k] = [
        "{path} is not read: {why}.",
        "Replace it with the real checkpoint file, or remove it from the run folder; the audit never opens it.",
        stage="scan", detector="ckptaudit.layouts.leftovers:irregular"),
+    _k("path_too_long", "file", "error", "none",
+       "{shown} is not read: {why}; a training job cannot open it by this path either.",
+       "Move or rename it to a shorter path (fewer or shorter folder names, e.g. `mv` the deep folder up) and "
+       "audit again; until then do not count on it as a rollback point.",
+       stage="scan", detector="ckptaudit.layouts.leftovers:irregular"),
     _k("file_unreadable", "file", "error", "none",
        "{path} cannot be opened for reading by this user ({why}): its bytes are unchecked, and a resume "
        "running as the same user fails on it as well.",

@@ -43,9 +43,22 @@ def claim_dir(path: Path) -> Optional[LayoutAdapter]:
     return None
 
 
+def claims_names(names: List[str]) -> bool:
+    """Whether a folder holding ``names`` is a unit by its names alone (what a folder under a path too long to
+    open is judged by): a torch.distributed.checkpoint folder's ``.metadata``/``__R_N.distcp``."""
+    return dcp.ADAPTER.claims_names(names)
+
+
 def file_layout(path: Path) -> str:
     """Layout of a single-file unit from its name and first bytes."""
     return single.layout_of(path)
+
+
+def reads_records(unit: dict, rel: str) -> bool:
+    """Whether a later stage reads file ``rel`` of ``unit`` (an inventory row) by zip record or tensor value, so
+    the hash stage's one pass plans it for those facts; an adapter without ``reads_records`` reads them all."""
+    ask = getattr(adapter_for(unit), "reads_records", None)
+    return True if ask is None else bool(ask(rel))
 
 
 def adapter_for(unit: dict) -> LayoutAdapter:

@@ -55,8 +55,16 @@ class DCP:
     name = "dcp"
 
     def claim_dir(self, path: Path) -> bool:
-        names = folder_names(path) or []
+        return self.claims_names(folder_names(path) or [])
+
+    def claims_names(self, names) -> bool:
+        """A folder holding ``names`` is a DCP save (committed or not)."""
         return ".metadata" in names or ".metadata.tmp" in names or any(DISTCP.match(n) for n in names)
+
+    def reads_records(self, rel: str) -> bool:
+        """Whether the scan reads ``rel`` by zip record or tensor value (so the hash stage's pass plans it):
+        not a data file, whose items are only checked against ``.metadata``'s offsets and lengths."""
+        return not DISTCP.match(rel.rpartition("/")[2])
 
     def scan(self, run_dir: Path, unit: dict, cfg: dict) -> UnitScan:
         from .. import security

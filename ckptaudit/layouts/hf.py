@@ -38,6 +38,7 @@ class HFIndex:
         from ..units import Unit, step_from_name
 
         units = []
+        name_set = set(names)  # looked up once per shard: a set, so an index of many shards stays linear
         if (d / "trainer_state.json").exists() and d != root:
             return units  # part of a Trainer folder, which is its own unit
         for n in names:
@@ -65,7 +66,8 @@ class HFIndex:
                     mtime = max(mtime, st.st_mtime_ns)
                 else:
                     missing.append(fs.relpath(sp, root))
-            sidecars = [fs.relpath(d / (Path(f).name + ".sha256"), root) for f in files if Path(f).name + ".sha256" in names]
+            sidecars = [fs.relpath(d / (Path(f).name + ".sha256"), root) for f in files
+                        if Path(f).name + ".sha256" in name_set]
             units.append(Unit(unit=fs.relpath(p, root), layout=self.name, kind="index", files=files, size_bytes=size,
                               mtime_ns=mtime, step_from_name=step_from_name(d.name) if d != root else None,
                               sidecars=sidecars, missing_files=missing))

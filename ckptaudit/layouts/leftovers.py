@@ -1,4 +1,4 @@
-"""What a unit holds besides checkpoint data: the one builder each of unit_in_progress, not_a_regular_file, file_unreadable.
+"""What a unit holds besides checkpoint data: the one builder each of unit_in_progress, not_a_regular_file, file_unreadable, path_too_long.
 
 The inventory names irregular files (:func:`ckptaudit.inventory.irregular_reason`) and in-progress saves
 (``in_progress``); the adapters find temporary leftovers (DCP's ``.metadata.tmp``, an HF write-then-rename
@@ -13,6 +13,15 @@ from ..findings import Finding
 #: :func:`ckptaudit.inventory.irregular_reason` of a regular file this process may not read (mode 000,
 #: another owner): :func:`irregular` makes it ``file_unreadable``; any other reason is ``not_a_regular_file``.
 UNREADABLE = "permission denied"
+#: Words in :func:`too_long`'s reason that :func:`irregular` makes ``path_too_long`` of.
+_TOO_LONG = "bytes or more cannot be opened by name"
+
+
+def too_long(path_bytes: int, limit: int) -> str:
+    """The reason a path of ``path_bytes`` bytes is never read: this system's PATH_MAX is ``limit`` bytes (a
+    folder under the limit is never read either when the paths of the files in it reach it)."""
+    where = "over" if path_bytes >= limit else "and the paths of the files in it reach"
+    return f"its path is {path_bytes:,} bytes, {where} this system's limit (PATH_MAX: a path of {limit:,} {_TOO_LONG})"
 
 
 def in_progress(path: str, why: str) -> Finding:
@@ -25,4 +34,11 @@ def irregular(path: str, why: str) -> Finding:
     else ``not_a_regular_file`` (a FIFO, a device, a link out of the run, a folder under a file's name...)."""
     if why == UNREADABLE:
         return F.make("file_unreadable", path=path, why=why)
+    if _TOO_LONG in why:
+        return F.make("path_too_long", path=path, why=why, shown=_shorten(path))
     return F.make("not_a_regular_file", path=path, why=why)
+
+
+def _shorten(path: str, keep: int = 60) -> str:
+    """``path`` for a sentence: a path of thousands of bytes keeps its first and last ``keep`` characters."""
+    return path if len(path) <= 2 * keep + 20 else f"{path[:keep]}…({len(path) - 2 * keep:,} characters)…{path[-keep:]}"
