@@ -10,13 +10,13 @@ serial (:class:`Sha256`); the manifest's chunk digests are per chunk (:class:`Ch
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import threading
 from typing import Dict, Iterable, List, Optional, Tuple
 
 from .crc32 import crc32, crc32_combine  # noqa: F401 - crc32_combine is part of this module's interface
 from .nulruns import nul_runs
+from .ranges import Ranges
 from .values import _BLOCK, buffer_stats, itemsize
 
 
@@ -77,65 +77,7 @@ class ChunkSha256:
         return self.digests
 
 
-class _Ranges:
-    """Byte ranges of the file; :meth:`feed` hands each the part of a buffer inside it.
-
-    ``ranges``: ``(key, start, length, ...)`` tuples (``results()`` is then keyed by ``key``), or None with
-    ``starts`` and ``lengths`` given as int64 arrays sorted by start then length (``arrays()`` then gives the
-    results row for row, no Python object per range: what a file of a million tensors needs).  Per-range
-    state lives in numpy arrays; only pieces that do not continue a range's prefix (segments fed by other
-    threads, a block split between buffers) are kept as Python objects, a few per buffer."""
-
-    def __init__(self, ranges: Optional[Iterable[Tuple]] = None, *, starts=None, lengths=None) -> None:
-        import numpy as np
-
-        if ranges is not None:
-            rs = sorted(ranges, key=lambda r: (r[1], r[2]))
-            self.keys: Optional[List] = [r[0] for r in rs]
-            self._extra_cols = [r[3:] for r in rs]
-            starts = np.array([r[1] for r in rs], dtype=np.int64)
-            lengths = np.array([r[2] for r in rs], dtype=np.int64)
-        else:
-            self.keys, self._extra_cols = None, None
-        self.starts = np.ascontiguousarray(starts, dtype=np.int64)
-        self.lengths = np.ascontiguousarray(lengths, dtype=np.int64)
-        self.n = len(self.starts)
-        self._s = memoryview(self.starts)  # indexing a memoryview gives a Python int, fast
-        self._n = memoryview(self.lengths)
-        self._active: List[int] = []
-        self._next = 0
-
-    def feed(self, off: int, view) -> None:
-        import numpy as np
-
-        end = off + len(view)
-        s, ln = self._s, self._n
-        if self._next < self.n and s[self._next] < off:  # a segment: skip what ended before
-            self._next = int(np.searchsorted(self.starts, off, side="left"))
-            ends = self.starts[:self._next] + self.lengths[:self._next]
-            self._active = np.flatnonzero(ends > off).tolist()
-        while self._next < self.n and s[self._next] < end:
-            self._active.append(self._next)
-            self._next += 1
-        still = []
-        for i in self._active:
-            r0, r1 = s[i], s[i] + ln[i]
-            a, b = max(r0, off), min(r1, end)
-            if a < b:
-                self._piece(i, a, view[a - off:b - off])
-            if r1 > end:
-                still.append(i)
-        self._active = still
-
-    def _piece(self, i: int, at: int, piece) -> None:
-        raise NotImplementedError
-
-    def _keyed(self, rows) -> Dict:
-        keys = self.keys if self.keys is not None else range(self.n)
-        return dict(zip(keys, rows))
-
-
-class RangeCrc32(_Ranges):
+class RangeCrc32(Ranges):
     """CRC32 of each range ``(key, start, length)``: ``results()`` is {key: (crc32, bytes seen)}, ``arrays()``
     ``(crc32, bytes seen)`` int64 arrays; bytes seen: the contiguous bytes from the range's start."""
 
@@ -191,7 +133,7 @@ class RangeCrc32(_Ranges):
         return self._keyed(zip(crc.tolist(), seen.tolist()))
 
 
-class RangeNulRuns(_Ranges):
+class RangeNulRuns(Ranges):
     """The longest run of at least ``min_run`` NUL bytes inside each range ``(key, start, length)``: ``results()``
     is {key: (offset, length) or None}, ``arrays()`` ``(offset or -1, length or 0)``, the earliest of equal
     longest runs (as ``max`` over :func:`ckptaudit.formats.zeros.zero_runs` of the range gives).  Runs inside
@@ -296,7 +238,7 @@ class RangeAllNulRuns(RangeNulRuns):
         return out
 
 
-class KeepBytes(_Ranges):
+class KeepBytes(Ranges):
     """A copy of the bytes of each range ``(key, start, length)``: ``results()`` is ``[(offset, bytes), ...]``
     in file order, contiguous pieces joined (a range the feed did not wholly cover keeps what it saw)."""
 
@@ -326,7 +268,7 @@ class KeepBytes(_Ranges):
 _STATS_BYTES = 1 << 20
 
 
-class RangeValues(_Ranges):
+class RangeValues(Ranges):
     """Value statistics of each range ``(key, start, nbytes, dtype)`` read as elements of ``dtype`` (or columns:
     ``starts``, ``lengths`` and ``dtypes``, codes into ``dtype_names``): ``results()`` is {key: (non-finite count,
     Σx² of the finite values, bytes seen)}, ``arrays()`` the same as three arrays.

@@ -41,7 +41,7 @@ def table_of(unit: str, rel: str, ff) -> "pa.Table":
     import pyarrow as pa
 
     from ..tables import SCHEMAS
-    from .plan import DTYPES
+    from .values import DTYPES
 
     schema = SCHEMAS["bytefacts"]
     plan = ff.plan

@@ -16,14 +16,13 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
 from .. import fs
-from .values import FLOAT_DTYPES
+from .values import DTYPES, FLOAT_DTYPES
 
 #: Largest safetensors header read for planning (bytes); the file layer checks the header itself.
 MAX_HEADER_BYTES = 100 << 20
 
 
 #: The dtypes a plan's value ranges are coded in (``Plan.values_dtype`` indexes this tuple).
-DTYPES = tuple(sorted(FLOAT_DTYPES))
 _DTYPE_CODE = {d: i for i, d in enumerate(DTYPES)}
 
 

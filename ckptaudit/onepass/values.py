@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Tuple
 
 FLOAT_DTYPES = {"float32", "float64", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"}
+#: The same, in a fixed order: a value range's dtype is stored as its index here (plan and bytefacts columns).
+DTYPES = tuple(sorted(FLOAT_DTYPES))
 
 
 def itemsize(dtype: str) -> int:
