@@ -137,7 +137,9 @@ def main(argv=None) -> int:
     ap.add_argument("--config", required=True)
     ap.add_argument("--out-dir", required=True)
     ap.add_argument("--bench-dir", default="")
-    ap.add_argument("--audit-id", default=None, help="this audit's id (ckptaudit.reverify.audit_id)")
+    ap.add_argument("--audit-id", default=os.environ.get("CKPTAUDIT_AUDIT_ID"),
+                    help="this audit's id (ckptaudit.reverify.audit_id; default: $CKPTAUDIT_AUDIT_ID, which the "
+                         "workflow sets for its jobs)")
     ap.add_argument("--reuse", action="store_true", help="the audit re-used unchanged parts (config reuse)")
     for s in STAGES:
         ap.add_argument(f"--{s}", nargs="*", default=[])

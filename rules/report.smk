@@ -25,7 +25,6 @@ rule report:
         out=get_out_dir,
         bench=BENCH,
         version=VERSION,
-        audit=AUDIT_ID,
         reuse="--reuse" if config["reuse"] else "",
     log:
         f"{LOGS}/report/report.log",
@@ -37,4 +36,4 @@ rule report:
         "--out-dir {params.out} --bench-dir {params.bench} --hash {input.hash} --scan {input.scan} "
         "--tensors {input.tensors} --imports {input.imports} --load {input.load} "
         "--structure {input.structure} --configdiff {input.configdiff} --state {input.state} "
-        "--audit-id {params.audit:q} {params.reuse} > {log} 2>&1"
+        "{params.reuse} > {log} 2>&1"

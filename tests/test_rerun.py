@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from html import unescape
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,13 @@ def flip_keeping_times(path: Path) -> None:
         f.write(bytes([b[0] ^ 0xFF]))
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert (path.stat().st_size, path.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+
+
+def one_per_part(tmp_path: Path) -> Path:
+    """A config with one unit per part, so a new unit is a new part ("auto" packs the demo's units in one)."""
+    cfg = tmp_path / "one-per-part.yaml"
+    cfg.write_text("units_per_job: 1\n")
+    return cfg
 
 
 def hash_part_mtimes(out: Path) -> dict:
@@ -74,23 +82,36 @@ def test_bit_rot_with_size_and_mtime_kept_is_caught_by_the_next_audit(run_copy, 
     assert v["bytes_verified"]["reuse"] is False and v["bytes_verified"]["units_reverified"] == 6
     assert all(u["reverified"] for u in v["units"])
 
-    # --reuse: an unchanged run is not hashed again, and the report says so ...
-    assert run_cli(*audit, "--reuse").returncode == 1  # first --reuse audit: the parts' key changes, all redone
+    # --reuse: an unchanged run is not audited again (no job) ...
+    reuse = (*audit, "--config", str(one_per_part(tmp_path)), "--reuse")
+    assert run_cli(*reuse).returncode == 1  # the first --reuse audit: the parts' key and grouping change, all redone
     before = hash_part_mtimes(out)
-    p = run_cli(*audit, "--reuse")
+    written = (out / "verdict.json").stat().st_mtime_ns
+    p = run_cli(*reuse)
     assert p.returncode == 1, p.stdout + p.stderr
-    assert hash_part_mtimes(out) == before
+    assert hash_part_mtimes(out) == before and (out / "verdict.json").stat().st_mtime_ns == written
+    # ... a new unit is the only one hashed, and the report says the others were reused
+    shutil.copy(run_copy / "ckpt_000200.pt", run_copy / "ckpt_000350.pt")
+    p = run_cli(*reuse)
+    assert p.returncode == 1, p.stdout + p.stderr
+    after = hash_part_mtimes(out)
+    assert {k: after[k] for k in before} == before and len(after) == len(before) + 1
     v = json.loads((out / "verdict.json").read_text())
     assert v["bytes_verified"]["reuse"] is True
-    assert (v["bytes_verified"]["units_reverified"], v["bytes_verified"]["units_reused"]) == (0, 6)
-    assert all(not u["reverified"] and u["last_hashed_utc"] < v["bytes_verified"]["audit_started_utc"]
-               for u in v["units"])
-    html = (out / "report.html").read_text()
-    assert "reused 6 units' earlier results" in html and "(reused)" in html
+    assert (v["bytes_verified"]["units_reverified"], v["bytes_verified"]["units_reused"]) == (1, 6)
+    units = {u["unit"]: u for u in v["units"]}
+    assert units["ckpt_000350.pt"]["reverified"] is True
+    assert not any(units[u]["reverified"] for u in units if u != "ckpt_000350.pt")
+    assert all(units[u]["last_hashed_utc"] < v["bytes_verified"]["audit_started_utc"] for u in units
+               if u != "ckpt_000350.pt")
+    html = unescape((out / "report.html").read_text())
+    assert "hashed the bytes of 1 unit again and <strong>reused 6 units' earlier results</strong>" in html
+    assert "(reused)" in html
+    (run_copy / "ckpt_000350.pt").unlink()
 
     # ... but a byte flipped with size and mtime put back changes the ctime: the part is hashed again
     flip_keeping_times(run_copy / "ckpt_000200.pt")
-    p = run_cli(*audit, "--reuse")
+    p = run_cli(*reuse)
     assert p.returncode == 1, p.stdout + p.stderr
     o = outcome(out)
     assert "checksum_mismatch" in o["units"]["ckpt_000200.pt"][1]
