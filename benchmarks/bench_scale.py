@@ -9,10 +9,10 @@
    checkpoint of step N+1 is kept aside for step 3.
 2. Times ``snakemake --cores 2 audit --config run_dir=RUN out_dir=OUT`` on the
    repository's Snakefile (Snakemake's ``.snakemake/`` goes to a temp workdir).
-3. With ``reuse=true`` (``--reuse``): runs the same command again on the unchanged
+3. With ``reuse=True`` (``--reuse``): runs the same command again on the unchanged
    run (expects "Nothing to be done" and no file under OUT rewritten), then adds
    the step N+1 unit and runs it once more (expects inventory + the last part's six
-   jobs + report only).  Steps 2 and 3 pass ``reuse=true`` so the first audit keys
+   jobs + report only).  Steps 2 and 3 pass ``reuse=True`` so the first audit keys
    its parts the way the re-runs do (its cost is the same as without).
 4. Runs it once more without ``reuse`` (the default, and the nightly case): every
    byte is hashed again (docs/rerun.md), so it costs about what the first audit did.
@@ -182,7 +182,7 @@ def main(argv=None) -> int:
         if a.units_per_job != "auto":
             cmd.append(f"units_per_job={a.units_per_job}")
         default_cmd = list(cmd)  # every byte hashed again (the default re-run)
-        cmd.append("reuse=true")
+        cmd.append("reuse=True")
 
         r1 = C.run_gnu_time(cmd)
         log1 = r1["stderr"] + r1["stdout"]
