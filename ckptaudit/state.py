@@ -126,8 +126,10 @@ def analyse_unit(unit: dict, scan_row: dict, tensors: List[dict], run_dir: Path,
     facts = json.loads(scan_row.get("facts_json") or "{}")
     if not roles.weights_intact(scan_row) or not scan_row.get("security_ok") or not tree:
         row.update(step=unit.get("step_from_name"), step_source="name" if unit.get("step_from_name") is not None else "")
-        scan_errors = [f for f in json.loads(scan_row.get("findings_json") or "[]") if f.get("severity") == "error"]
-        if not tree and not scan_errors:  # an empty folder, or one with only metadata: nothing to resume from
+        scan_findings = json.loads(scan_row.get("findings_json") or "[]")
+        scan_errors = [f for f in scan_findings if f.get("severity") == "error"]
+        cut = any(f.get("kind") == "pickle_too_complex" for f in scan_findings)  # the walk gave up: tree unknown
+        if not tree and not scan_errors and not cut:  # an empty folder, or one with only metadata: nothing to resume from
             row.update(has_weights=False)
             row["findings_json"] = json.dumps([missing_weights(unit["unit"], "none").to_dict()])
         return row

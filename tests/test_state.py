@@ -1,5 +1,6 @@
 """The streamed value scan: NaN/Inf by bit pattern, norms, bounded reads."""
 
+import json
 import math
 
 import numpy as np
@@ -52,3 +53,22 @@ def test_tied_tensors_are_read_once(tmp_path, monkeypatch):
     monkeypatch.setattr(state, "_chunk_stats", lambda *x: calls.append(1) or real(*x))
     r = state.scan_values(tmp_path, t, 1 << 20)
     assert r["w"] == r["alias"] and len(calls) == 1
+
+
+def test_a_walk_cut_by_its_budget_is_not_a_unit_without_weights(tmp_path):
+    """A torch.save of 200,000 tensors (a 14 MB data.pkl) ran past the static walk's 5 M-opcode budget before
+    the top-level dict was built: the empty tree became `missing_model_weights`, an error, and the verdict
+    said retrain for an intact checkpoint.  A cut walk leaves the state unknown, never "no weights"."""
+    from ckptaudit.findings import make
+
+    unit = {"unit": "ckpt_001000.pt", "step_from_name": 1000, "files": ["ckpt_001000.pt"]}
+    too_complex = make("pickle_too_complex", path="ckpt_001000.pt", member="archive/data.pkl",
+                       why="gave up after max_ops=5000000 opcodes at byte 14248990", imports="none").to_dict()
+    cut = {"file_ok": True, "security_ok": True, "tree_json": "", "findings_json": json.dumps([too_complex])}
+    row = state.analyse_unit(unit, cut, [], tmp_path, {})
+    assert json.loads(row["findings_json"]) == [] and row.get("has_weights") is None
+    assert row["step"] == 1000 and row["step_source"] == "name"
+    empty = {**cut, "findings_json": "[]"}  # nothing cut: an empty unit still has no weights
+    row = state.analyse_unit(unit, empty, [], tmp_path, {})
+    assert [f["kind"] for f in json.loads(row["findings_json"])] == ["missing_model_weights"]
+    assert row["has_weights"] is False
