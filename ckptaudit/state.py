@@ -124,11 +124,11 @@ def analyse_unit(unit: dict, scan_row: dict, tensors: List[dict], run_dir: Path,
     fl: List[F.Finding] = []
     tree = json.loads(scan_row.get("tree_json") or "{}")
     facts = json.loads(scan_row.get("facts_json") or "{}")
+    scan_findings = json.loads(scan_row.get("findings_json") or "[]")
+    cut = any(f.get("kind") == "pickle_too_complex" for f in scan_findings)  # the walk gave up: the tree is partial
     if not roles.weights_intact(scan_row) or not scan_row.get("security_ok") or not tree:
         row.update(step=unit.get("step_from_name"), step_source="name" if unit.get("step_from_name") is not None else "")
-        scan_findings = json.loads(scan_row.get("findings_json") or "[]")
         scan_errors = [f for f in scan_findings if f.get("severity") == "error"]
-        cut = any(f.get("kind") == "pickle_too_complex" for f in scan_findings)  # the walk gave up: tree unknown
         if not tree and not scan_errors and not cut:  # an empty folder, or one with only metadata: nothing to resume from
             row.update(has_weights=False)
             row["findings_json"] = json.dumps([missing_weights(unit["unit"], "none").to_dict()])
@@ -140,13 +140,14 @@ def analyse_unit(unit: dict, scan_row: dict, tensors: List[dict], run_dir: Path,
     row.update(
         step=step if step is not None else name_step,
         step_source=c.step_source or ("name" if name_step is not None else ""),
-        has_weights=bool(c.weights), has_optimizer=c.optimizer is not None,
+        has_weights=bool(c.weights) if c.weights or not cut else None, has_optimizer=c.optimizer is not None,
         optimizer_nonempty=c.optimizer_nonempty, optimizer_step=c.optimizer_step,
         has_scheduler=c.scheduler is not None, scheduler_last_epoch=c.scheduler_last_epoch,
         has_scaler=c.scaler, has_rng=c.rng, has_sampler=c.sampler, has_ema=c.ema,
         epoch=c.epoch, best_metric=c.best_metric, loss=c.loss,
     )
-    fl.extend(_completeness(p, c, step, name_step))
+    if not cut:  # a partial tree cannot show what is missing (the scan's pickle_too_complex says so)
+        fl.extend(_completeness(p, c, step, name_step))
     fl.extend(_counter_findings(p, c, step, name_step))
     if scfg.get("nan_scan", True) and c.weights:
         fl.extend(_value_findings(p, c, tensors, run_dir, scfg, row))

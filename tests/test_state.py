@@ -68,6 +68,9 @@ def test_a_walk_cut_by_its_budget_is_not_a_unit_without_weights(tmp_path):
     row = state.analyse_unit(unit, cut, [], tmp_path, {})
     assert json.loads(row["findings_json"]) == [] and row.get("has_weights") is None
     assert row["step"] == 1000 and row["step_source"] == "name"
+    partial = {**cut, "tree_json": '{"root": null}'}  # what the scan stage writes for that cut walk
+    row = state.analyse_unit(unit, partial, [], tmp_path, {})
+    assert json.loads(row["findings_json"]) == [] and row["has_weights"] is None
     empty = {**cut, "findings_json": "[]"}  # nothing cut: an empty unit still has no weights
     row = state.analyse_unit(unit, empty, [], tmp_path, {})
     assert [f["kind"] for f in json.loads(row["findings_json"])] == ["missing_model_weights"]
