@@ -28,8 +28,8 @@ def test_unit_deleted_after_inventory_is_changed_not_a_crash(tmp_path, monkeypat
     run = _run(tmp_path / "run")
     real = inventory.run_inventory
 
-    def inventory_then_prune(run_dir, units_per_job="auto"):
-        doc = real(run_dir, units_per_job)
+    def inventory_then_prune(run_dir, *args, **kwargs):
+        doc = real(run_dir, *args, **kwargs)
         (run / "ckpt_000300.pt").unlink()  # the writer's retention, just after the listing
         return doc
 
@@ -47,8 +47,8 @@ def test_unit_rewritten_during_audit_is_excluded(tmp_path, monkeypatch):
     run = _run(tmp_path / "run")
     real = inventory.run_inventory
 
-    def inventory_then_rewrite(run_dir, units_per_job="auto"):
-        doc = real(run_dir, units_per_job)
+    def inventory_then_rewrite(run_dir, *args, **kwargs):
+        doc = real(run_dir, *args, **kwargs)
         p = run / "ckpt_000300.pt"
         p.write_bytes(p.read_bytes() + b"\0")  # rewritten in place by a second writer
         return doc
