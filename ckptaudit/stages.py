@@ -129,14 +129,14 @@ def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None) 
         return rows
 
     workers = max(1, min(hashing.PASSES_AT_ONCE, len(units)))
-    if workers > 1:
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            done = list(pool.map(one, units))
-    else:
-        done = [one(u) for u in units]
+    with facts_writer:  # the facts file whole, or none (and no temp file) when a pass raises
+        if workers > 1:
+            with ThreadPoolExecutor(max_workers=workers) as pool:
+                done = list(pool.map(one, units))
+        else:
+            done = [one(u) for u in units]
     rows = [r for unit_rows in done for r in unit_rows]
     tables.write("hash", rows, out)
-    facts_writer.close()
     _write_bytes(out, "hash", part, before)
     return rows
 
@@ -166,13 +166,12 @@ def stage_scan(inv: dict, part: str, cfg: dict, out: str, out_tensors: str, out_
     run_dir = _run_dir(inv, cfg)
     _load_facts(out, part, facts_path, run_dir)
     scans, imports = [], []
-    tensors = tables.BatchWriter("tensors", out_tensors)  # a unit's tensors as columns, written as scanned
-    for row, tens, imps in iter_scans(run_dir, _with_object_store(inv, part_units(inv, part)), cfg):
-        scans.append(row)
-        tensors.write(tens)
-        imports.extend(imps)
-        del tens
-    tensors.close()
+    with tables.BatchWriter("tensors", out_tensors) as tensors:  # a unit's tensors as columns, written as scanned
+        for row, tens, imps in iter_scans(run_dir, _with_object_store(inv, part_units(inv, part)), cfg):
+            scans.append(row)
+            tensors.write(tens)
+            imports.extend(imps)
+            del tens
     tables.write("scan", scans, out)
     tables.write("imports", imports, out_imports)
     _write_bytes(out, "scan", part, before)

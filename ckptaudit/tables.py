@@ -186,6 +186,21 @@ class BatchWriter:
         self._writer.close()
         os.replace(self._tmp, self.path)
 
+    def abort(self) -> None:
+        """Drop what was written: no file at ``path``, no temp file left beside it."""
+        self._writer.close()
+        self._tmp.unlink(missing_ok=True)
+
+    def __enter__(self) -> "BatchWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        """Whole file on success, nothing on an exception (which then propagates)."""
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
 
 INT64_MAX = (1 << 63) - 1
 

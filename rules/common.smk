@@ -104,8 +104,16 @@ def get_part_files(wildcards):
     return ws.part_files(get_inventory(), wildcards.part)
 
 
+_PART_SIGNATURES = {}  # (inventory version, part) -> signature: six rules ask per part; stat each file once
+
+
 def get_part_units(wildcards):
-    return ws.part_signature(get_inventory(), wildcards.part, reverify=REVERIFY)
+    path = checkpoints.inventory.get().output.json
+    st = os.stat(path)
+    key = (st.st_mtime_ns, st.st_size, wildcards.part)
+    if key not in _PART_SIGNATURES:
+        _PART_SIGNATURES[key] = ws.part_signature(get_inventory(), wildcards.part, reverify=REVERIFY)
+    return _PART_SIGNATURES[key]
 
 
 def get_parts_of(stage):
