@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Callable, Dict, List, Tuple
 
-from . import fs
+from . import fs, loaded_object
 
 #: Files one child loads at most.
 BATCH_FILES = 32
@@ -185,13 +185,13 @@ def _child(batch: List[Tuple[str, str, List[str]]], limit: int, wfd: int) -> Non
                         for k in f.keys():
                             f.get_tensor(k)
                             n += 1
-                    res = {"status": "ok", "n_top_level_keys": n}
+                    res = {"status": "ok", "n_top_level_keys": n, "n_tensors": n}
                 else:
                     allowed = (torch.serialization.safe_globals(_resolve_benign(benign)) if benign
                                else contextlib.nullcontext())
                     with allowed:
                         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=(kind == "torch_zip"))
-                    res = {"status": "ok", "n_top_level_keys": len(obj) if isinstance(obj, dict) else -1}
+                    res = loaded_object.summary(obj)
                     del obj
             except BaseException as e:  # noqa: BLE001 - reported, then this file is tried alone
                 res = {"status": "failed", "error_type": type(e).__name__}

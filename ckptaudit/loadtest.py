@@ -34,7 +34,7 @@ from typing import Dict, List, Tuple
 
 from . import findings as F
 from . import roles
-from . import fs
+from . import fs, loaded_object
 from .loadchild import _rchar, _resolve_benign, batched_loads
 
 LOADABLE = ("torch_zip", "torch_legacy", "safetensors")
@@ -90,12 +90,12 @@ def _child(path: str, kind: str, benign: List[str], limit_bytes: int, wfd: int) 
                 for k in f.keys():
                     f.get_tensor(k)
                     n += 1
-            result = {"status": "ok", "n_top_level_keys": n}
+            result = {"status": "ok", "n_top_level_keys": n, "n_tensors": n}
         else:
             if benign:
                 torch.serialization.add_safe_globals(_resolve_benign(benign))
             obj = torch.load(path, map_location="cpu", weights_only=True, mmap=(kind == "torch_zip"))
-            result = {"status": "ok", "n_top_level_keys": len(obj) if isinstance(obj, dict) else -1}
+            result = loaded_object.summary(obj)
     except MemoryError as e:
         result = {"status": "memory", "error_type": "MemoryError", "error_message": str(e)[:2000]}
     except BaseException as e:  # noqa: BLE001 - the child reports every failure as data
@@ -125,7 +125,7 @@ MAPPED_KINDS = ("torch_zip", "safetensors")
 def load_in_child(path: str, kind: str, benign: List[str], *, timeout_seconds: float,
                   memory_limit_bytes: int) -> Dict:
     """Fork a child that loads ``path``; return {status, error_type, error_message,
-    load_seconds, peak_rss_bytes, n_top_level_keys}.  status is ok | failed |
+    load_seconds, peak_rss_bytes, n_top_level_keys, n_tensors}.  status is ok | failed |
     timeout | memory.
 
     ``memory_limit_bytes`` (``load.memory_limit_mib``) is what the load may allocate: the child's
@@ -273,7 +273,7 @@ def load_units(run_dir: Path, units: List[dict], scans: Dict[str, dict], hashes:
             rows.append({"unit": u["unit"], "file": f, "status": res["status"], "skipped_reason": "",
                          "error_type": res.get("error_type", ""), "error_message": res.get("error_message", ""),
                          "load_seconds": res["load_seconds"], "peak_rss_bytes": res["peak_rss_bytes"],
-                         "n_top_level_keys": res.get("n_top_level_keys"),
+                         "n_top_level_keys": res.get("n_top_level_keys"), "n_tensors": res.get("n_tensors"),
                          "findings_json": json.dumps([x.to_dict() for x in fl])})
     return rows
 
@@ -357,5 +357,5 @@ def skip_row(unit: str, file: str, why: str) -> dict:
 def _skip(unit: str, file: str, why: str) -> dict:
     return {"unit": unit, "file": file, "status": "skipped", "skipped_reason": why, "error_type": "",
             "error_message": "", "load_seconds": 0.0, "peak_rss_bytes": 0, "n_top_level_keys": None,
-            "findings_json": "[]"}
+            "n_tensors": None, "findings_json": "[]"}
 

@@ -158,7 +158,8 @@ def analyse_unit(unit: dict, scan_row: dict, tensors: List[dict], run_dir: Path,
 def missing_weights(path: str, keys: str) -> F.Finding:
     """``missing_model_weights``: unit ``path`` holds no model weights (``keys``: what it holds instead).
     Decided by :func:`analyse_unit` (nothing to resume from), :func:`_completeness` (no weights among the
-    components) and the DeepSpeed adapter (no ``mp_rank_XX_model_states.pt``, at scan time)."""
+    components), the DeepSpeed adapter (no ``mp_rank_XX_model_states.pt``, at scan time) and, for a unit the
+    static walk gave up on, :func:`ckptaudit.cut_walk.findings` (torch.load found no tensor in it)."""
     return F.make("missing_model_weights", path=path, keys=keys)
 
 

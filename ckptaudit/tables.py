@@ -91,7 +91,8 @@ SCHEMAS: Dict[str, pa.Schema] = {
     # load: one row per loadable file
     "load": pa.schema([
         ("unit", S), ("file", S), ("status", S), ("skipped_reason", S), ("error_type", S), ("error_message", S),
-        ("load_seconds", F), ("peak_rss_bytes", I), ("n_top_level_keys", I), ("findings_json", S),
+        ("load_seconds", F), ("peak_rss_bytes", I), ("n_top_level_keys", I), ("n_tensors", I),
+        ("findings_json", S),
     ]),
     # structure: one row per unit
     "structure": pa.schema([

@@ -37,7 +37,7 @@ import json
 from typing import Dict, List, Optional
 
 from . import findings as F
-from . import resume_entry, resume_hint, roles
+from . import cut_walk, resume_entry, resume_hint, roles
 from .run_findings import _step, name_counts_saves, run_findings  # noqa: F401 - re-exported
 from .text import step_text
 
@@ -49,12 +49,25 @@ def _loads(s: Optional[str]) -> List[dict]:
     return json.loads(s) if s else []
 
 
-def unit_findings(unit: str, tables: Dict[str, List[dict]]) -> List[dict]:
-    out: List[dict] = []
-    for name in ("hash", "scan", "load", "structure", "configdiff", "state"):
+_STAGES = ("hash", "scan", "load", "structure", "configdiff", "state")
+
+
+def rows_by_unit(tables: Dict[str, List[dict]]) -> Dict[str, List[dict]]:
+    """{unit: its rows of every stage's table, in stage order}: one pass over the tables, so the verdict
+    costs rows + units, not rows × units."""
+    out: Dict[str, List[dict]] = {}
+    for name in _STAGES:
         for r in tables.get(name, []):
-            if r["unit"] == unit:
-                out.extend(_loads(r.get("findings_json")))
+            out.setdefault(r["unit"], []).append(r)
+    return out
+
+
+def unit_findings(unit: str, tables: Dict[str, List[dict]], by_unit: Optional[Dict[str, List[dict]]] = None
+                  ) -> List[dict]:
+    """Every stage's findings on ``unit``, de-duplicated; ``by_unit`` (:func:`rows_by_unit`) saves a scan."""
+    out: List[dict] = []
+    for r in (by_unit if by_unit is not None else rows_by_unit(tables)).get(unit, []):
+        out.extend(_loads(r.get("findings_json")))
     # de-duplicate identical findings (a kind on the same path with the same message)
     seen, uniq = set(), []
     for f in out:
@@ -137,9 +150,15 @@ def build(inv: dict, tables: Dict[str, List[dict]], cfg: dict) -> dict:
     structure_rows = {r["unit"]: r for r in tables.get("structure", [])}
     scan_rows = {r["unit"]: r for r in tables.get("scan", [])}
     extra = run_findings(inv["units"], state_rows, structure_rows, cfg, scan_rows)
+    load_rows: Dict[str, List[dict]] = {}
+    for r in tables.get("load", []):
+        load_rows.setdefault(r["unit"], []).append(r)
+    for unit, fl in cut_walk.findings([u["unit"] for u in inv["units"]], scan_rows, state_rows, load_rows).items():
+        extra.setdefault(unit, []).extend(fl)
+    by_unit = rows_by_unit(tables)
     units_out = []
     for u in inv["units"]:
-        fl = _weigh_by_role(unit_findings(u["unit"], tables) + extra.get(u["unit"], [])
+        fl = _weigh_by_role(unit_findings(u["unit"], tables, by_unit) + extra.get(u["unit"], [])
                             + (inv.get("changed_during_audit") or {}).get(u["unit"], []), scan_rows.get(u["unit"]))
         for mf in u.get("missing_files", []):
             pass  # reported by the layout's own check (e.g. index_references_missing_shard)

@@ -19,6 +19,26 @@ def test_good_file_loads_in_child():
     assert r["peak_rss_bytes"] > 0 and r["load_seconds"] > 0
 
 
+def test_the_child_counts_the_tensors_it_loaded(tmp_path):
+    """``n_tensors`` is what the verdict reads when the static walk gave up (ckptaudit.cut_walk): a tied
+    tensor counts once, a pickle of 35 levels of shared lists (2**35 paths) holds none."""
+    import torch
+
+    w = torch.zeros(4)
+    torch.save({"model": {"a": w, "tied": w, "b": torch.ones(2)}, "opt": [torch.ones(1)], "step": 3}, tmp_path / "a.pt")
+    nested = []
+    for _ in range(35):
+        nested = [nested, nested]
+    torch.save(nested, tmp_path / "dag.pt")
+    by_file = {n: loadtest.load_in_child(str(tmp_path / n), "torch_zip", [], timeout_seconds=60,
+                                         memory_limit_bytes=8 << 30) for n in ("a.pt", "dag.pt")}
+    assert (by_file["a.pt"]["n_tensors"], by_file["a.pt"]["n_top_level_keys"]) == (3, 3)
+    assert (by_file["dag.pt"]["n_tensors"], by_file["dag.pt"]["n_top_level_keys"]) == (0, -1)
+    from ckptaudit.loaded_object import count_tensors
+
+    assert count_tensors([[1] * 10] * 10, max_nodes=15) is None  # past its budget: unknown, never a partial count
+
+
 def test_truncated_file_is_explained():
     r = loadtest.load_in_child(str(CASES / "trunc_zip_at_50pct" / "ckpt.pt"), "torch_zip", [],
                                timeout_seconds=60, memory_limit_bytes=8 << 30)

@@ -75,3 +75,27 @@ def test_a_walk_cut_by_its_budget_is_not_a_unit_without_weights(tmp_path):
     row = state.analyse_unit(unit, empty, [], tmp_path, {})
     assert [f["kind"] for f in json.loads(row["findings_json"])] == ["missing_model_weights"]
     assert row["has_weights"] is False
+
+
+def test_a_cut_walk_is_settled_by_what_torch_load_found():
+    """The cut walk leaves has_weights unknown; the load test's count decides.  A unit whose every file loaded
+    with no tensor (a pickle of 20 million integers) holds no weights; one with tensors, or one a file of which
+    was not loaded, stays open (tests/test_hostile.py runs both through the workflow)."""
+    from ckptaudit import cut_walk
+    from ckptaudit.findings import make
+
+    too_complex = make("pickle_too_complex", path="c.pt", member="archive/data.pkl", why="gave up",
+                       imports="none").to_dict()
+    scans = {u: {"findings_json": json.dumps([too_complex])} for u in ("empty", "full", "unloaded")}
+    scans["whole"] = {"findings_json": "[]"}
+    states = {u: {"has_weights": None} for u in scans} | {"whole": {"has_weights": None}}
+    ok = {"status": "ok", "n_top_level_keys": -1}
+    loads = {"empty": [{"unit": "empty", "file": "c.pt", **ok, "n_tensors": 0}],
+             "full": [{"unit": "full", "file": "c.pt", **ok, "n_tensors": 200_000}],
+             "unloaded": [{"unit": "unloaded", "file": "c.pt", "status": "timeout", "n_tensors": None}],
+             "whole": [{"unit": "whole", "file": "c.pt", **ok, "n_tensors": 0}]}
+    out = cut_walk.findings(list(scans), scans, states, loads)
+    assert list(out) == ["empty"]
+    (f,) = out["empty"]
+    assert f["kind"] == "missing_model_weights" and f["severity"] == "error"
+    assert "c.pt: an object that is not a dict with no tensor" in f["message"]
