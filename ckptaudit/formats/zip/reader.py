@@ -118,13 +118,22 @@ class _File:
                 w0, win = off, self.f.read(max(n, self.window_bytes))
                 self._win = (w0, win)
             return win[off - w0: off - w0 + n]
-        out = fs.pread(self.fd, n, off)
-        while len(out) < n:  # pread may return short on some filesystems
-            more = fs.pread(self.fd, n - len(out), off + len(out))
+        # local: the last large read is kept, so a walk that reads a chunk past a record's end (the
+        # descriptor search of a cut archive) finds the next header and data there, not on disk again
+        b0, blk = getattr(self, "_last", (0, b""))
+        out = blk[off - b0: off - b0 + n] if b0 <= off < b0 + len(blk) else b""
+        if len(out) == n:
+            return out
+        start = off + len(out)
+        got = fs.pread(self.fd, n - len(out), start)
+        while len(out) + len(got) < n:  # pread may return short on some filesystems
+            more = fs.pread(self.fd, n - len(out) - len(got), start + len(got))
             if not more:
                 break
-            out += more
-        return out
+            got += more
+        if len(got) >= (64 << 10):
+            self._last = (start, got)
+        return out + got if out else got
 
     def crc(self, off: int, n: int, chunk: int, buf: bytearray) -> Tuple[int, int]:
         """CRC32 of ``n`` bytes from ``off`` (streamed); returns ``(crc, bytes_read)``."""
