@@ -50,6 +50,16 @@ def default_config() -> dict:
     return {k: d[k] for k in STAGE_KEYS}
 
 
+def merged_config(cfg: Optional[dict]) -> dict:
+    """The stage config: ``cfg`` (keys of ``config/config.yaml``; a dict value merges into the default's)
+    over :func:`default_config`, checked by :func:`check_config` (``ValueError`` naming the key and bound)."""
+    c = default_config()
+    for k, v in (cfg or {}).items():
+        c[k] = {**c[k], **v} if isinstance(v, dict) and isinstance(c.get(k), dict) else v
+    check_config(c)
+    return c
+
+
 def audit_in_process(run_dir: str | Path, cfg: Optional[dict] = None, out_dir: Optional[str | Path] = None) -> dict:
     """Audit ``run_dir``; return the verdict dict (also written to ``out_dir``).
 
@@ -61,10 +71,7 @@ def audit_in_process(run_dir: str | Path, cfg: Optional[dict] = None, out_dir: O
 
     from . import fs, report, stages
 
-    c = default_config()
-    for k, v in (cfg or {}).items():
-        c[k] = {**c[k], **v} if isinstance(v, dict) and isinstance(c.get(k), dict) else v
-    check_config(c)
+    c = merged_config(cfg)
     tmp = None
     if out_dir is None:
         tmp = tempfile.TemporaryDirectory(prefix="ckptaudit-")

@@ -7,17 +7,20 @@ Usage in a training script::
     model.load_state_dict(ckpt["model"])         # the result indexes like the state
     start_step = ckpt.step
 
-One judgement for reader and audit: the run is audited in this process by the
-audit's own stages (:func:`ckptaudit.pipeline.audit_in_process`), in their
-cheap-first order — the unit's name (an in-progress save is never used), the
-bytes (empty, zero-filled, LFS pointer, zip central directory and every member's
-CRC32, safetensors header), a static scan of every pickle (an import outside
-``torch.load(weights_only=True)``'s allowlist and the known-benign list), SHA-256
-against the sidecar or manifest, the isolated load test in a child process, the
-structure, and the state layer (completeness, NaN/Inf in the weights) — and the
-verdict's rollback unit is loaded with ``torch.load(path, map_location=…,
-weights_only=True)``.  A unit without model weights is never returned.  Every
-newer unit passed over is logged as a warning with its reason.
+One judgement for reader and audit, paying for the unit it returns
+(:func:`ckptaudit.newest_first.search`): every unit's metadata is checked by the
+audit's own stages — the unit's name (an in-progress save is never used), zip
+central directories and local headers, safetensors headers, a static scan of every
+pickle (an import outside ``torch.load(weights_only=True)``'s allowlist and the
+known-benign list), JSON state, structure, step and scheduler continuity across
+the run — and then, newest first, the unit the audit's rule would choose is checked
+byte by byte: SHA-256 against its sidecar or manifest, every zip record's CRC32, the
+isolated load test in a child process, NaN/Inf in the weights.  A unit that fails is
+passed over and the next choice is examined; tensor bytes of older units are never
+read.  The chosen unit is loaded with ``torch.load(path, map_location=…,
+weights_only=True)``.  A unit without model weights is never returned.  Every newer
+unit passed over is logged as a warning with its reason; ``ckpt.examined`` lists the
+units read byte by byte and ``ckpt.bytes_read`` what the checks read.
 
 What a unit loads as (``ckpt.state``):
 
@@ -72,6 +75,8 @@ class LoadedCheckpoint:
     skipped: Dict[str, str] = field(default_factory=dict)  # newer units passed over, with why
     not_loaded: Dict[str, str] = field(default_factory=dict)  # files of a folder unit left out, with why
     usable_for: str = "resume"  # the audit's judgement: "resume", or "warm-start" (weights only)
+    examined: List[str] = field(default_factory=list)  # units whose every byte was checked, in that order
+    bytes_read: int = 0  # bytes the checks read (ckptaudit.fs counters and load-test children), before the load
 
     def __getitem__(self, key):
         return self.state[key]
@@ -192,12 +197,11 @@ def safe_load_checkpoint(ckpt_dir: str | Path, *, map_location: Any = "cpu",
                          audit_config: Optional[dict] = None) -> LoadedCheckpoint:
     """Load the unit the audit names as the rollback point of ``ckpt_dir``.
 
-    One judgement for reader and audit: the run is audited in this process by the
-    audit's own stages (:func:`ckptaudit.pipeline.audit_in_process`, cheap checks first:
-    names, bytes and CRCs, static pickle scan, sidecar hashes, the isolated load test,
-    structure, the state layer's completeness and non-finite scan), and the verdict's
-    rollback unit is loaded — the newest unit usable for resume, else the newest usable
-    for a warm start (``usable_for`` says which).  A unit without model weights is never
+    One judgement for reader and audit: the audit's stages judge every unit's metadata,
+    then, newest first, the unit the audit's rule chooses is checked byte by byte (sidecar
+    hashes, CRCs, the isolated load test, the non-finite scan) until one passes
+    (:func:`ckptaudit.newest_first.search`) — the newest unit usable for resume, else the
+    newest usable for a warm start (``usable_for`` says which).  A unit without model weights is never
     returned.  ``audit_config`` holds keys of ``config/config.yaml`` for the resuming job
     (``expected_model_args``, ``target``, …; checked by
     :func:`ckptaudit.pipeline.check_config`, ``ValueError`` when outside the schema).
@@ -213,12 +217,11 @@ def safe_load_checkpoint(ckpt_dir: str | Path, *, map_location: Any = "cpu",
     fails to load here; ``FileNotFoundError`` when ``ckpt_dir`` does not exist.
     ``allow_globals`` lists extra ``"package.module.Name"`` types the caller trusts.
     """
-    import json
     import tempfile
 
-    from . import tables
-    from .loadtest import explain
-    from .pipeline import audit_in_process
+    from .loadtest import child_bytes_read, explain
+    from .newest_first import choose, search
+    from .pipeline import merged_config
 
     lg = logger or log
     root = Path(ckpt_dir)
@@ -228,11 +231,11 @@ def safe_load_checkpoint(ckpt_dir: str | Path, *, map_location: Any = "cpu",
     cfg["security"] = {**(cfg.get("security") or {}),
                        "allow_globals": sorted({*((cfg.get("security") or {}).get("allow_globals") or []),
                                                 *allow_globals})}
+    before, child0 = sum(fs.stage_bytes().values()), child_bytes_read()
     with tempfile.TemporaryDirectory(prefix="ckptaudit-reader-") as td:
-        v = audit_in_process(root, cfg, out_dir=td)
-        inv = json.loads((Path(td) / "work" / "inventory.json").read_text())
-        rows = {name: {r["unit"]: r for r in tables.read_rows(Path(td) / "tables" / f"{name}.parquet")}
-                for name in ("scan", "state")}
+        v, inv, rows, examined = search(root, merged_config(cfg), Path(td))
+    read = sum(fs.stage_bytes().values()) - before + child_bytes_read() - child0
+    lg.debug("safe_load_checkpoint: examined %s byte by byte; %d bytes read", ", ".join(examined) or "no unit", read)
     inv_units = {u["unit"]: u for u in inv["units"]}
     rollback, reasons = choose(v, inv_units, rows["state"])
     for e in v.get("resume_entries") or []:  # Lightning's last.ckpt: what ckpt_path="last" would load
@@ -265,48 +268,8 @@ def safe_load_checkpoint(ckpt_dir: str | Path, *, map_location: Any = "cpu",
         lg.warning("safe_load_checkpoint: %s is usable for %s only: load its weights and restart the optimizer",
                    ud["unit"], rollback["usable_for"])
     return LoadedCheckpoint(state=state, unit=ud["unit"], path=path, step=step, skipped=reasons,
-                            not_loaded=not_loaded, usable_for=rollback["usable_for"])
-
-
-def choose(verdict: dict, inv_units: Dict[str, dict], state_rows: Dict[str, dict]) -> tuple:
-    """(rollback unit of ``verdict`` as a verdict unit dict or None, {newer unit: why it is passed over}).
-
-    The verdict's own rule (:func:`ckptaudit.verdict.decide`: newest ``resume`` unit,
-    else newest ``warm-start`` unit; ``verdict["units"]`` is in save order) over the
-    units that also hold model weights (state layer ``has_weights``); reasons are listed
-    newest first."""
-    units = verdict["units"]
-    no_weights = {u["unit"] for u in units if u["usable_for"] != "none"
-                  and (state_rows.get(u["unit"]) or {}).get("has_weights") is not True}
-    cands = [u for u in units if u["usable_for"] != "none" and u["unit"] not in no_weights]
-    resume = [u for u in cands if u["usable_for"] == "resume"]
-    rollback = resume[-1] if resume else (cands[-1] if cands else None)
-    newer = units[units.index(rollback) + 1:] if rollback else units
-    reasons: Dict[str, str] = {}
-    for u in reversed(newer):
-        reasons[u["unit"]] = _why_not(u, inv_units.get(u["unit"]) or {}, u["unit"] in no_weights)
-    return rollback, reasons
-
-
-_LAYER_ORDER = {"file": 0, "security": 1, "structure": 2, "state": 3}  # cheap first, as the stages run
-
-
-def _why_not(u: dict, inv_unit: dict, no_weights: bool) -> str:
-    """One line: why verdict unit ``u`` is not the rollback point."""
-    if inv_unit.get("in_progress"):
-        return f"in-progress save ({inv_unit['in_progress']})"
-    errs = sorted((f for f in u["findings"] if f["severity"] == "error"),
-                  key=lambda f: _LAYER_ORDER.get(f["layer"], 9))
-    if errs:
-        return f"{errs[0]['kind']}: {errs[0]['message']}"
-    if no_weights:
-        return "no_model_weights: the audit found no model weights in this unit (nothing to load)"
-    if u["usable_for"] != "resume":
-        capped = [f for f in u["findings"] if f.get("caps") not in (None, "resume")] or u["findings"]
-        if capped:
-            return f"usable for {u['usable_for']} only: {capped[0]['kind']}: {capped[0]['message']}"
-        return f"usable for {u['usable_for']} only"
-    return "not chosen by the audit"
+                            not_loaded=not_loaded, usable_for=rollback["usable_for"], examined=examined,
+                            bytes_read=read)
 
 
 __all__: List[str] = ["safe_load_checkpoint", "LoadedCheckpoint", "NoUsableCheckpointError", "check_unit",

@@ -35,6 +35,9 @@ def _assert_agrees(run, cfg, tmp_path):
     assert ckpt.path == run / (ud["files"][0] if ud["kind"] == "file" else ud["unit"])
     assert ckpt.usable_for == next(u["usable_for"] for u in v["units"] if u["unit"] == rb["unit"])
     assert (ckpt.state is not None) == load
+    order = [u["unit"] for u in v["units"]]  # save order
+    assert ckpt.examined and ckpt.examined[-1] == rb["unit"], ckpt.examined  # bytes read: the rollback point …
+    assert all(order.index(u) >= order.index(rb["unit"]) for u in ckpt.examined)  # … and newer units it rejected
     assert tree_digest(run) == before, "the reader changed the run folder"
     return v
 

@@ -1,0 +1,149 @@
+"""The reader's search: the audit's judgement of a run, paying tensor bytes only for the units it examines.
+
+:func:`ckptaudit.safe_load_checkpoint` needs one answer — the unit the full audit would name as its
+rollback point — at every resume.  Auditing the whole run for it hashes every byte of every kept
+checkpoint (issue 23: 4.0 × SHA-256 + ``torch.load`` of the newest unit on a run of four).  :func:`search`
+reaches the same answer in two passes:
+
+1. **The run, by its metadata.**  The inventory (names, sizes, pointers), then the scan, config diff,
+   structure and state stages over every unit inside :func:`ckptaudit.read_depth.metadata_only` and with
+   ``state.nan_scan`` off: zip central directories and local headers, data.pkl and its static walk
+   (security included), safetensors headers, JSON files — never a zip record's CRC32, a SHA-256, a load
+   or a value scan.  This is what the run-level judgements need (step continuity, scheduler cadence, a
+   unit written after a newer one, pointers, Lightning's ``last.ckpt``).
+2. **The candidates, by every byte.**  The verdict is built (:func:`ckptaudit.verdict.build`) and its
+   rollback chosen (:func:`choose`).  While the chosen unit has not been examined,
+   it is: the hash stage (SHA-256 against its sidecar or manifest, the CRC32 of every zip record, the
+   value statistics), then scan, load test, config diff, structure and state with those facts, exactly as
+   the audit runs them; its rows replace its metadata rows and the verdict is built again.  A unit whose
+   full check fails drops out, and the next rollback is examined.
+
+A unit that fails on its metadata is never read further: the full checks only add findings to what the
+metadata pass saw, so the first unit that passes both is the audit's rollback point.  Bytes read: the
+metadata of every unit, plus all bytes of the units examined (the rollback point and the newer units
+whose metadata passed but whose bytes did not).
+
+What the reader does not see, and the audit does: bit rot, a failing load or non-finite values in units
+older than the one it returns (they would not change that answer), and the ``weight_norm_jump`` warning,
+which compares value statistics of neighbouring units.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+#: The stage tables a unit has rows in, in the order the verdict reads findings.
+TABLES = ("hash", "scan", "load", "structure", "configdiff", "state")
+
+
+def _paths(out: Path, part: str) -> Dict[str, str]:
+    parts = out / "tables" / "parts"
+    return {s: str(parts / s / f"{part}.parquet") for s in (*TABLES, "tensors", "imports")}
+
+
+def _metadata_pass(inv: dict, cfg: dict, out: Path, target_path: str) -> Dict[str, Dict[str, dict]]:
+    """{table: {unit: row}} of the scan, configdiff, structure and state stages over every unit, metadata only."""
+    from . import read_depth, stages, tables
+
+    meta_inv = {**inv, "parts": {"metadata": [u["unit"] for u in inv["units"]]}}
+    meta_cfg = {**cfg, "state": {**(cfg.get("state") or {}), "nan_scan": False}}
+    p = _paths(out, "metadata")
+    with read_depth.metadata_only():
+        stages.stage_scan(meta_inv, "metadata", meta_cfg, p["scan"], p["tensors"], p["imports"])
+        stages.stage_configdiff(meta_inv, "metadata", meta_cfg, p["scan"], p["configdiff"])
+        stages.stage_structure(meta_inv, "metadata", meta_cfg, p["scan"], p["tensors"], p["structure"], target_path)
+        stages.stage_state(meta_inv, "metadata", meta_cfg, p["scan"], p["tensors"], p["state"])
+    return {t: {r["unit"]: r for r in tables.read_rows(p[t])} for t in ("scan", "configdiff", "structure", "state")}
+
+
+def _examine(inv: dict, unit: str, cfg: dict, out: Path, part: str, target_path: str) -> Dict[str, List[dict]]:
+    """{table: rows of ``unit``} from every stage, in the audit's order, reading all of its bytes."""
+    from . import stages, tables
+
+    one = {**inv, "parts": {part: [unit]}}
+    p = _paths(out, part)
+    stages.stage_hash(one, part, p["hash"])
+    stages.stage_scan(one, part, cfg, p["scan"], p["tensors"], p["imports"])
+    stages.stage_load(one, part, cfg, p["scan"], p["hash"], p["load"])
+    stages.stage_configdiff(one, part, cfg, p["scan"], p["configdiff"])
+    stages.stage_structure(one, part, cfg, p["scan"], p["tensors"], p["structure"], target_path)
+    stages.stage_state(one, part, cfg, p["scan"], p["tensors"], p["state"])
+    return {t: tables.read_rows(p[t]) for t in TABLES}
+
+
+def search(run_dir: str | Path, cfg: dict, out: Path) -> Tuple[dict, dict, Dict[str, Dict[str, dict]], List[str]]:
+    """(verdict, inventory, {"scan"/"state": {unit: row}}, units examined byte by byte, in the order examined)
+    for the run at ``run_dir``; ``cfg``: a full stage config (:func:`ckptaudit.pipeline.default_config`
+    merged with the caller's); ``out``: a scratch folder for the stage tables.  Raises what the inventory
+    raises for a missing or unreadable run folder."""
+    from . import stages, target, verdict
+
+    work = out / "work"
+    inv = stages.stage_inventory(str(run_dir), "auto", str(out / "tables" / "inventory.parquet"),
+                                 str(work / "inventory.json"), str(work / "pointers.parquet"))
+    target_path = str(work / "target.json")
+    target.write(cfg, target_path)
+    meta = _metadata_pass(inv, cfg, out, target_path)
+    inv_units = {u["unit"]: u for u in inv["units"]}
+    full: Dict[str, Dict[str, List[dict]]] = {}  # unit -> table -> its rows from the byte-by-byte check
+    while True:
+        tbl: Dict[str, List[dict]] = {t: [] for t in TABLES}
+        for u in inv["units"]:
+            name = u["unit"]
+            for t in TABLES:
+                if name in full:
+                    tbl[t].extend(full[name][t])
+                elif name in meta.get(t, {}):
+                    tbl[t].append(meta[t][name])
+        v = verdict.build(inv, tbl, cfg)
+        state_rows = {r["unit"]: r for r in tbl["state"]}
+        rollback, _ = choose(v, inv_units, state_rows)
+        if rollback is None or rollback["unit"] in full:
+            scan_rows = {r["unit"]: r for r in tbl["scan"]}
+            return v, inv, {"scan": scan_rows, "state": state_rows}, list(full)
+        full[rollback["unit"]] = _examine(inv, rollback["unit"], cfg, out, f"unit{len(full):05d}", target_path)
+
+
+def choose(verdict: dict, inv_units: Dict[str, dict], state_rows: Dict[str, dict]) -> tuple:
+    """(rollback unit of ``verdict`` as a verdict unit dict or None, {newer unit: why it is passed over}).
+
+    The verdict's own rule (:func:`ckptaudit.verdict.decide`: newest ``resume`` unit,
+    else newest ``warm-start`` unit; ``verdict["units"]`` is in save order) over the
+    units that also hold model weights (state layer ``has_weights``); reasons are listed
+    newest first."""
+    units = verdict["units"]
+    no_weights = {u["unit"] for u in units if u["usable_for"] != "none"
+                  and (state_rows.get(u["unit"]) or {}).get("has_weights") is not True}
+    cands = [u for u in units if u["usable_for"] != "none" and u["unit"] not in no_weights]
+    resume = [u for u in cands if u["usable_for"] == "resume"]
+    rollback = resume[-1] if resume else (cands[-1] if cands else None)
+    newer = units[units.index(rollback) + 1:] if rollback else units
+    reasons: Dict[str, str] = {}
+    for u in reversed(newer):
+        reasons[u["unit"]] = _why_not(u, inv_units.get(u["unit"]) or {}, u["unit"] in no_weights)
+    return rollback, reasons
+
+
+_LAYER_ORDER = {"file": 0, "security": 1, "structure": 2, "state": 3}  # cheap first, as the stages run
+
+
+def _why_not(u: dict, inv_unit: dict, no_weights: bool) -> str:
+    """One line: why verdict unit ``u`` is not the rollback point."""
+    if inv_unit.get("in_progress"):
+        return f"in-progress save ({inv_unit['in_progress']})"
+    errs = sorted((f for f in u["findings"] if f["severity"] == "error"),
+                  key=lambda f: _LAYER_ORDER.get(f["layer"], 9))
+    if errs:
+        return f"{errs[0]['kind']}: {errs[0]['message']}"
+    if no_weights:
+        return "no_model_weights: the audit found no model weights in this unit (nothing to load)"
+    if u["usable_for"] != "resume":
+        capped = [f for f in u["findings"] if f.get("caps") not in (None, "resume")] or u["findings"]
+        if capped:
+            return f"usable for {u['usable_for']} only: {capped[0]['kind']}: {capped[0]['message']}"
+        return f"usable for {u['usable_for']} only"
+    return "not chosen by the audit"
+
+
+__all__ = ["search", "choose"]

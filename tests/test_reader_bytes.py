@@ -1,0 +1,82 @@
+"""safe_load_checkpoint pays for the unit it returns: tensor bytes of the rollback point and the newer units
+it rejected, and only the metadata of the rest (issue 23).
+
+A nanoGPT-style run of plain ``torch.save`` files (model, AdamW state, ``iter_num``) of ~12 MB each, damaged
+the ways a run is: a bit flipped inside a tensor record (size and mtime kept: only the record's CRC32
+shows it), and a save cut at half its length.  Bytes are the package's own counters (``ckpt.bytes_read``).
+"""
+
+import os
+
+import pytest
+
+from ckptaudit import safe_load_checkpoint
+from ckptaudit.pipeline import audit_in_process
+
+#: Metadata the reader may read of each unit: the zip central directory, local headers, data.pkl and the
+#: small records (version, byteorder) of a 12 MB torch.save file are ~60 kB.
+METADATA_SLACK = 256 << 10
+
+
+def _run(d, steps=(100, 200, 300, 400)):
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.GELU(), torch.nn.Linear(1024, 512))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    d.mkdir()
+    for step in steps:
+        model(torch.randn(4, 512)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "iter_num": step},
+                   d / f"ckpt_{step:06d}.pt")
+    return d
+
+
+def _flip_a_tensor_byte(path):
+    """One bit flipped in the middle of the largest tensor record; size and mtime kept."""
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        big = max(z.infolist(), key=lambda i: i.compress_size)
+        with open(path, "rb") as f:
+            f.seek(big.header_offset + 26)
+            n, m = int.from_bytes(f.read(2), "little"), int.from_bytes(f.read(2), "little")
+        at = big.header_offset + 30 + n + m + big.compress_size // 2
+    st = os.stat(path)
+    with open(path, "r+b") as f:
+        f.seek(at)
+        b = f.read(1)
+        f.seek(at)
+        f.write(bytes([b[0] ^ 0x10]))
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+
+
+def _cut(path):
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+
+
+@pytest.mark.parametrize("damage, rollback, examined", [
+    ({}, "ckpt_000400.pt", ["ckpt_000400.pt"]),
+    ({"ckpt_000400.pt": _flip_a_tensor_byte}, "ckpt_000300.pt", ["ckpt_000400.pt", "ckpt_000300.pt"]),
+    ({"ckpt_000400.pt": _cut}, "ckpt_000300.pt", ["ckpt_000300.pt"]),
+    ({"ckpt_000400.pt": _flip_a_tensor_byte, "ckpt_000300.pt": _flip_a_tensor_byte}, "ckpt_000200.pt",
+     ["ckpt_000400.pt", "ckpt_000300.pt", "ckpt_000200.pt"]),
+], ids=["newest_good", "newest_bit_rot", "newest_cut", "two_newest_bit_rot"])
+def test_reader_reads_the_units_it_examines_and_the_metadata_of_the_rest(tmp_path, damage, rollback, examined):
+    run = _run(tmp_path / "run")
+    for name, hurt in damage.items():
+        hurt(run / name)
+    audit = audit_in_process(run, {}, out_dir=tmp_path / "audit")
+    assert audit["rollback"]["unit"] == rollback  # the full audit's answer is the reader's truth
+    ckpt = safe_load_checkpoint(run)
+    assert (ckpt.unit, ckpt.step, ckpt.examined) == (rollback, int(rollback[5:11]), examined)
+    sizes = {p.name: p.stat().st_size for p in run.iterdir()}
+    newer = [n for n in sizes if n > rollback]  # rejected: all their bytes may be read (a cut zip is walked)
+    older = [n for n in sizes if n < rollback]  # never their tensor bytes
+    # every unit's metadata is read for the run-level judgements (the examined ones' again in their full check)
+    budget = sum(sizes[n] for n in [rollback, *newer]) + len(sizes) * METADATA_SLACK
+    assert len(older) == 3 - len(newer)
+    assert sum(sizes[n] for n in examined) <= ckpt.bytes_read <= budget, (ckpt.bytes_read, budget, sizes)
