@@ -72,11 +72,50 @@ def _examine(inv: dict, unit: str, cfg: dict, out: Path, part: str, target_path:
     return {t: tables.read_rows(p[t]) for t in TABLES}
 
 
-def search(run_dir: str | Path, cfg: dict, out: Path) -> Tuple[dict, dict, Dict[str, Dict[str, dict]], List[str]]:
+def prior_rows(audit: str | Path, inv: dict) -> Dict[str, Dict[str, List[dict]]]:
+    """{unit: {table: its rows}} from a finished audit (its output folder, or the ``verdict.json`` in it) for
+    every unit of ``inv`` (the run as it is now) that the audit covered and that has not changed since:
+    the same files, each with the same size, mtime and inode (the inventory's snapshot).
+
+    Raises ``FileNotFoundError`` when the folder holds no finished audit and ``ValueError`` when the audit
+    was of another run folder."""
+    import json
+
+    from . import tables
+
+    root = Path(audit)
+    if root.name == "verdict.json":
+        root = root.parent
+    inv_path, verdict_path = root / "work" / "inventory.json", root / "verdict.json"
+    if not inv_path.is_file() or not verdict_path.is_file():
+        raise FileNotFoundError(f"{audit}: not a finished audit's output folder (no verdict.json and "
+                                "work/inventory.json)")
+    old = json.loads(inv_path.read_text())
+    if Path(old["run_dir"]).resolve() != Path(inv["run_dir"]).resolve():
+        raise ValueError(f"{audit} is an audit of {old['run_dir']}, not of {inv['run_dir']}")
+    before = {u["unit"]: u for u in old["units"]}
+    same = {u["unit"] for u in inv["units"] if u["unit"] in before and u.get("snapshot")
+            and list(before[u["unit"]]["files"]) == list(u["files"])
+            and before[u["unit"]].get("snapshot") == u["snapshot"]}
+    out: Dict[str, Dict[str, List[dict]]] = {u: {t: [] for t in TABLES} for u in same}
+    for t in TABLES:
+        p = root / "tables" / f"{t}.parquet"
+        if not p.is_file():
+            raise FileNotFoundError(f"{audit}: the audit's {t} table is missing ({p})")
+        for r in tables.read_rows(p):
+            if r["unit"] in out:
+                out[r["unit"]][t].append(r)
+    return out
+
+
+def search(run_dir: str | Path, cfg: dict, out: Path, audit: str | Path | None = None
+           ) -> Tuple[dict, dict, Dict[str, Dict[str, dict]], List[str]]:
     """(verdict, inventory, {"scan"/"state": {unit: row}}, units examined byte by byte, in the order examined)
-    for the run at ``run_dir``; ``cfg``: a full stage config (:func:`ckptaudit.pipeline.default_config`
-    merged with the caller's); ``out``: a scratch folder for the stage tables.  Raises what the inventory
-    raises for a missing or unreadable run folder."""
+    for the run at ``run_dir``; ``cfg``: a full stage config (:func:`ckptaudit.pipeline.merged_config`);
+    ``out``: a scratch folder for the stage tables.  With ``audit`` (a finished audit's output folder), the
+    units it covered that have not changed since (:func:`prior_rows`) are judged by its rows instead of
+    their metadata; the unit returned is still examined byte by byte.  Raises what the inventory raises for
+    a missing or unreadable run folder, and what :func:`prior_rows` raises."""
     from . import stages, target, verdict
 
     work = out / "work"
@@ -84,7 +123,9 @@ def search(run_dir: str | Path, cfg: dict, out: Path) -> Tuple[dict, dict, Dict[
                                  str(work / "inventory.json"), str(work / "pointers.parquet"))
     target_path = str(work / "target.json")
     target.write(cfg, target_path)
-    meta = _metadata_pass(inv, cfg, out, target_path)
+    prior = prior_rows(audit, inv) if audit is not None else {}
+    todo = {**inv, "units": [u for u in inv["units"] if u["unit"] not in prior]}
+    meta = _metadata_pass(todo, cfg, out, target_path) if todo["units"] else {}
     inv_units = {u["unit"]: u for u in inv["units"]}
     full: Dict[str, Dict[str, List[dict]]] = {}  # unit -> table -> its rows from the byte-by-byte check
     while True:
@@ -94,6 +135,8 @@ def search(run_dir: str | Path, cfg: dict, out: Path) -> Tuple[dict, dict, Dict[
             for t in TABLES:
                 if name in full:
                     tbl[t].extend(full[name][t])
+                elif name in prior:
+                    tbl[t].extend(prior[name][t])
                 elif name in meta.get(t, {}):
                     tbl[t].append(meta[t][name])
         v = verdict.build(inv, tbl, cfg)

@@ -194,7 +194,8 @@ def _step_of(state: Any, default: Optional[int]) -> Optional[int]:
 def safe_load_checkpoint(ckpt_dir: str | Path, *, map_location: Any = "cpu",
                          allow_globals: Sequence[str] = (), load: bool = True,
                          logger: Optional[logging.Logger] = None,
-                         audit_config: Optional[dict] = None) -> LoadedCheckpoint:
+                         audit_config: Optional[dict] = None,
+                         audit: Optional[str | Path] = None) -> LoadedCheckpoint:
     """Load the unit the audit names as the rollback point of ``ckpt_dir``.
 
     One judgement for reader and audit: the audit's stages judge every unit's metadata,
@@ -216,6 +217,13 @@ def safe_load_checkpoint(ckpt_dir: str | Path, *, map_location: Any = "cpu",
     audit says retrain, when the rollback unit's layout needs ``load=False``, or when it
     fails to load here; ``FileNotFoundError`` when ``ckpt_dir`` does not exist.
     ``allow_globals`` lists extra ``"package.module.Name"`` types the caller trusts.
+
+    ``audit``: the output folder of a finished audit of this run (``ckptaudit audit run --out
+    <folder>``, e.g. last night's drill).  Its judgement stands for every unit it covered whose files
+    are unchanged since (same names, sizes, mtimes and inodes); only new or changed units are read, and
+    the unit returned is checked byte by byte again (its sidecar or manifest hashes, CRCs, load test)
+    before it is loaded.  The audit's rows were made under the audit's own config.  ``FileNotFoundError``
+    when the folder holds no finished audit, ``ValueError`` when it audited another run folder.
     """
     import tempfile
 
@@ -233,7 +241,7 @@ def safe_load_checkpoint(ckpt_dir: str | Path, *, map_location: Any = "cpu",
                                                 *allow_globals})}
     before, child0 = sum(fs.stage_bytes().values()), child_bytes_read()
     with tempfile.TemporaryDirectory(prefix="ckptaudit-reader-") as td:
-        v, inv, rows, examined = search(root, merged_config(cfg), Path(td))
+        v, inv, rows, examined = search(root, merged_config(cfg), Path(td), audit=audit)
     read = sum(fs.stage_bytes().values()) - before + child_bytes_read() - child0
     lg.debug("safe_load_checkpoint: examined %s byte by byte; %d bytes read", ", ".join(examined) or "no unit", read)
     inv_units = {u["unit"]: u for u in inv["units"]}

@@ -80,3 +80,33 @@ def test_reader_reads_the_units_it_examines_and_the_metadata_of_the_rest(tmp_pat
     budget = sum(sizes[n] for n in [rollback, *newer]) + len(sizes) * METADATA_SLACK
     assert len(older) == 3 - len(newer)
     assert sum(sizes[n] for n in examined) <= ckpt.bytes_read <= budget, (ckpt.bytes_read, budget, sizes)
+
+
+def test_reader_starts_from_a_recent_audit_and_rechecks_what_it_returns(tmp_path):
+    """``audit=``: last night's audit judges the units it covered; the unit returned is read again, and a unit
+    written since is judged from its own bytes.  A bit flipped in the audit's rollback point after the audit
+    (size, mtime and inode kept, so the audit's rows still stand for it) is caught by that re-check."""
+    run = _run(tmp_path / "run")
+    audit_in_process(run, {}, out_dir=tmp_path / "audit")
+    sizes = {p.name: p.stat().st_size for p in run.iterdir()}
+    ckpt = safe_load_checkpoint(run, audit=tmp_path / "audit")
+    assert (ckpt.unit, ckpt.examined) == ("ckpt_000400.pt", ["ckpt_000400.pt"])
+    assert sizes["ckpt_000400.pt"] <= ckpt.bytes_read <= sizes["ckpt_000400.pt"] + METADATA_SLACK  # no metadata pass
+
+    _flip_a_tensor_byte(run / "ckpt_000400.pt")
+    ckpt = safe_load_checkpoint(run, audit=tmp_path / "audit" / "verdict.json")
+    assert (ckpt.unit, ckpt.examined) == ("ckpt_000300.pt", ["ckpt_000400.pt", "ckpt_000300.pt"])
+    assert "ckpt_000400.pt" in ckpt.skipped and "crc" in ckpt.skipped["ckpt_000400.pt"].lower()
+
+    import torch  # a unit saved after the audit is the newest: judged from its metadata, then examined
+
+    good = torch.load(run / "ckpt_000300.pt", weights_only=True)
+    torch.save({**good, "iter_num": 500}, run / "ckpt_000500.pt")
+    ckpt = safe_load_checkpoint(run, audit=tmp_path / "audit")
+    assert (ckpt.unit, ckpt.step, ckpt.examined) == ("ckpt_000500.pt", 500, ["ckpt_000500.pt"])
+
+    with pytest.raises(ValueError, match="not of"):
+        other = _run(tmp_path / "other", steps=(100,))
+        safe_load_checkpoint(other, audit=tmp_path / "audit")
+    with pytest.raises(FileNotFoundError, match="not a finished audit"):
+        safe_load_checkpoint(run, audit=tmp_path)
