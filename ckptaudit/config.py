@@ -13,6 +13,7 @@ imported by the functions that need them.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import math
 from pathlib import Path
@@ -49,10 +50,17 @@ def check_config(cfg: dict, schema_path: str | Path | None = None) -> None:
         raise ValueError(f"invalid config: {problems[0]}")
 
 
+@functools.lru_cache(maxsize=4)
+def _schema(path: str, mtime_ns: int) -> dict:
+    """The parsed schema at ``path`` (~0.1 s of YAML), once per process and version of the file."""
+    import yaml
+
+    return yaml.safe_load(Path(path).read_text())
+
+
 def config_problems(cfg: dict, schema_path: str | Path | None = None) -> List[str]:
     """Every ``"key.path: what is wrong"`` of ``cfg`` (empty when it is valid), sorted by key."""
     import jsonschema
-    import yaml
 
     out = [f"{key}: {value!r} is not finite (NaN and infinities are refused)"
            for key, value in _non_finite(cfg, "")]
@@ -61,8 +69,7 @@ def config_problems(cfg: dict, schema_path: str | Path | None = None) -> List[st
     path = Path(schema_path) if schema_path else SCHEMA_PATH
     if not path.is_file():  # an install without the workflow files: finiteness is all we can check
         return []
-    schema = yaml.safe_load(path.read_text())
-    validator = jsonschema.Draft202012Validator(schema)
+    validator = jsonschema.Draft202012Validator(_schema(str(path), path.stat().st_mtime_ns))
     for e in sorted(validator.iter_errors(cfg), key=lambda e: [str(p) for p in e.absolute_path]):
         key = ".".join(str(p) for p in e.absolute_path) or "(top level)"
         if e.validator == "additionalProperties":
