@@ -106,7 +106,7 @@ def test_composed_repairs_run_as_printed():
         run_findings._fast_forward(_components([0.05, 0.01]), 40, {}, []),
         run_findings._fast_forward(_components([0.05]), 40,
                                    {"a": {"scheduler_last_epoch": 2, "step": 10}}, ["a"]),
-        run_findings._reset("ckpt_000040.pt", 3, "went back", 40, [("a", 10, 10), ("b", 20, 20)]).repair,
+        run_findings._reset("ckpt_000040.pt", 3, "went back", 40, per_step=True).repair,
         state._step_repair("ckpt_000040.pt", "root:iter_num", 40),
         state._step_repair("ckpt_000040.pt", "root:train.state.step", 40),
     ]
@@ -116,7 +116,7 @@ def test_composed_repairs_run_as_printed():
     assert composed[1].startswith("for _ in range(8): scheduler.step()")
     # the audit does not know the code: no repair, the next step says it in words
     assert run_findings._fast_forward(_components([0.05], initial=False), 40, {}, []) == ""
-    assert run_findings._reset("checkpoint-40", 3, "went back", 40, [("a", 10, 10)]).repair == ""
+    assert run_findings._reset("checkpoint-40", 3, "went back", 40, per_step=True).repair == ""
     assert state._step_repair("checkpoint-40", "trainer_state.json:global_step", 40) == ""
 
 
