@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Iterable, List, Tuple
 
+from .terminal_text import shown
+
 #: set by ``ckptaudit audit``/``drill`` for the workflows they run: the CLI prints summaries and errors itself
 CLI_ENV = "CKPTAUDIT_CLI"
 FAILED_JOBS = "work/failed_jobs.txt"
@@ -71,8 +73,8 @@ def job_lines(failed) -> List[str]:
     for rule, wc, logs, in_group in _jobs(failed):
         name = f"{rule} {wc}".strip()
         why, log = _why(logs)
-        line = f"{name}: {why} (log: {log})" if why else \
-            f"{name}: failed" + (f"; its log {logs[0]} is empty" if logs else " (no log)")
+        line = shown(f"{name}: {why} (log: {log})" if why else
+                     f"{name}: failed" + (f"; its log {logs[0]} is empty" if logs else " (no log)"))
         (group if in_group else out).append((line, "error" in why.lower() or "exception" in why.lower()))
     erred = [ln for ln, bad in group if bad]
     return [ln for ln, _ in out] + (erred or [ln for ln, _ in group])

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from . import fs
+from .terminal_text import shown, shown_lines
 
 log = logging.getLogger("ckptaudit")
 
@@ -61,7 +62,7 @@ class NoUsableCheckpointError(RuntimeError):
         self.reasons = reasons
         lines = [f"{ckpt_dir}: no usable checkpoint ({len(reasons)} unit(s) checked)"]
         lines += [f"  {u}: {why}" for u, why in reasons.items()] or ["  (no checkpoint unit found)"]
-        super().__init__("\n".join(lines))
+        super().__init__(shown_lines(lines))  # unit names and reasons come from the run
 
 
 @dataclass
@@ -243,14 +244,14 @@ def safe_load_checkpoint(ckpt_dir: str | Path, *, map_location: Any = "cpu",
     with tempfile.TemporaryDirectory(prefix="ckptaudit-reader-") as td:
         v, inv, rows, examined = search(root, merged_config(cfg), Path(td), audit=audit)
     read = sum(fs.stage_bytes().values()) - before + child_bytes_read() - child0
-    lg.debug("safe_load_checkpoint: examined %s byte by byte; %d bytes read", ", ".join(examined) or "no unit", read)
+    lg.debug("safe_load_checkpoint: examined %s byte by byte; %d bytes read", shown(", ".join(examined) or "no unit"), read)
     inv_units = {u["unit"]: u for u in inv["units"]}
     rollback, reasons = choose(v, inv_units, rows["state"])
     for e in v.get("resume_entries") or []:  # Lightning's last.ckpt: what ckpt_path="last" would load
         if not e.get("ok") and e.get("finding") and e["unit"] not in reasons:
             reasons[e["unit"]] = f"resume_entry_damaged: {e['finding']['message']} {e['finding']['next_step']}"
     for unit, why in reasons.items():
-        lg.warning("safe_load_checkpoint: skipping %s: %s", unit, why)
+        lg.warning("safe_load_checkpoint: skipping %s: %s", shown(unit), shown(why))
     if rollback is None:
         raise NoUsableCheckpointError(str(ckpt_dir), reasons)
     ud = inv_units[rollback["unit"]]
@@ -271,10 +272,10 @@ def safe_load_checkpoint(ckpt_dir: str | Path, *, map_location: Any = "cpu",
     step = _step_of(state, rollback.get("step") if rollback.get("step") is not None else ud.get("step_from_name"))
     if reasons:
         lg.warning("safe_load_checkpoint: using %s (step %s) after skipping %d newer unit(s)",
-                   ud["unit"], step, len(reasons))
+                   shown(ud["unit"]), step, len(reasons))
     if rollback["usable_for"] != "resume":
         lg.warning("safe_load_checkpoint: %s is usable for %s only: load its weights and restart the optimizer",
-                   ud["unit"], rollback["usable_for"])
+                   shown(ud["unit"]), rollback["usable_for"])
     return LoadedCheckpoint(state=state, unit=ud["unit"], path=path, step=step, skipped=reasons,
                             not_loaded=not_loaded, usable_for=rollback["usable_for"], examined=examined,
                             bytes_read=read)

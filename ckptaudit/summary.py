@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Dict, List
 
 from .resume_hint import instruction
+from .terminal_text import shown_lines
 from .text import clip, step_text
 
 #: longest "what is wrong" text on a unit's line (the report has the rest)
@@ -103,7 +104,7 @@ def summary(v: Dict, out_dir: str | Path) -> str:
             lines.append(f"  resume entry {e['unit']}: damaged, {e['call']} would fail"
                          + (f"; repair: {repair}" if repair else ""))
     lines.append(f"report: {Path(out_dir) / 'report.html'}")
-    return "\n".join(lines)
+    return shown_lines(lines)  # names from the run never steer the terminal nor start a line
 
 
 def print_summary(out_dir: str | Path, stream=None) -> bool:

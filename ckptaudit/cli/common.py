@@ -9,6 +9,8 @@ from typing import Iterator
 
 import click
 
+from ..terminal_text import shown
+
 #: the command itself failed (bad arguments or config, unreadable folder, workflow error)
 EXIT_FAILED = 3
 
@@ -82,8 +84,8 @@ def failures_exit_3(prog: str, what: str) -> Iterator[None]:
     try:
         yield
     except click.ClickException as e:
-        click.echo(f"{prog}: error: {e.message}", err=True)
+        click.echo(f"{prog}: error: " + "\n".join(shown(ln) for ln in e.message.split("\n")), err=True)
         sys.exit(EXIT_FAILED)
     except Exception as e:  # noqa: BLE001 - any workflow failure is exit 3 with its cause
-        click.echo(f"{prog}: {what} itself failed: {type(e).__name__}: {e}", err=True)
+        click.echo(shown(f"{prog}: {what} itself failed: {type(e).__name__}: {e}"), err=True)
         sys.exit(EXIT_FAILED)

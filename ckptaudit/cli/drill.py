@@ -12,6 +12,7 @@ from .common import ExitThreeOnUsageError, check_paths, failures_exit_3
 from ..drill.contract import EXIT_NO_UNIT
 from ..drill.select import unknown_unit
 from .snakemake import run_workflow
+from ..terminal_text import shown_lines
 
 
 def _unit_exists(run_dir: str, unit: str) -> bool:
@@ -88,7 +89,7 @@ def drill_command(run_dir, out_dir, unit, devices, config_file, cores, as_json, 
                 and unknown_unit(json.loads((out / "verdict.json").read_text()), unit):
             raise click.ClickException(f"--unit {unit}: not a unit of the audited run; "
                                        f"{doc.get('summary', '').split(': ', 2)[-1]}")
-    click.echo(json.dumps(doc, indent=2) if as_json else doc["summary"])
+    click.echo(json.dumps(doc, indent=2) if as_json else shown_lines(doc["summary"].split("\n")))
     if not as_json:
         click.echo(f"report: {out / 'drill' / 'drill.html'}")
     sys.exit(int(doc["exit_code"]))

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Iterator
 
 from .. import progress
+from ..terminal_text import shown
 
 #: seconds between two redraws
 PERIOD = 0.5
@@ -77,7 +78,7 @@ class Meter:
 def _draw(folder: Path, inventory: Path, stream, stop: threading.Event) -> None:
     meter, width, last = Meter(folder, inventory), 0, ""
     while not stop.wait(PERIOD):
-        text = meter.text()
+        text = shown(meter.text())
         if text and text != last:
             last = text
             stream.write("\r" + text.ljust(width))

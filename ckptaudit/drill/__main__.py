@@ -11,6 +11,7 @@ from .child import child_main
 from .contract import EXIT_FAILED
 from .outputs import copy_dated
 from .parent import run_drill
+from ..terminal_text import shown, shown_lines
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -44,9 +45,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         try:
             doc = json.loads(Path(a.drill_json).read_text())
         except (OSError, ValueError) as e:
-            print(f"ckptaudit drill: DRILL FAILED: {a.drill_json}: {e}")
+            print(shown(f"ckptaudit drill: DRILL FAILED: {a.drill_json}: {e}"))
             return EXIT_FAILED
-        print(doc["summary"])
+        print(shown_lines(doc["summary"].split("\n")))
         return int(doc["exit_code"])
     if a.cmd == "child":
         return child_main(a.spec, a.out)
@@ -56,7 +57,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     out_dir = a.out_dir or str(Path(a.out_parquet).parent)
     drill_block = json.loads(a.config_json)
     rows, code = run_drill(a.run_dir, out_dir, {"drill": drill_block}, a.unit, verdict=a.verdict)
-    print(json.loads((Path(out_dir) / "drill.json").read_text())["summary"])
+    print(shown_lines(json.loads((Path(out_dir) / "drill.json").read_text())["summary"].split("\n")))
     return 0 if a.exit_zero else code
 
 
