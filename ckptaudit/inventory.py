@@ -22,7 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
 
-from . import fs, layouts
+from . import confine, fs, layouts
 from .layouts.leftovers import UNREADABLE, too_long  # reasons that file_unreadable, path_too_long are made of
 from ._io import atomic_write
 from .parts import SMALL_PART_BYTES, assign_parts, auto_units_per_job, listing_fingerprint  # noqa: F401 - re-exported
@@ -323,6 +323,9 @@ def _unit_tree(path: Path, onerror) -> Iterator[Tuple[object, List[Tuple[str, Op
 
 
 def _resolve_pointer(root: Path, p: Pointer, unit_names: set) -> str:
+    """The unit (or path inside the run) pointer ``p`` names, "" when none.  A name that resolves outside the
+    run (``../outside/global_step900`` in DeepSpeed's ``latest``; :func:`ckptaudit.confine.resolved_outside`)
+    is never looked at: its ``kind`` then says where it points, for ``path_outside_run``."""
     base = Path(p.path).parent
     t = p.target.strip()
     if not t:
@@ -334,6 +337,9 @@ def _resolve_pointer(root: Path, p: Pointer, unit_names: set) -> str:
         elif t.isdigit():
             cands = [f"iter_{int(t):07d}"]
     for c in cands:
+        if not p.is_symlink and (out := confine.resolved_outside(root, c, str(base))):
+            p.kind = f"{p.kind}{confine.POINTER_OUTSIDE}{out}"
+            return ""
         rel = os.path.normpath(str(base / c)).replace(os.sep, "/")
         if rel in unit_names:
             return rel

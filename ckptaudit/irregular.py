@@ -18,7 +18,7 @@ import stat as st_mod
 from pathlib import Path
 from typing import List, Optional
 
-from . import fs, layouts
+from . import confine, fs, layouts
 from .layouts.leftovers import UNREADABLE, too_long
 from .units import MANIFEST_NAMES, SIDECAR_SUFFIXES, Unit, in_progress_reason, names_a_save, step_from_name
 
@@ -55,7 +55,7 @@ def irregular_reason(root: Path, path: Path, lst: Optional[os.stat_result] = Non
         real = os.path.realpath(path)
         base = os.path.realpath(root)
         if os.path.commonpath([real, base]) != base:
-            return f"it points outside the run folder ({real})"
+            return f"{confine.OUTSIDE_WORDS} ({real})"
         try:
             mode = os.stat(path).st_mode
         except OSError:

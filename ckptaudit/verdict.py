@@ -37,7 +37,7 @@ import json
 from typing import Dict, List, Optional
 
 from . import findings as F
-from . import cut_walk, resume_entry, resume_hint, roles
+from . import confine, cut_walk, resume_entry, resume_hint, roles
 from .run_findings import _step, name_counts_saves, run_findings  # noqa: F401 - re-exported
 from .text import step_text
 
@@ -106,6 +106,12 @@ def pointer_verdicts(pointers: List[dict], units_out: List[dict], inv_units: Lis
         if p["kind"] == "Megatron tracker file" and not (p["target"].isdigit() or p["target"] == "release"):
             f = F.make("megatron_tracker_invalid", path=p["path"], pointer=p["path"], content=p["target"][:40],
                        suggestion=suggestion)
+        elif confine.POINTER_OUTSIDE in p["kind"] or (p["kind"].startswith("symbolic link, refused")
+                                                       and confine.OUTSIDE_WORDS in p["kind"]):
+            where = (p["kind"].split(confine.POINTER_OUTSIDE, 1)[1] if confine.POINTER_OUTSIDE in p["kind"]
+                     else p["kind"].rsplit("(", 1)[-1].rstrip(")"))
+            f = confine.path_outside_run(p["path"], p["target"], where,
+                                         "a resume that follows this pointer would load from there")
         elif p["kind"].startswith("symbolic link, refused"):
             f = F.make("pointer_refused", path=p["path"], pointer=p["path"], target=p["target"],
                        why=p["kind"].split(": ", 1)[-1], suggestion=suggestion)

@@ -411,7 +411,8 @@ BAD_SHARD_NAMES = [
 @pytest.mark.parametrize("folder", ["checkpoint-1", "shards-1"])
 def test_regression_index_shard_name_outside_the_folder_is_index_invalid(tmp_path, bad, folder):
     """weight_map values are joined to the index's folder: a value that is no file name there is
-    index_invalid (and never opened), both for a Trainer folder and for an index that is its own unit."""
+    index_invalid (and never opened), both for a Trainer folder and for an index that is its own unit; one
+    that resolves outside the run is path_outside_run, naming where it points (ckptaudit.confine)."""
     seed = SEEDS["hf_index"][0]
     wm = json.loads(seed["target_bytes"])["weight_map"]
     first = sorted(wm)[0]
@@ -425,8 +426,12 @@ def test_regression_index_shard_name_outside_the_folder_is_index_invalid(tmp_pat
     inv = inventory.run_inventory(str(run_dir))
     assert all(".." not in f and not f.startswith("/") for u in inv["units"] for f in u["files"])
     fl = json.loads(scan_run(run_dir)[name]["findings_json"])
-    f = next(f for f in fl if f["kind"] == "index_invalid")
-    assert first[:40] in f["message"]
+    if bad in ("/dev/zero", "../../../etc/hostname"):
+        f = next(f for f in fl if f["kind"] == "path_outside_run")
+        assert repr(bad) in f["message"] and f["severity"] == "error"
+    else:
+        f = next(f for f in fl if f["kind"] == "index_invalid")
+        assert first[:40] in f["message"]
     if bad == "/dev/zero":  # the whole audit: the hash stage streamed /dev/zero for ever (a hang)
         from ckptaudit.pipeline import audit_in_process
 

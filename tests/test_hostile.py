@@ -194,8 +194,8 @@ def _make(kind, d):  # noqa: C901 - one branch per case, kept together so each c
 EXPECT = {
     "fifo_unit": ("ckpt_000300.pt", "not_a_regular_file"),
     "fifo_in_folder": ("checkpoint-300", "not_a_regular_file"),
-    "devzero_in_folder": ("checkpoint-300", "not_a_regular_file"),
-    "symlink_outside": ("ckpt_000300.pt", "pointer_refused"),
+    "devzero_in_folder": ("checkpoint-300", "path_outside_run"),  # a link to /dev/zero leaves the run
+    "symlink_outside": ("ckpt_000300.pt", "path_outside_run"),
     "folder_named_pt": ("ckpt_000300.pt", "not_a_regular_file"),
     "non_utf8_name": ("ckpt_000300\\xff.pt", "not_a_regular_file"),
     "fifo_sidecar": ("ckpt_000200.pt", "sidecar_unreadable"),

@@ -16,6 +16,12 @@ ENTRIES: List[_k] = [
        "with torch.load(weights_only=False) or pickle.load would execute code.",
        "Never load it outside a disposable sandbox; find out where the file came from and replace it.",
        stage="scan", detector="ckptaudit.security:scan"),
+    _k("path_outside_run", "security", "error", "none",
+       "{path} names {named!r}, which resolves to {target}, outside the run folder: {reads}. The audit does "
+       "not open it.",
+       "Copy what it names into the run folder (or point it at a checkpoint inside the run) and audit again; "
+       "if the link is unexpected, find out who wrote it before any job resumes from this run.",
+       stage="scan", detector="ckptaudit.confine:path_outside_run"),
     _k("unknown_pickle_global", "security", "warning", "resume",
        "{path}: the pickle in {member} imports {unknown} (module.name), which is neither allowed by "
        "torch.load(weights_only=True) nor a known framework data class: weights_only=True will refuse it, and "

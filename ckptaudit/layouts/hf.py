@@ -18,6 +18,7 @@ import re
 from pathlib import Path
 from typing import List
 
+from .. import confine
 from .. import findings as F
 from .. import fs
 from . import leftovers
@@ -59,6 +60,8 @@ class HFIndex:
             mtime = p.stat().st_mtime_ns
             for s in shards:
                 sp = d / s
+                if confine.resolved_outside(root, s, fs.relpath(d, root)):
+                    continue  # never looked at: check_index reports path_outside_run
                 if sp.exists():
                     files.append(fs.relpath(sp, root))
                     st = sp.stat()
@@ -90,7 +93,12 @@ def check_index(run_dir: Path, index_rel: str, scan: UnitScan, cfg: dict, unit_n
         wm = doc["weight_map"]
         if not isinstance(wm, dict):
             raise ValueError("weight_map is not an object")
-        bad = next(((t, v, why) for t, v in wm.items() if (why := shard_name_problem(v))), None)
+        # confinement first: a shard that resolves outside the run (absolute, "..", a link, a linked folder)
+        # is reported where it points and never opened (ckptaudit.confine)
+        outside = {v: real for v in {v for v in wm.values() if isinstance(v, str) and v and "\0" not in v}
+                   if (real := confine.resolved_outside(run_dir, v, str(base)))}
+        bad = next(((t, v, why) for t, v in wm.items() if not (isinstance(v, str) and v in outside)
+                    and (why := shard_name_problem(v))), None)
         if bad is not None:
             t, v, why = bad
             shown = repr(v) if len(repr(v)) <= 80 else repr(v)[:80] + "…"
@@ -98,9 +106,12 @@ def check_index(run_dir: Path, index_rel: str, scan: UnitScan, cfg: dict, unit_n
     except (OSError, ValueError, KeyError, TypeError) as e:
         scan.add(F.make("index_invalid", path=index_rel, why=f"{type(e).__name__}: {e}"))
         return
+    for s in sorted(outside):
+        scan.add(confine.path_outside_run(index_rel, s, outside[s], "transformers would load its tensors from there"))
     by_shard = {}
     for t, s in wm.items():
-        by_shard.setdefault(s, []).append(t)
+        if s not in outside:
+            by_shard.setdefault(s, []).append(t)
     missing = [s for s in sorted(by_shard) if not (run_dir / base / s).exists()]
     for s in sorted(by_shard):
         if s not in missing and not (run_dir / base / s).is_file():  # a folder under a shard's name

@@ -7,6 +7,7 @@ temp file, a ``tmp-checkpoint-*`` folder) and a folder under a shard's name.  Th
 
 from __future__ import annotations
 
+from .. import confine
 from .. import findings as F
 from ..findings import Finding
 
@@ -36,6 +37,9 @@ def irregular(path: str, why: str) -> Finding:
         return F.make("file_unreadable", path=path, why=why)
     if _TOO_LONG in why:
         return F.make("path_too_long", path=path, why=why, shown=_shorten(path))
+    if why.startswith(confine.OUTSIDE_WORDS):  # a symbolic link out of the run: "… folder (<real path>)"
+        return confine.path_outside_run(path, path, why[len(confine.OUTSIDE_WORDS):].strip(" ()"),
+                                        "it is a symbolic link, and a resume that loads it reads that file")
     return F.make("not_a_regular_file", path=path, why=why)
 
 
