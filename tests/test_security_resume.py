@@ -95,3 +95,43 @@ def test_clean_framework_run_has_no_security_warning(name, contracts, fixture_ca
     assert [s for s in sec if s[2] != "info"] == []
     assert not any("Before using" in r for r in v["reasons"]), v["reasons"]
     assert not any(f["repair"] for u in v["units"] for f in u["findings"] if f["layer"] == "security")
+
+
+class _WritesAFile:
+    """Pickled as ``torch.serialization.save({}, <path>)``: a global on no list (neither data nor a known
+    danger) that overwrites any file when called — one of issue 24's gadgets."""
+
+    def __reduce__(self):
+        import torch
+
+        return (torch.save, ({}, "/tmp/ckptaudit-gadget-ran"))
+
+
+def test_an_unknown_global_is_an_error_where_the_resume_unpickles_without_restriction(tmp_path):
+    """DeepSpeed's resume reads mp_rank_XX_model_states.pt with torch.load(weights_only=False): the gadget
+    would run there, so the unit is unusable; in a plain torch.save file the resume's weights_only=True
+    refuses the name, which stays a warning about a load that fails."""
+    import torch
+
+    from ckptaudit.pipeline import audit_in_process
+
+    ds = tmp_path / "ds"
+    g = ds / "global_step100"
+    g.mkdir(parents=True)
+    torch.save({"module": {"w": torch.ones(2)}, "global_steps": 100, "extra": _WritesAFile()},
+               g / "mp_rank_00_model_states.pt")
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    torch.save({"model": {"w": torch.ones(2)}, "iter_num": 100, "extra": _WritesAFile()}, plain / "ckpt_000100.pt")
+    v = audit_in_process(ds, {}, out_dir=tmp_path / "a1")
+    (u,) = v["units"]
+    (f,) = [f for f in u["findings"] if f["kind"] == "unrestricted_load_imports_unknown"]
+    assert (f["severity"], f["layer"], u["usable_for"]) == ("error", "security", "none")
+    assert "'torch.serialization.save'" in f["message"] and "weights_only=False" in f["message"]
+    v = audit_in_process(plain, {}, out_dir=tmp_path / "a2")
+    (u,) = v["units"]
+    kinds = {f["kind"] for f in u["findings"]}
+    assert "unknown_pickle_global" in kinds and "unrestricted_load_imports_unknown" not in kinds
+    import os
+
+    assert not os.path.exists("/tmp/ckptaudit-gadget-ran")

@@ -22,6 +22,13 @@ ENTRIES: List[_k] = [
        "Copy what it names into the run folder (or point it at a checkpoint inside the run) and audit again; "
        "if the link is unexpected, find out who wrote it before any job resumes from this run.",
        stage="scan", detector="ckptaudit.confine:path_outside_run"),
+    _k("unrestricted_load_imports_unknown", "security", "error", "none",
+       "{path}: the pickle in {member} imports {unknown} (module.name), which no allowlist knows, and the "
+       "resume loads this file with {loader}: loading it would import and call these names, running whatever "
+       "code they have where the job resumes.",
+       "Do not resume from this unit until you know where the file came from and what these names do; if they "
+       "are your own trusted types, add them to security.allow_globals in the audit config.",
+       stage="scan", detector="ckptaudit.security:scan"),
     _k("unknown_pickle_global", "security", "warning", "resume",
        "{path}: the pickle in {member} imports {unknown} (module.name), which is neither allowed by "
        "torch.load(weights_only=True) nor a known framework data class: weights_only=True will refuse it, and "
