@@ -502,3 +502,41 @@ def test_encoded_nested_pickle_is_walked(enc):
     r = walk(outer)
     assert [str(g) for g in r.all_globals()] == ["posix.system"]
     assert f"({enc}-encoded)" in r.tricks[0]
+
+
+class _RunsACommand:
+    """Pickled as ``os.system(...)``: the payload public advisories describe for object arrays."""
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, ("touch CKPTAUDIT_PAYLOAD_RAN",))
+
+
+@pytest.mark.parametrize("kind", ["npy", "npz"])
+def test_object_arrays_in_numpy_files_are_walked(tmp_path, kind, monkeypatch):
+    """numpy.save of an object array writes a pickle after the .npy header (numpy/lib/format.py write_array);
+    numpy.load(allow_pickle=True) would run it.  The audit walks it statically, as picklescan and modelscan do;
+    a plain float array holds no pickle and gets no security finding."""
+    import numpy as np
+
+    from ckptaudit.pipeline import audit_in_process
+
+    monkeypatch.chdir(tmp_path)
+    bad, good = tmp_path / "bad", tmp_path / "good"
+    bad.mkdir()
+    good.mkdir()
+    obj = np.array([_RunsACommand(), 1], dtype=object)
+    if kind == "npy":
+        np.save(bad / "ckpt_000100.npy", obj, allow_pickle=True)
+        np.save(good / "ckpt_000100.npy", np.ones(4))
+    else:
+        np.savez(bad / "ckpt_000100.npz", w=np.ones(3), extra=obj)
+        np.savez(good / "ckpt_000100.npz", w=np.ones(3))
+    (u,) = audit_in_process(bad, {}, out_dir=tmp_path / "a1")["units"]
+    (f,) = [f for f in u["findings"] if f["kind"] == "malicious_pickle_code_exec"]
+    assert "'posix.system'" in f["message"] or "'os.system'" in f["message"], f["message"]
+    assert u["usable_for"] == "none"
+    (u,) = audit_in_process(good, {}, out_dir=tmp_path / "a2")["units"]
+    assert not [f for f in u["findings"] if f["layer"] == "security"]
+    assert not (tmp_path / "CKPTAUDIT_PAYLOAD_RAN").exists()

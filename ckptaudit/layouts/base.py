@@ -53,6 +53,10 @@ def scan_file(run_dir: Path, rel: str, unit: str, scan: UnitScan, cfg: Dict[str,
         out["obj"] = swept.obj
         scan.tree[tree_key or rel] = describe(scan, rel, swept.obj, {})
         generic = sniff_mod.as_pickle(generic, s, swept.protocol, rel)
+    if s.kind in ("npy", "npz"):  # object arrays hold a pickle, whatever the file layer says of the file
+        from .numpy_pickles import scan_numpy
+
+        scan_numpy(path, rel, s.kind, scan, allowed)
     scan.add(generic)
     if generic and any(f.severity == "error" for f in generic):
         return out
