@@ -31,8 +31,10 @@ from .snakemake import run_snakemake_cli, run_workflow
                    "unchanged (config key reuse); by default every byte is hashed again. It cannot see bytes "
                    "that change below the file system: see docs/rerun.md.")
 @click.option("--json", "as_json", is_flag=True, help="Print verdict.json instead of the summary.")
+@click.option("--sarif", "sarif_path", default=None, metavar="PATH",
+              help="Also write the findings as SARIF 2.1.0 (GitHub code scanning) to PATH.")
 @click.option("--verbose", is_flag=True, help="Show Snakemake's own output.")
-def audit_command(run_dir, snakemake_args, out_dir, config_file, cores, profile, executor, reuse, as_json,
+def audit_command(run_dir, snakemake_args, out_dir, config_file, cores, profile, executor, reuse, as_json, sarif_path,
                   verbose):
     """Audit RUN_DIR; write verdict.json, report.html and tables/ into --out.
 
@@ -68,5 +70,9 @@ def audit_command(run_dir, snakemake_args, out_dir, config_file, cores, profile,
         else:
             run_workflow(cfg, out, cores or 2, quiet=not verbose)
         v = json.loads((out / "verdict.json").read_text())
+        if sarif_path:
+            from ..sarif import write
+
+            write(v, sarif_path)
     click.echo(json.dumps(v, indent=2) if as_json else summary(v, out))
     sys.exit(exit_code(v))
