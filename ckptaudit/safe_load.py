@@ -110,34 +110,6 @@ def loadable(unit: dict) -> bool:
             or (kind == "index" and layout in INDEX_LAYOUTS))
 
 
-def check_unit(run_dir: Path, unit: dict, allow_globals: Sequence[str] = (), *, need_loadable: bool = True
-               ) -> Optional[str]:
-    """Why ``unit`` must not be used, or None when it passes every check short of loading.
-
-    ``need_loadable`` (default) also refuses layouts :func:`safe_load_checkpoint` cannot
-    load itself (torch.distributed.checkpoint, DeepSpeed, Megatron)."""
-    from . import hashing
-    from .layouts.scan import scan_units
-
-    if unit.get("in_progress"):
-        return f"in-progress save ({unit['in_progress']})"
-    cfg = {"security": {"allow_globals": list(allow_globals)}}
-    scans, _, _ = scan_units(run_dir, [unit], cfg)
-    import json
-
-    errs = [f for f in json.loads(scans[0]["findings_json"]) if f["severity"] == "error"]
-    if errs:
-        return f"{errs[0]['kind']}: {errs[0]['message']}"
-    if need_loadable and not loadable(unit):
-        return (f"layout {unit['layout']} is resharded by its own framework; call "
-                "safe_load_checkpoint(..., load=False) to get the newest verified unit and load it with that framework")
-    for row in hashing.hash_unit(run_dir, unit):
-        bad = [f for f in json.loads(row["findings_json"]) if f["severity"] == "error"]
-        if bad:
-            return f"{bad[0]['kind']}: {bad[0]['message']}"
-    return None
-
-
 def _load_file(path: Path, layout: str, map_location: Any, benign: Sequence[str]) -> Any:
     import torch
 
@@ -152,7 +124,8 @@ def _load_file(path: Path, layout: str, map_location: Any, benign: Sequence[str]
 
 
 def _load_unit(root: Path, ud: dict, map_location: Any, benign: Sequence[str]) -> tuple:
-    """(state, not_loaded) of a unit that passed :func:`check_unit`; raises what the loaders raise."""
+    """(state, not_loaded) of the unit the search chose (:func:`ckptaudit.newest_first.search`); raises what the
+    loaders raise."""
     import json
 
     from .formats.sniff import sniff
@@ -281,5 +254,5 @@ def safe_load_checkpoint(ckpt_dir: str | Path, *, map_location: Any = "cpu",
                             bytes_read=read)
 
 
-__all__: List[str] = ["safe_load_checkpoint", "LoadedCheckpoint", "NoUsableCheckpointError", "check_unit",
+__all__: List[str] = ["safe_load_checkpoint", "LoadedCheckpoint", "NoUsableCheckpointError",
                        "loadable"]

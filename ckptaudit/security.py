@@ -293,23 +293,6 @@ def _quoted(names: Sequence[str]) -> str:
     return ", ".join(f"'{n}'" for n in sorted(set(names)))
 
 
-def unrestricted_loader(loader: str, resume: Optional["security_resume.ResumeLoad"]) -> str:
-    """How the resume unpickles this member without any allowlist, in words; "" when its loader is restricted.
-
-    ``pickle.load`` (DCP's ``.metadata``) and a producer's resume that passes ``weights_only=False``
-    (:data:`ckptaudit.security_resume.RESUME_LOADS`: DeepSpeed's ``TorchCheckpointEngine.load``,
-    accelerate's ``load_custom_state``) import and call every global the pickle names; there an import on
-    no list is an error (``unrestricted_load_imports_unknown``).  Elsewhere ``torch.load(weights_only=True)``
-    refuses it, which makes the load fail: a warning (``unknown_pickle_global``)."""
-    if resume is not None and resume.never:
-        return ""
-    if resume is not None and not resume.weights_only:
-        return resume.loader
-    if loader == "pickle.load":
-        return "pickle.load (no allowlist), as torch.distributed.checkpoint reads .metadata"
-    return ""
-
-
 def scan(result: WalkResult, *, path: str, member: str, extra_allowed: Sequence[str] = (),
          loader: str = "auto", resume: Optional["security_resume.ResumeLoad"] = None
          ) -> Tuple[List[ImportVerdict], List[Finding]]:
@@ -360,7 +343,7 @@ def scan(result: WalkResult, *, path: str, member: str, extra_allowed: Sequence[
                                  dangerous=_quoted(names), imports=sorted(set(names))))
     if "unknown" in by_cat:
         names = [v.qualname for v in by_cat["unknown"]]
-        unrestricted = unrestricted_loader(loader, resume)
+        unrestricted = security_resume.unrestricted_loader(loader, resume)
         if unrestricted:  # the resume imports and calls them: an allowlist decides, not a list of dangers
             out.append(findings.make("unrestricted_load_imports_unknown", path=path, member=member,
                                      unknown=_quoted(names), imports=sorted(set(names)), loader=unrestricted))

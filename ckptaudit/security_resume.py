@@ -27,7 +27,7 @@ from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
 from . import findings
 from .findings import Finding
 
-__all__ = ["ResumeLoad", "RESUME_LOADS", "benign_findings", "resume_load"]
+__all__ = ["ResumeLoad", "RESUME_LOADS", "benign_findings", "resume_load", "unrestricted_loader"]
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,23 @@ def resume_load(layout: str, rel: str) -> Optional[ResumeLoad]:
 
     role = roles.roles_for(layout, [rel]).get(rel, "mixed")
     return RESUME_LOADS.get((layout, role))
+
+
+def unrestricted_loader(loader: str, resume: Optional[ResumeLoad]) -> str:
+    """How the resume unpickles this member without any allowlist, in words; "" when its loader is restricted.
+
+    ``pickle.load`` (DCP's ``.metadata``) and a producer's resume that passes ``weights_only=False``
+    (:data:`RESUME_LOADS`: DeepSpeed's ``TorchCheckpointEngine.load``,
+    accelerate's ``load_custom_state``) import and call every global the pickle names; there an import on
+    no list is an error (``unrestricted_load_imports_unknown``).  Elsewhere ``torch.load(weights_only=True)``
+    refuses it, which makes the load fail: a warning (``unknown_pickle_global``)."""
+    if resume is not None and resume.never:
+        return ""
+    if resume is not None and not resume.weights_only:
+        return resume.loader
+    if loader == "pickle.load":
+        return "pickle.load (no allowlist), as torch.distributed.checkpoint reads .metadata"
+    return ""
 
 
 def _quoted(names: Sequence[str]) -> str:

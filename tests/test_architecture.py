@@ -131,6 +131,6 @@ def test_no_module_over_400_lines_except_data_tables():
 def test_the_edge_reader_sees_function_level_and_package_imports():
     mods = _modules()
     edges = _edges(mods)
-    assert any(t == "ckptaudit.layouts.scan" for t, _, _ in edges["ckptaudit.safe_load"])  # inside check_unit
+    assert any(t == "ckptaudit.newest_first" for t, _, _ in edges["ckptaudit.safe_load"])  # inside safe_load_checkpoint
     assert "ckptaudit.layouts" in {t for t, _, _ in edges["ckptaudit.inventory"]}  # `from . import fs, layouts`
     assert _cycles({"a": [("b", 1, "")], "b": [("a", 2, "")], "c": [("a", 3, "")]}) == [["a", "b"]]
