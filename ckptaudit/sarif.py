@@ -53,12 +53,15 @@ def from_verdict(v: dict) -> dict:
 
     found: List[tuple] = [(f, u["unit"], u["usable_for"]) for u in v.get("units") or [] for f in u["findings"]]
     found += [(f, f.get("path") or "", "") for f in v.get("pointer_findings") or [] if f]
-    kinds = sorted({f["kind"] for f, _, _ in found})
+    first_of: Dict[str, dict] = {}
+    for f, _, _ in found:  # one pass: each kind's first finding describes its rule
+        first_of.setdefault(f["kind"], f)
+    kinds = sorted(first_of)
     rules = {k: i for i, k in enumerate(kinds)}
     descriptors = []
     for k in kinds:
         entry = CATALOGUE.get(k)
-        first = next(f for f, _, _ in found if f["kind"] == k)
+        first = first_of[k]
         descriptors.append({
             "id": k,
             "name": "".join(w.capitalize() for w in k.split("_")),

@@ -156,12 +156,10 @@ def build(inv: dict, tables: Dict[str, List[dict]], cfg: dict) -> dict:
     structure_rows = {r["unit"]: r for r in tables.get("structure", [])}
     scan_rows = {r["unit"]: r for r in tables.get("scan", [])}
     extra = run_findings(inv["units"], state_rows, structure_rows, cfg, scan_rows)
-    load_rows: Dict[str, List[dict]] = {}
-    for r in tables.get("load", []):
-        load_rows.setdefault(r["unit"], []).append(r)
+    by_unit = rows_by_unit(tables)
+    load_rows = rows_by_unit({"load": tables.get("load", [])})
     for unit, fl in cut_walk.findings([u["unit"] for u in inv["units"]], scan_rows, state_rows, load_rows).items():
         extra.setdefault(unit, []).extend(fl)
-    by_unit = rows_by_unit(tables)
     units_out = []
     for u in inv["units"]:
         fl = _weigh_by_role(unit_findings(u["unit"], tables, by_unit) + extra.get(u["unit"], [])
