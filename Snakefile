@@ -29,9 +29,11 @@ rule audit:
         get_report_outputs(),
 
 
-# One audit at a time per output folder: the lock is taken before the first job (not in a dry run).
+# One audit at a time per output folder: the lock is taken before the first job (not in a dry run); the load
+# server (ckptaudit/load_server.py) starts importing torch while the first jobs run.
 onstart:
     hold_out_lock()
+    start_load_server()
 
 
 # The end of every run says what happened: the verdict's summary (ckptaudit/summary.py), or each
@@ -39,6 +41,7 @@ onstart:
 onsuccess:
     from ckptaudit import summary as _summary
 
+    load_server.stop(WORK)
     _summary.on_success(workflow, OUT)
     outlock.release(OUT)
 
@@ -46,5 +49,6 @@ onsuccess:
 onerror:
     from ckptaudit import job_errors as _job_errors
 
+    load_server.stop(WORK)
     _job_errors.on_error(workflow, OUT)
     outlock.release(OUT)

@@ -146,7 +146,8 @@ class TreeSampler:
     """Peak RSS (bytes) of a process tree, summed over it and over each job's own subtree, sampled with psutil.
 
     A job is a process whose command line runs ``ckptaudit.stages`` (its name: the stage, the word after it)
-    together with its descendants; every other process counts only to the tree."""
+    together with its descendants; the load server (``ckptaudit.load_server``, which does the load jobs' loads
+    in children it forks) counts as one job with its descendants; every other process counts only to the tree."""
 
     def __init__(self, root_pid: int) -> None:
         import psutil
@@ -177,6 +178,8 @@ class TreeSampler:
             if "ckptaudit.stages" in cmd:
                 i = cmd.index("ckptaudit.stages")
                 name = f"{cmd[i + 1] if i + 1 < len(cmd) else '?'}:{p.pid}"
+            elif "ckptaudit.load_server" in cmd:  # the audit's one torch import and the loads it forks
+                name = f"load_server:{p.pid}"
             self._names[p.pid] = name
         return self._names[p.pid]
 

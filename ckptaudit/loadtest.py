@@ -30,7 +30,7 @@ import shutil
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Callable, Dict, List, Tuple
 
 from . import findings as F
 from . import roles
@@ -117,6 +117,11 @@ def child_bytes_read() -> int:
     return _CHILD_BYTES[0]
 
 
+def count_child_bytes(n: int) -> None:
+    """Add ``n`` bytes that load children read on this process's behalf (a load server's answer)."""
+    _CHILD_BYTES[0] += n
+
+
 #: Kinds the child maps rather than reads (``torch.load(mmap=True)``, ``safe_open``): their mapping takes the
 #: file's size of address space, which RLIMIT_AS counts although the pages are the file's, not the heap's.
 MAPPED_KINDS = ("torch_zip", "safetensors")
@@ -187,12 +192,14 @@ def unreadable(path: str, why: str) -> F.Finding:
 
 
 def load_units(run_dir: Path, units: List[dict], scans: Dict[str, dict], hashes: Dict[str, List[dict]],
-               cfg: dict) -> List[dict]:
+               cfg: dict, loader: Callable | None = None) -> List[dict]:
     """Rows of the ``load`` table for ``units``.
 
     ``scans`` maps unit → its ``scan`` row; a unit with a file or security
     error is skipped (and never opened by torch), as are all units when
-    ``load.enabled`` is false.
+    ``load.enabled`` is false.  ``loader``: what loads the files to load, with :func:`load_todo`'s
+    arguments and results (default: that function, in this process); the load stage passes the audit's load
+    server's (:func:`ckptaudit.load_server.loader`), which gives the same rows.
     """
     lcfg = cfg.get("load", {})
     timeout = float(lcfg.get("timeout_seconds", 120))
@@ -236,33 +243,11 @@ def load_units(run_dir: Path, units: List[dict], scans: Dict[str, dict], hashes:
                 continue
             todo.append((u, f, k, benign))
     if todo:
-        import torch  # noqa: F401 - imported once here so each forked child is cheap
-
-        batched = batched_loads(run_dir, todo, timeout, limit, alone=load_in_child)  # small local files
-        for i, (u, f, k, benign) in enumerate(todo):
-            src, scratch = run_dir / f, None
-            if fs.is_remote(src):  # object storage: download to a scratch folder under a size limit
-                dl_limit = int((cfg.get("s3") or {}).get("download_limit_mib", 4096)) << 20
-                scratch = tempfile.mkdtemp(prefix="ckptaudit-load-")
-                try:
-                    local = _skeleton(src, k, scratch, dl_limit) or fs.download(src, scratch, dl_limit)
-                except OSError as e:
-                    local, why = None, f"cannot download the object: {type(e).__name__}"
-                else:
-                    why = (f"the object is {fs.size(src)} bytes, over s3.download_limit_mib "
-                           f"({dl_limit >> 20} MiB): not downloaded for the load test")
-                if local is None:
-                    shutil.rmtree(scratch, ignore_errors=True)
-                    rows.append(_skip(u["unit"], f, why))
-                    continue
-                src = local
-            try:
-                res = batched.get(i) or load_in_child(str(src), k, benign, timeout_seconds=timeout,
-                                                      memory_limit_bytes=limit)
-                _CHILD_BYTES[0] += int(res.pop("read_bytes", 0) or 0)  # a batched load's own reads
-            finally:
-                if scratch:
-                    shutil.rmtree(scratch, ignore_errors=True)
+        results = (loader or load_todo)(run_dir, todo, cfg, timeout, limit)
+        for (u, f, k, benign), res in zip(todo, results):
+            if "skipped_reason" in res:
+                rows.append(_skip(u["unit"], f, res["skipped_reason"]))
+                continue
             fl = []
             if res["status"] == "timeout":
                 fl.append(F.make("load_timeout", path=f, timeout_seconds=timeout))
@@ -276,6 +261,46 @@ def load_units(run_dir: Path, units: List[dict], scans: Dict[str, dict], hashes:
                          "n_top_level_keys": res.get("n_top_level_keys"), "n_tensors": res.get("n_tensors"),
                          "findings_json": json.dumps([x.to_dict() for x in fl])})
     return rows
+
+
+def load_todo(run_dir: Path, todo: List[Tuple[dict, str, str, List[str]]], cfg: dict, timeout: float,
+              limit: int) -> List[Dict]:
+    """Load each (unit, file, kind, allowed globals) of ``todo`` in forked children (:func:`load_in_child`; small
+    local files share a child, :mod:`ckptaudit.loadchild`); one result per item, in order: ``load_in_child``'s
+    dict, or ``{"skipped_reason": why}`` for a remote object that could not be copied for the load.  Imports
+    torch (once per process) so each child is a fork, not an import; the load server
+    (:mod:`ckptaudit.load_server`) runs this in a child of its own.  Adds the children's reads to
+    :func:`child_bytes_read`."""
+    import torch  # noqa: F401 - imported once here so each forked child is cheap
+
+    batched = batched_loads(run_dir, todo, timeout, limit, alone=load_in_child)  # small local files
+    out: List[Dict] = []
+    for i, (u, f, k, benign) in enumerate(todo):
+        src, scratch = run_dir / f, None
+        if fs.is_remote(src):  # object storage: download to a scratch folder under a size limit
+            dl_limit = int((cfg.get("s3") or {}).get("download_limit_mib", 4096)) << 20
+            scratch = tempfile.mkdtemp(prefix="ckptaudit-load-")
+            try:
+                local = _skeleton(src, k, scratch, dl_limit) or fs.download(src, scratch, dl_limit)
+            except OSError as e:
+                local, why = None, f"cannot download the object: {type(e).__name__}"
+            else:
+                why = (f"the object is {fs.size(src)} bytes, over s3.download_limit_mib "
+                       f"({dl_limit >> 20} MiB): not downloaded for the load test")
+            if local is None:
+                shutil.rmtree(scratch, ignore_errors=True)
+                out.append({"skipped_reason": why})
+                continue
+            src = local
+        try:
+            res = batched.get(i) or load_in_child(str(src), k, benign, timeout_seconds=timeout,
+                                                  memory_limit_bytes=limit)
+            _CHILD_BYTES[0] += int(res.pop("read_bytes", 0) or 0)  # a batched load's own reads
+        finally:
+            if scratch:
+                shutil.rmtree(scratch, ignore_errors=True)
+        out.append(res)
+    return out
 
 
 def _skeleton(src, kind: str, scratch: str, limit: int):

@@ -191,13 +191,16 @@ def _by_unit(rows: List[dict]) -> Dict[str, List[dict]]:
 
 
 def stage_load(inv: dict, part: str, cfg: dict, scan_path: str, hash_path: str, out: str,
-               facts_path: Optional[str] = None) -> List[dict]:
+               facts_path: Optional[str] = None, server: Optional[str] = None) -> List[dict]:
     """The load test of ``part``; a remote object's copy leaves out the tensor data the hash stage's facts name.
-    Its bytes file has ``loadtest_bytes``: what the load children themselves read."""
-    from . import fs, loadtest, tables
+    ``server``: the audit's ``load_server.json`` (:mod:`ckptaudit.load_server`), whose process has imported
+    torch; without one (or when it does not answer) this process imports torch.  Its bytes file has
+    ``loadtest_bytes``: what the load children themselves read, and ``served_files``: files the server loaded."""
+    from . import fs, load_server, loadtest, tables
 
     before = fs.stage_bytes()
     children_before = loadtest.child_bytes_read()  # the counter is per process: this stage's share only
+    served_before = load_server.SERVED[0]
     scans = {r["unit"]: r for r in tables.read_rows(scan_path)}
     hashes = _by_unit(tables.read_rows(hash_path))
     run_dir = _run_dir(inv, cfg)
@@ -205,7 +208,8 @@ def stage_load(inv: dict, part: str, cfg: dict, scan_path: str, hash_path: str, 
         _load_facts(out, part, facts_path or str(work_file(hash_path, "bytefacts", part, "parquet")), run_dir)
     units = part_units(inv, part)
     try:  # the part's units at once, so their small files share load children (ckptaudit.loadchild)
-        rows = _in_unit_order(units, loadtest.load_units(run_dir, units, scans, hashes, cfg))
+        rows = _in_unit_order(units, loadtest.load_units(run_dir, units, scans, hashes, cfg,
+                                                                     load_server.loader(server)))
     except Exception:  # noqa: BLE001 - again unit by unit: the error becomes a finding on the unit that raised it
         rows = []
         for u in units:
@@ -214,7 +218,8 @@ def stage_load(inv: dict, part: str, cfg: dict, scan_path: str, hash_path: str, 
                                                                                       "unit"),
                                                    "findings_json": json.dumps([f.to_dict()])}]))
     tables.write("load", rows, out)
-    _write_bytes(out, "load", part, before, loadtest_bytes=loadtest.child_bytes_read() - children_before)
+    _write_bytes(out, "load", part, before, loadtest_bytes=loadtest.child_bytes_read() - children_before,
+                 served_files=load_server.SERVED[0] - served_before)
     return rows
 
 
@@ -293,7 +298,8 @@ _ARGS = {
              ("--out-imports", True, "imports table"), ("--facts", False, "bytefacts table of the hash stage")],
     "load": [("--inventory", True, "inventory.json"), ("--part", True, "part id"), ("--config", True, "config.json"),
              ("--scan", True, "scan table"), ("--hash", True, "hash table"), ("--out", True, "load table"),
-             ("--facts", False, "bytefacts table of the hash stage")],
+             ("--facts", False, "bytefacts table of the hash stage"),
+             ("--load-server", False, "load_server.json of the audit's load server (ckptaudit/load_server.py)")],
     "structure": [("--inventory", True, "inventory.json"), ("--part", True, "part id"),
                   ("--config", True, "config.json"), ("--scan", True, "scan table"),
                   ("--tensors", True, "tensors table"), ("--target", False, "target.json (else built from config)"),
@@ -343,7 +349,7 @@ def main(argv=None) -> int:
     if a.stage == "scan":
         stage_scan(inv, a.part, cfg, a.out, a.out_tensors, a.out_imports, a.facts)
     elif a.stage == "load":
-        stage_load(inv, a.part, cfg, a.scan, a.hash, a.out, a.facts)
+        stage_load(inv, a.part, cfg, a.scan, a.hash, a.out, a.facts, a.load_server)
     elif a.stage == "structure":
         stage_structure(inv, a.part, cfg, a.scan, a.tensors, a.out, a.target)
     elif a.stage == "configdiff":

@@ -8,7 +8,7 @@ import sys
 from snakemake.utils import validate
 
 import ckptaudit
-from ckptaudit import outlock, reverify
+from ckptaudit import load_server, outlock, reverify
 from ckptaudit import workflow_support as ws
 from ckptaudit.parts import SMALL_PART_BYTES
 from ckptaudit.pipeline import check_config, check_out_dir, check_run_dir
@@ -63,6 +63,22 @@ def hold_out_lock():
         outlock.hold(OUT)
     except outlock.OutputBusy as e:
         usage_error(e)
+
+
+def start_load_server():
+    """One `import torch` for the audit's load jobs (ckptaudit/load_server.py): started here, while the inventory
+    and the hash stage run, when this machine runs the jobs in this interpreter (not on a cluster, not under
+    --use-conda) and a load job is to run, or the inventory (whose parts bring the load jobs)."""
+    if not workflow.local_exec or PYTHON != sys.executable or not config["load"]["enabled"]:
+        return
+    try:
+        # the inventory is a checkpoint: the part jobs, load among them, join the DAG when it has run
+        loads = any(job.rule.name in ("inventory", "load") for job in workflow.dag.needrun_jobs())
+    except Exception:  # noqa: BLE001 - Snakemake's DAG API moved: start it; an unused server costs an import
+        loads = True
+    if loads:
+        os.makedirs(LOGS, exist_ok=True)
+        load_server.start(WORK, f"{LOGS}/load_server.log")
 
 
 wildcard_constraints:

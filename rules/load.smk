@@ -1,6 +1,7 @@
 # Load: torch.load(weights_only=True) in a forked child with a timeout and an
 # address-space limit, only for units without file or security errors.  The
-# only stage that imports torch.
+# only stage that needs torch: on one machine the audit's load server (ckptaudit/load_server.py, started by
+# onstart) has imported it once, and each load job's loads are forked from it.
 
 
 rule load:
@@ -17,6 +18,7 @@ rule load:
     params:
         python=PYTHON,
         inventory=f"{WORK}/inventory.json",
+        server=f"{WORK}/load_server.json",
         units=get_part_units,
         version=VERSION,
     log:
@@ -33,4 +35,5 @@ rule load:
         PART_GROUP
     shell:
         "{params.python} -m ckptaudit.stages load --inventory {params.inventory} --part {wildcards.part} "
-        "--config {input.config} --scan {input.scan} --hash {input.hash} --facts {input.facts} --out {output} > {log} 2>&1"
+        "--config {input.config} --scan {input.scan} --hash {input.hash} --facts {input.facts} "
+        "--load-server {params.server} --out {output} > {log} 2>&1"

@@ -1,0 +1,112 @@
+"""The audit's load server (ckptaudit/load_server.py): one ``import torch`` per audit, the same rows as a load
+job that imports torch itself, and nothing left behind by a killed audit."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ckptaudit import inventory, load_server, loadtest
+from ckptaudit.stages import scan_units
+
+from .conftest import CASES, REPO
+
+LOCAL_CASES = REPO / "tests" / "cases"
+
+#: Columns that differ between two loads of the same file (timings, the child's peak RSS).
+_VARYING = ("load_seconds", "peak_rss_bytes")
+
+
+def _rows(run_dir, server=None):
+    units, _, _ = inventory.discover(run_dir)
+    ud = [u.to_dict() for u in units]
+    scans, _, _ = scan_units(run_dir, ud, {})
+    rows = loadtest.load_units(run_dir, ud, {s["unit"]: s for s in scans}, {}, {}, load_server.loader(server))
+    return [{k: v for k, v in r.items() if k not in _VARYING} for r in rows]
+
+
+@pytest.fixture
+def server(tmp_path):
+    work = tmp_path / "work"
+    pid = load_server.start(work, tmp_path / "server.log")
+    assert pid
+    yield load_server.info_path(work), pid
+    load_server.stop(work)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie (exited, not yet reaped) is not alive
+        return f.read().split(") ", 1)[1][0] != "Z"
+
+
+@pytest.mark.parametrize("case", ["ok_full_torch", "ok_fw_lightning", "trunc_zip_at_50pct"])
+def test_rows_from_the_server_equal_a_load_here(server, case):
+    """Real framework files (Lightning's, whose AttributeDict is allowed by name), a truncated zip: the rows
+    are the same whoever loads, and the server did load them."""
+    info, _ = server
+    base = LOCAL_CASES if (LOCAL_CASES / case).is_dir() else CASES
+    here = _rows(base / case)
+    served_before = load_server.SERVED[0]
+    assert _rows(base / case, info) == here
+    loaded = sum(r["status"] != "skipped" for r in here)
+    assert load_server.SERVED[0] - served_before == loaded
+    if case == "trunc_zip_at_50pct":
+        assert loaded == 0  # the scan already knows the bytes are damaged: nothing to load
+    else:
+        assert loaded >= 1 and all(r["status"] == "ok" for r in here if r["status"] != "skipped")
+
+
+def test_a_stale_record_loads_here_with_the_same_rows(tmp_path):
+    """A SIGKILLed audit's ``load_server.json`` names a socket no one listens on: the job loads itself."""
+    stale = tmp_path / "load_server.json"
+    stale.write_text(json.dumps({"socket": str(tmp_path / "gone"), "pid": 0, "folder": str(tmp_path / "x")}))
+    served_before = load_server.SERVED[0]
+    assert _rows(CASES / "ok_full_torch", stale) == _rows(CASES / "ok_full_torch")
+    assert load_server.SERVED[0] == served_before
+
+
+def test_the_server_ends_with_the_process_that_started_it(tmp_path):
+    """The audit's process is SIGKILLed (OOM killer, a cancelled cron job): its server notices within a
+    second or two and exits, removing its socket folder."""
+    work = tmp_path / "work"
+    code = ("import sys, time; from ckptaudit import load_server; "
+            f"print(load_server.start({str(work)!r}), flush=True); time.sleep(600)")
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    pid = int(parent.stdout.readline())
+    folder = json.loads((work / "load_server.json").read_text())["folder"]
+    assert _alive(pid) and os.path.isdir(folder)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.time() + 60  # the server's torch import is not interrupted; then it checks every second
+    while _alive(pid) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not _alive(pid)
+    assert not os.path.exists(folder)
+
+
+def test_stop_ends_the_server_and_forgets_it(tmp_path):
+    work = tmp_path / "work"
+    pid = load_server.start(work)
+    folder = json.loads(load_server.info_path(work).read_text())["folder"]
+    load_server.stop(work)
+    assert not _alive(pid)
+    assert not load_server.info_path(work).exists() and not os.path.exists(folder)
+    load_server.stop(work)  # a second stop (onerror after onsuccess's): nothing to do
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="needs root to act as another user")
+def test_another_user_cannot_connect(server):
+    """The socket's folder is the server's own (0700): another user's process cannot ask it to load."""
+    info, _ = server
+    sock_path = json.loads(info.read_text())["socket"]
+    code = ("import os, socket, sys; os.setgid(65534); os.setuid(65534); s = socket.socket(socket.AF_UNIX); "
+            f"\ntry:\n s.connect({sock_path!r})\nexcept PermissionError:\n sys.exit(7)\nsys.exit(0)")
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 7
