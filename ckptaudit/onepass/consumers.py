@@ -23,6 +23,9 @@ from .values import _BLOCK, buffer_stats, itemsize
 class Sha256:
     """SHA-256 of every byte fed (fed in file order from offset 0)."""
 
+    #: Fed on the pass's thread pool while the reading thread feeds the other consumers (:mod:`.stream`).
+    ON_POOL = True
+
     def __init__(self) -> None:
         self.h = hashlib.sha256()
         self.nbytes = 0
@@ -49,6 +52,8 @@ class Progress:
 
 class ChunkSha256:
     """SHA-256 of each ``chunk_bytes`` slice of the bytes fed from ``start`` (a chunk boundary) on."""
+
+    ON_POOL = True  # as Sha256's
 
     def __init__(self, chunk_bytes: int, start: int = 0) -> None:
         if chunk_bytes < 1:
