@@ -508,3 +508,53 @@ def test_truncated_or_flipped_checkpoint_never_raises(cut, flips):
     r = _bounded_walk(data)
     if not flips and cut < 13985:
         assert r.error == f"truncated at byte {cut}: no STOP opcode"
+
+
+def test_the_memo_is_the_same_mapping_as_a_dict_for_any_slot_order():
+    """The walk's memo (ckptaudit/pickle_walk/memo.py) keeps slots in a list while they come 0, 1, 2, …
+    (CPython's and torch's picklers) and in a dict otherwise: every sequence of writes reads back as a dict's."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from ckptaudit.pickle_walk.memo import Memo
+
+    keys = st.one_of(st.integers(-3, 40), st.sampled_from(["a", 2.0, True]))
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(st.tuples(keys, st.integers()), max_size=60), st.lists(keys, max_size=20))
+    def check(writes, reads):
+        m, d = Memo(), {}
+        for k, v in writes:
+            m[k] = v
+            d[k] = v
+        assert len(m) == len(d) and dict(m.items()) == d
+        for k in reads:
+            assert (k in m) == (k in d) and m.get(k, "none") == d.get(k, "none")
+
+    check()
+
+
+def test_a_torch_save_memo_stays_a_list(tmp_path):
+    """torch.save of many tensors fills slots in order: the memo never becomes a dict (8 bytes a slot)."""
+    import torch
+
+    from ckptaudit.pickle_walk import machine, memo
+
+    made = []
+
+    class Spy(memo.Memo):
+        def __init__(self):
+            super().__init__()
+            made.append(self)
+
+    torch.save({f"w{i}": torch.ones(1) for i in range(2000)}, tmp_path / "m.pt")
+    with zipfile.ZipFile(tmp_path / "m.pt") as z:
+        data = z.read(next(n for n in z.namelist() if n.endswith("data.pkl")))
+    orig = machine.Memo
+    machine.Memo = Spy
+    try:
+        res = walk(data)
+    finally:
+        machine.Memo = orig
+    assert res.error is None and len(res.tensors) == 2000
+    assert made and made[0]._dict is None and len(made[0]) > 4000

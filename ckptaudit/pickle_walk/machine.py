@@ -13,6 +13,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import budgets
 from .hidden import _HiddenPickles
+from .memo import Memo
 from .model import Call, GlobalImport, GlobalRef, TensorMeta, WalkResult
 from .objects import _ObjectOps
 from .reader import _MISSING, _BudgetError, _WalkError, _raw_line_pair, _safe_key, _short_repr, clean_text
@@ -71,7 +72,7 @@ class _State(_HiddenPickles, _ObjectOps):
         res = self.res
         stack: List[Any] = []
         metastack: List[List[Any]] = []
-        memo: Dict[int, Any] = {}
+        memo = Memo()  # a list while torch's pickler fills slots in order (./memo.py)
         push = stack.append
         group = _GROUP
         n = 0
@@ -289,7 +290,7 @@ class _State(_HiddenPickles, _ObjectOps):
             res.budget_exhausted = True
             strs = {k: v for k, v in memo.items() if type(v) is str}
             n_memo = len(memo)
-            stack, metastack, memo = [], [], {}  # what was held is dropped before the imports scan
+            stack, metastack, memo = [], [], Memo()  # what was held is dropped before the imports scan
             self.scan_imports(f, strs, n_memo)
         except _WalkError as e:
             res.error = str(e)

@@ -1,0 +1,60 @@
+"""The pickle memo of one walk: a list while its slots are filled 0, 1, 2, … in order, else a dict.
+
+CPython's pickler numbers memo slots from 0 in the order it stores them (``BINPUT``/``LONG_BINPUT`` with
+``len(memo)`` as the slot, protocol 4's ``MEMOIZE`` implicitly; Lib/pickle.py ``Pickler.memoize``), and
+``torch.save`` pickles with it, memoising nearly every object: a ``torch.save`` of 100,000 tensors leaves
+~700,000 slots.  As a dict those cost an entry plus an ``int`` key object each (~60 MB at 100,000 tensors,
+issue 22); as a list, 8 bytes a slot.  A slot written out of order (a hand-made pickle, ``PUT`` with any
+key) turns this memo into a dict with the same contents, so the walk sees the same mapping either way.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+_MISSING = object()
+
+
+class Memo:
+    """A mapping of memo slot → object with ``in``, ``[]``, ``get``, ``len`` and ``items`` (the walk's uses)."""
+
+    __slots__ = ("_list", "_dict")
+
+    def __init__(self) -> None:
+        self._list: Optional[List[Any]] = []
+        self._dict: Optional[Dict[Any, Any]] = None
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        lst = self._list
+        if lst is not None:
+            if type(key) is int and 0 <= key <= len(lst):
+                if key == len(lst):
+                    lst.append(value)
+                else:
+                    lst[key] = value
+                return
+            self._dict, self._list = dict(enumerate(lst)), None
+        self._dict[key] = value  # type: ignore[index]
+
+    def __getitem__(self, key: Any) -> Any:
+        lst = self._list
+        if lst is not None:
+            if type(key) is int and 0 <= key < len(lst):
+                return lst[key]
+            raise KeyError(key)
+        return self._dict[key]  # type: ignore[index]
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        try:
+            return self[key]
+        except KeyError:
+            return default
+
+    def __contains__(self, key: Any) -> bool:
+        return self.get(key, _MISSING) is not _MISSING
+
+    def __len__(self) -> int:
+        return len(self._list) if self._list is not None else len(self._dict)  # type: ignore[arg-type]
+
+    def items(self) -> Iterator[Tuple[Any, Any]]:
+        return iter(enumerate(self._list)) if self._list is not None else iter(self._dict.items())  # type: ignore[union-attr]
