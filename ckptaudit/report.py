@@ -127,9 +127,10 @@ def _write_json(path: Path, doc: dict) -> None:
 
 
 def main(argv=None) -> int:
-    from .tables import without_pandas
+    from .tables import job_memory_pool, without_pandas
 
     without_pandas()
+    job_memory_pool()
     import argparse
 
     ap = argparse.ArgumentParser(prog="python -m ckptaudit.report")

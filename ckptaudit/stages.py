@@ -331,9 +331,10 @@ def main(argv=None) -> int:
     # OpenBLAS's pool on top of them spent a third more CPU for the same wall (1 GiB: 0.52 → 0.30 CPU-s).
     # Read when numpy is first imported, which no stage has done yet; a value the user set is kept.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    from .tables import without_pandas
+    from .tables import job_memory_pool, without_pandas
 
     without_pandas()
+    job_memory_pool()
     a = parser().parse_args(argv)
     if a.stage == "inventory":
         from .run_folder import require_units  # an empty or checkpoint-less folder: exit 3, naming what was ignored

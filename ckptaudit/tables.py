@@ -42,6 +42,21 @@ def without_pandas() -> None:
         sys.meta_path.insert(0, _NoPandas())
 
 
+def job_memory_pool() -> str:
+    """Make Arrow allocate from jemalloc in this process (stage jobs only, beside :func:`without_pandas`);
+    returns the pool's backend name.
+
+    pyarrow's Linux wheels default to mimalloc, which kept far more of what a stage freed: on a torch.save of
+    100,000 tensors (issue 22) the scan job peaked at 403 MB with mimalloc and 298 MB with jemalloc, the state
+    job 354 and 279 MB, structure 224 and 195, hash 229 and 213 (GNU time, same inputs).  Where the wheel has
+    no jemalloc (``NotImplementedError``) the default pool stays.  Library users' processes are not changed."""
+    try:
+        pa.set_memory_pool(pa.jemalloc_memory_pool())
+    except NotImplementedError:
+        pass
+    return pa.default_memory_pool().backend_name
+
+
 S, I, F, B = pa.string(), pa.int64(), pa.float64(), pa.bool_()
 LS = pa.list_(pa.string())
 LI = pa.list_(pa.int64())

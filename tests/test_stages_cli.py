@@ -24,3 +24,18 @@ def test_every_rule_of_the_workflow_has_a_sub_command():
     rules = Path(__file__).resolve().parents[1] / "rules"
     used = {m for p in rules.glob("*.smk") for m in re.findall(r"-m ckptaudit\.stages (\w+)", p.read_text())}
     assert used == set(stages._ARGS) == {"inventory", "hash", "scan", "load", "structure", "configdiff", "state"}
+
+
+def test_stage_jobs_allocate_arrow_memory_from_jemalloc():
+    """pyarrow's default pool (mimalloc) kept ~100 MB more of what a stage freed at 100,000 tensors (issue 22):
+    stage processes switch to jemalloc, which pyarrow's Linux wheels include."""
+    import platform
+    import subprocess
+    import sys
+
+    code = "from ckptaudit.tables import job_memory_pool; print(job_memory_pool())"
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    if platform.system() == "Linux" and platform.machine() in ("x86_64", "aarch64"):
+        assert got == "jemalloc"
+    else:
+        assert got  # the wheel's own default where it has no jemalloc
