@@ -14,9 +14,14 @@ Lifecycle (local execution only; on a cluster each load job imports torch itself
   folder (mode 0700, so no other user can connect; Unix socket paths are limited to 107 bytes, which an
   output folder's path could exceed).
 * The server imports torch, then accepts; a load job that connects during the import waits in the listen
-  backlog.  Each connection is served by a child forked for it (the server itself never loads
-  anything), which runs :func:`ckptaudit.loadtest.load_todo` — the same forked, time- and memory-limited
-  ``torch.load(weights_only=True)`` children as a load job without a server — and answers with the results.
+  backlog.  Each connection is served on a thread of its own, which runs
+  :func:`ckptaudit.loadtest.load_todo`: the same forked, time- and memory-limited
+  ``torch.load(weights_only=True)`` children as a load job without a server, and answers with the results.
+  The server itself never loads a file (its children do), so no load leaves state in it.  Threads, not a
+  forked child per connection: a fork of the server would count torch's ~230 MiB once more in every
+  per-process RSS sum, and its own children again (issue 22: 624 MiB for the server's tree at 200,000
+  tensors).  The server's other threads only wait on sockets and pipes, and CPython takes its import lock
+  around ``fork``, so a child forked from one thread finds no lock held.
 * It exits when :func:`stop` signals it (``onsuccess``/``onerror``) or, checked every second, when the
   process that started it has gone (a killed audit leaves no server behind).
 
@@ -38,9 +43,10 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import Optional
 
 INFO_NAME = "load_server.json"
 _HEADER = struct.Struct(">Q")
@@ -176,21 +182,20 @@ def _recv_exactly(s: socket.socket, n: int) -> bytes:
 
 
 def _serve_one(conn: socket.socket) -> None:
-    """Runs in a child forked for one connection: load what it asks for, answer, exit."""
+    """Runs on a thread of the server for one connection: load what it asks for (in forked children), answer."""
     from . import fs, loadtest
 
-    code = 0
     try:
         req = json.loads(_recv(conn))
-        before = loadtest.child_bytes_read()
+        before = loadtest.child_bytes_read()  # this thread's count
         results = loadtest.load_todo(fs.path(req["run_dir"]), [tuple(t) for t in req["todo"]], req["cfg"],
                                      float(req["timeout"]), int(req["limit"]))
         out = json.dumps({"results": results, "child_bytes": loadtest.child_bytes_read() - before}).encode()
         conn.sendall(_HEADER.pack(len(out)) + out)
-    except BaseException:  # noqa: BLE001 - the job sees a closed connection and loads itself
-        code = 1
+    except Exception:  # noqa: BLE001 - the job sees a closed connection and loads itself
+        pass
     finally:
-        os._exit(code)
+        conn.close()
 
 
 def _peer_uid(conn: socket.socket) -> int:
@@ -215,7 +220,6 @@ def serve(fd: int, parent: int, folder: str) -> int:
     without_pandas()
     listener = socket.socket(fileno=fd)
     signal.signal(signal.SIGTERM, _stop_now)
-    children: List[int] = []
     try:
         import torch  # noqa: F401 - the point of the server: once, before any request is served
         try:
@@ -225,22 +229,17 @@ def serve(fd: int, parent: int, folder: str) -> int:
         while os.getppid() == parent:
             if select.select([listener], [], [], 1.0)[0]:
                 conn, _ = listener.accept()
-                try:
-                    if hasattr(socket, "SO_PEERCRED") and _peer_uid(conn) != os.getuid():
-                        continue  # another user's process (the folder is 0700; this is a second guard)
-                    pid = os.fork()
-                    if pid == 0:
-                        listener.close()
-                        _serve_one(conn)
-                    children.append(pid)
-                finally:
-                    conn.close()
-            children = [c for c in children if not os.waitpid(c, os.WNOHANG)[0]]
+                if hasattr(socket, "SO_PEERCRED") and _peer_uid(conn) != os.getuid():
+                    conn.close()  # another user's process (the folder is 0700; this is a second guard)
+                    continue
+                threading.Thread(target=_serve_one, args=(conn,), daemon=True).start()
     except _Stopped:
         pass
     finally:
         listener.close()
         shutil.rmtree(folder, ignore_errors=True)
+        if os.getpgid(0) == os.getpid():  # started by start(): a group of its own, whose other members are
+            os.killpg(0, signal.SIGKILL)  # load children still running (their timeouts were its threads')
     return 0
 
 

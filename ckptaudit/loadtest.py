@@ -28,6 +28,7 @@ import select
 import signal
 import shutil
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Tuple
@@ -109,17 +110,17 @@ def _child(path: str, kind: str, benign: List[str], limit_bytes: int, wfd: int) 
         os._exit(0)
 
 
-_CHILD_BYTES = [0]
+_CHILD_BYTES = threading.local()  # per thread: the load server serves each load job on a thread of its own
 
 
 def child_bytes_read() -> int:
-    """Bytes the load children of this process read so far (each child's ``rchar`` around its load)."""
-    return _CHILD_BYTES[0]
+    """Bytes the load children started by this thread read so far (each child's ``rchar`` around its load)."""
+    return getattr(_CHILD_BYTES, "n", 0)
 
 
 def count_child_bytes(n: int) -> None:
-    """Add ``n`` bytes that load children read on this process's behalf (a load server's answer)."""
-    _CHILD_BYTES[0] += n
+    """Add ``n`` bytes that load children read on this thread's behalf (a load server's answer)."""
+    _CHILD_BYTES.n = child_bytes_read() + n
 
 
 #: Kinds the child maps rather than reads (``torch.load(mmap=True)``, ``safe_open``): their mapping takes the
@@ -181,7 +182,7 @@ def load_in_child(path: str, kind: str, benign: List[str], *, timeout_seconds: f
         res = {"status": "memory" if sig == signal.SIGKILL else "failed", "error_type": "ChildDied",
                "error_message": f"load child exited with status {status} (signal {sig})"}
     res.update(load_seconds=dt, peak_rss_bytes=rss)
-    _CHILD_BYTES[0] += int(res.pop("read_bytes", 0) or 0)
+    count_child_bytes(int(res.pop("read_bytes", 0) or 0))
     return res
 
 
@@ -295,7 +296,7 @@ def load_todo(run_dir: Path, todo: List[Tuple[dict, str, str, List[str]]], cfg: 
         try:
             res = batched.get(i) or load_in_child(str(src), k, benign, timeout_seconds=timeout,
                                                   memory_limit_bytes=limit)
-            _CHILD_BYTES[0] += int(res.pop("read_bytes", 0) or 0)  # a batched load's own reads
+            count_child_bytes(int(res.pop("read_bytes", 0) or 0))  # a batched load's own reads
         finally:
             if scratch:
                 shutil.rmtree(scratch, ignore_errors=True)

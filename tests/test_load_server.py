@@ -110,3 +110,32 @@ def test_another_user_cannot_connect(server):
     code = ("import os, socket, sys; os.setgid(65534); os.setuid(65534); s = socket.socket(socket.AF_UNIX); "
             f"\ntry:\n s.connect({sock_path!r})\nexcept PermissionError:\n sys.exit(7)\nsys.exit(0)")
     assert subprocess.run([sys.executable, "-c", code]).returncode == 7
+
+
+def test_two_load_jobs_at_once_are_served_side_by_side(server):
+    """Two parts' load jobs ask at the same time (2 cores, 2 jobs): each is served on its own thread, each gets its
+    own rows and its own count of the bytes its loads read."""
+    import threading
+
+    info, _ = server
+    cases = [LOCAL_CASES / "ok_fw_lightning", CASES / "ok_full_torch"]
+    here = {c: _rows(c) for c in cases}
+    got, errors = {}, []
+
+    def job(c):
+        try:
+            before = loadtest.child_bytes_read()
+            got[c] = (_rows(c, info), loadtest.child_bytes_read() - before)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    served_before = load_server.SERVED[0]
+    threads = [threading.Thread(target=job, args=(c,)) for c in cases]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert {c: rows for c, (rows, _) in got.items()} == here
+    assert all(n > 0 for _, n in got.values())  # each load read its file's zip directory and pickle
+    assert load_server.SERVED[0] - served_before == sum(r["status"] != "skipped" for c in cases for r in here[c])
