@@ -57,15 +57,20 @@ def _metadata_pass(inv: dict, cfg: dict, out: Path, target_path: str) -> Dict[st
     return {t: {r["unit"]: r for r in tables.read_rows(p[t])} for t in ("scan", "configdiff", "structure", "state")}
 
 
-def _examine(inv: dict, unit: str, cfg: dict, out: Path, part: str, target_path: str) -> Dict[str, List[dict]]:
-    """{table: rows of ``unit``} from every stage, in the audit's order, reading all of its bytes."""
+def _examine(inv: dict, unit: str, cfg: dict, out: Path, part: str, target_path: str,
+             loads=None) -> Dict[str, List[dict]]:
+    """{table: rows of ``unit``} from every stage, in the audit's order, reading all of its bytes.  ``loads``: the
+    reader's loader (:class:`ckptaudit.reader_load.ReaderLoads`), which keeps what it loaded of ``unit`` only."""
     from . import stages, tables
+
+    if loads is not None:
+        loads.drop()  # the unit examined before was passed over: its objects go
 
     one = {**inv, "parts": {part: [unit]}}
     p = _paths(out, part)
     stages.stage_hash(one, part, p["hash"])
     stages.stage_scan(one, part, cfg, p["scan"], p["tensors"], p["imports"])
-    stages.stage_load(one, part, cfg, p["scan"], p["hash"], p["load"])
+    stages.stage_load(one, part, cfg, p["scan"], p["hash"], p["load"], loader=loads)
     stages.stage_configdiff(one, part, cfg, p["scan"], p["configdiff"])
     stages.stage_structure(one, part, cfg, p["scan"], p["tensors"], p["structure"], target_path)
     stages.stage_state(one, part, cfg, p["scan"], p["tensors"], p["state"])
@@ -108,13 +113,14 @@ def prior_rows(audit: str | Path, inv: dict) -> Dict[str, Dict[str, List[dict]]]
     return out
 
 
-def search(run_dir: str | Path, cfg: dict, out: Path, audit: str | Path | None = None
+def search(run_dir: str | Path, cfg: dict, out: Path, audit: str | Path | None = None, loads=None
            ) -> Tuple[dict, dict, Dict[str, Dict[str, dict]], List[str]]:
     """(verdict, inventory, {"scan"/"state": {unit: row}}, units examined byte by byte, in the order examined)
     for the run at ``run_dir``; ``cfg``: a full stage config (:func:`ckptaudit.pipeline.merged_config`);
     ``out``: a scratch folder for the stage tables.  With ``audit`` (a finished audit's output folder), the
     units it covered that have not changed since (:func:`prior_rows`) are judged by its rows instead of
-    their metadata; the unit returned is still examined byte by byte.  Raises what the inventory raises for
+    their metadata; the unit returned is still examined byte by byte.  ``loads``: the load stage's loader for the
+    examined units (:class:`ckptaudit.reader_load.ReaderLoads`: the reader's load test is its final load).  Raises what the inventory raises for
     a missing or unreadable run folder, and what :func:`prior_rows` raises."""
     from . import stages, target, verdict
 
@@ -145,7 +151,8 @@ def search(run_dir: str | Path, cfg: dict, out: Path, audit: str | Path | None =
         if rollback is None or rollback["unit"] in full:
             scan_rows = {r["unit"]: r for r in tbl["scan"]}
             return v, inv, {"scan": scan_rows, "state": state_rows}, list(full)
-        full[rollback["unit"]] = _examine(inv, rollback["unit"], cfg, out, f"unit{len(full):05d}", target_path)
+        full[rollback["unit"]] = _examine(inv, rollback["unit"], cfg, out, f"unit{len(full):05d}", target_path,
+                                          loads)
 
 
 def choose(verdict: dict, inv_units: Dict[str, dict], state_rows: Dict[str, dict]) -> tuple:

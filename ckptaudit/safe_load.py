@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from . import fs
+from .reader_load import load_file
 from .terminal_text import shown, shown_lines
 
 log = logging.getLogger("ckptaudit")
@@ -110,33 +111,21 @@ def loadable(unit: dict) -> bool:
             or (kind == "index" and layout in INDEX_LAYOUTS))
 
 
-def _load_file(path: Path, layout: str, map_location: Any, benign: Sequence[str]) -> Any:
-    import torch
-
-    from .loadtest import _resolve_benign
-
-    if layout == "safetensors" or path.name.endswith(".safetensors"):
-        from safetensors.torch import load_file
-
-        return load_file(str(path), device=str(map_location))
-    with torch.serialization.safe_globals(_resolve_benign(list(benign))):
-        return torch.load(path, map_location=map_location, weights_only=True)
-
-
-def _load_unit(root: Path, ud: dict, map_location: Any, benign: Sequence[str]) -> tuple:
-    """(state, not_loaded) of the unit the search chose (:func:`ckptaudit.newest_first.search`); raises what the
-    loaders raise."""
+def _load_unit(root: Path, ud: dict, map_location: Any, benign: Sequence[str],
+               kept: Optional[Dict[str, Any]] = None) -> tuple:
+    """(state, not_loaded) of the unit the search chose (:func:`ckptaudit.newest_first.search`); ``kept``: files
+    its load test already loaded here (relative path → object); raises what the loaders raise."""
     import json
 
     from .formats.sniff import sniff
 
     if ud["kind"] == "file":
-        return _load_file(root / ud["files"][0], ud["layout"], map_location, benign), {}
+        return load_file(root / ud["files"][0], ud["layout"], map_location, benign, kept, ud["files"][0]), {}
     if ud["kind"] == "index":
         state: Dict[str, Any] = {}
         for rel in ud["files"]:
             if not rel.endswith(".json"):
-                state.update(_load_file(root / rel, "", map_location, benign))
+                state.update(load_file(root / rel, "", map_location, benign, kept, rel))
         return state, {}
     state, not_loaded = {}, {}
     unit_root = root / ud["unit"]
@@ -148,7 +137,8 @@ def _load_unit(root: Path, ud: dict, map_location: Any, benign: Sequence[str]) -
         elif p.name.endswith(".json"):
             state[inner] = fs.loads_json(fs.read_bounded(p, fs.SMALL_FILE_BYTES))
         elif (kind := sniff(p).kind) in ("torch_zip", "torch_legacy", "safetensors"):
-            state[inner] = _load_file(p, "safetensors" if kind == "safetensors" else "", map_location, benign)
+            state[inner] = load_file(p, "safetensors" if kind == "safetensors" else "", map_location, benign, kept,
+                                      rel)
         else:
             not_loaded[inner] = "not a torch or safetensors file"
     return state, not_loaded
@@ -213,9 +203,12 @@ def safe_load_checkpoint(ckpt_dir: str | Path, *, map_location: Any = "cpu",
     cfg["security"] = {**(cfg.get("security") or {}),
                        "allow_globals": sorted({*((cfg.get("security") or {}).get("allow_globals") or []),
                                                 *allow_globals})}
+    from .reader_load import ReaderLoads
+
+    loads = ReaderLoads(map_location) if load else None  # the load test of the examined units is the final load
     before, child0 = sum(fs.stage_bytes().values()), child_bytes_read()
     with tempfile.TemporaryDirectory(prefix="ckptaudit-reader-") as td:
-        v, inv, rows, examined = search(root, merged_config(cfg), Path(td), audit=audit)
+        v, inv, rows, examined = search(root, merged_config(cfg), Path(td), audit=audit, loads=loads)
     read = sum(fs.stage_bytes().values()) - before + child_bytes_read() - child0
     lg.debug("safe_load_checkpoint: examined %s byte by byte; %d bytes read", shown(", ".join(examined) or "no unit"), read)
     inv_units = {u["unit"]: u for u in inv["units"]}
@@ -238,10 +231,12 @@ def safe_load_checkpoint(ckpt_dir: str | Path, *, map_location: Any = "cpu",
     if load:
         benign = list((rows["scan"].get(ud["unit"]) or {}).get("benign_globals") or []) + list(allow_globals)
         try:
-            state, not_loaded = _load_unit(root, ud, map_location, benign)
+            state, not_loaded = _load_unit(root, ud, map_location, benign, loads.kept if loads else None)
         except Exception as e:  # noqa: BLE001 - the audit's choice failed here: say so, never guess another
             reasons[ud["unit"]] = f"load_failed: {explain(str(e))} ({type(e).__name__})"
             raise NoUsableCheckpointError(str(ckpt_dir), reasons) from e
+    if loads is not None:
+        loads.drop()
     step = _step_of(state, rollback.get("step") if rollback.get("step") is not None else ud.get("step_from_name"))
     if reasons:
         lg.warning("safe_load_checkpoint: using %s (step %s) after skipping %d newer unit(s)",

@@ -191,8 +191,10 @@ def _by_unit(rows: List[dict]) -> Dict[str, List[dict]]:
 
 
 def stage_load(inv: dict, part: str, cfg: dict, scan_path: str, hash_path: str, out: str,
-               facts_path: Optional[str] = None, server: Optional[str] = None) -> List[dict]:
-    """The load test of ``part``; a remote object's copy leaves out the tensor data the hash stage's facts name.
+               facts_path: Optional[str] = None, server: Optional[str] = None,
+               loader: Optional[Callable] = None) -> List[dict]:
+    """The load test of ``part``; ``loader`` replaces the one that loads the files (the reader's,
+    :class:`ckptaudit.reader_load.ReaderLoads`); a remote object's copy leaves out the tensor data the hash stage's facts name.
     ``server``: the audit's ``load_server.json`` (:mod:`ckptaudit.load_server`), whose process has imported
     torch; without one (or when it does not answer) this process imports torch.  Its bytes file has
     ``loadtest_bytes``: what the load children themselves read, and ``served_files``: files the server loaded."""
@@ -209,7 +211,7 @@ def stage_load(inv: dict, part: str, cfg: dict, scan_path: str, hash_path: str, 
     units = part_units(inv, part)
     try:  # the part's units at once, so their small files share load children (ckptaudit.loadchild)
         rows = _in_unit_order(units, loadtest.load_units(run_dir, units, scans, hashes, cfg,
-                                                                     load_server.loader(server)))
+                                                         loader or load_server.loader(server)))
     except Exception:  # noqa: BLE001 - again unit by unit: the error becomes a finding on the unit that raised it
         rows = []
         for u in units:

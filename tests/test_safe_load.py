@@ -1,6 +1,7 @@
 """safe_load_checkpoint falls back past damaged units and explains every skip."""
 
 import logging
+import os
 import shutil
 
 import pytest
@@ -152,3 +153,54 @@ def test_framework_layouts_are_checked_not_loaded(case, unit, step):
     assert "load=False" in ei.value.reasons[unit]
     ckpt = safe_load_checkpoint(CASES / case, load=False)
     assert (ckpt.unit, ckpt.step, ckpt.state, ckpt.path) == (unit, step, None, CASES / case / unit)
+
+
+def test_the_reader_loads_the_unit_it_returns_once(tmp_path, monkeypatch):
+    """The reader's load test of a torch zip is its final load (ckptaudit/reader_load.py): one ``torch.load`` of
+    the returned file, in this process, and no forked load child; the object returned is that load's."""
+    import torch
+
+    from ckptaudit import loadtest
+
+    run = tmp_path / "run"
+    run.mkdir()
+    for step in (100, 200):
+        torch.save({"model": {"w": torch.full((8,), float(step))}, "iter_num": step}, run / f"ckpt_{step:06d}.pt")
+    calls = []
+    real_load = torch.load
+
+    def counting_load(f, *a, **k):
+        calls.append(os.path.basename(str(f)))
+        return real_load(f, *a, **k)
+
+    def no_child(*a, **k):
+        raise AssertionError("a load child was forked for a file the reader loads itself")
+
+    monkeypatch.setattr(torch, "load", counting_load)
+    monkeypatch.setattr(loadtest, "load_in_child", no_child)
+    ckpt = safe_load_checkpoint(run)
+    assert ckpt.unit == "ckpt_000200.pt" and ckpt.step == 200
+    assert calls == ["ckpt_000200.pt"]
+    assert torch.equal(ckpt["model"]["w"], torch.full((8,), 200.0))
+
+
+def test_a_map_location_other_than_cpu_keeps_the_forked_load_test(tmp_path, monkeypatch):
+    """Loaded elsewhere than on the CPU (here ``map_location="meta"``), the object of the load test could not be
+    returned: the file is load-tested in a child, as in the audit, then loaded for the caller."""
+    import torch
+
+    from ckptaudit import loadtest
+
+    run = tmp_path / "run"
+    run.mkdir()
+    torch.save({"model": {"w": torch.ones(4)}, "iter_num": 7}, run / "ckpt_000007.pt")
+    forked = []
+    real = loadtest.load_in_child
+
+    def spy(path, *a, **k):
+        forked.append(os.path.basename(path))
+        return real(path, *a, **k)
+
+    monkeypatch.setattr(loadtest, "load_in_child", spy)
+    ckpt = safe_load_checkpoint(run, map_location="meta")
+    assert forked == ["ckpt_000007.pt"] and ckpt["model"]["w"].device.type == "meta"
