@@ -15,10 +15,12 @@ pickle (an import outside ``torch.load(weights_only=True)``'s allowlist and the
 known-benign list), JSON state, structure, step and scheduler continuity across
 the run — and then, newest first, the unit the audit's rule would choose is checked
 byte by byte: SHA-256 against its sidecar or manifest, every zip record's CRC32, the
-isolated load test in a child process, NaN/Inf in the weights.  A unit that fails is
-passed over and the next choice is examined; tensor bytes of older units are never
-read.  The chosen unit is loaded with ``torch.load(path, map_location=…,
-weights_only=True)``.  A unit without model weights is never returned.  Every newer
+load test, NaN/Inf in the weights.  A unit that fails is passed over and the next choice
+is examined; tensor bytes of older units are never read.  The chosen unit is loaded with
+``torch.load(path, map_location=…, weights_only=True)`` (``safetensors.torch.load_file``
+for safetensors); for a torch zip or safetensors file with ``map_location="cpu"`` that load
+*is* the load test, done once here (:mod:`ckptaudit.reader_load`), and any other file is
+load-tested first in a child process with time and memory limits.  A unit without model weights is never returned.  Every newer
 unit passed over is logged as a warning with its reason; ``ckpt.examined`` lists the
 units read byte by byte and ``ckpt.bytes_read`` what the checks read.
 
@@ -164,7 +166,7 @@ def safe_load_checkpoint(ckpt_dir: str | Path, *, map_location: Any = "cpu",
 
     One judgement for reader and audit: the audit's stages judge every unit's metadata,
     then, newest first, the unit the audit's rule chooses is checked byte by byte (sidecar
-    hashes, CRCs, the isolated load test, the non-finite scan) until one passes
+    hashes, CRCs, the load test, the non-finite scan) until one passes
     (:func:`ckptaudit.newest_first.search`) — the newest unit usable for resume, else the
     newest usable for a warm start (``usable_for`` says which).  A unit without model weights is never
     returned.  ``audit_config`` holds keys of ``config/config.yaml`` for the resuming job
