@@ -32,9 +32,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
+from . import confine
 from . import findings as F
 from . import fs
 from . import progress as _progress
+from .manifest_entries import load_manifest  # noqa: F401 - re-exported
 
 _LINE = re.compile(r"^\\?([0-9a-fA-F]{64}) [ *](.+)$")
 
@@ -66,17 +68,6 @@ def parse_sidecar(text: str) -> Tuple[Dict[str, str], Optional[str]]:
     if not out:
         return out, "empty sidecar"
     return out, None
-
-
-def load_manifest(path: Path) -> Dict[str, dict]:
-    """{relative path inside the manifest's folder: entry} of a ckptaudit manifest; {} when unreadable."""
-    try:
-        doc = fs.loads_json(fs.read_bounded(path, fs.SMALL_FILE_BYTES))
-    except (OSError, ValueError):
-        return {}
-    if not isinstance(doc, dict) or not str(doc.get("schema", "")).startswith("ckptaudit.manifest/"):
-        return {}
-    return {str(e.get("path")): e for e in doc.get("files", []) if isinstance(e, dict)}
 
 
 _READ_BYTES = 4 << 20  # read buffer of one chunk-hashing task (bytes)
@@ -216,6 +207,39 @@ PASSES_AT_ONCE = 4
 _PASS_SLOTS = threading.BoundedSemaphore(PASSES_AT_ONCE)
 
 
+def _manifest_entries(run_dir: Path, unit: dict, rows: List[dict]) -> Dict[str, dict]:
+    """{run-relative file: entry} of ``unit``'s manifest.  A manifest that resolves outside the run, or is
+    not a regular file (a FIFO, a device), is never read; an entry naming a path outside the run is left out.
+    Each is a row of ``rows`` with its finding (``path_outside_run``, :func:`ckptaudit.confine.resolved_outside`;
+    ``not_a_regular_file``)."""
+    from .irregular import irregular_reason
+    from .layouts import leftovers
+
+    man = unit["manifest"]
+
+    def row(f: F.Finding) -> None:
+        rows.append({"unit": unit["unit"], "file": man, "size_bytes": None, "sha256_hex": "", "hash_seconds": 0.0,
+                     "expected_sha256_hex": "", "expected_source": "", "verified": None,
+                     "findings_json": json.dumps([f.to_dict()])})
+
+    if out := confine.resolved_outside(run_dir, man):
+        row(confine.path_outside_run(man, man, out, "it is a symbolic link, and a check of the unit would read it"))
+        return {}
+    why = None if fs.is_remote(run_dir) else irregular_reason(run_dir, run_dir / man)
+    if why:
+        row(leftovers.irregular(man, why))
+        return {}
+    base = Path(man).parent
+    entries: Dict[str, dict] = {}
+    for rel, e in load_manifest(run_dir / man).items():
+        if out := confine.resolved_outside(run_dir, rel, str(base)):
+            row(confine.path_outside_run(man, rel, out, "a check of the unit against its manifest would read it"))
+            continue
+        key = str((base / rel).as_posix()) if str(base) != "." else rel
+        entries[key] = e
+    return entries
+
+
 def hash_unit(run_dir: Path, unit: dict, facts: Optional[list] = None,
               planned: Optional[Callable[[str], bool]] = None) -> List[dict]:
     """Hash every file of ``unit``; return rows of the ``hash`` table.
@@ -241,6 +265,10 @@ def hash_unit(run_dir: Path, unit: dict, facts: Optional[list] = None,
     for sc in unit.get("sidecars", []):
         sp = run_dir / sc
         target = sc[: -len(".sha256sum")] if sc.endswith(".sha256sum") else sc[: -len(".sha256")]
+        if out := confine.resolved_outside(run_dir, sc):  # a link out of the run: never read
+            row_findings.setdefault(target, []).append(confine.path_outside_run(
+                sc, sc, out, "it is a symbolic link, and `sha256sum -c` would read that file"))
+            continue
         try:
             text = fs.read_bounded(sp, 1 << 20).decode("utf-8", errors="replace")
         except OSError as e:  # a FIFO, a device, a giant, no permission: said, not skipped as "missing"
@@ -252,6 +280,14 @@ def hash_unit(run_dir: Path, unit: dict, facts: Optional[list] = None,
         if err:
             row_findings.setdefault(target, []).append(F.make("sidecar_malformed", path=target, sidecar=sc, why=err))
             continue
+        sc_dir = str(Path(sc).parent)
+        outside = {n: out for n in entries if n and (out := confine.resolved_outside(run_dir, n, sc_dir))}
+        for n, out in outside.items():  # `sha256sum -c` in the sidecar's folder would open it
+            row_findings.setdefault(target, []).append(confine.path_outside_run(
+                sc, n, out, "`sha256sum -c` would read that file"))
+        entries = {n: h for n, h in entries.items() if n not in outside}
+        if not entries:
+            continue
         base = Path(target).name
         if base in entries or "" in entries:
             sidecar_map[target] = (entries.get(base, entries.get("")), f"sidecar {Path(sc).name}")
@@ -261,12 +297,9 @@ def hash_unit(run_dir: Path, unit: dict, facts: Optional[list] = None,
                 F.make("sidecar_names_other_file", path=target, sidecar=sc, named=named))
             sidecar_map[target] = (entries[named], f"sidecar {Path(sc).name}")
     manifest_entries: Dict[str, dict] = {}
+    manifest_rows: List[dict] = []  # findings about the manifest itself, one row each
     if unit.get("manifest"):
-        mp = run_dir / unit["manifest"]
-        base = Path(unit["manifest"]).parent
-        for rel, e in load_manifest(mp).items():
-            key = str((base / rel).as_posix()) if str(base) != "." else rel
-            manifest_entries[key] = e
+        manifest_entries = _manifest_entries(run_dir, unit, manifest_rows)
     rows = []
     covered = 0
     prog = _progress.for_unit(unit)  # bytes hashed, for the CLI's progress line ($CKPTAUDIT_PROGRESS_DIR)
@@ -332,6 +365,7 @@ def hash_unit(run_dir: Path, unit: dict, facts: Optional[list] = None,
         rows.append({"unit": unit["unit"], "file": rel, "size_bytes": None, "sha256_hex": "", "hash_seconds": 0.0,
                      "expected_sha256_hex": str(me.get("sha256_hex", "")).lower(), "expected_source": "manifest",
                      "verified": False, "findings_json": json.dumps([f.to_dict()])})
+    rows.extend(manifest_rows)
     if rows and covered == 0 and not unreadable:
         extra = json.loads(rows[0]["findings_json"])
         extra.append(F.make("sidecar_missing", path=unit["unit"]).to_dict())

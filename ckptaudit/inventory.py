@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
 
 from . import confine, fs, layouts
-from .layouts.leftovers import UNREADABLE, too_long  # reasons that file_unreadable, path_too_long are made of
+from .layouts.leftovers import POINTER_NOT_READ, UNREADABLE, too_long  # reasons that file_unreadable, path_too_long are made of
 from ._io import atomic_write
 from .parts import SMALL_PART_BYTES, assign_parts, auto_units_per_job, listing_fingerprint  # noqa: F401 - re-exported
 from .unit_objects import SMALL_OBJECT_BYTES, unit_objects  # noqa: F401 - re-exported
@@ -120,6 +120,8 @@ def _walk(root: Path, d: Path, units, pointers, stray):
         if why and not e.is_symlink():
             if layouts.is_checkpoint_file(e.name) or "UTF-8" in why:
                 units.append(_irregular_unit(root, path, why))
+            elif e.name in POINTER_NAMES:  # a FIFO or device named `latest`: a pointer never read
+                pointers.append(Pointer(rel, f"{POINTER_NAMES[e.name]}{POINTER_NOT_READ}{why}", "", "", True, False))
             else:
                 stray.append(rel)
             continue
@@ -246,6 +248,8 @@ def _dir_unit(root: Path, path: Path, adapter, why) -> Unit:
             if bad:
                 irregular[rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")] = bad
                 continue
+            if lst is not None and st_mod.S_ISLNK(lst.st_mode) and os.path.isdir(fp):
+                continue  # a link to a folder inside the run: not a file of the unit
             if at_top and fn == "COMPLETE":
                 has_marker = True
                 continue
@@ -316,6 +320,8 @@ def _unit_tree(path: Path, onerror) -> Iterator[Tuple[object, List[Tuple[str, Op
             if is_dir:
                 if not e.is_symlink():
                     dirs.append(e.path)
+                else:  # a link to a folder: never walked; judged by irregular_reason (one out of the run)
+                    files.append((e.name, _lstat_of(e)))
             else:
                 files.append((e.name, _lstat_of(e)))
         yield top, files

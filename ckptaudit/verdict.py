@@ -38,6 +38,7 @@ from typing import Dict, List, Optional
 
 from . import findings as F
 from . import confine, cut_walk, resume_entry, resume_hint, roles
+from .layouts import leftovers
 from .run_findings import _step, name_counts_saves, run_findings  # noqa: F401 - re-exported
 from .text import step_text
 
@@ -103,7 +104,9 @@ def pointer_verdicts(pointers: List[dict], units_out: List[dict], inv_units: Lis
         suggestion = best["unit"].rsplit("/", 1)[-1] if best else "none"
         res = p.get("resolved") or ""
         f = None
-        if p["kind"] == "Megatron tracker file" and not (p["target"].isdigit() or p["target"] == "release"):
+        if leftovers.POINTER_NOT_READ in p["kind"]:  # a FIFO or device named as a pointer: never opened
+            f = leftovers.irregular(p["path"], p["kind"].split(leftovers.POINTER_NOT_READ, 1)[1])
+        elif p["kind"] == "Megatron tracker file" and not (p["target"].isdigit() or p["target"] == "release"):
             f = F.make("megatron_tracker_invalid", path=p["path"], pointer=p["path"], content=p["target"][:40],
                        suggestion=suggestion)
         elif confine.POINTER_OUTSIDE in p["kind"] or (p["kind"].startswith("symbolic link, refused")

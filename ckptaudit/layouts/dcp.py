@@ -19,6 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 
+from .. import confine
 from .. import findings as F
 from .. import fs
 from . import leftovers
@@ -111,6 +112,20 @@ class DCP:
         if not isinstance(sdm, dict) or not isinstance(storage, dict):
             scan.add(F.make("dcp_metadata_unreadable", path=rel(".metadata"),
                             why="no state_dict_metadata/storage_data in the Metadata object"))
+            return scan
+        # every storage path must stay inside the run (``..``, absolute, through a linked folder): dcp.load
+        # joins it to the checkpoint folder; one that leaves the run is named and never opened
+        outside = {}
+        for info in storage.values():
+            sinfo = _state(info)
+            relp = sinfo.get("relative_path") if isinstance(sinfo, dict) else None
+            if isinstance(relp, str) and relp and "\0" not in relp and relp not in outside:
+                if where := confine.resolved_outside(run_dir, relp, unit["unit"]):
+                    outside[relp] = where
+        for relp, where in sorted(outside.items())[:10]:
+            scan.add(confine.path_outside_run(rel(".metadata"), relp, where,
+                                              "dcp.load would read tensors from there"))
+        if outside:
             return scan
         # tensors (shape/dtype) from state_dict_metadata
         tree = {}

@@ -16,10 +16,12 @@ A folder that also holds a framework's own layout (a Trainer's ``trainer_state.j
 from __future__ import annotations
 
 import fnmatch
+import os
+import stat
 from pathlib import Path
 from typing import Any, Dict
 
-from .. import fs
+from .. import confine, fs
 from .adapter import folder_names
 from .base import UnitScan, scan_file
 
@@ -33,8 +35,14 @@ _KINDS_ROLE = {"weights": "weights", "optimizer": "optimizer", "zero": "optimize
 
 
 def is_ours(manifest: Path) -> bool:
-    """True when ``manifest`` is a ckptaudit manifest (its schema is in the first 64 bytes)."""
+    """True when ``manifest`` is a ckptaudit manifest (its schema is in the first 64 bytes).  One that resolves
+    outside its folder (:func:`ckptaudit.confine.resolved_outside`) or is not a regular file (a FIFO, a device)
+    is never opened: the inventory names it (``path_outside_run``, ``not_a_regular_file``)."""
+    if confine.resolved_outside(manifest.parent, manifest.name):
+        return False
     try:
+        if not fs.is_remote(manifest) and not stat.S_ISREG(os.stat(manifest).st_mode):
+            return False
         with fs.open_binary(manifest) as fh:
             return b'"ckptaudit.manifest/' in fh.read(64)
     except OSError:
@@ -54,7 +62,7 @@ def content_role(node: Any) -> str:
 
 def declared_roles(run_dir: Path, unit: dict) -> Dict[str, str]:
     """{run-relative file: role} as the unit's manifest declares them ({} without a manifest)."""
-    from ..hashing import load_manifest
+    from ..manifest_entries import load_manifest
 
     if not unit.get("manifest"):
         return {}
