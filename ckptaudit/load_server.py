@@ -1,4 +1,4 @@
-"""One ``import torch`` per audit: a process that has imported torch forks a child for each load job's request.
+"""One ``import torch`` per audit: a process that has imported torch serves every load job's loads.
 
 Why: ``import torch`` costs 1.4–2.4 s of CPU and ~220 MiB (torch 2.13, this project's 2-core VM), and the load
 stage was the only job that paid it — once per part, on the audit's critical path right after hashing (issue 22:
@@ -50,6 +50,9 @@ from typing import Optional
 
 INFO_NAME = "load_server.json"
 _HEADER = struct.Struct(">Q")
+#: {work folder: (pid, socket folder)} of the servers this process started: :func:`stop` signals and removes
+#: only these, never what a ``load_server.json`` left by another (or a killed) audit names.
+_STARTED: dict = {}
 
 
 def info_path(work_dir: str | os.PathLike) -> Path:
@@ -83,36 +86,34 @@ def start(work_dir: str | os.PathLike, log_path: str | os.PathLike | None = None
         tmp = info_path(work).with_suffix(".json.tmp")
         tmp.write_text(json.dumps({"socket": sock, "pid": proc.pid, "folder": folder}))
         os.replace(tmp, info_path(work))
+        _STARTED[str(work.resolve())] = (proc.pid, folder)
         return proc.pid
     except OSError:
         return None
 
 
 def stop(work_dir: str | os.PathLike) -> None:
-    """End the server recorded in ``work_dir`` (if it is still there) and forget it."""
-    p = info_path(work_dir)
+    """End the server this process started for ``work_dir`` (if any) and remove ``load_server.json`` there (a
+    stale one too).  A record this process did not write is only removed: its pid may be anyone's by now."""
     try:
-        doc = json.loads(p.read_text())
-    except (OSError, ValueError):
-        return
-    try:
-        p.unlink()
+        info_path(work_dir).unlink()
     except OSError:
         pass
-    pid = doc.get("pid")
-    if isinstance(pid, int) and pid > 0:
+    pid, folder = _STARTED.pop(str(Path(work_dir).resolve()), (0, ""))
+    if pid > 0:
         try:
             os.kill(pid, signal.SIGTERM)
         except OSError:
             pass
-        try:  # reap it when it is our child (in-process workflows: tests, ``ckptaudit audit``)
+        try:  # reap it (it is this process's child)
             for _ in range(50):
                 if os.waitpid(pid, os.WNOHANG)[0]:
                     break
                 time.sleep(0.02)
         except ChildProcessError:
             pass
-    shutil.rmtree(doc.get("folder") or "", ignore_errors=True)
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def request(info: str | os.PathLike, run_dir: str, todo: list, cfg: dict, timeout: float,

@@ -201,7 +201,7 @@ def stage_load(inv: dict, part: str, cfg: dict, scan_path: str, hash_path: str, 
     from . import fs, load_server, loadtest, tables
 
     before = fs.stage_bytes()
-    children_before = loadtest.child_bytes_read()  # the counter is per process: this stage's share only
+    children_before = loadtest.child_bytes_read()  # the counter is per thread: this stage's share only
     served_before = load_server.SERVED[0]
     scans = {r["unit"]: r for r in tables.read_rows(scan_path)}
     hashes = _by_unit(tables.read_rows(hash_path))

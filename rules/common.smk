@@ -69,6 +69,7 @@ def start_load_server():
     """One `import torch` for the audit's load jobs (ckptaudit/load_server.py): started here, while the inventory
     and the hash stage run, when this machine runs the jobs in this interpreter (not on a cluster, not under
     --use-conda) and a load job is to run, or the inventory (whose parts bring the load jobs)."""
+    load_server.stop(WORK)  # a record left by a killed audit is removed (its server, if any, is not this one)
     if not workflow.local_exec or PYTHON != sys.executable or not config["load"]["enabled"]:
         return
     try:

@@ -139,3 +139,21 @@ def test_two_load_jobs_at_once_are_served_side_by_side(server):
     assert {c: rows for c, (rows, _) in got.items()} == here
     assert all(n > 0 for _, n in got.values())  # each load read its file's zip directory and pickle
     assert load_server.SERVED[0] - served_before == sum(r["status"] != "skipped" for c in cases for r in here[c])
+
+
+def test_a_record_left_by_another_audit_is_removed_never_signalled(tmp_path):
+    """An output folder reused after a killed audit holds its ``load_server.json``: ``stop`` removes it but
+    signals no pid and deletes no folder it names (the pid may be anyone's by now, the folder anything)."""
+    keep = tmp_path / "not_ours"
+    keep.mkdir()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        work = tmp_path / "work"
+        work.mkdir()
+        load_server.info_path(work).write_text(json.dumps({"socket": "x", "pid": sleeper.pid, "folder": str(keep)}))
+        load_server.stop(work)
+        assert not load_server.info_path(work).exists()
+        assert sleeper.poll() is None and keep.is_dir()
+    finally:
+        sleeper.kill()
+        sleeper.wait()
