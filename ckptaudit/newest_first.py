@@ -14,8 +14,9 @@ reaches the same answer in two passes:
 2. **The candidates, by every byte.**  The verdict is built (:func:`ckptaudit.verdict.build`) and its
    rollback chosen (:func:`choose`).  While the chosen unit has not been examined,
    it is: the hash stage (SHA-256 against its sidecar or manifest, the CRC32 of every zip record, the
-   value statistics), then scan, load test, config diff, structure and state with those facts, exactly as
-   the audit runs them; its rows replace its metadata rows and the verdict is built again.  A unit whose
+   value statistics), then scan, load test, config diff, structure and state with those facts, as the audit
+   runs them (in the reader, the load test of a torch zip or safetensors file is the load it returns, done
+   once in the caller's process: :mod:`ckptaudit.reader_load`); its rows replace its metadata rows and the verdict is built again.  A unit whose
    full check fails drops out, and the next rollback is examined.
 
 A unit that fails on its metadata is never read further: the full checks only add findings to what the
