@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
 
 from . import confine, fs, layouts
-from .layouts.leftovers import POINTER_NOT_READ, UNREADABLE, too_long  # reasons that file_unreadable, path_too_long are made of
+# reasons that file_unreadable, path_too_long and a pointer that is not read are made of
+from .layouts.leftovers import POINTER_NOT_READ, UNREADABLE, too_long
 from ._io import atomic_write
 from .parts import SMALL_PART_BYTES, assign_parts, auto_units_per_job, listing_fingerprint  # noqa: F401 - re-exported
 from .unit_objects import SMALL_OBJECT_BYTES, unit_objects  # noqa: F401 - re-exported

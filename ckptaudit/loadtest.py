@@ -70,6 +70,16 @@ def explain(message: str) -> str:
     return "the loader raised an error the audit does not recognise (see the load table)"
 
 
+def failed_load(e: BaseException) -> Dict:
+    """The result of a load that raised ``e``: status ``memory`` for a ``MemoryError`` or an allocation failure
+    (torch's "… alloc … memory" messages), else ``failed``; the error's type and message."""
+    if isinstance(e, MemoryError):
+        return {"status": "memory", "error_type": "MemoryError", "error_message": str(e)[:2000]}
+    msg = str(e)
+    status = "memory" if "alloc" in msg.lower() and "memory" in msg.lower() else "failed"
+    return {"status": status, "error_type": type(e).__name__, "error_message": msg[:4000]}
+
+
 def _child(path: str, kind: str, benign: List[str], limit_bytes: int, wfd: int) -> None:
     """Runs in the forked child: limit memory, load, report over the pipe, exit."""
     try:
@@ -97,12 +107,8 @@ def _child(path: str, kind: str, benign: List[str], limit_bytes: int, wfd: int) 
                 torch.serialization.add_safe_globals(_resolve_benign(benign))
             obj = torch.load(path, map_location="cpu", weights_only=True, mmap=(kind == "torch_zip"))
             result = loaded_object.summary(obj)
-    except MemoryError as e:
-        result = {"status": "memory", "error_type": "MemoryError", "error_message": str(e)[:2000]}
     except BaseException as e:  # noqa: BLE001 - the child reports every failure as data
-        msg = str(e)
-        status = "memory" if "alloc" in msg.lower() and "memory" in msg.lower() else "failed"
-        result = {"status": status, "error_type": type(e).__name__, "error_message": msg[:4000]}
+        result = failed_load(e)
     result["read_bytes"] = max(0, _rchar() - rchar0)
     try:
         os.write(wfd, json.dumps(result).encode())
@@ -270,8 +276,8 @@ def load_todo(run_dir: Path, todo: List[Tuple[dict, str, str, List[str]]], cfg: 
     local files share a child, :mod:`ckptaudit.loadchild`); one result per item, in order: ``load_in_child``'s
     dict, or ``{"skipped_reason": why}`` for a remote object that could not be copied for the load.  Imports
     torch (once per process) so each child is a fork, not an import; the load server
-    (:mod:`ckptaudit.load_server`) runs this in a child of its own.  Adds the children's reads to
-    :func:`child_bytes_read`."""
+    (:mod:`ckptaudit.load_server`) runs this on a thread per load job.  Adds the children's reads to this
+    thread's :func:`child_bytes_read`."""
     import torch  # noqa: F401 - imported once here so each forked child is cheap
 
     batched = batched_loads(run_dir, todo, timeout, limit, alone=load_in_child)  # small local files

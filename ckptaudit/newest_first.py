@@ -16,8 +16,8 @@ reaches the same answer in two passes:
    it is: the hash stage (SHA-256 against its sidecar or manifest, the CRC32 of every zip record, the
    value statistics), then scan, load test, config diff, structure and state with those facts, as the audit
    runs them (in the reader, the load test of a torch zip or safetensors file is the load it returns, done
-   once in the caller's process: :mod:`ckptaudit.reader_load`); its rows replace its metadata rows and the verdict is built again.  A unit whose
-   full check fails drops out, and the next rollback is examined.
+   once in the caller's process: :mod:`ckptaudit.reader_load`); its rows replace its metadata rows and the
+   verdict is built again.  A unit whose full check fails drops out, and the next rollback is examined.
 
 A unit that fails on its metadata is never read further: the full checks only add findings to what the
 metadata pass saw, so the first unit that passes both is the audit's rollback point.  Bytes read: the
@@ -120,9 +120,10 @@ def search(run_dir: str | Path, cfg: dict, out: Path, audit: str | Path | None =
     for the run at ``run_dir``; ``cfg``: a full stage config (:func:`ckptaudit.pipeline.merged_config`);
     ``out``: a scratch folder for the stage tables.  With ``audit`` (a finished audit's output folder), the
     units it covered that have not changed since (:func:`prior_rows`) are judged by its rows instead of
-    their metadata; the unit returned is still examined byte by byte.  ``loads``: the load stage's loader for the
-    examined units (:class:`ckptaudit.reader_load.ReaderLoads`: the reader's load test is its final load).  Raises what the inventory raises for
-    a missing or unreadable run folder, and what :func:`prior_rows` raises."""
+    their metadata; the unit returned is still examined byte by byte.  ``loads``: the load stage's loader for
+    the examined units (:class:`ckptaudit.reader_load.ReaderLoads`: the reader's load test is its final load).
+    Raises what the inventory raises for a missing or unreadable run folder, and what :func:`prior_rows`
+    raises."""
     from . import stages, target, verdict
 
     work = out / "work"

@@ -64,17 +64,13 @@ class ReaderLoads:
         return [self._load_here(run_dir, f, k, benign) if h else next(rest) for (_, f, k, benign), h in zip(todo, here)]
 
     def _load_here(self, run_dir, rel: str, kind: str, benign: List[str]) -> Dict:
-        from . import loaded_object
+        from . import loaded_object, loadtest
 
         t0 = time.perf_counter()
         try:
             obj = load_file(Path(run_dir) / rel, "safetensors" if kind == "safetensors" else "", "cpu", benign)
-        except MemoryError as e:
-            res = {"status": "memory", "error_type": "MemoryError", "error_message": str(e)[:2000]}
-        except Exception as e:  # noqa: BLE001 - reported as the child reports it (loadtest._child)
-            msg = str(e)
-            status = "memory" if "alloc" in msg.lower() and "memory" in msg.lower() else "failed"
-            res = {"status": status, "error_type": type(e).__name__, "error_message": msg[:4000]}
+        except Exception as e:  # noqa: BLE001 - reported as the child reports it
+            res = loadtest.failed_load(e)
         else:
             res = loaded_object.summary(obj)
             self.kept[rel] = obj

@@ -20,9 +20,10 @@ is examined; tensor bytes of older units are never read.  The chosen unit is loa
 ``torch.load(path, map_location=…, weights_only=True)`` (``safetensors.torch.load_file``
 for safetensors); for a torch zip or safetensors file with ``map_location="cpu"`` that load
 *is* the load test, done once here (:mod:`ckptaudit.reader_load`), and any other file is
-load-tested first in a child process with time and memory limits.  A unit without model weights is never returned.  Every newer
-unit passed over is logged as a warning with its reason; ``ckpt.examined`` lists the
-units read byte by byte and ``ckpt.bytes_read`` what the checks read.
+load-tested first in a child process with time and memory limits.  A unit without model
+weights is never returned.  Every newer unit passed over is logged as a warning with its
+reason; ``ckpt.examined`` lists the units read byte by byte and ``ckpt.bytes_read`` what the
+checks read.
 
 What a unit loads as (``ckpt.state``):
 

@@ -191,13 +191,12 @@ def _by_unit(rows: List[dict]) -> Dict[str, List[dict]]:
 
 
 def stage_load(inv: dict, part: str, cfg: dict, scan_path: str, hash_path: str, out: str,
-               facts_path: Optional[str] = None, server: Optional[str] = None,
-               loader: Optional[Callable] = None) -> List[dict]:
-    """The load test of ``part``; ``loader`` replaces the one that loads the files (the reader's,
-    :class:`ckptaudit.reader_load.ReaderLoads`); a remote object's copy leaves out the tensor data the hash stage's facts name.
-    ``server``: the audit's ``load_server.json`` (:mod:`ckptaudit.load_server`), whose process has imported
-    torch; without one (or when it does not answer) this process imports torch.  Its bytes file has
-    ``loadtest_bytes``: what the load children themselves read, and ``served_files``: files the server loaded."""
+               facts_path: Optional[str] = None, loader: Optional[Callable] = None) -> List[dict]:
+    """The load test of ``part``; a remote object's copy leaves out the tensor data the hash stage's facts name.
+    ``loader`` loads the files (:func:`ckptaudit.loadtest.load_units`; default: in this process): the rule's,
+    :func:`ckptaudit.load_server.loader` (the audit's load server, which has imported torch once), or the
+    reader's, :class:`ckptaudit.reader_load.ReaderLoads`.  Its bytes file has ``loadtest_bytes``: what the
+    load children themselves read, and ``served_files``: files the load server loaded."""
     from . import fs, load_server, loadtest, tables
 
     before = fs.stage_bytes()
@@ -210,8 +209,7 @@ def stage_load(inv: dict, part: str, cfg: dict, scan_path: str, hash_path: str, 
         _load_facts(out, part, facts_path or str(work_file(hash_path, "bytefacts", part, "parquet")), run_dir)
     units = part_units(inv, part)
     try:  # the part's units at once, so their small files share load children (ckptaudit.loadchild)
-        rows = _in_unit_order(units, loadtest.load_units(run_dir, units, scans, hashes, cfg,
-                                                         loader or load_server.loader(server)))
+        rows = _in_unit_order(units, loadtest.load_units(run_dir, units, scans, hashes, cfg, loader))
     except Exception:  # noqa: BLE001 - again unit by unit: the error becomes a finding on the unit that raised it
         rows = []
         for u in units:
@@ -352,7 +350,9 @@ def main(argv=None) -> int:
     if a.stage == "scan":
         stage_scan(inv, a.part, cfg, a.out, a.out_tensors, a.out_imports, a.facts)
     elif a.stage == "load":
-        stage_load(inv, a.part, cfg, a.scan, a.hash, a.out, a.facts, a.load_server)
+        from .load_server import loader
+
+        stage_load(inv, a.part, cfg, a.scan, a.hash, a.out, a.facts, loader(a.load_server))
     elif a.stage == "structure":
         stage_structure(inv, a.part, cfg, a.scan, a.tensors, a.out, a.target)
     elif a.stage == "configdiff":

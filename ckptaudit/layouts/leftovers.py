@@ -15,7 +15,8 @@ from ..findings import Finding
 #: another owner): :func:`irregular` makes it ``file_unreadable``; any other reason is ``not_a_regular_file``.
 UNREADABLE = "permission denied"
 #: What :func:`ckptaudit.inventory._walk` puts in the kind of a pointer that is not a regular file (a FIFO or a
-#: device named ``latest``), before the reason; :func:`ckptaudit.verdict.pointer_verdicts` makes :func:`irregular` of it.
+#: device named ``latest``), before the reason; :func:`ckptaudit.verdict.pointer_verdicts` makes
+#: :func:`irregular` of it.
 POINTER_NOT_READ = ", not read: "
 #: Words in :func:`too_long`'s reason that :func:`irregular` makes ``path_too_long`` of.
 _TOO_LONG = "bytes or more cannot be opened by name"
