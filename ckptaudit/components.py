@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from . import optimizers, producers
 from . import recognise as R
-from .tree_values import (TRUNCATED, group_size, is_tensor, n_entries, scalar, state_of,  # noqa: F401 - re-exported
+from .tree_values import (TRUNCATED, group_size, is_cut, is_tensor, n_entries, scalar, state_of,  # noqa: F401 - re-exported
                           tensor_map)
 
 STEP_KEYS = ["global_step", "iter_num", "step", "iteration", "global_steps", "num_updates", "steps", "train_step",
@@ -38,7 +38,6 @@ MODEL_ARG_KEYS = ["model_args", "model_config", "hparams", "hyper_parameters", "
 VERSION_KEYS = {"torch_version": "torch", "pytorch-lightning_version": "lightning", "ds_version": "deepspeed",
                 "transformers_version": "transformers", "cuda_version": "cuda"}
 EMA_RE = re.compile(r"(^|[._])(ema|averaged?|shadow|swa)([._]|$)|^ema|_ema$", re.I)
-# kept for callers that name components by key (state.py's tensor classification of old rows)
 MAX_SCALAR_DEPTH = 3
 
 
@@ -50,6 +49,7 @@ class Components:
     weights: Optional[Dict[str, dict]] = None  # name -> tensor desc
     weights_source: str = ""
     weights_at: List[Tuple[str, str]] = field(default_factory=list)  # (file key, dotted prefix) of weight tensors
+    weights_cut_at: List[Tuple[str, str]] = field(default_factory=list)  # of weights_at, the pruned ones (weights_rows)
     weights_only_format: bool = False  # safetensors / HF weights without any training state
     optimizer: Optional[dict] = None  # {"state": {...}, "param_groups": [...]} (merged over files)
     optimizer_source: str = ""
@@ -199,6 +199,7 @@ def _weights(c: Components, found: R.Found, contract, weights_files=()) -> None:
     for n in chosen:
         c.weights.update(tensor_map(n.node))
         c.weights_at.append((n.file, n.path))
+        c.weights_cut_at.extend([(n.file, n.path)] if is_cut(n.node) else [])
     c.weights_source = f"{chosen[0].file}:{chosen[0].path or '(root)'}"
     keys = set(c.weights)
     shapes = {k: v.get("shape") for k, v in c.weights.items()}

@@ -20,7 +20,7 @@ from typing import Dict, List, Optional
 
 from . import components as C
 from . import findings as F
-from . import roles
+from . import roles, weights_rows
 
 WRAPPER_PREFIXES = {"module.": "DistributedDataParallel/DataParallel", "_orig_mod.": "torch.compile"}
 # Buffers that are in a state_dict but are not parameters (no optimizer state).
@@ -118,7 +118,7 @@ def analyse_unit(unit: dict, scan_row: dict, tensors: List[dict], cfg: dict,
             saved, want = facts.get(key), target.get(key)
             if saved and want and saved != want:
                 fl.append(F.make("model_parallel_mismatch", path=p, what=what, saved=saved, target=want))
-    w = c.weights or {}
+    w = weights_rows.complete(c, facts, tensors)  # every weight, where the scan tree kept 4,096
     if not w:
         row["findings_json"] = json.dumps([f.to_dict() for f in fl])
         return row

@@ -126,7 +126,7 @@ def load_reference(cfg: dict):
     if not ref:
         return None
     from . import components as C
-    from . import inventory
+    from . import inventory, weights_rows
     from .layouts.scan import scan_units
 
     p = Path(ref)
@@ -143,10 +143,11 @@ def load_reference(cfg: dict):
         u = inventory._file_unit(root, p, [p.name]).to_dict()
         u["files"] = [p.name]
         u["unit"] = p.name
-    scans, _, _ = scan_units(root, [u], {})
+    scans, tensors, _ = scan_units(root, [u], {})
     s = scans[0]
-    c = C.collect(s["layout"], json.loads(s["tree_json"]), json.loads(s["facts_json"]))
-    return c.weights
+    facts = json.loads(s["facts_json"])
+    c = C.collect(s["layout"], json.loads(s["tree_json"]), facts)
+    return weights_rows.complete(c, facts, tensors) or c.weights
 
 
 if __name__ == "__main__":

@@ -46,6 +46,13 @@ def tensor_map(d: Any, prefix: str = "") -> Dict[str, dict]:
 TRUNCATED = "__truncated__"
 
 
+def is_cut(node: Any) -> bool:
+    """Whether pruning cut ``node`` or a mapping under it (a ``"__truncated__"`` key at any depth)."""
+    if not isinstance(node, dict):
+        return False
+    return TRUNCATED in node or any(is_cut(v) for v in node.values() if isinstance(v, dict) and "__tensor__" not in v)
+
+
 def n_entries(d: dict) -> int:
     """Entries of a pruned dict: its full length where pruning cut it (``d["__truncated__"]``), else ``len(d)``."""
     n = d.get(TRUNCATED)

@@ -18,7 +18,7 @@ from ..formats.pickles import walk_problem  # noqa: F401 (face: the adapters' wa
 from .result import TensorRow, UnitScan
 from .scan_file import (SWEEP_BYTES, _json_tree, _record_security, _safetensors_rows,  # noqa: F401 (face)
                         _security_sweep, _storages_needed, _walk_data_pkl, _zip_tensors)
-from .tree import (PRUNE_NODE_BUDGET, SMALL_TENSOR_NUMEL, PruneBudget, decode_small, prune,  # noqa: F401 (face)
+from .tree import (PRUNE_NODE_BUDGET, SMALL_TENSOR_NUMEL, PruneBudget, cut, decode_small, prune,  # noqa: F401 (face)
                    read_small, small_nbytes)
 
 
@@ -46,6 +46,7 @@ def scan_file(run_dir: Path, rel: str, unit: str, scan: UnitScan, cfg: Dict[str,
     allowed = list(cfg.get("security", {}).get("allow_globals", [])) + list(extra_allowed or [])
     s = sniff_mod.sniff(path)
     scan.facts.setdefault("file_kinds", {})[rel] = s.kind
+    scan.facts.setdefault("tree_files", {})[tree_key or rel] = rel  # the tensors table's ``file`` of a tree key
     generic = sniff_mod.generic_findings(s, rel)
     out: Dict[str, Any] = {"kind": s.kind, "obj": None, "header": None, "size_bytes": s.size_bytes}
     swept = _security_sweep(path, rel, s, scan, allowed)
@@ -129,7 +130,7 @@ def _safetensors_file(path: Path, rel: str, unit: str, scan: UnitScan, out: Dict
         tree = _safetensors_rows(path, rel, unit, scan, header)
         out["header"] = header
         out["obj"] = tree
-        scan.tree[tree_key or rel] = {"__safetensors__": tree, "__metadata__": header.get("__metadata__")}
+        scan.tree[tree_key or rel] = {"__safetensors__": cut(tree), "__metadata__": header.get("__metadata__")}
 
 
 def _names_by_storage(tensors) -> Dict[str, List[str]]:
