@@ -168,7 +168,12 @@ def test_two_audits_into_one_out_at_once(demo_run, fresh, tmp_path):
     out = tmp_path / "audit"
     first = start_audit(demo_run.run_dir, out)
     wait_for(out / "logs" / "inventory", first)  # the first holds the folder's lock before its first job
-    second = run_cli("audit", str(demo_run.run_dir), "--out", str(out), "--cores", "2")
+    # paused while the second starts: a demo audit can end before a second CLI has imported its way to the lock
+    os.killpg(first.pid, signal.SIGSTOP)
+    try:
+        second = run_cli("audit", str(demo_run.run_dir), "--out", str(out), "--cores", "2")
+    finally:
+        os.killpg(first.pid, signal.SIGCONT)
     assert second.returncode == 3
     lines = second.stderr.strip().splitlines()
     assert len(lines) == 1, second.stderr
