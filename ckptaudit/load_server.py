@@ -22,8 +22,10 @@ Lifecycle (local execution only; on a cluster each load job imports torch itself
   per-process RSS sum, and its own children again (issue 22: 624 MiB for the server's tree at 200,000
   tensors).  The server's other threads only wait on sockets and pipes, and CPython takes its import lock
   around ``fork``, so a child forked from one thread finds no lock held.
-* It exits when :func:`stop` signals it (``onsuccess``/``onerror``) or, checked every second, when the
-  process that started it has gone (a killed audit leaves no server behind).
+* It exits when the workflow's ``load_server_done`` rule, which runs once every load job has written its table,
+  asks it to (:func:`done`: the server's ~230 MiB of torch are not held while structure, state and the report
+  run), when :func:`stop` signals it (``onsuccess``/``onerror``), or, checked every second, when the process
+  that started it has gone (a killed audit leaves no server behind).
 
 A job that finds no server (none started, a stale ``load_server.json`` after a SIGKILL, a remote run, a socket
 error) loads in its own process, exactly as before: the server changes the cost, never the result.
@@ -144,6 +146,26 @@ def request(info: str | os.PathLike, run_dir: str, todo: list, cfg: dict, timeou
     return answer
 
 
+def done(info: str | os.PathLike) -> bool:
+    """Tell the server named by ``info`` (a ``load_server.json``) that no load job is left: it exits (a load
+    job that still came would load in its own process).  False when there was no server to tell."""
+    try:
+        sock_path = json.loads(Path(info).read_text())["socket"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    payload = json.dumps({"done": True}).encode()
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(10.0)
+    try:
+        s.connect(sock_path)
+        s.sendall(_HEADER.pack(len(payload)) + payload)
+        return json.loads(_recv(s)).get("done") is True
+    except (OSError, ValueError, EOFError, AttributeError):
+        return False
+    finally:
+        s.close()
+
+
 #: Files the load server loaded for this process (:func:`loader`); the load stage records its share.
 SERVED = [0]
 
@@ -188,6 +210,12 @@ def _serve_one(conn: socket.socket) -> None:
 
     try:
         req = json.loads(_recv(conn))
+        if req.get("done") is True:  # :func:`done`: the main thread ends the server (SIGTERM: out of its select)
+            out = b'{"done": true}'
+            conn.sendall(_HEADER.pack(len(out)) + out)
+            print("ckptaudit load server: every load job has run; exiting", file=sys.stderr, flush=True)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
         before = loadtest.child_bytes_read()  # this thread's count
         results = loadtest.load_todo(fs.path(req["run_dir"]), [tuple(t) for t in req["todo"]], req["cfg"],
                                      float(req["timeout"]), int(req["limit"]))
@@ -245,6 +273,9 @@ def serve(fd: int, parent: int, folder: str) -> int:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["done"]:  # the load_server_done rule: python -m ckptaudit.load_server done INFO
+        done(sys.argv[2])
+        raise SystemExit(0)  # no server (a cluster, a remote run, a re-run whose loads were kept) is no error
     status = serve(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3])
     sys.stderr.flush()
     os._exit(status)  # no interpreter teardown: unloading torch's modules took ~1 s

@@ -37,3 +37,22 @@ rule load:
         "{params.python} -m ckptaudit.stages load --inventory {params.inventory} --part {wildcards.part} "
         "--config {input.config} --scan {input.scan} --hash {input.hash} --facts {input.facts} "
         "--load-server {params.server} --out {output} > {log} 2>&1"
+
+
+# The load server's work ends with the last load job: asked to exit then, it does not hold torch's ~230 MiB
+# while structure, state and the report run (issue 22: the audit's summed memory).  No server, no error.
+rule load_server_done:
+    conda:
+        "envs/ckptaudit.yaml"
+    input:
+        get_parts_of("load"),
+    output:
+        f"{WORK}/load_server.done",
+    params:
+        python=PYTHON,
+        server=f"{WORK}/load_server.json",
+    log:
+        f"{LOGS}/load_server_done.log",
+    localrule: True
+    shell:
+        "{params.python} -m ckptaudit.load_server done {params.server} > {log} 2>&1 && touch {output}"

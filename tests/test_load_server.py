@@ -157,3 +157,21 @@ def test_a_record_left_by_another_audit_is_removed_never_signalled(tmp_path):
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_done_ends_the_server_once_the_loads_are_served(server):
+    """The load_server_done rule's request: the server answers, exits and removes its socket folder; a job
+    after it (or a second ``done``) finds no server and loads in its own process, with the same rows."""
+    info, pid = server
+    assert _rows(CASES / "ok_full_torch", info)
+    folder = json.loads(info.read_text())["folder"]
+    assert load_server.done(info) is True
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _alive(pid) and not os.path.exists(folder)
+    assert load_server.done(info) is False
+    assert _rows(CASES / "ok_full_torch", info) == _rows(CASES / "ok_full_torch")
+    # the rule's command: no server is no error
+    r = subprocess.run([sys.executable, "-m", "ckptaudit.load_server", "done", str(info)], capture_output=True)
+    assert (r.returncode, r.stderr) == (0, b"")

@@ -72,6 +72,9 @@ def test_demo_audit_outputs(audited):
     served = sum(json.loads(p.read_text())["served_files"] for p in (out / "work" / "bytes" / "load").glob("*.json"))
     assert served == sum(r["status"] != "skipped" for r in load.values()) == 4
     assert not (out / "work" / "load_server.json").exists()
+    # it exited when the last load job had run (rule load_server_done), not at the end of the audit
+    assert (out / "work" / "load_server.done").exists()
+    assert "every load job has run; exiting" in (out / "logs" / "load_server.log").read_text()
 
 
 def test_audit_changes_nothing(audited):
