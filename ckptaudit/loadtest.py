@@ -60,6 +60,9 @@ _EXPLAIN: List[Tuple[str, str]] = [
     ("MetadataIncompleteBuffer", "the safetensors data is shorter than its header says"),
     ("InvalidHeaderDeserialization", "the safetensors JSON header is broken"),
     ("Weights only load failed", "torch refused the pickle under weights_only=True"),
+    ("with TorchScript archives", "it is a TorchScript archive (torch.jit.save): torch.load refuses it under "
+                                  "weights_only=True; torch.jit.load reads it"),
+    ("legacy .tar format", "it is a legacy .tar torch file: torch.load refuses it under weights_only=True"),
 ]
 
 

@@ -35,6 +35,15 @@ ENTRIES: List[_k] = [
        "weights_only=False would run whatever code that name has where the file is loaded.",
        "Inspect the import; if it is your own trusted type, add it to security.allow_globals in the audit config.",
        stage="scan", detector="ckptaudit.security:scan"),
+    _k("torchscript_pickle_global", "security", "warning", "resume",
+       "{path}: the TorchScript pickle {member} names {names} (module.name). torch.jit.load (and torch.load, "
+       "which hands TorchScript archives to it) reads it with TorchScript's C++ unpickler, which imports no "
+       "Python global: a name that is neither one of its torch types nor a TorchScript class of the archive's "
+       "code/ makes the load fail (\"Unknown type name\"), and no code runs. A tool that opens this record with "
+       "Python's pickle would import and call these names{py_note}.",
+       "Load it only with torch.jit.load; find out where the archive came from and why its pickle names "
+       "these, and never unpickle the record with Python's pickle.",
+       stage="scan", detector="ckptaudit.security_torchscript:scan"),
     _k("non_allowlisted_global_benign", "security", "warning", "resume",
        "{path}: the pickle in {member} imports {benign}, known-benign but rejected by torch.load(weights_only=True) "
        "(the default since torch 2.6): loading it needs exactly {allow} allowed.",

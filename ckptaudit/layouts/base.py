@@ -12,9 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from .. import security_tricks
+from .. import security_tricks, security_torchscript
 from ..formats import pickles
 from ..formats.pickles import walk_problem  # noqa: F401 (face: the adapters' walk findings)
+from . import archive_pickles, tar_pickles
 from .result import TensorRow, UnitScan
 from .scan_file import (SWEEP_BYTES, _json_tree, _record_security, _safetensors_rows,  # noqa: F401 (face)
                         _security_sweep, _storages_needed, _walk_data_pkl, _zip_tensors)
@@ -58,6 +59,8 @@ def scan_file(run_dir: Path, rel: str, unit: str, scan: UnitScan, cfg: Dict[str,
         from .numpy_pickles import scan_numpy
 
         scan_numpy(path, rel, s.kind, scan, allowed)
+    if s.kind == "unknown" and tar_pickles.is_tar(path):  # torch's legacy tar format, or any tar
+        tar_pickles.scan_tar(path, rel, scan, allowed)
     scan.add(generic)
     if generic and any(f.severity == "error" for f in generic):
         return out
@@ -86,16 +89,25 @@ def _zip_file(path: Path, rel: str, unit: str, scan: UnitScan, allowed: List[str
 
     rep = torchzip.check_zip(path, display=rel, tensor_names=tensor_names)
     scan.add(rep.findings)
-    scan.add(security_tricks.mixed_archive(rel, [m.name for m in rep.members]))
+    names = [m.name for m in rep.members]
+    scan.add(security_tricks.mixed_archive(rel, names))
     member = f"{rep.prefix}/data.pkl" if rep.prefix else "data.pkl"
+    # a TorchScript archive's pickles are read by torch.jit.load's C++ unpickler, not by torch.load's
+    script = security_torchscript.code_modules(names, rep.prefix) \
+        if security_torchscript.is_torchscript(names, rep.prefix) else None
     if rep.data_pkl is None:
         if rep.data_pkl_any:  # damaged record: a loader that ignores the CRC still unpickles it
             from .. import security
 
-            _record_security(scan, rel, member, security.streams(rep.data_pkl_any), allowed)
+            archive_pickles.judge(scan, rel, member, security.streams(rep.data_pkl_any), allowed,
+                                  prefix=rep.prefix, torchscript=script, data_pkl=True)
+        archive_pickles.scan_zip_members(path, rel, scan, allowed, rep,
+                                         done=[member] if rep.data_pkl_any else [])
         return
     res, all_streams = walked["res"], walked["streams"]
-    _record_security(scan, rel, member, all_streams, allowed)
+    archive_pickles.judge(scan, rel, member, all_streams, allowed, prefix=rep.prefix, torchscript=script,
+                          data_pkl=True)
+    archive_pickles.scan_zip_members(path, rel, scan, allowed, rep, done=[member])
     if res.error:
         scan.add(walk_problem(res, rel, member))
     scan.add(torchzip.check_storages(rep, _storages_needed(res), rel))

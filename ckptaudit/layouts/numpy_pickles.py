@@ -7,8 +7,10 @@ allowlist.  picklescan and modelscan both scan these; so does the audit: the hea
 statically and judged by :func:`ckptaudit.security.scan` like any other pickle.  ``numpy.load``'s default
 (``allow_pickle=False``, since NumPy 1.16.3) refuses to unpickle, so the loader is "never" unless the
 training code opts in: a dangerous import is still ``malicious_pickle_code_exec``; an unknown one is a
-warning.  At most :data:`MAX_MEMBERS` members of a ``.npz`` and :data:`ckptaudit.layouts.scan_file.SWEEP_BYTES`
-of each pickle are read.
+warning.  A member of a ``.npz`` that is no ``.npy`` but a pickle (``numpy.load`` hands it out as bytes,
+numpy/lib/_npyio_impl.py ``NpzFile.__getitem__``) is judged as a record no loader reads
+(:func:`ckptaudit.layouts.archive_pickles.judge`).  At most :data:`MAX_MEMBERS` members of a ``.npz`` and
+:data:`ckptaudit.layouts.scan_file.SWEEP_BYTES` of each pickle are read.
 """
 
 from __future__ import annotations
@@ -49,14 +51,19 @@ def _object_pickle(f: BinaryIO) -> bytes:
 
 
 def scan_numpy(path: Path, rel: str, kind: str, scan: UnitScan, allowed: List[str]) -> None:
-    """Walk the object-array pickle of an ``npy`` file, or of every ``.npy`` member of an ``npz``; add their
+    """Walk the object-array pickle of an ``npy`` file, or of every ``.npy`` member of an ``npz`` (and every
+    other member of it that is a pickle); add their
     security findings and import rows to ``scan``.  A header numpy refuses is skipped (the file layer already
     says the file is no checkpoint)."""
     from .. import security
     from ..pickle_walk import walk
 
+    from .archive_pickles import HEAD_BYTES, is_pickle, judge
+    from .scan_file import SWEEP_BYTES
+
     t0 = time.perf_counter()
-    blobs = []
+    blobs, other = [], []
+    left = SWEEP_BYTES
     try:
         with fs.open_binary(path) as fh:
             if kind == "npy":
@@ -64,12 +71,17 @@ def scan_numpy(path: Path, rel: str, kind: str, scan: UnitScan, allowed: List[st
             else:
                 with zipfile.ZipFile(fh) as z:
                     for info in z.infolist()[:MAX_MEMBERS]:
-                        if info.filename.endswith(".npy"):
-                            with z.open(info) as m:
-                                try:
+                        with z.open(info) as m:
+                            try:
+                                head = m.read(HEAD_BYTES)
+                                if head.startswith(b"\x93NUMPY"):  # read by numpy.lib.format.read_array
+                                    m.seek(0)
                                     blobs.append((info.filename, _object_pickle(m)))
-                                except (ValueError, OSError, EOFError, zipfile.BadZipFile):
-                                    continue
+                                elif is_pickle(info.filename, head) and left > 0:  # SWEEP_BYTES in all
+                                    other.append((info.filename, head + m.read(max(0, left - len(head)))))
+                                    left -= len(other[-1][1])
+                            except (ValueError, OSError, EOFError, zipfile.BadZipFile):
+                                continue
     except (ValueError, OSError, EOFError, zipfile.BadZipFile):
         return
     for member, data in blobs:
@@ -80,6 +92,10 @@ def scan_numpy(path: Path, rel: str, kind: str, scan: UnitScan, allowed: List[st
         verdicts, sec = security.scan(res, path=rel, member=member, extra_allowed=allowed, resume=NUMPY_LOAD)
         scan.add(sec)
         scan.imports.extend({"file": rel, "member": member, **asdict(v)} for v in verdicts)
+    for member, data in other:  # a pickle in a member that is no .npy: NpzFile hands it out as bytes
+        scan.pickle_bytes += len(data)
+        judge(scan, rel, member, security.streams(data, walk(data)), allowed, prefix="", torchscript=None,
+              data_pkl=False)
     scan.walk_seconds += time.perf_counter() - t0
 
 
