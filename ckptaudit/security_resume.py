@@ -8,7 +8,10 @@ allowlist meets them.  The frameworks' resumes load their own files in their own
   ``transformers.trainer_pt_utils.safe_globals()``, which allows ``numpy._core.multiarray._reconstruct``,
   ``numpy.ndarray``, ``numpy.dtype`` and ``type(numpy.dtype(numpy.uint32))``; ``training_args.bin`` is never
   unpickled by the resume; optimizer, scheduler and scaler files get ``weights_only=True`` with nothing added.
-* accelerate 1.15 ``load_accelerator_state``: every file through ``accelerate.utils.load``
+  transformers 4.57 is the same except that ``_load_rng_state`` calls ``torch.load(rng_file)`` with no
+  ``weights_only``: torch's default decides (True from torch 2.6 on; before 2.6 that load is unrestricted and
+  ``safe_globals()`` is a no-op).  The table assumes torch >= 2.6 where the job resumes.
+* accelerate 1.15 (1.16 read the same) ``load_accelerator_state``: every file through ``accelerate.utils.load``
   (``weights_only=True`` with ``accelerate.utils.other.TORCH_SAFE_GLOBALS`` added: the same numpy names,
   ``codecs.encode`` and ``numpy.dtypes.UInt32DType``); ``load_custom_state`` passes ``weights_only=False``.
 * deepspeed 0.19 ``TorchCheckpointEngine.load``: ``torch.load(weights_only=False)`` (no allowlist at all).
