@@ -264,11 +264,11 @@ def stage_state(inv: dict, part: str, cfg: dict, scan_path: str, tensors_path: s
 
     before = fs.stage_bytes()
     scans = {r["unit"]: r for r in tables.read_rows(scan_path)}
-    tens = _by_unit(tables.read_rows(tensors_path, columns=STATE_TENSOR_COLUMNS))
+    tens = tables.UnitRows(tensors_path, columns=STATE_TENSOR_COLUMNS)  # a unit's rows as dicts while read
     run_dir = _run_dir(inv, cfg)
     _load_facts(out, part, facts_path, run_dir)
     rows = _per_scanned_unit("state", inv, part, scans, out, lambda u: state.analyse_unit(
-        u, scans[u["unit"]], tens.get(u["unit"], []), run_dir, cfg))
+        u, scans[u["unit"]], tens.rows(u["unit"]), run_dir, cfg))
     _write_bytes(out, "state", part, before)
     return rows
 

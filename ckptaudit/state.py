@@ -14,7 +14,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 
 from . import components as C
 from . import findings as F
@@ -25,71 +25,73 @@ from .onepass.values import FLOAT_DTYPES, _BLOCK, _chunk_stats, _np_view, _sum_s
 
 
 def scan_values(run_dir: Path, tensors: List[dict], chunk_bytes: int) -> Dict[str, dict]:
-    """Value statistics of tensors: {tensor name: {"nonfinite": n, "norm": l2}}, from the hash stage's pass
-    where it has them, else streamed from the tensors' bytes.
+    """Value statistics of tensors: {tensor name: {"nonfinite": n, "norm": l2, "short": bool}}, as
+    :func:`value_stats` gives them (a dict per tensor: for a caller that wants them all at once)."""
+    return {t["name"]: {"nonfinite": bad, "norm": norm, "short": short}
+            for t, (bad, norm, short) in value_stats(run_dir, tensors, chunk_bytes)}
 
-    Tensors sharing bytes (tied weights) are read once.  Tensors whose offset
-    is unknown (−1) are skipped.  Memory: one ``chunk_bytes`` buffer plus numpy
-    temporaries of the same order.
-    """
-    out: Dict[str, dict] = {}
-    by_file: Dict[str, List[dict]] = {}
-    for t in tensors:
-        if t["dtype"] in FLOAT_DTYPES and t["data_offset"] is not None and t["data_offset"] >= 0 and t["nbytes"]:
-            by_file.setdefault(t["file"], []).append(t)
+
+def value_stats(run_dir: Path, tensors: Iterable[dict], chunk_bytes: int
+                ) -> Iterator[Tuple[dict, Tuple[int, float, bool]]]:
+    """``(tensor row, (non-finite count, L2 norm, short))`` of each floating tensor of ``tensors`` (rows with
+    ``file``, ``name``, ``dtype``, ``data_offset``, ``nbytes``): from the hash stage's one pass where it has
+    them, else streamed from the tensor's bytes (``short``: the file ended first).
+
+    Per run of rows of one file (the tensors table holds a file's tensors together), the tensors the pass
+    answered come first, then the others in file order.  Tensors sharing bytes (tied weights) are read once.
+    Tensors whose offset is unknown (−1) are skipped.  Memory: one ``chunk_bytes`` buffer plus numpy
+    temporaries of the same order, and a reference per tensor that the pass did not answer — nothing per
+    answered tensor, and ``tensors`` is read once, as it comes (issue 22: 100,000 tensors in one file)."""
     buf = bytearray(chunk_bytes)
-    for rel, ts in by_file.items():
-        seen: Dict[Tuple[int, int, str], dict] = {}
-        ts = _known_values(fs.fspath(run_dir / rel), ts, seen, out)  # what the hash stage's pass answered
-        if not ts:
+    rel, path, left = None, "", []
+    for t in tensors:
+        if not (t["dtype"] in FLOAT_DTYPES and t["data_offset"] is not None and t["data_offset"] >= 0
+                and t["nbytes"]):
             continue
-        try:
-            fh = fs.open_binary(run_dir / rel, block_size=fs.STREAM_BLOCK_BYTES)
-        except OSError:
-            continue
-        with fh:
-            for t in sorted(ts, key=lambda x: x["data_offset"]):
-                key = (t["data_offset"], t["nbytes"], t["dtype"])
-                if key in seen:
-                    out[t["name"]] = seen[key]
-                    continue
-                item = 1 if t["dtype"].startswith("float8") else {"float64": 8, "float32": 4}.get(t["dtype"], 2)
-                step = max(item, (chunk_bytes // item) * item)
-                bad, sq, left = 0, 0.0, t["nbytes"]
-                fh.seek(t["data_offset"])
-                short = False
-                while left > 0:
-                    n = min(step, left)
-                    mv = memoryview(buf)[:n]
-                    got = fh.readinto(mv)
-                    if got != n:
-                        short = True
-                        break
-                    b, s = _chunk_stats(_np_view(mv, t["dtype"]), t["dtype"])
-                    bad += b
-                    sq += s
-                    left -= n
-                res = {"nonfinite": bad, "norm": math.sqrt(sq), "short": short}
-                seen[key] = res
-                out[t["name"]] = res
-    return out
-
-
-def _known_values(path: str, ts: List[dict], seen: Dict[Tuple[int, int, str], dict],
-                  out: Dict[str, dict]) -> List[dict]:
-    """Fill ``out``/``seen`` from the hash stage's one pass (:mod:`ckptaudit.onepass.facts`); the tensors it
-    did not answer, which are read here."""
-    left = []
-    for t in ts:
-        key = (t["data_offset"], t["nbytes"], t["dtype"])
-        known = seen.get(key)
-        if known is None and (v := facts.values_of(path, *key)) is not None and v[2] == t["nbytes"]:
-            known = seen[key] = {"nonfinite": v[0], "norm": math.sqrt(v[1]), "short": False}
-        if known is None:
-            left.append(t)
+        if t["file"] != rel:
+            if left:
+                yield from _read_values(run_dir / rel, left, buf)
+            rel, path, left = t["file"], fs.fspath(run_dir / t["file"]), []
+        v = facts.values_of(path, t["data_offset"], t["nbytes"], t["dtype"])  # what the hash stage's pass answered
+        if v is not None and v[2] == t["nbytes"]:
+            yield t, (v[0], math.sqrt(v[1]), False)
         else:
-            out[t["name"]] = known
-    return left
+            left.append(t)
+    if left:
+        yield from _read_values(run_dir / rel, left, buf)
+
+
+def _read_values(path, ts: List[dict], buf: bytearray) -> Iterator[Tuple[dict, Tuple[int, float, bool]]]:
+    """:func:`value_stats` of tensors ``ts`` of one file, read from its bytes through ``buf``."""
+    try:
+        fh = fs.open_binary(path, block_size=fs.STREAM_BLOCK_BYTES)
+    except OSError:
+        return
+    seen: Dict[Tuple[int, int, str], Tuple[int, float, bool]] = {}
+    with fh:
+        for t in sorted(ts, key=lambda x: x["data_offset"]):
+            key = (t["data_offset"], t["nbytes"], t["dtype"])
+            if key in seen:
+                yield t, seen[key]
+                continue
+            item = 1 if t["dtype"].startswith("float8") else {"float64": 8, "float32": 4}.get(t["dtype"], 2)
+            step = max(item, (len(buf) // item) * item)
+            bad, sq, left = 0, 0.0, t["nbytes"]
+            fh.seek(t["data_offset"])
+            short = False
+            while left > 0:
+                n = min(step, left)
+                mv = memoryview(buf)[:n]
+                got = fh.readinto(mv)
+                if got != n:
+                    short = True
+                    break
+                b, s = _chunk_stats(_np_view(mv, t["dtype"]), t["dtype"])
+                bad += b
+                sq += s
+                left -= n
+            seen[key] = (bad, math.sqrt(sq), short)
+            yield t, seen[key]
 
 
 def _file_matches(tensor_file: str, fkey: str) -> bool:
@@ -117,8 +119,9 @@ def tensor_role(t: dict, c: C.Components) -> str:
     return "other"
 
 
-def analyse_unit(unit: dict, scan_row: dict, tensors: List[dict], run_dir: Path, cfg: dict) -> dict:
-    """One row of the ``state`` table (with its findings) for a unit."""
+def analyse_unit(unit: dict, scan_row: dict, tensors: Iterable[dict], run_dir: Path, cfg: dict) -> dict:
+    """One row of the ``state`` table (with its findings) for a unit; ``tensors`` (its rows of the tensors
+    table) is iterated once, as it comes."""
     scfg = cfg.get("state", {})
     row = {"unit": unit["unit"], "findings_json": "[]"}
     fl: List[F.Finding] = []
@@ -199,26 +202,40 @@ def _completeness(p: str, c: C.Components, step: Optional[int], name_step: Optio
     return out
 
 
-def _value_findings(p: str, c: C.Components, tensors: List[dict], run_dir: Path, scfg: dict,
+def _value_findings(p: str, c: C.Components, tensors: Iterable[dict], run_dir: Path, scfg: dict,
                     row: dict) -> List[F.Finding]:
-    """Non-finite values and norms of the weights and optimizer moments (other tensors are only counted)."""
+    """Non-finite values and norms of the weights and optimizer moments (other tensors are only counted).
+
+    One pass over :func:`value_stats`; what it keeps is the names with non-finite values and each weight's
+    norm (the ``tensor_norms_json`` column), not a dict per tensor (issue 22).  ``n_float_tensors`` counts
+    the tensors judged; a name in two files of a unit (ZeRO's per-rank partitions) is one name in the lists,
+    judged by the file read last."""
     out: List[F.Finding] = []
-    roles = {(t["file"], t["name"]): tensor_role(t, c) for t in tensors}
-    judged = [t for t in tensors if roles[(t["file"], t["name"])] != "other"]
     t0 = time.perf_counter()
-    vals = scan_values(run_dir, judged, int(scfg.get("chunk_mib", 16)) << 20)
+    judged = (t for t in tensors if tensor_role(t, c) != "other")
+    bad: Dict[str, str] = {}  # name -> role, of tensors with non-finite values
+    norms: Dict[str, float] = {}  # weights' name -> norm (finite ones)
+    n = scanned = 0
+    for t, (nonfinite, norm, _short) in value_stats(run_dir, judged, int(scfg.get("chunk_mib", 16)) << 20):
+        name, role = t["name"], tensor_role(t, c)
+        n += 1
+        scanned += t["nbytes"]
+        if nonfinite:
+            bad[name] = role
+            norms.pop(name, None)
+        else:
+            bad.pop(name, None)
+            if role == "weights":
+                norms[name] = norm
     row["scan_seconds"] = time.perf_counter() - t0
-    row["scanned_bytes"] = sum(t["nbytes"] for t in judged if t["name"] in vals)
-    row["n_float_tensors"] = len(vals)
-    role_of = {t["name"]: roles[(t["file"], t["name"])] for t in judged}
-    bad_w = sorted(n for n, v in vals.items() if v["nonfinite"] and role_of.get(n) == "weights")
-    bad_o = sorted(n for n, v in vals.items() if v["nonfinite"] and role_of.get(n) == "optimizer")
+    row["scanned_bytes"] = scanned
+    row["n_float_tensors"] = n
+    bad_w = sorted(k for k, r in bad.items() if r == "weights")
+    bad_o = sorted(k for k, r in bad.items() if r == "optimizer")
     row["n_nonfinite_tensors"] = len(bad_w) + len(bad_o)
     row["nonfinite_tensors"] = bad_w + bad_o
-    wn = [v["norm"] for n, v in vals.items() if role_of.get(n) == "weights" and not v["nonfinite"]]
-    row["weight_norm"] = math.sqrt(sum(x * x for x in wn)) if wn and not bad_w else None
-    row["tensor_norms_json"] = json.dumps({n: round(v["norm"], 6) for n, v in vals.items()
-                                           if role_of.get(n) == "weights" and not v["nonfinite"]})
+    row["weight_norm"] = math.sqrt(sum(x * x for x in norms.values())) if norms and not bad_w else None
+    row["tensor_norms_json"] = json.dumps({k: round(v, 6) for k, v in norms.items()})
     if bad_w:
         out.append(F.make("nan_in_weights", path=p, n_tensors=len(bad_w), examples=_examples(bad_w)))
     if bad_o:

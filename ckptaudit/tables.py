@@ -15,7 +15,7 @@ from __future__ import annotations
 import sys
 from importlib.abc import MetaPathFinder
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, Iterator, List, Tuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -266,11 +266,44 @@ def read_rows(path: str | Path, columns=None) -> List[dict]:
     return [dict(zip(names, vals)) for vals in zip(*cols)] if cols else []
 
 
-def _column_values(col: pa.ChunkedArray) -> list:
-    """The Python values of ``col``; a string column's repeated values as one shared object each."""
+class UnitRows:
+    """The rows of a table with a ``unit`` column, one unit at a time: the table is held as Arrow columns and
+    a unit's rows become dicts :data:`UNIT_BATCH_ROWS` at a time as they are iterated, so a consumer that
+    reads them once holds one batch of dicts, not one per row of the part (issue 22: the state stage at
+    100,000 tensors)."""
+
+    def __init__(self, path: str | Path, columns=None) -> None:
+        import numpy as np
+
+        self.table = pq.ParquetFile(path).read(columns=columns)
+        self.ranges: Dict[str, List[Tuple[int, int]]] = {}  # unit -> its runs of rows [start, stop)
+        if self.table.num_rows:
+            enc = self.table.column("unit").combine_chunks().dictionary_encode()
+            idx = enc.indices.to_numpy(zero_copy_only=False)
+            names = enc.dictionary.to_pylist()
+            cuts = (np.flatnonzero(np.diff(idx)) + 1).tolist()
+            for a, b in zip([0] + cuts, cuts + [len(idx)]):
+                self.ranges.setdefault(names[idx[a]], []).append((a, b))
+
+    def rows(self, unit: str) -> Iterator[dict]:
+        """The rows of ``unit`` in table order, as dicts (a repeated string value shared, :func:`read_rows`)."""
+        names = self.table.column_names
+        for a, b in self.ranges.get(unit, ()):
+            for batch in self.table.slice(a, b - a).to_batches(max_chunksize=UNIT_BATCH_ROWS):
+                cols = [_column_values(batch.column(i)) for i in range(batch.num_columns)]
+                yield from (dict(zip(names, vals)) for vals in zip(*cols))
+
+
+#: Rows of a unit made dicts at once by :meth:`UnitRows.rows`.
+UNIT_BATCH_ROWS = 1 << 14
+
+
+def _column_values(col) -> list:
+    """The Python values of ``col`` (an Arrow array or chunked array); a string column's repeated values as
+    one shared object each."""
     if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)) or len(col) < 2:
         return col.to_pylist()
-    enc = col.combine_chunks().dictionary_encode()
+    enc = (col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col).dictionary_encode()
     if len(enc.dictionary) * 2 > len(col):  # mostly distinct (tensor names): nothing to share
         return col.to_pylist()
     values = enc.dictionary.to_pylist()
