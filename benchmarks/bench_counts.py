@@ -156,6 +156,10 @@ class TreeSampler:
         self.root = psutil.Process(root_pid)
         self.tree_peak = 0
         self.job_peak: Dict[str, int] = {}
+        self.at_peak: Dict[str, int] = {}  # the tree's peak, by job ("other": the CLI and Snakemake)
+        # the tree's peak of summed PSS: a page shared by n processes (torch's, in the load server and each load
+        # child it forks) counts 1/n in each, where the RSS sum counts it n times
+        self.tree_pss_peak = 0
         self._stop = threading.Event()
         self._names: Dict[int, str] = {}
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -175,6 +179,13 @@ class TreeSampler:
             except self.psutil.Error:
                 cmd = []
             name = ""
+            try:  # a fork (the load test's child) keeps its parent's command line: it counts to the parent's job
+                parent = p.parent()
+                if parent is not None and parent.pid != self.root.pid and parent.cmdline() == cmd:
+                    self._names[p.pid] = self._job_of(parent)
+                    return self._names[p.pid]
+            except self.psutil.Error:
+                pass
             if "ckptaudit.stages" in cmd:
                 i = cmd.index("ckptaudit.stages")
                 name = f"{cmd[i + 1] if i + 1 < len(cmd) else '?'}:{p.pid}"
@@ -188,10 +199,14 @@ class TreeSampler:
             procs = [self.root] + self.root.children(recursive=True)
         except self.psutil.Error:
             return
-        total, jobs = 0, {}
+        total, jobs, pss = 0, {}, 0
         for p in procs:
             try:
                 rss = p.memory_info().rss
+                try:
+                    pss += p.memory_full_info().pss
+                except (self.psutil.Error, AttributeError):
+                    pass
                 job = self._job_of(p)
                 if not job:  # a child of a job (the load test's fork) counts to its job
                     for a in p.parents():
@@ -203,7 +218,10 @@ class TreeSampler:
             total += rss
             if job:
                 jobs[job] = jobs.get(job, 0) + rss
+        if total > self.tree_peak:
+            self.at_peak = {**{j.split(":")[0]: v for j, v in jobs.items()}, "other": total - sum(jobs.values())}
         self.tree_peak = max(self.tree_peak, total)
+        self.tree_pss_peak = max(self.tree_pss_peak, pss)
         for j, v in jobs.items():
             self.job_peak[j] = max(self.job_peak.get(j, 0), v)
 
@@ -234,7 +252,8 @@ def audit(run_dir: Path, out_dir: Path, timeout_s: float) -> Dict:
     worst = max(s.job_peak.items(), key=lambda kv: kv[1], default=("-", 0))
     return {"wall_s": wall, "rc": p.returncode, "verdict": verdict, "tree_mib": s.tree_peak / C.MIB,
             "job_mib": worst[1] / C.MIB, "worst_job": worst[0].split(":")[0], "stderr": err,
-            "stages": {k.split(":")[0]: max(v / C.MIB, 0) for k, v in sorted(s.job_peak.items(), key=lambda kv: kv[1])}}
+            "stages": {k.split(":")[0]: max(v / C.MIB, 0) for k, v in sorted(s.job_peak.items(), key=lambda kv: kv[1])},
+            "at_tree_peak": {k: round(v / C.MIB) for k, v in s.at_peak.items()}, "tree_pss_mib": s.tree_pss_peak / C.MIB}
 
 
 #: The verdict of each case's intact single unit: a full training checkpoint resumes (exit 0); weights alone
@@ -282,7 +301,7 @@ def main(argv=None) -> int:
                     slope = f"{1e6 * (r['wall_s'] - prev[1]) / (n - prev[0]):.1f}"
                 prev = (n, r["wall_s"])
                 print(f"# {kind} n={n}: rc {r['rc']}, {r['wall_s']:.1f} s, job {r['job_mib']:.0f} MiB "
-                      f"({r['worst_job']}), tree {r['tree_mib']:.0f} MiB; per stage {r['stages']}", file=sys.stderr)
+                      f"({r['worst_job']}), tree {r['tree_mib']:.0f} MiB (PSS {r['tree_pss_mib']:.0f}); per stage {r['stages']}; at the tree's peak {r['at_tree_peak']}", file=sys.stderr)
                 if not right:
                     print(r["stderr"][-2000:], file=sys.stderr)
                 rows.append([kind, f"{n:,}", f"{run_bytes / C.MIB:.1f}", f"{r['job_mib']:.0f} ({r['worst_job']})",
