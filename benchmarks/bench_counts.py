@@ -189,6 +189,8 @@ class TreeSampler:
             if "ckptaudit.stages" in cmd:
                 i = cmd.index("ckptaudit.stages")
                 name = f"{cmd[i + 1] if i + 1 < len(cmd) else '?'}:{p.pid}"
+            elif "ckptaudit.report" in cmd:  # the report job (its own module, not a stage)
+                name = f"report:{p.pid}"
             elif "ckptaudit.load_server" in cmd:  # the audit's one torch import and the loads it forks
                 name = f"load_server:{p.pid}"
             self._names[p.pid] = name

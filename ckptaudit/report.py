@@ -16,6 +16,8 @@ from ._version import __version__
 from ._io import atomic_write
 
 STAGES = ("hash", "scan", "tensors", "imports", "load", "structure", "configdiff", "state")
+#: Tables with a row per tensor or per import: concatenated into tables/ a batch at a time, never read here.
+ROW_PER_TENSOR = ("tensors", "imports")
 LAYERS = ("file", "structure", "state", "security")
 
 
@@ -76,7 +78,10 @@ def run_report(inventory_json: str, parts: Dict[str, List[str]], cfg: dict, out_
     tdir = out / "tables"
     all_tables: Dict[str, List[dict]] = {}
     for stage in STAGES:
-        all_tables[stage] = tables.concat(stage, parts.get(stage, []), tdir / f"{stage}.parquet")
+        if stage in ROW_PER_TENSOR:  # only copied to tables/: no Python row per tensor (issue 22)
+            tables.concat_batches(stage, parts.get(stage, []), tdir / f"{stage}.parquet")
+        else:
+            all_tables[stage] = tables.concat(stage, parts.get(stage, []), tdir / f"{stage}.parquet")
     from . import fs, liveness
 
     root = fs.path(inv["run_dir"])

@@ -1,4 +1,5 @@
-"""tables.UnitRows gives each unit's rows as read_rows does, a batch of dicts at a time (issue 22)."""
+"""Tables read and joined a batch at a time (issue 22): UnitRows gives each unit's rows as read_rows does; concat_batches
+joins part tables without a Python row per tensor."""
 
 from ckptaudit import tables
 
@@ -24,3 +25,18 @@ def test_unit_rows_of_an_empty_table(tmp_path):
     path = tmp_path / "tensors.parquet"
     tables.write("tensors", [], path)
     assert list(tables.UnitRows(path, columns=["unit", "name"]).rows("a")) == []
+
+
+def test_concat_batches_equals_concat(tmp_path):
+    parts = []
+    for k in range(3):
+        rows = [{"unit": f"u{k}", "file": f"u{k}.pt", "name": f"t{i}", "dtype": "float32", "shape": [i, 2],
+                 "numel": 2 * i, "nbytes": 8 * i, "storage_key": str(i), "data_offset": i, "is_parameter": True,
+                 "storage_offset": 0} for i in range(k * 7)]  # the first part is empty
+        parts.append(tmp_path / f"p{k}.parquet")
+        tables.write("tensors", rows, parts[-1])
+    assert tables.concat_batches("tensors", [str(p) for p in parts], tmp_path / "a.parquet") == 21
+    want = tables.concat("tensors", [str(p) for p in parts], tmp_path / "b.parquet")
+    assert tables.read_rows(tmp_path / "a.parquet") == want and len(want) == 21
+    assert tables.concat_batches("tensors", [], tmp_path / "none.parquet") == 0
+    assert tables.read_rows(tmp_path / "none.parquet") == []
