@@ -160,6 +160,7 @@ class TreeSampler:
         # the tree's peak of summed PSS: a page shared by n processes (torch's, in the load server and each load
         # child it forks) counts 1/n in each, where the RSS sum counts it n times
         self.tree_pss_peak = 0
+        self.proc_peak = (0, "")  # the largest single process: (RSS, its job)
         self._stop = threading.Event()
         self._names: Dict[int, str] = {}
         self._thread = threading.Thread(target=self._loop, daemon=True)
@@ -202,6 +203,7 @@ class TreeSampler:
         except self.psutil.Error:
             return
         total, jobs, pss = 0, {}, 0
+        self._largest = (0, "")
         for p in procs:
             try:
                 rss = p.memory_info().rss
@@ -218,12 +220,14 @@ class TreeSampler:
             except self.psutil.Error:
                 continue
             total += rss
+            self._largest = max(self._largest, (rss, (job or "other").split(":")[0]))
             if job:
                 jobs[job] = jobs.get(job, 0) + rss
         if total > self.tree_peak:
             self.at_peak = {**{j.split(":")[0]: v for j, v in jobs.items()}, "other": total - sum(jobs.values())}
         self.tree_peak = max(self.tree_peak, total)
         self.tree_pss_peak = max(self.tree_pss_peak, pss)
+        self.proc_peak = max(self.proc_peak, self._largest)
         for j, v in jobs.items():
             self.job_peak[j] = max(self.job_peak.get(j, 0), v)
 
@@ -255,7 +259,8 @@ def audit(run_dir: Path, out_dir: Path, timeout_s: float) -> Dict:
     return {"wall_s": wall, "rc": p.returncode, "verdict": verdict, "tree_mib": s.tree_peak / C.MIB,
             "job_mib": worst[1] / C.MIB, "worst_job": worst[0].split(":")[0], "stderr": err,
             "stages": {k.split(":")[0]: max(v / C.MIB, 0) for k, v in sorted(s.job_peak.items(), key=lambda kv: kv[1])},
-            "at_tree_peak": {k: round(v / C.MIB) for k, v in s.at_peak.items()}, "tree_pss_mib": s.tree_pss_peak / C.MIB}
+            "at_tree_peak": {k: round(v / C.MIB) for k, v in s.at_peak.items()}, "tree_pss_mib": s.tree_pss_peak / C.MIB,
+            "largest_process": f"{s.proc_peak[0] / C.MIB:.0f} MiB ({s.proc_peak[1]})"}
 
 
 #: The verdict of each case's intact single unit: a full training checkpoint resumes (exit 0); weights alone
@@ -303,7 +308,7 @@ def main(argv=None) -> int:
                     slope = f"{1e6 * (r['wall_s'] - prev[1]) / (n - prev[0]):.1f}"
                 prev = (n, r["wall_s"])
                 print(f"# {kind} n={n}: rc {r['rc']}, {r['wall_s']:.1f} s, job {r['job_mib']:.0f} MiB "
-                      f"({r['worst_job']}), tree {r['tree_mib']:.0f} MiB (PSS {r['tree_pss_mib']:.0f}); per stage {r['stages']}; at the tree's peak {r['at_tree_peak']}", file=sys.stderr)
+                      f"({r['worst_job']}), tree {r['tree_mib']:.0f} MiB (PSS {r['tree_pss_mib']:.0f}); largest process {r['largest_process']}; per stage {r['stages']}; at the tree's peak {r['at_tree_peak']}", file=sys.stderr)
                 if not right:
                     print(r["stderr"][-2000:], file=sys.stderr)
                 rows.append([kind, f"{n:,}", f"{run_bytes / C.MIB:.1f}", f"{r['job_mib']:.0f} ({r['worst_job']})",
