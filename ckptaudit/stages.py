@@ -234,14 +234,14 @@ def stage_structure(inv: dict, part: str, cfg: dict, scan_path: str, tensors_pat
     from . import structure, tables, target
 
     scans = {r["unit"]: r for r in tables.read_rows(scan_path)}
-    tens = _by_unit(tables.read_rows(tensors_path, columns=STRUCTURE_TENSOR_COLUMNS))
+    tens = tables.UnitRows(tensors_path, columns=STRUCTURE_TENSOR_COLUMNS)  # a unit's rows as dicts while read
     if target_path:
         with open(target_path) as f:
             reference = json.load(f).get("weights")
     else:
         reference = target.build(cfg).get("weights")
     return _per_scanned_unit("structure", inv, part, scans, out, lambda u: structure.analyse_unit(
-        u, scans[u["unit"]], tens.get(u["unit"], []), cfg, reference))
+        u, scans[u["unit"]], tens.of(u["unit"]), cfg, reference))
 
 
 def stage_configdiff(inv: dict, part: str, cfg: dict, scan_path: str, out: str) -> List[dict]:

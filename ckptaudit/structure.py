@@ -16,7 +16,7 @@ import hashlib
 import json
 import re
 from collections import Counter
-from typing import Dict, List, Optional
+from typing import Dict, Iterable, List, Optional
 
 from . import components as C
 from . import findings as F
@@ -93,9 +93,10 @@ def _examples(items: List[str], n: int = 4) -> str:
     return shown + (f" and {len(items) - n} more" if len(items) > n else "")
 
 
-def analyse_unit(unit: dict, scan_row: dict, tensors: List[dict], cfg: dict,
+def analyse_unit(unit: dict, scan_row: dict, tensors: Iterable[dict], cfg: dict,
                  reference: Optional[Dict[str, dict]] = None) -> dict:
-    """One row of the ``structure`` table for a unit."""
+    """One row of the ``structure`` table for a unit; ``tensors`` (its rows of the tensors table) may be
+    iterated more than once (:class:`ckptaudit.tables.UnitView`)."""
     p = unit["unit"]
     row = {"unit": p, "findings_json": "[]"}
     if not roles.weights_intact(scan_row) or not scan_row.get("security_ok"):
@@ -192,7 +193,7 @@ def _tied_aliases(bare: Dict[str, dict], reference: Dict[str, dict]) -> set:
     return out
 
 
-def _optimizer_checks(p: str, c: C.Components, tensors: List[dict], bare: Dict[str, dict], prefix: str,
+def _optimizer_checks(p: str, c: C.Components, tensors: Iterable[dict], bare: Dict[str, dict], prefix: str,
                       row: dict) -> List[F.Finding]:
     opt = c.optimizer
     if not opt or c.optimizer_partitioned or not isinstance(opt.get("param_groups"), list):
@@ -250,7 +251,7 @@ def _optimizer_checks(p: str, c: C.Components, tensors: List[dict], bare: Dict[s
     return out
 
 
-def _weights_from_rows(tensors: List[dict], wsrc: str, prefix: str) -> Dict[str, dict]:
+def _weights_from_rows(tensors: Iterable[dict], wsrc: str, prefix: str) -> Dict[str, dict]:
     """{bare name: {"__tensor__": dtype, "shape": [...]}} of every tensor under component ``wsrc`` whose name
     carries the wrapper ``prefix``, in the tensors table's order (the pickle's): the weights of a state dict
     too large for the pruned scan tree."""

@@ -285,6 +285,10 @@ class UnitRows:
             for a, b in zip([0] + cuts, cuts + [len(idx)]):
                 self.ranges.setdefault(names[idx[a]], []).append((a, b))
 
+    def of(self, unit: str) -> "UnitView":
+        """The rows of ``unit`` as an iterable that can be iterated again (each time a fresh :meth:`rows`)."""
+        return UnitView(self, unit)
+
     def rows(self, unit: str) -> Iterator[dict]:
         """The rows of ``unit`` in table order, as dicts (a repeated string value shared, :func:`read_rows`)."""
         names = self.table.column_names
@@ -292,6 +296,16 @@ class UnitRows:
             for batch in self.table.slice(a, b - a).to_batches(max_chunksize=UNIT_BATCH_ROWS):
                 cols = [_column_values(batch.column(i)) for i in range(batch.num_columns)]
                 yield from (dict(zip(names, vals)) for vals in zip(*cols))
+
+
+class UnitView:
+    """One unit's rows of a :class:`UnitRows`: each iteration makes them dicts again, a batch at a time."""
+
+    def __init__(self, owner: UnitRows, unit: str) -> None:
+        self.owner, self.unit = owner, unit
+
+    def __iter__(self) -> Iterator[dict]:
+        return self.owner.rows(self.unit)
 
 
 #: Rows of a unit made dicts at once by :meth:`UnitRows.rows`.
