@@ -212,8 +212,6 @@ def _optimizer_checks(p: str, c: C.Components, tensors: Iterable[dict], bare: Di
             # one flat storage (cuDNN-flattened LSTM weights) differ in offset
             storage_of[name[len(wsrc) + 1:]] = (t["file"], t["storage_key"], t.get("storage_offset") or 0,
                                                 tuple(t.get("shape") or ()))
-    if len(storage_of) > len(bare):  # the scan tree keeps 4,096 keys of a dict: the tensors table has them all
-        bare = _weights_from_rows(tensors, wsrc, prefix)
     params = []
     seen = set()
     for k in bare:  # insertion order (was sorted by list(bare).index: quadratic in the tensors)
@@ -249,12 +247,3 @@ def _optimizer_checks(p: str, c: C.Components, tensors: Iterable[dict], bare: Di
         out.append(F.make("optimizer_state_shape_mismatch", path=p,
                           examples=", ".join(f"{n} moment(s) of shape {s} with no parameter of that shape" for s, n in diff)))
     return out
-
-
-def _weights_from_rows(tensors: Iterable[dict], wsrc: str, prefix: str) -> Dict[str, dict]:
-    """{bare name: {"__tensor__": dtype, "shape": [...]}} of every tensor under component ``wsrc`` whose name
-    carries the wrapper ``prefix``, in the tensors table's order (the pickle's): the weights of a state dict
-    too large for the pruned scan tree."""
-    head = wsrc + "." + prefix
-    return {t["name"][len(head):]: {"__tensor__": t.get("dtype"), "shape": list(t.get("shape") or ())}
-            for t in tensors if t["name"].startswith(head)}
