@@ -123,24 +123,9 @@ def request(info: str | os.PathLike, run_dir: str, todo: list, cfg: dict, timeou
     """Ask the server named by ``info`` (a ``load_server.json``) to load ``todo``; return its answer
     ``{"results": [...], "child_bytes": int}`` (``results`` as :func:`ckptaudit.loadtest.load_todo` returns
     them, in ``todo`` order), or None when there is no server to ask or the exchange failed."""
-    try:
-        doc = json.loads(Path(info).read_text())
-        sock_path = doc["socket"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    payload = json.dumps({"run_dir": run_dir, "todo": todo, "cfg": cfg, "timeout": timeout,
-                          "limit": limit}).encode()
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     # the server's import (once) plus each file's own timeout, and slack: past that, the job loads itself
-    s.settimeout(120.0 + timeout * max(1, len(todo)))
-    try:
-        s.connect(sock_path)
-        s.sendall(_HEADER.pack(len(payload)) + payload)
-        answer = json.loads(_recv(s))
-    except (OSError, ValueError, EOFError):
-        return None
-    finally:
-        s.close()
+    answer = _exchange(info, {"run_dir": run_dir, "todo": todo, "cfg": cfg, "timeout": timeout, "limit": limit},
+                       120.0 + timeout * max(1, len(todo)))
     if not isinstance(answer, dict) or len(answer.get("results") or []) != len(todo):
         return None
     return answer
@@ -149,19 +134,26 @@ def request(info: str | os.PathLike, run_dir: str, todo: list, cfg: dict, timeou
 def done(info: str | os.PathLike) -> bool:
     """Tell the server named by ``info`` (a ``load_server.json``) that no load job is left: it exits (a load
     job that still came would load in its own process).  False when there was no server to tell."""
+    answer = _exchange(info, {"done": True}, 10.0)
+    return isinstance(answer, dict) and answer.get("done") is True
+
+
+def _exchange(info: str | os.PathLike, message: dict, timeout: float):
+    """Send ``message`` to the server named by ``info`` and return its JSON answer, or None (no record, no
+    server, a socket error, a malformed answer) within ``timeout`` seconds."""
     try:
         sock_path = json.loads(Path(info).read_text())["socket"]
     except (OSError, ValueError, KeyError, TypeError):
-        return False
-    payload = json.dumps({"done": True}).encode()
+        return None
+    payload = json.dumps(message).encode()
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(10.0)
+    s.settimeout(timeout)
     try:
         s.connect(sock_path)
         s.sendall(_HEADER.pack(len(payload)) + payload)
-        return json.loads(_recv(s)).get("done") is True
-    except (OSError, ValueError, EOFError, AttributeError):
-        return False
+        return json.loads(_recv(s))
+    except (OSError, ValueError, EOFError):
+        return None
     finally:
         s.close()
 
