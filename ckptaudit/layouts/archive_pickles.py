@@ -36,7 +36,7 @@ from ..pickle_walk import WalkResult, walk
 from ..security_resume import ResumeLoad
 from .result import UnitScan
 
-__all__ = ["HEAD_BYTES", "MAX_MEMBERS", "NOT_LOADED", "is_pickle", "judge", "scan_zip_members"]
+__all__ = ["HEAD_BYTES", "MAX_MEMBERS", "NOT_LOADED", "is_pickle", "judge", "scan_zip_members", "torchscript_of"]
 
 #: Records of one archive looked at, at most.
 MAX_MEMBERS = 10_000
@@ -73,11 +73,19 @@ def judge(scan: UnitScan, rel: str, member: str, streams: WalkResult, allowed: L
     scan.imports.extend({"file": rel, "member": member, **asdict(v)} for v in verdicts)
 
 
+def torchscript_of(rep) -> Optional[Collection[str]]:
+    """The code modules of a TorchScript archive (:func:`ckptaudit.security_torchscript.code_modules`) whose
+    :class:`ckptaudit.formats.torchzip.ZipReport` is ``rep``, or None when it is no TorchScript archive."""
+    names = [m.name for m in rep.members]
+    return (security_torchscript.code_modules(names, rep.prefix)
+            if security_torchscript.is_torchscript(names, rep.prefix) else None)
+
+
 def scan_zip_members(path: Path, rel: str, scan: UnitScan, allowed: List[str], rep, *,
-                     done: Collection[str] = ()) -> None:
+                     torchscript: Optional[Collection[str]], done: Collection[str] = ()) -> None:
     """Walk and judge every pickle record of the zip at ``path`` (``rep``: the
     :class:`ckptaudit.formats.torchzip.ZipReport` of its structure check) except those in ``done`` (already
-    judged by the caller).  Records whose data cannot be located, or whose method is neither stored nor
+    judged by the caller); ``torchscript``: :func:`torchscript_of` ``rep``.  Records whose data cannot be located, or whose method is neither stored nor
     deflated, are skipped (the structure check reports damaged records).  Reads at most :data:`MAX_MEMBERS`
     heads and :data:`ckptaudit.layouts.scan_file.SWEEP_BYTES` bytes in all; raises only ``OSError`` when
     the file cannot be opened."""
@@ -85,9 +93,7 @@ def scan_zip_members(path: Path, rel: str, scan: UnitScan, allowed: List[str], r
     from ..formats.zip.reader import _File
     from .scan_file import SWEEP_BYTES
 
-    names = [m.name for m in rep.members]
-    ts = (security_torchscript.code_modules(names, rep.prefix)
-          if security_torchscript.is_torchscript(names, rep.prefix) else None)
+    ts = torchscript
     todo = [m for m in rep.members[:MAX_MEMBERS] if m.name not in done and not _STORAGE_RECORD.match(m.name)
             and m.method in (0, 8) and (m.data_offset >= 0 or m.loose_data_offset >= 0)]
     if not todo:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from .. import security_tricks, security_torchscript
+from .. import security_tricks
 from ..formats import pickles
 from ..formats.pickles import walk_problem  # noqa: F401 (face: the adapters' walk findings)
 from . import archive_pickles, tar_pickles
@@ -89,25 +89,23 @@ def _zip_file(path: Path, rel: str, unit: str, scan: UnitScan, allowed: List[str
 
     rep = torchzip.check_zip(path, display=rel, tensor_names=tensor_names)
     scan.add(rep.findings)
-    names = [m.name for m in rep.members]
-    scan.add(security_tricks.mixed_archive(rel, names))
+    scan.add(security_tricks.mixed_archive(rel, [m.name for m in rep.members]))
     member = f"{rep.prefix}/data.pkl" if rep.prefix else "data.pkl"
     # a TorchScript archive's pickles are read by torch.jit.load's C++ unpickler, not by torch.load's
-    script = security_torchscript.code_modules(names, rep.prefix) \
-        if security_torchscript.is_torchscript(names, rep.prefix) else None
+    script = archive_pickles.torchscript_of(rep)
     if rep.data_pkl is None:
         if rep.data_pkl_any:  # damaged record: a loader that ignores the CRC still unpickles it
             from .. import security
 
             archive_pickles.judge(scan, rel, member, security.streams(rep.data_pkl_any), allowed,
                                   prefix=rep.prefix, torchscript=script, data_pkl=True)
-        archive_pickles.scan_zip_members(path, rel, scan, allowed, rep,
+        archive_pickles.scan_zip_members(path, rel, scan, allowed, rep, torchscript=script,
                                          done=[member] if rep.data_pkl_any else [])
         return
     res, all_streams = walked["res"], walked["streams"]
     archive_pickles.judge(scan, rel, member, all_streams, allowed, prefix=rep.prefix, torchscript=script,
                           data_pkl=True)
-    archive_pickles.scan_zip_members(path, rel, scan, allowed, rep, done=[member])
+    archive_pickles.scan_zip_members(path, rel, scan, allowed, rep, torchscript=script, done=[member])
     if res.error:
         scan.add(walk_problem(res, rel, member))
     scan.add(torchzip.check_storages(rep, _storages_needed(res), rel))
