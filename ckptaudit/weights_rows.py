@@ -19,8 +19,9 @@ def complete(c: C.Components, facts: Dict[str, Any], tensors: Iterable[dict]) ->
     ``c.weights`` when no chosen weights node was pruned; else, for each pruned ``(file key, dotted prefix)``
     of ``c.weights_cut_at``, the tensors table rows (``file``, ``name``, ``dtype``, ``shape``) of that file
     whose name starts with the prefix, the prefix removed (a safetensors file's prefix is "": its names
-    are the header's keys).  ``facts["tree_files"]`` maps a tree's file key to the table's ``file`` (scan
-    rows written before it existed: the key itself, or any file of the unit for ``"root"``).  The
+    are the header's keys).  ``facts["tree_files"]`` maps a tree's file key to the table's ``file`` where they
+    differ (otherwise, and in scan rows written before it existed: the key itself, or any file of the unit for
+    ``"root"``).  The
     unpruned nodes' entries come from ``c.weights`` as before."""
     weights = dict(c.weights or {})
     if not c.weights_cut_at:

@@ -47,7 +47,8 @@ def scan_file(run_dir: Path, rel: str, unit: str, scan: UnitScan, cfg: Dict[str,
     allowed = list(cfg.get("security", {}).get("allow_globals", [])) + list(extra_allowed or [])
     s = sniff_mod.sniff(path)
     scan.facts.setdefault("file_kinds", {})[rel] = s.kind
-    scan.facts.setdefault("tree_files", {})[tree_key or rel] = rel  # the tensors table's ``file`` of a tree key
+    if tree_key and tree_key != rel:  # the tensors table's ``file`` of a tree key that is not the file's path
+        scan.facts.setdefault("tree_files", {})[tree_key] = rel
     generic = sniff_mod.generic_findings(s, rel)
     out: Dict[str, Any] = {"kind": s.kind, "obj": None, "header": None, "size_bytes": s.size_bytes}
     swept = _security_sweep(path, rel, s, scan, allowed)
