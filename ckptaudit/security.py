@@ -51,6 +51,7 @@ from .security_tiers import (  # noqa: F401 - re-exported: the tier tables live 
     DANGEROUS_METHODS,
     DANGEROUS_MODULES,
     DANGEROUS_NAMES,
+    IN_MEMORY_BUFFERS,
     WEIGHTS_ONLY_GLOBALS,
     _torch_name,
 )
@@ -105,6 +106,8 @@ def _dangerous(module: str, name: str, _depth: int = 0) -> Optional[str]:
     """
     for mod, nm in ((module, name), normalize_global(module, name)):
         full = f"{mod}.{nm}"
+        if full in IN_MEMORY_BUFFERS:
+            return None  # the _io module's buffers, not its files
         if full in DANGEROUS_NAMES:
             return DANGEROUS_NAMES[full]
         first = f"{mod}.{nm.split('.', 1)[0]}"  # dotted qualname: Class.method

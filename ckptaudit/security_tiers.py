@@ -137,6 +137,17 @@ _OMEGACONF_SRC = ("omegaconf config node (DictConfig/ListConfig/value node and t
                   "NEWOBJ + BUILD of its state; holds config values only")
 _BUILTIN_SRC = "Python built-in data type; calling it builds a value and runs no code named by the pickle"
 
+_BUFFER_SRC = ("built empty by NEWOBJ and filled by __setstate__ from a (value, position, dict) tuple; no file "
+               "or callable involved (CPython Modules/_io/{}.c). dcp.save writes a non-tensor value that is a "
+               "buffer so (torchtitan's TrainState keeps its loss history in one; tests/frameworks/fw_fsdp_dcp.py, "
+               "torch 2.13)")
+#: The ``_io`` module's in-memory buffers: the only names of that module (whose others open files) that are
+#: data.  :func:`ckptaudit.security.classify_import` takes them out of the dangerous module's tier.
+IN_MEMORY_BUFFERS: Dict[str, str] = {
+    "_io.BytesIO": "in-memory byte buffer, " + _BUFFER_SRC.format("bytesio"),
+    "_io.StringIO": "in-memory text buffer, " + _BUFFER_SRC.format("stringio"),
+}
+
 #: Known-benign imports: ``module.name`` → why, and the add_safe_globals spelling.
 BENIGN: Dict[str, _Benign] = {
     "argparse.Namespace": _plain("argparse.Namespace", "argparse attribute bag of plain values (fairseq and "
@@ -225,6 +236,7 @@ BENIGN: Dict[str, _Benign] = {
     **{f"torch.distributed.checkpoint.filesystem.{t}": _plain(f"torch.distributed.checkpoint.filesystem.{t}",
                                                               _DCP_SRC)
        for t in ("_StorageInfo", "_StoragePrefix")},
+    **{name: _plain(name.replace("_io.", "io.", 1), src) for name, src in IN_MEMORY_BUFFERS.items()},
 }
 
 _NUMPY_DTYPES_SRC = "numpy.dtypes DType class (numpy >= 1.25), a dtype's own type"

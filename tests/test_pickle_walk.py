@@ -391,6 +391,15 @@ def test_nested_pickle_in_bytes_is_walked(wrap):
                         "imports ['posix.system'])"]
 
 
+def test_a_nested_pickle_that_imports_nothing_is_walked_but_hides_nothing():
+    # torchtitan keeps each rank's StatefulDataLoader state as pickle.dumps bytes inside its torch.save'd item
+    inner = pickle.dumps({"epoch": 2, "batches_yielded": 10}, protocol=4)
+    r = walk(pickle.dumps({"dp_rank_0": inner}, protocol=2))
+    assert r.error is None and r.obj == {"dp_rank_0": inner}
+    assert len(r.nested) == 1 and r.nested[0].obj == {"epoch": 2, "batches_yielded": 10}
+    assert r.tricks == [] and [str(g) for g in r.all_globals()] == ["_codecs.encode"]
+
+
 def test_bytes_that_merely_start_with_0x80_are_not_nested():
     r = walk(pickle.dumps(b"\x80\x02garbage", protocol=3))
     assert r.error is None and r.nested == [] and r.tricks == []

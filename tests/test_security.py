@@ -217,6 +217,12 @@ def test_dcp_metadata_types_are_known_and_need_no_repair():
     ("numpy.core.multiarray", "_reconstruct", "benign"),
     ("datetime", "datetime", "benign"),
     ("builtins", "slice", "benign"),
+    ("_io", "BytesIO", "benign"),  # an in-memory buffer (DCP saves BytesIO values so) ...
+    ("_io", "StringIO", "benign"),
+    ("_io", "FileIO", "dangerous"),  # ... the module's other names open files
+    ("_io", "open", "dangerous"),
+    ("_io", "BufferedWriter", "dangerous"),
+    ("_io", "BytesIO.__init__", "dangerous"),
     ("collections", "defaultdict", "benign"),  # by name; scan() checks its factory (issue 12)  # deliberately not benign: see security.py
     ("torch.nn.modules.linear", "Linear", "unknown"),
     ("my.pkg", "Config", "unknown"),

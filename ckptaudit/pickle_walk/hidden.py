@@ -167,6 +167,8 @@ class _HiddenPickles:
         if sub.error is None and sub.n_ops >= 3:
             self.res.nested.append(sub)
             names = sorted({str(g) for g in sub.all_globals()})
+            if not names:
+                return  # imports nothing: whoever unpickles it later runs no code (torchdata's loader state)
             how = f" ({via}-encoded)" if via else ""
             self.trick(f"{opname} at byte {pos} holds a complete nested pickle{how} ({len(payload)} bytes, "
                        f"{sub.n_ops} opcodes, imports {names})")
