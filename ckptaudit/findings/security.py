@@ -29,6 +29,13 @@ ENTRIES: List[_k] = [
        "Do not resume from this unit until you know where the file came from and what these names do; if they "
        "are your own trusted types, add them to security.allow_globals in the audit config.",
        stage="scan", detector="ckptaudit.security:scan"),
+    _k("dcp_bytes_item_not_scanned", "security", "warning", "resume",
+       "{path}: {n} non-tensor item(s) ({examples}) were not walked: the audit reads at most {max_items} items "
+       "and {max_mib} MiB of them per unit. dcp.load unpickles each with torch.load(weights_only=False), so "
+       "what they import is unknown here.",
+       "Check these items' pickles before resuming (torch.distributed.checkpoint's load_bytes runs whatever they "
+       "import), or save such values as tensors.",
+       stage="scan", detector="ckptaudit.layouts.dcp_bytes:scan_bytes_items"),
     _k("unknown_pickle_global", "security", "warning", "resume",
        "{path}: the pickle in {member} imports {unknown} (module.name), which is neither allowed by "
        "torch.load(weights_only=True) nor a known framework data class: weights_only=True will refuse it, and "

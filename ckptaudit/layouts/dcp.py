@@ -22,7 +22,7 @@ from typing import Optional
 from .. import confine
 from .. import findings as F
 from .. import fs
-from . import leftovers
+from . import dcp_bytes, leftovers
 from .adapter import folder_names
 from .base import UnitScan, prune, walk_problem
 
@@ -137,7 +137,9 @@ class DCP:
                 tree[str(fqn)] = {"__tensor__": dname, "shape": shape}
             else:
                 tree[str(fqn)] = {"__bytes_item__": True}
-        _read_small_bytes_items(folder, storage, tree)
+        # every non-tensor item is a torch.save blob that dcp.load unpickles with weights_only=False
+        dcp_bytes.scan_bytes_items(folder, storage, tree, scan, list(cfg.get("security", {}).get("allow_globals", [])),
+                                   rel, _state, _fqn, _count, _inside)
         scan.tree["root"] = _nest(tree)
         # every storage item's file is present and long enough
         need = {}
@@ -177,75 +179,6 @@ class DCP:
                                            "a .metadata.tmp is left over from a save that did not finish"))
         scan.facts["n_items"] = len(storage)
         return scan
-
-
-def _read_small_bytes_items(folder: Path, storage: dict, tree: dict, limit: int = 1 << 16) -> None:
-    """Values of small non-tensor items (``step``, ``epoch``…).
-
-    DCP writes each non-tensor value as a ``torch.save`` blob at
-    (offset, length) in a data file (filesystem.py ``_write_item``); the blob's
-    ``data.pkl`` is walked statically like any other pickle.  Only blobs under
-    ``limit`` bytes whose pickle imports nothing are interpreted.
-    """
-    from ..pickle_walk import walk
-
-    for idx, info in storage.items():
-        sinfo = _state(info)
-        if not isinstance(sinfo, dict):
-            continue
-        fqn = _fqn(idx)
-        if not isinstance(tree.get(fqn), dict) or "__bytes_item__" not in tree[fqn]:
-            continue  # a tensor, or an item already read (two storage entries naming one fqn)
-        length, offset = _count(sinfo.get("length", 0)), _count(sinfo.get("offset", 0))
-        relp = str(sinfo.get("relative_path"))
-        if length is None or offset is None or not 0 < length <= limit or not _inside(relp):
-            continue
-        try:
-            with fs.open_binary(folder / relp, exact=True) as fh:
-                fh.seek(offset)
-                blob = fh.read(length)
-            data = _stored_member(blob, "data.pkl", limit)
-            if data is None:
-                continue
-        except Exception:  # noqa: BLE001 - zipfile raises NotImplementedError, RuntimeError, EOFError, zlib.error…
-            continue  # on hostile blobs; a value that cannot be read is only detail lost
-        res = walk(data)
-        if res.error is None and not res.globals and isinstance(res.obj, (int, float, str, bool)):
-            tree[fqn] = res.obj
-
-
-def _stored_member(blob: bytes, suffix: str, limit: int) -> Optional[bytes]:
-    """The bytes of the first member of the small zip ``blob`` whose name ends with ``suffix``, read through
-    its central directory (APPNOTE 4.3.12/4.3.16), or None.
-
-    Only stored (method 0) members, which is how ``torch.save`` writes every record.  The "version needed
-    to extract" field is not checked: torch's reader (miniz) ignores it, and Python's ``zipfile`` raising
-    ``NotImplementedError`` for a forged 7.0 must not hide a value torch itself reads.
-    """
-    import struct
-
-    eocd = blob.rfind(b"PK\x05\x06")
-    if eocd < 0 or eocd + 22 > len(blob):
-        return None
-    n, cd_size, cd_off = struct.unpack_from("<HII", blob, eocd + 10)
-    pos = cd_off
-    for _ in range(n):
-        if blob[pos:pos + 4] != b"PK\x01\x02" or pos + 46 > len(blob):
-            return None
-        method, = struct.unpack_from("<H", blob, pos + 10)
-        csize, usize, nlen, xlen, clen = struct.unpack_from("<IIHHH", blob, pos + 20)
-        lho, = struct.unpack_from("<I", blob, pos + 42)
-        name = blob[pos + 46: pos + 46 + nlen]
-        pos += 46 + nlen + xlen + clen
-        if not name.endswith(suffix.encode()):
-            continue
-        if method != 0 or csize != usize or usize > limit or blob[lho:lho + 4] != b"PK\x03\x04":
-            return None
-        lnlen, lxlen = struct.unpack_from("<HH", blob, lho + 26)
-        start = lho + 30 + lnlen + lxlen
-        data = blob[start:start + usize]
-        return data if len(data) == usize else None
-    return None
 
 
 def _inside(relp: str) -> bool:
