@@ -1,17 +1,25 @@
 """The verdict: join every layer, read the run as a whole, pick the rollback point.
 
-``verdict.json`` (schema ``ckptaudit.verdict/1``) is a stable contract::
+``verdict.json`` (schema ``ckptaudit.verdict/1``) is a stable contract; every key it has::
 
     {"schema": "ckptaudit.verdict/1", "run_dir": "...",
      "recommendation": "resume" | "warm-start" | "retrain",
      "rollback": {"unit": "<path relative to run_dir>", "step": 400} | null,
      "steps_lost": 100 | null,
+     "newest": {"unit", "step"} | null,
      "alternatives": [{"unit", "step", "usable_for", "steps_lost"}],
      "reasons": ["plain words", ...],
-     "units": [{"unit", "step", "layout", "usable_for", "findings": [...]}],
+     "units": [{"unit", "step", "layout", "usable_for", "findings": [...],
+                "last_hashed_utc": "2026-12-03T15:46:38+00:00" | null, "reverified": true}],
      "pointers": [{"path", "target", "ok", "kind"}],
+     "pointer_findings": [{finding}, ...],
      "resume_entries": [{"unit", "framework", "call", "ok", "finding"}],
-     "resume_hint": "Resume from … explicitly: trainer.train(resume_from_checkpoint=…); …" | null}
+     "resume_hint": "Resume from … explicitly: trainer.train(resume_from_checkpoint=…); …" | null,
+     "bytes_verified": {"audit_started_utc", "reuse": false, "units_reverified": 6, "units_reused": 0}}
+
+:func:`build` writes all but the byte-verification keys, which the report adds from the hash table
+(``bytes_verified``, each unit's ``last_hashed_utc`` — its least recently hashed file — and ``reverified``:
+hashed by this audit; :func:`ckptaudit.report.run_report`).
 
 A unit's ``usable_for`` is the minimum of its findings' caps (see
 :mod:`ckptaudit.findings`).  The rollback point is the newest unit usable for

@@ -74,6 +74,3 @@ def usable_for(findings: Iterable[Finding | Dict[str, Any]], start: str = "resum
         best = max(best, _USE_RANK[caps])
     return USES[best]
 
-
-def worse_use(a: str, b: str) -> str:
-    return USES[max(_USE_RANK[a], _USE_RANK[b])]

@@ -39,7 +39,7 @@ from __future__ import annotations
 from . import kept  # noqa: F401
 from .counters import (_bytes, _Counted, _gets, _local, _lock, _rounds, bytes_read, count,  # noqa: F401
                        count_local, gets_issued, local_bytes_read, reset_bytes_read, round_trips, stage_bytes)
-from .ops import (_Entry, download, etag, exists, fspath, join, listdir, listing_fingerprint,  # noqa: F401
+from .ops import (_Entry, download, exists, fspath, join, listdir, listing_fingerprint,  # noqa: F401
                   multipart_uploads, path, relpath, scandir, size, version, walk)
 from .reads import (_LONE_SURROGATE, SMALL_FILE_BYTES, CountedFile, TooLarge, clean_text,  # noqa: F401
                     loads_json, open_binary, pread, preadv, read_bounded, read_ranges, read_ranges_uncached,
@@ -51,7 +51,7 @@ from .remote import (_ENV, _as_rpath, _fs_cache, _lookup, _mtime_ns, _snapshots,
 __all__ = [
     "RANGE_BLOCK_BYTES", "RPath", "SMALL_FILE_BYTES", "STREAM_BLOCK_BYTES", "Snapshot", "TooLarge",
     "CountedFile", "bytes_read", "clean_text", "configure", "count", "count_local", "local_bytes_read", "pread",
-    "preadv", "stage_bytes", "download", "etag", "exists", "filesystem", "fspath",
+    "preadv", "stage_bytes", "download", "exists", "filesystem", "fspath",
     "gets_issued", "is_remote", "join", "listdir", "listing_fingerprint", "loads_json", "multipart_uploads",
     "open_binary", "open_object", "path", "read_bounded", "read_ranges", "read_ranges_uncached", "refresh", "relpath",
     "reset_bytes_read", "round_trips", "scandir", "size", "snapshot_for", "version", "walk", "without_lone_surrogates",

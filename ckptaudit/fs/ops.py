@@ -1,7 +1,7 @@
 """Path operations that work the same on local folders and remote run folders (``os``/``pathlib`` locally, the listing remotely).
 
 ``path``, ``join``, ``fspath``, ``size``, ``listdir``, ``relpath``, ``scandir``, ``walk``,
-``exists`` and ``etag``, plus the operations that reach past the listing: :func:`download` (a
+``exists``, plus the operations that reach past the listing: :func:`download` (a
 streamed copy of one object), :func:`multipart_uploads` (S3 ``ListMultipartUploads``) and
 :func:`listing_fingerprint` (one fresh LIST).
 """
@@ -117,11 +117,6 @@ def version(p) -> Tuple[int, str]:
         return int(info["size"]), str(info["etag"])
     st = os.stat(fspath(p))
     return st.st_size, f"{st.st_mtime_ns}:{st.st_ino}"
-
-
-def etag(p) -> str:
-    """The object's ETag without quotes ('' for local files)."""
-    return path(p).info()["etag"] if is_remote(p) else ""
 
 
 def download(p, dest_dir, limit_bytes: int) -> Optional[str]:
