@@ -11,13 +11,13 @@ import binascii
 import bz2
 import itertools
 import lzma
-import pickletools
 import re
 import zlib
 from typing import Any, Dict, List, Optional, Tuple
 
 from . import budgets
 from .model import GlobalImport
+from .opcodes import genops
 from .reader import _raw_line_pair
 
 _B64 = re.compile(rb"[A-Za-z0-9+/\-_]+={0,2}")
@@ -73,7 +73,7 @@ class _HiddenPickles:
         last: List[Any] = [None, None]
         pos = f.tell()
         try:
-            for op, arg, pos in itertools.islice(pickletools.genops(f), budgets.MAX_IMPORT_SCAN_OPS):
+            for op, arg, pos in itertools.islice(genops(self.data, f), budgets.MAX_IMPORT_SCAN_OPS):
                 code = op.code
                 if code in "ci":
                     mod, name = _raw_line_pair(self.data, pos)

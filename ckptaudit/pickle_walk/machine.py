@@ -1,4 +1,5 @@
-"""The opcode machine: ``_State`` and its one flat opcode loop over :func:`pickletools.genops`.
+"""The opcode machine: ``_State`` and its one flat opcode loop over :func:`.opcodes.genops` (pickletools'
+``genops``, decoded from the buffer).
 
 The loop stays in one function for speed; the handlers it calls are mixin methods
 (:mod:`.hidden`, :mod:`.objects`), so their attribute lookups are those of one class.
@@ -16,6 +17,7 @@ from .hidden import _HiddenPickles
 from .memo import Memo
 from .model import Call, GlobalImport, GlobalRef, TensorMeta, WalkResult
 from .objects import _ObjectOps
+from .opcodes import genops
 from .reader import _MISSING, _BudgetError, _WalkError, _raw_line_pair, _safe_key, _short_repr, clean_text
 from .salvage import _salvage, _tensor_paths
 
@@ -84,7 +86,7 @@ class _State(_HiddenPickles, _ObjectOps):
         check_mask = budgets._CHECK_MASK
         min_chars = budgets._MIN_ENCODED_CHARS
         try:
-            ops = itertools.islice(pickletools.genops(f), self.max_ops)
+            ops = itertools.islice(genops(self.data, f), self.max_ops)
             for n, (op, arg, pos) in enumerate(ops, 1):
                 if not n & check_mask and sys.getallocatedblocks() - blocks0 > max_blocks:
                     raise _BudgetError(f"gave up after {n} opcodes at byte {pos}: the object tree holds more "
@@ -298,7 +300,7 @@ class _State(_HiddenPickles, _ObjectOps):
             res.error = f"stack underflow at byte {pos} ({op.name if op else '?'})"
         except RecursionError:
             res.error = f"structure too deep at byte {pos} ({op.name if op else '?'})"
-        except ValueError as e:  # pickletools.genops could not decode the next opcode
+        except ValueError as e:  # genops (pickletools') could not decode the next opcode
             res.error = self.decode_error(e, f)
         except Exception as e:  # hostile operands the handlers did not foresee
             res.error = f"cannot interpret {op.name if op else '?'} at byte {pos}: {type(e).__name__}: {e}"

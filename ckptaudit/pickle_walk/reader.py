@@ -128,6 +128,10 @@ class _MVReader:
     def tell(self) -> int:
         return self.p
 
+    def seek(self, p: int) -> int:
+        self.p = p
+        return p
+
 
 def _raw_line_pair(data: Any, pos: int) -> Tuple[str, str]:
     """Read the two newline-terminated operands of GLOBAL/INST at ``pos`` from the raw bytes.
