@@ -14,11 +14,11 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import budgets
 from .hidden import _HiddenPickles
-from .memo import Memo
+from .memo import EMPTY, Memo
 from .model import Call, GlobalImport, GlobalRef, TensorMeta, WalkResult
 from .objects import _ObjectOps
 from .opcodes import genops
-from .reader import _MISSING, _BudgetError, _WalkError, _raw_line_pair, _safe_key, _short_repr, clean_text
+from .reader import _BudgetError, _WalkError, _raw_line_pair, _safe_key, _short_repr, clean_text
 from .salvage import _salvage, _tensor_paths
 
 # opcode (pickletools.OpcodeInfo) -> handler group used by _State.run, numbered by how often torch pickles use them
@@ -96,10 +96,10 @@ class _State(_HiddenPickles, _ObjectOps):
                     if not stack:
                         raise IndexError
                     top = stack[-1]
-                    if arg in memo and memo[arg] is not top:
+                    old = memo.put(arg, top)
+                    if old is not EMPTY and old is not top:
                         self.trick(f"memo slot {arg} rebound at byte {pos} ({op.name}): was "
-                                   f"{_short_repr(memo[arg])}, now {_short_repr(top)}")
-                    memo[arg] = top
+                                   f"{_short_repr(old)}, now {_short_repr(top)}")
                 elif g == 1:  # BINGET / LONG_BINGET / GET
                     try:
                         push(memo[arg])
@@ -208,11 +208,10 @@ class _State(_HiddenPickles, _ObjectOps):
                         raise IndexError
                     i = len(memo)
                     top = stack[-1]
-                    old = memo.get(i, _MISSING)
-                    if old is not _MISSING and old is not top:
+                    old = memo.put(i, top)
+                    if old is not EMPTY and old is not top:
                         self.trick(f"memo slot {i} rebound at byte {pos} (MEMOIZE): was "
                                    f"{_short_repr(old)}, now {_short_repr(top)}")
-                    memo[i] = top
                 elif g == 19:  # GLOBAL
                     push(self.line_global(pos, "GLOBAL"))
                 elif g == 20:  # STACK_GLOBAL

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-_MISSING = object()
+#: What :meth:`Memo.put` returns for a slot that held nothing.
+EMPTY = object()
 
 
 class Memo:
-    """A mapping of memo slot → object with ``in``, ``[]``, ``get``, ``len`` and ``items`` (the walk's uses)."""
+    """A mapping of memo slot → object with ``in``, ``[]``, ``get``, ``put``, ``len`` and ``items`` (the walk's
+    uses)."""
 
     __slots__ = ("_list", "_dict")
 
@@ -44,6 +46,23 @@ class Memo:
             raise KeyError(key)
         return self._dict[key]  # type: ignore[index]
 
+    def put(self, key: Any, value: Any) -> Any:
+        """``self[key] = value``; returns what the slot held before, or :data:`EMPTY` (one call per
+        ``BINPUT``/``MEMOIZE``: the walk checks for a rebound slot on every one)."""
+        lst = self._list
+        if lst is not None and type(key) is int:
+            n = len(lst)
+            if key == n:
+                lst.append(value)
+                return EMPTY
+            if 0 <= key < n:
+                old = lst[key]
+                lst[key] = value
+                return old
+        old = self.get(key, EMPTY)
+        self[key] = value
+        return old
+
     def get(self, key: Any, default: Any = None) -> Any:
         try:
             return self[key]
@@ -51,7 +70,7 @@ class Memo:
             return default
 
     def __contains__(self, key: Any) -> bool:
-        return self.get(key, _MISSING) is not _MISSING
+        return self.get(key, EMPTY) is not EMPTY
 
     def __len__(self) -> int:
         return len(self._list) if self._list is not None else len(self._dict)  # type: ignore[arg-type]
