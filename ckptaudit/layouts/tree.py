@@ -9,6 +9,8 @@ from __future__ import annotations
 import struct
 from typing import Any, Dict, Optional
 
+from ..pickle_walk import Call, GlobalRef, Instance, TensorMeta, short_repr
+
 # Element formats for reading small tensors (scalars such as an optimizer's
 # per-parameter ``step``) straight from the bytes, little-endian as torch writes
 # them (torch/serialization.py records ``byteorder``).
@@ -45,8 +47,6 @@ def prune(obj: Any, values: Dict[int, Any], depth: int = 0, max_items: int = TRE
     symbolic instances keep their class name and state.  ``values`` maps
     ``id(TensorMeta)`` to decoded small values.
     """
-    from ..pickle_walk import Call, GlobalRef, Instance, TensorMeta
-
     if budget is None:
         budget = PruneBudget()
     if depth > 40:
@@ -67,8 +67,6 @@ def prune(obj: Any, values: Dict[int, Any], depth: int = 0, max_items: int = TRE
 
 
 def _prune_container(obj: Any, values: Dict[int, Any], depth: int, max_items: int, budget: "PruneBudget") -> Any:
-    from ..pickle_walk import Call, GlobalRef, Instance
-
     if isinstance(obj, dict):
         out = {}
         for i, (k, v) in enumerate(obj.items()):
@@ -109,8 +107,6 @@ def cut(d: Dict[str, Any], max_items: int = TREE_MAX_ITEMS) -> Dict[str, Any]:
 
 
 def _prune_leaf(obj: Any, values: Dict[int, Any]) -> Any:
-    from ..pickle_walk import GlobalRef, TensorMeta, _short_repr
-
     if isinstance(obj, TensorMeta):
         d = {"__tensor__": obj.dtype, "shape": list(obj.shape)}
         if id(obj) in values:
@@ -123,9 +119,9 @@ def _prune_leaf(obj: Any, values: Dict[int, Any]) -> Any:
     if isinstance(obj, GlobalRef):
         return {"__global__": f"{obj.module}.{obj.name}"}
     if isinstance(obj, (set, frozenset)):  # members are hashable scalars or nested (frozen)sets: one level shown
-        return [v if isinstance(v, (str, int, float, bool)) or v is None else _short_repr(v, 200)
+        return [v if isinstance(v, (str, int, float, bool)) or v is None else short_repr(v, 200)
                 for v in list(obj)[:4096]]
-    return _short_repr(obj, 200)  # bounded: a 100,000-deep persistent id must not recurse
+    return short_repr(obj, 200)  # bounded: a 100,000-deep persistent id must not recurse
 
 
 def small_nbytes(dtype: str, numel: int) -> Optional[int]:
