@@ -8,6 +8,7 @@ three builders of one finding that could drift apart.
 from __future__ import annotations
 
 import json
+import zipfile
 
 import pytest
 
@@ -55,12 +56,13 @@ def test_check_zip_builds_with_the_display_path_and_the_names_it_is_given(tmp_pa
     _flip_in_record(good, bad, "data/0", 7)
     seen = []
 
-    def names(data: bytes):
-        seen.append(data[:2])
+    def names(data: bytes, n_records: int):
+        seen.append((data[:2], n_records))
         return {"0": ["layer.0.weight", "layer.0.alias", "layer.1.weight", "layer.2.weight"]}
 
     (f,) = torchzip.check_zip(bad, display="run/bad.pt", tensor_names=names).findings
-    assert seen == [b"\x80\x02"]  # called once, with data.pkl's bytes (a protocol-2 pickle)
+    with zipfile.ZipFile(good) as z:  # called once, with data.pkl's bytes (a protocol-2 pickle) and the records
+        assert seen == [(b"\x80\x02", len(z.namelist()))]
     assert (f.kind, f.path) == ("zip_crc_mismatch", "run/bad.pt")
     assert f.detail["tensor_text"] == "; it holds layer.0.weight, layer.0.alias, layer.1.weight and 1 more"
     assert f.message.startswith("run/bad.pt: member good/data/0 fails its CRC32 check")

@@ -97,8 +97,9 @@ class ZipReport:
 
 # ------------------------------------------------------------------ public API
 
-#: ``tensor_names`` of :func:`check_zip`: data.pkl's bytes -> {storage key: names of the tensors it holds}
-TensorNames = Callable[[bytes], Mapping[str, Sequence[str]]]
+#: ``tensor_names`` of :func:`check_zip`: (data.pkl's bytes, the zip's number of records) -> {storage key: names
+#: of the tensors it holds}
+TensorNames = Callable[[bytes, int], Mapping[str, Sequence[str]]]
 
 
 def check_zip(path, *, display: Optional[str] = None, verify_crc: bool = True, chunk: int = 1 << 20,
@@ -113,7 +114,7 @@ def check_zip(path, *, display: Optional[str] = None, verify_crc: bool = True, c
     ends and which records are complete, and a zero-filled tail is told apart
     from a cut (see :func:`_decide_tail`).  The findings name ``display``
     (default: ``path``).  ``tensor_names``, when given, is called once with
-    data.pkl's bytes when that record is intact (before the findings are built),
+    data.pkl's bytes and the number of records when data.pkl is intact (before the findings are built),
     so that a storage record failing its CRC names the tensors it holds.
     Inside :func:`ckptaudit.read_depth.metadata_only` ``verify_crc`` is off.
     Memory: O(chunk) plus the central directory entries and data.pkl.  Never
@@ -158,7 +159,7 @@ def _names(rep: ZipReport, tensor_names: Optional[TensorNames]) -> Mapping[str, 
     """{storage key: tensor names} from data.pkl, for the CRC findings ({} without it or without a walker)."""
     if tensor_names is None or rep.data_pkl is None:
         return {}
-    return tensor_names(rep.data_pkl)
+    return tensor_names(rep.data_pkl, len(rep.members))
 
 
 def _check_with_cd(fh: _File, display: str, cd: dict, rep: ZipReport, verify_crc: bool, chunk: int,

@@ -84,8 +84,8 @@ def _zip_file(path: Path, rel: str, unit: str, scan: UnitScan, allowed: List[str
 
     walked: Dict[str, Any] = {}
 
-    def tensor_names(data: bytes) -> Dict[str, List[str]]:  # data.pkl is walked once, its names go to the CRC check
-        walked["res"], walked["streams"] = _walk_data_pkl(scan, data)
+    def tensor_names(data: bytes, n_records: int) -> Dict[str, List[str]]:  # data.pkl walked once, for the CRCs too
+        walked["res"], walked["streams"] = _walk_data_pkl(scan, data, n_records)
         return _names_by_storage(walked["res"].tensors)
 
     rep = torchzip.check_zip(path, display=rel, tensor_names=tensor_names)

@@ -55,13 +55,15 @@ def _security_sweep(path: Path, rel: str, s, scan: UnitScan, allowed: List[str])
     return res
 
 
-def _walk_data_pkl(scan: UnitScan, data: bytes):
-    """Walk a zip's intact data.pkl and gather its pickle streams; returns ``(walk, streams)``."""
+def _walk_data_pkl(scan: UnitScan, data: bytes, n_records: int):
+    """Walk the intact data.pkl of a zip of ``n_records`` records (its opcode budget grows with them:
+    :func:`ckptaudit.pickle_walk.budgets.ops_for`) and gather its pickle streams; returns ``(walk, streams)``."""
     from .. import security
     from ..pickle_walk import walk
+    from ..pickle_walk.budgets import ops_for
 
     t0 = time.perf_counter()
-    res = walk(data)
+    res = walk(data, max_ops=ops_for(n_records))
     all_streams = security.streams(data, res)
     scan.walk_seconds += time.perf_counter() - t0
     scan.pickle_bytes += len(data)

@@ -216,8 +216,9 @@ def _plan_values(plan: Plan, rec: _Records, pkl_bytes: bytes) -> None:
     from array import array
 
     from ..pickle_walk import walk
+    from ..pickle_walk.budgets import ops_for
 
-    res = walk(pkl_bytes)
+    res = walk(pkl_bytes, max_ops=ops_for(len(rec.names)))
     offs, lens, codes = array("q"), array("q"), array("q")
     for _name, tm in res.tensors:
         i = rec.index.get(f"{rec.prefix}/data/{tm.storage.key}")
