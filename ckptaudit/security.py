@@ -2,7 +2,7 @@
 
 Every import found by :func:`ckptaudit.pickle_walk.walk` (including those of
 nested pickles and of every stream of the file) falls in one tier; the tables
-and their sources are in :mod:`ckptaudit.security_tiers`:
+and their sources are in :mod:`ckptaudit.security_tiers` (allowlists) and :mod:`ckptaudit.security_dangers`:
 
 * ``"weights_only"`` – allowed by ``torch.load(weights_only=True)`` of torch
   2.13 with no extra configuration (encoded as data from
@@ -41,6 +41,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 from . import findings, security_resume, security_tricks
 from .findings import Finding
 from .pickle_walk import Call, GlobalRef, Instance, WalkResult, normalize_global, walk, walk_streams
+from .security_dangers import DANGEROUS_METHODS, DANGEROUS_MODULES, DANGEROUS_NAMES  # noqa: F401 - re-exported
 from .security_tiers import (  # noqa: F401 - re-exported: the tier tables live in security_tiers
     _NUMPY_DTYPE_CLASS,
     _NUMPY_DTYPE_PREFIX,
@@ -48,9 +49,6 @@ from .security_tiers import (  # noqa: F401 - re-exported: the tier tables live 
     _TORCH_BLOCKED_MODULES,
     _WO_SOURCE,
     BENIGN,
-    DANGEROUS_METHODS,
-    DANGEROUS_MODULES,
-    DANGEROUS_NAMES,
     IN_MEMORY_BUFFERS,
     WEIGHTS_ONLY_GLOBALS,
     _torch_name,

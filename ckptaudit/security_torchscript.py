@@ -23,7 +23,7 @@ module's attributes), ``<prefix>/constants.pkl`` (the tensors and values its cod
 So a name in a TorchScript pickle is never code execution by unpickling through torch: it either is one of
 those types, or the load fails.  It still is a pickle: a tool that opens the record with Python's ``pickle``
 imports and calls what it names, and the finding says so.  Dangerous names keep their tier's reason
-(:mod:`ckptaudit.security_tiers`) in the finding's detail.  This module imports neither torch nor pickle.
+(:mod:`ckptaudit.security_dangers`) in the finding's detail.  This module imports neither torch nor pickle.
 """
 
 from __future__ import annotations
