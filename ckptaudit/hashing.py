@@ -173,6 +173,7 @@ def _file_passes(run_dir: Path, unit: dict, manifest_entries: Dict[str, dict], p
     files passed in parallel (at most :data:`FILES_AT_ONCE`).  A file whose manifest entry has usable chunk
     digests gets those instead of the whole-file SHA-256 (which they imply when all match).  A file for which
     ``planned`` is false gets no plan (no record or value facts: no later stage asks for them)."""
+    from .onepass import stream
     from .onepass.consumers import Progress
     from .onepass.filepass import pass_file
     from .onepass.plan import Plan
@@ -195,7 +196,7 @@ def _file_passes(run_dir: Path, unit: dict, manifest_entries: Dict[str, dict], p
     if len(files) < 2:
         return {rel: one(rel) for rel in files}
     with ThreadPoolExecutor(max_workers=min(len(files), FILES_AT_ONCE)) as pool:
-        return dict(zip(files, pool.map(one, files)))
+        return dict(zip(files, pool.map(stream.in_this_context(one), files)))  # a caller's stop reaches them
 
 
 #: Files of one unit read at once by the hash stage (each holds two read buffers: memory stays bounded).

@@ -18,6 +18,9 @@ reaches the same answer in two passes:
    runs them (in the reader, the load test of a torch zip or safetensors file is the load it returns, done
    once in the caller's process: :mod:`ckptaudit.reader_load`); its rows replace its metadata rows and the
    verdict is built again.  A unit whose full check fails drops out, and the next rollback is examined.
+   The newest unit's hash stage starts on a thread before pass 1 (:class:`_Ahead`): it is the first choice
+   unless its metadata fails, and the two passes overlap (Python for the metadata, GIL-free hashing for the
+   bytes); when the first choice is another unit, that pass is stopped.
 
 A unit that fails on its metadata is never read further: the full checks only add findings to what the
 metadata pass saw, so the first unit that passes both is the audit's rollback point.  Bytes read: the
@@ -31,6 +34,7 @@ which compares value statistics of neighbouring units.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Dict, List, Tuple
 
@@ -58,18 +62,113 @@ def _metadata_pass(inv: dict, cfg: dict, out: Path, target_path: str) -> Dict[st
     return {t: {r["unit"]: r for r in tables.read_rows(p[t])} for t in ("scan", "configdiff", "structure", "state")}
 
 
-def _examine(inv: dict, unit: str, cfg: dict, out: Path, part: str, target_path: str,
-             loads=None) -> Dict[str, List[dict]]:
+def _part(unit: str) -> str:
+    """The scratch part name of the byte-by-byte check of ``unit`` (a file name, whatever the unit is called)."""
+    import hashlib
+
+    return "unit-" + hashlib.sha256(unit.encode()).hexdigest()[:16]
+
+
+class _Ahead:
+    """The hash stage of the unit the search will most likely examine first (the newest one not being written),
+    run on a thread while the run's units are judged by their metadata: the pass is SHA-256, CRC32 and numpy,
+    which release the GIL, and the metadata pass is Python, so on two cores the two overlap.  Its bytes are those
+    of a unit no older than the rollback point (the newest), which the search reads anyway when that unit is the
+    rollback point or a unit it rejects after reading it.  When the search's first choice is another unit (the
+    newest failed on its metadata: a save cut short), the pass is stopped at its next buffer
+    (:func:`ckptaudit.onepass.stream.stop_when`) and its rows are never used."""
+
+    def __init__(self, inv: dict, out: Path, skip) -> None:
+        import threading
+
+        from . import stages
+        from .onepass import stream
+
+        live = [u for u in inv["units"] if not u.get("in_progress") and u["unit"] not in skip]
+        self.unit = live[-1]["unit"] if live and _ends_whole(inv["run_dir"], live[-1]) else None
+        self._stop = threading.Event()
+        self._error: List[BaseException] = []
+        self._thread = None
+        if self.unit is None:
+            return
+        part = _part(self.unit)
+        one = {**inv, "parts": {part: [self.unit]}}
+
+        def run() -> None:
+            try:
+                with stream.stop_when(self._stop):
+                    stages.stage_hash(one, part, _paths(out, part)["hash"])
+            except BaseException as e:  # noqa: BLE001 - raised again where the search would have raised it
+                self._error.append(e)
+
+        self._thread = threading.Thread(target=run, name="ckptaudit-hash-ahead", daemon=True)
+        self._thread.start()
+
+    def take(self, unit: str) -> bool:
+        """True when ``unit``'s hash stage ran ahead to its end (waits for it; raises what it raised)."""
+        if self._thread is None or unit != self.unit or self._stop.is_set():
+            return False
+        self._thread.join()
+        if self._error:
+            raise self._error[0]
+        return True
+
+    def stop(self) -> None:
+        """Abandon the pass (when the search chose another unit first) and wait for its thread."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
+#: A unit with more files than this is not read ahead (its tails would cost a read each).
+AHEAD_MAX_FILES = 16
+
+
+def _ends_whole(run_dir: str, unit: dict) -> bool:
+    """Whether ``unit`` may be read ahead: a local unit of at most :data:`AHEAD_MAX_FILES` regular files inside
+    the run, each zip among them (``PK\\x03\\x04`` first) ending with its end-of-central-directory record
+    (``PK\\x05\\x06`` 22 bytes before the end: torch.save's writer adds no zip comment).  A save cut short
+    fails it, and the metadata pass, which walks a cut zip's records, is then its only reader."""
+    import stat
+
+    from . import confine, fs
+    from .formats.zip.reader import SIG_EOCD, SIG_LOCAL
+
+    if fs.is_remote(run_dir) or len(unit["files"]) > AHEAD_MAX_FILES:
+        return False
+    for rel in unit["files"]:
+        if confine.resolved_outside(run_dir, rel):
+            return False
+        try:
+            fd = os.open(os.path.join(run_dir, rel), os.O_RDONLY | os.O_NONBLOCK)
+        except OSError:
+            return False
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return False
+            if st.st_size >= 22 and fs.pread(fd, 4, 0) == SIG_LOCAL and fs.pread(fd, 4, st.st_size - 22) != SIG_EOCD:
+                return False
+        finally:
+            os.close(fd)
+    return True
+
+
+def _examine(inv: dict, unit: str, cfg: dict, out: Path, target_path: str,
+             loads=None, ahead: "_Ahead | None" = None) -> Dict[str, List[dict]]:
     """{table: rows of ``unit``} from every stage, in the audit's order, reading all of its bytes.  ``loads``: the
-    reader's loader (:class:`ckptaudit.reader_load.ReaderLoads`), which keeps what it loaded of ``unit`` only."""
+    reader's loader (:class:`ckptaudit.reader_load.ReaderLoads`), which keeps what it loaded of ``unit`` only;
+    ``ahead``: a hash stage already started (:class:`_Ahead`), used when it is of ``unit``."""
     from . import stages, tables
 
     if loads is not None:
         loads.drop()  # the unit examined before was passed over: its objects go
 
+    part = _part(unit)
     one = {**inv, "parts": {part: [unit]}}
     p = _paths(out, part)
-    stages.stage_hash(one, part, p["hash"])
+    if ahead is None or not ahead.take(unit):
+        stages.stage_hash(one, part, p["hash"])
     stages.stage_scan(one, part, cfg, p["scan"], p["tensors"], p["imports"])
     stages.stage_load(one, part, cfg, p["scan"], p["hash"], p["load"], loader=loads)
     stages.stage_configdiff(one, part, cfg, p["scan"], p["configdiff"])
@@ -124,7 +223,7 @@ def search(run_dir: str | Path, cfg: dict, out: Path, audit: str | Path | None =
     the examined units (:class:`ckptaudit.reader_load.ReaderLoads`: the reader's load test is its final load).
     Raises what the inventory raises for a missing or unreadable run folder, and what :func:`prior_rows`
     raises."""
-    from . import stages, target, verdict
+    from . import stages, target
 
     work = out / "work"
     inv = stages.stage_inventory(str(run_dir), "auto", str(out / "tables" / "inventory.parquet"),
@@ -132,6 +231,17 @@ def search(run_dir: str | Path, cfg: dict, out: Path, audit: str | Path | None =
     target_path = str(work / "target.json")
     target.write(cfg, target_path)
     prior = prior_rows(audit, inv) if audit is not None else {}
+    ahead = _Ahead(inv, out, prior)
+    try:
+        return _judge(inv, cfg, out, target_path, prior, loads, ahead)
+    finally:
+        ahead.stop()  # never leave a pass reading the run (or writing the scratch folder) behind
+
+
+def _judge(inv: dict, cfg: dict, out: Path, target_path: str, prior: dict, loads, ahead: _Ahead) -> tuple:
+    """:func:`search` once the inventory is made and the newest unit's pass is under way (``ahead``)."""
+    from . import verdict
+
     todo = {**inv, "units": [u for u in inv["units"] if u["unit"] not in prior]}
     meta = _metadata_pass(todo, cfg, out, target_path) if todo["units"] else {}
     inv_units = {u["unit"]: u for u in inv["units"]}
@@ -150,11 +260,12 @@ def search(run_dir: str | Path, cfg: dict, out: Path, audit: str | Path | None =
         v = verdict.build(inv, tbl, cfg)
         state_rows = {r["unit"]: r for r in tbl["state"]}
         rollback, _ = choose(v, inv_units, state_rows)
+        if rollback is None or rollback["unit"] != ahead.unit:
+            ahead.stop()  # the newest unit is not the first choice: its pass is not needed now
         if rollback is None or rollback["unit"] in full:
             scan_rows = {r["unit"]: r for r in tbl["scan"]}
             return v, inv, {"scan": scan_rows, "state": state_rows}, list(full)
-        full[rollback["unit"]] = _examine(inv, rollback["unit"], cfg, out, f"unit{len(full):05d}", target_path,
-                                          loads)
+        full[rollback["unit"]] = _examine(inv, rollback["unit"], cfg, out, target_path, loads, ahead)
 
 
 def choose(verdict: dict, inv_units: Dict[str, dict], state_rows: Dict[str, dict]) -> tuple:

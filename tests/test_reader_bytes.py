@@ -110,3 +110,48 @@ def test_reader_starts_from_a_recent_audit_and_rechecks_what_it_returns(tmp_path
         safe_load_checkpoint(other, audit=tmp_path / "audit")
     with pytest.raises(FileNotFoundError, match="not a finished audit"):
         safe_load_checkpoint(run, audit=tmp_path)
+
+
+def test_a_pass_stops_at_its_next_buffer_when_its_caller_says_so(tmp_path):
+    """The reader's read-ahead of the newest unit is abandoned when the search chooses another unit first: the
+    pass raises ``PassStopped`` (an ``OSError``) at its next buffer, having read no more than that buffer."""
+    import threading
+
+    from ckptaudit.onepass import stream
+    from ckptaudit.onepass.filepass import pass_file
+
+    p = tmp_path / "big.bin"
+    p.write_bytes(os.urandom(1 << 20) * 64)  # 64 MiB: eight 8 MiB buffers
+    stop = threading.Event()
+
+    class StopAfterFirst:
+        seen = 0
+
+        def feed(self, off, view):
+            self.seen += len(view)
+            stop.set()
+
+    c = StopAfterFirst()
+    with stream.stop_when(stop), pytest.raises(stream.PassStopped):
+        stream.run(p, [c])
+    assert c.seen == stream.BUFFER_BYTES  # one buffer, then the stop
+    with stream.stop_when(stop), pytest.raises(OSError):  # a whole-file pass, as the hash stage runs it
+        pass_file(p)
+    assert pass_file(p).sha256_hex  # outside the block nothing stops it
+
+
+def test_read_ahead_only_of_a_zip_that_ends_with_its_directory(tmp_path):
+    """A save cut short is never read ahead: the metadata pass, which walks a cut zip's records, is its only
+    reader (so the cut unit's bytes are read once)."""
+    from ckptaudit.newest_first import _ends_whole
+
+    run = _run(tmp_path / "run", steps=(100, 200))
+    unit = {"unit": "ckpt_000200.pt", "files": ["ckpt_000200.pt"]}
+    assert _ends_whole(str(run), unit)
+    _cut(run / "ckpt_000200.pt")
+    assert not _ends_whole(str(run), unit)
+    os.mkfifo(run / "fifo.pt")  # never opened for a blocking read
+    assert not _ends_whole(str(run), {"unit": "fifo.pt", "files": ["fifo.pt"]})
+    (run / "link.pt").symlink_to(tmp_path / "elsewhere.pt")  # never read outside the run
+    (tmp_path / "elsewhere.pt").write_bytes(b"PK\x03\x04")
+    assert not _ends_whole(str(run), {"unit": "link.pt", "files": ["link.pt"]})

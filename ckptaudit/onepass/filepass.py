@@ -166,7 +166,10 @@ def pass_file(path, *, whole_sha: bool = True, chunk_bytes: Optional[int] = None
                 n = run(path, live, seg[0], seg[1])
             return cons, n
 
-        parts = list(pool.map(one, segments)) if len(segments) > 1 else [one(segments[0])]
+        if len(segments) > 1:
+            parts = list(pool.map(stream.in_this_context(one), segments))  # a caller's stop reaches the segments
+        else:
+            parts = [one(segments[0])]
     cons = parts[0][0]
     out.bytes_read = sum(n for _, n in parts)
     for other, _ in parts[1:]:  # the segments' range consumers into the first's (SHA-256 is never split)

@@ -13,9 +13,12 @@ each), and the pass waits for them before the buffer is reused, so memory is two
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import List, Optional, Sequence
+from typing import Iterator, List, Optional, Sequence
 
 from .. import fs
 
@@ -26,6 +29,38 @@ REMOTE_PARALLEL = 4
 #: A remote object up to this size (bytes) is fetched whole first (one ranged GET), so its plan is made
 #: from those bytes and costs no reads of its own.
 SMALL_REMOTE_BYTES = BUFFER_BYTES
+
+
+_STOP: contextvars.ContextVar[Optional[threading.Event]] = contextvars.ContextVar("ckptaudit_pass_stop",
+                                                                                  default=None)
+
+
+class PassStopped(OSError):
+    """A pass was stopped by its caller (:func:`stop_when`) before its last byte."""
+
+
+@contextlib.contextmanager
+def stop_when(event: threading.Event) -> Iterator[None]:
+    """Within the block (this thread, and threads started with :func:`in_this_context`), a pass stops at its next
+    buffer once ``event`` is set, raising :class:`PassStopped` (an ``OSError``: the file's row says it was not
+    read through).  The reader uses it to abandon a pass it started ahead of need."""
+    token = _STOP.set(event)
+    try:
+        yield
+    finally:
+        _STOP.reset(token)
+
+
+def in_this_context(fn):
+    """``fn`` wrapped to run in a copy of the calling thread's context (for a pool's workers: :func:`stop_when`
+    reaches them)."""
+    ctx = contextvars.copy_context()
+    return lambda *a: ctx.copy().run(fn, *a)
+
+
+def _check_stop(stop: Optional[threading.Event], path) -> None:
+    if stop is not None and stop.is_set():
+        raise PassStopped(f"{fs.fspath(path)}: pass stopped by its caller")
 
 
 def _feed_all(pool: Optional[ThreadPoolExecutor], consumers: Sequence, off: int, view) -> List:
@@ -55,8 +90,9 @@ def run(path, consumers: Sequence, start: int = 0, end: Optional[int] = None, *,
     """Feed bytes ``[start, end)`` of ``path`` (``end`` None: to the end of the file) to every consumer, in
     order; return the bytes read.  ``pool`` runs the consumers of one buffer concurrently (None: in turn).
     Raises ``OSError`` when the file cannot be read."""
+    stop = _STOP.get()
     if fs.is_remote(path):
-        return _run_remote(path, consumers, start, end, pool, buffer_bytes)
+        return _run_remote(path, consumers, start, end, pool, buffer_bytes, stop)
     fd = os.open(fs.fspath(path), os.O_RDONLY)
     try:
         size = os.fstat(fd).st_size
@@ -66,6 +102,7 @@ def run(path, consumers: Sequence, start: int = 0, end: Optional[int] = None, *,
         bufs = [bytearray(min(buffer_bytes, max(end - start, 1))) for _ in range(2)]
         off, k, pending, done = start, 0, [], 0
         while off < end:
+            _check_stop(stop, path)
             view = memoryview(bufs[k])[:min(len(bufs[k]), end - off)]
             n = fs.preadv(fd, [view], off)  # the other buffer is still with the consumers
             _wait(pending)
@@ -99,11 +136,13 @@ def feed_bytes(data: bytes, consumers: Sequence, pool: Optional[ThreadPoolExecut
     return len(data)
 
 
-def _run_remote(path, consumers: Sequence, start: int, end: Optional[int], pool, buffer_bytes: int) -> int:
+def _run_remote(path, consumers: Sequence, start: int, end: Optional[int], pool, buffer_bytes: int,
+                stop: Optional[threading.Event] = None) -> int:
     size = fs.size(path)
     end = size if end is None else min(end, size)
     done, off = 0, start
     while off < end:
+        _check_stop(stop, path)
         batch = [(o, min(buffer_bytes, end - o)) for o in range(off, min(end, off + REMOTE_PARALLEL * buffer_bytes),
                                                                 buffer_bytes)]
         blobs = fs.read_ranges_uncached(path, batch, purpose="streamed")
