@@ -104,7 +104,7 @@ def main() -> int:
                                                                                P[p]["tensors"], P[p]["imports"])
                                                              for p in parts])
             measure("load test (download ≤ limit, torch.load)", lambda: [
-                stages.stage_load(inv, p, c, P[p]["scan"], P[p]["hash"], P[p]["load"]) for p in parts])
+                stages.stage_load(inv, p, c, P[p]["scan"], P[p]["load"]) for p in parts])
             measure("state (NaN/Inf value scan)", lambda: [
                 stages.stage_state(inv, p, c, P[p]["scan"], P[p]["tensors"], P[p]["state"]) for p in parts])
             fs.reset_bytes_read()

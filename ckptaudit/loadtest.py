@@ -201,8 +201,8 @@ def unreadable(path: str, why: str) -> F.Finding:
     return F.make("load_failed", path=path, why=why)
 
 
-def load_units(run_dir: Path, units: List[dict], scans: Dict[str, dict], hashes: Dict[str, List[dict]],
-               cfg: dict, loader: Callable | None = None) -> List[dict]:
+def load_units(run_dir: Path, units: List[dict], scans: Dict[str, dict], cfg: dict,
+               loader: Callable | None = None) -> List[dict]:
     """Rows of the ``load`` table for ``units``.
 
     ``scans`` maps unit → its ``scan`` row; a unit with a file or security

@@ -170,7 +170,7 @@ def _examine(inv: dict, unit: str, cfg: dict, out: Path, target_path: str,
     if ahead is None or not ahead.take(unit):
         stages.stage_hash(one, part, p["hash"])
     stages.stage_scan(one, part, cfg, p["scan"], p["tensors"], p["imports"])
-    stages.stage_load(one, part, cfg, p["scan"], p["hash"], p["load"], loader=loads)
+    stages.stage_load(one, part, cfg, p["scan"], p["load"], loader=loads)
     stages.stage_configdiff(one, part, cfg, p["scan"], p["configdiff"])
     stages.stage_structure(one, part, cfg, p["scan"], p["tensors"], p["structure"], target_path)
     stages.stage_state(one, part, cfg, p["scan"], p["tensors"], p["state"])

@@ -93,7 +93,7 @@ def audit_in_process(run_dir: str | Path, cfg: Optional[dict] = None, out_dir: O
             p = {s: str(parts_dir / s / f"{part}.parquet") for s in report.STAGES}
             stages.stage_hash(inv, part, p["hash"])
             stages.stage_scan(inv, part, c, p["scan"], p["tensors"], p["imports"])
-            stages.stage_load(inv, part, c, p["scan"], p["hash"], p["load"])
+            stages.stage_load(inv, part, c, p["scan"], p["load"])
             stages.stage_configdiff(inv, part, c, p["scan"], p["configdiff"])
             stages.stage_structure(inv, part, c, p["scan"], p["tensors"], p["structure"],
                                    str(work / "target.json"))

@@ -183,14 +183,7 @@ STRUCTURE_TENSOR_COLUMNS = ["unit", "file", "name", "dtype", "shape", "storage_k
 STATE_TENSOR_COLUMNS = ["unit", "file", "name", "dtype", "data_offset", "nbytes"]
 
 
-def _by_unit(rows: List[dict]) -> Dict[str, List[dict]]:
-    out: Dict[str, List[dict]] = {}
-    for r in rows:
-        out.setdefault(r["unit"], []).append(r)
-    return out
-
-
-def stage_load(inv: dict, part: str, cfg: dict, scan_path: str, hash_path: str, out: str,
+def stage_load(inv: dict, part: str, cfg: dict, scan_path: str, out: str,
                facts_path: Optional[str] = None, loader: Optional[Callable] = None) -> List[dict]:
     """The load test of ``part``; a remote object's copy leaves out the tensor data the hash stage's facts name.
     ``loader`` loads the files (:func:`ckptaudit.loadtest.load_units`; default: in this process): the rule's,
@@ -203,17 +196,16 @@ def stage_load(inv: dict, part: str, cfg: dict, scan_path: str, hash_path: str, 
     children_before = loadtest.child_bytes_read()  # the counter is per thread: this stage's share only
     served_before = load_server.SERVED[0]
     scans = {r["unit"]: r for r in tables.read_rows(scan_path)}
-    hashes = _by_unit(tables.read_rows(hash_path))
     run_dir = _run_dir(inv, cfg)
     if fs.is_remote(run_dir):  # the facts only plan a remote object's sparse copy (loadtest._skeleton)
-        _load_facts(out, part, facts_path or str(work_file(hash_path, "bytefacts", part, "parquet")), run_dir)
+        _load_facts(out, part, facts_path, run_dir)
     units = part_units(inv, part)
     try:  # the part's units at once, so their small files share load children (ckptaudit.loadchild)
-        rows = _in_unit_order(units, loadtest.load_units(run_dir, units, scans, hashes, cfg, loader))
+        rows = _in_unit_order(units, loadtest.load_units(run_dir, units, scans, cfg, loader))
     except Exception:  # noqa: BLE001 - again unit by unit: the error becomes a finding on the unit that raised it
         rows = []
         for u in units:
-            rows.extend(liveness.guard("load", u, lambda: loadtest.load_units(run_dir, [u], scans, hashes, cfg),
+            rows.extend(liveness.guard("load", u, lambda: loadtest.load_units(run_dir, [u], scans, cfg),
                                        lambda f: [{**loadtest.skip_row(u["unit"], "", "the load stage failed on this "
                                                                                       "unit"),
                                                    "findings_json": json.dumps([f.to_dict()])}]))
@@ -297,7 +289,7 @@ _ARGS = {
              ("--out", True, "scan table"), ("--out-tensors", True, "tensors table"),
              ("--out-imports", True, "imports table"), ("--facts", False, "bytefacts table of the hash stage")],
     "load": [("--inventory", True, "inventory.json"), ("--part", True, "part id"), ("--config", True, "config.json"),
-             ("--scan", True, "scan table"), ("--hash", True, "hash table"), ("--out", True, "load table"),
+             ("--scan", True, "scan table"), ("--out", True, "load table"),
              ("--facts", False, "bytefacts table of the hash stage"),
              ("--load-server", False, "load_server.json of the audit's load server (ckptaudit/load_server.py)")],
     "structure": [("--inventory", True, "inventory.json"), ("--part", True, "part id"),
@@ -352,7 +344,7 @@ def main(argv=None) -> int:
     elif a.stage == "load":
         from .load_server import loader
 
-        stage_load(inv, a.part, cfg, a.scan, a.hash, a.out, a.facts, loader(a.load_server))
+        stage_load(inv, a.part, cfg, a.scan, a.out, a.facts, loader(a.load_server))
     elif a.stage == "structure":
         stage_structure(inv, a.part, cfg, a.scan, a.tensors, a.out, a.target)
     elif a.stage == "configdiff":

@@ -9,7 +9,6 @@ rule load:
         "envs/ckptaudit.yaml"
     input:
         scan=f"{PARTS}/scan/{{part}}.parquet",
-        hash=f"{PARTS}/hash/{{part}}.parquet",
         facts=f"{WORK}/bytefacts/{{part}}.parquet",
         config=f"{WORK}/config.json",
         inventory_done=get_inventory_done,
@@ -35,7 +34,7 @@ rule load:
         PART_GROUP
     shell:
         "{params.python} -m ckptaudit.stages load --inventory {params.inventory} --part {wildcards.part} "
-        "--config {input.config} --scan {input.scan} --hash {input.hash} --facts {input.facts} "
+        "--config {input.config} --scan {input.scan} --facts {input.facts} "
         "--load-server {params.server} --out {output} > {log} 2>&1"
 
 

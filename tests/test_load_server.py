@@ -25,7 +25,7 @@ def _rows(run_dir, server=None):
     units, _, _ = inventory.discover(run_dir)
     ud = [u.to_dict() for u in units]
     scans, _, _ = scan_units(run_dir, ud, {})
-    rows = loadtest.load_units(run_dir, ud, {s["unit"]: s for s in scans}, {}, {}, load_server.loader(server))
+    rows = loadtest.load_units(run_dir, ud, {s["unit"]: s for s in scans}, {}, load_server.loader(server))
     return [{k: v for k, v in r.items() if k not in _VARYING} for r in rows]
 
 
