@@ -36,6 +36,7 @@ from typing import Callable, Dict, List, Tuple
 from . import findings as F
 from . import roles
 from . import fs, loaded_object
+from .load_copy import skeleton, with_tensor_data
 from .loadchild import _rchar, _resolve_benign, batched_loads
 
 LOADABLE = ("torch_zip", "torch_legacy", "safetensors")
@@ -202,10 +203,12 @@ def unreadable(path: str, why: str) -> F.Finding:
 
 
 def load_units(run_dir: Path, units: List[dict], scans: Dict[str, dict], cfg: dict,
-               loader: Callable | None = None) -> List[dict]:
+               loader: Callable | None = None, facts=None) -> List[dict]:
     """Rows of the ``load`` table for ``units``.
 
-    ``scans`` maps unit → its ``scan`` row; a unit with a file or security
+    ``scans`` maps unit → its ``scan`` row; ``facts``: the hash stage's
+    (:class:`ckptaudit.onepass.facts.ByteFacts`), which name a remote object's tensor data for its sparse copy
+    (:mod:`ckptaudit.load_copy`); a unit with a file or security
     error is skipped (and never opened by torch), as are all units when
     ``load.enabled`` is false.  ``loader``: what loads the files to load, with :func:`load_todo`'s
     arguments and results (default: that function, in this process); the load stage passes the audit's load
@@ -251,7 +254,7 @@ def load_units(run_dir: Path, units: List[dict], scans: Dict[str, dict], cfg: di
             if absent:
                 rows.append(_not_checked(u["unit"], f, absent))
                 continue
-            todo.append((u, f, k, benign))
+            todo.append((with_tensor_data(u, run_dir, f, facts), f, k, benign))
     if todo:
         results = (loader or load_todo)(run_dir, todo, cfg, timeout, limit)
         for (u, f, k, benign), res in zip(todo, results):
@@ -291,7 +294,8 @@ def load_todo(run_dir: Path, todo: List[Tuple[dict, str, str, List[str]]], cfg: 
             dl_limit = int((cfg.get("s3") or {}).get("download_limit_mib", 4096)) << 20
             scratch = tempfile.mkdtemp(prefix="ckptaudit-load-")
             try:
-                local = _skeleton(src, k, scratch, dl_limit) or fs.download(src, scratch, dl_limit)
+                local = (skeleton(src, k, scratch, dl_limit, (u.get("tensor_data") or {}).get(f))
+                         or fs.download(src, scratch, dl_limit))
             except OSError as e:
                 local, why = None, f"cannot download the object: {type(e).__name__}"
             else:
@@ -311,37 +315,6 @@ def load_todo(run_dir: Path, todo: List[Tuple[dict, str, str, List[str]]], cfg: 
                 shutil.rmtree(scratch, ignore_errors=True)
         out.append(res)
     return out
-
-
-def _skeleton(src, kind: str, scratch: str, limit: int):
-    """A local sparse copy of remote ``src`` with every byte but its tensor data (those are holes: zeros), for a
-    ``torch.load(mmap=True)`` or ``safe_open`` that builds the object tree without touching tensor data (whose
-    bytes the hash stage's pass and the CRC check have read); the path, or None when ``src`` cannot be planned
-    (then it is downloaded whole) or the bytes to fetch exceed ``limit``."""
-    from .onepass import facts
-    from .onepass.plan import plan_file, skeleton_ranges
-
-    if kind not in ("torch_zip", "safetensors"):
-        return None
-    tensor_data = facts.tensor_data_of(fs.fspath(src))  # from the hash stage's pass, else planned here
-    if tensor_data is None:
-        tensor_data = plan_file(src).tensor_data
-    if not tensor_data:
-        return None
-    size = fs.size(src)
-    ranges = skeleton_ranges(size, tensor_data)
-    if sum(n for _, n in ranges) > limit:
-        return None
-    blobs = fs.read_ranges(src, ranges, purpose="streamed") if ranges else []  # the load test's (sparse) copy
-    if any(b is None or len(b) != n for b, (_, n) in zip(blobs, ranges)):
-        return None
-    local = os.path.join(scratch, fs.path(src).name)
-    with open(local, "wb") as f:
-        f.truncate(size)
-        for (off, _), b in zip(ranges, blobs):
-            f.seek(off)
-            f.write(b)
-    return local
 
 
 def missing_packages(qualnames: List[str]) -> List[str]:

@@ -83,8 +83,9 @@ def _write_bytes(out: str, stage: str, part: str, before: Dict[str, int], **extr
     return doc
 
 
-def _load_facts(out: str, part: str, facts_path: Optional[str], run_dir) -> int:
-    """Make the hash stage's facts of ``part`` (table ``bytefacts``) answer this process's lookups."""
+def _load_facts(out: str, part: str, facts_path: Optional[str], run_dir):
+    """The hash stage's facts of ``part`` (table ``bytefacts``) as a :class:`ckptaudit.onepass.facts.ByteFacts`
+    (empty when the hash stage wrote none)."""
     from . import tables
     from .onepass import facts
 
@@ -164,10 +165,10 @@ def stage_scan(inv: dict, part: str, cfg: dict, out: str, out_tensors: str, out_
 
     before = fs.stage_bytes()
     run_dir = _run_dir(inv, cfg)
-    _load_facts(out, part, facts_path, run_dir)
+    facts = _load_facts(out, part, facts_path, run_dir)
     scans, imports = [], []
     with tables.BatchWriter("tensors", out_tensors) as tensors:  # a unit's tensors as columns, written as scanned
-        for row, tens, imps in iter_scans(run_dir, _with_object_store(inv, part_units(inv, part)), cfg):
+        for row, tens, imps in iter_scans(run_dir, _with_object_store(inv, part_units(inv, part)), cfg, facts):
             scans.append(row)
             tensors.write(tens)
             imports.extend(imps)
@@ -197,11 +198,11 @@ def stage_load(inv: dict, part: str, cfg: dict, scan_path: str, out: str,
     served_before = load_server.SERVED[0]
     scans = {r["unit"]: r for r in tables.read_rows(scan_path)}
     run_dir = _run_dir(inv, cfg)
-    if fs.is_remote(run_dir):  # the facts only plan a remote object's sparse copy (loadtest._skeleton)
-        _load_facts(out, part, facts_path, run_dir)
+    # the facts only plan a remote object's sparse copy (ckptaudit.load_copy)
+    facts = _load_facts(out, part, facts_path, run_dir) if fs.is_remote(run_dir) else None
     units = part_units(inv, part)
     try:  # the part's units at once, so their small files share load children (ckptaudit.loadchild)
-        rows = _in_unit_order(units, loadtest.load_units(run_dir, units, scans, cfg, loader))
+        rows = _in_unit_order(units, loadtest.load_units(run_dir, units, scans, cfg, loader, facts))
     except Exception:  # noqa: BLE001 - again unit by unit: the error becomes a finding on the unit that raised it
         rows = []
         for u in units:
@@ -258,9 +259,9 @@ def stage_state(inv: dict, part: str, cfg: dict, scan_path: str, tensors_path: s
     scans = {r["unit"]: r for r in tables.read_rows(scan_path)}
     tens = tables.UnitRows(tensors_path, columns=STATE_TENSOR_COLUMNS)  # a unit's rows as dicts while read
     run_dir = _run_dir(inv, cfg)
-    _load_facts(out, part, facts_path, run_dir)
+    facts = _load_facts(out, part, facts_path, run_dir)
     rows = _per_scanned_unit("state", inv, part, scans, out, lambda u: state.analyse_unit(
-        u, scans[u["unit"]], tens.rows(u["unit"]), run_dir, cfg))
+        u, scans[u["unit"]], tens.rows(u["unit"]), run_dir, cfg, facts))
     _write_bytes(out, "state", part, before)
     return rows
 

@@ -20,22 +20,22 @@ from . import components as C
 from . import findings as F
 from . import roles
 from . import fs
-from .onepass import facts
 from .onepass.values import FLOAT_DTYPES, _BLOCK, _chunk_stats, _np_view, _sum_squares  # noqa: F401 - re-exported
 
 
-def scan_values(run_dir: Path, tensors: List[dict], chunk_bytes: int) -> Dict[str, dict]:
+def scan_values(run_dir: Path, tensors: List[dict], chunk_bytes: int, facts=None) -> Dict[str, dict]:
     """Value statistics of tensors: {tensor name: {"nonfinite": n, "norm": l2, "short": bool}}, as
     :func:`value_stats` gives them (a dict per tensor: for a caller that wants them all at once)."""
     return {t["name"]: {"nonfinite": bad, "norm": norm, "short": short}
-            for t, (bad, norm, short) in value_stats(run_dir, tensors, chunk_bytes)}
+            for t, (bad, norm, short) in value_stats(run_dir, tensors, chunk_bytes, facts)}
 
 
-def value_stats(run_dir: Path, tensors: Iterable[dict], chunk_bytes: int
+def value_stats(run_dir: Path, tensors: Iterable[dict], chunk_bytes: int, facts=None
                 ) -> Iterator[Tuple[dict, Tuple[int, float, bool]]]:
     """``(tensor row, (non-finite count, L2 norm, short))`` of each floating tensor of ``tensors`` (rows with
-    ``file``, ``name``, ``dtype``, ``data_offset``, ``nbytes``): from the hash stage's one pass where it has
-    them, else streamed from the tensor's bytes (``short``: the file ended first).
+    ``file``, ``name``, ``dtype``, ``data_offset``, ``nbytes``): from the hash stage's one pass where ``facts``
+    (:class:`ckptaudit.onepass.facts.ByteFacts`) has them, else streamed from the tensor's bytes (``short``:
+    the file ended first).
 
     Per run of rows of one file (the tensors table holds a file's tensors together), the tensors the pass
     answered come first, then the others in file order.  Tensors sharing bytes (tied weights) are read once.
@@ -52,7 +52,7 @@ def value_stats(run_dir: Path, tensors: Iterable[dict], chunk_bytes: int
             if left:
                 yield from _read_values(run_dir / rel, left, buf)
             rel, path, left = t["file"], fs.fspath(run_dir / t["file"]), []
-        v = facts.values_of(path, t["data_offset"], t["nbytes"], t["dtype"])  # what the hash stage's pass answered
+        v = None if facts is None else facts.values_of(path, t["data_offset"], t["nbytes"], t["dtype"])  # the pass's
         if v is not None and v[2] == t["nbytes"]:
             yield t, (v[0], math.sqrt(v[1]), False)
         else:
@@ -119,9 +119,11 @@ def tensor_role(t: dict, c: C.Components) -> str:
     return "other"
 
 
-def analyse_unit(unit: dict, scan_row: dict, tensors: Iterable[dict], run_dir: Path, cfg: dict) -> dict:
+def analyse_unit(unit: dict, scan_row: dict, tensors: Iterable[dict], run_dir: Path, cfg: dict,
+                 byte_facts=None) -> dict:
     """One row of the ``state`` table (with its findings) for a unit; ``tensors`` (its rows of the tensors
-    table) is iterated once, as it comes."""
+    table) is iterated once, as it comes; ``byte_facts``: the hash stage's
+    (:class:`ckptaudit.onepass.facts.ByteFacts`), which answer for the value statistics it computed."""
     scfg = cfg.get("state", {})
     row = {"unit": unit["unit"], "findings_json": "[]"}
     fl: List[F.Finding] = []
@@ -153,7 +155,7 @@ def analyse_unit(unit: dict, scan_row: dict, tensors: Iterable[dict], run_dir: P
         fl.extend(_completeness(p, c, step, name_step))
     fl.extend(_counter_findings(p, c, step, name_step))
     if scfg.get("nan_scan", True) and c.weights:
-        fl.extend(_value_findings(p, c, tensors, run_dir, scfg, row))
+        fl.extend(_value_findings(p, c, tensors, run_dir, scfg, row, byte_facts))
     row["findings_json"] = json.dumps([f.to_dict() for f in fl])
     return row
 
@@ -203,7 +205,7 @@ def _completeness(p: str, c: C.Components, step: Optional[int], name_step: Optio
 
 
 def _value_findings(p: str, c: C.Components, tensors: Iterable[dict], run_dir: Path, scfg: dict,
-                    row: dict) -> List[F.Finding]:
+                    row: dict, byte_facts=None) -> List[F.Finding]:
     """Non-finite values and norms of the weights and optimizer moments (other tensors are only counted).
 
     One pass over :func:`value_stats`; what it keeps is the names with non-finite values and each weight's
@@ -216,7 +218,8 @@ def _value_findings(p: str, c: C.Components, tensors: Iterable[dict], run_dir: P
     bad: Dict[str, str] = {}  # name -> role, of tensors with non-finite values
     norms: Dict[str, float] = {}  # weights' name -> norm (finite ones)
     n = scanned = 0
-    for t, (nonfinite, norm, _short) in value_stats(run_dir, judged, int(scfg.get("chunk_mib", 16)) << 20):
+    for t, (nonfinite, norm, _short) in value_stats(run_dir, judged, int(scfg.get("chunk_mib", 16)) << 20,
+                                                    byte_facts):
         name, role = t["name"], tensor_role(t, c)
         n += 1
         scanned += t["nbytes"]

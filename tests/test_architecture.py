@@ -132,3 +132,62 @@ def test_the_edge_reader_sees_function_level_and_package_imports():
     assert any(t == "ckptaudit.newest_first" for t, _, _ in edges["ckptaudit.safe_load"])  # inside safe_load_checkpoint
     assert "ckptaudit.layouts" in {t for t, _, _ in edges["ckptaudit.inventory"]}  # `from . import fs, layouts`
     assert _cycles({"a": [("b", 1, "")], "b": [("a", 2, "")], "c": [("a", 3, "")]}) == [["a", "b"]]
+
+
+#: Module-level containers the code mutates, each with what it holds.  Issue 25 asks for no module-level mutable
+#: cache; the hash stage's byte facts left this list (a ``ByteFacts`` value each stage loads and hands to its
+#: checks).  What remains is process state (I/O counters, locks held, saves in flight) and caches still to turn
+#: into values: the list only shrinks, and a new entry fails this test.
+MODULE_STATE: Dict[str, str] = {
+    "ckptaudit.components._MEMO": "cache: the components of a scan row (structure, configdiff and state read the same unit)",
+    "ckptaudit.config._DEFAULTS": "cache: the parsed default config",
+    "ckptaudit.fs.counters._bytes": "process state: bytes read, per purpose",
+    "ckptaudit.fs.counters._gets": "process state: GETs issued, per purpose",
+    "ckptaudit.fs.counters._rounds": "process state: round trips, per purpose",
+    "ckptaudit.fs.kept._pieces": "cache: bytes of remote objects the hash stage's pass kept",
+    "ckptaudit.fs.kept._sizes": "cache: sizes of those objects",
+    "ckptaudit.fs.kept._starts": "cache: offsets of those pieces",
+    "ckptaudit.fs.remote._fs_cache": "cache: one fsspec filesystem per protocol",
+    "ckptaudit.fs.remote._snapshots": "cache: object listings per prefix",
+    "ckptaudit.load_server._STARTED": "process state: the load server this process started",
+    "ckptaudit.outlock._HELD": "process state: output-folder locks held",
+    "ckptaudit.parts._INV_CACHE": "cache: inventory.json, by path, size and mtime",
+    "ckptaudit.publish.background._IN_FLIGHT": "process state: background saves not yet committed",
+    "ckptaudit.publish.staging._LOCATIONS": "process state: staging buffers reused across saves",
+    "ckptaudit.publish.staging._TAGGER_REGISTERED": "process state: whether torch's location tagger is registered",
+    "ckptaudit.publish.writer._SYNC_FILE_RANGE": "cache: libc's sync_file_range, looked up once",
+    "ckptaudit.roles._LAYOUT_ROLES": "cache: file roles per layout",
+}
+
+
+def _module_state(mods: Dict[str, Path]) -> Set[str]:
+    """``module.NAME`` of every module-level dict/list/set (literal or ``dict()``/``list()``/``set()``/
+    ``defaultdict()``/``OrderedDict()``) that the module mutates (item assignment, a mutating method, or a
+    ``global`` statement naming it)."""
+    import re
+
+    out = set()
+    for mod, path in mods.items():
+        src = path.read_text()
+        for node in ast.parse(src).body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                name, value = node.targets[0].id, node.value
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+                name, value = node.target.id, node.value
+            else:
+                continue
+            container = isinstance(value, (ast.Dict, ast.List, ast.Set)) or (
+                isinstance(value, ast.Call) and isinstance(value.func, ast.Name)
+                and value.func.id in ("dict", "list", "set", "defaultdict", "OrderedDict"))
+            mutated = re.search(rf"\b{name}\s*(\[[^\]]*\]\s*=(?!=)|\.(append|add|update|setdefault|clear|pop|extend|"
+                                rf"insert|remove)\()", src) or re.search(rf"global {name}\b", src)
+            if container and mutated:
+                out.add(f"{mod}.{name}")
+    return out
+
+
+def test_module_level_state_only_shrinks():
+    found = _module_state(_modules())
+    assert not found - set(MODULE_STATE), f"new module-level mutable state: {sorted(found - set(MODULE_STATE))}"
+    assert not set(MODULE_STATE) - found, f"gone: drop from MODULE_STATE: {sorted(set(MODULE_STATE) - found)}"
+    assert not any(k.startswith("ckptaudit.onepass.facts.") for k in found)  # the byte facts are values

@@ -177,16 +177,18 @@ def test_facts_answer_only_their_exact_ranges_and_file_size(tmp_path):
     p, _ = _torch_zip(tmp_path)
     ff = pass_file(p)
     rows = facts.rows_of("u", "ckpt.pt", ff)
-    assert facts.load(rows, tmp_path) == len(rows)
+    bf = facts.load(rows, tmp_path)
+    assert len(bf) == len(rows)
     (m, off, n), (crc, seen) = next(iter(ff.crc.items()))
-    assert facts.crc_of(fs.fspath(p), off, n) == (crc, seen)
-    assert facts.crc_of(fs.fspath(p), off + 1, n) is None
+    assert bf.crc_of(fs.fspath(p), off, n) == (crc, seen)
+    assert bf.crc_of(fs.fspath(p), off + 1, n) is None
     (o, nb, dt), v = next(iter(ff.values.items()))
-    assert facts.values_of(fs.fspath(p), o, nb, dt) == v
+    assert bf.values_of(fs.fspath(p), o, nb, dt) == v
+    assert facts.ByteFacts().crc_of(fs.fspath(p), off, n) is None  # facts are a value: nothing is ambient
     with open(p, "ab") as f:  # the file changed since the pass: its facts are not used
         f.write(b"\x00")
-    assert facts.load(rows, tmp_path) == 0 and facts.crc_of(fs.fspath(p), off, n) is None
-    facts.clear()
+    bf = facts.load(rows, tmp_path)
+    assert len(bf) == 0 and bf.crc_of(fs.fspath(p), off, n) is None
 
 
 def _run(tmp_path, n=3, numel=200_000):
@@ -239,7 +241,7 @@ def test_verdicts_are_the_same_without_the_facts(tmp_path, monkeypatch):
 
     run = _run(tmp_path)
     audit_in_process(run, {"load": {"enabled": False}}, tmp_path / "with")
-    monkeypatch.setattr(facts, "load", lambda rows, run_dir: facts.clear() or 0)
+    monkeypatch.setattr(facts, "load", lambda rows, run_dir: facts.ByteFacts())
     audit_in_process(run, {"load": {"enabled": False}}, tmp_path / "without")
     cols = ["unit", "usable_for", "kinds", "n_errors", "n_warnings"]
     a = pq.read_table(tmp_path / "with" / "tables" / "units.parquet", columns=cols).to_pylist()
@@ -334,15 +336,12 @@ def test_facts_of_a_file_rewritten_with_the_same_size_are_dropped(tmp_path):
     reads its bytes again instead of trusting CRCs of bytes that are no longer there."""
     p, _ = _torch_zip(tmp_path)
     rows = facts.rows_of("u", "ckpt.pt", pass_file(p))
-    assert facts.load(rows, tmp_path) == len(rows)
+    assert len(facts.load(rows, tmp_path)) == len(rows)
     data = p.read_bytes()
     tmp = tmp_path / "new"
     tmp.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
     os.replace(tmp, p)  # a writer's atomic publish: a new inode, the same size
-    try:
-        assert facts.load(rows, tmp_path) == 0
-    finally:
-        facts.clear()
+    assert len(facts.load(rows, tmp_path)) == 0
 
 
 @pytest.mark.parametrize("step", [4096, 1 << 20])
@@ -375,13 +374,10 @@ def test_safetensors_nul_runs_come_from_the_pass_and_match_the_scans_own_search(
     before = fs.local_bytes_read()
     _, without = check_safetensors(str(p), display="model.safetensors")
     read_without = fs.local_bytes_read() - before
-    facts.load(facts.rows_of("u", "model.safetensors", pass_file(p)), tmp_path)
-    try:
-        before = fs.local_bytes_read()
-        _, with_facts = check_safetensors(str(p), display="model.safetensors")
-        read = fs.local_bytes_read() - before
-    finally:
-        facts.clear()
+    bf = facts.load(facts.rows_of("u", "model.safetensors", pass_file(p)), tmp_path)
+    before = fs.local_bytes_read()
+    _, with_facts = check_safetensors(str(p), display="model.safetensors", facts=bf)
+    read = fs.local_bytes_read() - before
     assert [f.to_dict() for f in with_facts] == [f.to_dict() for f in without]
     assert any(f.kind == "zero_filled_span" for f in with_facts)
     assert read_without - read >= n - 16384, (read, read_without)  # the sniff's first 16 KiB, not the data area

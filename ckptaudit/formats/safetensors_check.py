@@ -29,7 +29,6 @@ from typing import Iterator, List, Optional, Tuple
 
 from .. import findings, fs, read_depth
 from ..findings import Finding
-from ..onepass import facts
 from . import zeros
 from .sniff import generic_findings, sniff
 from .zeros import zero_runs
@@ -55,7 +54,7 @@ _NOT_SAFETENSORS = ("empty", "all_zero", "lfs_pointer", "html", "text", "json", 
 
 
 def check_safetensors(path, *, display: Optional[str] = None, scan_zeros: bool = True, chunk: int = 1 << 20,
-                      min_zero_run: int = MIN_ZERO_RUN_BYTES) -> Tuple[Optional[dict], List[Finding]]:
+                      min_zero_run: int = MIN_ZERO_RUN_BYTES, facts=None) -> Tuple[Optional[dict], List[Finding]]:
     """Parse and validate the safetensors file at ``path``.
 
     Returns ``(header, findings)``: ``header`` is the parsed JSON header
@@ -64,7 +63,8 @@ def check_safetensors(path, *, display: Optional[str] = None, scan_zeros: bool =
     Reads the 8-byte prefix and the header (at most :data:`MAX_HEADER_BYTES`);
     with ``scan_zeros`` the data buffer is streamed once in ``chunk``-byte reads
     to look for zeroed blocks (not inside :func:`ckptaudit.read_depth.metadata_only`).  The findings name ``display`` (default: ``path``), the file as it
-    sits in the run folder.  Never raises on bad content; raises OSError only if the file cannot be opened.
+    sits in the run folder.  ``facts`` (the hash stage's :class:`ckptaudit.onepass.facts.ByteFacts`) answer
+    for the NUL runs its pass listed in the data buffer.  Never raises on bad content; raises OSError only if the file cannot be opened.
     """
     path = fs.fspath(path)
     shown = path if display is None else display
@@ -128,7 +128,7 @@ def check_safetensors(path, *, display: Optional[str] = None, scan_zeros: bool =
         out.append(findings.make("safetensors_trailing_bytes", path=shown, extra_bytes=present - data_len,
                                  expected_bytes=8 + n + data_len, size_bytes=size))
     if scan_zeros and not any(x.severity == "error" for x in out) and data_len >= min_zero_run:
-        out.extend(_suspicious_zero_runs(path, shown, tensors, 8 + n, data_len, min_zero_run, chunk))
+        out.extend(_suspicious_zero_runs(path, shown, tensors, 8 + n, data_len, min_zero_run, chunk, facts))
     return header, out
 
 
@@ -261,7 +261,7 @@ def _truncated(display: str, tensors, present: int, data_len: int) -> Finding:
 
 
 def _suspicious_zero_runs(path: str, display: str, tensors, data_start: int, data_len: int, min_run: int,
-                          chunk: int) -> List[Finding]:
+                          chunk: int, facts=None) -> List[Finding]:
     """Zero-filled spans in the data buffer that a legitimate save cannot explain.
 
     Choice (and why): tensors that are legitimately all zero are common (biases
@@ -282,7 +282,7 @@ def _suspicious_zero_runs(path: str, display: str, tensors, data_start: int, dat
              if t[1]["data_offsets"][1] > t[1]["data_offsets"][0]]
     out: List[Finding] = []
     file_end = data_start + data_len
-    listed = facts.nul_runs_in(path, data_start, data_len, min_run)  # the hash stage's one pass, when it planned this file
+    listed = None if facts is None else facts.nul_runs_in(path, data_start, data_len, min_run)  # the hash stage's
     runs = listed if listed is not None else zero_runs(path, min_run=min_run, chunk=chunk, start=data_start, end=file_end)
     for off, length in runs:
         rb, re_ = off - data_start, off - data_start + length

@@ -103,7 +103,7 @@ TensorNames = Callable[[bytes, int], Mapping[str, Sequence[str]]]
 
 
 def check_zip(path, *, display: Optional[str] = None, verify_crc: bool = True, chunk: int = 1 << 20,
-              tensor_names: Optional[TensorNames] = None) -> ZipReport:
+              tensor_names: Optional[TensorNames] = None, facts=None) -> ZipReport:
     """Audit the zip structure of a torch.save archive at ``path``.
 
     With an end-of-central-directory record: every central-directory entry's
@@ -116,7 +116,8 @@ def check_zip(path, *, display: Optional[str] = None, verify_crc: bool = True, c
     (default: ``path``).  ``tensor_names``, when given, is called once with
     data.pkl's bytes and the number of records when data.pkl is intact (before the findings are built),
     so that a storage record failing its CRC names the tensors it holds.
-    Inside :func:`ckptaudit.read_depth.metadata_only` ``verify_crc`` is off.
+    Inside :func:`ckptaudit.read_depth.metadata_only` ``verify_crc`` is off.  ``facts`` (the hash stage's
+    :class:`ckptaudit.onepass.facts.ByteFacts`) answer for the records' CRC32s and NUL runs its pass computed.
     Memory: O(chunk) plus the central directory entries and data.pkl.  Never
     raises on bad content; OSError only when the file cannot be opened.
     """
@@ -132,7 +133,8 @@ def check_zip(path, *, display: Optional[str] = None, verify_crc: bool = True, c
     zip_like = s.kind in ("torch_zip", "zip", "npz")
     if not zip_like:
         pre = zeros.head(shown, s.detail.get("zero_head_bytes"), s.size_bytes) or generic_findings(s, shown)
-    fh = _File(path, window=REMOTE_WINDOW_BYTES, prefetch=REMOTE_PREFETCH)  # read now: benchmarks and tests set them
+    fh = _File(path, window=REMOTE_WINDOW_BYTES, prefetch=REMOTE_PREFETCH,  # read now: benchmarks and tests set them
+               facts=facts)
     try:
         buf = bytearray(max(4096, chunk))
         cd = _find_central_directory(fh)

@@ -38,13 +38,13 @@ class Accelerate:
         return any(OPT_RE.match(n) for n in names) and any(MODEL_RE.match(n) for n in names) and \
             "trainer_state.json" not in names
 
-    def scan(self, run_dir: Path, unit: dict, cfg: dict) -> UnitScan:
+    def scan(self, run_dir: Path, unit: dict, cfg: dict, byte_facts=None) -> UnitScan:
         scan = UnitScan(unit["unit"], self.name)
         for f in unit["files"]:
             n = Path(f).name
             if n.endswith((".json", ".txt", ".md")):
                 continue
-            scan_file(run_dir, f, unit["unit"], scan, cfg, tree_key=n)
+            scan_file(run_dir, f, unit["unit"], scan, cfg, tree_key=n, byte_facts=byte_facts)
         scan.facts["accelerate_files"] = sorted(Path(f).name for f in unit["files"])
         return scan
 

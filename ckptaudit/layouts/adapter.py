@@ -22,9 +22,10 @@ class LayoutAdapter(Protocol):
 
     ``name`` is the layout's name in the tables (``inventory.layout``); ``claim_dir(path)``
     says whether folder ``path`` is one unit of this layout (it reads names and at most a few
-    small files, never a checkpoint's data); ``scan(run_dir, unit, cfg)`` examines the unit's
-    bytes and returns its :class:`~ckptaudit.layouts.base.UnitScan` (findings, tree, facts,
-    tensors) — it raises only for the audit's own bugs, which the stage turns into an
+    small files, never a checkpoint's data); ``scan(run_dir, unit, cfg, byte_facts)`` examines the unit's
+    bytes (``byte_facts``: the hash stage's :class:`ckptaudit.onepass.facts.ByteFacts`, which answer for the CRC32s
+    and NUL runs its pass computed, or None) and returns its :class:`~ckptaudit.layouts.base.UnitScan`
+    (findings, tree, facts, tensors) — it raises only for the audit's own bugs, which the stage turns into an
     ``audit_error`` finding.
     """
 
@@ -32,7 +33,7 @@ class LayoutAdapter(Protocol):
 
     def claim_dir(self, path: Path) -> bool: ...
 
-    def scan(self, run_dir: Path, unit: dict, cfg: dict) -> "UnitScan": ...
+    def scan(self, run_dir: Path, unit: dict, cfg: dict, byte_facts=None) -> "UnitScan": ...
 
 
 @runtime_checkable

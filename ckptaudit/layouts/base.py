@@ -34,8 +34,10 @@ def describe(scan: "UnitScan", rel: str, obj: Any, values: Dict[int, Any]) -> An
 
 # --------------------------------------------------------- single files
 def scan_file(run_dir: Path, rel: str, unit: str, scan: UnitScan, cfg: Dict[str, Any],
-              extra_allowed: Optional[List[str]] = None, tree_key: Optional[str] = None) -> Dict[str, Any]:
-    """Scan one file of a unit by its bytes; findings and tensors go into ``scan``.
+              extra_allowed: Optional[List[str]] = None, tree_key: Optional[str] = None,
+              byte_facts=None) -> Dict[str, Any]:
+    """Scan one file of a unit by its bytes; findings and tensors go into ``scan``.  ``byte_facts``: the hash
+    stage's (:class:`ckptaudit.onepass.facts.ByteFacts`): the CRC32s and NUL runs its pass computed are not read again.
 
     Returns a dict of what was learnt: ``kind`` (sniffed format), ``obj`` (the
     walked top-level object, or None), ``header`` (safetensors header).
@@ -67,18 +69,18 @@ def scan_file(run_dir: Path, rel: str, unit: str, scan: UnitScan, cfg: Dict[str,
         return out
     scan.add(security_tricks.disguised(rel, s.kind))
     if s.kind in ("torch_zip", "zip"):
-        _zip_file(path, rel, unit, scan, allowed, out, tree_key)
+        _zip_file(path, rel, unit, scan, allowed, out, tree_key, byte_facts)
     elif s.kind == "torch_legacy":
         _legacy_file(path, rel, unit, scan, out, tree_key)
     elif s.kind == "safetensors":
-        _safetensors_file(path, rel, unit, scan, out, tree_key)
+        _safetensors_file(path, rel, unit, scan, out, tree_key, byte_facts)
     elif s.kind == "json" and swept is None:
         _json_tree(path, scan, out, tree_key or rel)
     return out
 
 
 def _zip_file(path: Path, rel: str, unit: str, scan: UnitScan, allowed: List[str], out: Dict[str, Any],
-              tree_key: Optional[str]) -> None:
+              tree_key: Optional[str], byte_facts=None) -> None:
     """A torch zip: its zip findings, the security of data.pkl, its storages, tensors and tree."""
     from ..formats import torchzip
 
@@ -88,7 +90,7 @@ def _zip_file(path: Path, rel: str, unit: str, scan: UnitScan, allowed: List[str
         walked["res"], walked["streams"] = _walk_data_pkl(scan, data, n_records)
         return _names_by_storage(walked["res"].tensors)
 
-    rep = torchzip.check_zip(path, display=rel, tensor_names=tensor_names)
+    rep = torchzip.check_zip(path, display=rel, tensor_names=tensor_names, facts=byte_facts)
     scan.add(rep.findings)
     scan.add(security_tricks.mixed_archive(rel, [m.name for m in rep.members]))
     member = f"{rep.prefix}/data.pkl" if rep.prefix else "data.pkl"
@@ -131,11 +133,11 @@ def _legacy_file(path: Path, rel: str, unit: str, scan: UnitScan, out: Dict[str,
 
 
 def _safetensors_file(path: Path, rel: str, unit: str, scan: UnitScan, out: Dict[str, Any],
-                      tree_key: Optional[str]) -> None:
+                      tree_key: Optional[str], byte_facts=None) -> None:
     """A safetensors file: its findings, and with a readable header its tensors and tree."""
     from ..formats.safetensors_check import check_safetensors
 
-    header, fl = check_safetensors(path, display=rel)
+    header, fl = check_safetensors(path, display=rel, facts=byte_facts)
     scan.add(fl)
     if header is not None:
         tree = _safetensors_rows(path, rel, unit, scan, header)

@@ -67,7 +67,7 @@ class DCP:
         not a data file, whose items are only checked against ``.metadata``'s offsets and lengths."""
         return not DISTCP.match(rel.rpartition("/")[2])
 
-    def scan(self, run_dir: Path, unit: dict, cfg: dict) -> UnitScan:
+    def scan(self, run_dir: Path, unit: dict, cfg: dict, byte_facts=None) -> UnitScan:
         from .. import security
         from ..pickle_walk import walk
 

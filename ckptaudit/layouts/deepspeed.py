@@ -36,7 +36,7 @@ class DeepSpeed:
         names = folder_names(path) or []
         return any(MODEL_RE.match(n) or OPTIM_RE.match(n) or ZERO3_MODEL_RE.match(n) for n in names)
 
-    def scan(self, run_dir: Path, unit: dict, cfg: dict) -> UnitScan:
+    def scan(self, run_dir: Path, unit: dict, cfg: dict, byte_facts=None) -> UnitScan:
         scan = UnitScan(unit["unit"], self.name)
         model_files, optim_files = {}, {}
         for f in unit["files"]:
@@ -53,7 +53,8 @@ class DeepSpeed:
         facts = scan.facts
         dp_sizes, stages, partition_counts, steps = set(), set(), set(), set()
         for mp, f in sorted(model_files.items()):
-            info = scan_file(run_dir, f, unit["unit"], scan, cfg, tree_key=Path(f).name)
+            info = scan_file(run_dir, f, unit["unit"], scan, cfg, tree_key=Path(f).name,
+                             byte_facts=byte_facts)
             _zero3_shapes(scan.tree.get(Path(f).name))
             obj = info.get("obj")
             if isinstance(obj, dict):
@@ -67,7 +68,8 @@ class DeepSpeed:
                 facts["mp_world_size"] = obj.get("mp_world_size")
                 facts["ds_version"] = obj.get("ds_version")
         for (dp, mp), f in sorted(optim_files.items()):
-            info = scan_file(run_dir, f, unit["unit"], scan, cfg, tree_key=Path(f).name)
+            info = scan_file(run_dir, f, unit["unit"], scan, cfg, tree_key=Path(f).name,
+                             byte_facts=byte_facts)
             obj = info.get("obj")
             osd = obj.get("optimizer_state_dict") if isinstance(obj, dict) else None
             if isinstance(osd, dict):

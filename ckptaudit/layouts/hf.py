@@ -76,14 +76,15 @@ class HFIndex:
                               sidecars=sidecars, missing_files=missing))
         return units
 
-    def scan(self, run_dir: Path, unit: dict, cfg: dict) -> UnitScan:
+    def scan(self, run_dir: Path, unit: dict, cfg: dict, byte_facts=None) -> UnitScan:
         scan = UnitScan(unit["unit"], self.name)
         index_rel = unit["files"][0]
-        check_index(run_dir, index_rel, scan, cfg, unit_name=unit["unit"])
+        check_index(run_dir, index_rel, scan, cfg, unit_name=unit["unit"], byte_facts=byte_facts)
         return scan
 
 
-def check_index(run_dir: Path, index_rel: str, scan: UnitScan, cfg: dict, unit_name: str) -> None:
+def check_index(run_dir: Path, index_rel: str, scan: UnitScan, cfg: dict, unit_name: str,
+                byte_facts=None) -> None:
     """Check an index and every shard it names; shards' tensors go into ``scan``."""
     ip = run_dir / index_rel
     base = Path(index_rel).parent
@@ -126,7 +127,7 @@ def check_index(run_dir: Path, index_rel: str, scan: UnitScan, cfg: dict, unit_n
         if s in missing:
             continue
         rel = str((base / s).as_posix()) if str(base) != "." else s
-        info = scan_file(run_dir, rel, unit_name, scan, cfg, tree_key=rel)
+        info = scan_file(run_dir, rel, unit_name, scan, cfg, tree_key=rel, byte_facts=byte_facts)
         names = set()
         if info.get("header"):
             names = {k for k in info["header"] if k != "__metadata__"}
@@ -179,14 +180,14 @@ class HFTrainer:
     def claim_dir(self, path: Path) -> bool:
         return re.fullmatch(r"checkpoint-\d+", path.name) is not None or (path / "trainer_state.json").exists()
 
-    def scan(self, run_dir: Path, unit: dict, cfg: dict) -> UnitScan:
+    def scan(self, run_dir: Path, unit: dict, cfg: dict, byte_facts=None) -> UnitScan:
         scan = UnitScan(unit["unit"], self.name)
         files = unit["files"]
         names = {Path(f).name: f for f in files}
         index = [f for f in files if INDEX_RE.match(Path(f).name)]
         claimed = set()
         if index:
-            check_index(run_dir, index[0], scan, cfg, unit_name=unit["unit"])
+            check_index(run_dir, index[0], scan, cfg, unit_name=unit["unit"], byte_facts=byte_facts)
             claimed.update(scan.files_checked)
         temps = [f for f in files if TEMP_RE.match(Path(f).name)]
         for f in temps:
@@ -229,7 +230,8 @@ class HFTrainer:
                     scan.add(F.make("state_file_unreadable", path=f, name=n, why=f"{type(e).__name__}: {e}"[:200]))
                 continue
             extra = ["transformers.training_args.TrainingArguments"] if n == "training_args.bin" else []
-            scan_file(run_dir, f, unit["unit"], scan, cfg, extra_allowed=extra, tree_key=n)
+            scan_file(run_dir, f, unit["unit"], scan, cfg, extra_allowed=extra, tree_key=n,
+                      byte_facts=byte_facts)
         has_weights = bool(index) or any(n in names for n in ("model.safetensors", "pytorch_model.bin", "adapter_model.safetensors", "adapter_model.bin"))
         missing = []
         if not has_weights:

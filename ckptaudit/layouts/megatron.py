@@ -32,7 +32,7 @@ class Megatron:
         except OSError:
             return False
 
-    def scan(self, run_dir: Path, unit: dict, cfg: dict) -> UnitScan:
+    def scan(self, run_dir: Path, unit: dict, cfg: dict, byte_facts=None) -> UnitScan:
         from .dcp import _state
 
         scan = UnitScan(unit["unit"], self.name)
@@ -46,7 +46,8 @@ class Megatron:
             if not m:
                 continue
             ranks.add((int(m.group(1)), int(m.group(2) or 0)))
-            info = scan_file(run_dir, f, unit["unit"], scan, cfg, tree_key=f"{rank_dir}/{Path(f).name}")
+            info = scan_file(run_dir, f, unit["unit"], scan, cfg, tree_key=f"{rank_dir}/{Path(f).name}",
+                             byte_facts=byte_facts)
             obj = info.get("obj")
             if isinstance(obj, dict):
                 it = obj.get("iteration")

@@ -86,7 +86,7 @@ class Published:
             return False
         return is_ours(path / "manifest.json")
 
-    def scan(self, run_dir: Path, unit: dict, cfg: dict) -> UnitScan:
+    def scan(self, run_dir: Path, unit: dict, cfg: dict, byte_facts=None) -> UnitScan:
         scan = UnitScan(unit["unit"], self.name)
         declared = declared_roles(run_dir, unit)
         hints: Dict[str, str] = {}
@@ -96,7 +96,7 @@ class Published:
             if inner.endswith(TEXT_SUFFIXES):
                 hints[f] = declared.get(f) or "metadata"
                 continue
-            scan_file(run_dir, f, unit["unit"], scan, cfg, tree_key=inner)
+            scan_file(run_dir, f, unit["unit"], scan, cfg, tree_key=inner, byte_facts=byte_facts)
             hints[f] = declared.get(f) or content_role(scan.tree.get(inner))
         scan.facts["role_hints"] = hints
         scan.facts["weights_files"] = sorted(f[len(prefix):] for f, r in hints.items() if r == "weights")

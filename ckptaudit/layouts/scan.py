@@ -26,15 +26,17 @@ def scan_units(run_dir: Path, units: List[dict], cfg: dict):
     return scans, tensors, imports
 
 
-def iter_scans(run_dir: Path, units: List[dict], cfg: dict) -> Iterator[Tuple[dict, "pa.Table", List[dict]]]:
+def iter_scans(run_dir: Path, units: List[dict], cfg: dict, facts=None
+               ) -> Iterator[Tuple[dict, "pa.Table", List[dict]]]:
     """Per unit, in order: (its scan row, its tensors as a ``tensors`` table, its import rows).  A unit's
-    TensorRows are dropped once they are columns, so memory follows one unit's tensors, not the part's."""
+    TensorRows are dropped once they are columns, so memory follows one unit's tensors, not the part's.
+    ``facts``: the hash stage's (:class:`ckptaudit.onepass.facts.ByteFacts`), or None (the bytes are read)."""
     from .. import layouts, tables
     from . import leftovers
 
     for u in units:
         adapter = layouts.adapter_for(u)
-        s = liveness.guard("scan", u, lambda: adapter.scan(run_dir, u, cfg), lambda f: _scan_error(u, f))
+        s = liveness.guard("scan", u, lambda: adapter.scan(run_dir, u, cfg, facts), lambda f: _scan_error(u, f))
         s.facts["unit_files"] = list(u["files"])
         s.facts["file_roles"] = _file_roles(u, s)
         for mf in u.get("missing_files", []):

@@ -44,12 +44,12 @@ class SingleFile:
     def claim_dir(self, path: Path) -> bool:
         return False
 
-    def scan(self, run_dir: Path, unit: dict, cfg: dict) -> UnitScan:
+    def scan(self, run_dir: Path, unit: dict, cfg: dict, byte_facts=None) -> UnitScan:
         scan = UnitScan(unit["unit"], unit["layout"])
         if unit.get("in_progress"):
             scan.add(leftovers.in_progress(unit["unit"], unit["in_progress"]))
         rel = unit["files"][0]
-        info = scan_file(run_dir, rel, unit["unit"], scan, cfg, tree_key="root")
+        info = scan_file(run_dir, rel, unit["unit"], scan, cfg, tree_key="root", byte_facts=byte_facts)
         scan.facts["sniffed"] = info["kind"]
         return scan
 
@@ -59,7 +59,7 @@ class InProgressFolder(NeverClaims):
 
     name = "in-progress"
 
-    def scan(self, run_dir: Path, unit: dict, cfg: dict) -> UnitScan:
+    def scan(self, run_dir: Path, unit: dict, cfg: dict, byte_facts=None) -> UnitScan:
         scan = UnitScan(unit["unit"], unit["layout"])
         scan.add(leftovers.in_progress(unit["unit"], unit.get("in_progress") or "temporary folder"))
         return scan
@@ -70,7 +70,7 @@ class Irregular(NeverClaims):
 
     name = "irregular"
 
-    def scan(self, run_dir: Path, unit: dict, cfg: dict) -> UnitScan:
+    def scan(self, run_dir: Path, unit: dict, cfg: dict, byte_facts=None) -> UnitScan:
         return UnitScan(unit["unit"], unit["layout"])
 
 

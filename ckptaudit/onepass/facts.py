@@ -10,9 +10,11 @@ The hash stage writes, for each file it read, one row per:
   :mod:`ckptaudit.fs.kept` instead of a second GET).
 
 The scan stage (CRC32 of every record, zero spans), the state stage (non-finite counts and norms) and the load
-stage (which bytes a remote object's sparse copy may leave out) :func:`load` the rows of their part and ask
-:func:`crc_of`, :func:`nul_run_of`, :func:`nul_runs_in`, :func:`values_of` and :func:`tensor_data_of` before
-reading any bytes.  A fact is keyed by the file and the exact byte range, so a question the pass did not answer
+stage (which bytes a remote object's sparse copy may leave out) :func:`load` the rows of their part into a
+:class:`ByteFacts` value and hand it to the checks that read bytes, which ask its
+:meth:`~ByteFacts.crc_of`, :meth:`~ByteFacts.nul_run_of`, :meth:`~ByteFacts.nul_runs_in`,
+:meth:`~ByteFacts.values_of` and :meth:`~ByteFacts.tensor_data_of` before reading any bytes (a check given no
+facts reads the bytes).  A fact is keyed by the file and the exact byte range, so a question the pass did not answer
 (a damaged archive, a view into a storage) reads bytes as before.  Facts of a file whose size or version (ETag;
 local mtime and inode: :func:`ckptaudit.fs.version`) changed since the pass are dropped.
 """
@@ -27,10 +29,6 @@ if TYPE_CHECKING:
 
 from .. import fs
 
-#: {file (``fs.fspath``): {kind: columns}} of the facts :func:`load` kept; each kind's columns are numpy arrays
-#: sorted by ``(data_offset, length_bytes)``: a lookup is a binary search, memory a few int64 per fact.
-_FILES: Dict[str, Dict[str, dict]] = {}
-_NUL_SCAN: Dict[Tuple[str, int, int], Tuple[int, List[Tuple[int, int]]]] = {}  # -> (min_run, runs)
 
 
 def table_of(unit: str, rel: str, ff) -> "pa.Table":
@@ -97,12 +95,6 @@ def rows_of(unit: str, rel: str, ff) -> List[dict]:
 _PIECE = 4 << 20
 
 
-def clear() -> None:
-    fs.kept.clear()
-    _FILES.clear()
-    _NUL_SCAN.clear()
-
-
 def _now(p) -> Optional[Tuple[int, str]]:
     try:
         return fs.version(p)
@@ -118,18 +110,20 @@ _KEEP = {"crc": ("crc32", "seen_bytes"), "values": ("dtype", "nonfinite", "sum_s
          "nul_run": ("zero_offset", "zero_bytes"), "tensor_data": ()}
 
 
-def load(rows, run_dir) -> int:
-    """Make ``rows`` (of the ``bytefacts`` table: a Parquet file's path, read :data:`BATCH_ROWS` rows at a time, a
-    ``pyarrow`` table, or a list of row dicts; files relative to ``run_dir``) answer the lookups, in place of any
-    loaded before; returns the facts kept.  Rows of a file whose size or version changed since the pass are
-    dropped.  Memory: the kept columns (a few int64 per fact) and one batch, not the table."""
+def load(rows, run_dir) -> "ByteFacts":
+    """The facts of ``rows`` (of the ``bytefacts`` table: a Parquet file's path, read :data:`BATCH_ROWS` rows at a
+    time, a ``pyarrow`` table, or a list of row dicts; files relative to ``run_dir``) as a :class:`ByteFacts`
+    (``len()``: the facts kept).  Rows of a file whose size or version changed since the pass are dropped.  Kept
+    bytes of remote objects go to :mod:`ckptaudit.fs.kept` (every remote read of the process consults it), in
+    place of any kept before.  Memory: the kept columns (a few int64 per fact) and one batch, not the table."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    clear()
+    fs.kept.clear()
+    out = ByteFacts()
     by_kind = _by_kind(rows)
     if not by_kind:
-        return 0
+        return out
     files = pa.concat_tables([t.select(["file", "size_bytes", "version"]).cast(_file_version_schema())
                               for t in by_kind.values()])
     good = []  # the files unchanged since the pass (one size and version per file: one pass each)
@@ -148,12 +142,13 @@ def load(rows, run_dir) -> int:
             continue
         if kind in _KEEP:
             kept += t.num_rows
-            _keep_columns(run_dir, kind, t.select(["file", "data_offset", "length_bytes", *_KEEP[kind]]))
+            _keep_columns(out, run_dir, kind, t.select(["file", "data_offset", "length_bytes", *_KEEP[kind]]))
         else:
-            kept += _keep_rows(run_dir, kind, t)
-    for _m, runs in _NUL_SCAN.values():
+            kept += _keep_rows(out, run_dir, kind, t)
+    for _m, runs in out._nul_scan.values():
         runs.sort()
-    return kept
+    out.count = kept
+    return out
 
 
 #: Rows of the ``bytefacts`` table :func:`load` reads from a file at a time.
@@ -199,27 +194,27 @@ def _by_kind(rows) -> Dict[str, "pa.Table"]:
     return {k: pa.Table.from_batches(v).unify_dictionaries().combine_chunks() for k, v in parts.items()}
 
 
-def _keep_rows(run_dir, kind: str, t: "pa.Table") -> int:
+def _keep_rows(out: "ByteFacts", run_dir, kind: str, t: "pa.Table") -> int:
     """Keep the few rows of ``kind`` (:data:`_ROW_KINDS`) of ``t``; returns how many were kept."""
     kept = 0
     for r in t.to_pylist():
         key = fs.fspath(run_dir / r["file"])
         if kind == "nul_scan" and r["seen_bytes"] >= 0:
-            _NUL_SCAN.setdefault((key, r["data_offset"], r["length_bytes"]), (r["zero_bytes"], []))
+            out._nul_scan.setdefault((key, r["data_offset"], r["length_bytes"]), (r["zero_bytes"], []))
             kept += 1
         elif kind == "bytes" and r.get("data") is not None:
             fs.kept.put(key, r["data_offset"], r["data"], r["size_bytes"])
             kept += 1
         elif kind == "nul_scan_run":
-            scan = _NUL_SCAN.get((key, r["data_offset"], r["length_bytes"]))
+            scan = out._nul_scan.get((key, r["data_offset"], r["length_bytes"]))
             if scan is not None:
                 scan[1].append((r["zero_offset"], r["zero_bytes"]))
                 kept += 1
     return kept
 
 
-def _keep_columns(run_dir, kind: str, sub: "pa.Table") -> None:
-    """The rows ``sub`` of one kind into :data:`_FILES`, per file, sorted by ``(data_offset, length_bytes)``."""
+def _keep_columns(out: "ByteFacts", run_dir, kind: str, sub: "pa.Table") -> None:
+    """The rows ``sub`` of one kind into ``out``, per file, sorted by ``(data_offset, length_bytes)``."""
     import numpy as np
     import pyarrow.compute as pc
 
@@ -234,68 +229,81 @@ def _keep_columns(run_dir, kind: str, sub: "pa.Table") -> None:
         idx = idx[order]
     bounds = np.flatnonzero(np.diff(idx)) + 1
     for a, b in zip(np.r_[0, bounds].tolist(), np.r_[bounds, len(idx)].tolist()):
-        _FILES.setdefault(fs.fspath(run_dir / names[idx[a]]), {})[kind] = {c: v[a:b] for c, v in cols.items()}
+        out._files.setdefault(fs.fspath(run_dir / names[idx[a]]), {})[kind] = {c: v[a:b] for c, v in cols.items()}
 
 
-def _find(path: str, kind: str, offset: int, length: int):
-    """``(columns, row)`` of the fact of ``kind`` at exactly ``(offset, length)`` of ``path``, or None."""
-    cols = _FILES.get(path, {}).get(kind)
-    if cols is None:  # nothing loaded: numpy stays unimported (the file layer's promise)
+class ByteFacts:
+    """The hash stage's facts of one part's files, as a value a stage loads (:func:`load`) and hands to its checks.
+
+    Per file (``fs.fspath``) and kind, columns sorted by ``(data_offset, length_bytes)``: a lookup is a binary
+    search, memory a few int64 per fact.  An empty ``ByteFacts()`` answers None to every question (the check then
+    reads the bytes)."""
+
+    __slots__ = ("_files", "_nul_scan", "count")
+
+    def __init__(self) -> None:
+        self._files: Dict[str, Dict[str, dict]] = {}  # file -> kind -> columns
+        self._nul_scan: Dict[Tuple[str, int, int], Tuple[int, List[Tuple[int, int]]]] = {}  # -> (min_run, runs)
+        self.count = 0  # facts kept
+
+    def __len__(self) -> int:
+        return self.count
+
+    def _find(self, path: str, kind: str, offset: int, length: int):
+        """``(columns, row)`` of the fact of ``kind`` at exactly ``(offset, length)`` of ``path``, or None."""
+        cols = self._files.get(path, {}).get(kind)
+        if cols is None:  # nothing loaded: numpy stays unimported (the file layer's promise)
+            return None
+        import numpy as np
+
+        offs, lens = cols["data_offset"], cols["length_bytes"]
+        i = int(np.searchsorted(offs, offset, side="left"))
+        while i < len(offs) and offs[i] == offset:
+            if lens[i] == length:
+                return cols, i
+            i += 1
         return None
-    import numpy as np
 
-    offs, lens = cols["data_offset"], cols["length_bytes"]
-    i = int(np.searchsorted(offs, offset, side="left"))
-    while i < len(offs) and offs[i] == offset:
-        if lens[i] == length:
-            return cols, i
-        i += 1
-    return None
+    def crc_of(self, path: str, offset: int, length: int) -> Optional[Tuple[int, int]]:
+        """``(crc32, bytes seen)`` of ``length`` bytes of ``path`` (``fs.fspath``) from ``offset``, or None."""
+        hit = self._find(path, "crc", offset, length)
+        return None if hit is None else (int(hit[0]["crc32"][hit[1]]), int(hit[0]["seen_bytes"][hit[1]]))
 
+    def nul_run_of(self, path: str, offset: int, length: int) -> Tuple[bool, Optional[Tuple[int, int]]]:
+        """``(known, run)``: whether the pass looked at ``length`` bytes of ``path`` (``fs.fspath``) from
+        ``offset``, and the ``(offset, length)`` of the longest run of at least 64 NUL bytes it found there (None:
+        none)."""
+        hit = self._find(path, "nul_run", offset, length)
+        if hit is None:
+            return False, None
+        cols, i = hit
+        n = int(cols["zero_bytes"][i])
+        return True, ((int(cols["zero_offset"][i]), n) if n else None)
 
-def crc_of(path: str, offset: int, length: int) -> Optional[Tuple[int, int]]:
-    """``(crc32, bytes seen)`` of ``length`` bytes of ``path`` (``fs.fspath``) from ``offset``, or None."""
-    hit = _find(path, "crc", offset, length)
-    return None if hit is None else (int(hit[0]["crc32"][hit[1]]), int(hit[0]["seen_bytes"][hit[1]]))
+    def nul_runs_in(self, path: str, offset: int, length: int, min_run: int) -> Optional[List[Tuple[int, int]]]:
+        """Every ``(offset, length)`` NUL run of at least ``min_run`` bytes the pass listed in ``length`` bytes of
+        ``path`` (``fs.fspath``) from ``offset``, in order, or None when it did not list that range so."""
+        scan = self._nul_scan.get((path, offset, length))
+        return list(scan[1]) if scan is not None and scan[0] == min_run else None
 
+    def tensor_data_of(self, path: str) -> Optional[List[Tuple[int, int]]]:
+        """``(offset, length)`` of the bytes of ``path`` (``fs.fspath``) that only hold tensor data, or None."""
+        cols = self._files.get(path, {}).get("tensor_data")
+        if cols is None:
+            return None
+        return list(zip(cols["data_offset"].tolist(), cols["length_bytes"].tolist()))
 
-def nul_run_of(path: str, offset: int, length: int) -> Tuple[bool, Optional[Tuple[int, int]]]:
-    """``(known, run)``: whether the pass looked at ``length`` bytes of ``path`` (``fs.fspath``) from ``offset``,
-    and the ``(offset, length)`` of the longest run of at least 64 NUL bytes it found there (None: none)."""
-    hit = _find(path, "nul_run", offset, length)
-    if hit is None:
-        return False, None
-    cols, i = hit
-    n = int(cols["zero_bytes"][i])
-    return True, ((int(cols["zero_offset"][i]), n) if n else None)
+    def values_of(self, path: str, offset: int, nbytes: int, dtype: str) -> Optional[Tuple[int, float, int]]:
+        """``(non-finite count, Σx², bytes seen)`` of a tensor's bytes of ``path`` (``fs.fspath``), or None."""
+        cols = self._files.get(path, {}).get("values")
+        if cols is None:
+            return None
+        import numpy as np
 
-
-def nul_runs_in(path: str, offset: int, length: int, min_run: int) -> Optional[List[Tuple[int, int]]]:
-    """Every ``(offset, length)`` NUL run of at least ``min_run`` bytes the pass listed in ``length`` bytes of
-    ``path`` (``fs.fspath``) from ``offset``, in order, or None when it did not list that range so."""
-    scan = _NUL_SCAN.get((path, offset, length))
-    return list(scan[1]) if scan is not None and scan[0] == min_run else None
-
-
-def tensor_data_of(path: str) -> Optional[List[Tuple[int, int]]]:
-    """``(offset, length)`` of the bytes of ``path`` (``fs.fspath``) that only hold tensor data, or None."""
-    cols = _FILES.get(path, {}).get("tensor_data")
-    if cols is None:
+        offs, lens = cols["data_offset"], cols["length_bytes"]
+        i = int(np.searchsorted(offs, offset, side="left"))
+        while i < len(offs) and offs[i] == offset:
+            if lens[i] == nbytes and cols["dtype"][i].as_py() == dtype:
+                return int(cols["nonfinite"][i]), float(cols["sum_squares"][i]), int(cols["seen_bytes"][i])
+            i += 1
         return None
-    return list(zip(cols["data_offset"].tolist(), cols["length_bytes"].tolist()))
-
-
-def values_of(path: str, offset: int, nbytes: int, dtype: str) -> Optional[Tuple[int, float, int]]:
-    """``(non-finite count, Σx², bytes seen)`` of a tensor's bytes of ``path`` (``fs.fspath``), or None."""
-    cols = _FILES.get(path, {}).get("values")
-    if cols is None:
-        return None
-    import numpy as np
-
-    offs, lens = cols["data_offset"], cols["length_bytes"]
-    i = int(np.searchsorted(offs, offset, side="left"))
-    while i < len(offs) and offs[i] == offset:
-        if lens[i] == nbytes and cols["dtype"][i].as_py() == dtype:
-            return int(cols["nonfinite"][i]), float(cols["sum_squares"][i]), int(cols["seen_bytes"][i])
-        i += 1
-    return None

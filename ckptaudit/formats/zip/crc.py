@@ -8,7 +8,6 @@ from __future__ import annotations
 import zlib
 from typing import Optional, Tuple
 
-from ...onepass import facts
 from ...onepass.crc32 import crc32
 from .reader import Member, _File
 
@@ -19,7 +18,7 @@ def _member_crc(fh: _File, m: Member, chunk: int, buf: bytearray) -> Optional[Tu
     if m.crc32 == 0 and m.size_bytes > 0:
         return None  # CRC not recorded (torch compute_crc32=False writes 0): cannot verify
     if m.method == 0:  # the hash stage's one pass computed it already, when it could plan this archive
-        known = facts.crc_of(fh.path, m.data_offset, m.compressed_size_bytes)
+        known = None if fh.facts is None else fh.facts.crc_of(fh.path, m.data_offset, m.compressed_size_bytes)
         return known if known is not None else fh.crc(m.data_offset, m.compressed_size_bytes, chunk, buf)
     if m.method == 8:
         return _crc_deflated(fh, m, chunk)
@@ -56,7 +55,7 @@ def _longest_zero_run(fh: _File, off: int, n: int, chunk: int) -> Optional[Tuple
     the hash stage's one pass answers for the records it planned, else the bytes are read again."""
     from ..sniff import zero_runs
 
-    known, run = facts.nul_run_of(fh.path, off, n)
+    known, run = (False, None) if fh.facts is None else fh.facts.nul_run_of(fh.path, off, n)
     if known:
         return run
 

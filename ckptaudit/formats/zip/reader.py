@@ -57,11 +57,13 @@ class _File:
 
     ``window`` is the least bytes one small remote read fetches (``torchzip.REMOTE_WINDOW_BYTES``)
     and ``prefetch`` whether :meth:`prefetch` batches ranged GETs (``torchzip.REMOTE_PREFETCH``);
-    the caller reads both when it opens the file.
+    the caller reads both when it opens the file.  ``facts``: the hash stage's
+    (:class:`ckptaudit.onepass.facts.ByteFacts`) for this file's records, or None.
     """
 
-    def __init__(self, path: str, *, window: int, prefetch: bool) -> None:
+    def __init__(self, path: str, *, window: int, prefetch: bool, facts=None) -> None:
         self.path = path
+        self.facts = facts
         self.window_bytes = window
         self.prefetch_enabled = prefetch
         if fs.is_remote(path):
