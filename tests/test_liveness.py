@@ -88,10 +88,10 @@ def test_scan_raising_gives_a_scan_row(tmp_path, monkeypatch):
     single = layouts.single.ADAPTER
     real = single.scan
 
-    def boom(run_dir, unit, cfg):
+    def boom(run_dir, unit, cfg, byte_facts=None):
         if unit["unit"] == "ckpt_000200.pt":
             raise OverflowError("Python int too large to convert to C long")
-        return real(run_dir, unit, cfg)
+        return real(run_dir, unit, cfg, byte_facts)
 
     monkeypatch.setattr(single, "scan", boom)
     v = audit_in_process(run, out_dir=tmp_path / "out")
