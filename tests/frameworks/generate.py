@@ -249,28 +249,13 @@ def run_one(spec: Spec, out: Path, timeout: float = 900) -> dict:
     return res
 
 
-def first_of_each_module(specs: list) -> list:
-    """``specs`` with one fixture of each module first, then the rest, each group in the given order.
-
-    A framework's first run pays one-time costs the others then share: DeepSpeed JIT-builds its CPU op into
-    ``TORCH_EXTENSIONS_DIR`` (~45 s on 2 cores), and every other DeepSpeed fixture started meanwhile waits on
-    the build's lock.  Started first, that build overlaps the other frameworks' first fixtures on the other
-    job instead of holding two jobs."""
-    seen: set = set()
-    first, rest = [], []
-    for s in specs:
-        (rest if s.module in seen else first).append(s)
-        seen.add(s.module)
-    return first + rest
-
-
 def generate(out: Path, only: list[str] | None = None, jobs: int = 1, timeout: float = 900,
              quiet: bool = False) -> dict:
     specs = fixture_specs()
     unknown = sorted(set(only or []) - set(specs))
     if unknown:
         raise SystemExit(f"unknown fixture(s): {', '.join(unknown)}; known: {', '.join(specs)}")
-    todo = first_of_each_module([specs[n] for n in (only or specs)])
+    todo = [specs[n] for n in (only or specs)]
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
 
