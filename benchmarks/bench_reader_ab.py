@@ -4,9 +4,9 @@
 noisy machine (page-cache writeback after the run is written, other jobs) a change smaller than the noise
 does not show.  This script measures both versions on the *same* run, alternating fresh processes: each
 process imports its checkout (``sys.path``), makes one warm-up call, then ``--calls`` timed calls, each
-followed by the baseline (SHA-256 of the unit returned, then ``torch.load(weights_only=True)`` of it) in the
-same process.  A process's figure is the median of its calls; the ratio is the median of its per-call
-reader ÷ baseline ratios.  Printed per version: the per-process medians and the median over processes.
+followed by the baseline in the same process (as ``bench_reader.py``'s: SHA-256 of every unit the reader
+examined byte by byte, ``ckpt.examined``, then ``torch.load(weights_only=True)`` of the one it returned).  A
+process's figure is the median of its calls; the ratio is the median of its per-call reader ÷ baseline ratios.  Printed per version: the per-process medians and the median over processes.
 
     python benchmarks/bench_reader_ab.py --other /path/to/older/checkout [--run DIR | --units 16 --unit-mib 256]
         [--rounds 6] [--calls 3] [--dir /tmp]
@@ -42,8 +42,9 @@ R, B = [], []
 for _ in range(calls):
     t = time.perf_counter(); c = safe_load_checkpoint(run); R.append(time.perf_counter() - t)
     t = time.perf_counter()
-    with open(run / c.unit, "rb") as f:
-        hashlib.file_digest(f, "sha256")
+    for u in c.examined:
+        with open(run / u, "rb") as f:
+            hashlib.file_digest(f, "sha256")
     torch.load(run / c.unit, weights_only=True); B.append(time.perf_counter() - t)
 print(json.dumps({"reader": statistics.median(R), "baseline": statistics.median(B),
                   "ratio": statistics.median(r / b for r, b in zip(R, B)), "unit": c.unit}))
