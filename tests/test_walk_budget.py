@@ -41,3 +41,38 @@ def test_many_tensors_are_walked_to_the_end_and_padding_is_still_cut(tmp_path, m
 
     names = pq.read_table(tmp_path / "out" / "tables" / "tensors.parquet", columns=["unit", "name"]).to_pylist()
     assert sum(r["unit"] == "ckpt_000020.pt" for r in names) == 1_000
+
+
+def test_two_walks_on_two_threads_take_turns_so_neither_counts_the_others_objects(monkeypatch):
+    """The walk's memory budget is the growth of the interpreter's block count, which two walks on two threads
+    (the hash stage's plan walks of a part's units; the reader's read-ahead beside its metadata pass) would each
+    see the other add to.  Walks take turns (``machine.WALKS``): a pickle that fits the budget alone still fits
+    with another walk of the same size started beside it."""
+    import pickle
+    import sys
+    import threading
+
+    from ckptaudit.pickle_walk import budgets, machine
+
+    data = pickle.dumps([(i, str(i)) for i in range(60_000)], protocol=4)  # ~3 objects per item, no memo reuse
+    b0 = sys.getallocatedblocks()
+    alone = pickle_walk.walk(data)
+    grown = sys.getallocatedblocks() - b0
+    assert alone.error is None and grown > 100_000
+    del alone
+    monkeypatch.setattr(budgets, "MAX_WALK_BLOCKS", int(grown * 1.5))  # fits one walk, not two at once
+    results, go = [], threading.Barrier(2)
+
+    def one():
+        go.wait()
+        results.append(pickle_walk.walk(data))
+
+    threads = [threading.Thread(target=one) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [r.error for r in results] == [None, None]
+    assert not machine.WALKS._is_owned()  # released after both
+    with machine.WALKS:  # re-entrant: a nested pickle is walked inside its parent's walk
+        assert pickle_walk.walk(pickle.dumps([1, 2])).error is None

@@ -10,9 +10,17 @@ from __future__ import annotations
 import itertools
 import pickletools
 import sys
+import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from . import budgets
+
+#: Held for the whole of a walk (re-entrant: a nested pickle is walked inside its parent's walk).  The walk's
+#: memory budget is the growth of ``sys.getallocatedblocks()``, a count for the whole interpreter, so two walks
+#: on two threads would each count the other's objects and give up early.  The hash stage's plan walks of a
+#: part's units run on threads, and so does the reader's read-ahead beside its metadata pass; a walk is Python
+#: under the GIL, so taking turns costs no throughput.
+WALKS = threading.RLock()
 from .hidden import _HiddenPickles
 from .memo import EMPTY, Memo
 from .model import Call, GlobalImport, GlobalRef, TensorMeta, WalkResult
@@ -70,7 +78,12 @@ class _State(_HiddenPickles, _ObjectOps):
         return GlobalRef(mod, name)
 
     # -- main loop
-    def run(self, f: Any, start: int) -> None:  # noqa: C901 - one opcode table, kept flat for speed
+    def run(self, f: Any, start: int) -> None:
+        """Walk the pickle at ``start`` of ``f``, one walk at a time per process (:data:`WALKS`)."""
+        with WALKS:
+            self._run(f, start)
+
+    def _run(self, f: Any, start: int) -> None:  # noqa: C901 - one opcode table, kept flat for speed
         res = self.res
         stack: List[Any] = []
         metastack: List[List[Any]] = []
