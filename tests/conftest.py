@@ -37,3 +37,35 @@ def no_payload(tmp_path):
     yield
     for where in (Path.cwd(), tmp_path, REPO):
         assert not (where / PAYLOAD).exists(), f"a malicious pickle's payload ran ({where / PAYLOAD})"
+
+
+# ------------------------------------------------------------------ running on two workers (pytest-xdist)
+# The README's test command runs `-n 2 --dist loadgroup`. A worker is a process with its own session, so a
+# test that shares an expensive module- or session-scoped fixture is kept on one worker with the others that
+# share it (else each worker would build it). The framework fixtures are one group across the files that
+# judge them: a second worker would otherwise wait on their generation lock (tests/test_frameworks.py).
+# Tests that share nothing are handed out one at a time.
+SHARED_GROUPS = {"fixture_cache": "framework-fixtures"}
+CHEAP_SHARED = {"tmp_path_factory", "worker_id", "testrun_uid", "monkeypatch_session"}
+
+
+def _shared_group(item) -> str | None:
+    """The xdist group of a test: the file's name when it uses a shared fixture; None when it shares none."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return None
+    names = set(info.names_closure)
+    for name, group in SHARED_GROUPS.items():
+        if name in names:
+            return group
+    for name in names - CHEAP_SHARED:
+        if any(d.scope in ("module", "session", "package") for d in info.name2fixturedefs.get(name) or ()):
+            return item.path.name
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        group = _shared_group(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
