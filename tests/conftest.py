@@ -64,8 +64,35 @@ def _shared_group(item) -> str | None:
     return None
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks into the node ids
 def pytest_collection_modifyitems(config, items):
     for item in items:
         group = _shared_group(item)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+
+
+# ------------------------------------------------------------------ no skips in CI
+# Under CI=true a test that would skip (a framework, a service, a generated corpus or a shared case missing)
+# fails instead: CI has everything installed, so a skip there is something broken, and a skip hides it.
+def _in_ci() -> bool:
+    return os.environ.get("CI", "").strip().lower() in ("true", "1", "yes")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.skipped and _in_ci() and not hasattr(rep, "wasxfail"):
+        reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) and len(rep.longrepr) == 3 else str(rep.longrepr)
+        rep.outcome = "failed"
+        rep.longrepr = f"CI=true: this test would have skipped ({reason}); under CI a skip is a failure"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.skipped and _in_ci():  # a module-level importorskip
+        rep.outcome = "failed"
+        rep.longrepr = f"CI=true: {collector.nodeid} would have been skipped ({rep.longrepr}); under CI a skip is a failure"
