@@ -35,8 +35,7 @@ LOSS_KEYS = ["loss", "train_loss", "last_loss"]  # the loss at the save step (a 
 SAMPLER_KEYS = ["sampler", "sampler_state", "dataloader", "data_loader", "dataloader_state", "data_state", "loops",
                 "consumed_samples", "consumed_train_samples", "train_iterator", "data_iter"]
 MODEL_ARG_KEYS = ["model_args", "model_config", "hparams", "hyper_parameters", "args", "config", "model_cfg"]
-VERSION_KEYS = {"torch_version": "torch", "pytorch-lightning_version": "lightning", "ds_version": "deepspeed",
-                "transformers_version": "transformers", "cuda_version": "cuda"}
+VERSION_KEYS = {"torch_version": "torch", **producers.VERSION_KEYS, "cuda_version": "cuda"}
 EMA_RE = re.compile(r"(^|[._])(ema|averaged?|shadow|swa)([._]|$)|^ema|_ema$", re.I)
 MAX_SCALAR_DEPTH = 3
 

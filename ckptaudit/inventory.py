@@ -22,7 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
 
-from . import confine, fs, layouts
+from . import confine, fs, layouts, producers
 # reasons that file_unreadable, path_too_long and a pointer that is not read are made of
 from .layouts.leftovers import POINTER_NOT_READ, UNREADABLE, too_long
 from ._io import atomic_write
@@ -39,13 +39,9 @@ from .units import (  # noqa: F401 - re-exported: the unit model lives in units.
     step_from_name,
 )
 
-POINTER_NAMES = {
-    "latest": "DeepSpeed tag pointer",
-    "latest_universal": "DeepSpeed universal-checkpoint pointer",
-    "latest_checkpointed_iteration.txt": "Megatron tracker file",
-    "last.ckpt": "Lightning last checkpoint",
-    "LATEST": "pointer file",
-}
+#: Pointer files by base name -> what each is: the producers' own (:data:`ckptaudit.producers.POINTER_FILES`)
+#: and a generic ``LATEST``.
+POINTER_NAMES = {**producers.POINTER_FILES, "LATEST": "pointer file"}
 
 
 def _stat(p: Path):

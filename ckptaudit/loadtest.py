@@ -35,7 +35,7 @@ from typing import Callable, Dict, List, Tuple
 
 from . import findings as F
 from . import roles
-from . import fs, loaded_object
+from . import fs, loaded_object, producers
 from .load_copy import skeleton, with_tensor_data
 from .loadchild import _rchar, _resolve_benign, batched_loads
 
@@ -353,8 +353,8 @@ def _not_checked(unit: str, file: str, packages: List[str]) -> dict:
     return row
 
 
-PIP_NAMES = {"lightning": "lightning", "pytorch_lightning": "pytorch-lightning", "deepspeed": "deepspeed",
-             "transformers": "transformers", "accelerate": "accelerate", "megatron": "megatron-core"}
+#: Module -> pip package, for the install line of a load that needs a framework (the producers' modules say).
+PIP_NAMES = producers.PIP_NAMES
 
 
 def skip_row(unit: str, file: str, why: str) -> dict:

@@ -1,25 +1,35 @@
-"""The framework's configured resume entry (Lightning's ``last.ckpt`` for ``ckpt_path="last"``) judged by what that resume would do.
+"""The framework's configured resume entry judged by what that resume would do (Lightning's ``last.ckpt``).
 
-lightning 2.6 ``ModelCheckpoint(save_last=True)`` writes ``last.ckpt`` as a second full save of the
-training state (``_save_last_checkpoint`` → ``_save_checkpoint``); only ``save_last="link"`` makes a
-symbolic link (:mod:`ckptaudit.inventory` audits that as a pointer).  A real ``last.ckpt`` is
-therefore a unit, judged by its own bytes like any other, and it is also the file
-``trainer.fit(model, ckpt_path="last")`` loads (``_CheckpointConnector._parse_ckpt_path``: the newest
-``last*.ckpt`` of the checkpoint folder).  When it is damaged the newest intact unit is still there,
-but a job that resumes the way it was configured crashes in the load (a truncated zip: the
-weights-only unpickler's IndexError), so :func:`entry_findings` adds ``resume_entry_damaged`` to it:
-the repair copies the rollback unit over it atomically, the next step also names the explicit
-``ckpt_path`` (:mod:`ckptaudit.resume_hint`).  The verdict reports the entries and exits 1 while one
-is damaged (:func:`ckptaudit.verdict.exit_code`).
+Some producers resume from a unit they find by name (:attr:`ckptaudit.producers.contract.Producer.entry`):
+Lightning's ``trainer.fit(model, ckpt_path="last")`` loads the newest ``last*.ckpt`` of the checkpoint
+folder, which ``ModelCheckpoint(save_last=True)`` writes as a second full save (sources in
+:mod:`ckptaudit.producers.lightning`; ``save_last="link"`` makes a symbolic link, which
+:mod:`ckptaudit.inventory` audits as a pointer).  Such an entry is a unit, judged by its own bytes like any
+other, and it is also the file the configured resume loads.  When it is damaged the newest intact unit is
+still there, but a job that resumes the way it was configured crashes in the load (a truncated zip: the
+weights-only unpickler's IndexError), so :func:`entry_findings` adds ``resume_entry_damaged`` to it: the
+repair copies the rollback unit over it atomically, the next step also names the explicit call
+(:mod:`ckptaudit.resume_hint`).  The verdict reports the entries and exits 1 while one is damaged
+(:func:`ckptaudit.verdict.exit_code`).
 """
 
 from __future__ import annotations
 
 import shlex
-from typing import List
+from typing import List, Optional
 
 from . import findings as F
-from .resume_hint import call, is_lightning_last
+from . import producers
+from .producers.contract import Producer
+from .producers.paths import parent
+from .resume_hint import call
+
+
+def _entry_of(u: dict) -> Optional[Producer]:
+    """The producer whose configured resume loads unit row ``u`` by name, or None."""
+    if u.get("layout") == "irregular":
+        return None
+    return next((p for p in producers.with_entry() if p.entry(u["unit"])), None)
 
 
 def _why(u: dict) -> str:
@@ -32,15 +42,15 @@ def entry_findings(units_out: List[dict], run_dir: str) -> List[dict]:
     (not usable for resume) gets a ``resume_entry_damaged`` finding added to its own findings."""
     out = []
     for u in units_out:
-        if not is_lightning_last(u["unit"]) or u.get("layout") in ("irregular",):
+        p = _entry_of(u)
+        if p is None:
             continue
         ok = u["usable_for"] == "resume"
         f = None
         if not ok:
-            folder = u["unit"].rsplit("/", 1)[0] if "/" in u["unit"] else ""
-            good = [x for x in units_out if x["usable_for"] == "resume" and not is_lightning_last(x["unit"])
-                    and (x["unit"].rsplit("/", 1)[0] if "/" in x["unit"] else "") == folder
-                    and x["unit"].endswith(".ckpt")]
+            folder = parent(u["unit"])
+            good = [x for x in units_out if x["usable_for"] == "resume" and not p.entry(x["unit"])
+                    and parent(x["unit"]) == folder and x["unit"].endswith(p.unit_suffix)]
             best = max(good, key=lambda x: (x["step"] if x["step"] is not None else -1,
                                             x.get("name_step") is not None, x["unit"]), default=None)
             dst = shlex.quote(u["unit"])
@@ -48,14 +58,13 @@ def entry_findings(units_out: List[dict], run_dir: str) -> List[dict]:
                 src = shlex.quote(best["unit"])
                 repair = f"cp -p {src} {dst}.tmp && mv {dst}.tmp {dst}"
                 instead = (f"Replace it with a copy of {best['unit']} (the repair), or resume with an explicit path: "
-                           f"{call('lightning', run_dir, best['unit'])}.")
+                           f"{call(p.key, run_dir, best['unit'])}.")
             else:
                 repair = ""
-                instead = "No intact Lightning checkpoint is beside it to copy over it; see the verdict's rollback point."
+                instead = f"No intact {p.name} checkpoint is beside it to copy over it; see the verdict's rollback point."
             f = F.make("resume_entry_damaged", path=u["unit"], why=_why(u), next_text=instead, repair_code=repair,
                        intact_text=f" although {best['unit']} is intact" if best else "").to_dict()
             u["findings"].append(f)
             u["usable_for"] = F.usable_for(u["findings"])
-        out.append({"unit": u["unit"], "framework": "lightning", "call": 'trainer.fit(model, ckpt_path="last")',
-                    "ok": ok, "finding": f})
+        out.append({"unit": u["unit"], "framework": p.key, "call": p.entry_call, "ok": ok, "finding": f})
     return out

@@ -5,7 +5,8 @@ state (``optimizer``, ``scheduler``, ``scaler``, ``rng``, ``sampler``,
 ``custom``, ``trainer_state``), ``metadata`` (read by people and tools, not by
 the resume: ``training_args.bin``, ``config.json`` under a Trainer resume), or
 ``mixed`` (one file holds everything, as ``torch.save`` of a training dict
-does).  Roles come from the layout adapter (file names are the layout's
+does).  Roles come from the base-name patterns of the producer whose layout
+the unit has (:func:`ckptaudit.producers.for_layout`: file names are the layout's
 structure) and, when one matches, the producer contract.
 
 The cost of a file-layer error follows the role: damaged weights leave
@@ -17,40 +18,20 @@ from __future__ import annotations
 
 import json
 import re
+from functools import lru_cache
 from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+from . import producers
 
 __all__ = ["TRAINING_STATE", "roles_for", "damaged_files", "weights_intact", "capped"]
 
 TRAINING_STATE = frozenset({"optimizer", "scheduler", "scaler", "rng", "sampler", "custom", "trainer_state"})
 
-# role -> {layout: base-name pattern}.  A file takes the first role, in this order, whose pattern for its
-# layout matches its base name ("mixed" when none does).  Within a layout only the weights pattern overlaps
-# another (tokenizer.index.json), and weights comes first.
-_ROLE_PATTERNS: Dict[str, Dict[str, str]] = {
-    "weights": {
-        "hf-trainer": r"(model(-\d+-of-\d+)?\.safetensors|pytorch_model.*\.bin|.*\.index\.json|adapter_model\..*)",
-        "accelerate": r"(model(_\d+)?\.safetensors|pytorch_model(_\d+)?\.bin|.*\.index\.json)",
-        "deepspeed": r".*model_states\.pt"},
-    # ZeRO-3 keeps the weights in the optimizer files: see roles_for
-    "optimizer": {"hf-trainer": r"optimizer\.pt", "accelerate": r"optimizer(_\d+)?\.bin",
-                  "deepspeed": r".*optim_states\.pt"},
-    "scheduler": {"hf-trainer": r"scheduler\.pt", "accelerate": r"scheduler(_\d+)?\.bin"},
-    "scaler": {"hf-trainer": r"scaler\.pt", "accelerate": r"scaler\.pt"},
-    "sampler": {"accelerate": r"(sampler(_\d+)?\.bin|dl_state_dict(_\d+)?\.bin)"},
-    "rng": {"hf-trainer": r"rng_state.*\.pth", "accelerate": r"random_states_\d+\.pkl"},
-    "custom": {"accelerate": r"custom_checkpoint_\d+\.pkl"},
-    "trainer_state": {"hf-trainer": r"trainer_state\.json"},
-    "metadata": {
-        "hf-trainer": r"(training_args\.bin|config\.json|generation_config\.json|tokenizer.*|special_tokens_map\.json"
-                      r"|.*\.jinja|.*\.md|.*\.txt|vocab\..*|merges\.txt)",
-        "deepspeed": r"zero_to_fp32\.py"},
-    "mixed": {"dcp": r"\.metadata"},
-}
-# layout -> [(compiled pattern, role)] in role order
-_LAYOUT_ROLES: Dict[str, List[Tuple["re.Pattern[str]", str]]] = {}
-for _role, _by_layout in _ROLE_PATTERNS.items():
-    for _layout, _pattern in _by_layout.items():
-        _LAYOUT_ROLES.setdefault(_layout, []).append((re.compile(_pattern), _role))
+
+@lru_cache(maxsize=None)
+def _compiled(roles: Tuple[Tuple[str, str], ...]) -> Tuple[Tuple["re.Pattern[str]", str], ...]:
+    """A producer's ``(role, pattern)`` pairs compiled, in order (one per producer: its roles are constant)."""
+    return tuple((re.compile(pattern), role) for role, pattern in roles)
 
 
 def roles_for(layout: str, files: Sequence[str], facts: Optional[dict] = None) -> Dict[str, str]:
@@ -58,7 +39,8 @@ def roles_for(layout: str, files: Sequence[str], facts: Optional[dict] = None) -
     read them, ``facts["role_hints"]``: a ckptaudit manifest's declared roles)."""
     facts = facts or {}
     hints = facts.get("role_hints") or {}
-    patterns = _LAYOUT_ROLES.get(layout, ())
+    producer = producers.for_layout(layout)
+    patterns = _compiled(producer.roles) if producer is not None else ()
     out: Dict[str, str] = {}
     for f in files:
         if hints.get(f):
@@ -66,8 +48,8 @@ def roles_for(layout: str, files: Sequence[str], facts: Optional[dict] = None) -
             continue
         base = f.rsplit("/", 1)[-1]
         role = next((r for pat, r in patterns if pat.fullmatch(base)), "mixed")
-        if layout == "deepspeed" and role == "optimizer" and (facts.get("zero_stage") or 0) >= 3:
-            role = "weights"  # ZeRO-3: the fp32 weights are partitioned into the optimizer files
+        if producer is not None and producer.adjust_role is not None:
+            role = producer.adjust_role(role, facts)
         out[f] = role
     return out
 

@@ -1,20 +1,10 @@
 """What the producer's resume does with a pickle's known-benign imports, and the finding that follows.
 
 A pickle's benign imports (numpy arrays, ``TrainingArguments``…) only matter where a loader with an
-allowlist meets them.  The frameworks' resumes load their own files in their own way, read from their code
-(versions as tested, the same sources as :mod:`ckptaudit.producers`):
-
-* transformers 5.24 ``Trainer._load_rng_state``: ``torch.load(rng_file, weights_only=True)`` inside
-  ``transformers.trainer_pt_utils.safe_globals()``, which allows ``numpy._core.multiarray._reconstruct``,
-  ``numpy.ndarray``, ``numpy.dtype`` and ``type(numpy.dtype(numpy.uint32))``; ``training_args.bin`` is never
-  unpickled by the resume; optimizer, scheduler and scaler files get ``weights_only=True`` with nothing added.
-  transformers 4.57 is the same except that ``_load_rng_state`` calls ``torch.load(rng_file)`` with no
-  ``weights_only``: torch's default decides (True from torch 2.6 on; before 2.6 that load is unrestricted and
-  ``safe_globals()`` is a no-op).  The table assumes torch >= 2.6 where the job resumes.
-* accelerate 1.15 (1.16 read the same) ``load_accelerator_state``: every file through ``accelerate.utils.load``
-  (``weights_only=True`` with ``accelerate.utils.other.TORCH_SAFE_GLOBALS`` added: the same numpy names,
-  ``codecs.encode`` and ``numpy.dtypes.UInt32DType``); ``load_custom_state`` passes ``weights_only=False``.
-* deepspeed 0.19 ``TorchCheckpointEngine.load``: ``torch.load(weights_only=False)`` (no allowlist at all).
+allowlist meets them.  The frameworks' resumes load their own files in their own way: each producer's
+module (:mod:`ckptaudit.producers`) says, per file role, how its resume unpickles the file
+(:class:`~ckptaudit.producers.contract.ResumeLoad`: an allowlist added to torch's, no allowlist at all, or
+never unpickled), with the framework source it was read from.
 
 The table is keyed by layout and file role (:mod:`ckptaudit.roles`, structural), so the verdict is the same
 with the producer contracts off.  Everything else is read by ``torch.load(weights_only=True)`` with torch's
@@ -24,60 +14,31 @@ unknown imports are judged in :mod:`ckptaudit.security` whatever the loader.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Dict, FrozenSet, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
-from . import findings
+from . import findings, producers
 from .findings import Finding
+from .producers import ResumeLoad
 
-__all__ = ["ResumeLoad", "RESUME_LOADS", "benign_findings", "resume_load", "unrestricted_loader"]
-
-
-@dataclass(frozen=True)
-class ResumeLoad:
-    """How a producer's resume unpickles one file: ``loader`` in words, the names its loader adds to torch's
-    weights-only allowlist (``allows``, as torch matches them), or no allowlist at all (``weights_only``
-    False), or ``never`` (the resume does not unpickle the file)."""
-
-    loader: str
-    allows: FrozenSet[str] = frozenset()
-    weights_only: bool = True
-    never: bool = False
-
-
-_NUMPY = frozenset({"numpy._core.multiarray._reconstruct", "numpy.ndarray", "numpy.dtype",
-                    "numpy.dtypes.UInt32DType"})
-_HF_RNG = ResumeLoad("transformers Trainer._load_rng_state: torch.load(weights_only=True) inside "
-                     "transformers.trainer_pt_utils.safe_globals()", _NUMPY)
-_HF_NEVER = ResumeLoad("transformers' Trainer takes its TrainingArguments from the training script", never=True)
-_ACC = ResumeLoad("accelerate load_state: accelerate.utils.load, torch.load(weights_only=True) with "
-                  "accelerate.utils.other.TORCH_SAFE_GLOBALS", _NUMPY | {"_codecs.encode"})
-_ACC_CUSTOM = ResumeLoad("accelerate load_custom_state: torch.load(weights_only=False)", weights_only=False)
-_DS = ResumeLoad("deepspeed TorchCheckpointEngine.load: torch.load(weights_only=False)", weights_only=False)
-
-#: (layout, file role) -> how the producer's resume loads that file
-RESUME_LOADS: Dict[Tuple[str, str], ResumeLoad] = {
-    ("hf-trainer", "rng"): _HF_RNG,
-    ("hf-trainer", "metadata"): _HF_NEVER,
-    **{("accelerate", r): _ACC for r in ("weights", "optimizer", "scheduler", "scaler", "rng", "sampler")},
-    ("accelerate", "custom"): _ACC_CUSTOM,
-    **{("deepspeed", r): _DS for r in ("weights", "optimizer", "mixed")},
-}
+__all__ = ["ResumeLoad", "benign_findings", "resume_load", "unrestricted_loader"]
 
 
 def resume_load(layout: str, rel: str) -> Optional[ResumeLoad]:
     """How the resume of a ``layout`` unit loads its file ``rel`` (None: plain torch.load(weights_only=True))."""
     from . import roles
 
+    producer = producers.for_layout(layout)
+    if producer is None or not producer.resume_loads:
+        return None
     role = roles.roles_for(layout, [rel]).get(rel, "mixed")
-    return RESUME_LOADS.get((layout, role))
+    return producer.resume_loads.get(role)
 
 
 def unrestricted_loader(loader: str, resume: Optional[ResumeLoad]) -> str:
     """How the resume unpickles this member without any allowlist, in words; "" when its loader is restricted.
 
     ``pickle.load`` (DCP's ``.metadata``) and a producer's resume that passes ``weights_only=False``
-    (:data:`RESUME_LOADS`: DeepSpeed's ``TorchCheckpointEngine.load``,
+    (a producer's ``resume_loads``: DeepSpeed's ``TorchCheckpointEngine.load``,
     accelerate's ``load_custom_state``) import and call every global the pickle names; there an import on
     no list is an error (``unrestricted_load_imports_unknown``).  Elsewhere ``torch.load(weights_only=True)``
     refuses it, which makes the load fail: a warning (``unknown_pickle_global``)."""

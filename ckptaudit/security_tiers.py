@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict
 
+from . import producers
+
 # ------------------------------------------------------------- weights_only
 
 _WO_SOURCE = "torch 2.13 torch/_weights_only_unpickler.py _get_allowed_globals (default weights_only allowlist)"
@@ -118,14 +120,6 @@ def _aliased(target: str, pickled: str, source: str) -> _Benign:
 _NUMPY_SRC = ("numpy scalar/array/dtype reconstruction from bytes and a dtype code; calls no user code "
               "(seen for metrics like best_val_loss saved as numpy.float64; picklescan 1.0.5 treats "
               "numpy.dtype/ndarray/_reconstruct as safe)")
-_LIGHTNING_SRC = ("Lightning hparams container, a dict subclass with attribute access and no __setstate__ "
-                  "(seen as hyper_parameters in Lightning checkpoints). torch 2.13 allows SETITEM(S) only on "
-                  "exact dict/OrderedDict/Counter (_weights_only_unpickler.py _check_set_item_target), so "
-                  "allowlisting the class itself still fails: the repair maps the name to dict and loads "
-                  "the hparams as a plain dict")
-_HF_SRC = ("Hugging Face transformers training arguments: a dataclass whose fields are data (numbers, "
-           "strings, enums), rebuilt with __dict__.update; saved as training_args.bin by Trainer")
-_HF_ENUM_SRC = "Hugging Face transformers enum pickled inside TrainingArguments; rebuilt as cls(value)"
 _DCP_SRC = ("torch.distributed.checkpoint dataclass/enum that FileSystemWriter pickles into .metadata "
             "(torch/distributed/checkpoint/metadata.py, filesystem.py); its fields are sizes, offsets, dtypes, "
             "names")
@@ -161,12 +155,6 @@ BENIGN: Dict[str, _Benign] = {
     "torch.torch_version.TorchVersion": _plain("torch.torch_version.TorchVersion",
                                                "str subclass holding torch.__version__ (saved when a script stores "
                                                "torch.__version__ as is)"),
-    "pytorch_lightning.utilities.parsing.AttributeDict": _aliased(
-        "dict", "pytorch_lightning.utilities.parsing.AttributeDict", _LIGHTNING_SRC),
-    "lightning.fabric.utilities.data.AttributeDict": _aliased(
-        "dict", "lightning.fabric.utilities.data.AttributeDict", _LIGHTNING_SRC),
-    "lightning.pytorch.utilities.parsing.AttributeDict": _aliased(
-        "dict", "lightning.pytorch.utilities.parsing.AttributeDict", _LIGHTNING_SRC),
     "pathlib.PosixPath": _aliased("pathlib.PosixPath", "pathlib.PosixPath",
                                   "filesystem path value (output_dir, data paths in saved configs); aliased "
                                   "because Python 3.13 moved it to pathlib._local"),
@@ -179,38 +167,8 @@ BENIGN: Dict[str, _Benign] = {
     "datetime.time": _plain("datetime.time", "time value rebuilt from bytes"),
     "datetime.timedelta": _plain("datetime.timedelta", "duration value (elapsed training time)"),
     "datetime.timezone": _plain("datetime.timezone", "fixed-offset tzinfo of an aware datetime"),
-    "transformers.training_args.TrainingArguments": _plain("transformers.training_args.TrainingArguments", _HF_SRC),
-    "transformers.training_args_seq2seq.Seq2SeqTrainingArguments": _plain(
-        "transformers.training_args_seq2seq.Seq2SeqTrainingArguments", _HF_SRC),
-    "transformers.training_args.OptimizerNames": _plain("transformers.training_args.OptimizerNames", _HF_ENUM_SRC),
-    "transformers.trainer_utils.IntervalStrategy": _plain("transformers.trainer_utils.IntervalStrategy", _HF_ENUM_SRC),
-    "transformers.trainer_utils.SaveStrategy": _plain("transformers.trainer_utils.SaveStrategy", _HF_ENUM_SRC),
-    "transformers.trainer_utils.HubStrategy": _plain("transformers.trainer_utils.HubStrategy", _HF_ENUM_SRC),
-    "transformers.trainer_utils.SchedulerType": _plain("transformers.trainer_utils.SchedulerType", _HF_ENUM_SRC),
-    "transformers.trainer_utils.FSDPOption": _plain("transformers.trainer_utils.FSDPOption", _HF_ENUM_SRC),
-    "transformers.debug_utils.DebugOption": _plain("transformers.debug_utils.DebugOption", _HF_ENUM_SRC),
-    # framework data classes seen in the real-framework fixtures (tests/frameworks), each rebuilt from
-    # constants with NEWOBJ/REDUCE + BUILD; the version is the one they were seen in
-    "transformers.trainer_pt_utils.AcceleratorConfig": _plain(
-        "transformers.trainer_pt_utils.AcceleratorConfig", _HF_SRC + " (accelerator_config field; transformers 5.24.0)"),
-    "accelerate.state.PartialState": _plain(
-        "accelerate.state.PartialState", "accelerate process-state holder pickled inside TrainingArguments "
-        "(distributed_state field), rebuilt without calling __init__; accelerate 1.15.0, transformers 5.24.0"),
-    "accelerate.utils.dataclasses.DistributedType": _plain(
-        "accelerate.utils.dataclasses.DistributedType", "accelerate enum (NO, MULTI_GPU, DEEPSPEED…) pickled "
-        "inside TrainingArguments; accelerate 1.15.0"),
-    "deepspeed.runtime.fp16.loss_scaler.LossScaler": _plain(
-        "deepspeed.runtime.fp16.loss_scaler.LossScaler", "DeepSpeed static loss-scaler state (cur_scale, "
-        "dynamic=False) in ZeRO optim_states files; deepspeed 0.19.8"),
-    "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler": _plain(
-        "deepspeed.runtime.fp16.loss_scaler.DynamicLossScaler", "DeepSpeed dynamic loss-scaler state (cur_scale, "
-        "scale_window, hysteresis counters) in fp16 ZeRO optim_states files; deepspeed 0.19.8"),
-    "deepspeed.runtime.zero.config.ZeroStageEnum": _plain(
-        "deepspeed.runtime.zero.config.ZeroStageEnum", "DeepSpeed ZeRO stage enum in optim_states files; "
-        "deepspeed 0.19.8"),
-    "deepspeed.utils.tensor_fragment.fragment_address": _plain(
-        "deepspeed.utils.tensor_fragment.fragment_address", "DeepSpeed dataclass (numel, start) of a parameter's "
-        "slice in a flat ZeRO partition (param_slice_mappings); deepspeed 0.19.8"),
+    # the frameworks' own data classes (each producer's module: ckptaudit.producers), rebuilt from constants
+    **{name: _Benign(why, spelling) for p in producers.PRODUCERS for name, (spelling, why) in p.benign_globals.items()},
     # omegaconf containers (Hydra configs saved as Lightning hyper_parameters): rebuilt with
     # NEWOBJ + BUILD of a state dict (_content, _metadata, _parent); their __setstate__ stores data
     # and calls no name from the pickle. Seen in pesto-pitch 2.0.1 mir-1k_g7.ckpt (omegaconf 2.x).

@@ -20,7 +20,7 @@ from typing import Dict, Iterable, List, Optional
 
 from . import components as C
 from . import findings as F
-from . import roles, weights_rows
+from . import producers, roles, weights_rows
 
 WRAPPER_PREFIXES = {"module.": "DistributedDataParallel/DataParallel", "_orig_mod.": "torch.compile"}
 # Buffers that are in a state_dict but are not parameters (no optimizer state).
@@ -105,20 +105,10 @@ def analyse_unit(unit: dict, scan_row: dict, tensors: Iterable[dict], cfg: dict,
     fl: List[F.Finding] = []
     target = cfg.get("target") or {}
     # parallel layout
-    dp, stage = facts.get("dp_world_size"), facts.get("zero_stage")
-    row.update(dp_world_size=dp, zero_stage=stage)
-    if scan_row["layout"] == "deepspeed":
-        tws, tst = target.get("world_size"), target.get("zero_stage")
-        if tws and dp and stage and tws != dp and stage >= 1:
-            fl.append(F.make("zero_dp_world_size_mismatch", path=p, stage=stage, saved=dp, target=tws))
-        if tst is not None and stage is not None and tst != stage:
-            fl.append(F.make("zero_stage_mismatch", path=p, saved=stage, target=tst))
-    if scan_row["layout"] == "megatron":
-        for what, key in (("tensor_model_parallel_size", "tensor_parallel"),
-                          ("pipeline_model_parallel_size", "pipeline_parallel")):
-            saved, want = facts.get(key), target.get(key)
-            if saved and want and saved != want:
-                fl.append(F.make("model_parallel_mismatch", path=p, what=what, saved=saved, target=want))
+    row.update(dp_world_size=facts.get("dp_world_size"), zero_stage=facts.get("zero_stage"))
+    producer = producers.for_layout(scan_row["layout"])
+    if producer is not None and producer.parallel_findings is not None:
+        fl.extend(producer.parallel_findings(p, facts, target))
     w = weights_rows.complete(c, facts, tensors)  # every weight, where the scan tree kept 4,096
     if not w:
         row["findings_json"] = json.dumps([f.to_dict() for f in fl])

@@ -156,7 +156,6 @@ MODULE_STATE: Dict[str, str] = {
     "ckptaudit.publish.staging._LOCATIONS": "process state: staging buffers reused across saves",
     "ckptaudit.publish.staging._TAGGER_REGISTERED": "process state: whether torch's location tagger is registered",
     "ckptaudit.publish.writer._SYNC_FILE_RANGE": "cache: libc's sync_file_range, looked up once",
-    "ckptaudit.roles._LAYOUT_ROLES": "cache: file roles per layout",
 }
 
 

@@ -56,15 +56,15 @@ ENTRIES: List[_k] = [
        "Convert first: DeepSpeed's universal checkpoint (`python -m deepspeed.checkpoint.ds_to_universal "
        "--input_folder {path} --output_folder {path}_universal`, then load with `load_universal`), or "
        "warm-start from consolidated weights (`zero_to_fp32.py`).",
-       stage="structure", detector="ckptaudit.structure:analyse_unit"),
+       stage="structure", detector="ckptaudit.producers.deepspeed:parallel_findings"),
     _k("zero_stage_mismatch", "structure", "error", "warm-start",
        "{path}: saved with ZeRO stage {saved}; the resuming job uses stage {target}.",
        "Convert with DeepSpeed's universal checkpoint, or warm-start from `zero_to_fp32.py` weights.",
-       stage="structure", detector="ckptaudit.structure:analyse_unit"),
+       stage="structure", detector="ckptaudit.producers.deepspeed:parallel_findings"),
     _k("model_parallel_mismatch", "structure", "error", "warm-start",
        "{path}: saved with {what} = {saved}; the resuming job has {target}.",
        "Reshard the checkpoint with the framework's converter before resuming.",
-       stage="structure", detector="ckptaudit.structure:analyse_unit"),
+       stage="structure", detector="ckptaudit.producers.megatron:parallel_findings"),
     _k("model_changed_in_run", "structure", "warning", "resume",
        "{path}: the model structure changed at this unit compared with {previous}: {examples}.",
        "Check that the code change at this step was intended; resume with the matching code.",

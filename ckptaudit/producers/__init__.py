@@ -1,0 +1,107 @@
+"""Producers as data: one module per framework holds what its save writes and what its resume reads.
+
+Each module of this package (:mod:`.hf_trainer`, :mod:`.accelerate`, :mod:`.lightning`, :mod:`.deepspeed`,
+:mod:`.dcp`, :mod:`.megatron`, :mod:`.nanogpt`, :mod:`.torch_tutorial`) defines one
+:class:`~.contract.Producer`: its :class:`~.contract.Contract` per version range (which files form a
+unit, the role of each, how the resume loads it, where the step lives, what it always or never saves),
+the base-name patterns of its files' roles, how its resume unpickles each role, its resume call and the
+unit its default resume takes.  Its module docstring cites the framework source each fact was read from.
+
+Two ways in, for two kinds of question:
+
+* :func:`for_layout` — by a unit's inventory layout (structural: the file names the layout adapter
+  recognised), for roles, resume loads and resume calls; the verdict is the same with the contracts off.
+* :func:`identify` — by a unit's files and tree, the contract that names the producer and sharpens
+  wording; structural recognition (:mod:`ckptaudit.recognise`) is the fallback for every producer without
+  an entry and must reach the same verdict on its own.  ``CKPTAUDIT_PRODUCER_CONTRACTS=0`` switches the
+  contracts off (the tests run every framework fixture both ways).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from types import MappingProxyType
+from typing import List, Mapping, Optional, Sequence, Tuple
+
+from . import accelerate, dcp, deepspeed, hf_trainer, lightning, megatron, nanogpt, torch_tutorial
+from .contract import UNSAFE, WO, Contract, FileRole, Producer, ResumeLoad
+
+__all__ = ["Contract", "FileRole", "Producer", "ResumeLoad", "PRODUCERS", "CONTRACTS", "WO", "UNSAFE",
+           "POINTER_FILES", "VERSION_KEYS", "PIP_NAMES",
+           "enabled", "identify", "role_of", "metadata_files", "for_layout", "for_unit", "with_entry"]
+
+#: Every producer, in the order a unit's contract is looked for.
+PRODUCERS: Tuple[Producer, ...] = (hf_trainer.PRODUCER, accelerate.PRODUCER, lightning.PRODUCER,
+                                   deepspeed.PRODUCER, dcp.PRODUCER, nanogpt.PRODUCER, torch_tutorial.PRODUCER,
+                                   megatron.PRODUCER)
+#: Every contract, in that order.
+CONTRACTS: Tuple[Contract, ...] = tuple(c for p in PRODUCERS for c in p.contracts)
+#: Pointer files the producers write beside their units: base name -> what it is, in words.
+POINTER_FILES: Mapping[str, str] = MappingProxyType({n: d for p in PRODUCERS for n, d in p.pointers.items()})
+#: Keys at a checkpoint's root that record a framework's version: key -> package.
+VERSION_KEYS: Mapping[str, str] = MappingProxyType({k: v for p in PRODUCERS for k, v in p.version_keys.items()})
+#: Modules the producers' pickles import -> the pip package that installs them.
+PIP_NAMES: Mapping[str, str] = MappingProxyType({m: n for p in PRODUCERS for m, n in p.pip_names.items()})
+
+
+def for_layout(layout: str) -> Optional[Producer]:
+    """The producer whose units come as inventory ``layout`` (None for plain layouts: ``torch-zip``, …)."""
+    return next((p for p in PRODUCERS if layout in p.layouts), None)
+
+
+def for_unit(unit: dict) -> Optional[Producer]:
+    """The producer whose resume reads ``unit`` (a verdict's unit row: ``unit``, ``layout``): by its layout,
+    else the producer that claims it (a plain ``.ckpt`` file is Lightning's); None for a plain file."""
+    p = for_layout(unit.get("layout") or "")
+    return p or next((q for q in PRODUCERS if q.claims is not None and q.claims(unit)), None)
+
+
+def with_entry() -> Tuple[Producer, ...]:
+    """The producers with a configured resume entry (a unit their resume loads by name)."""
+    return tuple(p for p in PRODUCERS if p.entry is not None)
+
+
+def enabled() -> bool:
+    """False when ``CKPTAUDIT_PRODUCER_CONTRACTS`` is ``0``/``false``/``off`` (read at each call)."""
+    return os.environ.get("CKPTAUDIT_PRODUCER_CONTRACTS", "1").strip().lower() not in ("0", "false", "off", "no")
+
+
+def _base(f: str) -> str:
+    return f.rsplit("/", 1)[-1]
+
+
+def identify(layout: str, files: Sequence[str], tree: Optional[dict] = None) -> Optional[Contract]:
+    """The contract of the producer that wrote a unit, or None (also when contracts are off).
+
+    ``files`` are the unit's files (run-relative); ``tree`` its scan tree ({file key: pruned object}).
+    """
+    if not enabled():
+        return None
+    bases = [_base(f) for f in files]
+    for c in CONTRACTS:
+        if layout not in c.layouts:
+            continue
+        if c.match_files and any(fnmatch.fnmatch(b, p) for p in c.match_files for b in bases):
+            return c
+        if c.match_keys and tree:
+            for sub in tree.values():
+                if isinstance(sub, dict) and all(k in sub for k in c.match_keys):
+                    return c
+    return None
+
+
+def role_of(contract: Optional[Contract], file: str) -> Optional[FileRole]:
+    """The role a unit's file plays under ``contract`` (None when unknown)."""
+    if contract is None:
+        return None
+    b = _base(file)
+    for r in contract.files:
+        if fnmatch.fnmatch(b, r.pattern):
+            return r
+    return None
+
+
+def metadata_files(contract: Optional[Contract], files: Sequence[str]) -> List[str]:
+    """The unit's files that the producer's resume never reads."""
+    return [f for f in files if (r := role_of(contract, f)) is not None and r.loaded_by == "never"]

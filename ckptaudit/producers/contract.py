@@ -1,0 +1,118 @@
+"""The shape of what the audit knows about one producer: its contracts, file roles, resume loads and resume call.
+
+A :class:`Producer` is everything the audit knows about one framework's checkpoints, held in that
+producer's own module of :mod:`ckptaudit.producers` (one module per producer); the stages ask the
+registry (:func:`ckptaudit.producers.for_layout`, :func:`ckptaudit.producers.identify`) and name no
+framework themselves.
+
+* :class:`Contract` — which files form a unit and what each is for, under one framework and version
+  range; identified per unit from its files and tree (switched off by ``CKPTAUDIT_PRODUCER_CONTRACTS=0``).
+* :class:`Producer` — keyed by the inventory layouts whose units the framework resumes (structural, so
+  the verdict is the same with the contracts off): the base-name patterns of each file role, how the
+  resume unpickles each role (:class:`ResumeLoad`), the resume call to print and which unit the
+  framework's default resume would take.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Dict, FrozenSet, Optional, Tuple
+
+__all__ = ["FileRole", "Contract", "ResumeLoad", "Producer", "WO", "UNSAFE"]
+
+#: How a file is loaded, in words: torch's restricted unpickler, or full unpickling.
+WO = "torch.load(weights_only=True)"
+UNSAFE = "torch.load(weights_only=False)"
+
+
+@dataclass(frozen=True)
+class FileRole:
+    """One file of a contract's unit: ``pattern`` (fnmatch on the base name), its ``role`` (``weights``,
+    ``optimizer``, ``scheduler``, ``scaler``, ``rng``, ``sampler``, ``trainer_state``, ``custom``,
+    ``metadata`` or ``mixed``) and how the producer's resume reads it (``loaded_by``; ``never`` when not)."""
+
+    pattern: str
+    role: str
+    loaded_by: str
+
+
+@dataclass(frozen=True)
+class Contract:
+    """What one framework's save writes and its resume reads, for one version range.
+
+    ``match_files`` (fnmatch on base names) identifies a folder unit, ``match_keys`` (all at a file's root)
+    a file unit; ``keys`` maps a role to dotted paths in a file's tree; ``step_at``/``epoch_at`` are
+    ``"file pattern:dotted.path"``; ``name_number`` says whether the number in a unit's name is a step or a
+    save counter (``"save_index"``); ``saves``/``never_saves`` are components always / never written."""
+
+    producer: str
+    framework: str
+    versions: str  # the range the facts hold for, with the version they were tested on
+    layouts: Tuple[str, ...]  # inventory layouts this producer's units come as
+    match_files: Tuple[str, ...] = ()
+    match_keys: Tuple[str, ...] = ()
+    files: Tuple[FileRole, ...] = ()
+    keys: Dict[str, Tuple[str, ...]] = field(default_factory=dict)
+    step_at: Tuple[str, ...] = ()
+    epoch_at: Tuple[str, ...] = ()
+    name_number: str = "step"
+    saves: FrozenSet[str] = frozenset()
+    never_saves: FrozenSet[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class ResumeLoad:
+    """How a producer's resume unpickles one file: ``loader`` in words, the names its loader adds to torch's
+    weights-only allowlist (``allows``, as torch matches them), or no allowlist at all (``weights_only``
+    False), or ``never`` (the resume does not unpickle the file)."""
+
+    loader: str
+    allows: FrozenSet[str] = frozenset()
+    weights_only: bool = True
+    never: bool = False
+
+
+#: ``default_pick(verdict, folder) -> (unit or None, whether the framework has a default resume)``
+DefaultPick = Callable[[dict, str], Tuple[Optional[str], bool]]
+
+
+@dataclass(frozen=True)
+class Producer:
+    """Everything the audit knows about one framework, keyed by the inventory ``layouts`` of its units.
+
+    ``roles``: ``(role, regular expression on a file's base name)`` in the order a file takes the first
+    that matches (``mixed`` when none does); ``resume_loads``: role → :class:`ResumeLoad`;
+    ``resume_call``: the framework's own resume call for one unit (``{path}``, ``{dir}``, ``{tag}``);
+    ``default_call``: the call whose pick :attr:`default_pick` computes; ``contracts``: its version ranges;
+    the producers with a ``resume_call`` are the frameworks whose resume the verdict words (the others are
+    resumed by a script that names the file)."""
+
+    key: str
+    name: str  # in a sentence: "the HF Trainer", "DeepSpeed"
+    layouts: Tuple[str, ...]
+    contracts: Tuple[Contract, ...] = ()
+    roles: Tuple[Tuple[str, str], ...] = ()
+    resume_loads: Dict[str, ResumeLoad] = field(default_factory=dict)
+    resume_call: Optional[str] = None
+    default_call: Optional[str] = None
+    default_pick: Optional[DefaultPick] = None
+    #: ``(role, facts) -> role``: a role that depends on what the scan read (DeepSpeed ZeRO-3)
+    adjust_role: Optional[Callable[[str, dict], str]] = None
+    #: whether the framework resumes a unit of another layout as its own (Lightning: a plain ``.ckpt``)
+    claims: Optional[Callable[[dict], bool]] = None
+    #: the unit the framework's configured resume loads by name (Lightning's ``last.ckpt``), and that call
+    entry: Optional[Callable[[str], bool]] = None
+    entry_call: Optional[str] = None
+    #: the name ending of this producer's file units ("" when any)
+    unit_suffix: str = ""
+    #: pointer files it writes beside its units (base name -> what it is, in words)
+    pointers: Dict[str, str] = field(default_factory=dict)
+    #: keys at a checkpoint's root that record the version of this framework (key -> package)
+    version_keys: Dict[str, str] = field(default_factory=dict)
+    #: modules its pickles import -> the pip package that installs them
+    pip_names: Dict[str, str] = field(default_factory=dict)
+    #: ``(unit, scan facts, target) -> findings``: the unit's parallel layout against the resuming job's
+    parallel_findings: Optional[Callable[[str, dict, dict], list]] = None
+    #: its own classes its checkpoints pickle that are data (rebuilt from constants, no code named by the
+    #: pickle runs): ``module.name`` -> (the ``add_safe_globals`` spelling, why and where it was seen)
+    benign_globals: Dict[str, Tuple[str, str]] = field(default_factory=dict)
