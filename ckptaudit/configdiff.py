@@ -18,7 +18,7 @@ from typing import List, Optional
 
 from . import components as C
 from . import findings as F
-from . import roles
+from . import producers, roles
 
 BREAKING_RE = re.compile(
     r"^(n_?embd|d|d_model|dim|hidden(_size|_dim)?|n_?layers?|num_(hidden_)?layers|n_?heads?|num_attention_heads|"
@@ -91,7 +91,7 @@ def diff_unit(unit: dict, scan_row: dict, cfg: dict, torch_version: Optional[str
     for lib, v in sorted(c.versions.items()):
         if lib == "torch":
             continue
-        here = installed_version({"lightning": "pytorch-lightning"}.get(lib, lib))
+        here = installed_version(producers.VERSION_DISTS.get(lib, lib))
         rows.append({"unit": p, "source": "versions", "key": f"{lib}_version", "saved": v, "target": here or "",
                      "klass": "harmless" if not here or here == v else "risky", "findings_json": "[]"})
     return rows

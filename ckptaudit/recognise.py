@@ -45,7 +45,8 @@ __all__ = ["Node", "Found", "find", "is_tensor", "children", "unflatten_optimize
 
 SCHEDULER_FIELDS = {"base_lrs", "_step_count", "_last_lr", "_get_lr_called_within_step", "lr_lambdas",
                     "T_max", "eta_min", "step_size", "gamma", "milestones", "total_steps", "_schedulers"}
-MEGATRON_SCHEDULER_FIELDS = {"num_steps", "max_lr", "warmup_steps"}
+#: OptimizerParamScheduler.state_dict() fields (Megatron-LM megatron/core/optimizer_param_scheduler.py)
+PARAM_SCHEDULER_FIELDS = {"num_steps", "max_lr", "warmup_steps"}
 SCALER_FIELDS = {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"}
 TORCH_CPU_RNG_BYTES = 5056  # torch/csrc/CPUGeneratorImpl.cpp: sizeof(CPUGeneratorImplState)
 TORCH_CUDA_RNG_BYTES = 16  # seed + offset (CUDAGeneratorImpl get_state)
@@ -158,7 +159,7 @@ def is_scheduler(x: Any) -> bool:
         return True
     if "last_batch_iteration" in d and all(isinstance(v, (int, float, list, type(None))) for v in d.values()):
         return True  # DeepSpeed lr_schedules (WarmupLR, OneCycle, LRRangeTest) state_dict
-    return MEGATRON_SCHEDULER_FIELDS <= set(d)
+    return PARAM_SCHEDULER_FIELDS <= set(d)
 
 
 def is_scaler(x: Any) -> bool:

@@ -13,12 +13,25 @@ import statistics
 from typing import Dict, List, Optional
 
 from . import findings as F
+from . import producers
 
 
 def _step(u: dict, state_row: Optional[dict]) -> Optional[int]:
     if state_row and state_row.get("step") is not None:
         return int(state_row["step"])
     return u.get("step_from_name")
+
+
+def _always_holds(u: dict, comp: str) -> str:
+    """Evidence, from the unit's layout alone (contracts off too), that its producer writes ``comp`` in every
+    unit: its folder holds the producer's own record of a complete save (the HF Trainer's
+    ``trainer_state.json``); "" when there is none."""
+    p = producers.for_layout(u.get("layout") or "")
+    if p is None or not p.complete_marker or not any(comp in c.saves for c in p.contracts):
+        return ""
+    if not any(f.rsplit("/", 1)[-1] == p.complete_marker for f in u.get("files", [])):
+        return ""
+    return f"{p.name}'s checkpoint folder ({p.complete_marker}) always holds it"
 
 
 def run_findings(units: List[dict], state_rows: Dict[str, dict], structure_rows: Dict[str, dict],
@@ -233,8 +246,8 @@ def missing_components(units: List[dict], state_rows: Dict[str, dict],
                 evidence.append("its optimizer's param groups carry initial_lr, which a torch LR scheduler sets")
             if comp in c.always_saves and c.producer:
                 evidence.append(f"{c.producer} saves it in every checkpoint")
-            elif u.get("layout") == "hf-trainer" and any(f.endswith("trainer_state.json") for f in u.get("files", [])):
-                evidence.append("a Trainer checkpoint folder (trainer_state.json) always holds it")
+            elif (marker := _always_holds(u, comp)):
+                evidence.append(marker)
             if have[comp]:
                 shown = ", ".join(sorted(have[comp])[:3]) + (f" and {len(have[comp]) - 3} more"
                                                              if len(have[comp]) > 3 else "")

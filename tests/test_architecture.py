@@ -1,4 +1,6 @@
-"""The house plan holds: no import circle among ckptaudit modules, no module over 400 lines but data tables.
+"""The house plan holds: no import circle among ckptaudit modules or between its packages, no module over 400
+lines but data tables, no module-level mutable state but the listed, and no framework named outside the
+producers' modules but the listed (``NAMES_A_FRAMEWORK``, each with its reason; both lists only shrink).
 
 Imports are read from the AST of every ``ckptaudit/**/*.py`` (function-level imports count: a circle
 through a lazy import is still a circle a reader has to untangle).  A package is its ``__init__``;
@@ -10,6 +12,7 @@ through a lazy import is still a circle a reader has to untangle).  A package is
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 from typing import Dict, List, Set, Tuple
 
@@ -118,6 +121,25 @@ def test_no_import_cycle():
     assert not cycles, "import circles:\n" + "\n".join(lines)
 
 
+def _package_of(mod: str) -> str:
+    """A module's node in the package graph: its sub-package of ``ckptaudit`` (``ckptaudit.formats`` for
+    ``ckptaudit.formats.zip.crc``), or itself for a top-level module."""
+    return ".".join(mod.split(".")[:2])
+
+
+def test_no_import_cycle_between_packages():
+    """Sub-packages as nodes: a package imports downward only (``onepass`` reads ``formats``, never back)."""
+    edges = _edges(_modules())
+    by_pkg: Dict[str, List[Tuple[str, int, str]]] = {}
+    for m, es in edges.items():
+        by_pkg.setdefault(_package_of(m), [])
+        by_pkg[_package_of(m)].extend((_package_of(t), line, f"{m}:{line}: {text}") for t, line, text in es
+                                      if _package_of(t) != _package_of(m))
+    cycles = _cycles(by_pkg)
+    lines = [text for comp in cycles for p in comp for t, _, text in by_pkg[p] if t in comp]
+    assert not cycles, "package circles:\n" + "\n".join(sorted(set(lines)))
+
+
 def test_no_module_over_400_lines_except_data_tables():
     mods = _modules()
     sizes = {m: len(p.read_text().splitlines()) for m, p in mods.items()}
@@ -190,3 +212,56 @@ def test_module_level_state_only_shrinks():
     assert not found - set(MODULE_STATE), f"new module-level mutable state: {sorted(found - set(MODULE_STATE))}"
     assert not set(MODULE_STATE) - found, f"gone: drop from MODULE_STATE: {sorted(set(MODULE_STATE) - found)}"
     assert not any(k.startswith("ckptaudit.onepass.facts.") for k in found)  # the byte facts are values
+
+
+# ------------------------------------------------------------------ frameworks are named by their producer
+#: What names a framework (a string constant that is not a docstring, a name, an attribute): the frameworks
+#: the audit knows, and the HF Trainer's own files.  ``trainer_state`` alone is a file role, not a framework.
+FRAMEWORK_WORDS = re.compile(r"deepspeed|lightning|megatron|accelerate|transformers|hf-trainer|hf_trainer|"
+                             r"trainer_state\.json|nanogpt|torchtitan|\btimm\b|\bpeft\b|ultralytics|\bnemo\b",
+                             re.IGNORECASE)
+#: A producer's modules: its own in ckptaudit/producers/ and its layout adapter (the scan of its units' files).
+PRODUCER_MODULES = re.compile(r"^ckptaudit\.producers(\..*)?$|"
+                              r"^ckptaudit\.layouts\.(hf|accelerate|deepspeed|megatron|dcp|dcp_bytes)$")
+#: Modules outside the producers that still name a framework, each with its reason.  Only shrinks.
+NAMES_A_FRAMEWORK: Dict[str, str] = {
+    "ckptaudit.layouts": "the registry of layout adapters imports each adapter by its framework's name",
+    "ckptaudit.findings.file": "data: finding texts name the framework the user runs (its repair commands)",
+    "ckptaudit.findings.structure": "data: finding texts name the framework the user runs (its converters)",
+    "ckptaudit.demo": "the bundled demo is itself a nanoGPT-style training loop (re-exports its keys)",
+    "ckptaudit.demo.train": "the bundled demo is itself a nanoGPT-style training loop",
+    "ckptaudit.security_tiers": "prose: where a generic class was seen (argparse.Namespace, io.BytesIO)",
+    "ckptaudit.safe_load": "next: the layouts the reader loads itself and the Trainer's training_args.bin",
+    "ckptaudit.verdict": "next: the Megatron tracker's validity check belongs to producers.megatron",
+    "ckptaudit.inventory": "next: the Megatron tracker's target resolution belongs to producers.megatron",
+    "ckptaudit.report_headline": "next: the Megatron finding kinds the headline words",
+    "ckptaudit.components": "next: the HF Trainer's log_history as the logged loss",
+    "ckptaudit.layouts.published": "next: the file names that make a publish folder a framework's own",
+    "ckptaudit.layouts.single": "next: a zip named .ckpt is sniffed as Lightning's layout",
+}
+
+
+def _framework_names(path: Path) -> List[Tuple[int, str]]:
+    tree = ast.parse(path.read_text(), str(path))
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)
+            and isinstance(n.body[0].value.value, str)}
+    out = []
+    for n in ast.walk(tree):
+        text = (n.value if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
+                else n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute)
+                else n.name if isinstance(n, ast.alias) else None)
+        if text and FRAMEWORK_WORDS.search(text):
+            out.append((getattr(n, "lineno", 0), text[:60]))
+    return out
+
+
+def test_no_module_outside_a_producer_names_a_framework():
+    found = {m: hits for m, p in _modules().items() if not PRODUCER_MODULES.match(m)
+             and (hits := _framework_names(p))}
+    new = {m: hits[:3] for m, hits in found.items() if m not in NAMES_A_FRAMEWORK}
+    assert not new, f"ask ckptaudit.producers instead of naming a framework: {new}"
+    gone = sorted(set(NAMES_A_FRAMEWORK) - set(found))
+    assert not gone, f"no longer names a framework: drop from NAMES_A_FRAMEWORK: {gone}"
+

@@ -43,6 +43,12 @@ DTYPE_BITS = {
     "I32": 32, "U32": 32, "F32": 32,
     "I64": 64, "U64": 64, "F64": 64, "C64": 64,
 }
+#: torch's dtype name of each safetensors dtype (safetensors ``Dtype`` names; ``safetensors.torch._TYPES``)
+ST_DTYPES = {
+    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
+    "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
+    "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "U16": "uint16", "U32": "uint32", "U64": "uint64",
+}
 #: Shortest NUL run in the data buffer that can count as a lost block, bytes
 #: (one filesystem block / page: the unit in which unflushed data is lost).
 MIN_ZERO_RUN_BYTES = 4096

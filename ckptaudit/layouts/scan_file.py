@@ -127,14 +127,14 @@ def _zip_tensors(path: Path, rel: str, unit: str, scan: UnitScan, rep, res) -> D
 
 def _safetensors_rows(path: Path, rel: str, unit: str, scan: UnitScan, header: Dict[str, Any]) -> Dict[str, Any]:
     """A TensorRow per valid entry of a safetensors header; returns the file's tree."""
-    from ..formats.safetensors_check import valid_entries
+    from ..formats.safetensors_check import ST_DTYPES, valid_entries
 
     hlen = _safetensors_header_len(path)
     tree: Dict[str, Any] = {}
     # a malformed entry (wrong types) is already an invalid_header_json error: it is not a tensor
     for name, info in valid_entries(header):
         a, b = info["data_offsets"]
-        dtype = _ST_DTYPES.get(info.get("dtype"), str(info.get("dtype")).lower())
+        dtype = ST_DTYPES.get(info.get("dtype"), str(info.get("dtype")).lower())
         shape = list(info.get("shape", []))
         numel = 1
         for d in shape:
@@ -152,13 +152,6 @@ def _json_tree(path: Path, scan: UnitScan, out: Dict[str, Any], key: str) -> Non
         scan.tree[key] = out["obj"]
     except (OSError, ValueError):
         pass
-
-
-_ST_DTYPES = {
-    "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
-    "I32": "int32", "I16": "int16", "I8": "int8", "U8": "uint8", "BOOL": "bool",
-    "F8_E4M3": "float8_e4m3fn", "F8_E5M2": "float8_e5m2", "U16": "uint16", "U32": "uint32", "U64": "uint64",
-}
 
 
 def _safetensors_header_len(path: Path) -> int:

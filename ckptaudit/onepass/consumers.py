@@ -14,7 +14,7 @@ import hashlib
 import threading
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from .crc32 import crc32, crc32_combine  # noqa: F401 - crc32_combine is part of this module's interface
+from ..formats.zip.crc32 import crc32, crc32_combine  # noqa: F401 - crc32_combine is part of this module's interface
 from .nulruns import nul_runs
 from .ranges import Ranges
 from .values import _BLOCK, buffer_stats, itemsize

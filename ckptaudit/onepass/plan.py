@@ -262,8 +262,7 @@ def _plan_safetensors(path, hlen: int, data: Optional[bytes]) -> Plan:
     (:func:`ckptaudit.formats.safetensors_check.iter_header`), the ranges kept as columns."""
     from array import array
 
-    from ..formats.safetensors_check import MIN_ZERO_RUN_BYTES, entry_problem, iter_header
-    from ..layouts.scan_file import _ST_DTYPES
+    from ..formats.safetensors_check import MIN_ZERO_RUN_BYTES, ST_DTYPES, entry_problem, iter_header
 
     plan = Plan()
     if hlen > MAX_HEADER_BYTES:
@@ -283,7 +282,7 @@ def _plan_safetensors(path, hlen: int, data: Optional[bytes]) -> Plan:
         if name == "__metadata__" or entry_problem(name, info):
             continue
         a, b = info["data_offsets"]
-        dtype = _ST_DTYPES.get(info.get("dtype"), str(info.get("dtype")).lower())
+        dtype = ST_DTYPES.get(info.get("dtype"), str(info.get("dtype")).lower())
         if dtype in FLOAT_DTYPES and b > a:
             offs.append(base + a)
             lens.append(b - a)

@@ -28,7 +28,7 @@ from . import accelerate, dcp, deepspeed, hf_trainer, lightning, megatron, nanog
 from .contract import UNSAFE, WO, Contract, FileRole, Producer, ResumeLoad
 
 __all__ = ["Contract", "FileRole", "Producer", "ResumeLoad", "PRODUCERS", "CONTRACTS", "WO", "UNSAFE",
-           "POINTER_FILES", "VERSION_KEYS", "PIP_NAMES",
+           "POINTER_FILES", "VERSION_KEYS", "VERSION_DISTS", "PIP_NAMES",
            "enabled", "identify", "role_of", "metadata_files", "for_layout", "for_unit", "with_entry"]
 
 #: Every producer, in the order a unit's contract is looked for.
@@ -41,6 +41,8 @@ CONTRACTS: Tuple[Contract, ...] = tuple(c for p in PRODUCERS for c in p.contract
 POINTER_FILES: Mapping[str, str] = MappingProxyType({n: d for p in PRODUCERS for n, d in p.pointers.items()})
 #: Keys at a checkpoint's root that record a framework's version: key -> package.
 VERSION_KEYS: Mapping[str, str] = MappingProxyType({k: v for p in PRODUCERS for k, v in p.version_keys.items()})
+#: A version key's package name -> the distribution whose installed version compares with it.
+VERSION_DISTS: Mapping[str, str] = MappingProxyType({k: v for p in PRODUCERS for k, v in p.version_dists.items()})
 #: Modules the producers' pickles import -> the pip package that installs them.
 PIP_NAMES: Mapping[str, str] = MappingProxyType({m: n for p in PRODUCERS for m, n in p.pip_names.items()})
 

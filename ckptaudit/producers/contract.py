@@ -105,10 +105,14 @@ class Producer:
     entry_call: Optional[str] = None
     #: the name ending of this producer's file units ("" when any)
     unit_suffix: str = ""
+    #: a file it writes into every unit as the save ends: a unit holding it is the producer's own full save
+    complete_marker: str = ""
     #: pointer files it writes beside its units (base name -> what it is, in words)
     pointers: Dict[str, str] = field(default_factory=dict)
     #: keys at a checkpoint's root that record the version of this framework (key -> package)
     version_keys: Dict[str, str] = field(default_factory=dict)
+    #: a version key's package name -> the distribution whose installed version compares with it
+    version_dists: Dict[str, str] = field(default_factory=dict)
     #: modules its pickles import -> the pip package that installs them
     pip_names: Dict[str, str] = field(default_factory=dict)
     #: ``(unit, scan facts, target) -> findings``: the unit's parallel layout against the resuming job's

@@ -97,6 +97,7 @@ PRODUCER = Producer(
     resume_call='trainer.train(resume_from_checkpoint="{path}")',
     default_call="trainer.train(resume_from_checkpoint=True)",
     default_pick=default_pick,
+    complete_marker="trainer_state.json",  # _save_checkpoint: after the weights, optimizer, scheduler and RNG
     version_keys={"transformers_version": "transformers"},
     pip_names={"transformers": "transformers"},
     benign_globals={n: (n, why) for n, why in BENIGN_GLOBALS.items()},

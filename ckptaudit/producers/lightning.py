@@ -73,6 +73,7 @@ PRODUCER = Producer(
     unit_suffix=".ckpt",
     pointers={"last.ckpt": "Lightning last checkpoint"},
     version_keys={"pytorch-lightning_version": "lightning"},
+    version_dists={"lightning": "pytorch-lightning"},
     pip_names={"lightning": "lightning", "pytorch_lightning": "pytorch-lightning"},
     benign_globals=BENIGN_GLOBALS,
 )

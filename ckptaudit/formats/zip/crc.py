@@ -8,7 +8,7 @@ from __future__ import annotations
 import zlib
 from typing import Optional, Tuple
 
-from ...onepass.crc32 import crc32
+from .crc32 import crc32
 from .reader import Member, _File
 
 

@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Tuple
 
 from ... import findings
 from ...findings import Finding
-from ...onepass.crc32 import crc32
+from .crc32 import crc32
 from .central import _read_descriptor
 from .reader import (_CENTRAL_SIZE, _EOCD_SIZE, _LOCAL_SIZE, SIG_CENTRAL, SIG_DESCRIPTOR, SIG_EOCD, SIG_LOCAL,
                      SIG_ZIP64_EOCD, SIG_ZIP64_LOCATOR, Member, _File, _strip, _zip64_extra)

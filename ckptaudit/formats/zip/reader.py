@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
 from ... import fs
-from ...onepass.crc32 import crc32
+from .crc32 import crc32
 
 SIG_LOCAL = b"PK\x03\x04"
 SIG_CENTRAL = b"PK\x01\x02"
