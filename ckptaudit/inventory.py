@@ -41,7 +41,7 @@ from .units import (  # noqa: F401 - re-exported: the unit model lives in units.
 
 #: Pointer files by base name -> what each is: the producers' own (:data:`ckptaudit.producers.POINTER_FILES`)
 #: and a generic ``LATEST``.
-POINTER_NAMES = {**producers.POINTER_FILES, "LATEST": "pointer file"}
+POINTER_NAMES = {**{n: f.kind for n, f in producers.POINTER_FILES.items()}, "LATEST": "pointer file"}
 
 
 def _stat(p: Path):
@@ -333,12 +333,8 @@ def _resolve_pointer(root: Path, p: Pointer, unit_names: set) -> str:
     t = p.target.strip()
     if not t:
         return ""
-    cands = [t]
-    if p.kind == "Megatron tracker file":
-        if t == "release":
-            cands = ["release"]
-        elif t.isdigit():
-            cands = [f"iter_{int(t):07d}"]
+    pf = producers.pointer_file({"path": p.path, "kind": p.kind})
+    cands = [pf.target_unit(t) if pf is not None and pf.target_unit is not None else t]
     for c in cands:
         if not p.is_symlink and (out := confine.resolved_outside(root, c, str(base))):
             p.kind = f"{p.kind}{confine.POINTER_OUTSIDE}{out}"

@@ -45,7 +45,7 @@ import json
 from typing import Dict, List, Optional
 
 from . import findings as F
-from . import confine, cut_walk, resume_entry, resume_hint, roles
+from . import confine, cut_walk, producers, resume_entry, resume_hint, roles
 from .layouts import leftovers
 from .run_findings import _step, name_counts_saves, run_findings  # noqa: F401 - re-exported
 from .text import step_text
@@ -114,9 +114,9 @@ def pointer_verdicts(pointers: List[dict], units_out: List[dict], inv_units: Lis
         f = None
         if leftovers.POINTER_NOT_READ in p["kind"]:  # a FIFO or device named as a pointer: never opened
             f = leftovers.irregular(p["path"], p["kind"].split(leftovers.POINTER_NOT_READ, 1)[1])
-        elif p["kind"] == "Megatron tracker file" and not (p["target"].isdigit() or p["target"] == "release"):
-            f = F.make("megatron_tracker_invalid", path=p["path"], pointer=p["path"], content=p["target"][:40],
-                       suggestion=suggestion)
+        elif (pf := producers.pointer_file(p)) is not None and pf.check is not None \
+                and (bad := pf.check(p, suggestion)) is not None:
+            f = bad
         elif confine.POINTER_OUTSIDE in p["kind"] or (p["kind"].startswith("symbolic link, refused")
                                                        and confine.OUTSIDE_WORDS in p["kind"]):
             where = (p["kind"].split(confine.POINTER_OUTSIDE, 1)[1] if confine.POINTER_OUTSIDE in p["kind"]

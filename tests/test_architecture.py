@@ -232,13 +232,17 @@ NAMES_A_FRAMEWORK: Dict[str, str] = {
     "ckptaudit.demo.train": "the bundled demo is itself a nanoGPT-style training loop",
     "ckptaudit.security_tiers": "prose: where a generic class was seen (argparse.Namespace, io.BytesIO)",
     "ckptaudit.safe_load": "next: the layouts the reader loads itself and the Trainer's training_args.bin",
-    "ckptaudit.verdict": "next: the Megatron tracker's validity check belongs to producers.megatron",
-    "ckptaudit.inventory": "next: the Megatron tracker's target resolution belongs to producers.megatron",
-    "ckptaudit.report_headline": "next: the Megatron finding kinds the headline words",
     "ckptaudit.components": "next: the HF Trainer's log_history as the logged loss",
     "ckptaudit.layouts.published": "next: the file names that make a publish folder a framework's own",
     "ckptaudit.layouts.single": "next: a zip named .ckpt is sniffed as Lightning's layout",
 }
+
+
+def _finding_kinds() -> Set[str]:
+    """Finding kinds: identifiers of verdict.json (``megatron_rank_missing``), built by a producer's modules."""
+    from ckptaudit import findings
+
+    return set(findings.CATALOGUE)
 
 
 def _framework_names(path: Path) -> List[Tuple[int, str]]:
@@ -252,7 +256,7 @@ def _framework_names(path: Path) -> List[Tuple[int, str]]:
         text = (n.value if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
                 else n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute)
                 else n.name if isinstance(n, ast.alias) else None)
-        if text and FRAMEWORK_WORDS.search(text):
+        if text and FRAMEWORK_WORDS.search(text) and text not in _finding_kinds():
             out.append((getattr(n, "lineno", 0), text[:60]))
     return out
 

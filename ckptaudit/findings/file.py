@@ -219,7 +219,7 @@ ENTRIES: List[_k] = [
     _k("megatron_tracker_invalid", "file", "error", "none",
        "{pointer} does not hold an iteration number or 'release' (it holds {content!r}).",
        "Rewrite it with the newest complete iteration ({suggestion}).",
-       stage="report", detector="ckptaudit.verdict:pointer_verdicts"),
+       stage="report", detector="ckptaudit.producers.megatron:tracker_check"),
     _k("mixed_step_shards", "file", "error", "none",
        "{path}: model-parallel shards record different iterations ({iterations}): some ranks' files are stale "
        "copies from an earlier save.",

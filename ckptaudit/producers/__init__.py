@@ -25,11 +25,11 @@ from types import MappingProxyType
 from typing import List, Mapping, Optional, Sequence, Tuple
 
 from . import accelerate, dcp, deepspeed, hf_trainer, lightning, megatron, nanogpt, torch_tutorial
-from .contract import UNSAFE, WO, Contract, FileRole, Producer, ResumeLoad
+from .contract import UNSAFE, WO, Contract, FileRole, PointerFile, Producer, ResumeLoad
 
-__all__ = ["Contract", "FileRole", "Producer", "ResumeLoad", "PRODUCERS", "CONTRACTS", "WO", "UNSAFE",
+__all__ = ["Contract", "FileRole", "PointerFile", "Producer", "ResumeLoad", "PRODUCERS", "CONTRACTS", "WO", "UNSAFE",
            "POINTER_FILES", "VERSION_KEYS", "VERSION_DISTS", "PIP_NAMES",
-           "enabled", "identify", "role_of", "metadata_files", "for_layout", "for_unit", "with_entry"]
+           "enabled", "identify", "pointer_file", "role_of", "metadata_files", "for_layout", "for_unit", "with_entry"]
 
 #: Every producer, in the order a unit's contract is looked for.
 PRODUCERS: Tuple[Producer, ...] = (hf_trainer.PRODUCER, accelerate.PRODUCER, lightning.PRODUCER,
@@ -37,8 +37,8 @@ PRODUCERS: Tuple[Producer, ...] = (hf_trainer.PRODUCER, accelerate.PRODUCER, lig
                                    megatron.PRODUCER)
 #: Every contract, in that order.
 CONTRACTS: Tuple[Contract, ...] = tuple(c for p in PRODUCERS for c in p.contracts)
-#: Pointer files the producers write beside their units: base name -> what it is, in words.
-POINTER_FILES: Mapping[str, str] = MappingProxyType({n: d for p in PRODUCERS for n, d in p.pointers.items()})
+#: Pointer files the producers write beside their units, by base name.
+POINTER_FILES: Mapping[str, PointerFile] = MappingProxyType({f.name: f for p in PRODUCERS for f in p.pointers})
 #: Keys at a checkpoint's root that record a framework's version: key -> package.
 VERSION_KEYS: Mapping[str, str] = MappingProxyType({k: v for p in PRODUCERS for k, v in p.version_keys.items()})
 #: A version key's package name -> the distribution whose installed version compares with it.
@@ -62,6 +62,13 @@ def for_unit(unit: dict) -> Optional[Producer]:
 def with_entry() -> Tuple[Producer, ...]:
     """The producers with a configured resume entry (a unit their resume loads by name)."""
     return tuple(p for p in PRODUCERS if p.entry is not None)
+
+
+def pointer_file(pointer: dict) -> Optional[PointerFile]:
+    """The producer's pointer file a pointer row (``path``, ``kind``) is, or None: same base name, and the
+    inventory read it as that file (its ``kind`` unchanged: not a link, not refused)."""
+    f = POINTER_FILES.get(str(pointer.get("path") or "").rsplit("/", 1)[-1])
+    return f if f is not None and pointer.get("kind") == f.kind else None
 
 
 def enabled() -> bool:

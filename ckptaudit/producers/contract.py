@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Dict, FrozenSet, Optional, Tuple
 
-__all__ = ["FileRole", "Contract", "ResumeLoad", "Producer", "WO", "UNSAFE"]
+__all__ = ["FileRole", "Contract", "ResumeLoad", "PointerFile", "Producer", "WO", "UNSAFE"]
 
 #: How a file is loaded, in words: torch's restricted unpickler, or full unpickling.
 WO = "torch.load(weights_only=True)"
@@ -72,6 +72,19 @@ class ResumeLoad:
     never: bool = False
 
 
+@dataclass(frozen=True)
+class PointerFile:
+    """A file a producer writes beside its units to name one (DeepSpeed's ``latest``): its base ``name``, what
+    it is in words (``kind``, the inventory's pointer kind), the unit name its text means (``target_unit``;
+    the text itself when None) and ``check(pointer row, suggestion)`` → a finding or None, for a text
+    the producer's resume cannot use (None: any text that names a unit is usable)."""
+
+    name: str
+    kind: str
+    target_unit: Optional[Callable[[str], str]] = None
+    check: Optional[Callable[[dict, str], object]] = None
+
+
 #: ``default_pick(verdict, folder) -> (unit or None, whether the framework has a default resume)``
 DefaultPick = Callable[[dict, str], Tuple[Optional[str], bool]]
 
@@ -107,8 +120,8 @@ class Producer:
     unit_suffix: str = ""
     #: a file it writes into every unit as the save ends: a unit holding it is the producer's own full save
     complete_marker: str = ""
-    #: pointer files it writes beside its units (base name -> what it is, in words)
-    pointers: Dict[str, str] = field(default_factory=dict)
+    #: pointer files it writes beside its units
+    pointers: Tuple[PointerFile, ...] = ()
     #: keys at a checkpoint's root that record the version of this framework (key -> package)
     version_keys: Dict[str, str] = field(default_factory=dict)
     #: a version key's package name -> the distribution whose installed version compares with it

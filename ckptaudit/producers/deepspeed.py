@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
-from .contract import UNSAFE, Contract, FileRole, Producer, ResumeLoad
+from .contract import UNSAFE, Contract, FileRole, PointerFile, Producer, ResumeLoad
 from .paths import base, join, parent
 
 CONTRACT = Contract(
@@ -71,7 +71,8 @@ PRODUCER = Producer(
     default_pick=default_pick,
     adjust_role=adjust_role,
     parallel_findings=parallel_findings,
-    pointers={"latest": "DeepSpeed tag pointer", "latest_universal": "DeepSpeed universal-checkpoint pointer"},
+    pointers=(PointerFile("latest", "DeepSpeed tag pointer"),
+              PointerFile("latest_universal", "DeepSpeed universal-checkpoint pointer")),
     version_keys={"ds_version": "deepspeed"},
     pip_names={"deepspeed": "deepspeed"},
     # in ZeRO optim_states files (tests/frameworks fixtures), each rebuilt from constants with NEWOBJ/REDUCE + BUILD

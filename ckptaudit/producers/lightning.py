@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Optional, Tuple
 
-from .contract import Contract, FileRole, Producer
+from .contract import Contract, FileRole, PointerFile, Producer
 from .paths import base, join, parent
 
 CONTRACT = Contract(
@@ -71,7 +71,7 @@ PRODUCER = Producer(
     entry=is_entry,
     entry_call=ENTRY_CALL,
     unit_suffix=".ckpt",
-    pointers={"last.ckpt": "Lightning last checkpoint"},
+    pointers=(PointerFile("last.ckpt", "Lightning last checkpoint"),),
     version_keys={"pytorch-lightning_version": "lightning"},
     version_dists={"lightning": "pytorch-lightning"},
     pip_names={"lightning": "lightning", "pytorch_lightning": "pytorch-lightning"},
