@@ -359,9 +359,10 @@ def _scalars(c: Components, tree, found, contract, facts, layout) -> None:
 
 
 def _logged_loss(tree, step) -> Optional[float]:
-    """The loss a Trainer logged last at or before ``step`` (``trainer_state.json`` ``log_history``)."""
+    """The loss a trainer logged last at or before ``step``, in a producer's loss log (``producers.LOSS_LOGS``)."""
     for fkey, sub in tree.items():
-        hist = sub.get("log_history") if fkey.endswith("trainer_state.json") and isinstance(sub, dict) else None
+        key = next((k for name, k in producers.LOSS_LOGS if fkey.endswith(name)), None)
+        hist = sub.get(key) if key is not None and isinstance(sub, dict) else None
         rows = [r for r in hist if isinstance(r, dict)] if isinstance(hist, list) else []
         got = [scalar(r.get("loss")) for r in rows if scalar(r.get("loss")) is not None
                and (step is None or (scalar(r.get("step")) is not None and scalar(r.get("step")) <= step))]

@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from . import fs
+from . import fs, producers
 from .reader_load import load_file
 from .terminal_text import shown, shown_lines
 
@@ -97,14 +97,11 @@ class LoadedCheckpoint:
 
 
 # Layouts safe_load_checkpoint can turn into objects itself (see the module docstring).
-FILE_LAYOUTS = ("torch-zip", "torch-legacy", "safetensors", "lightning")
-FOLDER_LAYOUTS = ("hf-trainer", "ckptaudit-publish", "single-file")
+FILE_LAYOUTS = ("torch-zip", "torch-legacy", "safetensors", *producers.reader_layouts("file"))
+FOLDER_LAYOUTS = (*producers.reader_layouts("folder"), "ckptaudit-publish", "single-file")
 INDEX_LAYOUTS = ("hf-sharded",)
-# Files of a folder unit that are not training state (HF Trainer): never loaded.
-NOT_STATE_FILES = {
-    "training_args.bin": "the Trainer's arguments: a whole pickled TrainingArguments, which "
-                         "torch.load(weights_only=True) refuses; load it with transformers if you need it",
-}
+# Files of a folder unit that are not training state (the producers say which): never loaded.
+NOT_STATE_FILES = producers.NOT_STATE_FILES
 
 
 def loadable(unit: dict) -> bool:
@@ -152,9 +149,12 @@ def _step_of(state: Any, default: Optional[int]) -> Optional[int]:
         for k in ("iter_num", "global_step", "step", "iteration"):
             if isinstance(state.get(k), int) and not isinstance(state.get(k), bool):
                 return state[k]
-        ts = state.get("trainer_state.json")
-        if isinstance(ts, dict) and isinstance(ts.get("global_step"), int):
-            return ts["global_step"]
+        for name, path in producers.step_files():  # a folder unit's file that keeps the step
+            v: Any = state.get(name)
+            for k in path.split("."):
+                v = v.get(k) if isinstance(v, dict) else None
+            if isinstance(v, int) and not isinstance(v, bool):
+                return v
     return default
 
 

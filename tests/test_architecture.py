@@ -231,10 +231,6 @@ NAMES_A_FRAMEWORK: Dict[str, str] = {
     "ckptaudit.demo": "the bundled demo is itself a nanoGPT-style training loop (re-exports its keys)",
     "ckptaudit.demo.train": "the bundled demo is itself a nanoGPT-style training loop",
     "ckptaudit.security_tiers": "prose: where a generic class was seen (argparse.Namespace, io.BytesIO)",
-    "ckptaudit.safe_load": "next: the layouts the reader loads itself and the Trainer's training_args.bin",
-    "ckptaudit.components": "next: the HF Trainer's log_history as the logged loss",
-    "ckptaudit.layouts.published": "next: the file names that make a publish folder a framework's own",
-    "ckptaudit.layouts.single": "next: a zip named .ckpt is sniffed as Lightning's layout",
 }
 
 

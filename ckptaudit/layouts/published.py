@@ -21,13 +21,12 @@ import stat
 from pathlib import Path
 from typing import Any, Dict
 
-from .. import confine, fs
+from .. import confine, fs, producers
 from .adapter import folder_names
 from .base import UnitScan, scan_file
 
 #: names that make a publish folder a framework's own layout (its adapter claims it)
-FRAMEWORK_NAMES = ("trainer_state.json", ".metadata", "*.distcp", "*model_states.pt", "*optim_states.pt",
-                   "model_optim_rng.pt", "mp_rank_*", "random_states_*.pkl")
+FRAMEWORK_NAMES = producers.CLAIM_FILES
 #: files read by people, not by a resume (kept out of the scan, like a Trainer's README)
 TEXT_SUFFIXES = (".json", ".txt", ".md", ".yaml", ".yml")
 _KINDS_ROLE = {"weights": "weights", "optimizer": "optimizer", "zero": "optimizer", "scheduler": "scheduler",

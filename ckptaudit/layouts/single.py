@@ -12,7 +12,7 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from .. import fs
+from .. import fs, producers
 from . import leftovers
 from .adapter import NeverClaims
 from .base import UnitScan, scan_file
@@ -26,7 +26,9 @@ def layout_of(path: Path) -> str:
         return "file"
     name = path.name.lower()
     if head.startswith(b"PK\x03\x04") or head.startswith(b"PK\x05\x06"):
-        return "lightning" if name.endswith(".ckpt") else "torch-zip"
+        # a zip named as a producer's file unit (Lightning's .ckpt) comes as that producer's layout
+        return next((p.layouts[0] for p in producers.PRODUCERS if p.unit_suffix and p.layouts
+                     and name.endswith(p.unit_suffix)), "torch-zip")
     if head.startswith(b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8"):
         return "torch-legacy"
     if len(head) >= 9 and name.endswith(".safetensors"):

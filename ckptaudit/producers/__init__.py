@@ -29,7 +29,8 @@ from .contract import UNSAFE, WO, Contract, FileRole, PointerFile, Producer, Res
 
 __all__ = ["Contract", "FileRole", "PointerFile", "Producer", "ResumeLoad", "PRODUCERS", "CONTRACTS", "WO", "UNSAFE",
            "POINTER_FILES", "VERSION_KEYS", "VERSION_DISTS", "PIP_NAMES",
-           "enabled", "identify", "pointer_file", "role_of", "metadata_files", "for_layout", "for_unit", "with_entry"]
+           "enabled", "identify", "pointer_file", "reader_layouts", "step_files", "NOT_STATE_FILES",
+           "LOSS_LOGS", "CLAIM_FILES", "role_of", "metadata_files", "for_layout", "for_unit", "with_entry"]
 
 #: Every producer, in the order a unit's contract is looked for.
 PRODUCERS: Tuple[Producer, ...] = (hf_trainer.PRODUCER, accelerate.PRODUCER, lightning.PRODUCER,
@@ -62,6 +63,31 @@ def for_unit(unit: dict) -> Optional[Producer]:
 def with_entry() -> Tuple[Producer, ...]:
     """The producers with a configured resume entry (a unit their resume loads by name)."""
     return tuple(p for p in PRODUCERS if p.entry is not None)
+
+
+def reader_layouts(kind: str) -> Tuple[str, ...]:
+    """The producers' layouts whose units of ``kind`` (``file``, ``folder``) ``safe_load_checkpoint`` loads."""
+    return tuple(layout for p in PRODUCERS if kind in p.reader_kinds for layout in p.layouts)
+
+
+def step_files() -> Tuple[Tuple[str, str], ...]:
+    """``(file name, dotted path)`` of each contract's step kept in a named file of a folder unit
+    (``trainer_state.json``, ``global_step``), from the contracts' ``step_at``."""
+    out = []
+    for c in CONTRACTS:
+        for at in c.step_at:
+            name, _, path = at.partition(":")
+            if path and not any(ch in name for ch in "*?["):
+                out.append((name, path))
+    return tuple(out)
+
+
+#: Base-name patterns that make a folder a producer's own layout (any producer).
+CLAIM_FILES: Tuple[str, ...] = tuple(n for p in PRODUCERS for n in p.claim_files)
+#: ``(file name, key)`` of the loss logs the producers' trainers keep in their units.
+LOSS_LOGS: Tuple[Tuple[str, str], ...] = tuple(p.loss_log for p in PRODUCERS if p.loss_log is not None)
+#: Files of the producers' units that are not training state: base name -> why the reader leaves them.
+NOT_STATE_FILES: Mapping[str, str] = MappingProxyType({n: w for p in PRODUCERS for n, w in p.not_state.items()})
 
 
 def pointer_file(pointer: dict) -> Optional[PointerFile]:

@@ -78,4 +78,5 @@ PRODUCER = Producer(
             "accelerate.utils.dataclasses.DistributedType", "accelerate enum (NO, MULTI_GPU, DEEPSPEED…) pickled "
             "inside TrainingArguments; accelerate 1.15.0"),
     },
+    claim_files=("random_states_*.pkl",),
 )

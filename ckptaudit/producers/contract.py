@@ -118,6 +118,14 @@ class Producer:
     entry_call: Optional[str] = None
     #: the name ending of this producer's file units ("" when any)
     unit_suffix: str = ""
+    #: base-name patterns that make a folder this producer's own layout (its layout adapter claims it)
+    claim_files: Tuple[str, ...] = ()
+    #: unit kinds (``file``, ``folder``) of its layouts that ``safe_load_checkpoint`` loads itself
+    reader_kinds: Tuple[str, ...] = ()
+    #: files of its units that are not training state, never loaded by the reader: base name -> why
+    not_state: Dict[str, str] = field(default_factory=dict)
+    #: ``(file name, key)`` of the list of ``{"step", "loss"}`` rows its trainer logs into every unit
+    loss_log: Optional[Tuple[str, str]] = None
     #: a file it writes into every unit as the save ends: a unit holding it is the producer's own full save
     complete_marker: str = ""
     #: pointer files it writes beside its units

@@ -24,4 +24,5 @@ PRODUCER = Producer(
     key="dcp", name="torch.distributed.checkpoint", layouts=("dcp",), contracts=(CONTRACT,),
     roles=(("mixed", r"\.metadata"),),
     resume_call='torch.distributed.checkpoint.load(state_dict, checkpoint_id="{path}")',
+    claim_files=(".metadata", "*.distcp"),
 )

@@ -87,4 +87,5 @@ PRODUCER = Producer(
             "DeepSpeed dataclass (numel, start) of a parameter's slice in a flat ZeRO partition "
             "(param_slice_mappings); deepspeed 0.19.8",
     }.items()},
+    claim_files=("*model_states.pt", "*optim_states.pt"),
 )

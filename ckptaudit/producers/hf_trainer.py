@@ -97,8 +97,13 @@ PRODUCER = Producer(
     resume_call='trainer.train(resume_from_checkpoint="{path}")',
     default_call="trainer.train(resume_from_checkpoint=True)",
     default_pick=default_pick,
+    reader_kinds=("folder",),
+    not_state={"training_args.bin": "the Trainer's arguments: a whole pickled TrainingArguments, which "
+                                    "torch.load(weights_only=True) refuses; load it with transformers if you need it"},
+    loss_log=("trainer_state.json", "log_history"),  # TrainerState.log_history: one dict per logging step
     complete_marker="trainer_state.json",  # _save_checkpoint: after the weights, optimizer, scheduler and RNG
     version_keys={"transformers_version": "transformers"},
     pip_names={"transformers": "transformers"},
     benign_globals={n: (n, why) for n, why in BENIGN_GLOBALS.items()},
+    claim_files=("trainer_state.json",),
 )

@@ -68,6 +68,7 @@ PRODUCER = Producer(
     default_call=ENTRY_CALL,
     default_pick=default_pick,
     claims=claims,
+    reader_kinds=("file",),
     entry=is_entry,
     entry_call=ENTRY_CALL,
     unit_suffix=".ckpt",

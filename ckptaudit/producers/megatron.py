@@ -56,5 +56,6 @@ def tracker_check(pointer: dict, suggestion: str):
 
 PRODUCER = Producer(key="megatron", name="Megatron-LM", layouts=("megatron",), contracts=(CONTRACT,),
                     parallel_findings=parallel_findings,
+                    claim_files=("model_optim_rng.pt", "mp_rank_*"),
                     pointers=(PointerFile(TRACKER, "Megatron tracker file", tracker_unit, tracker_check),),
                     pip_names={"megatron": "megatron-core"})
