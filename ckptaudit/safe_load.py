@@ -115,8 +115,6 @@ def _load_unit(root: Path, ud: dict, map_location: Any, benign: Sequence[str],
                kept: Optional[Dict[str, Any]] = None) -> tuple:
     """(state, not_loaded) of the unit the search chose (:func:`ckptaudit.newest_first.search`); ``kept``: files
     its load test already loaded here (relative path → object); raises what the loaders raise."""
-    import json
-
     from .formats.sniff import sniff
 
     if ud["kind"] == "file":
