@@ -119,11 +119,6 @@ class Components:
             return int(v) if v is not None else None
         return None
 
-    @property
-    def scheduler_step_count(self) -> Optional[int]:
-        v = scalar(self.scheduler.get("_step_count")) if isinstance(self.scheduler, dict) else None
-        return int(v) if v is not None else None
-
 
 _MEMO: "OrderedDict[Tuple[str, str, str, bool], Components]" = OrderedDict()
 

@@ -109,7 +109,6 @@ DANGEROUS_MODULES: Dict[str, str] = {
     "_imp": "import machinery",
     "_frozen_importlib": "import machinery",
     "_frozen_importlib_external": "import machinery",
-    "zipimport": "loads modules from archives",
 }
 
 #: Single names labelled dangerous inside otherwise ordinary modules.

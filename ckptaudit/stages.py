@@ -86,7 +86,6 @@ def _write_bytes(out: str, stage: str, part: str, before: Dict[str, int], **extr
 def _load_facts(out: str, part: str, facts_path: Optional[str], run_dir):
     """The hash stage's facts of ``part`` (table ``bytefacts``) as a :class:`ckptaudit.onepass.facts.ByteFacts`
     (empty when the hash stage wrote none)."""
-    from . import tables
     from .onepass import facts
 
     p = Path(facts_path) if facts_path else work_file(out, "bytefacts", part, "parquet")

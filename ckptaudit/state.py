@@ -20,7 +20,7 @@ from . import components as C
 from . import findings as F
 from . import roles
 from . import fs
-from .onepass.values import FLOAT_DTYPES, _BLOCK, _chunk_stats, _np_view, _sum_squares  # noqa: F401 - re-exported
+from .onepass.values import FLOAT_DTYPES, _chunk_stats, _np_view
 
 
 def scan_values(run_dir: Path, tensors: List[dict], chunk_bytes: int, facts=None) -> Dict[str, dict]:
@@ -128,7 +128,6 @@ def analyse_unit(unit: dict, scan_row: dict, tensors: Iterable[dict], run_dir: P
     row = {"unit": unit["unit"], "findings_json": "[]"}
     fl: List[F.Finding] = []
     tree = json.loads(scan_row.get("tree_json") or "{}")
-    facts = json.loads(scan_row.get("facts_json") or "{}")
     scan_findings = json.loads(scan_row.get("findings_json") or "[]")
     cut = any(f.get("kind") == "pickle_too_complex" for f in scan_findings)  # the walk gave up: the tree is partial
     if not roles.weights_intact(scan_row) or not scan_row.get("security_ok") or not tree:

@@ -39,6 +39,7 @@ import torch
 
 from ckptaudit import _io, inventory
 from ckptaudit import publish as P
+from ckptaudit.publish import phases
 from ckptaudit.safe_load import safe_load_checkpoint
 
 pytestmark = pytest.mark.crash
@@ -533,7 +534,7 @@ def test_abandon_signal_at_every_publish_line_leaves_no_torn_unit(tmp_path, fold
         run = tmp_path / f"k{k}"
         outcome, events = _publish_with_signal_at(run, k, k, folder, guard)
         guard.requested = None
-        assert P._PHASES == [], (k, P._PHASES)
+        assert phases._PHASES == [], (k, phases._PHASES)
         left = [n for n in os.listdir(run) if n.startswith(P.TMP_PREFIX)]
         assert not left, (k, outcome, left)
         name = f"checkpoint-{k}" if folder else f"ckpt_{k:06d}.pt"

@@ -154,7 +154,7 @@ def train(
     restore: str = "full",
     model_args: Optional[Dict[str, Any]] = None,
     config: Optional[Dict[str, Any]] = None,
-    on_step: Optional[Callable[[int, nn.Module, Any], None]] = None,
+    on_step: Optional[Callable[[int, torch.nn.Module, Any], None]] = None,
     mutate: Optional[Callable[[int, Dict[str, Any]], Optional[Dict[str, Any]]]] = None,
     save: Optional[Callable[[Dict[str, Any], Path], None]] = None,
     on_save: Optional[Callable[[int, Path, Dict[str, Any]], None]] = None,

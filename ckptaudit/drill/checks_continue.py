@@ -123,7 +123,6 @@ class _ContinueChecks:
         return "pass", f"saved LR {want}", f"LR {first}", "constant LR (no scheduler) continues"
 
     def c_next(self):
-        torch = self.torch
         sp = self.spec
         if not sp.get("next_path"):
             return "skip", "", "", "no later intact unit to compare the continuation with"

@@ -21,7 +21,6 @@ their 8-byte count prefixes.
 
 from __future__ import annotations
 
-import os
 import pickletools
 import struct
 from typing import Any, List, Optional, Tuple

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import struct
 from typing import Iterator, List, Optional, Tuple
 
@@ -109,7 +108,7 @@ def check_safetensors(path, *, display: Optional[str] = None, scan_zeros: bool =
             problem = f"end ({en}) before they begin ({b})"
         elif b < expected:
             problem = (f"overlap the previous tensor {prev!r}, which ends at {expected}"
-                       if prev else f"do not start at 0")
+                       if prev else "do not start at 0")
         elif b > expected:
             problem = (f"leave a gap of {b - expected} bytes after {prev!r} (which ends at {expected})"
                        if prev else f"leave the first {b} bytes of the data buffer uncovered")

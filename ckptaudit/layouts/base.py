@@ -17,7 +17,7 @@ from ..formats import pickles
 from ..formats.pickles import walk_problem  # noqa: F401 (face: the adapters' walk findings)
 from . import archive_pickles, tar_pickles
 from .result import TensorRow, UnitScan
-from .scan_file import (SWEEP_BYTES, _json_tree, _record_security, _safetensors_rows,  # noqa: F401 (face)
+from .scan_file import (SWEEP_BYTES, _json_tree, _safetensors_rows,  # noqa: F401 (face)
                         _security_sweep, _storages_needed, _walk_data_pkl, _zip_tensors)
 from .tree import (PRUNE_NODE_BUDGET, SMALL_TENSOR_NUMEL, PruneBudget, cut, decode_small, prune,  # noqa: F401 (face)
                    read_small, small_nbytes)

@@ -12,7 +12,6 @@ restricted unpickler), so ckptaudit only ever walks it statically.
 
 from __future__ import annotations
 
-import os
 import re
 import time
 from dataclasses import asdict

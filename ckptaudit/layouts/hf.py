@@ -12,8 +12,6 @@ sharded or not, or ``pytorch_model.bin``), ``optimizer.pt``, ``scheduler.pt``,
 
 from __future__ import annotations
 
-import json
-import os
 import re
 from pathlib import Path
 from typing import List

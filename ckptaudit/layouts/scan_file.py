@@ -70,16 +70,6 @@ def _walk_data_pkl(scan: UnitScan, data: bytes, n_records: int):
     return res, all_streams
 
 
-def _record_security(scan: UnitScan, rel: str, member: str, all_streams, allowed: List[str]) -> None:
-    """The security verdicts of one member's pickle streams: findings and one import row each."""
-    from .. import security
-
-    verdicts, sec = security.scan(all_streams, path=rel, member=member, extra_allowed=allowed,
-                                  resume=security_resume.resume_load(scan.layout, rel))
-    scan.add(sec)
-    scan.imports.extend({"file": rel, "member": member, **asdict(v)} for v in verdicts)
-
-
 def _storages_needed(res) -> Dict[str, tuple]:
     """Storage key -> ``(nbytes, dtype, numel)`` from a walk of data.pkl, for ``torchzip.check_storages``."""
     storages = {}

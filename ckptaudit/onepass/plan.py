@@ -26,7 +26,7 @@ MAX_HEADER_BYTES = 100 << 20
 _DTYPE_CODE = {d: i for i, d in enumerate(DTYPES)}
 
 
-def _pairs(rows=()) -> "np.ndarray":
+def _pairs(rows=()) -> "np.ndarray":  # noqa: F821 - numpy is imported inside, when called
     """An ``(n, 2)`` int64 array of ``rows`` (pairs of ints)."""
     import numpy as np
 

@@ -16,25 +16,22 @@ nothing heavy: torch on save, click only for the commands.
 """
 
 from .background import PendingPublish, release_staging_memory, wait_background
-from .clock import _Clock
 from .commit import PublishResult
 from .latest import read_latest, update_latest
-from .manifest import FileRecord, _versions, hash_file, manifest_bytes, sidecar_text
-from .names import (_RESERVED, _TMP_RE, COMPLETE_MARKER, DEFAULT_CHUNK_BYTES, LATEST_NAME, MANIFEST_NAME, SCHEMA,
-                    SIDECAR_SUFFIX, TMP_PREFIX, Preempted, PublishError, _check_name, _host_tag, tmp_name)
-from .phases import _PHASES
+from .manifest import FileRecord, hash_file
+from .names import (COMPLETE_MARKER, DEFAULT_CHUNK_BYTES, LATEST_NAME, MANIFEST_NAME, SCHEMA, SIDECAR_SUFFIX, TMP_PREFIX,
+                    Preempted, PublishError, tmp_name)
 from .preemption import PreemptionGuard
-from .retention import (PruneDecision, PrunePlan, Retention, _delete_unit, _orphan_integrity_files, _stale_leftovers,
-                        prune, verify_unit)
+from .retention import PruneDecision, PrunePlan, Retention, prune, verify_unit
 from .seal import SealOutcome, seal
-from .unit import Publication, _Publish, publish, save
+from .unit import Publication, publish, save
 from .writer import HashingWriter
 
 __all__ = ["publish", "save", "Publication", "PendingPublish", "wait_background", "release_staging_memory", "PublishResult", "PublishError", "FileRecord", "HashingWriter",
            "Retention", "prune", "PrunePlan", "PruneDecision", "verify_unit", "seal", "SealOutcome",
            "PreemptionGuard", "Preempted", "update_latest", "read_latest", "hash_file", "tmp_name",
            "seal_command", "prune_command", "SCHEMA", "MANIFEST_NAME", "COMPLETE_MARKER", "LATEST_NAME",
-           "DEFAULT_CHUNK_BYTES"]
+           "DEFAULT_CHUNK_BYTES", "SIDECAR_SUFFIX", "TMP_PREFIX"]
 
 
 def __getattr__(name):  # the click commands load click only when the CLI asks for them
