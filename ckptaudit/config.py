@@ -179,7 +179,7 @@ def load_user_config(path: str | None) -> dict:
         text = read_config_file(path)
         try:
             # JSON first: YAML 1.1 reads a JSON number such as 1e13 as the string "1e13"
-            user = _json_or_none(text)
+            user = json_or_none(text)
             if user is None:
                 user = yaml.safe_load(text) or {}
         except yaml.YAMLError as e:
@@ -188,7 +188,7 @@ def load_user_config(path: str | None) -> dict:
             raise click.ClickException(f"--config {path}: nested too deeply")
         if not isinstance(user, dict):
             raise click.ClickException(f"--config {path}: expected a mapping of config keys")
-        base = _merge(base, user)
+        base = merge_config(base, user)
     try:
         check_config(base, workflow_dir() / "config" / "schema.yaml")
     except ValueError as e:
@@ -196,7 +196,7 @@ def load_user_config(path: str | None) -> dict:
     return base
 
 
-def _json_or_none(text: str):
+def json_or_none(text: str):
     """``text`` parsed as JSON when it is a JSON object, else None (then it is read as YAML)."""
     if not text.lstrip().startswith("{"):
         return None
@@ -206,10 +206,10 @@ def _json_or_none(text: str):
         return None  # YAML flow mappings start with "{" too
 
 
-def _merge(a: dict, b: dict) -> dict:
+def merge_config(a: dict, b: dict) -> dict:
     """``b`` over ``a``, mappings merged key by key."""
     out = dict(a)
     for k, v in b.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+        out[k] = merge_config(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
     return out
 

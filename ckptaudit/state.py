@@ -20,7 +20,7 @@ from . import components as C
 from . import findings as F
 from . import roles
 from . import fs
-from .onepass.values import FLOAT_DTYPES, _chunk_stats, _np_view
+from .onepass.values import FLOAT_DTYPES, chunk_stats, np_view
 
 
 def scan_values(run_dir: Path, tensors: List[dict], chunk_bytes: int, facts=None) -> Dict[str, dict]:
@@ -86,7 +86,7 @@ def _read_values(path, ts: List[dict], buf: bytearray) -> Iterator[Tuple[dict, T
                 if got != n:
                     short = True
                     break
-                b, s = _chunk_stats(_np_view(mv, t["dtype"]), t["dtype"])
+                b, s = chunk_stats(np_view(mv, t["dtype"]), t["dtype"])
                 bad += b
                 sq += s
                 left -= n

@@ -265,3 +265,35 @@ def test_no_module_outside_a_producer_names_a_framework():
     gone = sorted(set(NAMES_A_FRAMEWORK) - set(found))
     assert not gone, f"no longer names a framework: drop from NAMES_A_FRAMEWORK: {gone}"
 
+
+# ------------------------------------------------------------------ private names stay private
+#: Imports of a ``_private`` name from a sibling module of the same package (``publish.unit`` reading
+#: ``publish.clock._Clock``): at most this many, and the number only goes down as names are made public
+#: (with a docstring) or moved to the one module that uses them.  Across packages there are none.
+PRIVATE_SIBLING_IMPORTS_AT_MOST = 159
+
+
+def _private_imports() -> Tuple[List[str], List[str]]:
+    """(across packages, within a package): ``file:line module.name`` of each ``from … import _name``."""
+    mods = _modules()
+    across, within = [], []
+    for mod, path in mods.items():
+        here = mod if _is_package(mod, mods) else mod.rsplit(".", 1)[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not isinstance(node, ast.ImportFrom) or not (node.level or (node.module or "").startswith("ckptaudit")):
+                continue
+            base = here.split(".")[: len(here.split(".")) - (node.level - 1)] if node.level else []
+            src = ".".join(base + ([node.module] if node.module else [])) if node.level else node.module or ""
+            src_pkg = src if src in mods and _is_package(src, mods) else src.rsplit(".", 1)[0]
+            for a in node.names:
+                if a.name.startswith("_") and not a.name.startswith("__"):
+                    where = f"{path.relative_to(PKG.parent)}:{node.lineno} {src}.{a.name}"
+                    (within if src_pkg == here else across).append(where)
+    return across, within
+
+
+def test_no_private_name_is_imported_across_packages():
+    across, within = _private_imports()
+    assert not across, "make it public (with a docstring) or keep it in its package:\n" + "\n".join(across)
+    assert len(within) <= PRIVATE_SIBLING_IMPORTS_AT_MOST, f"{len(within)} > {PRIVATE_SIBLING_IMPORTS_AT_MOST}"
+

@@ -786,8 +786,8 @@ def test_legacy_size_prefix_mismatch(tmp_path, small_legacy):
 def test_end_record_found_behind_a_zip_comment_of_any_length(tmp_path, comment):
     """The end record is looked for in the last 4 KiB first (torch.save writes no comment) and in the whole
     22 + 65,535-byte window when it is not there: a comment of any length still finds the central directory."""
-    from ckptaudit.formats.zip.central import _find_central_directory
-    from ckptaudit.formats.zip.reader import _File
+    from ckptaudit.formats.zip.central import find_central_directory
+    from ckptaudit.formats.zip.reader import ArchiveFile
 
     p = tmp_path / "c.zip"
     with zipfile.ZipFile(p, "w", zipfile.ZIP_STORED) as z:
@@ -796,5 +796,5 @@ def test_end_record_found_behind_a_zip_comment_of_any_length(tmp_path, comment):
         z.comment = b"#" * comment
     with zipfile.ZipFile(p) as z:
         want = z.start_dir
-    cd = _find_central_directory(_File(str(p), window=65536, prefetch=False))
+    cd = find_central_directory(ArchiveFile(str(p), window=65536, prefetch=False))
     assert isinstance(cd, dict) and cd["cd_offset"] == want and cd["n_entries"] == 2

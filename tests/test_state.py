@@ -49,8 +49,8 @@ def test_tied_tensors_are_read_once(tmp_path, monkeypatch):
     p, t = _tensor_file(tmp_path, a, "float32")
     t.append(dict(t[0], name="alias"))
     calls = []
-    real = state._chunk_stats
-    monkeypatch.setattr(state, "_chunk_stats", lambda *x: calls.append(1) or real(*x))
+    real = state.chunk_stats
+    monkeypatch.setattr(state, "chunk_stats", lambda *x: calls.append(1) or real(*x))
     r = state.scan_values(tmp_path, t, 1 << 20)
     assert r["w"] == r["alias"] and len(calls) == 1
 

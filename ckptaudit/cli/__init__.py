@@ -22,7 +22,7 @@ from __future__ import annotations
 import click
 
 from .._version import __version__
-from ..config import (CONFIG_MAX_BYTES, _json_or_none, _merge, load_user_config,  # noqa: F401 - re-exported
+from ..config import (CONFIG_MAX_BYTES, json_or_none, merge_config, load_user_config,  # noqa: F401 - re-exported
                       read_config_file, workflow_dir)
 from ..publish import prune_command, seal_command
 from ..summary import summary  # noqa: F401 - re-exported

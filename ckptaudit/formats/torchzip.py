@@ -45,12 +45,12 @@ from .. import fs, read_depth
 from ..findings import Finding
 from . import zeros
 from .sniff import generic_findings, sniff
-from .zip.central import (_find_central_directory, _header_problem, _overlap, _parse_central, _prefetch_headers,
+from .zip.central import (find_central_directory, header_problem, overlapping_records, parse_central, prefetch_headers,
                           cd_corrupted, iter_central, member_header_corrupted, missing_data_pkl, missing_record)
-from .zip.crc import _load_data_pkl, _longest_zero_run, _member_crc
+from .zip.crc import load_data_pkl, longest_zero_run, member_crc
 from .zip.crc_finding import crc_mismatch
-from .zip.cut import _decide_tail, _describe_cut, _trailing_zero_start, _walk_local, truncated
-from .zip.reader import Member, _File, _hex
+from .zip.cut import decide_tail, describe_cut, trailing_zero_start, walk_local, truncated
+from .zip.reader import Member, ArchiveFile, hex32
 from .zip.storages import check_storages  # noqa: F401 - re-exported: an entry point of the zip checks
 
 #: Largest data.pkl kept in memory, bytes (a 10k-tensor model has a few MB).
@@ -59,7 +59,7 @@ MAX_DATA_PKL_BYTES = 256 << 20
 #: follow): 64 KiB costs ~1 ms more transfer at 100 MB/s than 256 bytes, against 10–30 ms of
 #: latency per GET saved whenever the next local header lies within it.
 REMOTE_WINDOW_BYTES = 64 << 10
-#: Fetch the local headers and data descriptors of a remote archive (:meth:`_File.prefetch`),
+#: Fetch the local headers and data descriptors of a remote archive (:meth:`ArchiveFile.prefetch`),
 #: and the values of its small tensors (``layouts.scan_file``), in concurrent batches of ranged
 #: GETs; False reads each with its own GET (kept for benchmarks/bench_s3.py --no-prefetch).
 REMOTE_PREFETCH = True
@@ -67,7 +67,7 @@ REMOTE_PREFETCH = True
 #: a zeroed block (``zero_filled_span``), bytes: one filesystem block.
 MIN_ZERO_SPAN_BYTES = 4096
 #: Trailing NUL bytes from which a file without central directory is reported
-#: as zero-filled when data.pkl cannot tell (see :func:`_decide_tail`), bytes.
+#: as zero-filled when data.pkl cannot tell (see :func:`decide_tail`), bytes.
 MIN_ZERO_TAIL_BYTES = 4096
 
 
@@ -112,7 +112,7 @@ def check_zip(path, *, display: Optional[str] = None, verify_crc: bool = True, c
     time) through CRC32.  Without one: local headers are walked from offset 0
     (record ends found through their data descriptors) to say where the file
     ends and which records are complete, and a zero-filled tail is told apart
-    from a cut (see :func:`_decide_tail`).  The findings name ``display``
+    from a cut (see :func:`decide_tail`).  The findings name ``display``
     (default: ``path``).  ``tensor_names``, when given, is called once with
     data.pkl's bytes and the number of records when data.pkl is intact (before the findings are built),
     so that a storage record failing its CRC names the tensors it holds.
@@ -133,11 +133,11 @@ def check_zip(path, *, display: Optional[str] = None, verify_crc: bool = True, c
     zip_like = s.kind in ("torch_zip", "zip", "npz")
     if not zip_like:
         pre = zeros.head(shown, s.detail.get("zero_head_bytes"), s.size_bytes) or generic_findings(s, shown)
-    fh = _File(path, window=REMOTE_WINDOW_BYTES, prefetch=REMOTE_PREFETCH,  # read now: benchmarks and tests set them
+    fh = ArchiveFile(path, window=REMOTE_WINDOW_BYTES, prefetch=REMOTE_PREFETCH,  # read now: benchmarks and tests set them
                facts=facts)
     try:
         buf = bytearray(max(4096, chunk))
-        cd = _find_central_directory(fh)
+        cd = find_central_directory(fh)
         if isinstance(cd, dict):
             rep.has_central_directory = True
             _check_with_cd(fh, shown, cd, rep, verify_crc, chunk, buf, tensor_names)
@@ -164,15 +164,15 @@ def _names(rep: ZipReport, tensor_names: Optional[TensorNames]) -> Mapping[str, 
     return tensor_names(rep.data_pkl, len(rep.members))
 
 
-def _check_with_cd(fh: _File, display: str, cd: dict, rep: ZipReport, verify_crc: bool, chunk: int,
+def _check_with_cd(fh: ArchiveFile, display: str, cd: dict, rep: ZipReport, verify_crc: bool, chunk: int,
                    buf: bytearray, tensor_names: Optional[TensorNames]) -> None:
     """Check every central-directory entry (local header, data descriptor, CRC), load data.pkl, then
     build the findings in archive order."""
     cd_start = cd["cd_offset"]
     problems: List[str] = []
     if fh.fd is None:  # remote: every local header is fetched in batches first (needs every entry)
-        entries, problem = _parse_central(fh, cd)
-        _prefetch_headers(fh, entries, cd_start)
+        entries, problem = parse_central(fh, cd)
+        prefetch_headers(fh, entries, cd_start)
     else:  # local: one entry at a time (a 200,000-member archive holds no list of entries)
         entries, problem = iter_central(fh, cd, problems), None
     checked = []  # (member, why its local header is damaged, CRC result of _verify_member): the damaged only
@@ -182,7 +182,7 @@ def _check_with_cd(fh: _File, display: str, cd: dict, rep: ZipReport, verify_crc
         m = Member(name=e["name"], header_offset=e["lho"], data_offset=-1, size_bytes=e["usize"], crc32=e["crc"],
                    crc_ok=None, compressed_size_bytes=e["csize"], method=e["method"], flags=e["flags"])
         rep.members.append(m)
-        why = _header_problem(fh, e, m, cd_start)
+        why = header_problem(fh, e, m, cd_start)
         if why:
             m.header_ok = False
             m.complete = m.data_offset >= 0
@@ -192,9 +192,9 @@ def _check_with_cd(fh: _File, display: str, cd: dict, rep: ZipReport, verify_crc
     del entries
     problem = problem or (problems[0] if problems else None)
     # overlapping records (a damaged central directory entry pointing into another record)
-    overlap = _overlap(rep.members)
+    overlap = overlapping_records(rep.members)
     rep.intact_members = [m.name for m in rep.members if m.header_ok and m.crc_ok is not False]
-    _load_data_pkl(fh, rep, MAX_DATA_PKL_BYTES)
+    load_data_pkl(fh, rep, MAX_DATA_PKL_BYTES)
     names = _names(rep, tensor_names)
 
     out = rep.findings
@@ -210,7 +210,7 @@ def _check_with_cd(fh: _File, display: str, cd: dict, rep: ZipReport, verify_crc
             actual, span = crc
             if span and span[1] >= MIN_ZERO_SPAN_BYTES:
                 out.append(zeros.span(display, span[1], span[0], m.name))
-            out.append(crc_mismatch(display, m.name, _hex(m.crc32), actual, rep.prefix, names))
+            out.append(crc_mismatch(display, m.name, hex32(m.crc32), actual, rep.prefix, names))
     if overlap:
         a, b = overlap
         out.append(cd_corrupted(display, cd["cd_offset"], f"records {a.name!r} and {b.name!r} overlap",
@@ -220,10 +220,10 @@ def _check_with_cd(fh: _File, display: str, cd: dict, rep: ZipReport, verify_crc
         out.append(f)
 
 
-def _verify_member(fh: _File, m: Member, chunk: int, buf: bytearray) -> Optional[Tuple[str, Optional[tuple]]]:
+def _verify_member(fh: ArchiveFile, m: Member, chunk: int, buf: bytearray) -> Optional[Tuple[str, Optional[tuple]]]:
     """CRC32 of record ``m`` against the stored one (sets ``m.crc_ok``).  None when it matches or cannot be
     checked; for a mismatch ``(computed CRC text, (offset, length) of the longest NUL run in it or None)``."""
-    got = _member_crc(fh, m, chunk, buf)
+    got = member_crc(fh, m, chunk, buf)
     if got is None:
         return None  # CRC not recorded, or a method other than stored/deflated: cannot verify
     crc, n = got
@@ -233,7 +233,7 @@ def _verify_member(fh: _File, m: Member, chunk: int, buf: bytearray) -> Optional
     m.crc_ok = crc == m.crc32 and n == m.size_bytes
     if m.crc_ok:
         return None
-    return _hex(crc), _longest_zero_run(fh, m.data_offset, m.compressed_size_bytes, chunk)
+    return hex32(crc), longest_zero_run(fh, m.data_offset, m.compressed_size_bytes, chunk)
 
 
 def _storages_from_pkl(data_pkl: Optional[bytes]) -> Optional[Dict[str, int]]:
@@ -257,10 +257,10 @@ def _storages_from_pkl(data_pkl: Optional[bytes]) -> Optional[Dict[str, int]]:
     return out
 
 
-def _check_without_cd(fh: _File, display: str, rep: ZipReport, verify_crc: bool, chunk: int, buf: bytearray,
+def _check_without_cd(fh: ArchiveFile, display: str, rep: ZipReport, verify_crc: bool, chunk: int, buf: bytearray,
                       cd_problem: Optional[str], tensor_names: Optional[TensorNames]) -> None:
     size = fh.size
-    st = _walk_local(fh, verify_crc, chunk, buf)
+    st = walk_local(fh, verify_crc, chunk, buf)
     members: List[Member] = st["members"]
     rep.members = members
     first = members[0].name if members else (st["cut_member"] or "")
@@ -277,10 +277,10 @@ def _check_without_cd(fh: _File, display: str, rep: ZipReport, verify_crc: bool,
     out = rep.findings
     for m in members:
         if m.crc_ok is False:
-            out.append(crc_mismatch(display, m.name, _hex(m.crc32), _hex(m.crc_actual), rep.prefix, names))
+            out.append(crc_mismatch(display, m.name, hex32(m.crc32), hex32(m.crc_actual), rep.prefix, names))
 
     stop = st["stop"]
-    zstart = _trailing_zero_start(fh, chunk)
+    zstart = trailing_zero_start(fh, chunk)
     zlen = size - zstart
     stop_at = st["stop_at"]
     # (1) the whole record area walked, the central directory present, the end record damaged
@@ -288,8 +288,8 @@ def _check_without_cd(fh: _File, display: str, rep: ZipReport, verify_crc: bool,
         out.append(cd_corrupted(display, stop_at, cd_problem or "the end-of-central-directory record is inconsistent"))
         rep.cut_offset = stop_at
         return
-    zero_fill, definite = _decide_tail(st, storages, rep.prefix, zstart, zlen, size, MIN_ZERO_TAIL_BYTES)
-    intact_text, missing_text = _describe_cut(st, members, rep.prefix, storages, size, zero_fill, zstart)
+    zero_fill, definite = decide_tail(st, storages, rep.prefix, zstart, zlen, size, MIN_ZERO_TAIL_BYTES)
+    intact_text, missing_text = describe_cut(st, members, rep.prefix, storages, size, zero_fill, zstart)
     if zero_fill:
         rep.cut_offset = zstart
         out.insert(0, zeros.tail(display, zlen, zstart, intact_text=intact_text,

@@ -10,7 +10,7 @@ one place:
 * a zeroed span (:func:`span`): ``safetensors_check._suspicious_zero_runs`` (a run across a tensor
   boundary) and ``torchzip._check_with_cd`` (the longest run inside a record that fails its CRC);
 * a zeroed tail (:func:`tail`): ``safetensors_check._suspicious_zero_runs`` (such a run reaching EOF)
-  and ``torchzip._check_without_cd`` (``zip.cut._decide_tail``: NULs where later records must be).
+  and ``torchzip._check_without_cd`` (``zip.cut.decide_tail``: NULs where later records must be).
 
 Every builder takes ``display``, the path the finding names (the file as it sits in the run folder).
 """

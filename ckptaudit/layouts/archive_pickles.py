@@ -90,7 +90,7 @@ def scan_zip_members(path: Path, rel: str, scan: UnitScan, allowed: List[str], r
     heads and :data:`ckptaudit.layouts.scan_file.SWEEP_BYTES` bytes in all; raises only ``OSError`` when
     the file cannot be opened."""
     from ..formats import torchzip
-    from ..formats.zip.reader import _File
+    from ..formats.zip.reader import ArchiveFile
     from .scan_file import SWEEP_BYTES
 
     ts = torchscript
@@ -100,7 +100,7 @@ def scan_zip_members(path: Path, rel: str, scan: UnitScan, allowed: List[str], r
         return
     t0 = time.perf_counter()
     left = SWEEP_BYTES
-    fh = _File(str(path), window=torchzip.REMOTE_WINDOW_BYTES, prefetch=False)
+    fh = ArchiveFile(str(path), window=torchzip.REMOTE_WINDOW_BYTES, prefetch=False)
     try:
         for m in todo:
             if left <= 0:

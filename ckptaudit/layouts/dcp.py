@@ -193,9 +193,9 @@ def _count(v) -> Optional[int]:
 
 
 def _short(v, limit: int = 60) -> str:
-    from ..pickle_walk import _short_repr
+    from ..pickle_walk import short_repr
 
-    return _short_repr(v, limit)
+    return short_repr(v, limit)
 
 
 def _dtype_name(props) -> str:

@@ -3,7 +3,7 @@
 The hash stage writes, for each file it read, one row per:
 
 * zip record CRC32 (``kind`` "crc") and longest NUL run (``kind`` "nul_run": what
-  :func:`ckptaudit.formats.zip.crc._longest_zero_run` asks of a record that fails its CRC);
+  :func:`ckptaudit.formats.zip.crc.longest_zero_run` asks of a record that fails its CRC);
 * safetensors data area scanned for NUL runs (``kind`` "nul_scan", its runs ``kind`` "nul_scan_run");
 * tensor value range (``kind`` "values") and range of bytes that only hold tensor data (``kind`` "tensor_data");
 * of a remote object, piece of the bytes later stages read again (``kind`` "bytes", served by

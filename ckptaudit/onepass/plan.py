@@ -101,10 +101,10 @@ def plan_file(path, data: Optional[bytes] = None) -> Plan:
 
 
 def _mem_file(path, data: bytes):
-    """A :class:`ckptaudit.formats.zip.reader._File` over bytes in memory (no reads, no prefetch)."""
-    from ..formats.zip.reader import _File
+    """A :class:`ckptaudit.formats.zip.reader.ArchiveFile` over bytes in memory (no reads, no prefetch)."""
+    from ..formats.zip.reader import ArchiveFile
 
-    class _Mem(_File):
+    class _Mem(ArchiveFile):
         def __init__(self) -> None:  # noqa: D401 - the parent's opens are not wanted
             self.path, self.size, self.fd, self.f = fs.fspath(path), len(data), -1, None
             self.window_bytes, self.prefetch_enabled = 0, False
@@ -120,13 +120,13 @@ def _mem_file(path, data: bytes):
 
 def _plan_zip(path, data: Optional[bytes]) -> Plan:
     from ..formats import torchzip
-    from ..formats.zip.central import _find_central_directory
-    from ..formats.zip.reader import _File
+    from ..formats.zip.central import find_central_directory
+    from ..formats.zip.reader import ArchiveFile
 
-    fh = _mem_file(path, data) if data is not None else _File(
+    fh = _mem_file(path, data) if data is not None else ArchiveFile(
         fs.fspath(path), window=torchzip.REMOTE_WINDOW_BYTES, prefetch=torchzip.REMOTE_PREFETCH)
     try:
-        cd = _find_central_directory(fh)
+        cd = find_central_directory(fh)
         if not isinstance(cd, dict):
             return Plan()
         rec = _records(fh, cd, remote=data is None and fs.is_remote(path))
@@ -163,17 +163,17 @@ class _Records:
 
 def _records(fh, cd: dict, remote: bool) -> _Records:
     """Every central-directory entry with its local header checked (:func:`ckptaudit.formats.zip.central.
-    _header_problem`), streamed: one entry dict at a time (a remote object's headers are fetched in batches
+    header_problem`), streamed: one entry dict at a time (a remote object's headers are fetched in batches
     first, which needs the list)."""
     import numpy as np
 
-    from ..formats.zip.central import _header_problem, _parse_central, _prefetch_headers, iter_central
+    from ..formats.zip.central import header_problem, parse_central, prefetch_headers, iter_central
     from ..formats.zip.reader import Member
 
     problem: List[str] = []
     if remote:
-        entries, _p = _parse_central(fh, cd)
-        _prefetch_headers(fh, entries, cd["cd_offset"])
+        entries, _p = parse_central(fh, cd)
+        prefetch_headers(fh, entries, cd["cd_offset"])
     else:
         entries = iter_central(fh, cd, problem)
     names, cols = [], {k: [] for k in ("data_offset", "csize", "usize", "crc", "method")}
@@ -183,7 +183,7 @@ def _records(fh, cd: dict, remote: bool) -> _Records:
     m = Member(name="", header_offset=0, data_offset=-1, size_bytes=0, crc32=0)
     for e in entries:
         m.data_offset = -1
-        _header_problem(fh, e, m, cd["cd_offset"])
+        header_problem(fh, e, m, cd["cd_offset"])
         names.append(e["name"])
         for k, v in (("data_offset", m.data_offset), ("csize", e["csize"]), ("usize", e["usize"]),
                      ("crc", e["crc"]), ("method", e["method"])):

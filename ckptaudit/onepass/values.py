@@ -19,7 +19,9 @@ def itemsize(dtype: str) -> int:
     return 1 if dtype.startswith("float8") else {"float64": 8, "float32": 4}.get(dtype, 2)
 
 
-def _np_view(buf, dtype: str):
+def np_view(buf, dtype: str):
+    """A numpy view of ``buf`` (no copy) whose elements the value statistics read: ``bfloat16`` as uint16,
+    ``float8_*`` as uint8 (bit patterns, decoded by :func:`chunk_stats`), other dtypes as themselves."""
     import numpy as np
 
     if dtype == "bfloat16":
@@ -29,7 +31,7 @@ def _np_view(buf, dtype: str):
     return np.frombuffer(buf, dtype={"float32": np.float32, "float64": np.float64, "float16": np.float16}[dtype])
 
 
-def _chunk_stats(a, dtype: str) -> Tuple[int, float]:
+def chunk_stats(a, dtype: str) -> Tuple[int, float]:
     """(non-finite count, sum of squares of the finite values) of one chunk."""
     import numpy as np
 
@@ -81,4 +83,4 @@ def _sum_squares(f) -> float:
 
 def buffer_stats(buf, dtype: str) -> Tuple[int, float]:
     """(non-finite count, Σx² of the finite values) of the whole elements of ``buf`` read as ``dtype``."""
-    return _chunk_stats(_np_view(buf, dtype), dtype)
+    return chunk_stats(np_view(buf, dtype), dtype)

@@ -14,10 +14,10 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 from ... import findings
 from ...findings import Finding
 from .reader import (_CENTRAL_SIZE, _EOCD_SIZE, _LOCAL_SIZE, SIG_CENTRAL, SIG_DESCRIPTOR, SIG_EOCD, SIG_LOCAL,
-                     SIG_ZIP64_EOCD, SIG_ZIP64_LOCATOR, Member, _File, _hex, _zip64_extra)
+                     SIG_ZIP64_EOCD, SIG_ZIP64_LOCATOR, Member, ArchiveFile, hex32, _zip64_extra)
 
 
-def _find_central_directory(fh: _File):
+def find_central_directory(fh: ArchiveFile):
     """Locate and parse the end records.
 
     Returns a dict ``{cd_offset, cd_size, n_entries, end_offset, eocd_offset}``
@@ -43,8 +43,8 @@ def _find_central_directory(fh: _File):
 _FIRST_TAIL_BYTES = 4096
 
 
-def _search_end_records(fh: _File, size: int, tail_len: int):
-    """:func:`_find_central_directory` over the last ``tail_len`` bytes."""
+def _search_end_records(fh: ArchiveFile, size: int, tail_len: int):
+    """:func:`find_central_directory` over the last ``tail_len`` bytes."""
     tail_off = size - tail_len
     tail = fh.pread(tail_off, tail_len)
     problem = None
@@ -83,15 +83,15 @@ def _search_end_records(fh: _File, size: int, tail_len: int):
     return problem
 
 
-def _parse_central(fh: _File, cd: dict) -> Tuple[List[dict], Optional[str]]:
+def parse_central(fh: ArchiveFile, cd: dict) -> Tuple[List[dict], Optional[str]]:
     """Central-directory entries (dicts) and the first problem met, if any."""
     problem: List[str] = []
     entries = list(iter_central(fh, cd, problem))
     return entries, (problem[0] if problem else None)
 
 
-def iter_central(fh: _File, cd: dict, problem: List[str]) -> Iterator[dict]:
-    """The central-directory entries of :func:`_parse_central` one at a time, read in slabs of at most 8 MiB,
+def iter_central(fh: ArchiveFile, cd: dict, problem: List[str]) -> Iterator[dict]:
+    """The central-directory entries of :func:`parse_central` one at a time, read in slabs of at most 8 MiB,
     so a caller that handles each entry in turn holds one entry, not one per member; the first problem met
     is appended to ``problem`` (then the iteration stops)."""
     off = cd["cd_offset"]
@@ -169,7 +169,7 @@ def _extra_problem(extra: bytes, xlen: int) -> Optional[str]:
     return None
 
 
-def _read_descriptor(fh: _File, off: int, csize: int, usize: int) -> Tuple[Optional[dict], str]:
+def _read_descriptor(fh: ArchiveFile, off: int, csize: int, usize: int) -> Tuple[Optional[dict], str]:
     """Read a data descriptor at ``off`` that should state ``csize``/``usize``.
 
     Returns ``(dict(crc, length), "")`` or ``(None, why)``.
@@ -195,7 +195,7 @@ def _read_descriptor(fh: _File, off: int, csize: int, usize: int) -> Tuple[Optio
                   f"central directory's sizes ({csize}/{usize})")
 
 
-def _prefetch_headers(fh: _File, entries: List[dict], cd_start: int) -> None:
+def prefetch_headers(fh: ArchiveFile, entries: List[dict], cd_start: int) -> None:
     """Remote only: fetch the local headers (and data descriptors) of ``entries`` in batches."""
     # Object storage: every local header (fixed part, name, and torch's ≤ 64-byte alignment
     # padding in the extra field, with room to spare) in one concurrent batch of GETs.  Each
@@ -217,7 +217,7 @@ def _prefetch_headers(fh: _File, entries: List[dict], cd_start: int) -> None:
         fh.prefetch(dds)
 
 
-def _header_problem(fh: _File, e: dict, m: Member, cd_start: int) -> Optional[str]:
+def header_problem(fh: ArchiveFile, e: dict, m: Member, cd_start: int) -> Optional[str]:
     """Why the local header of central-directory entry ``e`` (record ``m``) is damaged, or None.
 
     Sets ``m.loose_data_offset`` when the header is readable and ``m.data_offset`` when it
@@ -252,8 +252,8 @@ def _header_problem(fh: _File, e: dict, m: Member, cd_start: int) -> Optional[st
         elif (lcrc, lcsize, lusize) != (0, 0, 0) and lcsize != 0xFFFFFFFF and \
                 (lcrc, lcsize, lusize) != (e["crc"], e["csize"] & 0xFFFFFFFF, e["usize"] & 0xFFFFFFFF):
             # with flag bit 3 these are 0 (APPNOTE 4.4.4); otherwise they must match the central directory
-            why = (f"it states CRC {_hex(lcrc)} / {lcsize} / {lusize} bytes where the central directory says "
-                   f"{_hex(e['crc'])} / {e['csize']} / {e['usize']}")
+            why = (f"it states CRC {hex32(lcrc)} / {lcsize} / {lusize} bytes where the central directory says "
+                   f"{hex32(e['crc'])} / {e['csize']} / {e['usize']}")
         else:
             m.data_offset = e["lho"] + _LOCAL_SIZE + nlen + xlen
             end = m.data_offset + e["csize"]
@@ -266,12 +266,12 @@ def _header_problem(fh: _File, e: dict, m: Member, cd_start: int) -> Optional[st
                 if dd is None:
                     why = dwhy
                 elif dd["crc"] != e["crc"]:
-                    why = (f"its data descriptor states CRC {_hex(dd['crc'])} where the central directory "
-                           f"says {_hex(e['crc'])}")
+                    why = (f"its data descriptor states CRC {hex32(dd['crc'])} where the central directory "
+                           f"says {hex32(e['crc'])}")
     return why
 
 
-def _overlap(members: List[Member]) -> Optional[Tuple[Member, Member]]:
+def overlapping_records(members: List[Member]) -> Optional[Tuple[Member, Member]]:
     """The first two placed records that overlap (a damaged entry pointing into another record), or None."""
     placed = sorted((m for m in members if m.data_offset >= 0), key=lambda m: m.header_offset)
     for a, b in zip(placed, placed[1:]):
@@ -285,7 +285,7 @@ def _overlap(members: List[Member]) -> Optional[Tuple[Member, Member]]:
 
 def cd_corrupted(display: str, offset: int, why: str, *, cd_bytes: Optional[int] = None) -> Finding:
     """``zip_central_directory_corrupted``: the central directory or end records from ``offset`` are damaged
-    (``why``: :func:`_parse_central`'s problem, two :func:`_overlap` records, or an inconsistent end record met
+    (``why``: :func:`parse_central`'s problem, two :func:`overlapping_records` records, or an inconsistent end record met
     by the local walk of a cut archive, :mod:`.cut`).  ``cd_bytes``: the directory's size, when the end
     record states one."""
     if cd_bytes is None:
@@ -295,7 +295,7 @@ def cd_corrupted(display: str, offset: int, why: str, *, cd_bytes: Optional[int]
 
 def member_header_corrupted(display: str, member: str, offset: int, why: str) -> Finding:
     """``zip_member_header_corrupted``: the local header of ``member`` at ``offset`` disagrees with the central
-    directory (``why``, from :func:`_header_problem`)."""
+    directory (``why``, from :func:`header_problem`)."""
     return findings.make("zip_member_header_corrupted", path=display, member=member, offset=offset, why=why)
 
 

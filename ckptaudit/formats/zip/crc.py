@@ -9,10 +9,10 @@ import zlib
 from typing import Optional, Tuple
 
 from .crc32 import crc32
-from .reader import Member, _File
+from .reader import Member, ArchiveFile
 
 
-def _member_crc(fh: _File, m: Member, chunk: int, buf: bytearray) -> Optional[Tuple[int, Optional[int]]]:
+def member_crc(fh: ArchiveFile, m: Member, chunk: int, buf: bytearray) -> Optional[Tuple[int, Optional[int]]]:
     """``(crc, bytes)`` of record ``m``'s data (``bytes`` None: deflated data that does not inflate);
     None when it cannot be verified (CRC not recorded, or a method other than stored/deflated)."""
     if m.crc32 == 0 and m.size_bytes > 0:
@@ -25,7 +25,7 @@ def _member_crc(fh: _File, m: Member, chunk: int, buf: bytearray) -> Optional[Tu
     return None
 
 
-def _crc_deflated(fh: _File, m: Member, chunk: int) -> Tuple[int, Optional[int]]:
+def _crc_deflated(fh: ArchiveFile, m: Member, chunk: int) -> Tuple[int, Optional[int]]:
     d = zlib.decompressobj(-15)
     crc, total, off, left = 0, 0, m.data_offset, m.compressed_size_bytes
     try:
@@ -50,7 +50,7 @@ def _crc_deflated(fh: _File, m: Member, chunk: int) -> Tuple[int, Optional[int]]
     return crc, total
 
 
-def _longest_zero_run(fh: _File, off: int, n: int, chunk: int) -> Optional[Tuple[int, int]]:
+def longest_zero_run(fh: ArchiveFile, off: int, n: int, chunk: int) -> Optional[Tuple[int, int]]:
     """``(offset, length)`` of the longest run of at least 64 NUL bytes in ``n`` bytes from ``off`` (None: none);
     the hash stage's one pass answers for the records it planned, else the bytes are read again."""
     from ..sniff import zero_runs
@@ -63,7 +63,7 @@ def _longest_zero_run(fh: _File, off: int, n: int, chunk: int) -> Optional[Tuple
     return max(runs, key=lambda r: r[1]) if runs else None
 
 
-def _load_data_pkl(fh: _File, rep, limit: int) -> None:
+def load_data_pkl(fh: ArchiveFile, rep, limit: int) -> None:
     """Put data.pkl's bytes on ``rep`` (a ``ZipReport``): ``data_pkl_any`` as far as they read, ``data_pkl``
     when the record is whole and intact; nothing for a record over ``limit`` bytes (``MAX_DATA_PKL_BYTES``)."""
     want = f"{rep.prefix}/data.pkl" if rep.prefix else "data.pkl"

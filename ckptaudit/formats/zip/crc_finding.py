@@ -1,7 +1,7 @@
 """The finding of a torch zip record whose bytes fail their CRC32 (``zip_crc_mismatch``), naming the tensors it holds.
 
 ``torchzip._verify_member`` (archives with a central directory, the CRC from :mod:`.crc`) and the local
-walk of a cut archive (:func:`ckptaudit.formats.zip.cut._walk_local`) decide that a record fails;
+walk of a cut archive (:func:`ckptaudit.formats.zip.cut.walk_local`) decide that a record fails;
 :func:`crc_mismatch` is the one place the finding is built.
 """
 

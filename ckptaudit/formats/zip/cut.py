@@ -1,7 +1,7 @@
 """The torch zip without its central directory: walk the local headers of a cut archive, say where and how it ends.
 
-:func:`ckptaudit.formats.torchzip._check_without_cd` runs the walk (``_walk_local``), the tail decision
-(``_decide_tail``) and the texts of ``_describe_cut``; :func:`truncated` builds the cut's finding.
+:func:`ckptaudit.formats.torchzip._check_without_cd` runs the walk (``walk_local``), the tail decision
+(``decide_tail``) and the texts of ``describe_cut``; :func:`truncated` builds the cut's finding.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from ...findings import Finding
 from .crc32 import crc32
 from .central import _read_descriptor
 from .reader import (_CENTRAL_SIZE, _EOCD_SIZE, _LOCAL_SIZE, SIG_CENTRAL, SIG_DESCRIPTOR, SIG_EOCD, SIG_LOCAL,
-                     SIG_ZIP64_EOCD, SIG_ZIP64_LOCATOR, Member, _File, _strip, _zip64_extra)
+                     SIG_ZIP64_EOCD, SIG_ZIP64_LOCATOR, Member, ArchiveFile, _strip, _zip64_extra)
 
 
-def _scan_descriptor(fh: _File, data_offset: int, chunk: int) -> Optional[dict]:
+def _scan_descriptor(fh: ArchiveFile, data_offset: int, chunk: int) -> Optional[dict]:
     """Find the end of a record whose sizes are deferred to a data descriptor.
 
     Streams from ``data_offset`` looking for ``PK\\x07\\x08`` whose stated size
@@ -67,7 +67,7 @@ def _scan_descriptor(fh: _File, data_offset: int, chunk: int) -> Optional[dict]:
     return None
 
 
-def _trailing_zero_start(fh: _File, chunk: int) -> int:
+def trailing_zero_start(fh: ArchiveFile, chunk: int) -> int:
     """Offset where the run of NUL bytes that ends the file starts (== size if none)."""
     pos = fh.size
     while pos > 0:
@@ -82,7 +82,7 @@ def _trailing_zero_start(fh: _File, chunk: int) -> int:
     return 0
 
 
-def _walk_local(fh: _File, verify_crc: bool, chunk: int, buf: bytearray) -> dict:
+def walk_local(fh: ArchiveFile, verify_crc: bool, chunk: int, buf: bytearray) -> dict:
     """Walk local headers from offset 0.  Returns what was found and where it stopped."""
     size = fh.size
     pos = 0
@@ -195,7 +195,7 @@ def _walk_local(fh: _File, verify_crc: bool, chunk: int, buf: bytearray) -> dict
         return st
 
 
-def _decide_tail(st: dict, storages: Optional[Dict[str, int]], prefix: str, zstart: int, zlen: int,
+def decide_tail(st: dict, storages: Optional[Dict[str, int]], prefix: str, zstart: int, zlen: int,
                  size: int, min_tail: int) -> Tuple[bool, bool]:
     """Is the end of the file zero-filled rather than cut?  Returns ``(zero_fill, definite)``.
 
@@ -223,8 +223,11 @@ def _decide_tail(st: dict, storages: Optional[Dict[str, int]], prefix: str, zsta
     return zlen >= min_tail, False
 
 
-def _describe_cut(st: dict, members: List[Member], prefix: str, storages: Optional[Dict[str, int]], size: int,
+def describe_cut(st: dict, members: List[Member], prefix: str, storages: Optional[Dict[str, int]], size: int,
                   zero_fill: bool, zstart: int) -> Tuple[str, str]:
+    """Two sentences on a zip cut short (or zero-filled from ``zstart``) of ``size`` bytes: which records are
+    complete and where the cut falls (from :func:`walk_local`'s state ``st``), and which storages (key →
+    bytes, None when data.pkl is lost) the lost records held."""
     complete = [m.name for m in members if m.complete]
     n_total = "?"
     stop = st["stop"]
@@ -305,6 +308,6 @@ def _names_text(names: List[str], prefix: str) -> str:
 
 def truncated(display: str, size_bytes: int, missing_text: str, intact_text: str, n_records_intact: int) -> Finding:
     """``truncated_zip_no_central_directory``: the archive ends at ``size_bytes`` without its end records;
-    ``intact_text``/``missing_text`` come from :func:`_describe_cut` (where the cut falls, what survived)."""
+    ``intact_text``/``missing_text`` come from :func:`describe_cut` (where the cut falls, what survived)."""
     return findings.make("truncated_zip_no_central_directory", path=display, size_bytes=size_bytes,
                          missing_text=missing_text, intact_text=intact_text, n_records_intact=n_records_intact)

@@ -1,6 +1,6 @@
-"""The torch zip's records as bytes: signatures and sizes, one record (Member), positional reads (_File).
+"""The torch zip's records as bytes: signatures and sizes, one record (Member), positional reads (ArchiveFile).
 
-Field helpers shared by the central-directory and local-header walks live here too (``_hex``,
+Field helpers shared by the central-directory and local-header walks live here too (``hex32``,
 ``_strip``, ``_zip64_extra``).  The structures are described in :mod:`ckptaudit.formats.torchzip`.
 """
 
@@ -47,7 +47,7 @@ class Member:
     loose_data_offset: int = -1  # data start per the local header alone, even when it disagrees
 
 
-class _File:
+class ArchiveFile:
     """Positional reads on one open file (``os.pread``: no shared seek state).
 
     A remote object (``s3://…``, see :mod:`ckptaudit.fs`) is read with ranged GETs
@@ -163,7 +163,8 @@ class _File:
                 extra.close()
 
 
-def _hex(v: Optional[int]) -> str:
+def hex32(v: Optional[int]) -> str:
+    """A CRC-32 as eight hex digits ("?" when unknown), as the findings print it."""
     return "?" if v is None else f"{v:08x}"
 
 
