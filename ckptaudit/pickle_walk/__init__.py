@@ -57,10 +57,9 @@ from . import budgets
 from .dtypes import dtype_itemsize, dtype_of_storage_type
 from .model import AttrDict, Call, GlobalImport, GlobalRef, Instance, PersistentRef, StorageRef, TensorMeta, WalkResult
 from .names import normalize_global
-from .reader import _short_repr, clean_text  # noqa: F401 - re-exported
+from .reader import clean_text, short_repr  # noqa: F401 - re-exported
 from .streams import walk, walk_streams
 
-short_repr = _short_repr  # the public name of ``_short_repr`` (which layouts import today)
 
 __all__ = [
     "AttrDict",

@@ -11,7 +11,7 @@ from .dtypes import _DTYPE_ALIASES, dtype_of_storage_type
 from .model import AttrDict, Call, GlobalRef, Instance, PersistentRef, StorageRef, TensorMeta
 from .names import (_KNOWN_CLASSES, _PARAMETER_CLASSES, _R_FROM_TYPE, _R_PARAM, _R_PARAM_STATE, _R_QTENSOR,
                     _R_TENSOR, _R_TENSOR_V2, _R_TENSOR_V3, _TENSOR_REBUILDS, normalize_global)
-from .reader import _MISSING, _int_tuple, _safe_key, _short_repr
+from .reader import _MISSING, _int_tuple, _safe_key, short_repr
 from .salvage import _literal_call
 
 
@@ -31,11 +31,11 @@ class _ObjectOps:
             return PersistentRef(pid)
         stype, key, location, numel = pid[1], pid[2], pid[3], pid[4]
         key_s = key.decode("ascii", "replace") if type(key) is bytes else str(key) \
-            if type(key) in (str, int) else _short_repr(key)
+            if type(key) in (str, int) else short_repr(key)
         if type(location) is bytes:
             location = location.decode("ascii", "replace")
         elif type(location) is not str:
-            location = _short_repr(location)
+            location = short_repr(location)
         existing = self.res.storages.get(key_s)
         if existing is not None:
             return existing
@@ -45,7 +45,7 @@ class _ObjectOps:
             except KeyError:
                 dtype, itemsize = f"unknown({stype})", 0
         else:
-            dtype, itemsize = f"unknown({_short_repr(stype)})", 0
+            dtype, itemsize = f"unknown({short_repr(stype)})", 0
         s = StorageRef(key_s, dtype, location, numel if type(numel) is int else None, itemsize)
         self.res.storages[key_s] = s
         return s
@@ -57,7 +57,7 @@ class _ObjectOps:
         elif type(args) is not tuple:
             args = (args,)
         if type(func) is not GlobalRef:
-            self.trick(f"REDUCE at byte {pos} calls a computed value ({_short_repr(func)}), "
+            self.trick(f"REDUCE at byte {pos} calls a computed value ({short_repr(func)}), "
                        "not a named import")
             return Call(func, args)
         hit = self.names.get(id(func))
@@ -98,7 +98,7 @@ class _ObjectOps:
         if kwargs:
             args = args + (kwargs,)
         if type(cls) is not GlobalRef:
-            self.trick(f"{opname} at byte {pos} instantiates a computed class ({_short_repr(cls)})")
+            self.trick(f"{opname} at byte {pos} instantiates a computed class ({short_repr(cls)})")
             return Instance(cls, args)
         mod, name = normalize_global(cls.module, cls.name)
         full = f"{mod}.{name}"

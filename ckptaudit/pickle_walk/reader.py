@@ -27,7 +27,7 @@ class _BudgetError(_WalkError):
     """The walk's work budget ran out (not damage: the stream may be fine, only too large to describe)."""
 
 
-def _short_repr(obj: Any, limit: int = 60) -> str:
+def short_repr(obj: Any, limit: int = 60) -> str:
     """A bounded description of a symbolic value (never recurses deeply)."""
     t = type(obj)
     if t in (str, bytes, bytearray, int, float, bool) or obj is None:
@@ -35,15 +35,15 @@ def _short_repr(obj: Any, limit: int = 60) -> str:
     elif t is GlobalRef:
         r = str(obj)
     elif t is Call:
-        r = f"{_short_repr(obj.func, 40)}(...)"
+        r = f"{short_repr(obj.func, 40)}(...)"
     elif t is Instance:
-        r = f"<{_short_repr(obj.cls, 40)} instance>"
+        r = f"<{short_repr(obj.cls, 40)} instance>"
     elif t is TensorMeta:
         r = f"<tensor {obj.dtype}{list(obj.shape)}>"
     elif t is StorageRef:
         r = f"<storage {obj.key}>"
     elif t is PersistentRef:
-        r = f"<persistent id {_short_repr(obj.pid, 40)}>"
+        r = f"<persistent id {short_repr(obj.pid, 40)}>"
     elif isinstance(obj, (tuple, list)):
         r = f"<{t.__name__} of {len(obj)}>"
     elif isinstance(obj, dict):
@@ -72,17 +72,17 @@ def _safe_key(k: Any) -> Any:
             x, d = todo.pop()
             seen += 1
             if d > 32 or seen > max_nodes:
-                return "<key " + _short_repr(k) + ">"
+                return "<key " + short_repr(k) + ">"
             tx = type(x)
             if tx is tuple or tx is frozenset:
                 todo.extend((y, d + 1) for y in x)
             elif not (tx is str or tx is int or tx is float or tx is bool or tx is bytes
                       or x is None or tx is GlobalRef or tx is complex):
-                return "<key " + _short_repr(k) + ">"
+                return "<key " + short_repr(k) + ">"
         return k
     if t is complex:
         return k
-    return "<key " + _short_repr(k) + ">"
+    return "<key " + short_repr(k) + ">"
 
 
 def _int_tuple(x: Any) -> Optional[Tuple[int, ...]]:
