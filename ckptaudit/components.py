@@ -16,9 +16,9 @@ objects.
 from __future__ import annotations
 
 import fnmatch
+import functools
 import json
 import re
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -120,9 +120,6 @@ class Components:
         return None
 
 
-_MEMO: "OrderedDict[Tuple[str, str, str, bool], Components]" = OrderedDict()
-
-
 def of_scan_row(scan_row: dict) -> Tuple[Components, Dict[str, Any], Dict[str, Any]]:
     """(components, tree, facts) of a ``scan`` table row, collected once per process.
 
@@ -131,15 +128,15 @@ def of_scan_row(scan_row: dict) -> Tuple[Components, Dict[str, Any], Dict[str, A
     they are collected from the row's ``tree_json``/``facts_json`` once and shared (callers only
     read them).  The last 16 rows are kept.
     """
-    key = (scan_row.get("layout") or "", scan_row.get("tree_json") or "{}", scan_row.get("facts_json") or "{}",
-           producers.enabled())  # switching the contracts off (CKPTAUDIT_PRODUCER_CONTRACTS=0) changes the result
-    tree, facts = json.loads(key[1]), json.loads(key[2])
-    c = _MEMO.get(key)
-    if c is None:
-        c = _MEMO[key] = collect(key[0], tree, facts)
-        while len(_MEMO) > 16:
-            _MEMO.popitem(last=False)
-    return c, tree, facts
+    tree_json, facts_json = scan_row.get("tree_json") or "{}", scan_row.get("facts_json") or "{}"
+    # switching the contracts off (CKPTAUDIT_PRODUCER_CONTRACTS=0) changes the result: part of the key
+    c = _collected(scan_row.get("layout") or "", tree_json, facts_json, producers.enabled())
+    return c, json.loads(tree_json), json.loads(facts_json)
+
+
+@functools.lru_cache(maxsize=16)
+def _collected(layout: str, tree_json: str, facts_json: str, contracts: bool) -> Components:
+    return collect(layout, json.loads(tree_json), json.loads(facts_json))
 
 
 def collect(layout: str, tree: Dict[str, Any], facts: Dict[str, Any]) -> Components:

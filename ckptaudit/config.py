@@ -23,16 +23,16 @@ _REPO = Path(__file__).resolve().parent.parent
 SCHEMA_PATH = _REPO / "config" / "schema.yaml"
 CONFIG_PATH = _REPO / "config" / "config.yaml"
 
-_DEFAULTS: Dict[str, Any] = {}
+@functools.lru_cache(maxsize=1)
+def _parsed_defaults() -> Dict[str, Any]:
+    import yaml
+
+    return yaml.safe_load(CONFIG_PATH.read_text())
 
 
 def defaults() -> Dict[str, Any]:
     """A fresh copy of ``config/config.yaml`` (read once per process): every key with its default."""
-    if not _DEFAULTS:
-        import yaml
-
-        _DEFAULTS.update(yaml.safe_load(CONFIG_PATH.read_text()))
-    return copy.deepcopy(_DEFAULTS)
+    return copy.deepcopy(_parsed_defaults())
 
 
 def check_config(cfg: dict, schema_path: str | Path | None = None) -> None:

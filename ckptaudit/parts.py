@@ -7,6 +7,7 @@ Snakefile's input functions select their units with :func:`part_units`.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -119,17 +120,15 @@ def read_inventory(path: str) -> dict:
         return json.load(f)
 
 
-_INV_CACHE: Dict[tuple, dict] = {}
-
-
 def read_inventory_cached(path: str) -> dict:
-    """:func:`read_inventory`, cached on (path, size, mtime)."""
+    """:func:`read_inventory`, cached on (path, size, mtime): the last one read (callers only read it)."""
     st = os.stat(path)
-    key = (os.path.abspath(path), st.st_size, st.st_mtime_ns)
-    if key not in _INV_CACHE:
-        _INV_CACHE.clear()
-        _INV_CACHE[key] = read_inventory(path)
-    return _INV_CACHE[key]
+    return _read_inventory_once(os.path.abspath(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=1)
+def _read_inventory_once(path: str, size: int, mtime_ns: int) -> dict:
+    return read_inventory(path)
 
 
 def part_units(inv: dict, part: str) -> List[dict]:

@@ -161,8 +161,6 @@ def test_the_edge_reader_sees_function_level_and_package_imports():
 #: checks).  What remains is process state (I/O counters, locks held, saves in flight) and caches still to turn
 #: into values: the list only shrinks, and a new entry fails this test.
 MODULE_STATE: Dict[str, str] = {
-    "ckptaudit.components._MEMO": "cache: the components of a scan row (structure, configdiff and state read the same unit)",
-    "ckptaudit.config._DEFAULTS": "cache: the parsed default config",
     "ckptaudit.fs.counters._bytes": "process state: bytes read, per purpose",
     "ckptaudit.fs.counters._gets": "process state: GETs issued, per purpose",
     "ckptaudit.fs.counters._rounds": "process state: round trips, per purpose",
@@ -173,11 +171,9 @@ MODULE_STATE: Dict[str, str] = {
     "ckptaudit.fs.remote._snapshots": "cache: object listings per prefix",
     "ckptaudit.load_server._STARTED": "process state: the load server this process started",
     "ckptaudit.outlock._HELD": "process state: output-folder locks held",
-    "ckptaudit.parts._INV_CACHE": "cache: inventory.json, by path, size and mtime",
     "ckptaudit.publish.background._IN_FLIGHT": "process state: background saves not yet committed",
     "ckptaudit.publish.staging._LOCATIONS": "process state: staging buffers reused across saves",
     "ckptaudit.publish.staging._TAGGER_REGISTERED": "process state: whether torch's location tagger is registered",
-    "ckptaudit.publish.writer._SYNC_FILE_RANGE": "cache: libc's sync_file_range, looked up once",
 }
 
 

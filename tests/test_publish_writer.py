@@ -87,5 +87,5 @@ def test_start_writeback_finds_sync_file_range_on_linux_and_is_advice_elsewhere(
         W.start_writeback(-1, 0, 8192)  # a bad descriptor: advice, never an error
     finally:
         os.close(fd)
-    assert (W._SYNC_FILE_RANGE[0] is not None) == os.uname().sysname.startswith("Linux")
+    assert (W._libc_sync_file_range() is not None) == os.uname().sysname.startswith("Linux")
     assert p.read_bytes() == b"w" * 8192

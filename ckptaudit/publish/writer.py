@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -22,6 +23,7 @@ PARALLEL_BYTES = 1 << 20
 _SYNC_FILE_RANGE_WRITE = 2  # <linux/fs.h>: start writeback of the range's dirty pages, do not wait
 
 
+@functools.lru_cache(maxsize=1)
 def _libc_sync_file_range():
     """libc's ``sync_file_range(2)`` (Linux; the ``os`` module does not wrap it), or None.
     Looked up in the symbols the process already has (``CDLL(None)``): no library search."""
@@ -34,9 +36,6 @@ def _libc_sync_file_range():
     return fn
 
 
-_SYNC_FILE_RANGE: list = []  # [the function or None], looked up on first use
-
-
 def start_writeback(fd: int, offset: int, length: int) -> None:
     """Ask the kernel to start writing ``length`` bytes of ``fd`` from ``offset`` to disk, without
     waiting (``sync_file_range(2)`` with ``SYNC_FILE_RANGE_WRITE``).  Durability still comes only
@@ -45,9 +44,7 @@ def start_writeback(fd: int, offset: int, length: int) -> None:
     (with Linux's default ``vm.dirty_background_ratio`` of 10 %, a 1 GiB file on a 23 GiB host
     would otherwise sit in the page cache until then).  A no-op where the call is missing or
     fails (it is advice)."""
-    if not _SYNC_FILE_RANGE:
-        _SYNC_FILE_RANGE.append(_libc_sync_file_range())
-    fn = _SYNC_FILE_RANGE[0]
+    fn = _libc_sync_file_range()  # looked up once per process
     if fn is not None:
         fn(fd, offset, length, _SYNC_FILE_RANGE_WRITE)
 
