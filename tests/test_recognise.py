@@ -1,5 +1,5 @@
 """Components are recognised by their shape (recognise.py, components.py), optimizers by their param_groups
-(optimizers.py), producers by contract (producers.py), file damage weighed by role (roles.py)."""
+(optimizers.py), producers by contract (producers/), file damage weighed by role (roles.py)."""
 
 import torch
 
