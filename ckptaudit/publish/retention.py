@@ -216,6 +216,42 @@ def prune(run_dir: str | os.PathLike, *, keep_last: Optional[int] = None, keep_e
     """
     from ..inventory import discover
 
+    _check_rules(keep_last, keep_every, keep_best, metric, mode)
+    root = Path(run_dir)
+    units, pointers, _ = discover(root)
+    trusted = set(_verified or ())
+    by_name = {u.unit: u.to_dict() for u in units}
+    stepped = sorted((u for u in by_name.values() if u["step_from_name"] is not None and u["unit"] != "."),
+                     key=lambda u: (u["step_from_name"], u["mtime_ns"]), reverse=True)
+    stale = dict(_stale_leftovers(root)) if sweep_stale else {}
+    orphans = _orphan_integrity_files(root) if sweep_stale else {}
+    verified: Dict[str, Tuple[bool, str]] = {}
+
+    def check(u) -> Tuple[bool, str]:
+        if u["unit"] not in verified:
+            verified[u["unit"]] = (True, "") if u["unit"] in trusted and not u["in_progress"] else \
+                verify_unit(root, u)
+        return verified[u["unit"]]
+
+    rollback = next((u for u in stepped if not u["in_progress"] and check(u)[0]), None)
+    keep = _kept_by_rules(root, stepped, by_name, pointers, rollback, check, keep_last=keep_last,
+                          keep_every=keep_every, keep_best=keep_best, metric=metric, mode=mode)
+    decisions = [_decision(u, keep, rollback, check) for u in stepped if u["unit"] not in stale]
+    for u in by_name.values():
+        if (u["step_from_name"] is None or u["unit"] == ".") and u["unit"] not in stale:
+            decisions.append(PruneDecision(u["unit"], None, "keep", "no step in its name"))
+    for n, why in stale.items():
+        decisions.append(PruneDecision(n, None, "sweep", why))
+    for n, (why, _) in orphans.items():
+        decisions.append(PruneDecision(n, None, "sweep", why))
+    plan = PrunePlan(root, rollback["unit"] if rollback else None, decisions, dry_run)
+    _carry_out(plan, by_name, orphans, echo)
+    return plan
+
+
+def _check_rules(keep_last: Optional[int], keep_every: Optional[int], keep_best: Optional[int],
+                 metric: Optional[str], mode: str) -> None:
+    """Raise ``ValueError`` for no keep rule, a count below 1, ``keep_best`` without a metric, or a bad mode."""
     if keep_last is None and keep_every is None and keep_best is None:
         raise ValueError("prune needs at least one of keep_last, keep_every, keep_best")
     for k, v in (("keep_last", keep_last), ("keep_every", keep_every), ("keep_best", keep_best)):
@@ -225,38 +261,16 @@ def prune(run_dir: str | os.PathLike, *, keep_last: Optional[int] = None, keep_e
         raise ValueError("keep_best needs metric= (a key of the metrics given to publish)")
     if mode not in ("min", "max"):
         raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
-    root = Path(run_dir)
-    units, pointers, _ = discover(root)
-    clock = _Clock()
-    trusted = set(_verified or ())
-    by_name = {u.unit: u.to_dict() for u in units}
-    stepped = sorted((u for u in by_name.values() if u["step_from_name"] is not None and u["unit"] != "."),
-                     key=lambda u: (u["step_from_name"], u["mtime_ns"]), reverse=True)
-    decisions: List[PruneDecision] = []
-    stale = dict(_stale_leftovers(root)) if sweep_stale else {}
-    orphans = _orphan_integrity_files(root) if sweep_stale else {}
-    keep: Dict[str, str] = {}
-    verified: Dict[str, Tuple[bool, str]] = {}
 
-    def check(u) -> Tuple[bool, str]:
-        if u["unit"] not in verified:
-            verified[u["unit"]] = (True, "") if u["unit"] in trusted and not u["in_progress"] else \
-                verify_unit(root, u)
-        return verified[u["unit"]]
 
-    rollback = None
-    for u in stepped:
-        if u["in_progress"]:
-            continue
-        if check(u)[0]:
-            rollback = u
-            break
+def _kept_by_rules(root: Path, stepped: List[dict], by_name: Dict[str, dict], pointers, rollback: Optional[dict],
+                   check: Callable[[dict], Tuple[bool, str]], *, keep_last: Optional[int], keep_every: Optional[int],
+                   keep_best: Optional[int], metric: Optional[str], mode: str) -> Dict[str, str]:
+    """{unit: why it is kept} by the rules, the rollback point and the pointers (the first reason wins)."""
     complete = [u for u in stepped if not u["in_progress"] and not u.get("missing_files")]
-    if rollback is not None:
-        keep[rollback["unit"]] = "rollback point (newest verified unit)"
-    for p in pointers:
-        if p.resolved in by_name:
-            keep.setdefault(p.resolved, f"named by {p.path}")
+    keep: Dict[str, str] = {rollback["unit"]: "rollback point (newest verified unit)"} if rollback else {}
+    for p in (p for p in pointers if p.resolved in by_name):
+        keep.setdefault(p.resolved, f"named by {p.path}")
     if keep_last:  # counts verified units only: a damaged newest unit never pushes an intact one out
         for u in [u for u in complete if check(u)[0]][:keep_last]:
             keep.setdefault(u["unit"], f"one of the {keep_last} newest (keep_last)")
@@ -265,42 +279,48 @@ def prune(run_dir: str | os.PathLike, *, keep_last: Optional[int] = None, keep_e
             if u["step_from_name"] % keep_every == 0:
                 keep.setdefault(u["unit"], f"step is a multiple of {keep_every} (keep_every)")
     if keep_best and metric:
-        scored = [(v, u) for u in complete if (v := _metric_of(root, u, metric)) is not None and check(u)[0]]
-        scored.sort(key=lambda t: t[0], reverse=(mode == "max"))
-        for v, u in scored[:keep_best]:
+        for v, u in _best(root, complete, check, metric, mode)[:keep_best]:
             keep.setdefault(u["unit"], f"{metric}={v:g} is among the {keep_best} best (keep_best)")
-    for u in stepped:
-        name, step = u["unit"], u["step_from_name"]
-        if name in stale:
-            continue
-        if name in keep:
-            decisions.append(PruneDecision(name, step, "keep", keep[name]))
-        elif u["in_progress"]:
-            decisions.append(PruneDecision(name, step, "keep",
-                                           f"in progress ({u['in_progress']}); not a unit to prune"))
-        elif rollback is None:
-            decisions.append(PruneDecision(name, step, "keep", "no unit verifies, so there is no rollback point to "
-                                                               "protect; nothing is deleted"))
-        elif not check(u)[0]:
-            decisions.append(PruneDecision(name, step, "keep", f"does not verify ({check(u)[1]}); left for the "
-                                                               "audit and not counted by any keep rule"))
-        elif step >= rollback["step_from_name"]:
-            decisions.append(PruneDecision(name, step, "keep", f"not older than the rollback point {rollback['unit']}"))
-        else:
-            decisions.append(PruneDecision(name, step, "delete", f"verified, older than the rollback point "
-                                                                 f"{rollback['unit']}, kept by no rule"))
-    for u in by_name.values():
-        if (u["step_from_name"] is None or u["unit"] == ".") and u["unit"] not in stale:
-            decisions.append(PruneDecision(u["unit"], None, "keep", "no step in its name"))
-    for n, why in stale.items():
-        decisions.append(PruneDecision(n, None, "sweep", why))
-    for n, (why, _) in orphans.items():
-        decisions.append(PruneDecision(n, None, "sweep", why))
-    plan = PrunePlan(root, rollback["unit"] if rollback else None, decisions, dry_run)
-    for d in decisions:
+    return keep
+
+
+def _best(root: Path, units: List[dict], check: Callable[[dict], Tuple[bool, str]], metric: str,
+          mode: str) -> List[Tuple[float, dict]]:
+    """``(metrics[metric], unit)`` of the verified ``units`` whose manifest records it, best first (``mode``)."""
+    scored = [(v, u) for u in units if (v := _metric_of(root, u, metric)) is not None and check(u)[0]]
+    scored.sort(key=lambda t: t[0], reverse=(mode == "max"))
+    return scored
+
+
+def _decision(u: dict, keep: Dict[str, str], rollback: Optional[dict],
+              check: Callable[[dict], Tuple[bool, str]]) -> PruneDecision:
+    """Keep or delete one unit with a step: deleted only when verified, older than the rollback point and kept
+    by no rule."""
+    name, step = u["unit"], u["step_from_name"]
+    if name in keep:
+        return PruneDecision(name, step, "keep", keep[name])
+    if u["in_progress"]:
+        return PruneDecision(name, step, "keep", f"in progress ({u['in_progress']}); not a unit to prune")
+    if rollback is None:
+        return PruneDecision(name, step, "keep", "no unit verifies, so there is no rollback point to protect; "
+                                                 "nothing is deleted")
+    if not check(u)[0]:
+        return PruneDecision(name, step, "keep", f"does not verify ({check(u)[1]}); left for the audit and not "
+                                                 "counted by any keep rule")
+    if step >= rollback["step_from_name"]:
+        return PruneDecision(name, step, "keep", f"not older than the rollback point {rollback['unit']}")
+    return PruneDecision(name, step, "delete", f"verified, older than the rollback point {rollback['unit']}, "
+                                               "kept by no rule")
+
+
+def _carry_out(plan: PrunePlan, by_name: Dict[str, dict], orphans: Dict[str, tuple],
+               echo: Optional[Callable[[str], None]]) -> None:
+    """Delete what ``plan`` deletes and sweeps (or, on a dry run, ``echo`` it), each with its directory fsync."""
+    root, clock = plan.run_dir, _Clock()
+    for d in plan.decisions:
         if d.action == "keep":
             continue
-        if dry_run:
+        if plan.dry_run:
             if echo is not None:
                 echo(f"would delete {d.unit}" + (f" (step {d.step})" if d.step is not None else "") + f": {d.reason}")
             continue
@@ -317,4 +337,3 @@ def prune(run_dir: str | os.PathLike, *, keep_last: Optional[int] = None, keep_e
         else:
             _remove_tree_quiet(root / d.unit)
         log.info("%s: deleted %s (%s)", root, d.unit, d.reason)
-    return plan
