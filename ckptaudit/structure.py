@@ -16,7 +16,7 @@ import hashlib
 import json
 import re
 from collections import Counter
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional, Tuple
 
 from . import components as C
 from . import findings as F
@@ -113,54 +113,14 @@ def analyse_unit(unit: dict, scan_row: dict, tensors: Iterable[dict], cfg: dict,
     if not w:
         row["findings_json"] = json.dumps([f.to_dict() for f in fl])
         return row
-    keys = sorted(w)
-    row.update(weights_component=c.weights_source, n_weight_keys=len(keys), structure_hash=structure_hash(w))
-    ref_keys = sorted(reference) if reference else None
-    prefix = strip_prefix(keys)
-    if prefix and not (ref_keys and strip_prefix(ref_keys) == prefix):
-        wrappers = " + ".join(WRAPPER_PREFIXES[x + "."] for x in prefix.rstrip(".").split(".") if x + "." in WRAPPER_PREFIXES)
-        comp = c.weights_source.split(":")[-1] or "the weights"
-        fl.append(F.make("key_prefix_mismatch", path=p, component=repr(comp), prefix=prefix, wrapper=wrappers))
-        row["prefix"] = prefix
-    bare = {k[len(prefix):]: v for k, v in w.items()} if prefix else w
-    # against a reference structure
-    shape_bad: List[str] = []
-    if reference:
-        missing = sorted(set(reference) - set(bare))
-        unexpected = sorted(set(bare) - set(reference))
-        tied_ok = _tied_aliases(bare, reference)
-        missing = [m for m in missing if m not in tied_ok]
-        dtype_bad = []
-        for k in sorted(set(reference) & set(bare)):
-            if list(reference[k].get("shape", [])) != list(bare[k].get("shape", [])):
-                shape_bad.append(f"{k}: saved {tuple(bare[k]['shape'])}, expected {tuple(reference[k]['shape'])}")
-            elif reference[k].get("__tensor__") != bare[k].get("__tensor__"):
-                dtype_bad.append(f"{k}: {bare[k].get('__tensor__')} vs {reference[k].get('__tensor__')}")
-        if dtype_bad:
-            fl.append(F.make("dtype_mismatch", path=p, n=len(dtype_bad), examples=_examples(dtype_bad, 3)))
-        if missing:
-            fl.append(F.make("missing_keys", path=p, n=len(missing), examples=_examples([repr(m) for m in missing])))
-        if unexpected:
-            fl.append(F.make("unexpected_keys", path=p, n=len(unexpected),
-                             examples=_examples([repr(m) for m in unexpected])))
-        row.update(n_missing=len(missing), n_unexpected=len(unexpected))
-    # shapes implied by expected_model_args
-    exp = cfg.get("expected_model_args") or {}
+    row.update(weights_component=c.weights_source, n_weight_keys=len(w), structure_hash=structure_hash(w))
+    prefix, bare = _wrapper_prefix(p, c, w, reference, row, fl)
+    shape_bad: List[str] = []  # "name: saved …, expected …", against the reference or the expected model args
     vocab_text = ""
-    if exp and c.model_args and not reference:
-        changed = {k: (c.model_args.get(k), v) for k, v in exp.items()
-                   if k in c.model_args and isinstance(v, int) and isinstance(c.model_args.get(k), int)
-                   and c.model_args.get(k) != v}
-        for k, (saved, want) in changed.items():
-            for name in sorted(bare):
-                shape = bare[name].get("shape") or []
-                if saved in shape:
-                    dim = shape.index(saved)
-                    new = list(shape)
-                    new[dim] = want
-                    shape_bad.append(f"{name}: saved {tuple(shape)}, expected {tuple(new)} ({k} {saved} -> {want})")
-            if k in VOCAB_KEYS:
-                vocab_text = f"; this is a vocabulary resize ({k} {want} -> {saved} at save time)"
+    if reference:
+        _against_reference(p, bare, reference, row, fl, shape_bad)
+    elif cfg.get("expected_model_args") and c.model_args:
+        vocab_text = _against_model_args(c.model_args, cfg["expected_model_args"], bare, shape_bad)
     if shape_bad:
         fl.append(F.make("size_mismatch", path=p, n=len(shape_bad), examples=_examples(shape_bad, 3),
                          vocab_text=vocab_text))
@@ -173,6 +133,66 @@ def analyse_unit(unit: dict, scan_row: dict, tensors: Iterable[dict], cfg: dict,
     fl.extend(_optimizer_checks(p, c, tensors, bare, prefix, row))
     row["findings_json"] = json.dumps([f.to_dict() for f in fl])
     return row
+
+
+def _wrapper_prefix(p: str, c: C.Components, w: Dict[str, dict], reference: Optional[Dict[str, dict]], row: dict,
+                    fl: List[F.Finding]) -> Tuple[str, Dict[str, dict]]:
+    """(the wrapper prefix every weight key carries, e.g. ``module.`` of DDP, and the weights without it); a
+    prefix the reference does not share is ``key_prefix_mismatch`` (added to ``fl``, and ``row["prefix"]``)."""
+    keys = sorted(w)
+    ref_keys = sorted(reference) if reference else None
+    prefix = strip_prefix(keys)
+    if prefix and not (ref_keys and strip_prefix(ref_keys) == prefix):
+        wrappers = " + ".join(WRAPPER_PREFIXES[x + "."] for x in prefix.rstrip(".").split(".") if x + "." in WRAPPER_PREFIXES)
+        comp = c.weights_source.split(":")[-1] or "the weights"
+        fl.append(F.make("key_prefix_mismatch", path=p, component=repr(comp), prefix=prefix, wrapper=wrappers))
+        row["prefix"] = prefix
+    return prefix, ({k[len(prefix):]: v for k, v in w.items()} if prefix else w)
+
+
+def _against_reference(p: str, bare: Dict[str, dict], reference: Dict[str, dict], row: dict, fl: List[F.Finding],
+                       shape_bad: List[str]) -> None:
+    """Keys, dtypes and shapes of the weights against a reference structure: ``missing_keys``,
+    ``unexpected_keys``, ``dtype_mismatch`` into ``fl`` (tied aliases the reference names are not missing),
+    shape differences into ``shape_bad``, counts into ``row``."""
+    missing = sorted(set(reference) - set(bare))
+    unexpected = sorted(set(bare) - set(reference))
+    tied_ok = _tied_aliases(bare, reference)
+    missing = [m for m in missing if m not in tied_ok]
+    dtype_bad = []
+    for k in sorted(set(reference) & set(bare)):
+        if list(reference[k].get("shape", [])) != list(bare[k].get("shape", [])):
+            shape_bad.append(f"{k}: saved {tuple(bare[k]['shape'])}, expected {tuple(reference[k]['shape'])}")
+        elif reference[k].get("__tensor__") != bare[k].get("__tensor__"):
+            dtype_bad.append(f"{k}: {bare[k].get('__tensor__')} vs {reference[k].get('__tensor__')}")
+    if dtype_bad:
+        fl.append(F.make("dtype_mismatch", path=p, n=len(dtype_bad), examples=_examples(dtype_bad, 3)))
+    if missing:
+        fl.append(F.make("missing_keys", path=p, n=len(missing), examples=_examples([repr(m) for m in missing])))
+    if unexpected:
+        fl.append(F.make("unexpected_keys", path=p, n=len(unexpected),
+                         examples=_examples([repr(m) for m in unexpected])))
+    row.update(n_missing=len(missing), n_unexpected=len(unexpected))
+
+
+def _against_model_args(model_args: dict, expected: dict, bare: Dict[str, dict], shape_bad: List[str]) -> str:
+    """Shapes the ``expected_model_args`` imply where the saved model args differ (a dimension equal to the saved
+    value becomes the expected one): differences into ``shape_bad``; returns the vocabulary-resize note or ""."""
+    vocab_text = ""
+    changed = {k: (model_args.get(k), v) for k, v in expected.items()
+               if k in model_args and isinstance(v, int) and isinstance(model_args.get(k), int)
+               and model_args.get(k) != v}
+    for k, (saved, want) in changed.items():
+        for name in sorted(bare):
+            shape = bare[name].get("shape") or []
+            if saved in shape:
+                dim = shape.index(saved)
+                new = list(shape)
+                new[dim] = want
+                shape_bad.append(f"{name}: saved {tuple(shape)}, expected {tuple(new)} ({k} {saved} -> {want})")
+        if k in VOCAB_KEYS:
+            vocab_text = f"; this is a vocabulary resize ({k} {want} -> {saved} at save time)"
+    return vocab_text
 
 
 def _tied_aliases(bare: Dict[str, dict], reference: Dict[str, dict]) -> set:
