@@ -260,9 +260,50 @@ def hash_unit(run_dir: Path, unit: dict, facts: Optional[list] = None,
     scan and state stages; ``planned(file)`` false (the layout never reads that file by record:
     :func:`ckptaudit.layouts.reads_records`) skips them for that file.
     """
-    sidecar_map: Dict[str, Tuple[str, str]] = {}  # file rel -> (hex, source)
-    unreadable = 0
     row_findings: Dict[str, List[F.Finding]] = {}
+    sidecar_map, unreadable = _sidecar_digests(run_dir, unit, row_findings)
+    manifest_entries: Dict[str, dict] = {}
+    manifest_rows: List[dict] = []  # findings about the manifest itself, one row each
+    if unit.get("manifest"):
+        manifest_entries = _manifest_entries(run_dir, unit, manifest_rows)
+    rows = []
+    covered = 0  # files with a digest to check against
+    prog = _progress.for_unit(unit)  # bytes hashed, for the CLI's progress line ($CKPTAUDIT_PROGRESS_DIR)
+    passes = _file_passes(run_dir, unit, manifest_entries, prog, planned or (lambda rel: True))
+    for rel in unit["files"]:
+        ff = passes[rel]
+        if isinstance(ff, OSError):
+            rows.append(_unreadable_row(unit, rel, ff))
+            continue
+        try:
+            row = _file_row(run_dir, unit, rel, ff, manifest_entries.get(rel), sidecar_map.get(rel),
+                            row_findings.get(rel, []))
+        except OSError as e:  # the whole-file re-read of a file whose chunks failed
+            rows.append(_unreadable_row(unit, rel, e))
+            continue
+        covered += bool(row["expected_sha256_hex"])
+        rows.append(row)
+        if facts is not None:
+            from .onepass.facts import table_of
+
+            facts.append(table_of(unit["unit"], rel, ff))
+        passes[rel] = None  # its columns are in the table now
+    prog.close()
+    rows.extend(_missing_file_rows(unit, manifest_entries))
+    rows.extend(manifest_rows)
+    if rows and covered == 0 and not unreadable:
+        extra = json.loads(rows[0]["findings_json"])
+        extra.append(F.make("sidecar_missing", path=unit["unit"]).to_dict())
+        rows[0]["findings_json"] = json.dumps(extra)
+    return rows
+
+
+def _sidecar_digests(run_dir: Path, unit: dict, row_findings: Dict[str, List[F.Finding]]
+                     ) -> Tuple[Dict[str, Tuple[str, str]], int]:
+    """({file: (SHA-256 hex, "sidecar NAME")} from the unit's sidecars, how many were unreadable); a sidecar's
+    faults (unreadable, malformed, naming another file, out of the run) go to ``row_findings`` by its file."""
+    sidecar_map: Dict[str, Tuple[str, str]] = {}
+    unreadable = 0
     for sc in unit.get("sidecars", []):
         sp = run_dir / sc
         target = sc[: -len(".sha256sum")] if sc.endswith(".sha256sum") else sc[: -len(".sha256")]
@@ -297,67 +338,57 @@ def hash_unit(run_dir: Path, unit: dict, facts: Optional[list] = None,
             row_findings.setdefault(target, []).append(
                 F.make("sidecar_names_other_file", path=target, sidecar=sc, named=named))
             sidecar_map[target] = (entries[named], f"sidecar {Path(sc).name}")
-    manifest_entries: Dict[str, dict] = {}
-    manifest_rows: List[dict] = []  # findings about the manifest itself, one row each
-    if unit.get("manifest"):
-        manifest_entries = _manifest_entries(run_dir, unit, manifest_rows)
-    rows = []
-    covered = 0
-    prog = _progress.for_unit(unit)  # bytes hashed, for the CLI's progress line ($CKPTAUDIT_PROGRESS_DIR)
-    passes = _file_passes(run_dir, unit, manifest_entries, prog, planned or (lambda rel: True))
-    for rel in unit["files"]:
-        p = run_dir / rel
-        fl = list(row_findings.get(rel, []))
-        me = manifest_entries.get(rel)
-        bad_chunks: List[int] = []
-        ff = passes[rel]
-        try:
-            if isinstance(ff, OSError):
-                raise ff
-            size = ff.size_bytes
-            if ff.chunk_sha256_hex is not None:
-                bad_chunks = [i for i, (a, b) in enumerate(zip(ff.chunk_sha256_hex, me["chunk_sha256_hex"]))
-                              if a != b.lower()]
-                digest = sha256_file(p) if bad_chunks else str(me.get("sha256_hex", "")).lower()
-            else:
-                digest = ff.sha256_hex
-        except OSError as e:
-            from .loadtest import unreadable
+    return sidecar_map, unreadable
 
-            rows.append({"unit": unit["unit"], "file": rel, "size_bytes": None, "sha256_hex": "", "hash_seconds": 0.0,
-                         "expected_sha256_hex": "", "expected_source": "", "verified": None,
-                         "findings_json": json.dumps([unreadable(rel, f"cannot read: {e.strerror}").to_dict()])})
-            continue
-        dt = ff.seconds
-        if facts is not None:
-            from .onepass.facts import table_of
 
-            facts.append(table_of(unit["unit"], rel, ff))
-        passes[rel] = None  # its columns are in the table now
-        expected, source = "", ""
-        verified = None
-        if me is not None:
-            expected, source = str(me.get("sha256_hex", "")).lower(), "manifest"
-            if isinstance(me.get("size_bytes"), int) and me["size_bytes"] != size:
-                fl.append(F.make("size_mismatch_vs_manifest", path=rel, actual=size, expected=me["size_bytes"],
-                                 source="manifest"))
-        elif rel in sidecar_map:
-            expected, source = sidecar_map[rel]
-        if expected:
-            covered += 1
-            verified = expected == digest and not bad_chunks
-            for start, end, idx in _damaged_ranges(bad_chunks, me["chunk_bytes"], size) if bad_chunks else []:
-                fl.append(F.make("chunk_checksum_mismatch", path=rel, start=start, last=end - 1, n_bytes=end - start,
-                                 chunks=", ".join(map(str, idx)), n_chunks=len(me["chunk_sha256_hex"]),
-                                 chunk_bytes=me["chunk_bytes"], source="manifest",
-                                 where_text=_where(run_dir, rel, unit["unit"], start, end)))
-            if not verified and not bad_chunks:
-                fl.append(F.make("checksum_mismatch", path=rel, actual=digest, expected=expected, source=source))
-        rows.append({"unit": unit["unit"], "file": rel, "size_bytes": size, "sha256_hex": digest,
-                     "hash_seconds": dt, "expected_sha256_hex": expected, "expected_source": source,
-                     "verified": verified, "findings_json": json.dumps([f.to_dict() for f in fl])})
-    prog.close()
+def _unreadable_row(unit: dict, rel: str, e: OSError) -> dict:
+    """The ``hash`` row of a file that could not be read."""
+    from .loadtest import unreadable
+
+    return {"unit": unit["unit"], "file": rel, "size_bytes": None, "sha256_hex": "", "hash_seconds": 0.0,
+            "expected_sha256_hex": "", "expected_source": "", "verified": None,
+            "findings_json": json.dumps([unreadable(rel, f"cannot read: {e.strerror}").to_dict()])}
+
+
+def _file_row(run_dir: Path, unit: dict, rel: str, ff, me: Optional[dict], sidecar: Optional[Tuple[str, str]],
+              findings_before: List[F.Finding]) -> dict:
+    """The ``hash`` row of a file the pass read (``ff``) against its manifest entry ``me`` or else its sidecar
+    digest; raises ``OSError`` when a file whose chunks failed cannot be re-read whole."""
+    fl = list(findings_before)
+    size = ff.size_bytes
+    bad_chunks: List[int] = []
+    if ff.chunk_sha256_hex is not None:
+        bad_chunks = [i for i, (a, b) in enumerate(zip(ff.chunk_sha256_hex, me["chunk_sha256_hex"])) if a != b.lower()]
+        digest = sha256_file(run_dir / rel) if bad_chunks else str(me.get("sha256_hex", "")).lower()
+    else:
+        digest = ff.sha256_hex
+    expected, source = "", ""
+    verified = None
+    if me is not None:
+        expected, source = str(me.get("sha256_hex", "")).lower(), "manifest"
+        if isinstance(me.get("size_bytes"), int) and me["size_bytes"] != size:
+            fl.append(F.make("size_mismatch_vs_manifest", path=rel, actual=size, expected=me["size_bytes"],
+                             source="manifest"))
+    elif sidecar is not None:
+        expected, source = sidecar
+    if expected:
+        verified = expected == digest and not bad_chunks
+        for start, end, idx in _damaged_ranges(bad_chunks, me["chunk_bytes"], size) if bad_chunks else []:
+            fl.append(F.make("chunk_checksum_mismatch", path=rel, start=start, last=end - 1, n_bytes=end - start,
+                             chunks=", ".join(map(str, idx)), n_chunks=len(me["chunk_sha256_hex"]),
+                             chunk_bytes=me["chunk_bytes"], source="manifest",
+                             where_text=_where(run_dir, rel, unit["unit"], start, end)))
+        if not verified and not bad_chunks:
+            fl.append(F.make("checksum_mismatch", path=rel, actual=digest, expected=expected, source=source))
+    return {"unit": unit["unit"], "file": rel, "size_bytes": size, "sha256_hex": digest,
+            "hash_seconds": ff.seconds, "expected_sha256_hex": expected, "expected_source": source,
+            "verified": verified, "findings_json": json.dumps([f.to_dict() for f in fl])}
+
+
+def _missing_file_rows(unit: dict, manifest_entries: Dict[str, dict]) -> List[dict]:
+    """A ``manifest_file_missing`` row for each file the manifest lists that the unit lacks."""
     present = set(unit["files"])
+    rows = []
     for rel, me in sorted(manifest_entries.items()):
         if rel in present:
             continue
@@ -366,9 +397,4 @@ def hash_unit(run_dir: Path, unit: dict, facts: Optional[list] = None,
         rows.append({"unit": unit["unit"], "file": rel, "size_bytes": None, "sha256_hex": "", "hash_seconds": 0.0,
                      "expected_sha256_hex": str(me.get("sha256_hex", "")).lower(), "expected_source": "manifest",
                      "verified": False, "findings_json": json.dumps([f.to_dict()])})
-    rows.extend(manifest_rows)
-    if rows and covered == 0 and not unreadable:
-        extra = json.loads(rows[0]["findings_json"])
-        extra.append(F.make("sidecar_missing", path=unit["unit"]).to_dict())
-        rows[0]["findings_json"] = json.dumps(extra)
     return rows

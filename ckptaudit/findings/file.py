@@ -102,11 +102,11 @@ ENTRIES: List[_k] = [
        "{path}: SHA-256 is {actual} but its {source} records {expected}: the bytes changed after they were "
        "written (silent corruption, an interrupted copy, or a later partial overwrite).",
        "Do not use it; roll back to the newest checkpoint whose checksums verify.",
-       stage="hash", detector="ckptaudit.hashing:hash_unit"),
+       stage="hash", detector="ckptaudit.hashing:_file_row"),
     _k("size_mismatch_vs_manifest", "file", "error", "none",
        "{path} is {actual} bytes but the {source} records {expected} bytes.",
        "Do not use it; roll back to the newest checkpoint whose checksums verify.",
-       stage="hash", detector="ckptaudit.hashing:hash_unit"),
+       stage="hash", detector="ckptaudit.hashing:_file_row"),
     _k("sidecar_missing", "file", "info", "resume",
        "{path} has no SHA-256 sidecar or manifest entry: silent corruption inside tensor data cannot be ruled out "
        "for members without their own CRC.",
@@ -115,15 +115,15 @@ ENTRIES: List[_k] = [
     _k("sidecar_malformed", "file", "warning", "resume",
        "{sidecar} is not in sha256sum format ({why}).",
        "Regenerate it with `sha256sum FILE > FILE.sha256` from a copy you trust.",
-       stage="hash", detector="ckptaudit.hashing:hash_unit"),
+       stage="hash", detector="ckptaudit.hashing:_sidecar_digests"),
     _k("sidecar_unreadable", "file", "warning", "resume",
        "{sidecar} exists but cannot be read ({why}), so {path} is not verified against it.",
        "Replace the sidecar with a regular file: `sha256sum FILE > FILE.sha256` from a copy you trust.",
-       stage="hash", detector="ckptaudit.hashing:hash_unit"),
+       stage="hash", detector="ckptaudit.hashing:_sidecar_digests"),
     _k("sidecar_names_other_file", "file", "warning", "resume",
        "{sidecar} names {named!r}, not {path!r}.",
        "Regenerate the sidecar for the right file.",
-       stage="hash", detector="ckptaudit.hashing:hash_unit"),
+       stage="hash", detector="ckptaudit.hashing:_sidecar_digests"),
     _k("header_too_small", "file", "error", "none",
        "{path} is {size_bytes} bytes, less than the 8-byte header-length prefix of a safetensors file.",
        "Treat it as lost; download or copy it again.",
@@ -316,13 +316,13 @@ ENTRIES: List[_k] = [
        "each) do not match the SHA-256 recorded in the {source}; {where_text}.",
        "Do not use it; roll back to the newest checkpoint whose checksums verify. Only that byte range changed: "
        "an intact copy of the file can be compared or repaired over that range alone.",
-       stage="hash", detector="ckptaudit.hashing:hash_unit"),
+       stage="hash", detector="ckptaudit.hashing:_file_row"),
     _k("manifest_file_missing", "file", "error", "none",
        "{path} is listed in {manifest} ({size_bytes} bytes, SHA-256 {sha256_hex}) but is not in the unit: it "
        "was deleted, or the unit was copied only in part.",
        "Do not use the unit; restore the file from a copy whose SHA-256 matches, or roll back to the previous "
        "checkpoint.",
-       stage="hash", detector="ckptaudit.hashing:hash_unit"),
+       stage="hash", detector="ckptaudit.hashing:_missing_file_rows"),
     # ------------------------------------- file (object storage: ckptaudit.fs, s3:// runs only)
     _k("incomplete_multipart_upload", "file", "error", "none",
        "{path}: a multipart upload started at {initiated} was never completed (S3 ListMultipartUploads, upload id "
