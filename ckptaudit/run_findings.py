@@ -39,56 +39,70 @@ def run_findings(units: List[dict], state_rows: Dict[str, dict], structure_rows:
     """Findings that only the run as a whole shows: counters going back, gaps,
     norm jumps, the structure changing, components the run has and a unit lacks.
     Units are taken in save order (name step, then name)."""
-    out: Dict[str, List[dict]] = {}
-    for unit, f in missing_components(units, state_rows, scan_rows or {}):
-        out.setdefault(unit, []).append(f.to_dict())
     ordered = [u for u in units if u.get("step_from_name") is not None and not u.get("in_progress")]
+    ratio = float((cfg.get("state") or {}).get("norm_jump_ratio", 10.0))
+    out: Dict[str, List[dict]] = {}
+    for found in (missing_components(units, state_rows, scan_rows or {}), steps_going_back(ordered, state_rows),
+                  written_out_of_order(ordered, state_rows), scheduler_resets(ordered, state_rows),
+                  step_gaps(ordered), norm_jumps(ordered, state_rows, ratio),
+                  structure_changes(ordered, structure_rows)):
+        for unit, f in found:
+            out.setdefault(unit, []).append(f.to_dict())
+    return out
+
+
+def steps_going_back(ordered: List[dict], state_rows: Dict[str, dict]) -> List[tuple]:
+    """``step_not_increasing``: a unit whose recorded step is not above the highest step saved before it (every
+    unit after a restart is flagged, not only the first)."""
+    out = []
     prev = None
     for u in ordered:
         s = state_rows.get(u["unit"]) or {}
         if s.get("step") is None or s.get("has_weights") is None:
             continue
-        # compare with the highest step saved so far: every unit after a restart is flagged
         if prev is not None and (s["step"] < prev[1] or (s["step"] == prev[1] and u["step_from_name"] != prev[2])):
-            out.setdefault(u["unit"], []).append(F.make(
-                "step_not_increasing", path=u["unit"], step=s["step"], previous=prev[1]).to_dict())
+            out.append((u["unit"], F.make("step_not_increasing", path=u["unit"], step=s["step"], previous=prev[1])))
         if prev is None or s["step"] > prev[1]:
             prev = (u["unit"], s["step"], u["step_from_name"])
-    for unit, f in written_out_of_order(ordered, state_rows):
-        out.setdefault(unit, []).append(f.to_dict())
-    for unit, f in scheduler_resets(ordered, state_rows):
-        out.setdefault(unit, []).append(f.to_dict())
+    return out
+
+
+def step_gaps(ordered: List[dict]) -> List[tuple]:
+    """``step_gap``: saves further apart than 1.5 × the run's median save interval (three saves or more)."""
     steps = [u["step_from_name"] for u in ordered]
-    if len(steps) >= 3:
-        gaps = [b - a for a, b in zip(steps, steps[1:]) if b > a]
-        interval = statistics.median(gaps) if gaps else 0
-        for u, a, b in zip(ordered[1:], steps, steps[1:]):
-            if interval and b - a > 1.5 * interval:
-                out.setdefault(u["unit"], []).append(F.make(
-                    "step_gap", path=u["unit"], gap=b - a, previous=a, interval=int(interval)).to_dict())
-    # weight-norm jumps and the first poisoned unit are read in save order too
-    ratio = float((cfg.get("state") or {}).get("norm_jump_ratio", 10.0))
+    if len(steps) < 3:
+        return []
+    gaps = [b - a for a, b in zip(steps, steps[1:]) if b > a]
+    interval = statistics.median(gaps) if gaps else 0
+    return [(u["unit"], F.make("step_gap", path=u["unit"], gap=b - a, previous=a, interval=int(interval)))
+            for u, a, b in zip(ordered[1:], steps, steps[1:]) if interval and b - a > 1.5 * interval]
+
+
+def norm_jumps(ordered: List[dict], state_rows: Dict[str, dict], ratio: float) -> List[tuple]:
+    """``weight_norm_jump``: the weights' norm changing by ``ratio`` or more from the previous unit that has one."""
+    out = []
     prev_norm = None
     for u in ordered:
-        s = state_rows.get(u["unit"]) or {}
-        n = s.get("weight_norm")
+        n = (state_rows.get(u["unit"]) or {}).get("weight_norm")
         if n and prev_norm and prev_norm[1] > 0:
             r = max(n / prev_norm[1], prev_norm[1] / n)
             if r >= ratio:
-                out.setdefault(u["unit"], []).append(F.make(
-                    "weight_norm_jump", path=u["unit"], ratio=r, previous=prev_norm[0],
-                    examples=f"{prev_norm[1]:.4g} -> {n:.4g}").to_dict())
+                out.append((u["unit"], F.make("weight_norm_jump", path=u["unit"], ratio=r, previous=prev_norm[0],
+                                              examples=f"{prev_norm[1]:.4g} -> {n:.4g}")))
         if n:
             prev_norm = (u["unit"], n)
-    # structure changes inside the run
+    return out
+
+
+def structure_changes(ordered: List[dict], structure_rows: Dict[str, dict]) -> List[tuple]:
+    """``model_changed_in_run``: a unit whose weights' structure hash differs from the previous unit's."""
+    out = []
     prev_s = None
     for u in ordered:
-        sr = structure_rows.get(u["unit"]) or {}
-        h = sr.get("structure_hash")
+        h = (structure_rows.get(u["unit"]) or {}).get("structure_hash")
         if h and prev_s and h != prev_s[1]:
-            out.setdefault(u["unit"], []).append(F.make(
-                "model_changed_in_run", path=u["unit"], previous=prev_s[0],
-                examples=f"structure {prev_s[1]} -> {h}").to_dict())
+            out.append((u["unit"], F.make("model_changed_in_run", path=u["unit"], previous=prev_s[0],
+                                          examples=f"structure {prev_s[1]} -> {h}")))
         if h:
             prev_s = (u["unit"], h)
     return out

@@ -72,7 +72,7 @@ ENTRIES: List[_k] = [
        "{path}: step {step} is not after the previous unit's step {previous} in save order: the run restarted "
        "from scratch or was overwritten.",
        "Roll back to the newest unit before the restart.",
-       stage="report", detector="ckptaudit.run_findings:run_findings"),
+       stage="report", detector="ckptaudit.run_findings:steps_going_back"),
     _k("unit_written_after_newer", "state", "warning", "resume",
        "{path} (step {step}) was written {minutes} min after {newer} (step {newer_step}): the run restarted from "
        "an earlier point or from scratch and saved over older names, so the furthest progress is in {newer}.",
@@ -82,7 +82,7 @@ ENTRIES: List[_k] = [
     _k("step_gap", "state", "info", "resume",
        "{path}: {gap} steps since the previous unit ({previous}), wider than the usual save interval {interval}.",
        "Check whether checkpoints in between were lost or deleted.",
-       stage="report", detector="ckptaudit.run_findings:run_findings"),
+       stage="report", detector="ckptaudit.run_findings:step_gaps"),
     _k("optimizer_step_mismatch", "state", "warning", "resume",
        "{path}: optimizer per-parameter step is {opt_step} but the global step is {step}.",
        "Check gradient accumulation settings and whether a counter was reset.",
@@ -98,5 +98,5 @@ ENTRIES: List[_k] = [
     _k("weight_norm_jump", "state", "warning", "resume",
        "{path}: the global weight norm changed by {ratio:.1f}x since {previous} ({examples}).",
        "Check the loss curve around this step; a divergence may have started here.",
-       stage="report", detector="ckptaudit.run_findings:run_findings"),
+       stage="report", detector="ckptaudit.run_findings:norm_jumps"),
 ]

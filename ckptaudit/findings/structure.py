@@ -68,7 +68,7 @@ ENTRIES: List[_k] = [
     _k("model_changed_in_run", "structure", "warning", "resume",
        "{path}: the model structure changed at this unit compared with {previous}: {examples}.",
        "Check that the code change at this step was intended; resume with the matching code.",
-       stage="report", detector="ckptaudit.run_findings:run_findings"),
+       stage="report", detector="ckptaudit.run_findings:structure_changes"),
     _k("model_args_mismatch", "structure", "error", "none",
        "{path}: saved model arguments differ from the job that will resume: {examples}.",
        "Resume with the saved model arguments, or accept that the weights will not fit.",
