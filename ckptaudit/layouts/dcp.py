@@ -16,7 +16,7 @@ import re
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Optional
+from typing import Dict, Optional, Tuple
 
 from .. import confine
 from .. import findings as F
@@ -114,70 +114,95 @@ class DCP:
             return scan
         # every storage path must stay inside the run (``..``, absolute, through a linked folder): dcp.load
         # joins it to the checkpoint folder; one that leaves the run is named and never opened
-        outside = {}
-        for info in storage.values():
-            sinfo = _state(info)
-            relp = sinfo.get("relative_path") if isinstance(sinfo, dict) else None
-            if isinstance(relp, str) and relp and "\0" not in relp and relp not in outside:
-                if where := confine.resolved_outside(run_dir, relp, unit["unit"]):
-                    outside[relp] = where
+        outside = _paths_outside(run_dir, unit["unit"], storage)
         for relp, where in sorted(outside.items())[:10]:
             scan.add(confine.path_outside_run(rel(".metadata"), relp, where,
                                               "dcp.load would read tensors from there"))
         if outside:
             return scan
-        # tensors (shape/dtype) from state_dict_metadata
-        tree = {}
-        for fqn, md in sdm.items():
-            st = _state(md)
-            if isinstance(st, dict) and "size" in st:
-                dname = _dtype_name(st.get("properties"))
-                shape = list(st["size"]) if isinstance(st["size"], (list, tuple)) else []
-                tree[str(fqn)] = {"__tensor__": dname, "shape": shape}
-            else:
-                tree[str(fqn)] = {"__bytes_item__": True}
+        tree = _tensor_tree(sdm)
         # every non-tensor item is a torch.save blob that dcp.load unpickles with weights_only=False
         dcp_bytes.scan_bytes_items(folder, storage, tree, scan, list(cfg.get("security", {}).get("allow_globals", [])),
                                    rel, _state, _fqn, _count, _inside)
         scan.tree["root"] = _nest(tree)
-        # every storage item's file is present and long enough
-        need = {}
-        for idx, info in storage.items():
-            sinfo = _state(info)
-            if not isinstance(sinfo, dict):
-                continue
-            relp = str(sinfo.get("relative_path"))
-            offset, length = _count(sinfo.get("offset", 0)), _count(sinfo.get("length", 0))
-            fqn = _fqn(idx)
-            if offset is None or length is None or not _inside(relp):
-                scan.add(F.make("dcp_metadata_unreadable", path=rel(".metadata"),
-                                why=f"storage item {_short(fqn)} has relative_path {_short(relp)}, offset "
-                                    f"{_short(sinfo.get('offset'))} and length {_short(sinfo.get('length'))}, "
-                                    f"not a path inside the checkpoint folder and two non-negative integers"))
-                return scan
-            end = offset + length
-            cur = need.get(relp)
-            if cur is None or end > cur[0]:
-                need[relp] = (end, fqn, (cur[2] + 1) if cur else 1)
-            else:
-                need[relp] = (cur[0], cur[1], cur[2] + 1)
-        for relp, (end, fqn, n_items) in sorted(need.items()):
-            p = folder / relp
-            m = DISTCP.match(relp)
-            rank = m.group(1) if m else "?"
-            if not p.exists():
-                scan.add(F.make("dcp_shard_missing", path=unit["unit"], file=relp, n_items=n_items, rank=rank))
-                continue
-            size = p.stat().st_size
-            scan.files_checked.append(rel(relp))
-            if size < end:
-                scan.add(F.make("dcp_shard_too_short", path=unit["unit"], file=relp, actual=size, expected=end,
-                                item=fqn))
+        need, bad = _shard_ends(storage)
+        if bad is not None:
+            idx, sinfo = bad
+            scan.add(F.make("dcp_metadata_unreadable", path=rel(".metadata"),
+                            why=f"storage item {_short(_fqn(idx))} has relative_path "
+                                f"{_short(str(sinfo.get('relative_path')))}, offset "
+                                f"{_short(sinfo.get('offset'))} and length {_short(sinfo.get('length'))}, "
+                                f"not a path inside the checkpoint folder and two non-negative integers"))
+            return scan
+        check_shards(folder, unit["unit"], need, scan, rel)
         if ".metadata.tmp" in names:
             scan.add(leftovers.in_progress(rel(".metadata.tmp"),
                                            "a .metadata.tmp is left over from a save that did not finish"))
         scan.facts["n_items"] = len(storage)
         return scan
+
+
+def _paths_outside(run_dir: Path, unit: str, storage: dict) -> Dict[str, str]:
+    """{storage ``relative_path``: where it leads} for each path that resolves outside the run."""
+    outside: Dict[str, str] = {}
+    for info in storage.values():
+        sinfo = _state(info)
+        relp = sinfo.get("relative_path") if isinstance(sinfo, dict) else None
+        if isinstance(relp, str) and relp and "\0" not in relp and relp not in outside:
+            if where := confine.resolved_outside(run_dir, relp, unit):
+                outside[relp] = where
+    return outside
+
+
+def _tensor_tree(sdm: dict) -> Dict[str, dict]:
+    """{fqn: {"__tensor__": dtype, "shape": […]}} of the tensors in ``state_dict_metadata``; other items are
+    ``{"__bytes_item__": True}``."""
+    tree: Dict[str, dict] = {}
+    for fqn, md in sdm.items():
+        st = _state(md)
+        if isinstance(st, dict) and "size" in st:
+            shape = list(st["size"]) if isinstance(st["size"], (list, tuple)) else []
+            tree[str(fqn)] = {"__tensor__": _dtype_name(st.get("properties")), "shape": shape}
+        else:
+            tree[str(fqn)] = {"__bytes_item__": True}
+    return tree
+
+
+def _shard_ends(storage: dict) -> Tuple[Dict[str, tuple], Optional[tuple]]:
+    """({data file: (bytes its items reach, the item reaching furthest, how many items)}, None), or ``(…, (index,
+    storage info))`` of the first item whose path is not inside the folder or whose offset/length are no counts."""
+    need: Dict[str, tuple] = {}
+    for idx, info in storage.items():
+        sinfo = _state(info)
+        if not isinstance(sinfo, dict):
+            continue
+        relp = str(sinfo.get("relative_path"))
+        offset, length = _count(sinfo.get("offset", 0)), _count(sinfo.get("length", 0))
+        if offset is None or length is None or not _inside(relp):
+            return need, (idx, sinfo)
+        end = offset + length
+        cur = need.get(relp)
+        if cur is None or end > cur[0]:
+            need[relp] = (end, _fqn(idx), (cur[2] + 1) if cur else 1)
+        else:
+            need[relp] = (cur[0], cur[1], cur[2] + 1)
+    return need, None
+
+
+def check_shards(folder, unit: str, need: Dict[str, tuple], scan: UnitScan, rel) -> None:
+    """Every data file the metadata's items name is present (``dcp_shard_missing``) and holds the bytes its items
+    reach (``dcp_shard_too_short``: a rank's write cut short); ``need`` from :func:`_shard_ends`."""
+    for relp, (end, fqn, n_items) in sorted(need.items()):
+        p = folder / relp
+        m = DISTCP.match(relp)
+        rank = m.group(1) if m else "?"
+        if not p.exists():
+            scan.add(F.make("dcp_shard_missing", path=unit, file=relp, n_items=n_items, rank=rank))
+            continue
+        size = p.stat().st_size
+        scan.files_checked.append(rel(relp))
+        if size < end:
+            scan.add(F.make("dcp_shard_too_short", path=unit, file=relp, actual=size, expected=end, item=fqn))
 
 
 def _inside(relp: str) -> bool:
