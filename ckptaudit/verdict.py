@@ -104,61 +104,74 @@ def _weigh_by_role(fl: List[dict], scan_row: Optional[dict]) -> List[dict]:
 
 
 def pointer_verdicts(pointers: List[dict], units_out: List[dict], inv_units: List[dict]) -> List[dict]:
+    """One row per pointer of the run (``path``, ``target``, ``resolved``, ``ok``, ``kind``, ``finding``): whether a
+    resume that follows it reaches a usable unit (:func:`pointer_finding`)."""
     by_unit = {u["unit"]: u for u in units_out}
     out = []
     for p in pointers:
-        usable = [u for u in units_out if u["usable_for"] != "none" and u["unit"] != p.get("resolved")]
-        best = max(usable, key=_key, default=None)
-        suggestion = best["unit"].rsplit("/", 1)[-1] if best else "none"
         res = p.get("resolved") or ""
-        f = None
-        if leftovers.POINTER_NOT_READ in p["kind"]:  # a FIFO or device named as a pointer: never opened
-            f = leftovers.irregular(p["path"], p["kind"].split(leftovers.POINTER_NOT_READ, 1)[1])
-        elif (pf := producers.pointer_file(p)) is not None and pf.check is not None \
-                and (bad := pf.check(p, suggestion)) is not None:
-            f = bad
-        elif confine.POINTER_OUTSIDE in p["kind"] or (p["kind"].startswith("symbolic link, refused")
-                                                       and confine.OUTSIDE_WORDS in p["kind"]):
-            where = (p["kind"].split(confine.POINTER_OUTSIDE, 1)[1] if confine.POINTER_OUTSIDE in p["kind"]
-                     else p["kind"].rsplit("(", 1)[-1].rstrip(")"))
-            f = confine.path_outside_run(p["path"], p["target"], where,
-                                         "a resume that follows this pointer would load from there")
-        elif p["kind"].startswith("symbolic link, refused"):
-            f = F.make("pointer_refused", path=p["path"], pointer=p["path"], target=p["target"],
-                       why=p["kind"].split(": ", 1)[-1], suggestion=suggestion)
-        elif p["is_symlink"] and not p["exists"]:
-            f = F.make("dangling_symlink", path=p["path"], pointer=p["path"], target=p["target"],
-                       suggestion=suggestion)
-        elif not res or res not in by_unit:
-            if res and res not in by_unit and p["exists"]:
-                pass  # names something that is not a unit (e.g. a plain file): nothing to judge
-            else:
-                ctext = f"; the newest complete checkpoint is {suggestion}" if best else "; no complete checkpoint exists"
-                f = F.make("latest_pointer_dangling", path=p["path"], pointer=p["path"], target=p["target"],
-                           suggestion=suggestion, complete_text=ctext)
-        else:
-            u = by_unit[res]
-            file_errs = [x["kind"] for x in u["findings"] if x["severity"] == "error" and x["layer"] == "file"]
-            if file_errs:
-                # a resume through this pointer reads damaged or missing bytes; a unit that is unusable for
-                # other reasons (a changed world size, NaN weights) says so in its own findings
-                why = ", ".join(file_errs) or "not usable"
-                if p["is_symlink"]:  # Lightning save_last="link", a publish symlink: re-point the link
-                    f = F.make("symlink_target_unusable", path=p["path"], pointer=p["path"], target=p["target"],
-                               suggestion=suggestion, why=why)
-                else:  # a text pointer (DeepSpeed latest, Megatron tracker): rewrite the name it holds
-                    f = F.make("latest_pointer_incomplete", path=p["path"], pointer=p["path"], target=p["target"],
-                               suggestion=suggestion, why=why)
-                if u["usable_for"] == "none":
-                    u["findings"].append(f.to_dict())
-            elif best and u["step"] is not None and best["step"] is not None and best["step"] > u["step"]:
-                f = F.make("latest_pointer_not_newest", path=p["path"], pointer=p["path"], target=p["target"],
-                           suggestion=suggestion)
+        f = pointer_finding(p, units_out, by_unit)
         kind = f.kind if f is not None else ""
         ok = f is None or f.kind == "latest_pointer_not_newest"  # a newer checkpoint exists: the pointer still works
         out.append({"path": p["path"], "target": p["target"], "resolved": res, "ok": ok, "kind": kind,
                     "finding": f.to_dict() if f else None})
     return out
+
+
+def pointer_finding(p: dict, units_out: List[dict], by_unit: Dict[str, dict]) -> Optional[F.Finding]:
+    """What is wrong with pointer ``p`` (an inventory pointer row), or None: never read, its producer's own check,
+    out of the run, refused, dangling, or naming a unit (:func:`pointer_to_unit_finding`).  The repair suggests
+    the newest usable unit other than the one it names."""
+    usable = [u for u in units_out if u["usable_for"] != "none" and u["unit"] != p.get("resolved")]
+    best = max(usable, key=_key, default=None)
+    suggestion = best["unit"].rsplit("/", 1)[-1] if best else "none"
+    res = p.get("resolved") or ""
+    kind = p["kind"]
+    if leftovers.POINTER_NOT_READ in kind:  # a FIFO or device named as a pointer: never opened
+        return leftovers.irregular(p["path"], kind.split(leftovers.POINTER_NOT_READ, 1)[1])
+    if (pf := producers.pointer_file(p)) is not None and pf.check is not None \
+            and (bad := pf.check(p, suggestion)) is not None:
+        return bad
+    if confine.POINTER_OUTSIDE in kind or (kind.startswith("symbolic link, refused") and confine.OUTSIDE_WORDS in kind):
+        where = (kind.split(confine.POINTER_OUTSIDE, 1)[1] if confine.POINTER_OUTSIDE in kind
+                 else kind.rsplit("(", 1)[-1].rstrip(")"))
+        return confine.path_outside_run(p["path"], p["target"], where,
+                                        "a resume that follows this pointer would load from there")
+    if kind.startswith("symbolic link, refused"):
+        return F.make("pointer_refused", path=p["path"], pointer=p["path"], target=p["target"],
+                      why=kind.split(": ", 1)[-1], suggestion=suggestion)
+    if p["is_symlink"] and not p["exists"]:
+        return F.make("dangling_symlink", path=p["path"], pointer=p["path"], target=p["target"], suggestion=suggestion)
+    if res and res in by_unit:
+        return pointer_to_unit_finding(p, by_unit[res], best, suggestion)
+    if res and p["exists"]:
+        return None  # names something that is not a unit (e.g. a plain file): nothing to judge
+    ctext = f"; the newest complete checkpoint is {suggestion}" if best else "; no complete checkpoint exists"
+    return F.make("latest_pointer_dangling", path=p["path"], pointer=p["path"], target=p["target"],
+                  suggestion=suggestion, complete_text=ctext)
+
+
+def pointer_to_unit_finding(p: dict, u: dict, best: Optional[dict], suggestion: str) -> Optional[F.Finding]:
+    """A pointer that names unit ``u``: the unit's bytes are damaged (the finding also joins an unusable unit's
+    own), or a newer usable unit ``best`` exists; None when it names the right unit."""
+    file_errs = [x["kind"] for x in u["findings"] if x["severity"] == "error" and x["layer"] == "file"]
+    if file_errs:
+        # a resume through this pointer reads damaged or missing bytes; a unit that is unusable for
+        # other reasons (a changed world size, NaN weights) says so in its own findings
+        why = ", ".join(file_errs) or "not usable"
+        if p["is_symlink"]:  # Lightning save_last="link", a publish symlink: re-point the link
+            f = F.make("symlink_target_unusable", path=p["path"], pointer=p["path"], target=p["target"],
+                       suggestion=suggestion, why=why)
+        else:  # a text pointer (DeepSpeed latest, Megatron tracker): rewrite the name it holds
+            f = F.make("latest_pointer_incomplete", path=p["path"], pointer=p["path"], target=p["target"],
+                       suggestion=suggestion, why=why)
+        if u["usable_for"] == "none":
+            u["findings"].append(f.to_dict())
+        return f
+    if best and u["step"] is not None and best["step"] is not None and best["step"] > u["step"]:
+        return F.make("latest_pointer_not_newest", path=p["path"], pointer=p["path"], target=p["target"],
+                      suggestion=suggestion)
+    return None
 
 
 def build(inv: dict, tables: Dict[str, List[dict]], cfg: dict) -> dict:
@@ -175,8 +188,6 @@ def build(inv: dict, tables: Dict[str, List[dict]], cfg: dict) -> dict:
     for u in inv["units"]:
         fl = _weigh_by_role(unit_findings(u["unit"], tables, by_unit) + extra.get(u["unit"], [])
                             + (inv.get("changed_during_audit") or {}).get(u["unit"], []), scan_rows.get(u["unit"]))
-        for mf in u.get("missing_files", []):
-            pass  # reported by the layout's own check (e.g. index_references_missing_shard)
         units_out.append({
             "unit": u["unit"], "step": _step(u, state_rows.get(u["unit"])), "name_step": u.get("step_from_name"),
             "layout": u["layout"],
