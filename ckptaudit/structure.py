@@ -203,23 +203,14 @@ def _tied_aliases(bare: Dict[str, dict], reference: Dict[str, dict]) -> set:
     return out
 
 
-def _optimizer_checks(p: str, c: C.Components, tensors: Iterable[dict], bare: Dict[str, dict], prefix: str,
-                      row: dict) -> List[F.Finding]:
-    opt = c.optimizer
-    if not opt or c.optimizer_partitioned or not isinstance(opt.get("param_groups"), list):
-        return []
-    groups = opt["param_groups"]
-    sizes = [n for n in (C.group_size(g) for g in groups) if n is not None]
-    if not sizes:
-        return []
-    # parameters: weight tensors minus buffers, de-duplicated by shared storage (tied weights)
-    wsrc = c.weights_source.split(":")[-1]
+def _parameters(wsrc: str, tensors: Iterable[dict], bare: Dict[str, dict], prefix: str) -> List[str]:
+    """The model's parameters in ``bare`` (weights without the wrapper ``prefix``), in insertion order: buffers
+    left out, and one name per (file, storage, offset, shape) of the weights component ``wsrc`` — tied weights
+    share all four, while views into one flat storage (cuDNN-flattened LSTM weights) differ in offset."""
     storage_of = {}
     for t in tensors:
         name = t["name"]
         if wsrc and wsrc != "(root)" and name.startswith(wsrc + "."):
-            # one parameter per (storage, offset, shape): tied weights share all three, while views into
-            # one flat storage (cuDNN-flattened LSTM weights) differ in offset
             storage_of[name[len(wsrc) + 1:]] = (t["file"], t["storage_key"], t.get("storage_offset") or 0,
                                                 tuple(t.get("shape") or ()))
     params = []
@@ -232,6 +223,31 @@ def _optimizer_checks(p: str, c: C.Components, tensors: Iterable[dict], bare: Di
             continue
         seen.add(sk if sk is not None else k)
         params.append(k)
+    return params
+
+
+def _moment_shapes(state: dict) -> Counter:
+    """How many first moments (Adam's ``exp_avg``, SGD's ``momentum_buffer``) of each shape the optimizer state
+    holds."""
+    shapes: Counter = Counter()
+    for v in state.values():
+        if isinstance(v, dict):
+            m = v.get("exp_avg") or v.get("momentum_buffer")
+            if C.is_tensor(m):
+                shapes[tuple(m.get("shape", []))] += 1
+    return shapes
+
+
+def _optimizer_checks(p: str, c: C.Components, tensors: Iterable[dict], bare: Dict[str, dict], prefix: str,
+                      row: dict) -> List[F.Finding]:
+    opt = c.optimizer
+    if not opt or c.optimizer_partitioned or not isinstance(opt.get("param_groups"), list):
+        return []
+    groups = opt["param_groups"]
+    sizes = [n for n in (C.group_size(g) for g in groups) if n is not None]
+    if not sizes:
+        return []
+    params = _parameters(c.weights_source.split(":")[-1], tensors, bare, prefix)
     n_saved = sum(sizes)
     row.update(model_params=len(params), optimizer_params=n_saved)
     out = []
@@ -244,13 +260,7 @@ def _optimizer_checks(p: str, c: C.Components, tensors: Iterable[dict], bare: Di
         out.append(F.make("optimizer_param_group_size_mismatch", path=p, saved=n_saved,
                           groups=f"{len(sizes)} group(s) of {', '.join(map(str, sizes))}", model=len(params)))
         return out
-    state = opt.get("state") or {}
-    moment_shapes = Counter()
-    for v in state.values():
-        if isinstance(v, dict):
-            m = v.get("exp_avg") or v.get("momentum_buffer")
-            if C.is_tensor(m):
-                moment_shapes[tuple(m.get("shape", []))] += 1
+    moment_shapes = _moment_shapes(opt.get("state") or {})
     param_shapes = Counter(tuple(bare[k].get("shape", [])) for k in params)
     if moment_shapes and sum(moment_shapes.values()) == len(params) and moment_shapes != param_shapes:
         diff = list((moment_shapes - param_shapes).items())[:3]
