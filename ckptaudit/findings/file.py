@@ -274,7 +274,7 @@ ENTRIES: List[_k] = [
     _k("unit_file_missing", "file", "error", "none",
        "{path}: {file} is missing ({why}).",
        "Do not resume from it; roll back to the rollback point the verdict names, or restore the file from a copy.",
-       stage="scan", detector="ckptaudit.layouts.hf:HFTrainer.scan"),
+       stage="scan", detector="ckptaudit.layouts.hf:HFTrainer.completeness"),
     _k("pickle_unreadable", "file", "error", "none",
        "{path}: the pickle in {member} cannot be walked ({why}).",
        "Treat it as corrupt; roll back to an older checkpoint.",

@@ -25,7 +25,7 @@ ENTRIES: List[_k] = [
        "before the first step, and the step, epoch and best checkpoint it records are unknown.",
        "Resume from an older checkpoint whose {name} is intact, or warm-start from these weights and set the step "
        "by hand from the training log.",
-       stage="scan", detector="ckptaudit.layouts.hf:HFTrainer.scan"),
+       stage="scan", detector="ckptaudit.layouts.hf:HFTrainer.read_trainer_state"),
     _k("missing_optimizer_state", "state", "warning", "warm-start",
        "{path} has model weights but no optimizer state: resuming re-initialises the AdamW moments (expect a loss "
        "spike); fine for a warm start, not a faithful resume point.",

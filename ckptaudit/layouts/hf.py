@@ -207,35 +207,49 @@ class HFTrainer:
                 continue
             if n == "trainer_state.json":
                 scan.files_checked.append(f)
-                try:
-                    st = fs.loads_json(fs.read_bounded(run_dir / f, fs.SMALL_FILE_BYTES))
-                    if not isinstance(st, dict):
-                        raise ValueError(f"the top level is a JSON {type(st).__name__}, not an object")
-                    gs = st.get("global_step", 0)
-                    if type(gs) is not int or gs < 0:  # the Trainer computes epochs/batches to skip from it
-                        shown = repr(gs) if len(repr(gs)) <= 40 else repr(gs)[:40] + "…"
-                        raise ValueError(f"global_step is {shown}, not a non-negative integer")
-                    scan.tree["trainer_state.json"] = {k: st.get(k) for k in ("global_step", "epoch", "best_metric",
-                                                                              "best_model_checkpoint", "max_steps")}
-                    # the loss logged last at or before global_step (components reads it as the unit's loss)
-                    logged = [r for r in st.get("log_history") or [] if isinstance(r, dict) and "loss" in r
-                              and isinstance(r.get("step"), int) and r["step"] <= gs]
-                    if logged:
-                        scan.tree["trainer_state.json"]["log_history"] = [
-                            {"step": logged[-1]["step"], "loss": logged[-1]["loss"]}]
-                    scan.facts["global_step"] = st.get("global_step")
-                except (OSError, ValueError) as e:
-                    scan.add(F.make("state_file_unreadable", path=f, name=n, why=f"{type(e).__name__}: {e}"[:200]))
+                self.read_trainer_state(run_dir, f, scan)
                 continue
             extra = ["transformers.training_args.TrainingArguments"] if n == "training_args.bin" else []
             scan_file(run_dir, f, unit["unit"], scan, cfg, extra_allowed=extra, tree_key=n,
                       byte_facts=byte_facts)
-        has_weights = bool(index) or any(n in names for n in ("model.safetensors", "pytorch_model.bin", "adapter_model.safetensors", "adapter_model.bin"))
+        self.completeness(unit["unit"], names, bool(index), scan)
+        return scan
+
+    def read_trainer_state(self, run_dir: Path, f: str, scan: UnitScan) -> None:
+        """``trainer_state.json``'s step, epoch, best metric and the loss logged last at or before the step into
+        the scan's tree; ``state_file_unreadable`` when it is no JSON object or its ``global_step`` is not a
+        non-negative integer (``Trainer.train`` computes the epochs and batches to skip from it)."""
+        n = Path(f).name
+        try:
+            st = fs.loads_json(fs.read_bounded(run_dir / f, fs.SMALL_FILE_BYTES))
+            if not isinstance(st, dict):
+                raise ValueError(f"the top level is a JSON {type(st).__name__}, not an object")
+            gs = st.get("global_step", 0)
+            if type(gs) is not int or gs < 0:
+                shown = repr(gs) if len(repr(gs)) <= 40 else repr(gs)[:40] + "…"
+                raise ValueError(f"global_step is {shown}, not a non-negative integer")
+            scan.tree["trainer_state.json"] = {k: st.get(k) for k in ("global_step", "epoch", "best_metric",
+                                                                      "best_model_checkpoint", "max_steps")}
+            # the loss logged last at or before global_step (components reads it as the unit's loss)
+            logged = [r for r in st.get("log_history") or [] if isinstance(r, dict) and "loss" in r
+                      and isinstance(r.get("step"), int) and r["step"] <= gs]
+            if logged:
+                scan.tree["trainer_state.json"]["log_history"] = [
+                    {"step": logged[-1]["step"], "loss": logged[-1]["loss"]}]
+            scan.facts["global_step"] = st.get("global_step")
+        except (OSError, ValueError) as e:
+            scan.add(F.make("state_file_unreadable", path=f, name=n, why=f"{type(e).__name__}: {e}"[:200]))
+
+    def completeness(self, unit: str, names: dict, has_index: bool, scan: UnitScan) -> None:
+        """The Trainer files the unit lacks (``facts["trainer_missing"]``, judged by the state layer), and
+        ``unit_file_missing`` when the weights are gone from a folder that holds the rest of a Trainer save."""
+        has_weights = has_index or any(n in names for n in ("model.safetensors", "pytorch_model.bin",
+                                                            "adapter_model.safetensors", "adapter_model.bin"))
         missing = []
         if not has_weights:
             missing.append("model weights (model.safetensors / pytorch_model.bin)")
             if "trainer_state.json" in names or "optimizer.pt" in names:
-                scan.add(F.make("unit_file_missing", path=unit["unit"], file="model.safetensors or pytorch_model.bin",
+                scan.add(F.make("unit_file_missing", path=unit, file="model.safetensors or pytorch_model.bin",
                                 why="a Trainer checkpoint folder holds the model weights beside optimizer.pt and "
                                     "trainer_state.json; they were deleted, never copied, or the save died first"))
         for need in ("optimizer.pt", "scheduler.pt", "trainer_state.json"):
@@ -246,7 +260,6 @@ class HFTrainer:
         # completeness is judged by the state layer (components), not here
         scan.facts["trainer_missing"] = missing
         scan.facts["trainer_files"] = sorted(names)
-        return scan
 
 
 def _read_json(path: Path, limit: int = 1 << 20):
