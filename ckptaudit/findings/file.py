@@ -154,7 +154,7 @@ ENTRIES: List[_k] = [
     _k("index_invalid", "file", "error", "none",
        "{path}: the sharded-checkpoint index does not parse or has no weight_map ({why}).",
        "Download or copy the index again from the source.",
-       stage="scan", detector="ckptaudit.layouts.hf:check_index"),
+       stage="scan", detector="ckptaudit.layouts.hf:read_index"),
     _k("index_references_missing_shard", "file", "error", "none",
        "{path} maps {n_tensors} tensors to {shard}, which is not in the folder (interrupted download or partial "
        "copy).",
@@ -163,7 +163,7 @@ ENTRIES: List[_k] = [
     _k("index_tensor_not_in_shard", "file", "error", "none",
        "{path} says {tensor} is in {shard}, but that shard has no such tensor.",
        "The shards and the index come from different saves; fetch them again together.",
-       stage="scan", detector="ckptaudit.layouts.hf:check_index"),
+       stage="scan", detector="ckptaudit.layouts.hf:check_shard"),
     _k("dcp_metadata_missing", "file", "error", "none",
        "{path} holds torch.distributed.checkpoint data files ({n_files}) but no .metadata: the save never "
        "committed (crash, or an async save that did not finish){tmp_text}.",

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 from .. import confine
 from .. import findings as F
@@ -84,27 +84,12 @@ class HFIndex:
 def check_index(run_dir: Path, index_rel: str, scan: UnitScan, cfg: dict, unit_name: str,
                 byte_facts=None) -> None:
     """Check an index and every shard it names; shards' tensors go into ``scan``."""
-    ip = run_dir / index_rel
     base = Path(index_rel).parent
     scan.files_checked.append(index_rel)
-    try:
-        doc = fs.loads_json(fs.read_bounded(ip, fs.SMALL_FILE_BYTES))
-        wm = doc["weight_map"]
-        if not isinstance(wm, dict):
-            raise ValueError("weight_map is not an object")
-        # confinement first: a shard that resolves outside the run (absolute, "..", a link, a linked folder)
-        # is reported where it points and never opened (ckptaudit.confine)
-        outside = {v: real for v in {v for v in wm.values() if isinstance(v, str) and v and "\0" not in v}
-                   if (real := confine.resolved_outside(run_dir, v, str(base)))}
-        bad = next(((t, v, why) for t, v in wm.items() if not (isinstance(v, str) and v in outside)
-                    and (why := shard_name_problem(v))), None)
-        if bad is not None:
-            t, v, why = bad
-            shown = repr(v) if len(repr(v)) <= 80 else repr(v)[:80] + "…"
-            raise ValueError(f"weight_map names {shown} as the shard of tensor {t[:80]!r}: {why}")
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        scan.add(F.make("index_invalid", path=index_rel, why=f"{type(e).__name__}: {e}"))
+    read = read_index(run_dir, index_rel, scan)
+    if read is None:
         return
+    doc, wm, outside = read
     for s in sorted(outside):
         scan.add(confine.path_outside_run(index_rel, s, outside[s], "transformers would load its tensors from there"))
     by_shard = {}
@@ -120,26 +105,55 @@ def check_index(run_dir: Path, index_rel: str, scan: UnitScan, cfg: dict, unit_n
     for s in missing:
         scan.add(F.make("index_references_missing_shard", path=index_rel, shard=s, n_tensors=len(by_shard[s]),
                         shards=", ".join(missing)))
-    merged = {}
     for s in sorted(by_shard):
-        if s in missing:
-            continue
-        rel = str((base / s).as_posix()) if str(base) != "." else s
-        info = scan_file(run_dir, rel, unit_name, scan, cfg, tree_key=rel, byte_facts=byte_facts)
-        names = set()
-        if info.get("header"):
-            names = {k for k in info["header"] if k != "__metadata__"}
-        elif isinstance(info.get("obj"), dict):
-            names = {str(k) for k in info["obj"]}
-        if info.get("header") or isinstance(info.get("obj"), dict):
-            for t in sorted(set(by_shard[s]) - names)[:20]:
-                scan.add(F.make("index_tensor_not_in_shard", path=index_rel, tensor=t, shard=s))
-        if isinstance(info.get("obj"), dict):
-            merged.update({str(k): v for k, v in info["obj"].items()})
+        if s not in missing:
+            check_shard(run_dir, index_rel, s, by_shard[s], scan, cfg, unit_name, byte_facts)
     meta = doc.get("metadata")
     scan.facts["index_total_size"] = meta.get("total_size") if isinstance(meta, dict) else None
     scan.facts["n_shards"] = len(by_shard)
     scan.tree["weights"] = {"__index__": index_rel, "n_tensors": len(wm)}
+
+
+def read_index(run_dir: Path, index_rel: str, scan: UnitScan) -> Optional[tuple]:
+    """``(document, weight_map, {shard: where it leads} for shards outside the run)`` of an index, or None after
+    ``index_invalid`` (unreadable, no ``weight_map`` object, a value that cannot name a shard file).
+    Confinement first: a shard that resolves outside the run (absolute, "..", a link, a linked folder) is
+    reported where it points and never opened (:mod:`ckptaudit.confine`)."""
+    base = Path(index_rel).parent
+    try:
+        doc = fs.loads_json(fs.read_bounded(run_dir / index_rel, fs.SMALL_FILE_BYTES))
+        wm = doc["weight_map"]
+        if not isinstance(wm, dict):
+            raise ValueError("weight_map is not an object")
+        outside = {v: real for v in {v for v in wm.values() if isinstance(v, str) and v and "\0" not in v}
+                   if (real := confine.resolved_outside(run_dir, v, str(base)))}
+        bad = next(((t, v, why) for t, v in wm.items() if not (isinstance(v, str) and v in outside)
+                    and (why := shard_name_problem(v))), None)
+        if bad is not None:
+            t, v, why = bad
+            shown = repr(v) if len(repr(v)) <= 80 else repr(v)[:80] + "…"
+            raise ValueError(f"weight_map names {shown} as the shard of tensor {t[:80]!r}: {why}")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        scan.add(F.make("index_invalid", path=index_rel, why=f"{type(e).__name__}: {e}"))
+        return None
+    return doc, wm, outside
+
+
+def check_shard(run_dir: Path, index_rel: str, shard: str, tensors: list, scan: UnitScan, cfg: dict, unit_name: str,
+                byte_facts=None) -> None:
+    """Scan one shard the index names (its tensors go into ``scan``) and report up to 20 of the ``tensors`` the
+    index maps to it that it does not hold (``index_tensor_not_in_shard``)."""
+    base = Path(index_rel).parent
+    rel = str((base / shard).as_posix()) if str(base) != "." else shard
+    info = scan_file(run_dir, rel, unit_name, scan, cfg, tree_key=rel, byte_facts=byte_facts)
+    if info.get("header"):
+        names = {k for k in info["header"] if k != "__metadata__"}
+    elif isinstance(info.get("obj"), dict):
+        names = {str(k) for k in info["obj"]}
+    else:
+        return
+    for t in sorted(set(tensors) - names)[:20]:
+        scan.add(F.make("index_tensor_not_in_shard", path=index_rel, tensor=t, shard=shard))
 
 
 #: Longest file-name component most filesystems store (NAME_MAX), bytes.
