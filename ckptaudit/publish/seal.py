@@ -9,7 +9,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from .._version import __version__
 from .clock import _Clock
@@ -43,12 +43,40 @@ def seal(run_dir: str | os.PathLike, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES, 
     manifest for them).  Data files are never opened for writing.  Raises
     ``FileNotFoundError``/``NotADirectoryError`` for a bad ``run_dir``.
     """
-    from .. import tables
-    from ..pipeline import audit_in_process
-
     root = Path(run_dir)
     out: List[SealOutcome] = []
     clock = _Clock()
+    verdict, inv, audited = _audit(root, cfg)
+    units = {u["unit"]: u for u in inv["units"]}
+    for vu in verdict["units"]:
+        u = units.get(vu["unit"])
+        if u is None:
+            continue
+        folder = u["kind"] == "folder"
+        base = root / u["unit"] if folder else (root / u["unit"]).parent
+        refused = _not_to_seal(vu, u, base)
+        if refused is not None:
+            out.append(refused)
+            continue
+        try:
+            recs = _records(root, u, base, audited, chunk_bytes)
+        except (OSError, ValueError) as e:
+            out.append(SealOutcome(u["unit"], "refused", f"{type(e).__name__}: {e}"))
+            continue
+        if dry_run:
+            out.append(SealOutcome(u["unit"], "sealed", "dry run: would write sidecars and a manifest"))
+            continue
+        written = _write_seal(root, u, vu.get("step"), base, recs, clock)
+        out.append(SealOutcome(u["unit"], "sealed", "passes the audit" + (" (index unit: sidecars only)"
+                                                                          if u["kind"] == "index" else ""), written))
+    return out
+
+
+def _audit(root: Path, cfg: Optional[dict]) -> Tuple[dict, dict, Dict[str, str]]:
+    """(the verdict, the inventory, {file: SHA-256 the audit computed}) of an audit of ``root`` in this process."""
+    from .. import tables
+    from ..pipeline import audit_in_process
+
     with tempfile.TemporaryDirectory(prefix="ckptaudit-seal-") as td:
         verdict = audit_in_process(root, cfg, out_dir=td)
         inv = json.loads((Path(td) / "work" / "inventory.json").read_text())
@@ -56,64 +84,63 @@ def seal(run_dir: str | os.PathLike, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES, 
         for p in sorted((Path(td) / "tables" / "parts" / "hash").glob("*.parquet")):
             for r in tables.read_rows(p):
                 audited[r["file"]] = r["sha256_hex"]
-    units = {u["unit"]: u for u in inv["units"]}
-    for vu in verdict["units"]:
-        u = units.get(vu["unit"])
-        if u is None:
+    return verdict, inv, audited
+
+
+def _not_to_seal(vu: dict, u: dict, base: Path) -> Optional[SealOutcome]:
+    """Why verdict unit ``vu`` (inventory unit ``u``) is not sealed: an error finding, or a manifest already there."""
+    errs = [f for f in vu["findings"] if f["severity"] == "error"]
+    if errs:
+        why = "; ".join(f"{f['kind']}: {f['message']}" for f in errs[:3])
+        more = f" (and {len(errs) - 3} more)" if len(errs) > 3 else ""
+        return SealOutcome(u["unit"], "refused", f"{len(errs)} error finding(s): {why}{more}")
+    folder = u["kind"] == "folder"
+    if u["kind"] == "file" and u.get("manifest") or folder and u.get("manifest") and (base / COMPLETE_MARKER).exists():
+        return SealOutcome(u["unit"], "already sealed", f"has {u['manifest']}")
+    return None
+
+
+def _records(root: Path, u: dict, base: Path, audited: Dict[str, str], chunk_bytes: int) -> list:
+    """``[(file, FileRecord)]`` of the unit's files hashed again; raises ``ValueError`` for a file whose bytes
+    changed since the audit hashed them, ``OSError`` for one that cannot be read."""
+    recs = []
+    for rel in u["files"]:
+        r = hash_file(root / rel, Path(rel).relative_to(base.relative_to(root)).as_posix() if base != root else rel,
+                      chunk_bytes)
+        if audited.get(rel) and audited[rel] != r.sha256_hex:
+            raise ValueError(f"{rel} changed since the audit hashed it ({audited[rel][:12]}… → {r.sha256_hex[:12]}…)")
+        recs.append((rel, r))
+    return recs
+
+
+def _write_seal(root: Path, u: dict, step, base: Path, recs: list, clock: _Clock) -> List[str]:
+    """Write the unit's missing sidecars, then its manifest (a folder: ``COMPLETE`` first, ``manifest.json``
+    last), each atomically with its directory fsync; returns what was written, run-relative."""
+    folder = u["kind"] == "folder"
+    written: List[str] = []
+    have = set(u.get("sidecars", []))
+    for rel, r in recs:
+        sc = rel + SIDECAR_SUFFIX
+        if sc in have or rel + ".sha256sum" in have or (root / sc).exists():
             continue
-        errs = [f for f in vu["findings"] if f["severity"] == "error"]
-        if errs:
-            why = "; ".join(f"{f['kind']}: {f['message']}" for f in errs[:3])
-            more = f" (and {len(errs) - 3} more)" if len(errs) > 3 else ""
-            out.append(SealOutcome(u["unit"], "refused", f"{len(errs)} error finding(s): {why}{more}"))
-            continue
-        folder = u["kind"] == "folder"
-        base = root / u["unit"] if folder else (root / u["unit"]).parent
-        if u["kind"] == "file" and u.get("manifest") or folder and u.get("manifest") and \
-                (base / COMPLETE_MARKER).exists():
-            out.append(SealOutcome(u["unit"], "already sealed", f"has {u['manifest']}"))
-            continue
-        try:
-            recs = []
-            for rel in u["files"]:
-                r = hash_file(root / rel, Path(rel).relative_to(base.relative_to(root)).as_posix()
-                              if base != root else rel, chunk_bytes)
-                if audited.get(rel) and audited[rel] != r.sha256_hex:
-                    raise ValueError(f"{rel} changed since the audit hashed it ({audited[rel][:12]}… → "
-                                     f"{r.sha256_hex[:12]}…)")
-                recs.append((rel, r))
-        except (OSError, ValueError) as e:
-            out.append(SealOutcome(u["unit"], "refused", f"{type(e).__name__}: {e}"))
-            continue
-        written: List[str] = []
-        if dry_run:
-            out.append(SealOutcome(u["unit"], "sealed", "dry run: would write sidecars and a manifest"))
-            continue
-        have = set(u.get("sidecars", []))
-        for rel, r in recs:
-            sc = rel + SIDECAR_SUFFIX
-            if sc in have or rel + ".sha256sum" in have or (root / sc).exists():
-                continue
-            _atomic_write(root / sc, sidecar_text(r.sha256_hex, Path(rel).name).encode(), clock)
-            written.append(sc)
-        doc = {"schema": SCHEMA, "unit": u["unit"], "step": vu.get("step"), "files": [asdict(r) for _, r in recs],
-               "versions": {"ckptaudit": __version__}, "world_size": None, "config": None, "metrics": None,
-               "created_unix": max((os.stat(root / rel).st_mtime for rel, _ in recs), default=None),
-               "sealed_unix": time.time(), "sealed_by": "ckptaudit seal"}
-        for d in {(root / rel).parent for rel, _ in recs} | {root}:
-            _fsync_dir(d, clock)
-        if u["kind"] == "file":
-            mp = root / (u["unit"] + ".manifest.json")
-            _atomic_write(mp, manifest_bytes(doc), clock)
-            written.append(mp.relative_to(root).as_posix())
-        elif folder:
-            mb = manifest_bytes(doc)
-            _atomic_write(base / COMPLETE_MARKER, sidecar_text(hashlib.sha256(mb).hexdigest(),
-                                                               MANIFEST_NAME).encode(), clock)
-            _atomic_write(base / MANIFEST_NAME, mb, clock)
-            written += [f"{u['unit']}/{COMPLETE_MARKER}", f"{u['unit']}/{MANIFEST_NAME}"]
-            _fsync_dir(base, clock)
-        _fsync_dir(base if folder else (root / u["unit"]).parent, clock)
-        out.append(SealOutcome(u["unit"], "sealed", "passes the audit" + (" (index unit: sidecars only)"
-                                                                          if u["kind"] == "index" else ""), written))
-    return out
+        _atomic_write(root / sc, sidecar_text(r.sha256_hex, Path(rel).name).encode(), clock)
+        written.append(sc)
+    doc = {"schema": SCHEMA, "unit": u["unit"], "step": step, "files": [asdict(r) for _, r in recs],
+           "versions": {"ckptaudit": __version__}, "world_size": None, "config": None, "metrics": None,
+           "created_unix": max((os.stat(root / rel).st_mtime for rel, _ in recs), default=None),
+           "sealed_unix": time.time(), "sealed_by": "ckptaudit seal"}
+    for d in {(root / rel).parent for rel, _ in recs} | {root}:
+        _fsync_dir(d, clock)
+    if u["kind"] == "file":
+        mp = root / (u["unit"] + ".manifest.json")
+        _atomic_write(mp, manifest_bytes(doc), clock)
+        written.append(mp.relative_to(root).as_posix())
+    elif folder:
+        mb = manifest_bytes(doc)
+        _atomic_write(base / COMPLETE_MARKER, sidecar_text(hashlib.sha256(mb).hexdigest(), MANIFEST_NAME).encode(),
+                      clock)
+        _atomic_write(base / MANIFEST_NAME, mb, clock)
+        written += [f"{u['unit']}/{COMPLETE_MARKER}", f"{u['unit']}/{MANIFEST_NAME}"]
+        _fsync_dir(base, clock)
+    _fsync_dir(base if folder else (root / u["unit"]).parent, clock)
+    return written
