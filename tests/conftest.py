@@ -83,7 +83,8 @@ def _in_ci() -> bool:
 def pytest_runtest_makereport(item, call):
     outcome = yield
     rep = outcome.get_result()
-    if rep.skipped and _in_ci() and not hasattr(rep, "wasxfail"):
+    # a skip raised by pytest.skip / skipif / importorskip (an expected-failure mark reports differently)
+    if rep.skipped and _in_ci() and call.excinfo is not None and call.excinfo.errisinstance(pytest.skip.Exception):
         reason = rep.longrepr[2] if isinstance(rep.longrepr, tuple) and len(rep.longrepr) == 3 else str(rep.longrepr)
         rep.outcome = "failed"
         rep.longrepr = f"CI=true: this test would have skipped ({reason}); under CI a skip is a failure"
