@@ -38,15 +38,15 @@ def framework_of(unit: dict) -> str:
 
 def call(framework: str, run_dir: str, unit: str) -> str:
     """The framework's own resume call for ``unit`` (run-relative) of the run at ``run_dir``."""
-    p = next((q for q in producers.PRODUCERS if q.key == framework and q.resume_call), None)
-    template = p.resume_call if p is not None else PLAIN_CALL
+    p = producers.by_key(framework)
+    template = p.resume_call if p is not None and p.resume_call else PLAIN_CALL
     return template.format(path=join(run_dir, unit), dir=join(run_dir, parent(unit)), tag=base(unit))
 
 
 def default_pick(v: dict, framework: str, rollback: str) -> Tuple[Optional[str], bool]:
     """(the unit the framework's default resume would take, whether a default exists) for the rollback
     unit's folder; the unit is None when the default names nothing the audit found."""
-    p = next((q for q in producers.PRODUCERS if q.key == framework), None)
+    p = producers.by_key(framework)
     if p is None or p.default_pick is None:
         return None, False
     return p.default_pick(v, parent(rollback))

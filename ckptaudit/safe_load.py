@@ -147,7 +147,7 @@ def _step_of(state: Any, default: Optional[int]) -> Optional[int]:
         for k in ("iter_num", "global_step", "step", "iteration"):
             if isinstance(state.get(k), int) and not isinstance(state.get(k), bool):
                 return state[k]
-        for name, path in producers.step_files():  # a folder unit's file that keeps the step
+        for name, path in producers.STEP_FILES:  # a folder unit's file that keeps the step
             v: Any = state.get(name)
             for k in path.split("."):
                 v = v.get(k) if isinstance(v, dict) else None

@@ -29,7 +29,7 @@ from .contract import UNSAFE, WO, Contract, FileRole, PointerFile, Producer, Res
 
 __all__ = ["Contract", "FileRole", "PointerFile", "Producer", "ResumeLoad", "PRODUCERS", "CONTRACTS", "WO", "UNSAFE",
            "POINTER_FILES", "VERSION_KEYS", "VERSION_DISTS", "PIP_NAMES",
-           "enabled", "identify", "pointer_file", "reader_layouts", "step_files", "NOT_STATE_FILES",
+           "enabled", "identify", "pointer_file", "reader_layouts", "STEP_FILES", "NOT_STATE_FILES", "by_key",
            "LOSS_LOGS", "CLAIM_FILES", "role_of", "metadata_files", "for_layout", "for_unit", "with_entry"]
 
 #: Every producer, in the order a unit's contract is looked for.
@@ -53,6 +53,11 @@ def for_layout(layout: str) -> Optional[Producer]:
     return next((p for p in PRODUCERS if layout in p.layouts), None)
 
 
+def by_key(key: str) -> Optional[Producer]:
+    """The producer named ``key`` (``"hf-trainer"``, ``"deepspeed"``…), or None."""
+    return next((p for p in PRODUCERS if p.key == key), None)
+
+
 def for_unit(unit: dict) -> Optional[Producer]:
     """The producer whose resume reads ``unit`` (a verdict's unit row: ``unit``, ``layout``): by its layout,
     else the producer that claims it (a plain ``.ckpt`` file is Lightning's); None for a plain file."""
@@ -70,7 +75,11 @@ def reader_layouts(kind: str) -> Tuple[str, ...]:
     return tuple(layout for p in PRODUCERS if kind in p.reader_kinds for layout in p.layouts)
 
 
-def step_files() -> Tuple[Tuple[str, str], ...]:
+#: Base-name patterns that make a folder a producer's own layout (any producer).
+CLAIM_FILES: Tuple[str, ...] = tuple(n for p in PRODUCERS for n in p.claim_files)
+#: ``(file name, key)`` of the loss logs the producers' trainers keep in their units.
+LOSS_LOGS: Tuple[Tuple[str, str], ...] = tuple(p.loss_log for p in PRODUCERS if p.loss_log is not None)
+def _step_files() -> Tuple[Tuple[str, str], ...]:
     """``(file name, dotted path)`` of each contract's step kept in a named file of a folder unit
     (``trainer_state.json``, ``global_step``), from the contracts' ``step_at``."""
     out = []
@@ -82,10 +91,8 @@ def step_files() -> Tuple[Tuple[str, str], ...]:
     return tuple(out)
 
 
-#: Base-name patterns that make a folder a producer's own layout (any producer).
-CLAIM_FILES: Tuple[str, ...] = tuple(n for p in PRODUCERS for n in p.claim_files)
-#: ``(file name, key)`` of the loss logs the producers' trainers keep in their units.
-LOSS_LOGS: Tuple[Tuple[str, str], ...] = tuple(p.loss_log for p in PRODUCERS if p.loss_log is not None)
+#: ``(file name, dotted path)`` of each contract's step kept in a named file of a folder unit.
+STEP_FILES: Tuple[Tuple[str, str], ...] = _step_files()
 #: Files of the producers' units that are not training state: base name -> why the reader leaves them.
 NOT_STATE_FILES: Mapping[str, str] = MappingProxyType({n: w for p in PRODUCERS for n, w in p.not_state.items()})
 
