@@ -78,54 +78,13 @@ def check_safetensors(path, *, display: Optional[str] = None, scan_zeros: bool =
     if s.kind in _NOT_SAFETENSORS:
         return None, generic_findings(s, shown)
     size = s.size_bytes
-    if size < 8:
-        return None, [findings.make("header_too_small", path=shown, size_bytes=size)]
-    with fs.open_binary(path) as f:
-        n = struct.unpack("<Q", f.read(8))[0]
-        if n > MAX_HEADER_BYTES or 8 + n > size:
-            return None, [findings.make("header_too_large", path=shown, header_len=n, size_bytes=size,
-                                        max_header_bytes=MAX_HEADER_BYTES)]
-        if n == 0:
-            return None, zeros.head(shown, s.detail.get("zero_head_bytes"), size) or [findings.make(
-                "invalid_header_json", path=shown, header_len=0,
-                why="the header length prefix is 0 (an empty header is not a JSON object)")]
-        raw = f.read(n)
-    header, why = _parse_header(raw)
-    if header is None:
-        return None, [findings.make("invalid_header_json", path=shown, header_len=n, why=why)]
-    if why:
-        return header, [findings.make("invalid_header_json", path=shown, header_len=n, why=why)]
+    header, n, bad = _read_header(path, shown, size, s.detail.get("zero_head_bytes"))
+    if bad:
+        return header, bad
 
-    out: List[Finding] = []
     tensors = sorted(((name, e) for name, e in header.items() if name != "__metadata__"),
                      key=lambda t: (t[1]["data_offsets"][0], t[1]["data_offsets"][1], t[0]))
-    expected = 0
-    prev = None
-    for name, e in tensors:
-        b, en = e["data_offsets"]
-        problem = None
-        if en < b:
-            problem = f"end ({en}) before they begin ({b})"
-        elif b < expected:
-            problem = (f"overlap the previous tensor {prev!r}, which ends at {expected}"
-                       if prev else "do not start at 0")
-        elif b > expected:
-            problem = (f"leave a gap of {b - expected} bytes after {prev!r} (which ends at {expected})"
-                       if prev else f"leave the first {b} bytes of the data buffer uncovered")
-        else:
-            nbits = math.prod(e["shape"]) * DTYPE_BITS[e["dtype"]]
-            if nbits % 8:
-                problem = f"cannot hold {e['dtype']} x {e['shape']} ({nbits} bits is not whole bytes)"
-            elif nbits // 8 != en - b:
-                problem = (f"span {en - b} bytes but {e['dtype']} x {list(e['shape'])} needs "
-                           f"{nbits // 8} bytes")
-        if problem:
-            if len(out) < _MAX_OFFSET_FINDINGS:
-                out.append(findings.make("safetensors_offsets_invalid", path=shown, tensor=name,
-                                         offsets=[b, en], why=problem))
-        expected = max(expected, en)
-        prev = name
-    data_len = expected
+    out, data_len = _offset_findings(tensors, shown)
     present = size - 8 - n
     if present < data_len:
         out.append(_truncated(shown, tensors, present, data_len))
@@ -135,6 +94,63 @@ def check_safetensors(path, *, display: Optional[str] = None, scan_zeros: bool =
     if scan_zeros and not any(x.severity == "error" for x in out) and data_len >= min_zero_run:
         out.extend(_suspicious_zero_runs(path, shown, tensors, 8 + n, data_len, min_zero_run, chunk, facts))
     return header, out
+
+
+def _read_header(path: str, shown: str, size: int, zero_head_bytes) -> Tuple[Optional[dict], int, List[Finding]]:
+    """``(header, n, findings)``: the parsed header (None when it is no JSON object), its length ``n`` in bytes
+    and the findings that end the check (an empty list when the header is well formed).  Reads the 8-byte
+    prefix and the ``n`` bytes after it."""
+    if size < 8:
+        return None, 0, [findings.make("header_too_small", path=shown, size_bytes=size)]
+    with fs.open_binary(path) as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        if n > MAX_HEADER_BYTES or 8 + n > size:
+            return None, n, [findings.make("header_too_large", path=shown, header_len=n, size_bytes=size,
+                                           max_header_bytes=MAX_HEADER_BYTES)]
+        if n == 0:
+            return None, 0, zeros.head(shown, zero_head_bytes, size) or [findings.make(
+                "invalid_header_json", path=shown, header_len=0,
+                why="the header length prefix is 0 (an empty header is not a JSON object)")]
+        raw = f.read(n)
+    header, why = _parse_header(raw)
+    if header is None or why:  # None: not a JSON object; else a violation inside it
+        return header, n, [findings.make("invalid_header_json", path=shown, header_len=n, why=why)]
+    return header, n, []
+
+
+def _offset_findings(tensors, shown: str) -> Tuple[List[Finding], int]:
+    """``(findings, data_len)`` over ``tensors`` sorted by offsets: at most :data:`_MAX_OFFSET_FINDINGS`
+    ``safetensors_offsets_invalid`` findings (an end before its begin, an overlap, a gap, a span that is not the
+    dtype x shape's bytes) and the end of the data buffer the header describes (bytes)."""
+    out: List[Finding] = []
+    expected = 0
+    prev = None
+    for name, e in tensors:
+        b, en = e["data_offsets"]
+        problem = _span_problem(e, b, en, expected, prev)
+        if problem and len(out) < _MAX_OFFSET_FINDINGS:
+            out.append(findings.make("safetensors_offsets_invalid", path=shown, tensor=name,
+                                     offsets=[b, en], why=problem))
+        expected = max(expected, en)
+        prev = name
+    return out, expected
+
+
+def _span_problem(e: dict, b: int, en: int, expected: int, prev: Optional[str]) -> Optional[str]:
+    """Why the span ``[b, en)`` of entry ``e`` is wrong where the previous tensor ``prev`` ends at ``expected``."""
+    if en < b:
+        return f"end ({en}) before they begin ({b})"
+    if b < expected:
+        return f"overlap the previous tensor {prev!r}, which ends at {expected}" if prev else "do not start at 0"
+    if b > expected:
+        return (f"leave a gap of {b - expected} bytes after {prev!r} (which ends at {expected})"
+                if prev else f"leave the first {b} bytes of the data buffer uncovered")
+    nbits = math.prod(e["shape"]) * DTYPE_BITS[e["dtype"]]
+    if nbits % 8:
+        return f"cannot hold {e['dtype']} x {e['shape']} ({nbits} bits is not whole bytes)"
+    if nbits // 8 != en - b:
+        return f"span {en - b} bytes but {e['dtype']} x {list(e['shape'])} needs {nbits // 8} bytes"
+    return None
 
 
 def _parse_header(raw: bytes) -> Tuple[Optional[dict], str]:
@@ -150,6 +166,19 @@ def _parse_header(raw: bytes) -> Tuple[Optional[dict], str]:
         return None, f"not UTF-8 at header byte {e.start}{nul_text}"
     if not text.startswith("{"):
         return None, f"it starts with {text[:8]!r}, not '{{'{nul_text}"
+    obj, dup, why = _json_object(text, nul_text)
+    if obj is None:
+        return None, why
+    if "\\u" in text:  # lone surrogate escapes cannot be written as UTF-8 (tables, report)
+        obj = fs.without_lone_surrogates(obj)
+    if dup:
+        return obj, f"duplicate key(s) {sorted(set(dup))}"
+    return obj, _content_problem(obj)
+
+
+def _json_object(text: str, nul_text: str) -> Tuple[Optional[dict], List[str], str]:
+    """``(obj, duplicate keys, why)``: ``text`` parsed by ``json``; ``obj`` None (and ``why`` said) unless it
+    is a JSON object."""
     dup: List[str] = []
 
     def pairs(kv):
@@ -163,27 +192,28 @@ def _parse_header(raw: bytes) -> Tuple[Optional[dict], str]:
     try:
         obj = json.loads(text, object_pairs_hook=pairs)
     except json.JSONDecodeError as e:
-        return None, f"{e.msg} (header byte {e.pos}){nul_text}"
+        return None, dup, f"{e.msg} (header byte {e.pos}){nul_text}"
     except RecursionError:
-        return None, "nesting too deep"
+        return None, dup, "nesting too deep"
     except ValueError as e:  # e.g. an integer of more than 4300 digits (sys.get_int_max_str_digits)
-        return None, str(e).split(";", 1)[0]
+        return None, dup, str(e).split(";", 1)[0]
     if not isinstance(obj, dict):
-        return None, "the header is not a JSON object"
-    if "\\u" in text:  # lone surrogate escapes cannot be written as UTF-8 (tables, report)
-        obj = fs.without_lone_surrogates(obj)
-    if dup:
-        return obj, f"duplicate key(s) {sorted(set(dup))}"
+        return None, dup, "the header is not a JSON object"
+    return obj, dup, ""
+
+
+def _content_problem(obj: dict) -> str:
+    """Why a parsed header's ``__metadata__`` or first bad entry breaks the format; "" when none does."""
     meta = obj.get("__metadata__")
     if meta is not None and not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
-        return obj, "__metadata__ is not a map of strings to strings"
+        return "__metadata__ is not a map of strings to strings"
     for name, e in obj.items():
         if name == "__metadata__":
             continue
         problem = entry_problem(name, e)
         if problem:
-            return obj, problem
-    return obj, ""
+            return problem
+    return ""
 
 
 def entry_problem(name: str, e) -> str:
