@@ -54,7 +54,7 @@ ENTRIES: List[_k] = [
        "{path} is a plain pickle ({size_bytes} bytes) written with pickle.dump, not torch.save: torch.load "
        "cannot read it and unpickling it would run whatever it names.",
        "Find the real checkpoint; if this file is yours and trusted, convert it with torch.save in a sandbox.",
-       stage="scan", detector="ckptaudit.formats.sniff:generic_findings"),
+       stage="scan", detector="ckptaudit.formats.sniff:_pickle_findings"),
     _k("numpy_archive_not_checkpoint", "file", "error", "none",
        "{path} is a NumPy .npy/.npz archive, not a torch checkpoint.",
        "Point the resume at the real checkpoint file; load this one with numpy.load(allow_pickle=False).",

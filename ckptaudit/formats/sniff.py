@@ -194,15 +194,7 @@ def sniff(path) -> Sniff:
 
 def _classify(first: bytes, size: int, detail: Dict[str, Any], lower_path: str) -> str:
     if first.startswith(b"PK\x03\x04") or first.startswith(b"PK\x05\x06"):
-        if first.startswith(b"PK\x03\x04") and len(first) >= 30:
-            nlen = struct.unpack_from("<H", first, 26)[0]
-            name = first[30 : 30 + nlen].decode("utf-8", "replace")
-            detail["first_member"] = name
-            if _TORCH_RECORD.match(name):
-                return "torch_zip"
-            if name.endswith(".npy"):
-                return "npz"
-        return "zip"
+        return _zip_kind(first, detail)
     if first.startswith(b"\x93NUMPY"):
         return "npy"
     if first.startswith(_LFS_VERSION):
@@ -212,19 +204,42 @@ def _classify(first: bytes, size: int, detail: Dict[str, Any], lower_path: str) 
     if len(first) >= 9 and first[8:9] == b"{" and struct.unpack_from("<Q", first, 0)[0] < (1 << 40):
         detail["header_len"] = struct.unpack_from("<Q", first, 0)[0]
         return "safetensors"
+    return _pickle_kind(first, detail) or _text_kind(first, detail, lower_path)
+
+
+def _zip_kind(first: bytes, detail: Dict[str, Any]) -> str:
+    """``torch_zip`` (its first member is a torch record), ``npz`` (a ``.npy`` member) or ``zip``."""
+    if first.startswith(b"PK\x03\x04") and len(first) >= 30:
+        nlen = struct.unpack_from("<H", first, 26)[0]
+        name = first[30 : 30 + nlen].decode("utf-8", "replace")
+        detail["first_member"] = name
+        if _TORCH_RECORD.match(name):
+            return "torch_zip"
+        if name.endswith(".npy"):
+            return "npz"
+    return "zip"
+
+
+def _pickle_kind(first: bytes, detail: Dict[str, Any]) -> str:
+    """``torch_legacy`` or ``pickle`` when ``first`` starts a pickle; "" otherwise."""
     if first.startswith(_LEGACY_P0_MAGIC):
         detail["pickle_protocol"] = 0
         return "torch_legacy"
-    if len(first) >= 2 and first[0] == 0x80 and 2 <= first[1] <= 5:
-        value, proto, end = _first_pickle_value(first)
-        detail["pickle_protocol"] = proto
-        if value == TORCH_LEGACY_MAGIC:
-            return "torch_legacy"
-        if type(value) is int and end is not None and first[end:end + 1] == b"\x80":
-            # a lone integer pickle followed by another pickle: the legacy torch
-            # layout (magic, protocol version, ...) with a wrong magic number
-            detail["first_int"] = value
-        return "pickle"
+    if not (len(first) >= 2 and first[0] == 0x80 and 2 <= first[1] <= 5):
+        return ""
+    value, proto, end = _first_pickle_value(first)
+    detail["pickle_protocol"] = proto
+    if value == TORCH_LEGACY_MAGIC:
+        return "torch_legacy"
+    if type(value) is int and end is not None and first[end:end + 1] == b"\x80":
+        # a lone integer pickle followed by another pickle: the legacy torch
+        # layout (magic, protocol version, ...) with a wrong magic number
+        detail["first_int"] = value
+    return "pickle"
+
+
+def _text_kind(first: bytes, detail: Dict[str, Any], lower_path: str) -> str:
+    """``html``, ``json``, ``text``, ``safetensors`` (by its name alone) or ``unknown``."""
     stripped = first.lstrip(b"\xef\xbb\xbf \t\r\n")
     low = stripped[:1024].lower()
     if low.startswith(b"<!doctype html") or low.startswith(b"<html") or b"<html" in low or (
@@ -274,18 +289,24 @@ def generic_findings(s: Sniff, display: Optional[str] = None) -> List[Finding]:
             return []
         return [findings.make("text_error_page", path=p, size_bytes=s.size_bytes, head=_head_text(s.head))]
     if k == "pickle":
-        if name == ".metadata":
-            return []
-        if s.detail.get("first_int") is not None:
-            return [legacy_magic_mismatch(p, hex(s.detail["first_int"]))]
-        return [findings.make("not_a_torch_save_file", path=p, size_bytes=s.size_bytes,
-                              pickle_protocol=s.detail.get("pickle_protocol"))]
+        return _pickle_findings(s, p, name)
     if k in ("npy", "npz"):
         return [findings.make("numpy_archive_not_checkpoint", path=p, size_bytes=s.size_bytes)]
     if k == "unknown":
         return zeros.head(p, s.detail.get("zero_head_bytes"), s.size_bytes) or [
             findings.make("unknown_format", path=p, size_bytes=s.size_bytes, head_hex=s.head[:16].hex(" "))]
     return []
+
+
+def _pickle_findings(s: Sniff, p: str, name: str) -> List[Finding]:
+    """A plain pickle: none for DCP's ``.metadata``, a legacy file with a wrong magic number, or
+    ``not_a_torch_save_file``."""
+    if name == ".metadata":
+        return []
+    if s.detail.get("first_int") is not None:
+        return [legacy_magic_mismatch(p, hex(s.detail["first_int"]))]
+    return [findings.make("not_a_torch_save_file", path=p, size_bytes=s.size_bytes,
+                          pickle_protocol=s.detail.get("pickle_protocol"))]
 
 
 def as_pickle(generic: List[Finding], s: Sniff, protocol: Optional[int], display: str) -> List[Finding]:
