@@ -74,36 +74,40 @@ def zero_runs(path, *, min_run: int = 64, chunk: int = 1 << 20, start: int = 0,
             b = f.read(min(chunk, stop - pos))
             if not b:
                 break
-            n = len(b)
-            i = 0
-            if cur_start >= 0:
-                m = _NONZERO.search(b)
-                if m is None:
-                    pos += n
-                    continue
-                i = m.start()
-                if pos + i - cur_start >= min_run:
-                    runs.append((cur_start, pos + i - cur_start))
-                cur_start = -1
-            while True:
-                j = b.find(needle, i) if n - i >= min_run else -1
-                if j < 0:
-                    break
-                m = _NONZERO.search(b, j + min_run)
-                if m is None:
-                    cur_start = pos + j  # runs to the end of the chunk: may continue
-                    i = n
-                    break
-                runs.append((pos + j, m.start() - j))
-                i = m.start()
-            if cur_start < 0 and i < n and b[-1] == 0:
-                # a shorter NUL tail that may grow into a run in the next chunk
-                k = n - len(b.rstrip(b"\0"))
-                if k < min_run:
-                    cur_start = pos + n - k
-            pos += n
+            cur_start = _chunk_runs(b, pos, cur_start, min_run, needle, runs)
+            pos += len(b)
         if cur_start >= 0:
             length = pos - cur_start
             if length >= min_run:
                 runs.append((cur_start, length))
     return runs
+
+
+def _chunk_runs(b: bytes, pos: int, cur_start: int, min_run: int, needle: bytes,
+                runs: List[Tuple[int, int]]) -> int:
+    """Append to ``runs`` the NUL runs of chunk ``b`` (file offset ``pos``) that end inside it, joining the one
+    open since ``cur_start`` (-1: none); return where a run still open at the chunk's end began (-1: none)."""
+    n = len(b)
+    i = 0
+    if cur_start >= 0:
+        m = _NONZERO.search(b)
+        if m is None:
+            return cur_start
+        i = m.start()
+        if pos + i - cur_start >= min_run:
+            runs.append((cur_start, pos + i - cur_start))
+    while True:
+        j = b.find(needle, i) if n - i >= min_run else -1
+        if j < 0:
+            break
+        m = _NONZERO.search(b, j + min_run)
+        if m is None:
+            return pos + j  # runs to the end of the chunk: may continue
+        runs.append((pos + j, m.start() - j))
+        i = m.start()
+    if i < n and b[-1] == 0:
+        # a shorter NUL tail that may grow into a run in the next chunk
+        k = n - len(b.rstrip(b"\0"))
+        if k < min_run:
+            return pos + n - k
+    return -1

@@ -99,29 +99,34 @@ class ArchiveFile:
         return None
 
     def pread(self, off: int, n: int) -> bytes:
+        """``n`` bytes of the archive from byte ``off`` (fewer at its end; ``b""`` outside it)."""
         if off < 0 or n <= 0 or off >= self.size:
             return b""
         n = min(n, self.size - off)
         if self.fd is None and (hit := self._prefetched(off, n)) is not None:
             return hit
-        if self.fd is None:  # remote: large reads (the record walk of a damaged archive, which may
-            # pass over the same bytes again) go through an LRU of 1 MiB blocks (at most 32 MiB
-            # held).  A small read fetches at least ``window`` bytes and keeps them: a local
-            # header with its name/extra is one GET, and the headers of the small members that
-            # follow it (torch aligns members to 64 bytes) come with it.
-            if n >= (64 << 10):
-                if getattr(self, "_blocks", None) is None:
-                    self._blocks = fs.open_binary(self.path, block_size=1 << 20, cache_type="blockcache")
-                self._blocks.seek(off)
-                return self._blocks.read(n)
-            w0, win = getattr(self, "_win", (0, b""))
-            if not (w0 <= off and off + n <= w0 + len(win)):
-                self.f.seek(off)
-                w0, win = off, self.f.read(max(n, self.window_bytes))
-                self._win = (w0, win)
-            return win[off - w0: off - w0 + n]
-        # local: the last large read is kept, so a walk that reads a chunk past a record's end (the
-        # descriptor search of a cut archive) finds the next header and data there, not on disk again
+        return self._remote_read(off, n) if self.fd is None else self._local_read(off, n)
+
+    def _remote_read(self, off: int, n: int) -> bytes:
+        """Large reads (the record walk of a damaged archive, which may pass over the same bytes again)
+        go through an LRU of 1 MiB blocks (at most 32 MiB held).  A small read fetches at least ``window``
+        bytes and keeps them: a local header with its name/extra is one GET, and the headers of the small
+        members that follow it (torch aligns members to 64 bytes) come with it."""
+        if n >= (64 << 10):
+            if getattr(self, "_blocks", None) is None:
+                self._blocks = fs.open_binary(self.path, block_size=1 << 20, cache_type="blockcache")
+            self._blocks.seek(off)
+            return self._blocks.read(n)
+        w0, win = getattr(self, "_win", (0, b""))
+        if not (w0 <= off and off + n <= w0 + len(win)):
+            self.f.seek(off)
+            w0, win = off, self.f.read(max(n, self.window_bytes))
+            self._win = (w0, win)
+        return win[off - w0: off - w0 + n]
+
+    def _local_read(self, off: int, n: int) -> bytes:
+        """The last large read is kept, so a walk that reads a chunk past a record's end (the descriptor
+        search of a cut archive) finds the next header and data there, not on disk again."""
         b0, blk = getattr(self, "_last", (0, b""))
         out = blk[off - b0: off - b0 + n] if b0 <= off < b0 + len(blk) else b""
         if len(out) == n:
