@@ -42,15 +42,7 @@ def _scan_descriptor(fh: ArchiveFile, data_offset: int, chunk: int) -> Optional[
             p = done + i
             length = p - data_offset
             dd = fh.pread(p, 24)
-            ok_len = 0
-            if len(dd) >= 16:
-                _c, c32, u32 = struct.unpack_from("<III", dd, 4)
-                if c32 == length and u32 == length:
-                    ok_len = 16
-            if not ok_len and len(dd) >= 24:
-                _c, c64, u64 = struct.unpack_from("<IQQ", dd, 4)
-                if c64 == length and u64 == length:
-                    ok_len = 24
+            ok_len = _descriptor_len(dd, length)
             if ok_len or len(dd) < 16:
                 crc_here = crc32(bufb[:i], crc)
                 stored = struct.unpack_from("<I", dd, 4)[0] if len(dd) >= 8 else None
@@ -65,6 +57,20 @@ def _scan_descriptor(fh: ArchiveFile, data_offset: int, chunk: int) -> Optional[
         done += len(bufb) - keep
         carry = bufb[len(bufb) - keep:]
     return None
+
+
+def _descriptor_len(dd: bytes, length: int) -> int:
+    """16 or 24 when the data descriptor ``dd`` (up to 24 bytes from its signature) states ``length`` as both
+    sizes in its 32- or 64-bit form; 0 when it does not."""
+    if len(dd) >= 16:
+        _c, c32, u32 = struct.unpack_from("<III", dd, 4)
+        if c32 == length and u32 == length:
+            return 16
+    if len(dd) >= 24:
+        _c, c64, u64 = struct.unpack_from("<IQQ", dd, 4)
+        if c64 == length and u64 == length:
+            return 24
+    return 0
 
 
 def trailing_zero_start(fh: ArchiveFile, chunk: int) -> int:
@@ -83,11 +89,14 @@ def trailing_zero_start(fh: ArchiveFile, chunk: int) -> int:
 
 
 def walk_local(fh: ArchiveFile, verify_crc: bool, chunk: int, buf: bytearray) -> dict:
-    """Walk local headers from offset 0.  Returns what was found and where it stopped."""
+    """Walk local headers from offset 0.  Returns what was found and where it stopped: ``members`` (the
+    :class:`Member` records met, ``complete`` when whole), ``stop`` (why the walk ended: ``eof_between``,
+    ``eof_in_header``, ``eof_in_data``, ``eof_in_descriptor``, ``bad_descriptor``, ``unsupported``,
+    ``eof_in_end_records``, ``eocd_inconsistent``, ``nul``, ``garbage``), ``stop_at`` (byte), ``cut_member``
+    and ``cut_data_offset`` (the last record begun), ``cd_entries`` and ``reached_cd``."""
     size = fh.size
     pos = 0
-    members: List[Member] = []
-    st = {"members": members, "stop": "eof_between", "stop_at": 0, "cut_member": None,
+    st = {"members": [], "stop": "eof_between", "stop_at": 0, "cut_member": None,
           "cut_data_offset": None, "cd_entries": 0, "reached_cd": False}
     while True:
         st["stop_at"] = pos
@@ -96,103 +105,126 @@ def walk_local(fh: ArchiveFile, verify_crc: bool, chunk: int, buf: bytearray) ->
             return st
         sig = fh.pread(pos, 4)
         if sig == SIG_LOCAL:
-            h = fh.pread(pos, _LOCAL_SIZE)
-            if len(h) < _LOCAL_SIZE:
-                st["stop"] = "eof_in_header"
-                return st
-            (_s, _v, flags, method, _t, _d, crc, csize, usize, nlen, xlen) = struct.unpack("<4sHHHHHIIIHH", h)
-            name_b = fh.pread(pos + _LOCAL_SIZE, nlen)
-            name = name_b.decode("utf-8" if flags & 0x800 else "cp437", "replace")
-            st["cut_member"] = name
-            extra = fh.pread(pos + _LOCAL_SIZE + nlen, xlen)
-            if len(name_b) < nlen or len(extra) < xlen:
-                st["stop"] = "eof_in_header"
-                return st
-            vals = {"usize": usize, "csize": csize}
-            want = [k for k, v in (("usize", usize), ("csize", csize)) if v == 0xFFFFFFFF]
-            if want:
-                _zip64_extra(extra, want, vals)
-            data_offset = pos + _LOCAL_SIZE + nlen + xlen
-            st["cut_data_offset"] = data_offset
-            m = Member(name=name, header_offset=pos, data_offset=data_offset, size_bytes=vals["usize"],
-                       crc32=crc, compressed_size_bytes=vals["csize"], method=method, flags=flags,
-                       complete=False)
-            deferred = bool(flags & 8) and vals["csize"] == 0
-            if deferred:
-                if method != 0:
-                    st["stop"] = "unsupported"
-                    return st
-                found = _scan_descriptor(fh, data_offset, chunk)
-                if found is None:
-                    st["stop"] = "eof_in_data"
-                    return st
-                m.size_bytes = m.compressed_size_bytes = found["size"]
-                m.crc32 = found["crc_stored"] if found["crc_stored"] is not None else 0
-                m.crc_actual = found["crc_actual"]
-                m.crc_ok = found["crc_actual"] == found["crc_stored"]
-                if found.get("partial"):
-                    st["stop"] = "eof_in_descriptor"
-                    m.complete = True
-                    members.append(m)
-                    return st
-                m.complete = True
-                members.append(m)
-                pos = data_offset + found["size"] + found["dd_len"]
-            else:
-                end = data_offset + vals["csize"]
-                if end > size:
-                    st["stop"] = "eof_in_data"
-                    return st
-                m.complete = True
-                if verify_crc and method == 0 and crc:
-                    c, _got = fh.crc(data_offset, vals["csize"], chunk, buf)
-                    m.crc_actual = c
-                    m.crc_ok = c == crc
-                members.append(m)
-                pos = end
-                if flags & 8:
-                    dd, _why = _read_descriptor(fh, end, vals["csize"], vals["usize"])
-                    if dd is None:
-                        st["stop_at"] = end
-                        st["stop"] = "bad_descriptor"
-                        return st
-                    pos += dd["length"]
-            continue
-        if sig == SIG_CENTRAL:
-            st["reached_cd"] = True
-            h = fh.pread(pos, _CENTRAL_SIZE)
-            if len(h) < _CENTRAL_SIZE:
-                st["stop"] = "eof_in_end_records"
-                return st
-            nlen, xlen, clen = struct.unpack_from("<HHH", h, 28)
-            if pos + _CENTRAL_SIZE + nlen + xlen + clen > size:
-                st["stop"] = "eof_in_end_records"
-                return st
-            st["cd_entries"] += 1
-            pos += _CENTRAL_SIZE + nlen + xlen + clen
-            continue
-        if sig == SIG_ZIP64_EOCD and st["reached_cd"]:
-            h = fh.pread(pos, 12)
-            if len(h) < 12:
-                st["stop"] = "eof_in_end_records"
-                return st
-            pos += 12 + struct.unpack_from("<Q", h, 4)[0]
-            continue
-        if sig == SIG_ZIP64_LOCATOR and st["reached_cd"]:
-            pos += 20
-            continue
-        if sig == SIG_EOCD and st["reached_cd"]:
-            if pos + _EOCD_SIZE > size:
-                st["stop"] = "eof_in_end_records"
-                st["eocd_missing_bytes"] = pos + _EOCD_SIZE - size
-            else:
-                st["stop"] = "eocd_inconsistent"
-            return st
-        if len(sig) < 4:
+            pos = _local_record(fh, pos, st, verify_crc, chunk, buf)
+        elif sig == SIG_CENTRAL:
+            pos = _central_entry(fh, pos, st)
+        elif st["reached_cd"] and sig in (SIG_ZIP64_EOCD, SIG_ZIP64_LOCATOR, SIG_EOCD):
+            pos = _end_record(fh, sig, pos, st)
+        elif len(sig) < 4:
             st["stop"] = "eof_in_header" if not st["reached_cd"] else "eof_in_end_records"
             return st
-        st["stop"] = "nul" if sig == b"\0\0\0\0" else "garbage"
-        return st
+        else:
+            st["stop"] = "nul" if sig == b"\0\0\0\0" else "garbage"
+            return st
+        if pos is None:
+            return st
+
+
+def _local_record(fh: ArchiveFile, pos: int, st: dict, verify_crc: bool, chunk: int,
+                  buf: bytearray) -> Optional[int]:
+    """The local record at ``pos``: its :class:`Member` appended to ``st["members"]`` when whole; returns
+    the offset after it, or None (``st["stop"]`` says why) where the walk ends."""
+    h = fh.pread(pos, _LOCAL_SIZE)
+    if len(h) < _LOCAL_SIZE:
+        st["stop"] = "eof_in_header"
+        return None
+    (_s, _v, flags, method, _t, _d, crc, csize, usize, nlen, xlen) = struct.unpack("<4sHHHHHIIIHH", h)
+    name_b = fh.pread(pos + _LOCAL_SIZE, nlen)
+    name = name_b.decode("utf-8" if flags & 0x800 else "cp437", "replace")
+    st["cut_member"] = name
+    extra = fh.pread(pos + _LOCAL_SIZE + nlen, xlen)
+    if len(name_b) < nlen or len(extra) < xlen:
+        st["stop"] = "eof_in_header"
+        return None
+    vals = {"usize": usize, "csize": csize}
+    want = [k for k, v in (("usize", usize), ("csize", csize)) if v == 0xFFFFFFFF]
+    if want:
+        _zip64_extra(extra, want, vals)
+    data_offset = pos + _LOCAL_SIZE + nlen + xlen
+    st["cut_data_offset"] = data_offset
+    m = Member(name=name, header_offset=pos, data_offset=data_offset, size_bytes=vals["usize"],
+               crc32=crc, compressed_size_bytes=vals["csize"], method=method, flags=flags,
+               complete=False)
+    if bool(flags & 8) and vals["csize"] == 0:
+        return _deferred_record(fh, m, st, chunk)
+    return _sized_record(fh, m, st, vals, verify_crc, chunk, buf)
+
+
+def _deferred_record(fh: ArchiveFile, m: Member, st: dict, chunk: int) -> Optional[int]:
+    """A record whose sizes only its data descriptor states: found by :func:`_scan_descriptor`."""
+    if m.method != 0:
+        st["stop"] = "unsupported"
+        return None
+    found = _scan_descriptor(fh, m.data_offset, chunk)
+    if found is None:
+        st["stop"] = "eof_in_data"
+        return None
+    m.size_bytes = m.compressed_size_bytes = found["size"]
+    m.crc32 = found["crc_stored"] if found["crc_stored"] is not None else 0
+    m.crc_actual = found["crc_actual"]
+    m.crc_ok = found["crc_actual"] == found["crc_stored"]
+    m.complete = True
+    st["members"].append(m)
+    if found.get("partial"):
+        st["stop"] = "eof_in_descriptor"
+        return None
+    return m.data_offset + found["size"] + found["dd_len"]
+
+
+def _sized_record(fh: ArchiveFile, m: Member, st: dict, vals: dict, verify_crc: bool, chunk: int,
+                  buf: bytearray) -> Optional[int]:
+    """A record whose local header states its sizes (``vals``); its CRC is checked when ``verify_crc``."""
+    end = m.data_offset + vals["csize"]
+    if end > fh.size:
+        st["stop"] = "eof_in_data"
+        return None
+    m.complete = True
+    if verify_crc and m.method == 0 and m.crc32:
+        c, _got = fh.crc(m.data_offset, vals["csize"], chunk, buf)
+        m.crc_actual = c
+        m.crc_ok = c == m.crc32
+    st["members"].append(m)
+    if not m.flags & 8:
+        return end
+    dd, _why = _read_descriptor(fh, end, vals["csize"], vals["usize"])
+    if dd is None:
+        st["stop_at"] = end
+        st["stop"] = "bad_descriptor"
+        return None
+    return end + dd["length"]
+
+
+def _central_entry(fh: ArchiveFile, pos: int, st: dict) -> Optional[int]:
+    """A central-directory entry met by the walk: counted; returns the offset after it."""
+    st["reached_cd"] = True
+    h = fh.pread(pos, _CENTRAL_SIZE)
+    if len(h) < _CENTRAL_SIZE:
+        st["stop"] = "eof_in_end_records"
+        return None
+    nlen, xlen, clen = struct.unpack_from("<HHH", h, 28)
+    if pos + _CENTRAL_SIZE + nlen + xlen + clen > fh.size:
+        st["stop"] = "eof_in_end_records"
+        return None
+    st["cd_entries"] += 1
+    return pos + _CENTRAL_SIZE + nlen + xlen + clen
+
+
+def _end_record(fh: ArchiveFile, sig: bytes, pos: int, st: dict) -> Optional[int]:
+    """A ZIP64 end record, its locator or the end-of-central-directory record after the central directory."""
+    if sig == SIG_ZIP64_EOCD:
+        h = fh.pread(pos, 12)
+        if len(h) < 12:
+            st["stop"] = "eof_in_end_records"
+            return None
+        return pos + 12 + struct.unpack_from("<Q", h, 4)[0]
+    if sig == SIG_ZIP64_LOCATOR:
+        return pos + 20
+    if pos + _EOCD_SIZE > fh.size:
+        st["stop"] = "eof_in_end_records"
+        st["eocd_missing_bytes"] = pos + _EOCD_SIZE - fh.size
+    else:
+        st["stop"] = "eocd_inconsistent"
+    return None
 
 
 def decide_tail(st: dict, storages: Optional[Dict[str, int]], prefix: str, zstart: int, zlen: int,
@@ -229,29 +261,11 @@ def describe_cut(st: dict, members: List[Member], prefix: str, storages: Optiona
     complete and where the cut falls (from :func:`walk_local`'s state ``st``), and which storages (key →
     bytes, None when data.pkl is lost) the lost records held."""
     complete = [m.name for m in members if m.complete]
-    n_total = "?"
     stop = st["stop"]
     at = zstart if zero_fill else size
     cut_name = _strip(st["cut_member"], prefix) if st["cut_member"] else None
-    if st.get("eocd_missing_bytes"):
-        n_total = str(len(members))
-        where = "the end-of-central-directory record"
-    elif st["reached_cd"]:
-        n_total = str(len(members))
-        where = (f"the central directory or end records ({st['cd_entries']} of {len(members)} central "
-                 f"directory entries are complete)")
-    elif stop == "eof_in_data" and cut_name:
-        where = f"the data of {cut_name} (which starts at byte {st['cut_data_offset']})"
-    elif stop == "eof_in_header":
-        where = f"the local header of {cut_name}" if cut_name else "a local header"
-    elif stop == "eof_in_descriptor":
-        where = f"the data descriptor of {cut_name}"
-    elif stop == "bad_descriptor":
-        where = f"the data descriptor of {cut_name}"
-    elif stop == "unsupported":
-        where = f"{cut_name}, a compressed record whose size only its (missing) data descriptor states,"
-    else:
-        where = "the gap between records"
+    n_total = str(len(members)) if st.get("eocd_missing_bytes") or st["reached_cd"] else "?"
+    where = _cut_where(st, stop, cut_name, members)
     lead = "the zero fill starts inside" if zero_fill else "the cut falls inside"
     if complete:
         of_total = f" of {n_total}" if n_total != "?" else ""
@@ -259,26 +273,59 @@ def describe_cut(st: dict, members: List[Member], prefix: str, storages: Optiona
                   f"complete; {lead} {where} at byte {at}.")
     else:
         intact = f"No record is complete; {lead} {where} at byte {at}."
-    missing = ""
     if storages is not None:
-        have = {m.name for m in members if m.complete}
-        pre = f"{prefix}/" if prefix else ""
-        n_ok = sum(1 for k in storages if f"{pre}data/{k}" in have)
-        lost = sum(nb for k, nb in storages.items() if f"{pre}data/{k}" not in have)
-        if stop == "eof_in_data" and cut_name and cut_name.startswith("data/") and st["cut_data_offset"] is not None:
-            lost -= max(0, at - st["cut_data_offset"])
-        intact += f" {n_ok} of the {len(storages)} storages named in data.pkl are intact."
-        if lost > 0:
-            missing = f" (at least {lost} bytes of tensor data are missing, and the central directory)"
-        elif st["reached_cd"]:
-            missing = " (all tensor data is present; only the archive's closing records are missing)"
-    elif st["reached_cd"]:
-        missing = " (all records are present; only the archive's closing records are missing)"
+        intact += _storages_text(members, prefix, storages)
+    missing = _missing_text(st, members, prefix, storages, cut_name, at)
+    return intact, missing
+
+
+def _cut_where(st: dict, stop: str, cut_name: Optional[str], members: List[Member]) -> str:
+    """Where in the archive the walk of :func:`walk_local` stopped, in words."""
+    if st.get("eocd_missing_bytes"):
+        return "the end-of-central-directory record"
+    if st["reached_cd"]:
+        return (f"the central directory or end records ({st['cd_entries']} of {len(members)} central "
+                f"directory entries are complete)")
+    if stop == "eof_in_data" and cut_name:
+        return f"the data of {cut_name} (which starts at byte {st['cut_data_offset']})"
+    if stop == "eof_in_header":
+        return f"the local header of {cut_name}" if cut_name else "a local header"
+    if stop in ("eof_in_descriptor", "bad_descriptor"):
+        return f"the data descriptor of {cut_name}"
+    if stop == "unsupported":
+        return f"{cut_name}, a compressed record whose size only its (missing) data descriptor states,"
+    return "the gap between records"
+
+
+def _storages_text(members: List[Member], prefix: str, storages: Dict[str, int]) -> str:
+    """How many of the storages data.pkl names (key -> bytes) lie in complete records."""
+    have = {m.name for m in members if m.complete}
+    pre = f"{prefix}/" if prefix else ""
+    n_ok = sum(1 for k in storages if f"{pre}data/{k}" in have)
+    return f" {n_ok} of the {len(storages)} storages named in data.pkl are intact."
+
+
+def _missing_text(st: dict, members: List[Member], prefix: str, storages: Optional[Dict[str, int]],
+                  cut_name: Optional[str], at: int) -> str:
+    """What the cut lost, in a parenthesis: tensor bytes (when data.pkl's storages are known) or only the
+    archive's closing records; "" when nothing can be said."""
     if st.get("eocd_missing_bytes"):
         k = st["eocd_missing_bytes"]
-        missing = (f" (only the last {k} of that record's 22 bytes {'are' if k != 1 else 'is'} missing; every "
-                   f"record and the central directory are complete)")
-    return intact, missing
+        return (f" (only the last {k} of that record's 22 bytes {'are' if k != 1 else 'is'} missing; every "
+                f"record and the central directory are complete)")
+    if storages is None:
+        return " (all records are present; only the archive's closing records are missing)" if st["reached_cd"] \
+            else ""
+    have = {m.name for m in members if m.complete}
+    pre = f"{prefix}/" if prefix else ""
+    lost = sum(nb for k, nb in storages.items() if f"{pre}data/{k}" not in have)
+    if st["stop"] == "eof_in_data" and cut_name and cut_name.startswith("data/") and st["cut_data_offset"] is not None:
+        lost -= max(0, at - st["cut_data_offset"])
+    if lost > 0:
+        return f" (at least {lost} bytes of tensor data are missing, and the central directory)"
+    if st["reached_cd"]:
+        return " (all tensor data is present; only the archive's closing records are missing)"
+    return ""
 
 
 def _names_text(names: List[str], prefix: str) -> str:
