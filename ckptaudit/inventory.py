@@ -20,14 +20,15 @@ import os
 import stat as st_mod
 from dataclasses import asdict
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 from . import confine, fs, layouts, producers
 # reasons that file_unreadable, path_too_long and a pointer that is not read are made of
-from .layouts.leftovers import POINTER_NOT_READ, UNREADABLE, too_long
+from .layouts.leftovers import POINTER_NOT_READ
 from ._io import atomic_write
 from .parts import SMALL_PART_BYTES, assign_parts, auto_units_per_job, listing_fingerprint  # noqa: F401 - re-exported
 from .unit_objects import SMALL_OBJECT_BYTES, unit_objects  # noqa: F401 - re-exported
+from .folder_unit import folder_unit, lstat_of as _lstat_of
 from .irregular import _irregular_unit, deep_units, irregular_reason, path_bytes, path_limit  # noqa: F401
 from .units import (  # noqa: F401 - re-exported: the unit model lives in units.py
     IN_PROGRESS_PATTERNS,
@@ -110,52 +111,66 @@ def _walk(root: Path, d: Path, units, pointers, stray):
         if local and dir_bytes + path_bytes(e.name) >= limit:  # no stage could open it by name
             units.extend(deep_units(root, d, e, pre + e.name, limit, stray))
             continue
-        path = fs.path(e.path)
-        rel = pre + e.name if local else _rel(root, path)
-        lst = _lstat_of(e) if local else None
-        why = irregular_reason(root, path, lst) if local else None
-        if why and not e.is_symlink():
-            if layouts.is_checkpoint_file(e.name) or "UTF-8" in why:
-                units.append(_irregular_unit(root, path, why))
-            elif e.name in POINTER_NAMES:  # a FIFO or device named `latest`: a pointer never read
-                pointers.append(Pointer(rel, f"{POINTER_NAMES[e.name]}{POINTER_NOT_READ}{why}", "", "", True, False))
-            else:
-                stray.append(rel)
-            continue
-        if e.is_symlink():
-            target = os.readlink(path)
-            kind = POINTER_NAMES.get(e.name, "symbolic link")
-            if why:
-                kind = f"symbolic link, refused: {why}"
-            pointers.append(Pointer(rel, kind, target, "", path.exists(), True))
-            continue
-        if e.name in POINTER_NAMES and e.is_file():
-            try:
-                target = fs.read_bounded(path, 4096).decode("utf-8", errors="replace").strip()
-            except OSError:
-                target = ""
-            if e.name == "last.ckpt":
-                # a pointer is a symbolic link or a small text file naming a unit; Lightning's save_last=True
-                # writes last.ckpt as a second full save (model_checkpoint.py _save_last_checkpoint): a unit,
-                # judged by its bytes; what ckpt_path="last" would do with it is ckptaudit.resume_entry's
-                units.append(_file_unit(root, path, name_set, lst, rel if local else None))
-            else:
-                pointers.append(Pointer(rel, POINTER_NAMES[e.name], target, "", True, False))
-            continue
-        if e.is_dir():
-            try:
-                _folder(root, path, units, pointers, stray)
-            except OSError as err:  # a path inside it reaches PATH_MAX: listed through descriptors instead
-                if err.errno != errno.ENAMETOOLONG:
-                    raise
-                units.extend(deep_units(root, d, e, rel, limit, stray))
-            continue
-        if e.name.endswith(SIDECAR_SUFFIXES) or e.name in MANIFEST_NAMES or e.name.endswith(".manifest.json"):
-            continue
-        if layouts.is_checkpoint_file(e.name):
-            units.append(_file_unit(root, path, name_set, lst, rel if local else None))
-        else:
-            stray.append(rel)
+        _entry(root, d, e, pre, local, name_set, units, pointers, stray)
+
+
+def _entry(root: Path, d: Path, e, pre: str, local: bool, name_set, units, pointers, stray) -> None:
+    """One entry ``e`` of folder ``d`` (``pre``: the folder's path in the run and a "/"): a unit, a pointer,
+    a folder walked, a sidecar or manifest (taken by its unit), or a stray."""
+    path = fs.path(e.path)
+    rel = pre + e.name if local else _rel(root, path)
+    lst = _lstat_of(e) if local else None
+    why = irregular_reason(root, path, lst) if local else None
+    if why and not e.is_symlink():
+        _irregular_entry(root, e.name, path, rel, why, units, pointers, stray)
+    elif e.is_symlink():
+        pointers.append(Pointer(rel, f"symbolic link, refused: {why}" if why else
+                                POINTER_NAMES.get(e.name, "symbolic link"), os.readlink(path), "",
+                                path.exists(), True))
+    elif e.name in POINTER_NAMES and e.is_file():
+        _pointer_file(root, e.name, path, rel if local else None, lst, name_set, units, pointers, rel)
+    elif e.is_dir():
+        try:
+            _folder(root, path, units, pointers, stray)
+        except OSError as err:  # a path inside it reaches PATH_MAX: listed through descriptors instead
+            if err.errno != errno.ENAMETOOLONG:
+                raise
+            units.extend(deep_units(root, d, e, rel, path_limit() if local else 0, stray))
+    elif e.name.endswith(SIDECAR_SUFFIXES) or e.name in MANIFEST_NAMES or e.name.endswith(".manifest.json"):
+        return
+    elif layouts.is_checkpoint_file(e.name):
+        units.append(_file_unit(root, path, name_set, lst, rel if local else None))
+    else:
+        stray.append(rel)
+
+
+def _irregular_entry(root: Path, name: str, path: Path, rel: str, why: str, units, pointers, stray) -> None:
+    """An entry that is no regular file or folder one may read (:func:`irregular_reason` says ``why``): a unit
+    never read when a checkpoint's name (or a name that is not UTF-8), a pointer never read when a pointer's
+    name, else a stray."""
+    if layouts.is_checkpoint_file(name) or "UTF-8" in why:
+        units.append(_irregular_unit(root, path, why))
+    elif name in POINTER_NAMES:  # a FIFO or device named `latest`: a pointer never read
+        pointers.append(Pointer(rel, f"{POINTER_NAMES[name]}{POINTER_NOT_READ}{why}", "", "", True, False))
+    else:
+        stray.append(rel)
+
+
+def _pointer_file(root: Path, name: str, path: Path, unit_rel: Optional[str], lst, name_set, units, pointers,
+                  rel: str) -> None:
+    """A regular file with a pointer's name: the pointer and the unit name its text holds; Lightning's
+    ``last.ckpt`` is a unit."""
+    if name == "last.ckpt":
+        # a pointer is a symbolic link or a small text file naming a unit; Lightning's save_last=True
+        # writes last.ckpt as a second full save (model_checkpoint.py _save_last_checkpoint): a unit,
+        # judged by its bytes; what ckpt_path="last" would do with it is ckptaudit.resume_entry's
+        units.append(_file_unit(root, path, name_set, lst, unit_rel))
+        return
+    try:
+        target = fs.read_bounded(path, 4096).decode("utf-8", errors="replace").strip()
+    except OSError:
+        target = ""
+    pointers.append(Pointer(rel, POINTER_NAMES[name], target, "", True, False))
 
 
 def _folder(root: Path, path: Path, units, pointers, stray) -> None:
@@ -163,19 +178,11 @@ def _folder(root: Path, path: Path, units, pointers, stray) -> None:
     why = in_progress_reason(path.name)
     adapter = layouts.claim_dir(path)
     if adapter is not None or why:
-        units.append(_dir_unit(root, path, adapter, why))
+        units.append(folder_unit(root, path, adapter, why))
     elif layouts.is_checkpoint_file(path.name):
         units.append(_irregular_unit(root, path, "a folder where a checkpoint file of that name is expected"))
     else:
         _walk(root, path, units, pointers, stray)
-
-
-def _lstat_of(e) -> Optional[os.stat_result]:
-    """The entry's ``lstat`` (taken once by ``os.DirEntry`` and kept), or None when it is gone."""
-    try:
-        return e.stat(follow_symlinks=False)
-    except OSError:
-        return None
 
 
 def _sidecars_for(path: Path, names) -> List[str]:
@@ -205,124 +212,6 @@ def _file_unit(root: Path, path: Path, names, lst: Optional[os.stat_result] = No
         manifest=(pre + manifest) if manifest else "",
         snapshot={rel: [lst.st_size, lst.st_mtime_ns, lst.st_ino]} if regular else {},
     )
-
-
-def _dir_unit(root: Path, path: Path, adapter, why) -> Unit:
-    """The unit of folder ``path`` (claimed by ``adapter``, or in progress for ``why``): every file below it,
-    each looked at once (its ``lstat`` gives the unit's size, mtime and snapshot)."""
-    files: List[str] = []
-    sidecars: List[str] = []
-    snapshot: Dict[str, list] = {}
-    manifest = ""
-    size = 0
-    mtime = 0
-    # ckptaudit.publish protocol (see ckptaudit/publish/): a top-level ``COMPLETE`` marker is not
-    # a data file, and a ckptaudit manifest.json without it means the publish (or seal) never
-    # finished, so the folder is in progress.  The manifest is recognised from its first 64 bytes.
-    has_marker = False
-    our_manifest = False
-    irregular: Dict[str, str] = {}
-    local = not fs.is_remote(root)
-
-    def unlistable(e: OSError) -> None:  # a folder of the unit that cannot be listed (mode 000, another owner)
-        where = _rel(root, Path(e.filename)) if e.filename else _rel(root, path)
-        if e.errno == errno.ENAMETOOLONG:
-            why_not = too_long(path_bytes(os.path.abspath(e.filename or path)), path_limit())
-        else:
-            why_not = UNREADABLE if isinstance(e, PermissionError) else f"it cannot be listed ({e.strerror})"
-        irregular[where.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")] = why_not
-
-    top_rel = _rel(root, path)
-    for dirpath, entries in _unit_tree(path, unlistable):
-        at_top = fs.path(dirpath) == path if not local else dirpath == str(path)
-        drel = _rel(root, fs.path(dirpath)) if not local else (
-            top_rel if at_top else f"{top_rel}/{os.path.relpath(dirpath, str(path))}".replace(os.sep, "/"))
-        pre = "" if drel == "." else drel + "/"
-        for fn, lst in entries:
-            fp = os.path.join(dirpath, fn) if local else fs.path(dirpath) / fn  # a string: no Path per file
-            rel = pre + fn
-            bad = irregular_reason(root, fp, lst) if local else None
-            if bad:
-                irregular[rel.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")] = bad
-                continue
-            if lst is not None and st_mod.S_ISLNK(lst.st_mode) and os.path.isdir(fp):
-                continue  # a link to a folder inside the run: not a file of the unit
-            if at_top and fn == "COMPLETE":
-                has_marker = True
-                continue
-            if fn.endswith(SIDECAR_SUFFIXES):
-                sidecars.append(rel)
-                continue
-            if fn in MANIFEST_NAMES:
-                manifest = rel
-                if at_top and fn == "manifest.json":
-                    try:
-                        with fs.open_binary(fp) as fh:
-                            our_manifest = b'"ckptaudit.manifest/' in fh.read(64)
-                    except OSError:
-                        our_manifest = False
-                continue
-            st = lst if lst is not None and st_mod.S_ISREG(lst.st_mode) else _stat(fs.path(fp))
-            if st is None:
-                continue
-            files.append(rel)
-            size += st.st_size
-            mtime = max(mtime, st.st_mtime_ns)
-            if lst is not None:
-                snapshot[rel] = [lst.st_size, lst.st_mtime_ns, lst.st_ino]
-    if our_manifest and not has_marker and not why:
-        why = "manifest.json written but no COMPLETE marker: a ckptaudit publish or seal that did not finish"
-    layout = adapter.name if adapter else "in-progress"
-    return Unit(
-        unit=top_rel,
-        layout=layout,
-        kind="folder",
-        files=files,
-        size_bytes=size,
-        mtime_ns=mtime,
-        step_from_name=step_from_name(path.name),
-        in_progress=why or "",
-        sidecars=sidecars,
-        manifest=manifest,
-        irregular=irregular,
-        snapshot=snapshot if local else {},
-    )
-
-
-def _unit_tree(path: Path, onerror) -> Iterator[Tuple[object, List[Tuple[str, Optional[os.stat_result]]]]]:
-    """(folder, [(file name, its lstat or None)] in name order) for ``path`` and every folder below it, top
-    down, folders in name order, as ``os.walk`` walks them (a link to a folder is not followed, a folder that
-    cannot be listed goes to ``onerror(OSError)``).  Locally each entry's ``lstat`` is taken once and handed
-    on; remotely (from the listing) it is None."""
-    if fs.is_remote(path):
-        for dirpath, dirnames, filenames in fs.walk(path, onerror=onerror):
-            dirnames.sort()
-            yield dirpath, [(fn, None) for fn in sorted(filenames)]
-        return
-    stack = [str(path)]
-    while stack:
-        top = stack.pop()
-        try:
-            with os.scandir(top) as it:
-                entries = sorted(it, key=lambda e: e.name)
-        except OSError as e:
-            onerror(e)
-            continue
-        files, dirs = [], []
-        for e in entries:
-            try:
-                is_dir = e.is_dir()
-            except OSError:
-                is_dir = False
-            if is_dir:
-                if not e.is_symlink():
-                    dirs.append(e.path)
-                else:  # a link to a folder: never walked; judged by irregular_reason (one out of the run)
-                    files.append((e.name, _lstat_of(e)))
-            else:
-                files.append((e.name, _lstat_of(e)))
-        yield top, files
-        stack.extend(reversed(dirs))
 
 
 def _resolve_pointer(root: Path, p: Pointer, unit_names: set) -> str:

@@ -13,7 +13,7 @@ import zipfile
 import pytest
 
 from ckptaudit import findings as F
-from ckptaudit import inventory
+from ckptaudit import folder_unit, inventory
 from ckptaudit.formats import legacy, safetensors_check, sniff, torchzip, zeros
 from ckptaudit.layouts import leftovers
 from ckptaudit.layouts.scan import scan_units
@@ -108,7 +108,7 @@ def test_a_zeroed_head_is_the_same_finding_from_all_three_checkers(tmp_path):
 
 def test_irregular_files_and_audit_errors_get_their_kind_and_layer_at_construction():
     assert leftovers.irregular("a.pt", leftovers.UNREADABLE).kind == "file_unreadable"
-    assert inventory.UNREADABLE == leftovers.UNREADABLE == "permission denied"
+    assert folder_unit.UNREADABLE == leftovers.UNREADABLE == "permission denied"
     f = leftovers.irregular("p.pt", "it is a FIFO (named pipe): opening it would block")
     assert (f.kind, f.message) == ("not_a_regular_file", "p.pt is not read: it is a FIFO (named pipe): opening it "
                                                          "would block.")

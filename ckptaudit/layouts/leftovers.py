@@ -14,7 +14,7 @@ from ..findings import Finding
 #: :func:`ckptaudit.inventory.irregular_reason` of a regular file this process may not read (mode 000,
 #: another owner): :func:`irregular` makes it ``file_unreadable``; any other reason is ``not_a_regular_file``.
 UNREADABLE = "permission denied"
-#: What :func:`ckptaudit.inventory._walk` puts in the kind of a pointer that is not a regular file (a FIFO or a
+#: What :func:`ckptaudit.inventory._irregular_entry` puts in the kind of a pointer that is not a regular file (a FIFO or a
 #: device named ``latest``), before the reason; :func:`ckptaudit.verdict.pointer_verdicts` makes
 #: :func:`irregular` of it.
 POINTER_NOT_READ = ", not read: "
