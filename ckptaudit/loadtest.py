@@ -159,21 +159,7 @@ def load_in_child(path: str, kind: str, benign: List[str], *, timeout_seconds: f
         os.close(r)
         _child(path, kind, benign, memory_limit_bytes, w)
     os.close(w)
-    chunks = []
-    deadline = t0 + timeout_seconds
-    timed_out = False
-    while True:
-        left = deadline - time.perf_counter()
-        if left <= 0:
-            timed_out = True
-            break
-        ready, _, _ = select.select([r], [], [], left)
-        if not ready:
-            continue
-        data = os.read(r, 1 << 16)
-        if not data:
-            break
-        chunks.append(data)
+    chunks, timed_out = _read_until(r, t0 + timeout_seconds)
     if timed_out:
         os.kill(pid, signal.SIGKILL)
     _, status, usage = os.wait4(pid, 0)
@@ -194,6 +180,23 @@ def load_in_child(path: str, kind: str, benign: List[str], *, timeout_seconds: f
     res.update(load_seconds=dt, peak_rss_bytes=rss)
     count_child_bytes(int(res.pop("read_bytes", 0) or 0))
     return res
+
+
+def _read_until(r: int, deadline: float) -> Tuple[List[bytes], bool]:
+    """``(chunks, timed_out)``: what the pipe ``r`` gave until its writer closed it, or until ``deadline``
+    (a ``time.perf_counter()`` value) passed (``timed_out`` True)."""
+    chunks: List[bytes] = []
+    while True:
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            return chunks, True
+        ready, _, _ = select.select([r], [], [], left)
+        if not ready:
+            continue
+        data = os.read(r, 1 << 16)
+        if not data:
+            return chunks, False
+        chunks.append(data)
 
 
 def unreadable(path: str, why: str) -> F.Finding:
@@ -220,60 +223,71 @@ def load_units(run_dir: Path, units: List[dict], scans: Dict[str, dict], cfg: di
     rows: List[dict] = []
     todo: List[Tuple[dict, str, str, List[str]]] = []
     for u in units:
-        s = scans.get(u["unit"])
-        if s is None:
-            rows.append(_skip(u["unit"], "", "the unit was not scanned"))
-            continue
-        if not s["security_ok"]:
-            rows.append(_skip(u["unit"], "", "security: the static scan found imports that could run code"))
-            continue
-        damaged = set()
-        if not s["file_ok"]:
-            if not roles.weights_intact(s):
-                rows.append(_skip(u["unit"], "", "file layer: the bytes are already known to be damaged"))
-                continue
-            damaged = set(roles.damaged_files(json.loads(s.get("findings_json") or "[]")))
-            for f in sorted(damaged):
-                rows.append(_skip(u["unit"], f, "file layer: this file's bytes are already known to be damaged"))
-        if not lcfg.get("enabled", True):
-            rows.append(_skip(u["unit"], "", "load test disabled in the config (load.enabled: false)"))
-            continue
-        kinds = json.loads(s.get("facts_json") or "{}").get("file_kinds", {})
-        # training_args.bin is not read on resume (transformers Trainer) and pickles
-        # TrainingArguments, which needs transformers installed to rebuild
-        loadable = [(f, k) for f, k in kinds.items() if k in LOADABLE and not f.endswith("training_args.bin")
-                    and f not in damaged]
-        if not loadable:
-            rows.append(_skip(u["unit"], "", "no file of this unit has a weights_only loader "
-                                             f"(layout {s['layout']})"))
-            continue
-        per_file = json.loads(s.get("facts_json") or "{}").get("benign_by_file")
-        for f, k in loadable:
-            benign = per_file.get(f, []) if isinstance(per_file, dict) else list(s.get("benign_globals") or [])
-            absent = missing_packages(benign)
-            if absent:
-                rows.append(_not_checked(u["unit"], f, absent))
-                continue
-            todo.append((with_tensor_data(u, run_dir, f, facts), f, k, benign))
+        _plan_unit(run_dir, u, scans.get(u["unit"]), lcfg, facts, rows, todo)
     if todo:
         results = (loader or load_todo)(run_dir, todo, cfg, timeout, limit)
         for (u, f, k, benign), res in zip(todo, results):
-            if "skipped_reason" in res:
-                rows.append(_skip(u["unit"], f, res["skipped_reason"]))
-                continue
-            fl = []
-            if res["status"] == "timeout":
-                fl.append(F.make("load_timeout", path=f, timeout_seconds=timeout))
-            elif res["status"] == "memory":
-                fl.append(F.make("load_memory_limit", path=f, memory_limit_bytes=limit))
-            elif res["status"] != "ok":
-                fl.append(F.make("load_failed", path=f, why=explain(res.get("error_message", ""))))
-            rows.append({"unit": u["unit"], "file": f, "status": res["status"], "skipped_reason": "",
-                         "error_type": res.get("error_type", ""), "error_message": res.get("error_message", ""),
-                         "load_seconds": res["load_seconds"], "peak_rss_bytes": res["peak_rss_bytes"],
-                         "n_top_level_keys": res.get("n_top_level_keys"), "n_tensors": res.get("n_tensors"),
-                         "findings_json": json.dumps([x.to_dict() for x in fl])})
+            rows.append(_load_row(u["unit"], f, res, timeout, limit))
     return rows
+
+
+def _plan_unit(run_dir: Path, u: dict, s: dict | None, lcfg: dict, facts, rows: List[dict],
+               todo: List[Tuple[dict, str, str, List[str]]]) -> None:
+    """The files of unit ``u`` (its scan row ``s``) to load, appended to ``todo``; a row to ``rows`` for each
+    file or the whole unit not loaded, and why."""
+    if s is None:
+        rows.append(_skip(u["unit"], "", "the unit was not scanned"))
+        return
+    if not s["security_ok"]:
+        rows.append(_skip(u["unit"], "", "security: the static scan found imports that could run code"))
+        return
+    damaged = set()
+    if not s["file_ok"]:
+        if not roles.weights_intact(s):
+            rows.append(_skip(u["unit"], "", "file layer: the bytes are already known to be damaged"))
+            return
+        damaged = set(roles.damaged_files(json.loads(s.get("findings_json") or "[]")))
+        for f in sorted(damaged):
+            rows.append(_skip(u["unit"], f, "file layer: this file's bytes are already known to be damaged"))
+    if not lcfg.get("enabled", True):
+        rows.append(_skip(u["unit"], "", "load test disabled in the config (load.enabled: false)"))
+        return
+    unit_facts = json.loads(s.get("facts_json") or "{}")
+    kinds = unit_facts.get("file_kinds", {})
+    # training_args.bin is not read on resume (transformers Trainer) and pickles
+    # TrainingArguments, which needs transformers installed to rebuild
+    loadable = [(f, k) for f, k in kinds.items() if k in LOADABLE and not f.endswith("training_args.bin")
+                and f not in damaged]
+    if not loadable:
+        rows.append(_skip(u["unit"], "", "no file of this unit has a weights_only loader "
+                                         f"(layout {s['layout']})"))
+        return
+    per_file = unit_facts.get("benign_by_file")
+    for f, k in loadable:
+        benign = per_file.get(f, []) if isinstance(per_file, dict) else list(s.get("benign_globals") or [])
+        absent = missing_packages(benign)
+        if absent:
+            rows.append(_not_checked(u["unit"], f, absent))
+            continue
+        todo.append((with_tensor_data(u, run_dir, f, facts), f, k, benign))
+
+
+def _load_row(unit: str, f: str, res: dict, timeout: float, limit: int) -> dict:
+    """The ``load`` row of file ``f`` from its child's result ``res``, with a finding when it did not load."""
+    if "skipped_reason" in res:
+        return _skip(unit, f, res["skipped_reason"])
+    fl = []
+    if res["status"] == "timeout":
+        fl.append(F.make("load_timeout", path=f, timeout_seconds=timeout))
+    elif res["status"] == "memory":
+        fl.append(F.make("load_memory_limit", path=f, memory_limit_bytes=limit))
+    elif res["status"] != "ok":
+        fl.append(F.make("load_failed", path=f, why=explain(res.get("error_message", ""))))
+    return {"unit": unit, "file": f, "status": res["status"], "skipped_reason": "",
+            "error_type": res.get("error_type", ""), "error_message": res.get("error_message", ""),
+            "load_seconds": res["load_seconds"], "peak_rss_bytes": res["peak_rss_bytes"],
+            "n_top_level_keys": res.get("n_top_level_keys"), "n_tensors": res.get("n_tensors"),
+            "findings_json": json.dumps([x.to_dict() for x in fl])}
 
 
 def load_todo(run_dir: Path, todo: List[Tuple[dict, str, str, List[str]]], cfg: dict, timeout: float,

@@ -186,7 +186,7 @@ ENTRIES: List[_k] = [
        "{unit}: DeepSpeed ZeRO files for data-parallel ranks {ranks} are missing (found {found} of {expected}; "
        "the first missing is {path}).",
        "A rank did not finish its save; roll back to the previous complete tag.",
-       stage="scan", detector="ckptaudit.layouts.deepspeed:DeepSpeed.scan"),
+       stage="scan", detector="ckptaudit.layouts.deepspeed:_missing_partitions"),
     _k("latest_pointer_dangling", "file", "error", "none",
        "{pointer} names {target!r}, which does not exist{complete_text}.",
        "Resume from the newest complete checkpoint instead ({suggestion}); rewrite {pointer} atomically to name it.",
@@ -282,7 +282,7 @@ ENTRIES: List[_k] = [
     _k("load_failed", "file", "error", "none",
        "{path}: torch.load(weights_only=True) failed in an isolated process: {why}.",
        "Treat it as unusable; roll back to an older checkpoint. The raw error is in the load table.",
-       stage="load", detector="ckptaudit.loadtest:load_units"),
+       stage="load", detector="ckptaudit.loadtest:_load_row"),
     _k("load_not_checked", "file", "warning", "resume",
        "{path}: not load-tested: its pickle names classes of {packages}, which is not installed where the audit "
        "runs (import failed), so torch.load cannot rebuild them here. The bytes were checked; the load was not.",
@@ -292,12 +292,12 @@ ENTRIES: List[_k] = [
     _k("load_timeout", "file", "error", "none",
        "{path}: the isolated load test did not finish in {timeout_seconds} s.",
        "Raise load.timeout_seconds if the file is very large and storage slow; otherwise treat it as unusable.",
-       stage="load", detector="ckptaudit.loadtest:load_units"),
+       stage="load", detector="ckptaudit.loadtest:_load_row"),
     _k("load_memory_limit", "file", "error", "none",
        "{path}: the isolated load test exceeded its {memory_limit_bytes}-byte memory limit (beyond the file's own "
        "mapping).",
        "Raise load.memory_limit_mib if the checkpoint is legitimately that large.",
-       stage="load", detector="ckptaudit.loadtest:load_units"),
+       stage="load", detector="ckptaudit.loadtest:_load_row"),
     # ------------------------------------------------ file (formats/zip/central)
     _k("zip_central_directory_corrupted", "file", "error", "none",
        "{path}: the zip central directory or its end records (from offset {offset}) are damaged ({why}), so "
