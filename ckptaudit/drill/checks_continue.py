@@ -126,20 +126,12 @@ class _ContinueChecks:
         sp = self.spec
         if not sp.get("next_path"):
             return "skip", "", "", "no later intact unit to compare the continuation with"
-        s0, k = int(self.r.step), int(sp["steps"])
+        s0 = int(self.r.step)
         n_step = sp.get("next_step")
         if n_step is None or int(n_step) <= s0:
             return "skip", "", "", f"{sp['next_unit']}: its step is unknown or not after {s0}"
         gap = int(n_step) - s0
-        reasons = []
-        if not bool(getattr(self.r, "deterministic", False)):
-            reasons.append("the hook does not declare this device deterministic")
-        if not self.rng_ok:
-            reasons.append("the RNG state was not restored")
-        if gap > int(sp["compare_max_steps"]):
-            reasons.append(f"the next unit is {gap} steps away (> drill.compare_max_steps {sp['compare_max_steps']})")
-        if gap < k:
-            reasons.append(f"the next unit is only {gap} steps away (< drill.steps {k})")
+        reasons = self._not_exact(gap)
         exact = not reasons
         if exact:
             for i in range(len(self.result["trace"]), gap):
@@ -153,38 +145,62 @@ class _ContinueChecks:
         ref, ref_loss, ref_src = nsaved.get("model") or {}, nsaved.get("loss"), nsaved.get("loss_source") or "loss"
         del nsaved
         if exact:
-            diffs = []
-            for n, t in cur.items():
-                if n not in ref:
-                    diffs.append(f"{n!r} missing in {sp['next_unit']}")
-                elif _same(t, ref[n]) is not None:
-                    a, b = t.cpu().double(), ref[n].cpu().double()
-                    md = float((a - b).abs().max()) if a.shape == b.shape else float("nan")
-                    diffs.append(f"{n!r} (max |Δ| {md:.3g})")
-            exp = f"weights bitwise equal to {sp['next_unit']} after {gap} updates"
-            if diffs:
-                return ("fail", exp, f"{len(diffs)} of {len(cur)} tensors differ",
-                        f"continuing from step {s0} to {n_step} did not reproduce {sp['next_unit']}: "
-                        f"{', '.join(diffs[:4])} — the restore is not faithful (or the run is not deterministic)")
-            rec, last = ref_loss, self.result["trace"][-1]["loss"]
-            lt = (f"; the last update's loss is {last:.6g}, {sp['next_unit']} recorded {rec:.6g} ({ref_src})"
-                  if rec is not None else "")
-            return ("pass", exp, f"all {len(cur)} tensors equal",
-                    f"bit-exact: continuing reproduces {sp['next_unit']}{lt}")
+            return self._bitwise(cur, ref, ref_loss, ref_src, s0, int(n_step), gap)
+        return _in_norm(cur, ref, sp, done, "; ".join(reasons))
 
-        def norm(sd):
-            return math.sqrt(sum(float(t.detach().cpu().double().pow(2).sum()) for t in sd.values()
-                                 if t.is_floating_point()))
+    def _not_exact(self, gap: int) -> list:
+        """Why the continuation cannot be compared bit for bit with the next unit, ``gap`` steps on."""
+        sp, k = self.spec, int(self.spec["steps"])
+        reasons = []
+        if not bool(getattr(self.r, "deterministic", False)):
+            reasons.append("the hook does not declare this device deterministic")
+        if not self.rng_ok:
+            reasons.append("the RNG state was not restored")
+        if gap > int(sp["compare_max_steps"]):
+            reasons.append(f"the next unit is {gap} steps away (> drill.compare_max_steps {sp['compare_max_steps']})")
+        if gap < k:
+            reasons.append(f"the next unit is only {gap} steps away (< drill.steps {k})")
+        return reasons
 
-        a, b = norm(cur), norm(ref)
-        tol = float(sp["norm_tolerance"])
-        rel = abs(a - b) / max(b, 1e-12)
-        exp = f"finite and within {tol:.0%} of {sp['next_unit']}'s weight norm {b:.4g}"
-        act = f"norm {a:.4g} after {done} updates ({rel:.2%} off)"
-        why = "; ".join(reasons)
-        if not (math.isfinite(a) and math.isfinite(b)):
-            return "fail", exp, act, "non-finite weights after continuing"
-        if rel > tol:
-            return ("fail", exp, act, f"after {done} updates the weight norm is {a:.4g}, {rel:.1%} from "
-                    f"{sp['next_unit']}'s {b:.4g} (compared in norm only: {why})")
-        return "pass", exp, act, f"finite and close in norm (not compared bit for bit: {why})"
+    def _bitwise(self, cur: dict, ref: dict, ref_loss, ref_src: str, s0: int, n_step: int, gap: int):
+        """Every weight after ``gap`` updates from step ``s0`` equal to the next unit's (step ``n_step``)."""
+        sp = self.spec
+        diffs = []
+        for n, t in cur.items():
+            if n not in ref:
+                diffs.append(f"{n!r} missing in {sp['next_unit']}")
+            elif _same(t, ref[n]) is not None:
+                a, b = t.cpu().double(), ref[n].cpu().double()
+                md = float((a - b).abs().max()) if a.shape == b.shape else float("nan")
+                diffs.append(f"{n!r} (max |Δ| {md:.3g})")
+        exp = f"weights bitwise equal to {sp['next_unit']} after {gap} updates"
+        if diffs:
+            return ("fail", exp, f"{len(diffs)} of {len(cur)} tensors differ",
+                    f"continuing from step {s0} to {n_step} did not reproduce {sp['next_unit']}: "
+                    f"{', '.join(diffs[:4])} — the restore is not faithful (or the run is not deterministic)")
+        rec, last = ref_loss, self.result["trace"][-1]["loss"]
+        lt = (f"; the last update's loss is {last:.6g}, {sp['next_unit']} recorded {rec:.6g} ({ref_src})"
+              if rec is not None else "")
+        return ("pass", exp, f"all {len(cur)} tensors equal",
+                f"bit-exact: continuing reproduces {sp['next_unit']}{lt}")
+
+
+def _in_norm(cur: dict, ref: dict, sp: Mapping[str, Any], done: int, why: str):
+    """The weights after ``done`` updates finite and within ``drill.norm_tolerance`` of the next unit's norm
+    (the check when a bitwise comparison cannot hold, for ``why``)."""
+
+    def norm(sd):
+        return math.sqrt(sum(float(t.detach().cpu().double().pow(2).sum()) for t in sd.values()
+                             if t.is_floating_point()))
+
+    a, b = norm(cur), norm(ref)
+    tol = float(sp["norm_tolerance"])
+    rel = abs(a - b) / max(b, 1e-12)
+    exp = f"finite and within {tol:.0%} of {sp['next_unit']}'s weight norm {b:.4g}"
+    act = f"norm {a:.4g} after {done} updates ({rel:.2%} off)"
+    if not (math.isfinite(a) and math.isfinite(b)):
+        return "fail", exp, act, "non-finite weights after continuing"
+    if rel > tol:
+        return ("fail", exp, act, f"after {done} updates the weight norm is {a:.4g}, {rel:.1%} from "
+                f"{sp['next_unit']}'s {b:.4g} (compared in norm only: {why})")
+    return "pass", exp, act, f"finite and close in norm (not compared bit for bit: {why})"

@@ -16,41 +16,82 @@ def _same(a: Any, b: Any, where: str = "") -> Optional[str]:
     import torch
 
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
-            return f"{where or 'value'}: {type(a).__name__} vs {type(b).__name__}"
-        a_, b_ = a.detach().cpu(), b.detach().cpu()
-        if a_.shape != b_.shape:
-            return f"{where or 'tensor'}: shape {tuple(a_.shape)} vs {tuple(b_.shape)}"
-        if a_.dtype != b_.dtype:
-            b_ = b_.to(a_.dtype)
-        return None if torch.equal(a_, b_) else f"{where or 'tensor'}: values differ"
+        return _same_tensor(a, b, where)
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         return None if np.array_equal(np.asarray(a), np.asarray(b)) else f"{where or 'array'}: values differ"
     if isinstance(a, Mapping) and isinstance(b, Mapping):
         if set(a) != set(b):
             return f"{where or 'mapping'}: keys {sorted(map(str, a))} vs {sorted(map(str, b))}"
-        for k in a:
-            d = _same(a[k], b[k], f"{where}.{k}" if where else str(k))
-            if d:
-                return d
-        return None
+        return _first_difference((a[k], b[k], f"{where}.{k}" if where else str(k)) for k in a)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
         if len(a) != len(b):
             return f"{where or 'sequence'}: length {len(a)} vs {len(b)}"
-        for i, (x, y) in enumerate(zip(a, b)):
-            d = _same(x, y, f"{where}[{i}]")
-            if d:
-                return d
-        return None
+        return _first_difference((x, y, f"{where}[{i}]") for i, (x, y) in enumerate(zip(a, b)))
     if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
         return None
     return None if a == b else f"{where or 'value'}: {a!r} vs {b!r}"
+
+
+def _same_tensor(a: Any, b: Any, where: str) -> Optional[str]:
+    """:func:`_same` where one side is a tensor: both tensors of one shape and equal values (``b`` cast to
+    ``a``'s dtype)."""
+    import torch
+
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return f"{where or 'value'}: {type(a).__name__} vs {type(b).__name__}"
+    a_, b_ = a.detach().cpu(), b.detach().cpu()
+    if a_.shape != b_.shape:
+        return f"{where or 'tensor'}: shape {tuple(a_.shape)} vs {tuple(b_.shape)}"
+    if a_.dtype != b_.dtype:
+        b_ = b_.to(a_.dtype)
+    return None if torch.equal(a_, b_) else f"{where or 'tensor'}: values differ"
+
+
+def _first_difference(pairs) -> Optional[str]:
+    """The first difference :func:`_same` finds over ``(a, b, where)`` triples, in order; None if none."""
+    for x, y, where in pairs:
+        d = _same(x, y, where)
+        if d:
+            return d
+    return None
 
 
 def _quoted(keys: Sequence[str], n: int = 6) -> str:
     ks = sorted(keys)
     s = ", ".join(repr(k) for k in ks[:n])
     return s + (f" … (+{len(ks) - n})" if len(ks) > n else "")
+
+
+def _misshapen_moments(params, sst: Mapping) -> List[str]:
+    """``name.key (shape) vs parameter (shape)`` for each saved per-parameter tensor (``sst``: the optimizer
+    state_dict's ``state``, by parameter index) whose shape is not its parameter's."""
+    bad = []
+    for i, (name, p) in enumerate(params):
+        for k, v in (sst.get(i) or {}).items():
+            if hasattr(v, "shape") and getattr(v, "ndim", 0) > 0 and tuple(v.shape) != tuple(p.shape):
+                bad.append(f"{name}.{k} {tuple(v.shape)} vs parameter {tuple(p.shape)}")
+    return bad
+
+
+def _moment_facts(torch, params, state: Mapping, step: int) -> Tuple[List[str], List[str], List[str], int]:
+    """``(no_state, all_zero, nonfinite, n_with)`` over the live optimizer's ``state`` (parameter -> dict):
+    parameters without state, parameters whose moments (float tensors of the parameter's shape) are all zero
+    at a ``step`` after 0, ``name.key`` of non-finite moments, and how many parameters have moments."""
+    no_state, zero, nonfinite, n_with = [], [], [], 0
+    for name, p in params:
+        st = state.get(p)
+        if not st:
+            no_state.append(name)
+            continue
+        moments = {k: v for k, v in st.items() if isinstance(v, torch.Tensor) and v.is_floating_point()
+                   and tuple(v.shape) == tuple(p.shape) and v.numel() > 0}
+        if not moments:
+            continue
+        n_with += 1
+        nonfinite.extend(f"{name}.{k}" for k, v in moments.items() if not bool(torch.isfinite(v).all()))
+        if step > 0 and all(int(torch.count_nonzero(v)) == 0 for v in moments.values()):
+            zero.append(name)
+    return no_state, zero, nonfinite, n_with
 
 
 class _RestoreChecks:
@@ -116,12 +157,7 @@ class _RestoreChecks:
             diff = next((d for k in sst for d in [_same(cst[k], sst[k], f"state[{k}]")] if d), None)
             if diff:
                 problems.append(f"the hook's restored optimizer state differs from the unit's ({diff})")
-        params = self._params()
-        bad_shape = []
-        for i, (name, p) in enumerate(params):
-            for k, v in (sst.get(i) or {}).items():
-                if hasattr(v, "shape") and getattr(v, "ndim", 0) > 0 and tuple(v.shape) != tuple(p.shape):
-                    bad_shape.append(f"{name}.{k} {tuple(v.shape)} vs parameter {tuple(p.shape)}")
+        bad_shape = _misshapen_moments(self._params(), sst)
         if bad_shape:
             problems.append("moments do not match their parameters: " + "; ".join(bad_shape[:4]))
         try:
@@ -134,24 +170,8 @@ class _RestoreChecks:
         return "pass", exp, "equal", "optimizer restored exactly; load_state_dict accepted it"
 
     def c_moments(self):
-        torch = self.torch
         step = int(self.r.step)
-        no_state, zero, nonfinite, n_with = [], [], [], 0
-        for name, p in self._params():
-            st = self.r.optimizer.state.get(p)
-            if not st:
-                no_state.append(name)
-                continue
-            moments = {k: v for k, v in st.items() if isinstance(v, torch.Tensor) and v.is_floating_point()
-                       and tuple(v.shape) == tuple(p.shape) and v.numel() > 0}
-            if not moments:
-                continue
-            n_with += 1
-            for k, v in moments.items():
-                if not bool(torch.isfinite(v).all()):
-                    nonfinite.append(f"{name}.{k}")
-            if step > 0 and all(int(torch.count_nonzero(v)) == 0 for v in moments.values()):
-                zero.append(name)
+        no_state, zero, nonfinite, n_with = _moment_facts(self.torch, self._params(), self.r.optimizer.state, step)
         n = len(self._params())
         exp = f"moments for {n} parameters, finite, not all zero at step {step}"
         if step > 0 and no_state:

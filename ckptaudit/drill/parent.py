@@ -66,24 +66,7 @@ def run_child(spec: Mapping[str, Any], work_dir: Path, *, timeout_seconds: float
         p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                              env=_child_env(int(spec.get("num_threads", 1))), start_new_session=True,
                              close_fds=True)
-        outcome, status, usage, watchdog_rss = "", 0, None, 0
-        deadline = t0 + timeout_seconds
-        while True:
-            pid, status, usage = os.wait4(p.pid, os.WNOHANG)
-            if pid:
-                break
-            now = time.perf_counter()
-            if not cpu:
-                watchdog_rss = max(watchdog_rss, _rss_bytes(p.pid))
-            if now >= deadline or (not cpu and watchdog_rss > memory_limit_bytes):
-                outcome = "timeout" if now >= deadline else "memory"
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-                _, status, usage = os.wait4(p.pid, 0)
-                break
-            time.sleep(0.05)
+        outcome, status, usage, watchdog_rss = _watch(p.pid, t0 + timeout_seconds, cpu, memory_limit_bytes)
         p.returncode = os.waitstatus_to_exitcode(status)  # we reaped it; keep Popen from waiting again
     wall = time.perf_counter() - t0
     rss = int(usage.ru_maxrss) * 1024 if usage is not None else 0  # Linux reports KiB
@@ -91,20 +74,46 @@ def run_child(spec: Mapping[str, Any], work_dir: Path, *, timeout_seconds: float
         res = json.loads(result_path.read_text())
     except (OSError, ValueError):
         res = {}
-    if not outcome:
-        if res.get("status") == "memory":
-            outcome = "memory"
-        elif res.get("final"):
-            outcome = "ok" if p.returncode == 0 else "died"
-        elif os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL:
-            outcome = "memory"  # the kernel's OOM killer; RLIMIT_AS failures usually raise instead
-        else:
-            outcome = "died" if res else "no_result"
+    outcome = outcome or _outcome(res, p.returncode, status)
     res.setdefault("rows", [])
     res.setdefault("trace", [])
     res.update(outcome=outcome, returncode=p.returncode, wall_seconds=wall, peak_rss_bytes=max(rss, watchdog_rss),
                log=str(log_path))
     return res
+
+
+def _watch(pid: int, deadline: float, cpu: bool, memory_limit_bytes: int) -> tuple:
+    """Wait for child ``pid``, polling every 50 ms; kill its process group at ``deadline`` (a
+    ``time.perf_counter()`` value) or, on a GPU, when its RSS passes ``memory_limit_bytes`` (a CPU child
+    limits its own address space).  Returns ``(outcome, wait status, rusage, watched peak RSS)``;
+    ``outcome`` is "timeout", "memory" or "" (it ended by itself)."""
+    watchdog_rss = 0
+    while True:
+        got, status, usage = os.wait4(pid, os.WNOHANG)
+        if got:
+            return "", status, usage, watchdog_rss
+        now = time.perf_counter()
+        if not cpu:
+            watchdog_rss = max(watchdog_rss, _rss_bytes(pid))
+        if now >= deadline or (not cpu and watchdog_rss > memory_limit_bytes):
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            _, status, usage = os.wait4(pid, 0)
+            return ("timeout" if now >= deadline else "memory"), status, usage, watchdog_rss
+        time.sleep(0.05)
+
+
+def _outcome(res: Mapping[str, Any], returncode: int, status: int) -> str:
+    """How a child that ended by itself ended: ok, died, memory or no_result (from its result document)."""
+    if res.get("status") == "memory":
+        return "memory"
+    if res.get("final"):
+        return "ok" if returncode == 0 else "died"
+    if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL:
+        return "memory"  # the kernel's OOM killer; RLIMIT_AS failures usually raise instead
+    return "died" if res else "no_result"
 
 
 def _log_tail(path: str, n: int = 6) -> str:
