@@ -310,26 +310,8 @@ def _search(tree: Dict[str, Any], found: R.Found, keys: List[str], max_depth: in
 
 
 def _scalars(c: Components, tree, found, contract, facts, layout) -> None:
-    for spec in (contract.step_at if contract else ()):
-        v, where = lookup(tree, spec)
-        if scalar(v) is not None:
-            c.step, c.step_source = int(scalar(v)), where
-            break
-    if c.step is None:
-        v, where = _search(tree, found, STEP_KEYS)
-        if v is not None:
-            c.step, c.step_source = int(v), where
-    if c.step is None and isinstance(facts.get("step"), int):  # DeepSpeed global_steps, Megatron iteration
-        c.step, c.step_source = facts["step"], "layout:" + layout
-    for sub in tree.values():  # safetensors __metadata__ may carry a step
-        md = sub.get("__metadata__") if isinstance(sub, dict) and "__safetensors__" in sub else None
-        if c.step is None and isinstance(md, dict):
-            for k in STEP_KEYS:
-                if str(md.get(k, "")).isdigit():
-                    c.step, c.step_source = int(md[k]), f"__metadata__.{k}"
-                    break
-    if c.step is None and c.optimizer_step is not None:  # updates counted by the optimizer itself
-        c.step, c.step_source = int(c.optimizer_step), c.optimizer_source + ".state.*.step"
+    """The unit's step (and where it was read), epoch, best metric, loss, sampler and EMA, into ``c``."""
+    c.step, c.step_source = _step(c, tree, found, contract, facts, layout)
     for spec in (contract.epoch_at if contract else ()):
         v, _ = lookup(tree, spec)
         if scalar(v) is not None:
@@ -348,6 +330,29 @@ def _scalars(c: Components, tree, found, contract, facts, layout) -> None:
         c.ema = any(EMA_RE.search(k) for k in c.top_keys)
     _model_args(c, tree)
     _versions(c, tree)
+
+
+def _step(c: Components, tree, found, contract, facts, layout) -> Tuple[Optional[int], str]:
+    """``(step, where it was read)``, first found of: the producer contract's places, a step key in the tree,
+    the layout's own step (DeepSpeed global_steps, Megatron iteration), a safetensors ``__metadata__`` step,
+    the optimizer's own update count; ``(c.step, c.step_source)`` when none has one."""
+    for spec in (contract.step_at if contract else ()):
+        v, where = lookup(tree, spec)
+        if scalar(v) is not None:
+            return int(scalar(v)), where
+    v, where = _search(tree, found, STEP_KEYS)
+    if v is not None:
+        return int(v), where
+    if isinstance(facts.get("step"), int):  # DeepSpeed global_steps, Megatron iteration
+        return facts["step"], "layout:" + layout
+    for sub in tree.values():  # safetensors __metadata__ may carry a step
+        md = sub.get("__metadata__") if isinstance(sub, dict) and "__safetensors__" in sub else None
+        k = next((k for k in STEP_KEYS if str(md.get(k, "")).isdigit()), None) if isinstance(md, dict) else None
+        if k is not None:
+            return int(md[k]), f"__metadata__.{k}"
+    if c.optimizer_step is not None:  # updates counted by the optimizer itself
+        return int(c.optimizer_step), c.optimizer_source + ".state.*.step"
+    return c.step, c.step_source
 
 
 def _logged_loss(tree, step) -> Optional[float]:
