@@ -15,6 +15,22 @@ from .reader import _MISSING, _int_tuple, _safe_key, short_repr
 from .salvage import _literal_call
 
 
+def _as_args(args: Any) -> tuple:
+    """A call's arguments as the tuple the call would get (a list becomes a tuple, one value a 1-tuple)."""
+    t = type(args)
+    return args if t is tuple else tuple(args) if t is list else (args,)
+
+
+def _as_parameter(args: tuple) -> Optional[TensorMeta]:
+    """``_rebuild_parameter(data, requires_grad, …)``: the tensor ``data``, marked a parameter."""
+    if not args or type(args[0]) is not TensorMeta:
+        return None
+    t = args[0]
+    t.requires_grad = args[1] if len(args) > 1 and type(args[1]) is bool else True
+    t.is_parameter = True
+    return t
+
+
 class _ObjectOps:
     """``_State`` methods that build the symbolic objects (``persistent_load``, ``reduce``, ``build`` ...)."""
 
@@ -52,20 +68,12 @@ class _ObjectOps:
 
     # -- calls
     def reduce(self, func: Any, args: Any, pos: int) -> Any:
-        if type(args) is list:
-            args = tuple(args)
-        elif type(args) is not tuple:
-            args = (args,)
+        args = _as_args(args)
         if type(func) is not GlobalRef:
             self.trick(f"REDUCE at byte {pos} calls a computed value ({short_repr(func)}), "
                        "not a named import")
             return Call(func, args)
-        hit = self.names.get(id(func))
-        if hit is not None and hit[0] is func:
-            full = hit[1]
-        else:
-            full = "%s.%s" % normalize_global(func.module, func.name)
-            self.names[id(func)] = (func, full)
+        full = self.full_name(func)
         name = func.name
         if full in _TENSOR_REBUILDS:
             t = self.rebuild(full, args)
@@ -73,12 +81,7 @@ class _ObjectOps:
                 return t
             return Call(func, args)
         if full == "collections.OrderedDict":
-            d = AttrDict()
-            if args and type(args[0]) in (list, tuple):
-                for kv in args[0]:
-                    if type(kv) in (list, tuple) and len(kv) == 2:
-                        self.setitems(d, kv, pos, "OrderedDict")
-            return d
+            return self._ordered_dict(args, pos)
         if full == "torch.Size" and len(args) == 1 and _int_tuple(args[0]) is not None:
             return tuple(args[0])
         lit = _literal_call(full, args)
@@ -90,11 +93,26 @@ class _ObjectOps:
             return Instance(func, args)
         return Call(func, args)
 
+    def full_name(self, func: GlobalRef) -> str:
+        """``module.name`` of an import, normalised (Python 2 names), kept per object for the walk."""
+        hit = self.names.get(id(func))
+        if hit is not None and hit[0] is func:
+            return hit[1]
+        full = "%s.%s" % normalize_global(func.module, func.name)
+        self.names[id(func)] = (func, full)
+        return full
+
+    def _ordered_dict(self, args: tuple, pos: int) -> AttrDict:
+        """``collections.OrderedDict(pairs)``: the pairs that are ``(key, value)``."""
+        d = AttrDict()
+        if args and type(args[0]) in (list, tuple):
+            for kv in args[0]:
+                if type(kv) in (list, tuple) and len(kv) == 2:
+                    self.setitems(d, kv, pos, "OrderedDict")
+        return d
+
     def newobj(self, cls: Any, args: Any, kwargs: Any, pos: int, opname: str) -> Any:
-        if type(args) is list:
-            args = tuple(args)
-        elif type(args) is not tuple:
-            args = (args,)
+        args = _as_args(args)
         if kwargs:
             args = args + (kwargs,)
         if type(cls) is not GlobalRef:
@@ -114,49 +132,54 @@ class _ObjectOps:
     def rebuild(self, full: str, args: tuple) -> Optional[TensorMeta]:
         """TensorMeta for a recognised torch rebuild call with well-formed args, else None."""
         if full in (_R_TENSOR_V2, _R_TENSOR, _R_TENSOR_V3, _R_QTENSOR):
-            if len(args) < 4:
-                return None
-            storage, offset, size, stride = args[0], args[1], _int_tuple(args[2]), _int_tuple(args[3])
-            if type(storage) is not StorageRef or type(offset) is not int or size is None or stride is None:
-                return None
-            dtype = storage.dtype
-            rg = False
-            if full == _R_TENSOR_V2 and len(args) >= 5:
-                rg = args[4] is True
-            elif full == _R_TENSOR_V3 and len(args) >= 7:
-                rg = args[4] is True
-                dt = args[6]
-                if type(dt) is GlobalRef and dt.module == "torch":
-                    dtype = _DTYPE_ALIASES.get(dt.name, dt.name)
-            elif full == _R_QTENSOR and len(args) >= 6:
-                rg = args[5] is True
-            t = TensorMeta(storage, offset, size, stride, dtype, rg, False)
-            self.tensors_built.append(t)
-            return t
+            return self._rebuild_tensor(full, args)
         if full in (_R_PARAM, _R_PARAM_STATE):
-            if not args or type(args[0]) is not TensorMeta:
-                return None
-            t = args[0]
-            t.requires_grad = args[1] if len(args) > 1 and type(args[1]) is bool else True
-            t.is_parameter = True
-            return t
+            return _as_parameter(args)
         if full == _R_FROM_TYPE:
-            if len(args) < 3 or type(args[0]) is not GlobalRef:
-                return None
-            inner = "%s.%s" % normalize_global(args[0].module, args[0].name)
-            if inner not in _TENSOR_REBUILDS or inner == _R_FROM_TYPE:
-                return None
-            inner_args = args[2] if type(args[2]) is tuple else tuple(args[2]) if type(args[2]) is list else None
-            if inner_args is None:
-                return None
-            t = self.rebuild(inner, inner_args)
-            if t is None:
-                return None
-            nt = args[1]
-            if type(nt) is GlobalRef and "%s.%s" % normalize_global(nt.module, nt.name) in _PARAMETER_CLASSES:
-                t.is_parameter = True
-            return t
+            return self._rebuild_from_type(args)
         return None
+
+    def _rebuild_tensor(self, full: str, args: tuple) -> Optional[TensorMeta]:
+        """``_rebuild_tensor[_v2|_v3]`` / ``_rebuild_qtensor``: ``(storage, offset, size, stride, …)``, with
+        ``requires_grad`` and (v3) the dtype at the positions torch/_utils.py gives them."""
+        if len(args) < 4:
+            return None
+        storage, offset, size, stride = args[0], args[1], _int_tuple(args[2]), _int_tuple(args[3])
+        if type(storage) is not StorageRef or type(offset) is not int or size is None or stride is None:
+            return None
+        dtype = storage.dtype
+        rg = False
+        if full == _R_TENSOR_V2 and len(args) >= 5:
+            rg = args[4] is True
+        elif full == _R_TENSOR_V3 and len(args) >= 7:
+            rg = args[4] is True
+            dt = args[6]
+            if type(dt) is GlobalRef and dt.module == "torch":
+                dtype = _DTYPE_ALIASES.get(dt.name, dt.name)
+        elif full == _R_QTENSOR and len(args) >= 6:
+            rg = args[5] is True
+        t = TensorMeta(storage, offset, size, stride, dtype, rg, False)
+        self.tensors_built.append(t)
+        return t
+
+    def _rebuild_from_type(self, args: tuple) -> Optional[TensorMeta]:
+        """``_rebuild_from_type_v2(func, new_type, args, state)``: the inner rebuild's tensor, a parameter when
+        ``new_type`` is a parameter class."""
+        if len(args) < 3 or type(args[0]) is not GlobalRef:
+            return None
+        inner = "%s.%s" % normalize_global(args[0].module, args[0].name)
+        if inner not in _TENSOR_REBUILDS or inner == _R_FROM_TYPE:
+            return None
+        inner_args = args[2] if type(args[2]) is tuple else tuple(args[2]) if type(args[2]) is list else None
+        if inner_args is None:
+            return None
+        t = self.rebuild(inner, inner_args)
+        if t is None:
+            return None
+        nt = args[1]
+        if type(nt) is GlobalRef and "%s.%s" % normalize_global(nt.module, nt.name) in _PARAMETER_CLASSES:
+            t.is_parameter = True
+        return t
 
     # -- container mutation
     def setitems(self, target: Any, items: Any, pos: int, opname: str) -> None:

@@ -53,6 +53,10 @@ def short_repr(obj: Any, limit: int = 60) -> str:
     return r if len(r) <= limit else r[: limit - 3] + "..."
 
 
+#: Key types hashed by value without recursion (``Instance`` is hashed by identity: eq=False).
+_FLAT_KEY_TYPES = frozenset({str, int, float, bool, bytes, type(None), GlobalRef, complex})
+
+
 def _safe_key(k: Any) -> Any:
     """``k`` if it is safely hashable, else a repr-string stand-in.
 
@@ -60,29 +64,30 @@ def _safe_key(k: Any) -> Any:
     cannot recurse through a hostile million-level nesting.
     """
     t = type(k)
-    if t is str or t is int or t is float or t is bool or t is bytes or k is None or t is GlobalRef:
+    if t in _FLAT_KEY_TYPES or t is Instance:  # an Instance: a dataclass key such as DCP's MetadataIndex
         return k
-    if t is Instance:  # hashed by identity (eq=False): a dataclass key such as DCP's MetadataIndex
-        return k
-    if t is tuple or t is frozenset:
-        todo = [(k, 0)]
-        max_nodes = budgets._MAX_KEY_NODES
-        seen = 0
-        while todo:
-            x, d = todo.pop()
-            seen += 1
-            if d > 32 or seen > max_nodes:
-                return "<key " + short_repr(k) + ">"
-            tx = type(x)
-            if tx is tuple or tx is frozenset:
-                todo.extend((y, d + 1) for y in x)
-            elif not (tx is str or tx is int or tx is float or tx is bool or tx is bytes
-                      or x is None or tx is GlobalRef or tx is complex):
-                return "<key " + short_repr(k) + ">"
-        return k
-    if t is complex:
+    if (t is tuple or t is frozenset) and _shallow_key(k):
         return k
     return "<key " + short_repr(k) + ">"
+
+
+def _shallow_key(k: Any) -> bool:
+    """A tuple or frozenset key nested at most 32 deep, of at most ``budgets._MAX_KEY_NODES`` parts, all of
+    :data:`_FLAT_KEY_TYPES` or themselves tuples or frozensets."""
+    todo = [(k, 0)]
+    max_nodes = budgets._MAX_KEY_NODES
+    seen = 0
+    while todo:
+        x, d = todo.pop()
+        seen += 1
+        if d > 32 or seen > max_nodes:
+            return False
+        tx = type(x)
+        if tx is tuple or tx is frozenset:
+            todo.extend((y, d + 1) for y in x)
+        elif tx not in _FLAT_KEY_TYPES:
+            return False
+    return True
 
 
 def _int_tuple(x: Any) -> Optional[Tuple[int, ...]]:

@@ -10,41 +10,58 @@ from .reader import _MISSING, _safe_key
 
 def _literal_call(full: str, args: tuple) -> Any:
     """Value of a harmless builtin called with literal arguments, else _MISSING."""
+    make = _LITERAL_CALLS.get(full)
+    if make is None:
+        return _MISSING
     try:
-        if full == "_codecs.encode":
-            if len(args) == 2 and type(args[0]) is str and type(args[1]) is str \
-                    and args[1].lower() in _LITERAL_ENCODINGS:
-                return args[0].encode(args[1])
-            if len(args) == 1 and type(args[0]) is str:
-                return args[0].encode("utf-8")
-            return _MISSING
-        if full in ("builtins.set", "builtins.frozenset"):
-            if not args:
-                return set() if full == "builtins.set" else frozenset()
-            if len(args) == 1 and type(args[0]) in (list, tuple, set, frozenset):
-                vals = [_safe_key(x) for x in args[0]]
-                return set(vals) if full == "builtins.set" else frozenset(vals)
-            return _MISSING
-        if full == "builtins.bytearray":
-            if not args:
-                return bytearray()
-            if len(args) == 1 and type(args[0]) in (bytes, bytearray):
-                return bytearray(args[0])
-            if len(args) == 2 and type(args[0]) is str and type(args[1]) is str \
-                    and args[1].lower() in _LITERAL_ENCODINGS:
-                return bytearray(args[0], args[1])
-            return _MISSING
-        if full == "builtins.complex":
-            if 1 <= len(args) <= 2 and all(type(a) in (int, float) for a in args):
-                return complex(*args)
-            return _MISSING
-        if full == "builtins.slice":
-            if 1 <= len(args) <= 3 and all(a is None or type(a) is int for a in args):
-                return slice(*args)
-            return _MISSING
+        return make(full, args)
     except (ValueError, TypeError, OverflowError, UnicodeError):
         return _MISSING
+
+
+def _named_encoding(args: tuple) -> bool:
+    """``(str, encoding)`` with an encoding of :data:`_LITERAL_ENCODINGS`."""
+    return len(args) == 2 and type(args[0]) is str and type(args[1]) is str and args[1].lower() in _LITERAL_ENCODINGS
+
+
+def _encode(full: str, args: tuple) -> Any:
+    if _named_encoding(args):
+        return args[0].encode(args[1])
+    if len(args) == 1 and type(args[0]) is str:
+        return args[0].encode("utf-8")
     return _MISSING
+
+
+def _set(full: str, args: tuple) -> Any:
+    kind = set if full == "builtins.set" else frozenset
+    if not args:
+        return kind()
+    if len(args) == 1 and type(args[0]) in (list, tuple, set, frozenset):
+        return kind([_safe_key(x) for x in args[0]])
+    return _MISSING
+
+
+def _bytearray(full: str, args: tuple) -> Any:
+    if not args:
+        return bytearray()
+    if len(args) == 1 and type(args[0]) in (bytes, bytearray):
+        return bytearray(args[0])
+    if _named_encoding(args):
+        return bytearray(args[0], args[1])
+    return _MISSING
+
+
+def _complex(full: str, args: tuple) -> Any:
+    return complex(*args) if 1 <= len(args) <= 2 and all(type(a) in (int, float) for a in args) else _MISSING
+
+
+def _slice(full: str, args: tuple) -> Any:
+    return slice(*args) if 1 <= len(args) <= 3 and all(a is None or type(a) is int for a in args) else _MISSING
+
+
+#: The builtins whose call on literal arguments the walk evaluates (their value is data, never code).
+_LITERAL_CALLS = {"_codecs.encode": _encode, "builtins.set": _set, "builtins.frozenset": _set,
+                  "builtins.bytearray": _bytearray, "builtins.complex": _complex, "builtins.slice": _slice}
 
 
 def _salvage(stack: List[Any], metastack: List[List[Any]], st: Any) -> Any:
@@ -104,19 +121,7 @@ def _tensor_paths(root: Any, built: List[TensorMeta], max_nodes: int = 5_000_000
         elif t is list or t is tuple:
             kids = [(v, pre + str(i), d) for i, v in enumerate(obj) if type(v) in branch]
         else:  # Instance / Call
-            kids = [(a, f"{pre}<arg{i}>", d) for i, a in enumerate(obj.args) if type(a) in branch]
-            s = obj.state
-            if type(s) is tuple and len(s) == 2 and isinstance(s[0], dict):
-                s = s[0]
-            if isinstance(s, dict):
-                kids.extend((v, pre + str(k), d) for k, v in s.items() if type(v) in branch)
-            elif type(s) in branch:
-                kids.append((s, pre + "<state>", d))
-            it = obj.items
-            if isinstance(it, dict):
-                kids.extend((v, pre + str(k), d) for k, v in it.items() if type(v) in branch)
-            elif isinstance(it, list):
-                kids.extend((v, pre + str(i), d) for i, v in enumerate(it) if type(v) in branch)
+            kids = _object_kids(obj, pre, d)
         kids.reverse()
         todo.extend(kids)
     n = 0
@@ -125,6 +130,26 @@ def _tensor_paths(root: Any, built: List[TensorMeta], max_nodes: int = 5_000_000
             out.append((f"<unreached>.{n}", t))
             n += 1
     return out
+
+
+def _object_kids(obj: Any, pre: str, d: int) -> List[Tuple[Any, str, int]]:
+    """The children of an :class:`Instance` or :class:`Call` that may hold tensors, as ``(child, path,
+    depth)``: its arguments, its state (a dict, or the first of a ``(dict, slots)`` pair) and its items."""
+    branch = _BRANCH
+    kids = [(a, f"{pre}<arg{i}>", d) for i, a in enumerate(obj.args) if type(a) in branch]
+    s = obj.state
+    if type(s) is tuple and len(s) == 2 and isinstance(s[0], dict):
+        s = s[0]
+    if isinstance(s, dict):
+        kids.extend((v, pre + str(k), d) for k, v in s.items() if type(v) in branch)
+    elif type(s) in branch:
+        kids.append((s, pre + "<state>", d))
+    it = obj.items
+    if isinstance(it, dict):
+        kids.extend((v, pre + str(k), d) for k, v in it.items() if type(v) in branch)
+    elif isinstance(it, list):
+        kids.extend((v, pre + str(i), d) for i, v in enumerate(it) if type(v) in branch)
+    return kids
 
 
 # types _tensor_paths descends into (everything else is a leaf without tensors)
