@@ -56,39 +56,51 @@ def diff_unit(unit: dict, scan_row: dict, cfg: dict, torch_version: Optional[str
     if not roles.weights_intact(scan_row) or not scan_row.get("security_ok"):
         return []
     c, tree, facts = C.of_scan_row(scan_row)
-    rows: List[dict] = []
     exp = cfg.get("expected_model_args") or {}
-    if exp and c.model_args:
-        breaking = []
-        for key in sorted(exp):
-            if key not in c.model_args:
-                continue
-            saved, want = c.model_args[key], exp[key]
-            if saved == want:
-                continue
-            klass = classify(key)
-            fl = []
-            if klass == "breaking":
-                breaking.append(f"{key}: saved {saved!r}, expected {want!r}")
-            elif klass == "risky":
-                fl.append(F.make("config_value_differs", path=p, key=key, saved=saved, target=want, klass=klass))
-            rows.append({"unit": p, "source": c.model_args_source, "key": key, "saved": _fmt(saved),
-                         "target": _fmt(want), "klass": klass, "findings_json": json.dumps([f.to_dict() for f in fl])})
-        if breaking:
-            f = F.make("model_args_mismatch", path=p, examples="; ".join(breaking))
-            for r in rows:
-                if r["klass"] == "breaking":
-                    r["findings_json"] = json.dumps([f.to_dict()])
-                    break
+    rows = _model_arg_rows(p, c, exp) if exp and c.model_args else []
     target_torch = (cfg.get("target") or {}).get("torch_version") or torch_version or installed_version("torch")
-    saved_torch = c.versions.get("torch")
+    rows.extend(_version_rows(p, c.versions, target_torch))
+    return rows
+
+
+def _model_arg_rows(p: str, c, exp: dict) -> List[dict]:
+    """A row per model argument whose saved value differs from ``expected_model_args``; the first breaking one
+    carries ``model_args_mismatch`` (naming every breaking difference), a risky one ``config_value_differs``."""
+    rows: List[dict] = []
+    breaking = []
+    for key in sorted(exp):
+        if key not in c.model_args:
+            continue
+        saved, want = c.model_args[key], exp[key]
+        if saved == want:
+            continue
+        klass = classify(key)
+        fl = []
+        if klass == "breaking":
+            breaking.append(f"{key}: saved {saved!r}, expected {want!r}")
+        elif klass == "risky":
+            fl.append(F.make("config_value_differs", path=p, key=key, saved=saved, target=want, klass=klass))
+        rows.append({"unit": p, "source": c.model_args_source, "key": key, "saved": _fmt(saved),
+                     "target": _fmt(want), "klass": klass, "findings_json": json.dumps([f.to_dict() for f in fl])})
+    if breaking:
+        f = F.make("model_args_mismatch", path=p, examples="; ".join(breaking))
+        first = next(r for r in rows if r["klass"] == "breaking")
+        first["findings_json"] = json.dumps([f.to_dict()])
+    return rows
+
+
+def _version_rows(p: str, versions: dict, target_torch: Optional[str]) -> List[dict]:
+    """A row for the torch version the unit was saved with against ``target_torch`` (``torch_version_differs``
+    when the release differs), and one per other library against the version installed here."""
+    rows: List[dict] = []
+    saved_torch = versions.get("torch")
     if saved_torch and target_torch:
         same = saved_torch.split("+")[0] == target_torch.split("+")[0]
         fl = [] if same else [F.make("torch_version_differs", path=p, saved=saved_torch, target=target_torch)]
         rows.append({"unit": p, "source": "versions", "key": "torch_version", "saved": saved_torch,
                      "target": target_torch, "klass": "harmless" if same else "risky",
                      "findings_json": json.dumps([f.to_dict() for f in fl])})
-    for lib, v in sorted(c.versions.items()):
+    for lib, v in sorted(versions.items()):
         if lib == "torch":
             continue
         here = installed_version(producers.VERSION_DISTS.get(lib, lib))

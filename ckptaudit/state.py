@@ -183,24 +183,30 @@ def _completeness(p: str, c: C.Components, step: Optional[int], name_step: Optio
         return [missing_weights(p, ", ".join(repr(k) for k in c.top_keys[:12]) or "none")]
     if c.weights_only_format or not training_state:
         return [F.make("weights_only_checkpoint", path=p)]
-    out: List[F.Finding] = []
-    needs = c.optimizer_needs
-    if c.optimizer is None:
-        out.append(F.make("missing_optimizer_state", path=p))
-    elif not c.optimizer_nonempty and needs is not None and needs.needs_state and (step is None or step > 0):
-        out.append(F.make("empty_optimizer_state", path=p, step=step if step is not None else "unknown",
-                          optimizer=needs.name))
-    elif c.optimizer_nonempty and not c.optimizer_partitioned:
-        want = sum(C.group_size(g) or 0 for g in c.optimizer.get("param_groups", []))
-        have = C.n_entries(c.optimizer.get("state") or {})  # the scan tree keeps 4,096 entries of a dict
-        if want and have < want and (needs is None or needs.needs_state is not False):
-            out.append(F.make("optimizer_state_incomplete", path=p, have=have, want=want))
+    out: List[F.Finding] = _optimizer_completeness(p, c, step)
     # a scheduler or RNG state the unit lacks is judged against the run (run_findings.missing_components):
     # a component the run never had is not missing
     if step is None:
         out.append(F.make("missing_step", path=p, name_step=name_step, repair_code="",
                           name_text=f" (the name says step {name_step})" if name_step is not None else ""))
     return out
+
+
+def _optimizer_completeness(p: str, c: C.Components, step: Optional[int]) -> List[F.Finding]:
+    """The optimizer state missing, empty at a step after 0 where the optimizer keeps state, or holding state
+    for fewer parameters than its param groups list (an unpartitioned state only)."""
+    needs = c.optimizer_needs
+    if c.optimizer is None:
+        return [F.make("missing_optimizer_state", path=p)]
+    if not c.optimizer_nonempty and needs is not None and needs.needs_state and (step is None or step > 0):
+        return [F.make("empty_optimizer_state", path=p, step=step if step is not None else "unknown",
+                       optimizer=needs.name)]
+    if c.optimizer_nonempty and not c.optimizer_partitioned:
+        want = sum(C.group_size(g) or 0 for g in c.optimizer.get("param_groups", []))
+        have = C.n_entries(c.optimizer.get("state") or {})  # the scan tree keeps 4,096 entries of a dict
+        if want and have < want and (needs is None or needs.needs_state is not False):
+            return [F.make("optimizer_state_incomplete", path=p, have=have, want=want)]
+    return []
 
 
 def _value_findings(p: str, c: C.Components, tensors: Iterable[dict], run_dir: Path, scfg: dict,

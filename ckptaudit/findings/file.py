@@ -228,7 +228,7 @@ ENTRIES: List[_k] = [
     _k("megatron_rank_missing", "file", "error", "none",
        "{path}: model-parallel rank folders {missing} are missing (found {found}).",
        "A rank did not finish its save; roll back to the previous complete iteration.",
-       stage="scan", detector="ckptaudit.layouts.megatron:Megatron.scan"),
+       stage="scan", detector="ckptaudit.layouts.megatron:_missing_ranks"),
     _k("unit_in_progress", "file", "error", "none",
        "{path} is an in-progress save ({why}): it was never published.",
        "Never resume from it; it can be deleted once no training job is writing to it.",

@@ -30,17 +30,17 @@ ENTRIES: List[_k] = [
        "{path} has model weights but no optimizer state: resuming re-initialises the AdamW moments (expect a loss "
        "spike); fine for a warm start, not a faithful resume point.",
        "Roll back to a checkpoint with optimizer state to resume; otherwise warm-start from this one.",
-       stage="state", detector="ckptaudit.state:_completeness"),
+       stage="state", detector="ckptaudit.state:_optimizer_completeness"),
     _k("empty_optimizer_state", "state", "error", "warm-start",
        "{path}: the optimizer entry ({optimizer}, which keeps per-parameter state) is present but that state is "
        "empty while the step is {step}: it was saved from a fresh optimizer.",
        "Roll back to a checkpoint with optimizer moments to resume; otherwise warm-start from this one.",
-       stage="state", detector="ckptaudit.state:_completeness"),
+       stage="state", detector="ckptaudit.state:_optimizer_completeness"),
     _k("optimizer_state_incomplete", "state", "warning", "resume",
        "{path}: optimizer state covers {have} of {want} parameters; the others (frozen, or never given a "
        "gradient) restart with fresh moments.",
        "Check that the missing parameters are the frozen or unused ones; otherwise roll back further.",
-       stage="state", detector="ckptaudit.state:_completeness"),
+       stage="state", detector="ckptaudit.state:_optimizer_completeness"),
     _k("missing_scheduler_state", "state", "warning", "resume",
        "{path} has no LR-scheduler state, though the run had a scheduler ({evidence}): a plain resume rebuilds "
        "the schedule from step 0 and re-warms the learning rate.",
