@@ -24,8 +24,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from . import optimizers, producers
 from . import recognise as R
-from .tree_values import (TRUNCATED, group_size, is_cut, is_tensor, n_entries, scalar, state_of,  # noqa: F401 - re-exported
-                          tensor_map)
+from .tree_values import (TRUNCATED, group_size, is_cut, is_tensor, lookup, n_entries, scalar,  # noqa: F401 - re-exported
+                          state_of, tensor_map)
 
 STEP_KEYS = ["global_step", "iter_num", "step", "iteration", "global_steps", "num_updates", "steps", "train_step",
              "total_steps", "curr_step"]
@@ -170,22 +170,12 @@ def collect(layout: str, tree: Dict[str, Any], facts: Dict[str, Any]) -> Compone
 
 # ------------------------------------------------------------------ weights
 def _weights(c: Components, found: R.Found, contract, weights_files=()) -> None:
-    """The model weights among the candidates: by the producer's paths, else in the files the unit's
-    manifest declares as weights, else the largest plain (non-EMA) group found by structure."""
+    """The model weights among the candidates (:func:`_chosen_weights`), into ``c``; another candidate with
+    the weights' keys and shapes, or an EMA name, marks the unit as holding an EMA."""
     cands = found.of("weights")
     if not cands:
         return
-    want = (contract.keys.get("weights") if contract else None) or ()
-    chosen = [n for n in cands if n.path in want] if want else []
-    if not chosen and weights_files:
-        chosen = [n for n in cands if n.file in weights_files and not EMA_RE.search(n.key or "")]
-    if not chosen:
-        plain = [n for n in cands if not EMA_RE.search(n.key or "")]
-        pool = plain or cands
-        groups: Dict[Any, List[R.Node]] = {}
-        for n in pool:
-            groups.setdefault(_group_key(n), []).append(n)
-        chosen = max(groups.values(), key=lambda g: (sum(_numel(n.node) for n in g), -len(g[0].path)))
+    chosen = _chosen_weights(cands, contract, weights_files)
     c.weights = {}
     for n in chosen:
         c.weights.update(tensor_map(n.node))
@@ -200,6 +190,22 @@ def _weights(c: Components, found: R.Found, contract, weights_files=()) -> None:
         other = tensor_map(n.node)
         if EMA_RE.search(n.key or "") or (set(other) == keys and {k: v.get("shape") for k, v in other.items()} == shapes):
             c.ema = True
+
+
+def _chosen_weights(cands: List[R.Node], contract, weights_files) -> List[R.Node]:
+    """The weights: by the producer's paths, else in the files the unit's manifest declares as weights, else
+    the largest plain (non-EMA) group found by structure."""
+    want = (contract.keys.get("weights") if contract else None) or ()
+    chosen = [n for n in cands if n.path in want] if want else []
+    if not chosen and weights_files:
+        chosen = [n for n in cands if n.file in weights_files and not EMA_RE.search(n.key or "")]
+    if chosen:
+        return chosen
+    pool = [n for n in cands if not EMA_RE.search(n.key or "")] or cands
+    groups: Dict[Any, List[R.Node]] = {}
+    for n in pool:
+        groups.setdefault(_group_key(n), []).append(n)
+    return max(groups.values(), key=lambda g: (sum(_numel(n.node) for n in g), -len(g[0].path)))
 
 
 def _group_key(n: R.Node):
@@ -266,23 +272,6 @@ def merge_optimizer(c: Components, opt: dict, source: str) -> None:
 
 
 # ------------------------------------------------------------------ scalars
-def lookup(tree: Dict[str, Any], spec: str) -> Tuple[Optional[Any], str]:
-    """The value at ``"file pattern:dotted.path"`` in a unit's tree, and where it was found."""
-    pat, _, dotted = spec.partition(":")
-    for fkey, sub in tree.items():
-        base = fkey.rsplit("/", 1)[-1]
-        if pat != "*" and not fnmatch.fnmatch(base, pat):
-            continue
-        node = sub
-        for part in dotted.split("."):
-            node = dict(R.children(node)).get(part) if isinstance(node, (dict, list)) else None
-            if node is None:
-                break
-        if node is not None:
-            return node, f"{fkey}:{dotted}"
-    return None, ""
-
-
 def _inside(found: R.Found, fkey: str, path: str) -> bool:
     """True when ``path`` lies inside a recognised component (its internals are not run counters)."""
     return any(n.file == fkey and n.kind != "zero" and (not n.path or path == n.path or path.startswith(n.path + "."))

@@ -7,8 +7,9 @@ pickle are ``{"__class__": ..., "state": ...}``.
 
 from __future__ import annotations
 
+import fnmatch
 import math
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 from . import recognise as R
 
@@ -90,3 +91,20 @@ def scalar(x: Any) -> Optional[float]:
         except OverflowError:  # an int too large for a float
             return None
     return None
+
+
+def lookup(tree: Dict[str, Any], spec: str) -> Tuple[Optional[Any], str]:
+    """The value at ``"file pattern:dotted.path"`` in a unit's tree, and where it was found."""
+    pat, _, dotted = spec.partition(":")
+    for fkey, sub in tree.items():
+        base = fkey.rsplit("/", 1)[-1]
+        if pat != "*" and not fnmatch.fnmatch(base, pat):
+            continue
+        node = sub
+        for part in dotted.split("."):
+            node = dict(R.children(node)).get(part) if isinstance(node, (dict, list)) else None
+            if node is None:
+                break
+        if node is not None:
+            return node, f"{fkey}:{dotted}"
+    return None, ""
