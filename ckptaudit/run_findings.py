@@ -255,17 +255,7 @@ def missing_components(units: List[dict], state_rows: Dict[str, dict],
         for comp, lacks in (("scheduler", c.scheduler is None), ("rng", not c.rng)):
             if not lacks or comp in c.never_saves:
                 continue
-            evidence = []
-            if comp == "scheduler" and c.scheduled_by_torch:
-                evidence.append("its optimizer's param groups carry initial_lr, which a torch LR scheduler sets")
-            if comp in c.always_saves and c.producer:
-                evidence.append(f"{c.producer} saves it in every checkpoint")
-            elif (marker := _always_holds(u, comp)):
-                evidence.append(marker)
-            if have[comp]:
-                shown = ", ".join(sorted(have[comp])[:3]) + (f" and {len(have[comp]) - 3} more"
-                                                             if len(have[comp]) > 3 else "")
-                evidence.append(f"{len(have[comp])} other unit(s) of the run have it ({shown})")
+            evidence = _component_evidence(comp, u, c, have[comp])
             if not evidence:
                 continue
             if comp == "rng":
@@ -281,6 +271,22 @@ def missing_components(units: List[dict], state_rows: Dict[str, dict],
                              "; the audit cannot tell which schedule it was or how often it stepped, so rebuild it "
                              "from the training code and set its position from the training log"))))
     return out
+
+
+def _component_evidence(comp: str, u: dict, c, others: List[str]) -> List[str]:
+    """Why the run had component ``comp`` ("scheduler" or "rng") that unit ``u`` lacks (``c``: its
+    components; ``others``: the units that hold it), in plain words; empty when nothing shows it."""
+    evidence = []
+    if comp == "scheduler" and c.scheduled_by_torch:
+        evidence.append("its optimizer's param groups carry initial_lr, which a torch LR scheduler sets")
+    if comp in c.always_saves and c.producer:
+        evidence.append(f"{c.producer} saves it in every checkpoint")
+    elif (marker := _always_holds(u, comp)):
+        evidence.append(marker)
+    if others:
+        shown = ", ".join(sorted(others)[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        evidence.append(f"{len(others)} other unit(s) of the run have it ({shown})")
+    return evidence
 
 
 def _fast_forward(c, step: Optional[int], state_rows: Dict[str, dict], with_scheduler: List[str]) -> str:

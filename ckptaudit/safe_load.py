@@ -156,6 +156,22 @@ def _step_of(state: Any, default: Optional[int]) -> Optional[int]:
     return default
 
 
+def _reader_config(audit_config: Optional[dict], allow_globals: Sequence[str]) -> dict:
+    """The caller's audit config with ``allow_globals`` added to ``security.allow_globals``."""
+    cfg = dict(audit_config or {})
+    sec = cfg.get("security") or {}
+    cfg["security"] = {**sec, "allow_globals": sorted({*(sec.get("allow_globals") or []), *allow_globals})}
+    return cfg
+
+
+def _add_damaged_entries(v: dict, reasons: Dict[str, str]) -> None:
+    """A resume entry of the verdict that is damaged (Lightning's last.ckpt: what ``ckpt_path="last"`` would
+    load) among the units passed over, with its finding as the reason."""
+    for e in v.get("resume_entries") or []:
+        if not e.get("ok") and e.get("finding") and e["unit"] not in reasons:
+            reasons[e["unit"]] = f"resume_entry_damaged: {e['finding']['message']} {e['finding']['next_step']}"
+
+
 def safe_load_checkpoint(ckpt_dir: str | Path, *, map_location: Any = "cpu",
                          allow_globals: Sequence[str] = (), load: bool = True,
                          logger: Optional[logging.Logger] = None,
@@ -200,10 +216,7 @@ def safe_load_checkpoint(ckpt_dir: str | Path, *, map_location: Any = "cpu",
     root = Path(ckpt_dir)
     if not root.is_dir():
         raise FileNotFoundError(f"{ckpt_dir}: no such checkpoint folder")
-    cfg = dict(audit_config or {})
-    cfg["security"] = {**(cfg.get("security") or {}),
-                       "allow_globals": sorted({*((cfg.get("security") or {}).get("allow_globals") or []),
-                                                *allow_globals})}
+    cfg = _reader_config(audit_config, allow_globals)
     from .reader_load import ReaderLoads
 
     loads = ReaderLoads(map_location) if load else None  # the load test of the examined units is the final load
@@ -214,9 +227,7 @@ def safe_load_checkpoint(ckpt_dir: str | Path, *, map_location: Any = "cpu",
     lg.debug("safe_load_checkpoint: examined %s byte by byte; %d bytes read", shown(", ".join(examined) or "no unit"), read)
     inv_units = {u["unit"]: u for u in inv["units"]}
     rollback, reasons = choose(v, inv_units, rows["state"])
-    for e in v.get("resume_entries") or []:  # Lightning's last.ckpt: what ckpt_path="last" would load
-        if not e.get("ok") and e.get("finding") and e["unit"] not in reasons:
-            reasons[e["unit"]] = f"resume_entry_damaged: {e['finding']['message']} {e['finding']['next_step']}"
+    _add_damaged_entries(v, reasons)
     for unit, why in reasons.items():
         lg.warning("safe_load_checkpoint: skipping %s: %s", shown(unit), shown(why))
     if rollback is None:
@@ -229,14 +240,13 @@ def safe_load_checkpoint(ckpt_dir: str | Path, *, map_location: Any = "cpu",
         raise NoUsableCheckpointError(str(ckpt_dir), reasons)
     path = root / (ud["files"][0] if ud["kind"] == "file" else ud["unit"])
     state, not_loaded = None, {}
-    if load:
+    if loads is not None:
         benign = list((rows["scan"].get(ud["unit"]) or {}).get("benign_globals") or []) + list(allow_globals)
         try:
-            state, not_loaded = _load_unit(root, ud, map_location, benign, loads.kept if loads else None)
+            state, not_loaded = _load_unit(root, ud, map_location, benign, loads.kept)
         except Exception as e:  # noqa: BLE001 - the audit's choice failed here: say so, never guess another
             reasons[ud["unit"]] = f"load_failed: {explain(str(e))} ({type(e).__name__})"
             raise NoUsableCheckpointError(str(ckpt_dir), reasons) from e
-    if loads is not None:
         loads.drop()
     step = _step_of(state, rollback.get("step") if rollback.get("step") is not None else ud.get("step_from_name"))
     if reasons:

@@ -221,26 +221,8 @@ def _key(u: dict):
 def decide(run_dir: str, units_out: List[dict], pointers: List[dict], entries: List[dict] = ()) -> dict:
     ordered = sorted(units_out, key=_key)
     newest = ordered[-1] if ordered else None
-    newest_step = max((_order(u) for u in ordered if _order(u) >= 0), default=None)
-    resume = [u for u in ordered if u["usable_for"] == "resume"]
-    warm = [u for u in ordered if u["usable_for"] == "warm-start"]
-
-    content = [u["step"] for u in ordered if u["step"] is not None]
-
-    def lost(u):
-        if u["step"] is not None and content and (u.get("name_is_save_index") or u.get("name_step") is None):
-            return max(content) - u["step"]  # steps recorded in the units themselves
-        if newest_step is None or _order(u) < 0:
-            return None
-        return newest_step - _order(u)
-
-    rollback, rec = None, "retrain"
-    alternatives = []
-    if resume:
-        rollback, rec = resume[-1], "resume"
-        alternatives = [u for u in warm if _key(u) > _key(rollback)]
-    elif warm:
-        rollback, rec = warm[-1], "warm-start"
+    lost = _steps_lost(ordered)
+    rollback, rec, alternatives = _rollback_of(ordered)
     reasons = _reasons(ordered, rollback, rec, alternatives, lost, pointers)
     for e in entries:
         if not e["ok"] and e.get("finding"):
@@ -266,6 +248,35 @@ def decide(run_dir: str, units_out: List[dict], pointers: List[dict], entries: L
     return doc
 
 
+def _steps_lost(ordered: List[dict]):
+    """``lost(unit)``: the steps between ``unit`` and the newest unit of the run (units in save order), from
+    the steps recorded in the units when the name is a save index or has no step, else from the names'
+    order; None when unknown."""
+    newest_step = max((_order(u) for u in ordered if _order(u) >= 0), default=None)
+    content = [u["step"] for u in ordered if u["step"] is not None]
+
+    def lost(u):
+        if u["step"] is not None and content and (u.get("name_is_save_index") or u.get("name_step") is None):
+            return max(content) - u["step"]  # steps recorded in the units themselves
+        if newest_step is None or _order(u) < 0:
+            return None
+        return newest_step - _order(u)
+
+    return lost
+
+
+def _rollback_of(ordered: List[dict]) -> tuple:
+    """``(rollback unit, recommendation, alternatives)``: the newest unit usable for resume (with the newer
+    warm-start units as alternatives), else the newest usable for a warm start, else retrain."""
+    resume = [u for u in ordered if u["usable_for"] == "resume"]
+    warm = [u for u in ordered if u["usable_for"] == "warm-start"]
+    if resume:
+        return resume[-1], "resume", [u for u in warm if _key(u) > _key(resume[-1])]
+    if warm:
+        return warm[-1], "warm-start", []
+    return None, "retrain", []
+
+
 def _first_error(u: dict) -> Optional[dict]:
     errs = [f for f in u["findings"] if f["severity"] == "error"]
     order = {"security": 0, "file": 1, "structure": 2, "state": 3}
@@ -273,40 +284,49 @@ def _first_error(u: dict) -> Optional[dict]:
 
 
 def _reasons(ordered, rollback, rec, alternatives, lost, pointers) -> List[str]:
-    r: List[str] = []
+    """The verdict's reasons, in plain words: what to do first, then why each newer unit is passed over, where
+    non-finite weights begin, the repairs the rollback point needs, the alternatives, and pointer problems."""
     if not ordered:
         return ["No checkpoint unit was found in the run folder."]
     newer = [u for u in ordered if rollback is None or _key(u) > _key(rollback)]
-    for u in reversed(newer):
-        e = _first_error(u)
-        if e:
-            r.append(f"{u['unit']} ({step_text(u['step'])}) is not usable for resume: {e['message']} "
-                     f"Next: {e['next_step']}")
-        elif u["usable_for"] != "resume":
-            w = next((f for f in u["findings"] if F.CATALOGUE[f["kind"]].caps != "resume"), None)
-            if w:
-                r.append(f"{u['unit']} ({step_text(u['step'])}) is usable for {u['usable_for']} only: {w['message']}")
+    r = [why for u in reversed(newer) for why in [_passed_over(u)] if why]
     poisoned = [u for u in ordered if any(f["kind"] == "nan_in_weights" for f in u["findings"])]
     if poisoned:
         r.append(f"The first checkpoint with non-finite weights is {poisoned[0]['unit']} ({step_text(poisoned[0]['step'])}); "
                  "every later one inherits the divergence.")
     if rollback:
-        n = lost(rollback)
-        lost_txt = f", losing {n} steps" if n else ""
-        verb = "Resume" if rec == "resume" else "Warm-start (weights only, fresh optimizer)"
-        r.insert(0, f"{verb} from {rollback['unit']} ({step_text(rollback['step'])}){lost_txt}.")
+        r[:0] = [_rollback_line(rollback, rec, lost)]
         repairs = [f["repair"] for f in rollback["findings"] if f.get("repair")]
         if repairs:
             r.append(f"Before using {rollback['unit']}, apply: " + " | ".join(repairs))
-        for a in alternatives:
-            r.append(f"Alternative: warm-start from {a['unit']} ({step_text(a['step'])}) loses "
-                     f"{lost(a) or 0} steps of weights but restarts the optimizer state.")
+        r.extend(f"Alternative: warm-start from {a['unit']} ({step_text(a['step'])}) loses "
+                 f"{lost(a) or 0} steps of weights but restarts the optimizer state." for a in alternatives)
     else:
         r.insert(0, "Retrain: no checkpoint of this run has usable weights.")
-    for p in pointers:
-        if not p["ok"] and p.get("finding"):
-            r.append(p["finding"]["message"] + " " + p["finding"]["next_step"])
+    r.extend(p["finding"]["message"] + " " + p["finding"]["next_step"] for p in pointers
+             if not p["ok"] and p.get("finding"))
     return r
+
+
+def _passed_over(u: dict) -> str:
+    """Why unit ``u``, newer than the rollback point, is not used ("" when no finding says so)."""
+    e = _first_error(u)
+    if e:
+        return (f"{u['unit']} ({step_text(u['step'])}) is not usable for resume: {e['message']} "
+                f"Next: {e['next_step']}")
+    if u["usable_for"] != "resume":
+        w = next((f for f in u["findings"] if F.CATALOGUE[f["kind"]].caps != "resume"), None)
+        if w:
+            return f"{u['unit']} ({step_text(u['step'])}) is usable for {u['usable_for']} only: {w['message']}"
+    return ""
+
+
+def _rollback_line(rollback: dict, rec: str, lost) -> str:
+    """``Resume from …`` or ``Warm-start from …``, with the steps lost."""
+    n = lost(rollback)
+    lost_txt = f", losing {n} steps" if n else ""
+    verb = "Resume" if rec == "resume" else "Warm-start (weights only, fresh optimizer)"
+    return f"{verb} from {rollback['unit']} ({step_text(rollback['step'])}){lost_txt}."
 
 
 def exit_code(verdict: dict) -> int:

@@ -175,7 +175,34 @@ def _check_with_cd(fh: ArchiveFile, display: str, cd: dict, rep: ZipReport, veri
         prefetch_headers(fh, entries, cd_start)
     else:  # local: one entry at a time (a 200,000-member archive holds no list of entries)
         entries, problem = iter_central(fh, cd, problems), None
-    checked = []  # (member, why its local header is damaged, CRC result of _verify_member): the damaged only
+    checked = _check_entries(fh, entries, rep, cd_start, verify_crc, chunk, buf)
+    del entries
+    problem = problem or (problems[0] if problems else None)
+    # overlapping records (a damaged central directory entry pointing into another record)
+    overlap = overlapping_records(rep.members)
+    rep.intact_members = [m.name for m in rep.members if m.header_ok and m.crc_ok is not False]
+    load_data_pkl(fh, rep, MAX_DATA_PKL_BYTES)
+    names = _names(rep, tensor_names)
+
+    out = rep.findings
+    if problem:
+        out.append(cd_corrupted(display, cd["cd_offset"], problem, cd_bytes=cd["cd_size"]))
+    out.extend(_member_findings(display, checked, rep.prefix, names))
+    if overlap:
+        a, b = overlap
+        out.append(cd_corrupted(display, cd["cd_offset"], f"records {a.name!r} and {b.name!r} overlap",
+                                cd_bytes=cd["cd_size"]))
+    f = missing_data_pkl(display, [m.name for m in rep.members], rep.prefix)
+    if f is not None:
+        out.append(f)
+
+
+def _check_entries(fh: ArchiveFile, entries, rep: ZipReport, cd_start: int, verify_crc: bool, chunk: int,
+                   buf: bytearray) -> list:
+    """Each central-directory entry as a :class:`Member` appended to ``rep.members``, its local header and (with
+    ``verify_crc``) its CRC checked; returns ``(member, why its header is damaged, CRC result of
+    :func:`_verify_member`)`` of the damaged records only."""
+    checked = []
     for e in entries:
         if not rep.members:
             rep.prefix = e["name"].split("/", 1)[0] if "/" in e["name"] else ""
@@ -189,17 +216,13 @@ def _check_with_cd(fh: ArchiveFile, display: str, cd: dict, rep: ZipReport, veri
         crc = _verify_member(fh, m, chunk, buf) if verify_crc and m.data_offset >= 0 else None
         if why or crc is not None:
             checked.append((m, why, crc))
-    del entries
-    problem = problem or (problems[0] if problems else None)
-    # overlapping records (a damaged central directory entry pointing into another record)
-    overlap = overlapping_records(rep.members)
-    rep.intact_members = [m.name for m in rep.members if m.header_ok and m.crc_ok is not False]
-    load_data_pkl(fh, rep, MAX_DATA_PKL_BYTES)
-    names = _names(rep, tensor_names)
+    return checked
 
-    out = rep.findings
-    if problem:
-        out.append(cd_corrupted(display, cd["cd_offset"], problem, cd_bytes=cd["cd_size"]))
+
+def _member_findings(display: str, checked: list, prefix: str, names: Mapping[str, Sequence[str]]) -> List:
+    """Findings of the damaged records, in archive order: a damaged local header (the first 20 named), a
+    zeroed span inside a record and its CRC mismatch."""
+    out = []
     n_hdr_findings = 0
     for m, why, crc in checked:
         if why:
@@ -210,14 +233,8 @@ def _check_with_cd(fh: ArchiveFile, display: str, cd: dict, rep: ZipReport, veri
             actual, span = crc
             if span and span[1] >= MIN_ZERO_SPAN_BYTES:
                 out.append(zeros.span(display, span[1], span[0], m.name))
-            out.append(crc_mismatch(display, m.name, hex32(m.crc32), actual, rep.prefix, names))
-    if overlap:
-        a, b = overlap
-        out.append(cd_corrupted(display, cd["cd_offset"], f"records {a.name!r} and {b.name!r} overlap",
-                                cd_bytes=cd["cd_size"]))
-    f = missing_data_pkl(display, [m.name for m in rep.members], rep.prefix)
-    if f is not None:
-        out.append(f)
+            out.append(crc_mismatch(display, m.name, hex32(m.crc32), actual, prefix, names))
+    return out
 
 
 def _verify_member(fh: ArchiveFile, m: Member, chunk: int, buf: bytearray) -> Optional[Tuple[str, Optional[tuple]]]:
@@ -259,18 +276,12 @@ def _storages_from_pkl(data_pkl: Optional[bytes]) -> Optional[Dict[str, int]]:
 
 def _check_without_cd(fh: ArchiveFile, display: str, rep: ZipReport, verify_crc: bool, chunk: int, buf: bytearray,
                       cd_problem: Optional[str], tensor_names: Optional[TensorNames]) -> None:
-    size = fh.size
     st = walk_local(fh, verify_crc, chunk, buf)
     members: List[Member] = st["members"]
     rep.members = members
     first = members[0].name if members else (st["cut_member"] or "")
     rep.prefix = first.split("/", 1)[0] if "/" in first else ""
-    pkl_name = f"{rep.prefix}/data.pkl" if rep.prefix else "data.pkl"
-    pkl = next((m for m in members if m.name == pkl_name), None)
-    if pkl is not None and pkl.crc_ok is not False and pkl.size_bytes <= MAX_DATA_PKL_BYTES:
-        raw = fh.pread(pkl.data_offset, pkl.size_bytes)
-        if len(raw) == pkl.size_bytes and pkl.method == 0:
-            rep.data_pkl = raw
+    rep.data_pkl = _walked_data_pkl(fh, members, rep.prefix)
     rep.intact_members = [m.name for m in members if m.complete and m.crc_ok is not False]
     storages = _storages_from_pkl(rep.data_pkl)
     names = _names(rep, tensor_names)
@@ -279,6 +290,24 @@ def _check_without_cd(fh: ArchiveFile, display: str, rep: ZipReport, verify_crc:
         if m.crc_ok is False:
             out.append(crc_mismatch(display, m.name, hex32(m.crc32), hex32(m.crc_actual), rep.prefix, names))
 
+    _cut_findings(fh, display, rep, st, storages, cd_problem, chunk)
+
+
+def _walked_data_pkl(fh: ArchiveFile, members: List[Member], prefix: str) -> Optional[bytes]:
+    """data.pkl's bytes when the walk found its record whole, stored and within :data:`MAX_DATA_PKL_BYTES`."""
+    pkl_name = f"{prefix}/data.pkl" if prefix else "data.pkl"
+    pkl = next((m for m in members if m.name == pkl_name), None)
+    if pkl is None or pkl.crc_ok is False or pkl.size_bytes > MAX_DATA_PKL_BYTES:
+        return None
+    raw = fh.pread(pkl.data_offset, pkl.size_bytes)
+    return raw if len(raw) == pkl.size_bytes and pkl.method == 0 else None
+
+
+def _cut_findings(fh: ArchiveFile, display: str, rep: ZipReport, st: dict, storages, cd_problem: Optional[str],
+                  chunk: int) -> None:
+    """Where and how the archive without a usable central directory ends (``st``: :func:`walk_local`'s):
+    a damaged end record, a zero-filled tail, or a cut; into ``rep.findings`` and ``rep.cut_offset``."""
+    out, size, members = rep.findings, fh.size, st["members"]
     stop = st["stop"]
     zstart = trailing_zero_start(fh, chunk)
     zlen = size - zstart
