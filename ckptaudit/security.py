@@ -36,15 +36,13 @@ This module imports neither torch nor pickle machinery.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from . import findings, security_resume, security_tricks
 from .findings import Finding
-from .pickle_walk import Call, GlobalRef, Instance, WalkResult, normalize_global, walk, walk_streams
+from .pickle_walk import WalkResult, normalize_global, walk, walk_streams
 from .security_dangers import DANGEROUS_METHODS, DANGEROUS_MODULES, DANGEROUS_NAMES  # noqa: F401 - re-exported
 from .security_tiers import (  # noqa: F401 - re-exported: the tier tables live in security_tiers
-    _NUMPY_DTYPE_CLASS,
-    _NUMPY_DTYPE_PREFIX,
     _NUMPY_DTYPES_SRC,
     _TORCH_BLOCKED_MODULES,
     _WO_SOURCE,
@@ -53,6 +51,7 @@ from .security_tiers import (  # noqa: F401 - re-exported: the tier tables live 
     WEIGHTS_ONLY_GLOBALS,
     _torch_name,
 )
+from .security_usage import judge_usage, numpy_dtype_classes
 
 __all__ = [
     "BENIGN",
@@ -106,29 +105,44 @@ def _dangerous(module: str, name: str, _depth: int = 0) -> Optional[str]:
         full = f"{mod}.{nm}"
         if full in IN_MEMORY_BUFFERS:
             return None  # the _io module's buffers, not its files
-        if full in DANGEROUS_NAMES:
-            return DANGEROUS_NAMES[full]
-        first = f"{mod}.{nm.split('.', 1)[0]}"  # dotted qualname: Class.method
-        if first in DANGEROUS_NAMES:
-            return DANGEROUS_NAMES[first]
-        parts = mod.split(".")
-        for i in range(len(parts), 0, -1):
-            src = DANGEROUS_MODULES.get(".".join(parts[:i]))
-            if src is not None:
-                return src
+        why = _dangerous_in_tables(mod, nm, full)
+        if why is not None:
+            return why
         steps = nm.split(".")
-        if len(steps) < 2 or _depth > 4:
-            continue
-        if steps[-1] in DANGEROUS_METHODS:
-            return f"dotted name {full} calls the method {steps[-1]!r} (file, process or code operation)"
-        for i in range(1, len(steps)):
-            inner = _dangerous(".".join(steps[:i]), ".".join(steps[i:]), _depth + 1) or \
-                _dangerous(f"{mod}.{'.'.join(steps[:i])}", ".".join(steps[i:]), _depth + 1)
-            if inner is not None:
-                return f"dotted name {full} walks attributes into a dangerous name ({inner})"
-        if steps[0][:1].islower() and steps[0] not in _BUILTIN_TYPES and mod != "builtins":
-            return (f"dotted name {full} walks through the module attribute {mod}.{steps[0]} "
-                    "(attribute-walking gadget; torch's weights-only unpickler accepts no dotted name)")
+        if len(steps) >= 2 and _depth <= 4:
+            why = _dangerous_dotted(mod, steps, full, _depth)
+            if why:
+                return why
+    return None
+
+
+def _dangerous_in_tables(mod: str, nm: str, full: str) -> Optional[str]:
+    """Why ``mod.nm`` is dangerous by the tables (its name, its class, or a module it lies in); None if not."""
+    if full in DANGEROUS_NAMES:
+        return DANGEROUS_NAMES[full]
+    first = f"{mod}.{nm.split('.', 1)[0]}"  # dotted qualname: Class.method
+    if first in DANGEROUS_NAMES:
+        return DANGEROUS_NAMES[first]
+    parts = mod.split(".")
+    for i in range(len(parts), 0, -1):
+        src = DANGEROUS_MODULES.get(".".join(parts[:i]))
+        if src is not None:
+            return src
+    return None
+
+
+def _dangerous_dotted(mod: str, steps: List[str], full: str, depth: int) -> Optional[str]:
+    """Why the dotted name ``mod`` + ``steps`` (attribute by attribute) is dangerous, or None."""
+    if steps[-1] in DANGEROUS_METHODS:
+        return f"dotted name {full} calls the method {steps[-1]!r} (file, process or code operation)"
+    for i in range(1, len(steps)):
+        inner = _dangerous(".".join(steps[:i]), ".".join(steps[i:]), depth + 1) or \
+            _dangerous(f"{mod}.{'.'.join(steps[:i])}", ".".join(steps[i:]), depth + 1)
+        if inner is not None:
+            return f"dotted name {full} walks attributes into a dangerous name ({inner})"
+    if steps[0][:1].islower() and steps[0] not in _BUILTIN_TYPES and mod != "builtins":
+        return (f"dotted name {full} walks through the module attribute {mod}.{steps[0]} "
+                "(attribute-walking gadget; torch's weights-only unpickler accepts no dotted name)")
     return None
 
 
@@ -183,113 +197,6 @@ def _spelling(module: str, name: str) -> str:
 # -------------------------------------------------------------------- scan
 
 
-def _nodes(obj: Any, max_nodes: int = 2_000_000) -> Iterator[Any]:
-    """Every value reachable from ``obj`` (each container once), bounded."""
-    todo = [obj]
-    seen = set()
-    n = 0
-    while todo and n < max_nodes:
-        x = todo.pop()
-        n += 1
-        yield x
-        t = type(x)
-        if t in (dict, list, tuple, set, frozenset) or isinstance(x, dict):
-            if id(x) in seen:
-                continue
-            seen.add(id(x))
-            if isinstance(x, dict):
-                todo.extend(x.keys())
-                todo.extend(x.values())
-            else:
-                todo.extend(x)
-        elif t is Instance or t is Call:
-            if id(x) in seen:
-                continue
-            seen.add(id(x))
-            todo.append(x.cls if t is Instance else x.func)
-            todo.extend(x.args)
-            todo.append(x.state)
-            todo.append(x.items)
-
-
-def _numpy_dtype_classes(result: WalkResult) -> List[str]:
-    """numpy.dtypes.*DType classes that torch's BUILD check will meet for numpy.dtype objects."""
-    out = set()
-    results = [result]
-    while results:
-        r = results.pop()
-        results.extend(r.nested)
-        for x in _nodes(r.obj):
-            if type(x) is not Instance or type(x.cls) is not GlobalRef:
-                continue
-            if "%s.%s" % normalize_global(x.cls.module, x.cls.name) != "numpy.dtype":
-                continue
-            code = x.args[0] if x.args and type(x.args[0]) is str else None
-            if code is None:
-                continue
-            cls = _NUMPY_DTYPE_CLASS.get(code) or _NUMPY_DTYPE_PREFIX.get(code[:1])
-            if cls:
-                out.add(f"numpy.dtypes.{cls}")
-    return sorted(out)
-
-
-def _ref_name(x: Any) -> Optional[str]:
-    return "%s.%s" % normalize_global(x.module, x.name) if type(x) is GlobalRef else None
-
-
-def _is_data_factory(x: Any) -> bool:
-    """A defaultdict ``default_factory`` that is data: None or a built-in/allowlisted type."""
-    if x is None:
-        return True
-    n = _ref_name(x)
-    return n is not None and (n in WEIGHTS_ONLY_GLOBALS or n in BENIGN and n.startswith("builtins."))
-
-
-def _judge_usage(result: WalkResult, verdicts: List[ImportVerdict]) -> None:
-    """Move names between tiers by how the pickle uses them (in place).
-
-    * a call whose result is called again (``REDUCE`` whose callable is a
-      call's result), on a benign or unknown name: dangerous — the name hands
-      out callables;
-    * ``collections.defaultdict`` whose ``default_factory`` is not a built-in
-      type or None: dangerous — the factory is stored and called on each
-      missing key;
-    * a benign data class called with a computed argument (the result of
-      another call): unknown — data classes are rebuilt from constants.
-    """
-    by_name: Dict[str, ImportVerdict] = {}
-    for v in verdicts:
-        by_name.setdefault("%s.%s" % normalize_global(v.module, v.name), v)
-    results = [result]
-    while results:
-        r = results.pop()
-        results.extend(r.nested)
-        for x in _nodes(r.obj):
-            tx = type(x)
-            if tx is not Call and tx is not Instance:
-                continue
-            f = x.func if tx is Call else x.cls
-            if tx is Call and type(f) in (Call, Instance):
-                inner = _ref_name(f.func if type(f) is Call else f.cls)
-                v = by_name.get(inner or "")
-                if v is not None and v.category in ("benign", "unknown"):
-                    v.category, v.add_safe = "dangerous", ""
-                    v.source = "its call's result is called in turn (REDUCE on a computed callable)"
-                continue
-            v = by_name.get(_ref_name(f) or "")
-            if v is None or v.category != "benign":
-                continue
-            if _ref_name(f) == "collections.defaultdict":
-                if x.args and not _is_data_factory(x.args[0]):
-                    v.category, v.add_safe = "dangerous", ""
-                    v.source = (f"defaultdict with default_factory {x.args[0]!s:.60}: a callable stored and called "
-                                "on every missing key")
-                continue
-            if any(type(a) is Call for a in x.args):
-                v.category, v.add_safe = "unknown", ""
-                v.source = "a data class called with a computed argument (not rebuilt from constants); " + _UNKNOWN_SRC
-
-
 def _quoted(names: Sequence[str]) -> str:
     return ", ".join(f"'{n}'" for n in sorted(set(names)))
 
@@ -318,6 +225,15 @@ def scan(result: WalkResult, *, path: str, member: str, extra_allowed: Sequence[
     """
     if loader == "auto":
         loader = "pickle.load" if member.replace("\\", "/").rsplit("/", 1)[-1] == ".metadata" else "torch.load"
+    verdicts = _import_verdicts(result, extra_allowed)
+    if any(v.category in ("benign", "unknown") for v in verdicts):
+        judge_usage(result, verdicts, _UNKNOWN_SRC)
+    return verdicts, _scan_findings(result, verdicts, path, member, loader, resume)
+
+
+def _import_verdicts(result: WalkResult, extra_allowed: Sequence[str]) -> List[ImportVerdict]:
+    """One verdict per distinct import of ``result`` and its nested pickles, by name alone, in order of first
+    appearance; a name computed while unpickling is unknown."""
     verdicts: List[ImportVerdict] = []
     seen = set()
     for g in result.all_globals():
@@ -331,9 +247,12 @@ def scan(result: WalkResult, *, path: str, member: str, extra_allowed: Sequence[
             verdicts.append(ImportVerdict(g.module, g.name, "unknown", src))
         else:
             verdicts.append(classify_import(g.module, g.name, extra_allowed))
+    return verdicts
 
-    if any(v.category in ("benign", "unknown") for v in verdicts):
-        _judge_usage(result, verdicts)
+
+def _scan_findings(result: WalkResult, verdicts: List[ImportVerdict], path: str, member: str, loader: str,
+                   resume) -> List[Finding]:
+    """At most one finding per tier of ``verdicts`` (see :func:`scan`), and the walk's tricks."""
     by_cat: Dict[str, List[ImportVerdict]] = {}
     for v in verdicts:
         by_cat.setdefault(v.category, []).append(v)
@@ -343,24 +262,28 @@ def scan(result: WalkResult, *, path: str, member: str, extra_allowed: Sequence[
         out.append(findings.make("malicious_pickle_code_exec", path=path, member=member,
                                  dangerous=_quoted(names), imports=sorted(set(names))))
     if "unknown" in by_cat:
-        names = [v.qualname for v in by_cat["unknown"]]
-        unrestricted = security_resume.unrestricted_loader(loader, resume)
-        if unrestricted:  # the resume imports and calls them: an allowlist decides, not a list of dangers
-            out.append(findings.make("unrestricted_load_imports_unknown", path=path, member=member,
-                                     unknown=_quoted(names), imports=sorted(set(names)), loader=unrestricted))
-        else:
-            out.append(findings.make("unknown_pickle_global", path=path, member=member,
-                                     unknown=_quoted(names), imports=sorted(set(names))))
+        out.append(_unknown_finding([v.qualname for v in by_cat["unknown"]], path, member, loader, resume))
     if "benign" in by_cat and loader == "torch.load":
         benign = [(v.qualname, _torch_name(v.module, v.name), v.add_safe) for v in by_cat["benign"]]
-        dtypes = _numpy_dtype_classes(result) if any(
+        dtypes = numpy_dtype_classes(result) if any(
             normalize_global(v.module, v.name) == ("numpy", "dtype") for v in by_cat["benign"]) else []
         out.extend(security_resume.benign_findings(benign, dtypes, path=path, member=member, resume=resume))
     tricks = result.all_tricks()
     if tricks:
         why = "; ".join(tricks[:5]) + (f"; and {len(tricks) - 5} more" if len(tricks) > 5 else "")
         out.append(security_tricks.obfuscation(path, member, why, tricks=tricks))
-    return verdicts, out
+    return out
+
+
+def _unknown_finding(names: List[str], path: str, member: str, loader: str, resume) -> Finding:
+    """Imports on no list: ``unrestricted_load_imports_unknown`` when the resume's loader imports and calls
+    them (an allowlist decides, not a list of dangers), else ``unknown_pickle_global``."""
+    unrestricted = security_resume.unrestricted_loader(loader, resume)
+    if unrestricted:
+        return findings.make("unrestricted_load_imports_unknown", path=path, member=member,
+                             unknown=_quoted(names), imports=sorted(set(names)), loader=unrestricted)
+    return findings.make("unknown_pickle_global", path=path, member=member,
+                         unknown=_quoted(names), imports=sorted(set(names)))
 
 
 # ----------------------------------------------------------------- streams

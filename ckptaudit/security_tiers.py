@@ -197,7 +197,7 @@ _NUMPY_DTYPES_SRC = "numpy.dtypes DType class (numpy >= 1.25), a dtype's own typ
 
 # numpy dtype code (first argument of numpy.dtype in its pickle) → numpy.dtypes class;
 # from type(numpy.dtype(code)) under numpy 2.x.
-_NUMPY_DTYPE_CLASS = {
+NUMPY_DTYPE_CLASS = {
     "b1": "BoolDType", "i1": "Int8DType", "i2": "Int16DType", "i4": "Int32DType", "i8": "Int64DType",
     "u1": "UInt8DType", "u2": "UInt16DType", "u4": "UInt32DType", "u8": "UInt64DType",
     "f2": "Float16DType", "f4": "Float32DType", "f8": "Float64DType", "f12": "LongDoubleDType",
@@ -205,4 +205,4 @@ _NUMPY_DTYPE_CLASS = {
     "c32": "CLongDoubleDType", "O4": "ObjectDType", "O8": "ObjectDType", "M8": "DateTime64DType",
     "m8": "TimeDelta64DType",
 }
-_NUMPY_DTYPE_PREFIX = {"S": "BytesDType", "U": "StrDType", "V": "VoidDType"}
+NUMPY_DTYPE_PREFIX = {"S": "BytesDType", "U": "StrDType", "V": "VoidDType"}

@@ -15,7 +15,7 @@ ENTRIES: List[_k] = [
        "{path}: the pickle in {member} imports {dangerous}, which can run commands when unpickled: opening it "
        "with torch.load(weights_only=False) or pickle.load would execute code.",
        "Never load it outside a disposable sandbox; find out where the file came from and replace it.",
-       stage="scan", detector="ckptaudit.security:scan"),
+       stage="scan", detector="ckptaudit.security:_scan_findings"),
     _k("path_outside_run", "security", "error", "none",
        "{path} names {named!r}, which resolves to {target}, outside the run folder: {reads}. The audit does "
        "not open it.",
@@ -28,7 +28,7 @@ ENTRIES: List[_k] = [
        "code they have where the job resumes.",
        "Do not resume from this unit until you know where the file came from and what these names do; if they "
        "are your own trusted types, add them to security.allow_globals in the audit config.",
-       stage="scan", detector="ckptaudit.security:scan"),
+       stage="scan", detector="ckptaudit.security:_unknown_finding"),
     _k("dcp_bytes_item_not_scanned", "security", "warning", "resume",
        "{path}: {n} non-tensor item(s) ({examples}) were not walked: the audit reads at most {max_items} items "
        "and {max_mib} MiB of them per unit. dcp.load unpickles each with torch.load(weights_only=False), so "
@@ -41,7 +41,7 @@ ENTRIES: List[_k] = [
        "torch.load(weights_only=True) nor a known framework data class: weights_only=True will refuse it, and "
        "weights_only=False would run whatever code that name has where the file is loaded.",
        "Inspect the import; if it is your own trusted type, add it to security.allow_globals in the audit config.",
-       stage="scan", detector="ckptaudit.security:scan"),
+       stage="scan", detector="ckptaudit.security:_unknown_finding"),
     _k("torchscript_pickle_global", "security", "warning", "resume",
        "{path}: the TorchScript pickle {member} names {names} (module.name). torch.jit.load (and torch.load, "
        "which hands TorchScript archives to it) reads it with TorchScript's C++ unpickler, which imports no "
