@@ -52,14 +52,27 @@ def irregular_reason(root: Path, path: Path, lst: Optional[os.stat_result] = Non
             return f"it cannot be examined ({e.strerror})"
     mode = lst.st_mode
     if st_mod.S_ISLNK(mode):
-        real = os.path.realpath(path)
-        base = os.path.realpath(root)
-        if os.path.commonpath([real, base]) != base:
-            return f"{confine.OUTSIDE_WORDS} ({real})"
-        try:
-            mode = os.stat(path).st_mode
-        except OSError:
-            return None  # dangling: judged as a pointer
+        why, mode = _link_target(root, path)
+        if mode is None:
+            return why
+    return _mode_reason(path, mode)
+
+
+def _link_target(root: Path, path: Path) -> tuple:
+    """``(why, mode)`` of the symbolic link ``path``: why it is refused (it leaves the run folder) with mode
+    None, ``(None, None)`` when it dangles (judged as a pointer), else ``(None, its target's mode)``."""
+    real = os.path.realpath(path)
+    base = os.path.realpath(root)
+    if os.path.commonpath([real, base]) != base:
+        return f"{confine.OUTSIDE_WORDS} ({real})", None
+    try:
+        return None, os.stat(path).st_mode
+    except OSError:
+        return None, None  # dangling: judged as a pointer
+
+
+def _mode_reason(path: Path, mode: int) -> Optional[str]:
+    """Why a file of ``mode`` cannot be read as a checkpoint (a FIFO, a device, a socket, unreadable), or None."""
     if st_mod.S_ISFIFO(mode):
         return "it is a FIFO (named pipe): opening it would block"
     if st_mod.S_ISCHR(mode) or st_mod.S_ISBLK(mode):

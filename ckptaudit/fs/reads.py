@@ -70,18 +70,20 @@ def without_lone_surrogates(obj):
                 items = list(o.items())
                 o.clear()
                 o.update((clean_text(k) if type(k) is str else k, v) for k, v in items)
-            for k, v in o.items():
-                if type(v) is str:
-                    o[k] = clean_text(v)
-                elif isinstance(v, (dict, list)):
-                    stack.append(v)
+            _clean_values(o, o.items(), stack)
         elif isinstance(o, list):
-            for i, v in enumerate(o):
-                if type(v) is str:
-                    o[i] = clean_text(v)
-                elif isinstance(v, (dict, list)):
-                    stack.append(v)
+            _clean_values(o, enumerate(o), stack)
     return obj
+
+
+def _clean_values(o, pairs, stack: list) -> None:
+    """Strings among the values of container ``o`` (``pairs``: its (key or index, value)) cleaned in place;
+    containers among them pushed on ``stack``."""
+    for k, v in pairs:  # assigning to an existing key does not change a dict's size while iterating
+        if type(v) is str:
+            o[k] = clean_text(v)
+        elif isinstance(v, (dict, list)):
+            stack.append(v)
 
 
 def read_bounded(p, limit: int) -> bytes:

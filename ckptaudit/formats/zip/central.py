@@ -223,52 +223,64 @@ def header_problem(fh: ArchiveFile, e: dict, m: Member, cd_start: int) -> Option
     Sets ``m.loose_data_offset`` when the header is readable and ``m.data_offset`` when it
     agrees with the entry (reset to -1 when its data would run into the central directory).
     """
-    name = e["name"]
-    why = None
     lh = fh.pread(e["lho"], _LOCAL_SIZE)
     if e["lho"] + _LOCAL_SIZE > cd_start or len(lh) < _LOCAL_SIZE:
-        why = f"its offset {e['lho']} lies outside the member area (central directory at {cd_start})"
-    elif lh[:4] != SIG_LOCAL:
+        return f"its offset {e['lho']} lies outside the member area (central directory at {cd_start})"
+    if lh[:4] != SIG_LOCAL:
         nul = lh.count(0)
-        why = (f"signature is {lh[:4].hex(' ')}, not 50 4b 03 04"
-               + (f"; {nul} of its {_LOCAL_SIZE} fixed bytes are NUL" if nul >= 8 else ""))
-    else:
-        (_s, lvn, lflags, lmethod, lt, ld, lcrc, lcsize, lusize, nlen, xlen) = struct.unpack(
-            "<4sHHHHHIIIHH", lh)
-        var = fh.pread(e["lho"] + _LOCAL_SIZE, nlen + xlen)
-        lname, lextra = var[:nlen], var[nlen:]
-        m.loose_data_offset = e["lho"] + _LOCAL_SIZE + nlen + xlen  # where a lenient reader starts
-        xwhy = _extra_problem(lextra, xlen)
-        if lname != e["name_bytes"]:
-            why = (f"it names {lname.decode('utf-8', 'replace')!r} where the central directory says "
-                   f"{name!r}")
-        elif lmethod != e["method"]:
-            why = f"compression method {lmethod} where the central directory says {e['method']}"
-        elif (lvn, lflags, lt, ld) != e["fixed"]:
-            why = (f"its version/flags/time/date fields {[lvn, lflags, lt, ld]} differ from the central "
-                   f"directory's {list(e['fixed'])}")
-        elif xwhy:
-            why = xwhy
-        elif (lcrc, lcsize, lusize) != (0, 0, 0) and lcsize != 0xFFFFFFFF and \
-                (lcrc, lcsize, lusize) != (e["crc"], e["csize"] & 0xFFFFFFFF, e["usize"] & 0xFFFFFFFF):
-            # with flag bit 3 these are 0 (APPNOTE 4.4.4); otherwise they must match the central directory
-            why = (f"it states CRC {hex32(lcrc)} / {lcsize} / {lusize} bytes where the central directory says "
-                   f"{hex32(e['crc'])} / {e['csize']} / {e['usize']}")
-        else:
-            m.data_offset = e["lho"] + _LOCAL_SIZE + nlen + xlen
-            end = m.data_offset + e["csize"]
-            if end > cd_start:
-                why = (f"its data ({e['csize']} bytes from offset {m.data_offset}) runs into the central "
-                       f"directory at {cd_start}")
-                m.data_offset = -1
-            elif e["flags"] & 8:
-                dd, dwhy = _read_descriptor(fh, end, e["csize"], e["usize"])
-                if dd is None:
-                    why = dwhy
-                elif dd["crc"] != e["crc"]:
-                    why = (f"its data descriptor states CRC {hex32(dd['crc'])} where the central directory "
-                           f"says {hex32(e['crc'])}")
-    return why
+        return (f"signature is {lh[:4].hex(' ')}, not 50 4b 03 04"
+                + (f"; {nul} of its {_LOCAL_SIZE} fixed bytes are NUL" if nul >= 8 else ""))
+    (_s, lvn, lflags, lmethod, lt, ld, lcrc, lcsize, lusize, nlen, xlen) = struct.unpack("<4sHHHHHIIIHH", lh)
+    var = fh.pread(e["lho"] + _LOCAL_SIZE, nlen + xlen)
+    lname, lextra = var[:nlen], var[nlen:]
+    m.loose_data_offset = e["lho"] + _LOCAL_SIZE + nlen + xlen  # where a lenient reader starts
+    why = _local_disagrees(e, lname, lmethod, (lvn, lflags, lt, ld), (lcrc, lcsize, lusize),
+                           _extra_problem(lextra, xlen))
+    if why:
+        return why
+    m.data_offset = e["lho"] + _LOCAL_SIZE + nlen + xlen
+    return _data_problem(fh, e, m, cd_start)
+
+
+def _local_disagrees(e: dict, lname: bytes, lmethod: int, fixed: tuple, sizes: tuple, xwhy: Optional[str]
+                     ) -> Optional[str]:
+    """Where a readable local header disagrees with its central-directory entry ``e`` (name, method, the
+    version/flags/time/date fields, its extra field ``xwhy``, CRC and sizes), or None."""
+    if lname != e["name_bytes"]:
+        return f"it names {lname.decode('utf-8', 'replace')!r} where the central directory says {e['name']!r}"
+    if lmethod != e["method"]:
+        return f"compression method {lmethod} where the central directory says {e['method']}"
+    if fixed != e["fixed"]:
+        return (f"its version/flags/time/date fields {list(fixed)} differ from the central "
+                f"directory's {list(e['fixed'])}")
+    if xwhy:
+        return xwhy
+    lcrc, lcsize, lusize = sizes
+    if sizes != (0, 0, 0) and lcsize != 0xFFFFFFFF and \
+            sizes != (e["crc"], e["csize"] & 0xFFFFFFFF, e["usize"] & 0xFFFFFFFF):
+        # with flag bit 3 these are 0 (APPNOTE 4.4.4); otherwise they must match the central directory
+        return (f"it states CRC {hex32(lcrc)} / {lcsize} / {lusize} bytes where the central directory says "
+                f"{hex32(e['crc'])} / {e['csize']} / {e['usize']}")
+    return None
+
+
+def _data_problem(fh: ArchiveFile, e: dict, m: Member, cd_start: int) -> Optional[str]:
+    """Why the data of a record whose local header agrees (``m.data_offset`` set) is damaged: it runs into
+    the central directory (``m.data_offset`` reset to -1), or its data descriptor is missing or disagrees."""
+    end = m.data_offset + e["csize"]
+    if end > cd_start:
+        why = (f"its data ({e['csize']} bytes from offset {m.data_offset}) runs into the central "
+               f"directory at {cd_start}")
+        m.data_offset = -1
+        return why
+    if e["flags"] & 8:
+        dd, dwhy = _read_descriptor(fh, end, e["csize"], e["usize"])
+        if dd is None:
+            return dwhy
+        if dd["crc"] != e["crc"]:
+            return (f"its data descriptor states CRC {hex32(dd['crc'])} where the central directory "
+                    f"says {hex32(e['crc'])}")
+    return None
 
 
 def overlapping_records(members: List[Member]) -> Optional[Tuple[Member, Member]]:
