@@ -59,13 +59,19 @@ def recognise(param_groups: Any) -> OptimizerNeeds:
     if "rho" in keys and "betas" not in keys:
         return OptimizerNeeds("Adadelta", True, "Adadelta keeps square_avg and acc_delta per parameter")
     if "betas" in keys:
-        if "amsgrad" in keys:
-            name = "AdamW" if _get(groups, "decoupled_weight_decay") or (_get(groups, "weight_decay") or 0) >= 0.01 \
-                else "Adam"
-            return OptimizerNeeds(name, True, f"{name} keeps step, exp_avg and exp_avg_sq per parameter")
-        if "momentum_decay" in keys:
-            return OptimizerNeeds("NAdam", True, "NAdam keeps step, exp_avg and exp_avg_sq per parameter")
-        if "eps" not in keys:
-            return OptimizerNeeds("Lion", True, "Lion keeps exp_avg per parameter")
-        return OptimizerNeeds("Adam-like", True, "an Adam-family optimizer keeps moments per parameter")
+        return _with_betas(groups, keys)
     return OptimizerNeeds("unknown", None, f"param_groups keys {sorted(keys)} match no known optimizer")
+
+
+def _with_betas(groups: List[dict], keys: set) -> OptimizerNeeds:
+    """An optimizer whose param groups hold ``betas``: Adam or AdamW (``amsgrad``), NAdam, Lion (no ``eps``),
+    else Adam-like."""
+    if "amsgrad" in keys:
+        name = "AdamW" if _get(groups, "decoupled_weight_decay") or (_get(groups, "weight_decay") or 0) >= 0.01 \
+            else "Adam"
+        return OptimizerNeeds(name, True, f"{name} keeps step, exp_avg and exp_avg_sq per parameter")
+    if "momentum_decay" in keys:
+        return OptimizerNeeds("NAdam", True, "NAdam keeps step, exp_avg and exp_avg_sq per parameter")
+    if "eps" not in keys:
+        return OptimizerNeeds("Lion", True, "Lion keeps exp_avg per parameter")
+    return OptimizerNeeds("Adam-like", True, "an Adam-family optimizer keeps moments per parameter")

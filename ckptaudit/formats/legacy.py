@@ -55,6 +55,22 @@ def _pickle_end(f, start: int) -> Tuple[Optional[int], int, str]:
     return None, n, "no STOP opcode"
 
 
+def _cut_in_pickles(i: int, pname: str, pos: int, size: int, n_ops: int, err: str,
+                    res: Optional[WalkResult]) -> str:
+    """Where a legacy file cut inside (or right before) its pickle ``i`` (``pname``, from byte ``pos``) ends,
+    and what the object pickle's part that is there says of the storages that are missing."""
+    if pos >= size:
+        why = f"the file ends right after pickle {i} of 5, before the {pname}"
+    else:
+        why = (f"the cut falls inside the {pname} (pickle {i + 1} of 5, starting at byte {pos}) "
+               f"after {n_ops} opcodes ({err})")
+    known = _known_storage_bytes(res)
+    if known:
+        why += (f"; no storage bytes are present (the part of the object pickle that is there "
+                f"names {known[0]} storages, at least {known[1]} bytes)")
+    return why
+
+
 def check_legacy(path, *, display: Optional[str] = None) -> Tuple[Optional[WalkResult], List[Finding]]:
     """Audit a legacy torch.save file at ``path``.
 
@@ -87,16 +103,8 @@ def check_legacy(path, *, display: Optional[str] = None) -> Tuple[Optional[WalkR
                 data = _read(f, pos, (end if end is not None else size) - pos)
                 res = walk(data) if data is not None else None
             if end is None:
-                if pos >= size:
-                    why = f"the file ends right after pickle {i} of 5, before the {pname}"
-                else:
-                    why = (f"the cut falls inside the {pname} (pickle {i + 1} of 5, starting at byte {pos}) "
-                           f"after {n_ops} opcodes ({err})")
-                known = _known_storage_bytes(res)
-                if known:
-                    why += (f"; no storage bytes are present (the part of the object pickle that is there "
-                            f"names {known[0]} storages, at least {known[1]} bytes)")
-                return res, [cut(why, pickle=pname, offset=pos, bytes_missing=None)]
+                return res, [cut(_cut_in_pickles(i, pname, pos, size, n_ops, err, res), pickle=pname, offset=pos,
+                                 bytes_missing=None)]
             ends.append(end)
             if i == 1:
                 pv = _first_value(f, pos)

@@ -39,6 +39,19 @@ class PublishResult:
     pruned: List[str] = field(default_factory=list)
 
 
+def _gathered(gathered: List[Dict[str, Any]]) -> tuple:
+    """``(causes, records, {path: rank})`` from every rank's report: each rank's error, and a file two ranks
+    both wrote, as causes of a failed publish."""
+    causes = {f"rank {g['rank']}": g["error"] for g in gathered if g["error"]}
+    recs = [FileRecord(**f) for g in gathered for f in g["files"]]
+    seen: Dict[str, int] = {}
+    for r in recs:
+        if r.path in seen:
+            causes[f"rank {r.rank}"] = f"{r.path} was also written by rank {seen[r.path]}"
+        seen[r.path] = r.rank
+    return causes, recs, seen
+
+
 class _Commit:
     """The commit steps of :class:`~.unit._Publish` (attributes set there: ``name``,
     ``final``, ``run_dir``, ``tmp_path``, ``writers``, ``comm``, ``clock``, ``pub``, ``phases`` …)."""
@@ -117,34 +130,12 @@ class _Commit:
             self.pub.result.seconds.update(self.clock.seconds)
 
     def _commit_folder(self, gathered: List[Dict[str, Any]]) -> Dict[str, Any]:
-        causes = {f"rank {g['rank']}": g["error"] for g in gathered if g["error"]}
-        recs = [FileRecord(**f) for g in gathered for f in g["files"]]
-        seen: Dict[str, int] = {}
-        for r in recs:
-            if r.path in seen:
-                causes[f"rank {r.rank}"] = f"{r.path} was also written by rank {seen[r.path]}"
-            seen[r.path] = r.rank
+        causes, recs, seen = _gathered(gathered)
         committed = False
         try:
             if causes:
                 raise PublishError(self.name, causes)
-            if not recs and not any(self._unregistered(seen)):
-                raise PublishError(self.name, {"rank 0": "nothing was written into the unit"})
-            problems = self._verify(self.tmp_path, recs)
-            if problems:
-                raise PublishError(self.name, {f"verify {i}": p for i, p in enumerate(problems)})
-            for rel in self._unregistered(seen):  # e.g. torch.distributed.checkpoint's .metadata
-                p = self.tmp_path / rel
-                r = _fsync_and_hash(p, rel, self.chunk_bytes, -1, self.clock)
-                _atomic_write(p.with_name(p.name + SIDECAR_SUFFIX), sidecar_text(r.sha256_hex, p.name).encode(),
-                              self.clock)
-                recs.append(r)
-            manifest = self._manifest(recs)
-            mbytes = manifest_bytes(manifest)
-            _atomic_write(self.tmp_path / MANIFEST_NAME, mbytes, self.clock)
-            for d in sorted({(self.tmp_path / r.path).parent for r in recs}, key=lambda x: -len(x.parts)):
-                _fsync_dir(d, self.clock)
-            _fsync_dir(self.tmp_path, self.clock)
+            mbytes = self._seal_tmp(recs, seen)
             if os.path.lexists(self.final):
                 raise FileExistsError(f"{self.final}: appeared while publishing; not replacing it")
             _rename(self.tmp_path, self.final)
@@ -164,6 +155,30 @@ class _Commit:
         d = asdict(res)
         d["path"] = str(res.path)
         return {"error": {}, "result": d}
+
+    def _seal_tmp(self, recs: List[FileRecord], seen: Dict[str, int]) -> bytes:
+        """Before the rename: verify what the ranks wrote (``recs``), hash and sidecar the files no rank
+        registered (``seen``: path -> rank), write the manifest and fsync every folder of the temp unit.
+        Returns the manifest's bytes; raises :class:`PublishError` when nothing was written or a file does
+        not verify."""
+        if not recs and not any(self._unregistered(seen)):
+            raise PublishError(self.name, {"rank 0": "nothing was written into the unit"})
+        problems = self._verify(self.tmp_path, recs)
+        if problems:
+            raise PublishError(self.name, {f"verify {i}": p for i, p in enumerate(problems)})
+        for rel in self._unregistered(seen):  # e.g. torch.distributed.checkpoint's .metadata
+            p = self.tmp_path / rel
+            r = _fsync_and_hash(p, rel, self.chunk_bytes, -1, self.clock)
+            _atomic_write(p.with_name(p.name + SIDECAR_SUFFIX), sidecar_text(r.sha256_hex, p.name).encode(),
+                          self.clock)
+            recs.append(r)
+        manifest = self._manifest(recs)
+        mbytes = manifest_bytes(manifest)
+        _atomic_write(self.tmp_path / MANIFEST_NAME, mbytes, self.clock)
+        for d in sorted({(self.tmp_path / r.path).parent for r in recs}, key=lambda x: -len(x.parts)):
+            _fsync_dir(d, self.clock)
+        _fsync_dir(self.tmp_path, self.clock)
+        return mbytes
 
     def _unregistered(self, registered: Dict[str, int]) -> List[str]:
         out = []

@@ -120,6 +120,28 @@ def _stale_leftovers(run_dir: Path) -> List[Tuple[str, str]]:
     return out
 
 
+def _ours(p: Path, target: str, what: str) -> Optional[os.stat_result]:
+    """The ``lstat`` of ``p`` when it is a small regular file in exactly our format naming ``target`` (a
+    ``sha256sum`` line, or a ``ckptaudit.manifest/1`` whose ``unit`` is it: ``what`` says which), else None."""
+    from ..hashing import parse_sidecar
+
+    try:
+        st = os.lstat(p)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > (1 << 20):
+            return None
+        text = p.read_text(errors="replace")
+    except OSError:
+        return None
+    if what == "manifest":
+        try:
+            doc = fs.loads_json(text)
+        except ValueError:
+            return None
+        return st if isinstance(doc, dict) and doc.get("schema") == SCHEMA and doc.get("unit") == target else None
+    entries, err = parse_sidecar(text)
+    return st if not err and list(entries) == [target] else None
+
+
 def _orphan_integrity_files(run_dir: Path) -> Dict[str, Tuple[str, Tuple[int, int]]]:
     """{name: (why, (st_ino, st_mtime_ns))} of sidecars and manifests this module wrote for
     a file unit that is not there and is not being written.
@@ -131,8 +153,6 @@ def _orphan_integrity_files(run_dir: Path) -> Dict[str, Tuple[str, Tuple[int, in
     ``unit`` is ``X``), only when neither ``X`` nor any temp file of ``X`` (from any host)
     exists, and only for names with a step.  The stat key lets the caller skip a file that
     a new publish of ``X`` replaced in the meantime."""
-    from ..hashing import parse_sidecar
-
     try:
         names = sorted(os.listdir(run_dir))
     except OSError:
@@ -149,25 +169,9 @@ def _orphan_integrity_files(run_dir: Path) -> Dict[str, Tuple[str, Tuple[int, in
             continue
         if not target or target in present or target in in_flight or step_from_name(target) is None:
             continue
-        p = run_dir / n
-        try:
-            st = os.lstat(p)
-            if not stat.S_ISREG(st.st_mode) or st.st_size > (1 << 20):
-                continue
-            text = p.read_text(errors="replace")
-        except OSError:
+        st = _ours(run_dir / n, target, what)
+        if st is None:
             continue
-        if what == "manifest":
-            try:
-                doc = fs.loads_json(text)
-            except ValueError:
-                continue
-            if not isinstance(doc, dict) or doc.get("schema") != SCHEMA or doc.get("unit") != target:
-                continue
-        else:
-            entries, err = parse_sidecar(text)
-            if err or list(entries) != [target]:
-                continue
         out[n] = (f"{what} of {target}, which does not exist and is not being written (a save or delete "
                   "that was killed between the two)", (st.st_ino, st.st_mtime_ns))
     return out
