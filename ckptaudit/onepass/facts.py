@@ -71,19 +71,26 @@ def table_of(unit: str, rel: str, ff) -> "pa.Table":
     pieces = [(o + k, b[k:k + _PIECE]) for o, b in ff.kept for k in range(0, len(b), _PIECE)]
     part("bytes", len(pieces), data_offset=[p[0] for p in pieces], length_bytes=[len(p[1]) for p in pieces],
          data=[p[1] for p in pieces])
-    tables = []
-    for kind, n, cols in parts:
-        arrays = []
-        for f in schema:
-            if f.name in ("unit", "file", "kind", "size_bytes", "version"):
-                v = {"unit": unit, "file": rel, "kind": kind, "size_bytes": ff.size_bytes, "version": ff.version}[f.name]
-                arrays.append(pa.array([v], f.type).take(np.zeros(n, np.int64)))  # one value, n rows
-            elif f.name in cols:
-                arrays.append(pa.array(cols[f.name], f.type))
-            else:
-                arrays.append(pa.nulls(n, f.type))
-        tables.append(pa.Table.from_arrays(arrays, schema=schema))
+    tables = [_part_table(schema, {"unit": unit, "file": rel, "kind": kind, "size_bytes": ff.size_bytes,
+                                   "version": ff.version}, n, cols) for kind, n, cols in parts]
     return pa.concat_tables(tables) if tables else schema.empty_table()
+
+
+def _part_table(schema: "pa.Schema", same: dict, n: int, cols: dict) -> "pa.Table":
+    """``n`` rows of ``schema``: the values in ``same`` repeated on every row, ``cols`` as columns, the other
+    columns null."""
+    import numpy as np
+    import pyarrow as pa
+
+    arrays = []
+    for f in schema:
+        if f.name in same:
+            arrays.append(pa.array([same[f.name]], f.type).take(np.zeros(n, np.int64)))  # one value, n rows
+        elif f.name in cols:
+            arrays.append(pa.array(cols[f.name], f.type))
+        else:
+            arrays.append(pa.nulls(n, f.type))
+    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 def rows_of(unit: str, rel: str, ff) -> List[dict]:

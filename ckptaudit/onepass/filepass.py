@@ -135,28 +135,15 @@ def pass_file(path, *, whole_sha: bool = True, chunk_bytes: Optional[int] = None
     serial = data is not None and not fs.is_remote(path)
     plan = plan_file(path, data) if plan is None else plan
     threads = max(1, threads or _cores())
-    crc_cols = dict(starts=plan.crc_range[:, 0], lengths=plan.crc_range[:, 1])
     keep = keep_ranges(size, plan.tensor_data_range) if fs.is_remote(path) else []
-    value_cols = dict(starts=plan.values_range[:, 0], lengths=plan.values_range[:, 1], dtypes=plan.values_dtype,
-                      dtype_names=DTYPES)
-    has_crc, has_values = len(plan.crc_range) > 0, len(plan.values_range) > 0
     out = FileFacts(size_bytes=size, version=version, plan=plan)
-    segments = [(0, size)]
-    if data is None and not whole_sha and threads > 1 and size > 2 * BUFFER_BYTES:
-        segments = split_points(size, threads, chunk_bytes or BUFFER_BYTES)
+    segments = split_points(size, threads, chunk_bytes or BUFFER_BYTES) \
+        if data is None and not whole_sha and threads > 1 and size > 2 * BUFFER_BYTES else [(0, size)]
     parts = []
     # one segment: SHA-256, CRC32 and the value statistics of a buffer side by side; else one thread a segment
     with ThreadPoolExecutor(max_workers=max(3, len(segments))) as pool:
         def one(seg):
-            cons = {"crc": RangeCrc32(**crc_cols) if has_crc else None,
-                    "values": RangeValues(**value_cols) if has_values else None,
-                    "chunks": ChunkSha256(chunk_bytes, seg[0]) if chunk_bytes else None,
-                    "sha": Sha256() if whole_sha else None,
-                    "kept": KeepBytes(keep) if keep else None,
-                    "nul_runs": RangeNulRuns(**crc_cols) if has_crc else None}
-            cons.update({("nul_scan", k): RangeAllNulRuns([((o, n, m), o, n)], m)
-                         for k, (o, n, m) in enumerate(plan.nul_scans)})
-            cons = {k: c for k, c in cons.items() if c is not None}
+            cons = _consumers(plan, seg[0], chunk_bytes, whole_sha, keep)
             live = list(cons.values()) + ([progress] if progress is not None else [])
             if data is not None:
                 n = stream.feed_bytes(data, live, None if serial else pool)
@@ -173,15 +160,37 @@ def pass_file(path, *, whole_sha: bool = True, chunk_bytes: Optional[int] = None
     cons = parts[0][0]
     out.bytes_read = sum(n for _, n in parts)
     for other, _ in parts[1:]:  # the segments' range consumers into the first's (SHA-256 is never split)
-        for k, c in cons.items():
-            if hasattr(c, "merge"):
-                c.merge(other[k])
+        _merge(cons, other)
     if "sha" in cons:
         out.sha256_hex = cons["sha"].hexdigest()
     if "chunks" in cons:  # segments end on chunk boundaries: only the last one has a short chunk
         out.chunk_sha256_hex = [d for c, _ in parts for d in c["chunks"].finish()]
     del parts
     return _collect(out, cons)
+
+
+def _consumers(plan: Plan, seg_start: int, chunk_bytes: Optional[int], whole_sha: bool, keep: list) -> dict:
+    """The consumers one segment from ``seg_start`` feeds, by name: the plan's CRC32 ranges and their NUL runs,
+    its value ranges, the manifest's chunk digests, the whole SHA-256, the bytes to keep, the NUL scans."""
+    has_crc, has_values = len(plan.crc_range) > 0, len(plan.values_range) > 0
+    crc_cols = dict(starts=plan.crc_range[:, 0], lengths=plan.crc_range[:, 1])
+    cons = {"crc": RangeCrc32(**crc_cols) if has_crc else None,
+            "values": RangeValues(starts=plan.values_range[:, 0], lengths=plan.values_range[:, 1],
+                                  dtypes=plan.values_dtype, dtype_names=DTYPES) if has_values else None,
+            "chunks": ChunkSha256(chunk_bytes, seg_start) if chunk_bytes else None,
+            "sha": Sha256() if whole_sha else None,
+            "kept": KeepBytes(keep) if keep else None,
+            "nul_runs": RangeNulRuns(**crc_cols) if has_crc else None}
+    cons.update({("nul_scan", k): RangeAllNulRuns([((o, n, m), o, n)], m)
+                 for k, (o, n, m) in enumerate(plan.nul_scans)})
+    return {k: c for k, c in cons.items() if c is not None}
+
+
+def _merge(cons: dict, other: dict) -> None:
+    """A later segment's range consumers (``other``) into the first segment's (``cons``), in place."""
+    for k, c in cons.items():
+        if hasattr(c, "merge"):
+            c.merge(other[k])
 
 
 def _collect(out: FileFacts, cons: dict) -> FileFacts:

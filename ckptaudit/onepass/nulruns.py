@@ -42,40 +42,7 @@ def nul_runs(view, min_run: int = WORD_RUN_BYTES) -> List[Tuple[int, int]]:
     if n == 0:
         return []
     k = n // 8
-    runs: List[Tuple[int, int]] = []
-    if k:
-        w = np.frombuffer(view, dtype="<u8", count=k)
-        z = w == 0
-        if z.any():
-            d = np.diff(z.view(np.int8), prepend=np.int8(0), append=np.int8(0))
-            s = np.flatnonzero(d == 1)
-            e = np.flatnonzero(d == -1)
-            before = np.zeros(s.size, dtype=np.int64)  # NUL bytes at the end of the word before each run
-            has = s > 0
-            if has.any():
-                pw = w[s[has] - 1]
-                cnt = np.zeros(pw.size, dtype=np.int64)
-                alive = np.ones(pw.size, dtype=bool)
-                for sh in reversed(_SHIFTS):  # 56, 48, ... 8: the top k bytes are NUL while pw >> (64 - 8k) == 0
-                    alive &= (pw >> sh) == 0
-                    cnt += alive
-                before[has] = cnt
-            after = np.zeros(e.size, dtype=np.int64)  # NUL bytes at the start of the word after each run
-            inside = e < k
-            if inside.any():
-                nw = w[e[inside]]
-                cnt = np.zeros(nw.size, dtype=np.int64)
-                alive = np.ones(nw.size, dtype=bool)
-                for m in _LOW_MASKS:
-                    alive &= (nw & m) == 0
-                    cnt += alive
-                after[inside] = cnt
-            tail = a[8 * k:]
-            if (~inside).any():  # a run of words reaching the last whole word: widened into the tail bytes
-                after[~inside] = _edge_nul(tail, False)
-            starts = 8 * s - before
-            ends = 8 * e + after
-            runs = list(zip(starts.tolist(), (ends - starts).tolist()))
+    runs = _word_runs(view, a, k) if k else []
     if not runs or runs[0][0] != 0:
         lead = _edge_nul(a[:16], False)
         if lead:
@@ -86,3 +53,40 @@ def nul_runs(view, min_run: int = WORD_RUN_BYTES) -> List[Tuple[int, int]]:
     if trail:
         runs.append((n - trail, trail))
     return runs
+
+
+def _word_runs(view, a: np.ndarray, k: int) -> List[Tuple[int, int]]:
+    """The NUL runs holding at least one whole aligned zero word among the first ``k`` 64-bit words of
+    ``view`` (``a``: its bytes), each widened by the NUL bytes of the words around it."""
+    w = np.frombuffer(view, dtype="<u8", count=k)
+    z = w == 0
+    if not z.any():
+        return []
+    d = np.diff(z.view(np.int8), prepend=np.int8(0), append=np.int8(0))
+    s = np.flatnonzero(d == 1)
+    e = np.flatnonzero(d == -1)
+    before = np.zeros(s.size, dtype=np.int64)  # NUL bytes at the end of the word before each run
+    has = s > 0
+    if has.any():
+        pw = w[s[has] - 1]
+        cnt = np.zeros(pw.size, dtype=np.int64)
+        alive = np.ones(pw.size, dtype=bool)
+        for sh in reversed(_SHIFTS):  # 56, 48, ... 8: the top k bytes are NUL while pw >> (64 - 8k) == 0
+            alive &= (pw >> sh) == 0
+            cnt += alive
+        before[has] = cnt
+    after = np.zeros(e.size, dtype=np.int64)  # NUL bytes at the start of the word after each run
+    inside = e < k
+    if inside.any():
+        nw = w[e[inside]]
+        cnt = np.zeros(nw.size, dtype=np.int64)
+        alive = np.ones(nw.size, dtype=bool)
+        for m in _LOW_MASKS:
+            alive &= (nw & m) == 0
+            cnt += alive
+        after[inside] = cnt
+    if (~inside).any():  # a run of words reaching the last whole word: widened into the tail bytes
+        after[~inside] = _edge_nul(a[8 * k:], False)
+    starts = 8 * s - before
+    ends = 8 * e + after
+    return list(zip(starts.tolist(), (ends - starts).tolist()))
