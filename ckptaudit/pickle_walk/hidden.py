@@ -56,6 +56,19 @@ def _decode_layer(blob: bytes, budget: List[int]) -> Tuple[Optional[bytes], str]
 
 
 
+def _memo_put(code: str, arg: Any, last: List[Any], strs: Dict[Any, str], n_memo: int) -> int:
+    """A memo store (``BINPUT``/``LONG_BINPUT``/``PUT``, or ``MEMOIZE`` into the next slot) during the import
+    scan: the slot keeps the string on top (``last[1]``) or is forgotten.  Returns the memo's new length."""
+    slot = arg
+    if code == "\x94":
+        slot, n_memo = n_memo, n_memo + 1
+    if type(last[1]) is str:
+        strs[slot] = last[1]
+    else:
+        strs.pop(slot, None)
+    return n_memo
+
+
 class _HiddenPickles:
     """``_State`` methods that look for what a pickle hides: imports, dunder names, nested pickles."""
 
@@ -81,22 +94,10 @@ class _HiddenPickles:
                     self.check_name(mod, name, pos)
                     last = [None, None]
                 elif code == "\x93":
-                    mod, name = last
-                    if type(mod) is str and type(name) is str:
-                        res.globals.append(GlobalImport(mod, name, "STACK_GLOBAL", pos, True))
-                        self.check_name(mod, name, pos)
-                    else:
-                        res.globals.append(GlobalImport("<computed>", "<computed>", "STACK_GLOBAL", pos, False))
-                        self.trick(f"STACK_GLOBAL at byte {pos} imports a computed name, hiding what it imports")
+                    self._stack_global(last, pos)
                     last = [None, None]
                 elif code in "qrp\x94":  # BINPUT / LONG_BINPUT / PUT / MEMOIZE keep the top in a slot
-                    slot = arg
-                    if code == "\x94":
-                        slot, n_memo = n_memo, n_memo + 1
-                    if type(last[1]) is str:
-                        strs[slot] = last[1]
-                    else:
-                        strs.pop(slot, None)
+                    n_memo = _memo_put(code, arg, last, strs, n_memo)
                 elif code in "hjg":
                     last = [last[1], strs.get(arg)]
                 elif type(arg) is str:
@@ -111,6 +112,17 @@ class _HiddenPickles:
             return
         res.imports_end = pos
         res.imports_complete = False  # MAX_IMPORT_SCAN_OPS ran out before STOP
+
+    def _stack_global(self, last: List[Any], pos: int) -> None:
+        """The import of a ``STACK_GLOBAL`` at ``pos`` from the two strings pushed before it (``last``), or a
+        computed import (a trick) when they are not both literal strings."""
+        mod, name = last
+        if type(mod) is str and type(name) is str:
+            self.res.globals.append(GlobalImport(mod, name, "STACK_GLOBAL", pos, True))
+            self.check_name(mod, name, pos)
+        else:
+            self.res.globals.append(GlobalImport("<computed>", "<computed>", "STACK_GLOBAL", pos, False))
+            self.trick(f"STACK_GLOBAL at byte {pos} imports a computed name, hiding what it imports")
 
     def decode_error(self, e: Exception, f: Any) -> str:
         msg = str(e)

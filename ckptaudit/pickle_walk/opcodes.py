@@ -34,9 +34,14 @@ _KIND_OF_ARG = {
     "bytes1": _BYTES1, "bytes4": _BYTES4, "bytes8": _BYTES8, "bytearray8": _BYTEARRAY8,
     "string1": _LATIN1_1, "string4": _LATIN1_4,
 }
-#: byte value → (OpcodeInfo, operand kind), or None for a byte that is no opcode
 _WIDTH = {_TEXT1: 1, _BYTES1: 1, _LATIN1_1: 1, _TEXT4: 4, _BYTES4: 4, _LATIN1_4: 4,
           _TEXT8: 8, _BYTES8: 8, _BYTEARRAY8: 8}  # bytes of the length prefix
+#: operand kind → (its struct's ``unpack_from``, bytes) for the fixed-size kinds after uint1, else None (the
+#: last entry answers for ``_READER``, -1)
+_FIXED: list = [None] * 17
+_FIXED[_UINT2], _FIXED[_INT4], _FIXED[_UINT4] = (_U2.unpack_from, 2), (_I4.unpack_from, 4), (_U4.unpack_from, 4)
+_FIXED[_UINT8], _FIXED[_FLOAT8] = (_U8.unpack_from, 8), (_F8.unpack_from, 8)
+#: byte value → (OpcodeInfo, operand kind), or None for a byte that is no opcode
 _TABLE: list = [None] * 256
 for _op in pickletools.opcodes:
     _TABLE[ord(_op.code)] = (_op, _NONE if _op.arg is None else _KIND_OF_ARG.get(_op.arg.name, _READER))
@@ -50,9 +55,8 @@ def genops(data: Any, f: Any) -> Iterator[Tuple[Any, Any, int]]:
     Yields ``(OpcodeInfo, operand, position)`` up to and including ``STOP``; raises ``ValueError`` where
     ``pickletools.genops`` would, with its message.  ``f`` is at the end of the opcode's operand whenever a
     triple is yielded, and where pickletools leaves it when an error is raised."""
-    table, n = _TABLE, len(data)
+    table, fixed_of, n = _TABLE, _FIXED, len(data)
     seek, tell = f.seek, f.tell
-    u2, i4, u4, u8, f8 = _U2.unpack_from, _I4.unpack_from, _U4.unpack_from, _U8.unpack_from, _F8.unpack_from
     p = tell()
     while True:
         if p >= n:
@@ -69,21 +73,9 @@ def genops(data: Any, f: Any) -> Iterator[Tuple[Any, Any, int]]:
         elif kind == _UINT1 and q < n:
             arg = data[q]
             q += 1
-        elif kind == _UINT2 and q + 2 <= n:
-            arg = u2(data, q)[0]
-            q += 2
-        elif kind == _INT4 and q + 4 <= n:
-            arg = i4(data, q)[0]
-            q += 4
-        elif kind == _UINT4 and q + 4 <= n:
-            arg = u4(data, q)[0]
-            q += 4
-        elif kind == _UINT8 and q + 8 <= n:
-            arg = u8(data, q)[0]
-            q += 8
-        elif kind == _FLOAT8 and q + 8 <= n:
-            arg = f8(data, q)[0]
-            q += 8
+        elif (fixed := fixed_of[kind]) is not None and q + fixed[1] <= n:
+            arg = fixed[0](data, q)[0]
+            q += fixed[1]
         else:
             arg, q = _sized(data, n, q, kind, f)
         seek(q)
