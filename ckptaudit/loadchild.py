@@ -77,26 +77,8 @@ def _batch(batch: List[Tuple[str, str, List[str]]], timeout_seconds: float, limi
         _child(batch, limit, w)
     os.close(w)
     got: List[Dict] = []
-    buf = b""
-    deadline = time.perf_counter() + timeout_seconds
     try:
-        while len(got) < len(batch):
-            left = deadline - time.perf_counter()
-            if left <= 0:
-                break
-            if not select.select([r], [], [], left)[0]:
-                continue
-            data = os.read(r, 1 << 16)
-            if not data:
-                break
-            buf += data
-            while b"\n" in buf and len(got) < len(batch):
-                line, buf = buf.split(b"\n", 1)
-                res = json.loads(line)
-                if res.get("status") != "ok":
-                    raise _Stop
-                got.append(res)
-                deadline = time.perf_counter() + timeout_seconds  # each file has its own timeout
+        _read_results(r, got, len(batch), timeout_seconds)
     except (_Stop, ValueError):
         pass
     finally:
@@ -202,3 +184,28 @@ def _child(batch: List[Tuple[str, str, List[str]]], limit: int, wfd: int) -> Non
                 break
     finally:
         os._exit(0)
+
+
+def _read_results(r: int, got: List[Dict], n: int, timeout_seconds: float) -> None:
+    """Append to ``got`` the child's results (one JSON line per file, from pipe ``r``) until ``n`` came, the
+    pipe closed, or a file took longer than ``timeout_seconds``; raises ``_Stop`` at the first that is not
+    ``ok`` (and ``ValueError`` for a line that is not JSON)."""
+    buf = b""
+    deadline = time.perf_counter() + timeout_seconds
+    while len(got) < n:
+        left = deadline - time.perf_counter()
+        if left <= 0:
+            return
+        if not select.select([r], [], [], left)[0]:
+            continue
+        data = os.read(r, 1 << 16)
+        if not data:
+            return
+        buf += data
+        while b"\n" in buf and len(got) < n:
+            line, buf = buf.split(b"\n", 1)
+            res = json.loads(line)
+            if res.get("status") != "ok":
+                raise _Stop
+            got.append(res)
+            deadline = time.perf_counter() + timeout_seconds  # each file has its own timeout

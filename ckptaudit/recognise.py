@@ -64,22 +64,27 @@ def _state_dict_of(inst: dict) -> Optional[dict]:
     return st if isinstance(st, dict) else None
 
 
+def _object_children(x: dict) -> Iterator[Tuple[str, Any]]:
+    """(name, child) pairs of an object node: its arguments, its state's fields, its items."""
+    for i, a in enumerate(x.get("args") or []):
+        yield f"<arg{i}>", a
+    st = _state_dict_of(x)
+    if st is not None:
+        yield from st.items()
+    items = x.get("items")
+    if isinstance(items, dict):
+        yield from items.items()
+    elif isinstance(items, list):
+        yield from ((str(i), v) for i, v in enumerate(items))
+
+
 def children(x: Any) -> Iterator[Tuple[str, Any]]:
     """(name, child) pairs of a tree node, named as the scan names tensors."""
     if isinstance(x, dict):
         if "__tensor__" in x or "__list__" in x or "__bytes__" in x or "__global__" in x:
             return
         if "__instance__" in x or "__call__" in x:
-            for i, a in enumerate(x.get("args") or []):
-                yield f"<arg{i}>", a
-            st = _state_dict_of(x)
-            if st is not None:
-                yield from st.items()
-            items = x.get("items")
-            if isinstance(items, dict):
-                yield from items.items()
-            elif isinstance(items, list):
-                yield from ((str(i), v) for i, v in enumerate(items))
+            yield from _object_children(x)
             return
         for k, v in x.items():
             if k != "__truncated__":

@@ -51,6 +51,33 @@ DCP_METADATA_GLOBALS = [
 ]
 
 
+def _judged_metadata(data: bytes, shown: str, cfg: dict, scan: UnitScan):
+    """The static walk of ``.metadata`` (``shown``: its path in the run), its imports judged into ``scan``
+    (every stream: ``read_metadata`` unpickles one, a loop would run them all); None, with the finding
+    added, when it must not be interpreted: an import it should not make, a walk over budget, a bad pickle."""
+    from .. import security
+    from ..pickle_walk import walk
+
+    t0 = time.perf_counter()
+    res = walk(data)
+    scan.walk_seconds += time.perf_counter() - t0
+    scan.pickle_bytes += len(data)
+    allowed = list(cfg.get("security", {}).get("allow_globals", [])) + DCP_METADATA_GLOBALS
+    verdicts, sec = security.scan(security.streams(data, res), path=shown, member=".metadata",
+                                  extra_allowed=allowed)
+    scan.add(sec)
+    scan.imports.extend({"file": shown, "member": ".metadata", **asdict(v)} for v in verdicts)
+    if any(f.severity == "error" for f in sec):
+        return None  # never interpret a pickle that imports something it should not
+    if res.budget_exhausted:
+        scan.add(walk_problem(res, shown, ".metadata"))
+        return None
+    if res.error:
+        scan.add(F.make("dcp_metadata_unreadable", path=shown, why=res.error))
+        return None
+    return res
+
+
 class DCP:
     name = "dcp"
 
@@ -67,9 +94,6 @@ class DCP:
         return not DISTCP.match(rel.rpartition("/")[2])
 
     def scan(self, run_dir: Path, unit: dict, cfg: dict, byte_facts=None) -> UnitScan:
-        from .. import security
-        from ..pickle_walk import walk
-
         scan = UnitScan(unit["unit"], self.name)
         folder = run_dir / unit["unit"]
         names = sorted(fs.listdir(folder))
@@ -88,22 +112,8 @@ class DCP:
         except OSError as e:
             scan.add(F.make("dcp_metadata_unreadable", path=rel(".metadata"), why=f"{type(e).__name__}: {e}"))
             return scan
-        t0 = time.perf_counter()
-        res = walk(data)
-        scan.walk_seconds += time.perf_counter() - t0
-        scan.pickle_bytes += len(data)
-        allowed = list(cfg.get("security", {}).get("allow_globals", [])) + DCP_METADATA_GLOBALS
-        every = security.streams(data, res)  # read_metadata unpickles one stream; a loop would run them all
-        verdicts, sec = security.scan(every, path=rel(".metadata"), member=".metadata", extra_allowed=allowed)
-        scan.add(sec)
-        scan.imports.extend({"file": rel(".metadata"), "member": ".metadata", **asdict(v)} for v in verdicts)
-        if any(f.severity == "error" for f in sec):
-            return scan  # never interpret a pickle that imports something it should not
-        if res.budget_exhausted:
-            scan.add(walk_problem(res, rel(".metadata"), ".metadata"))
-            return scan
-        if res.error:
-            scan.add(F.make("dcp_metadata_unreadable", path=rel(".metadata"), why=res.error))
+        res = _judged_metadata(data, rel(".metadata"), cfg, scan)
+        if res is None:
             return scan
         meta = _state(res.obj)
         sdm = _state(meta.get("state_dict_metadata")) if isinstance(meta, dict) else {}

@@ -65,17 +65,8 @@ def scan_bytes_items(folder: Path, storage: dict, tree: dict, scan: UnitScan, al
         if n > MAX_ITEMS or length > budget:
             skipped.append(fqn)
             continue
-        path = folder / relp
-        try:  # a FIFO would block the open (its size check names it); a link leaving the run was refused before
-            if not fs.is_remote(path) and not stat.S_ISREG(os.stat(path).st_mode):
-                continue
-        except OSError:
-            continue  # dcp_shard_missing
-        try:
-            with fs.open_binary(path, exact=True) as fh:
-                fh.seek(offset)
-                blob = fh.read(length)
-        except OSError:
+        blob = _read_item(folder / relp, offset, length)
+        if blob is None:
             continue
         budget -= len(blob)
         data = _pickle_of(blob)
@@ -95,6 +86,20 @@ def scan_bytes_items(folder: Path, storage: dict, tree: dict, scan: UnitScan, al
         scan.add(F.make("dcp_bytes_item_not_scanned", path=rel(".metadata"), n=len(skipped),
                         examples=", ".join(repr(x) for x in skipped[:3]), max_items=MAX_ITEMS,
                         max_mib=SWEEP_BYTES >> 20))
+
+
+def _read_item(path: Path, offset: int, length: int) -> Optional[bytes]:
+    """``length`` bytes of the rank file ``path`` from ``offset``; None when it is gone (``dcp_shard_missing``)
+    or no regular file (a FIFO would block the open: its size check names it; a link leaving the run was
+    refused before)."""
+    try:
+        if not fs.is_remote(path) and not stat.S_ISREG(os.stat(path).st_mode):
+            return None
+        with fs.open_binary(path, exact=True) as fh:
+            fh.seek(offset)
+            return fh.read(length)
+    except OSError:
+        return None
 
 
 def _pickle_of(blob: bytes) -> bytes:

@@ -81,8 +81,6 @@ def _storages_needed(res) -> Dict[str, tuple]:
 
 def _zip_tensors(path: Path, rel: str, unit: str, scan: UnitScan, rep, res) -> Dict[int, Any]:
     """A TensorRow per tensor of a zip's data.pkl; returns the decoded values of its small tensors."""
-    from ..formats import torchzip
-
     values: Dict[int, Any] = {}
     members = {m.name: m for m in rep.members}
     small = []
@@ -94,7 +92,18 @@ def _zip_tensors(path: Path, rel: str, unit: str, scan: UnitScan, rep, res) -> D
         if tm.numel <= SMALL_TENSOR_NUMEL and m is not None:
             small.append((off, tm))
     small = [(off, tm, n) for off, tm in small if off >= 0 and (n := small_nbytes(tm.dtype, tm.numel))]
-    if small and fs.is_remote(path) and torchzip.REMOTE_PREFETCH:  # all small values in one batch
+    if small:
+        _read_small_values(path, small, values)
+    return values
+
+
+def _read_small_values(path: Path, small: list, values: Dict[int, Any]) -> None:
+    """The values of the small tensors ``(offset, TensorMeta, bytes)`` into ``values`` (by the tensor's id):
+    a remote object's in one batch of ranged reads, a local file's one read each; a read that fails leaves
+    its tensor out."""
+    from ..formats import torchzip
+
+    if fs.is_remote(path) and torchzip.REMOTE_PREFETCH:  # all small values in one batch
         try:
             raws = fs.read_ranges(path, [(off, n) for off, _, n in small])
         except OSError:
@@ -103,16 +112,15 @@ def _zip_tensors(path: Path, rel: str, unit: str, scan: UnitScan, rep, res) -> D
             v = decode_small(raw, tm.dtype, tm.numel) if raw is not None else None
             if v is not None:
                 values[id(tm)] = v
-    elif small:
-        with fs.open_binary(path, exact=True) as fh:
-            for off, tm, n in small:
-                try:
-                    v = read_small(fh, off, tm.dtype, tm.numel)
-                except OSError:
-                    v = None
-                if v is not None:
-                    values[id(tm)] = v
-    return values
+        return
+    with fs.open_binary(path, exact=True) as fh:
+        for off, tm, n in small:
+            try:
+                v = read_small(fh, off, tm.dtype, tm.numel)
+            except OSError:
+                v = None
+            if v is not None:
+                values[id(tm)] = v
 
 
 def _safetensors_rows(path: Path, rel: str, unit: str, scan: UnitScan, header: Dict[str, Any]) -> Dict[str, Any]:
