@@ -202,9 +202,8 @@ def munge_works() -> bool:
     return p.returncode == 0
 
 
-def _start_munged(started: List[str], state_dir: Path) -> None:
-    if munge_works():
-        return
+def _munge_key() -> Path:
+    """``/etc/munge/munge.key``, made (by ``mungekey``, else from ``os.urandom``) when missing."""
     key = Path("/etc/munge/munge.key")
     if not key.exists():
         key.parent.mkdir(parents=True, exist_ok=True)
@@ -213,20 +212,31 @@ def _start_munged(started: List[str], state_dir: Path) -> None:
             _run([mk, "--create", "--keyfile", str(key)], timeout=30)
         if not key.exists():
             key.write_bytes(os.urandom(1024))
+    return key
+
+
+def _munged_command(key: Path) -> List[str]:
+    """The command that starts munged: as the ``munge`` user, which then owns the key and munge's folders
+    (munged refuses keys and folders it does not own; the Debian package runs it so), else as root."""
     for d in ("/run/munge", "/var/log/munge", "/var/lib/munge"):
         Path(d).mkdir(parents=True, exist_ok=True)
-    # munged refuses keys and folders it does not own; the Debian package runs it as "munge".
     try:
         import pwd
 
         pw = pwd.getpwnam("munge")
-        for p in (key, Path("/run/munge"), Path("/var/log/munge"), Path("/var/lib/munge")):
-            os.chown(p, pw.pw_uid, pw.pw_gid)
-        os.chmod(key, 0o400)
-        os.chmod("/run/munge", 0o755)
-        cmd = [_which("runuser") or "runuser", "-u", "munge", "--", _which("munged")]
     except KeyError:  # no munge user: run it as root
-        cmd = [_which("munged"), "--force"]
+        return [_which("munged"), "--force"]
+    for p in (key, Path("/run/munge"), Path("/var/log/munge"), Path("/var/lib/munge")):
+        os.chown(p, pw.pw_uid, pw.pw_gid)
+    os.chmod(key, 0o400)
+    os.chmod("/run/munge", 0o755)
+    return [_which("runuser") or "runuser", "-u", "munge", "--", _which("munged")]
+
+
+def _start_munged(started: List[str], state_dir: Path) -> None:
+    if munge_works():
+        return
+    cmd = _munged_command(_munge_key())
     p = _run(cmd, timeout=30)
     if p.returncode != 0:
         raise SlurmSetupError(f"{' '.join(cmd)}: exit {p.returncode}: {p.stdout}{p.stderr}\n"
@@ -288,36 +298,49 @@ def start_local_slurm(state_dir: Path | str = DEFAULT_STATE, conf: Optional[Path
     ctld_pid = _pid_alive(state_dir / "slurmctld.pid")
     d_pid = _pid_alive(state_dir / "slurmd.pid")
     if not (ctld_pid and d_pid and conf_path.exists()):
-        node_line, _cpus, _mem = _node_line()
-        text = slurm_conf_text(node, node_line, state_dir)
-        if not conf_path.exists() or conf_path.read_text(errors="replace") != text:
-            conf_path.parent.mkdir(parents=True, exist_ok=True)
-            conf_path.write_text(text)
+        _write_conf(conf_path, slurm_conf_text(node, _node_line()[0], state_dir))
     _export_conf(conf_path)
     env = _client_env(conf_path)
     if not ctld_pid:
         # -c: clean start (no saved jobs from an earlier cluster); -i: ignore unreadable state.
-        p = _run([_which("slurmctld"), "-c", "-i", "-f", str(conf_path)], timeout=60, env=env)
-        if p.returncode != 0:
-            raise SlurmSetupError(f"slurmctld: exit {p.returncode}: {p.stdout}{p.stderr}\n{_logs(state_dir)}")
-        started.append("slurmctld")
+        _start_daemon("slurmctld", [_which("slurmctld"), "-c", "-i", "-f", str(conf_path)], env, state_dir, started)
     if not d_pid:
-        p = _run([_which("slurmd"), "-f", str(conf_path)], timeout=60, env=env)
-        if p.returncode != 0:
-            raise SlurmSetupError(f"slurmd: exit {p.returncode}: {p.stdout}{p.stderr}\n{_logs(state_dir)}")
-        started.append("slurmd")
-    deadline = t0 + timeout_s
+        _start_daemon("slurmd", [_which("slurmd"), "-f", str(conf_path)], env, state_dir, started)
+    _wait_usable(conf_path, node, env, "slurmd" in started, t0 + timeout_s, timeout_s, state_dir)
+    return _info(conf_path, node, state_dir, started, t0)
+
+
+def _wait_usable(conf_path: Path, node: str, env: dict, slurmd_started: bool, deadline: float,
+                 timeout_s: float, state_dir: Path) -> None:
+    """Poll ``sinfo`` until ``node`` is usable (a node left down by an earlier run is resumed when slurmd was
+    not started now); :class:`SlurmSetupError` with the daemons' logs at ``deadline`` (monotonic seconds)."""
     states: Dict[str, str] = {}
     while time.monotonic() < deadline:
         states = node_states(conf_path)
         if states.get(node) in USABLE_STATES:
-            return _info(conf_path, node, state_dir, started, t0)
-        if states.get(node, "").startswith(("down", "drain")) and "slurmd" not in started:
+            return
+        if states.get(node, "").startswith(("down", "drain")) and not slurmd_started:
             # left down by an earlier run (e.g. a reboot without slurmd): resume it
             _run([_which("scontrol"), "update", f"nodename={node}", "state=resume"], env=env)
         time.sleep(0.5)
     raise SlurmSetupError(f"node {node} is not idle after {timeout_s:.0f} s (sinfo: {states or 'no answer'})\n"
                           f"{_logs(state_dir)}")
+
+
+def _write_conf(conf_path: Path, text: str) -> None:
+    """``text`` to ``conf_path`` unless it already holds it."""
+    if not conf_path.exists() or conf_path.read_text(errors="replace") != text:
+        conf_path.parent.mkdir(parents=True, exist_ok=True)
+        conf_path.write_text(text)
+
+
+def _start_daemon(name: str, cmd: List[str], env: dict, state_dir: Path, started: List[str]) -> None:
+    """Run ``cmd`` (a daemon that forks away) and add ``name`` to ``started``; :class:`SlurmSetupError` with
+    the daemons' logs when it exits non-zero."""
+    p = _run(cmd, timeout=60, env=env)
+    if p.returncode != 0:
+        raise SlurmSetupError(f"{name}: exit {p.returncode}: {p.stdout}{p.stderr}\n{_logs(state_dir)}")
+    started.append(name)
 
 
 def _export_conf(conf_path: Path) -> None:
