@@ -40,6 +40,29 @@ def _check_is_torch_file(path: PathLike) -> None:
         raise NotADemoCheckpoint(f"{path}: not a torch.save file (starts with {head!r}): not a demo checkpoint")
 
 
+def _demo_checkpoint(path: PathLike) -> dict:
+    """The demo checkpoint at ``path``, read with ``torch.load(weights_only=True)`` onto the CPU; raises
+    :class:`NotADemoCheckpoint` when it is no torch.save file, no dict, or lacks what the trainer resumes."""
+    _check_is_torch_file(path)
+    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(ckpt, dict):
+        raise NotADemoCheckpoint(f"{path}: expected a checkpoint dict, found {type(ckpt).__name__}")
+    missing = sorted({"model", "optimizer", "model_args", "config"} - set(ckpt))
+    if missing:
+        raise NotADemoCheckpoint(f"{path}: the demo trainer cannot resume without {missing!r}")
+    return ckpt
+
+
+def _restore_rng(rng, seed: int) -> None:
+    """The saved RNG states, or every generator seeded from ``seed`` when the checkpoint has none."""
+    if rng is not None:
+        set_rng_state(rng)
+        return
+    torch.manual_seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+
+
 def restore_hook(path: PathLike, device: str = "cpu"):
     """Restore hook of the demo trainer for ``ckptaudit drill`` (``drill.hook:
     "ckptaudit.demo:restore_hook"``): resume the checkpoint at ``path`` on ``device`` the way
@@ -62,13 +85,7 @@ def restore_hook(path: PathLike, device: str = "cpu"):
     ``optimizer``, ``model_args`` and ``config``, or its ``model_args`` lack a key of the demo model.
     """
     dev = torch.device(device)
-    _check_is_torch_file(path)
-    ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(ckpt, dict):
-        raise NotADemoCheckpoint(f"{path}: expected a checkpoint dict, found {type(ckpt).__name__}")
-    missing = sorted({"model", "optimizer", "model_args", "config"} - set(ckpt))
-    if missing:
-        raise NotADemoCheckpoint(f"{path}: the demo trainer cannot resume without {missing!r}")
+    ckpt = _demo_checkpoint(path)
     cfg = dict(DEFAULT_CONFIG)
     cfg.update(ckpt["config"])
     model_args = dict(ckpt["model_args"])
@@ -82,13 +99,7 @@ def restore_hook(path: PathLike, device: str = "cpu"):
     optimizer.load_state_dict(ckpt["optimizer"])
     if ckpt.get("scheduler") is not None:
         scheduler.load_state_dict(ckpt["scheduler"])
-    if ckpt.get("rng") is not None:
-        set_rng_state(ckpt["rng"])
-    else:
-        seed = int(cfg.get("seed", 1337))
-        torch.manual_seed(seed)
-        np.random.seed(seed)
-        random.seed(seed)
+    _restore_rng(ckpt.get("rng"), int(cfg.get("seed", 1337)))
     step = int(ckpt["iter_num"]) if "iter_num" in ckpt else int(scheduler.last_epoch)
     model.train()
 

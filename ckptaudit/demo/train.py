@@ -201,25 +201,59 @@ def train(
         torch.set_num_threads(prev_threads)
 
 
-def _train(out_dir, max_steps, save_every, seed, start_from, restore, model_args, config,
-           on_step, mutate, save, on_save, filename) -> TrainResult:
-    src = torch.load(start_from, weights_only=True) if start_from is not None else None
-    if src is not None and "model" not in src:  # a bare state_dict (weights-only file)
+def _start_state(start_from, restore: str) -> Optional[dict]:
+    """The checkpoint training starts from (a bare state_dict becomes ``{"model": it}``), None without one;
+    ``KeyError`` when a full restore lacks a key nanoGPT's loop saves."""
+    if start_from is None:
+        return None
+    src = torch.load(start_from, weights_only=True)
+    if "model" not in src:  # a bare state_dict (weights-only file)
         src = {"model": src}
-    if src is not None and restore == "full":
+    if restore == "full":
         missing = sorted(set(NANOGPT_KEYS + EXTRA_KEYS) - set(src))
         if missing:
             raise KeyError(f"{start_from}: a full restore needs {missing!r}, which the checkpoint lacks")
+    return src
+
+
+def _run_config(src: Optional[dict], restore: str, model_args: Optional[dict], config: Optional[dict],
+                **run) -> tuple:
+    """``(model_args, config)`` of the run: the model's from the caller, else the start checkpoint's, else the
+    defaults; the config restored with a full restore, else a fresh schedule (warm up over 1/12 of the run,
+    decay over all of it), with ``run``'s keys and then the caller's ``config`` over it."""
     if src is not None and model_args is None:
         model_args = src.get("model_args")
-    model_args = dict(model_args or DEFAULT_MODEL_ARGS)
     cfg = dict(DEFAULT_CONFIG)
     if src is not None and restore == "full":
         cfg.update(src["config"])
-    else:  # a fresh schedule: warm up over 1/12 of the run, decay over all of it
-        cfg.update(warmup_iters=max(1, max_steps // 12), lr_decay_iters=max_steps)
-    cfg.update(max_iters=max_steps, save_every=save_every, seed=seed)
+    else:
+        cfg.update(warmup_iters=max(1, run["max_iters"] // 12), lr_decay_iters=run["max_iters"])
+    cfg.update(run)
     cfg.update(config or {})
+    return dict(model_args or DEFAULT_MODEL_ARGS), cfg
+
+
+def _checkpoint(model, optimizer, scheduler, model_args: dict, cfg: dict, iter_num: int, best_val_loss: float,
+                loss) -> dict:
+    """The checkpoint dict the loop saves: nanoGPT's keys, the scheduler, the RNG states and the step's loss."""
+    return {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "model_args": dict(model_args),
+        "iter_num": iter_num,
+        "best_val_loss": best_val_loss,
+        "config": dict(cfg),
+        "scheduler": scheduler.state_dict(),
+        "rng": get_rng_state(),
+        "loss": float(loss.item()),
+    }
+
+
+def _train(out_dir, max_steps, save_every, seed, start_from, restore, model_args, config,
+           on_step, mutate, save, on_save, filename) -> TrainResult:
+    src = _start_state(start_from, restore)
+    model_args, cfg = _run_config(src, restore, model_args, config, max_iters=max_steps, save_every=save_every,
+                                  seed=seed)
 
     torch.manual_seed(seed)
     np.random.seed(seed)
@@ -257,17 +291,7 @@ def _train(out_dir, max_steps, save_every, seed, start_from, restore, model_args
             continue
         ev = _estimate_loss(model, train_data, val_data, cfg, block_size)
         best_val_loss = min(best_val_loss, ev["val"])
-        ckpt = {
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "model_args": dict(model_args),
-            "iter_num": iter_num,
-            "best_val_loss": best_val_loss,
-            "config": dict(cfg),
-            "scheduler": scheduler.state_dict(),
-            "rng": get_rng_state(),
-            "loss": float(loss.item()),
-        }
+        ckpt = _checkpoint(model, optimizer, scheduler, model_args, cfg, iter_num, best_val_loss, loss)
         losses[iter_num] = ckpt["loss"]
         if mutate is not None:
             ckpt = mutate(iter_num, ckpt)
