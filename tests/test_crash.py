@@ -534,7 +534,7 @@ def test_abandon_signal_at_every_publish_line_leaves_no_torn_unit(tmp_path, fold
         run = tmp_path / f"k{k}"
         outcome, events = _publish_with_signal_at(run, k, k, folder, guard)
         guard.requested = None
-        assert phases._PHASES == [], (k, phases._PHASES)
+        assert phases.PHASES == [], (k, phases.PHASES)
         left = [n for n in os.listdir(run) if n.startswith(P.TMP_PREFIX)]
         assert not left, (k, outcome, left)
         name = f"checkpoint-{k}" if folder else f"ckpt_{k:06d}.pt"

@@ -391,7 +391,7 @@ def test_prune_never_deletes_unverified_or_latest_and_protects_rollback(tmp_path
 
 
 def test_retention_after_publish_and_sweep_of_dead_writers(tmp_path):
-    leftover = tmp_path / f"{P.TMP_PREFIX}{publish_names._host_tag()}-999999999-deadbeef-ckpt_000001.pt"
+    leftover = tmp_path / f"{P.TMP_PREFIX}{publish_names.host_tag()}-999999999-deadbeef-ckpt_000001.pt"
     tmp_path.mkdir(exist_ok=True)
     leftover.write_bytes(b"PK\x03\x04 half a save")
     alive = tmp_path / P.tmp_name("ckpt_000002.pt")  # this process is alive: never swept

@@ -12,7 +12,7 @@ import torch
 
 from ckptaudit import publish as P
 from ckptaudit.publish import writer as W
-from ckptaudit.publish.clock import _Clock
+from ckptaudit.publish.clock import Clock
 
 
 def test_digests_from_memory_match_the_file_across_chunk_and_write_boundaries(tmp_path):
@@ -21,7 +21,7 @@ def test_digests_from_memory_match_the_file_across_chunk_and_write_boundaries(tm
     cb = 100_003  # divides no write: every big write ends and starts chunks mid-buffer
     blobs = [b"x" * 17, bytes(range(256)) * 4096, b"", b"y" * (W.PARALLEL_BYTES + 5), b"z" * 3]
     with ThreadPoolExecutor(2) as pool:
-        w = W.HashingWriter(tmp_path / "f.bin", "f.bin", cb, pool, _Clock())
+        w = W.HashingWriter(tmp_path / "f.bin", "f.bin", cb, pool, Clock())
         for b in blobs:
             assert w.write(memoryview(b)) == len(b)
         rec = w.close()
@@ -52,7 +52,7 @@ def test_failed_big_write_waits_for_the_hash_workers_and_keeps_the_error(tmp_pat
         raise OSError(errno.ENOSPC, "No space left on device")
 
     with ThreadPoolExecutor(2) as pool:
-        w = W.HashingWriter(tmp_path / "f.bin", "f.bin", 1 << 20, pool, _Clock())
+        w = W.HashingWriter(tmp_path / "f.bin", "f.bin", 1 << 20, pool, Clock())
         monkeypatch.setattr(W, "_write_all", full)
         with pytest.raises(OSError) as ei:
             w.write(b"q" * (W.PARALLEL_BYTES * 2))
@@ -68,7 +68,7 @@ def test_chunk_zero_from_the_whole_file_hash_at_every_boundary(tmp_path, sizes):
     cb = 4096
     data = os.urandom(sum(sizes))
     with ThreadPoolExecutor(2) as pool:
-        w = W.HashingWriter(tmp_path / "f.bin", "f.bin", cb, pool, _Clock())
+        w = W.HashingWriter(tmp_path / "f.bin", "f.bin", cb, pool, Clock())
         off = 0
         for n in sizes:
             w.write(data[off:off + n])

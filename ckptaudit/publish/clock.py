@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from typing import Dict, Iterator
 
 
-class _Clock:
+class Clock:
     """Accumulates wall-clock seconds per key (``fsync_seconds``, ``verify_seconds`` …)."""
 
     def __init__(self) -> None:

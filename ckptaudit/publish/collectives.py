@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, List
 
 
-class _Comm:
+class Comm:
     """The few collectives a folder publish needs; trivial for one process."""
 
     def __init__(self, rank: int, world_size: int, group: Any):

@@ -1,7 +1,7 @@
 """The commit of a publish: verify, write sidecars and the manifest, rename into place, mark complete.
 
-A mixin of :class:`~.unit._Publish` (its ``__exit__`` calls :meth:`_Commit._exit_file` or
-:meth:`_Commit._exit_folder`), then ``latest`` and retention (:meth:`_Commit._after_commit`).
+A mixin of :class:`~.unit._Publish` (its ``__exit__`` calls :meth:`Commit._exit_file` or
+:meth:`Commit._exit_folder`), then ``latest`` and retention (:meth:`Commit._after_commit`).
 Order of operations, and why each fsync: ``docs/publish-protocol.md``.
 """
 
@@ -14,10 +14,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from .files import _atomic_write, _fsync_dir, _remove_tree_quiet, _rename, _unlink_quiet
+from .files import durable_write, fsync_dir, remove_tree_quiet, rename_nfs_safe, unlink_quiet
 from .latest import update_latest
-from .manifest import FileRecord, _fsync_and_hash, manifest_bytes, sidecar_text
-from .names import COMPLETE_MARKER, MANIFEST_NAME, SIDECAR_SUFFIX, TMP_PREFIX, _RESERVED, Preempted, PublishError
+from .manifest import FileRecord, fsync_and_hash, manifest_bytes, sidecar_text
+from .names import COMPLETE_MARKER, MANIFEST_NAME, SIDECAR_SUFFIX, TMP_PREFIX, RESERVED, Preempted, PublishError
 from .retention import prune
 
 log = logging.getLogger("ckptaudit.publish")
@@ -52,14 +52,14 @@ def _gathered(gathered: List[Dict[str, Any]]) -> tuple:
     return causes, recs, seen
 
 
-class _Commit:
+class Commit:
     """The commit steps of :class:`~.unit._Publish` (attributes set there: ``name``,
     ``final``, ``run_dir``, ``tmp_path``, ``writers``, ``comm``, ``clock``, ``pub``, ``phases`` …)."""
 
     def _exit_file(self, exc) -> None:
         if exc is not None or not self.writers:
             self._abort_local()
-            _unlink_quiet(self.tmp_path)
+            unlink_quiet(self.tmp_path)
             if exc is None:
                 raise PublishError(self.name, {"rank 0": "nothing was written: call pub.save(obj) or pub.open()"})
             return
@@ -74,21 +74,21 @@ class _Commit:
                 raise PublishError(self.name, {f"verify {i}": p for i, p in enumerate(problems)})
             if os.path.lexists(self.final):
                 raise FileExistsError(f"{self.final}: appeared while publishing; not replacing it")
-            _atomic_write(sidecar, sidecar_text(recs[0].sha256_hex, self.name).encode(), self.clock)
-            _atomic_write(manifest, manifest_bytes(self._manifest(recs)), self.clock)
-            _rename(self.tmp_path, self.final)
+            durable_write(sidecar, sidecar_text(recs[0].sha256_hex, self.name).encode(), self.clock)
+            durable_write(manifest, manifest_bytes(self._manifest(recs)), self.clock)
+            rename_nfs_safe(self.tmp_path, self.final)
             committed = True
         except BaseException as e:
             self._abort_local()
             if not committed:
-                _unlink_quiet(self.tmp_path)
+                unlink_quiet(self.tmp_path)
                 if not os.path.lexists(self.final):
-                    _unlink_quiet(sidecar)
-                    _unlink_quiet(manifest)
+                    unlink_quiet(sidecar)
+                    unlink_quiet(manifest)
             if isinstance(e, (PublishError, KeyboardInterrupt, Preempted)):
                 raise
             raise PublishError(self.name, {"rank 0 (commit)": f"{type(e).__name__}: {e}"}) from e
-        _fsync_dir(self.run_dir, self.clock)  # after the commit: an OSError here is raised as is
+        fsync_dir(self.run_dir, self.clock)  # after the commit: an OSError here is raised as is
         self._after_commit(recs)
 
     # folder unit ---------------------------------------------------------
@@ -103,7 +103,7 @@ class _Commit:
                 recs = self._close_local()
                 for r in recs:  # this rank's sidecars, beside each of its files
                     p = self.tmp_path / r.path
-                    _atomic_write(p.with_name(p.name + SIDECAR_SUFFIX),
+                    durable_write(p.with_name(p.name + SIDECAR_SUFFIX),
                                   sidecar_text(r.sha256_hex, p.name).encode(), self.clock)
                 local["files"] = [asdict(r) for r in recs]
             except BaseException as e:  # noqa: BLE001 - reported to rank 0, re-raised below
@@ -138,15 +138,15 @@ class _Commit:
             mbytes = self._seal_tmp(recs, seen)
             if os.path.lexists(self.final):
                 raise FileExistsError(f"{self.final}: appeared while publishing; not replacing it")
-            _rename(self.tmp_path, self.final)
+            rename_nfs_safe(self.tmp_path, self.final)
             committed = True
-            _fsync_dir(self.run_dir, self.clock)
-            _atomic_write(self.final / COMPLETE_MARKER,
+            fsync_dir(self.run_dir, self.clock)
+            durable_write(self.final / COMPLETE_MARKER,
                           sidecar_text(hashlib.sha256(mbytes).hexdigest(), MANIFEST_NAME).encode(), self.clock)
-            _fsync_dir(self.final, self.clock)
+            fsync_dir(self.final, self.clock)
         except BaseException as e:  # noqa: BLE001 - every rank learns the cause from the broadcast
             if not committed:
-                _remove_tree_quiet(self.tmp_path)
+                remove_tree_quiet(self.tmp_path)
             if isinstance(e, (KeyboardInterrupt, Preempted)):
                 raise
             return {"error": e.causes if isinstance(e, PublishError) else
@@ -168,16 +168,16 @@ class _Commit:
             raise PublishError(self.name, {f"verify {i}": p for i, p in enumerate(problems)})
         for rel in self._unregistered(seen):  # e.g. torch.distributed.checkpoint's .metadata
             p = self.tmp_path / rel
-            r = _fsync_and_hash(p, rel, self.chunk_bytes, -1, self.clock)
-            _atomic_write(p.with_name(p.name + SIDECAR_SUFFIX), sidecar_text(r.sha256_hex, p.name).encode(),
+            r = fsync_and_hash(p, rel, self.chunk_bytes, -1, self.clock)
+            durable_write(p.with_name(p.name + SIDECAR_SUFFIX), sidecar_text(r.sha256_hex, p.name).encode(),
                           self.clock)
             recs.append(r)
         manifest = self._manifest(recs)
         mbytes = manifest_bytes(manifest)
-        _atomic_write(self.tmp_path / MANIFEST_NAME, mbytes, self.clock)
+        durable_write(self.tmp_path / MANIFEST_NAME, mbytes, self.clock)
         for d in sorted({(self.tmp_path / r.path).parent for r in recs}, key=lambda x: -len(x.parts)):
-            _fsync_dir(d, self.clock)
-        _fsync_dir(self.tmp_path, self.clock)
+            fsync_dir(d, self.clock)
+        fsync_dir(self.tmp_path, self.clock)
         return mbytes
 
     def _unregistered(self, registered: Dict[str, int]) -> List[str]:
@@ -187,7 +187,7 @@ class _Commit:
             for fn in sorted(filenames):
                 rel = (Path(dirpath) / fn).relative_to(self.tmp_path).as_posix()
                 if rel in registered or fn.endswith(SIDECAR_SUFFIX) or fn.startswith(TMP_PREFIX) or \
-                        rel in _RESERVED:
+                        rel in RESERVED:
                     continue
                 out.append(rel)
         return out

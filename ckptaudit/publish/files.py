@@ -12,20 +12,21 @@ import shutil
 from pathlib import Path
 
 from .._io import atomic_write
-from .._io import fsync_dir as _fsync_dir  # noqa: F401 - (path, clock): fsync a folder, see _io
-from .._io import unlink_quiet as _unlink_quiet  # noqa: F401 - used by the protocol's modules
-from .clock import _Clock
+from .._io import fsync_dir  # noqa: F401 - (path, clock): fsync a folder, see _io
+from .._io import unlink_quiet  # noqa: F401 - used by the protocol's modules
+from .clock import Clock
 
 log = logging.getLogger("ckptaudit.publish")
 
 
-def _atomic_write(path: Path, data: bytes, clock: _Clock) -> None:
+def durable_write(path: Path, data: bytes, clock: Clock) -> None:
     """Write ``data`` to a temp name beside ``path``, fsync, ``os.replace`` onto ``path``.
     The caller fsyncs the folder.  Raises ``OSError`` (the temp file is removed)."""
     atomic_write(path, data, durable=True, sync_dir=False, clock=clock)
 
 
-def _remove_tree_quiet(path: Path) -> None:
+def remove_tree_quiet(path: Path) -> None:
+    """Remove ``path`` (a folder with what it holds, or a file); a failure is logged, never raised."""
     try:
         if path.is_dir() and not path.is_symlink():
             shutil.rmtree(path)
@@ -37,7 +38,7 @@ def _remove_tree_quiet(path: Path) -> None:
         log.warning("%s: could not remove (%s)", path, e.strerror)
 
 
-def _rename(src: Path, dst: Path) -> None:
+def rename_nfs_safe(src: Path, dst: Path) -> None:
     """``os.rename`` that tolerates the NFS retry case (ENOENT although the rename happened)."""
     try:
         os.rename(src, dst)

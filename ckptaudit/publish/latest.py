@@ -9,8 +9,8 @@ from typing import Optional
 
 from .._io import atomic_symlink
 from ..units import step_from_name
-from .clock import _Clock
-from .files import _atomic_write, _fsync_dir
+from .clock import Clock
+from .files import durable_write, fsync_dir
 from .names import LATEST_NAME
 
 log = logging.getLogger("ckptaudit.publish")
@@ -25,7 +25,7 @@ def read_latest(run_dir: str | os.PathLike) -> Optional[str]:
 
 
 def update_latest(run_dir: str | os.PathLike, unit: str, step: int, *, symlink: Optional[str] = None,
-                  clock: Optional[_Clock] = None) -> bool:
+                  clock: Optional[Clock] = None) -> bool:
     """Point ``run_dir/latest`` at ``unit`` (of ``step``) atomically, only forwards.
 
     Writes the name (no newline, as DeepSpeed does) to a temp file, fsyncs, ``os.replace``
@@ -34,15 +34,15 @@ def update_latest(run_dir: str | os.PathLike, unit: str, step: int, *, symlink: 
     symbolic link of that name at ``unit`` (``os.symlink`` to a temp name, then
     ``os.replace``).  Returns True when ``latest`` was moved.  Raises ``OSError``."""
     run_dir = Path(run_dir)
-    clock = clock or _Clock()
+    clock = clock or Clock()
     cur = read_latest(run_dir)
     if cur is not None and cur != unit and os.path.lexists(run_dir / cur):
         cur_step = step_from_name(cur)
         if cur_step is not None and cur_step > step:
             log.info("%s: latest stays at %s (step %s > %s)", run_dir, cur, cur_step, step)
             return False
-    _atomic_write(run_dir / LATEST_NAME, unit.encode(), clock)
+    durable_write(run_dir / LATEST_NAME, unit.encode(), clock)
     if symlink:
         atomic_symlink(run_dir / symlink, unit)
-    _fsync_dir(run_dir, clock)
+    fsync_dir(run_dir, clock)
     return True

@@ -16,8 +16,8 @@ from typing import Any, Dict, List, Optional
 
 from .._version import __version__
 from ..hashing import sha256_range
-from .clock import _Clock
-from .names import _O_CLOEXEC, DEFAULT_CHUNK_BYTES, SCHEMA
+from .clock import Clock
+from .names import O_CLOEXEC, DEFAULT_CHUNK_BYTES, SCHEMA
 
 
 def sidecar_text(sha256_hex: str, file_name: str) -> str:
@@ -25,7 +25,8 @@ def sidecar_text(sha256_hex: str, file_name: str) -> str:
     return f"{sha256_hex}  {file_name}\n"
 
 
-def _versions() -> Dict[str, str]:
+def environment_versions() -> Dict[str, str]:
+    """The manifest's ``versions``: Python, ckptaudit, the platform, and torch (loaded or installed)."""
     out = {"python": platform.python_version(), "ckptaudit": __version__, "platform": platform.platform()}
     torch = sys.modules.get("torch")
     if torch is not None:
@@ -40,7 +41,7 @@ def _versions() -> Dict[str, str]:
     return out
 
 
-def _jsonable(obj: Any) -> Any:
+def jsonable(obj: Any) -> Any:
     """``obj`` round-tripped through JSON, with anything JSON cannot hold as ``str``."""
     return json.loads(json.dumps(obj, default=str))
 
@@ -102,7 +103,7 @@ def hash_file(path: Path, rel: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, rank
               workers: Optional[int] = None) -> FileRecord:
     """Whole-file SHA-256 (streamed, this thread) and chunk digests (thread pool, all cores,
     concurrently) of an existing file.  Raises ``OSError``."""
-    fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
+    fd = os.open(path, os.O_RDONLY | O_CLOEXEC)
     try:
         size = os.fstat(fd).st_size
         n = -(-size // chunk_bytes)
@@ -116,10 +117,10 @@ def hash_file(path: Path, rel: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, rank
     return FileRecord(rel, size, full, chunk_bytes, chunks, rank)
 
 
-def _fsync_and_hash(path: Path, rel: str, chunk_bytes: int, rank: int, clock: _Clock) -> FileRecord:
+def fsync_and_hash(path: Path, rel: str, chunk_bytes: int, rank: int, clock: Clock) -> FileRecord:
     """fsync a file another writer made (``pub.path()``, a DCP ``.metadata``), then
     :func:`hash_file` it.  Raises ``OSError``."""
-    fd = os.open(path, os.O_RDONLY | _O_CLOEXEC)
+    fd = os.open(path, os.O_RDONLY | O_CLOEXEC)
     try:
         with clock("fsync_seconds"):
             os.fsync(fd)

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Dict
 
 from .._io import TMP_PREFIX, tmp_name
-from .._io import host_tag as _host_tag
+from .._io import host_tag
 
 __all__ = ["SCHEMA", "MANIFEST_NAME", "COMPLETE_MARKER", "TMP_PREFIX", "LATEST_NAME", "SIDECAR_SUFFIX",
-           "DEFAULT_CHUNK_BYTES", "PublishError", "Preempted", "tmp_name", "_host_tag", "_check_name"]
+           "DEFAULT_CHUNK_BYTES", "PublishError", "Preempted", "tmp_name", "host_tag", "check_name"]
 
 SCHEMA = "ckptaudit.manifest/1"
 MANIFEST_NAME = "manifest.json"
@@ -26,9 +26,12 @@ COMPLETE_MARKER = "COMPLETE"
 LATEST_NAME = "latest"
 SIDECAR_SUFFIX = ".sha256"
 DEFAULT_CHUNK_BYTES = 64 << 20
-_TMP_RE = re.compile(r"^\.ckptaudit-tmp-([0-9a-f]{8})-(\d+)-([0-9a-f]{8})-(.+)$")
-_RESERVED = (MANIFEST_NAME, COMPLETE_MARKER, "ckptaudit.manifest.json")
-_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+#: A temp name of this protocol: host tag, pid, random tag, final name (see :func:`ckptaudit._io.tmp_name`).
+TMP_RE = re.compile(r"^\.ckptaudit-tmp-([0-9a-f]{8})-(\d+)-([0-9a-f]{8})-(.+)$")
+#: Names inside a unit that only the protocol writes.
+RESERVED = (MANIFEST_NAME, COMPLETE_MARKER, "ckptaudit.manifest.json")
+#: ``os.O_CLOEXEC`` where the platform has it (0 elsewhere).
+O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
 class PublishError(RuntimeError):
@@ -52,9 +55,11 @@ class Preempted(BaseException):
         super().__init__(f"preempted by signal {signal.Signals(signum).name} during a save; the save was abandoned")
 
 
-def _check_name(name: str, what: str) -> None:
+def check_name(name: str, what: str) -> None:
+    """``ValueError`` unless ``name`` (a ``what``, for the message) is a relative path inside a unit, without
+    ``..``, and no name the protocol keeps for itself (manifest, marker, sidecar, temp file)."""
     p = Path(name)
     if not name or p.is_absolute() or ".." in p.parts or name != p.as_posix():
         raise ValueError(f"{what} {name!r} must be a relative path inside the unit, without '..'")
-    if p.name in _RESERVED or p.name.endswith(SIDECAR_SUFFIX) or p.name.startswith(TMP_PREFIX):
+    if p.name in RESERVED or p.name.endswith(SIDECAR_SUFFIX) or p.name.startswith(TMP_PREFIX):
         raise ValueError(f"{what} {name!r} is reserved by the publish protocol (manifest, marker, sidecar, temp)")

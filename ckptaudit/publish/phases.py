@@ -1,9 +1,9 @@
 """Where the publishes in flight in this process are, for :class:`PreemptionGuard`'s handler.
 
-``_PHASES`` holds one entry per publish in flight: ``"writing"`` (inside the ``with``
+``PHASES`` holds one entry per publish in flight: ``"writing"`` (inside the ``with``
 block's body), then ``"closing"``/``"commit"`` once ``__exit__`` has begun.  It is only
-ever mutated, never rebound (tests read it as ``ckptaudit.publish._PHASES``).
-``_EXIT_CODES`` holds the code object of ``_Publish.__exit__`` (registered by
+ever mutated, never rebound (tests read it as ``ckptaudit.publish.phases.PHASES``).
+``EXIT_CODES`` holds the code object of ``_Publish.__exit__`` (registered by
 :mod:`.unit`), so the handler can tell a signal that lands on entry to ``__exit__``,
 before its first statement, without importing the writer.
 """
@@ -14,11 +14,11 @@ from types import CodeType
 from typing import List
 
 # phase of the publishes in flight in this process ("writing" or "commit"), for PreemptionGuard
-_PHASES: List[str] = []
+PHASES: List[str] = []
 
-_EXIT_CODES: List[CodeType] = []
+EXIT_CODES: List[CodeType] = []
 
 
 def in_exit(code: CodeType) -> bool:
     """True when ``code`` is a registered ``__exit__`` of a publish."""
-    return any(code is c for c in _EXIT_CODES)
+    return any(code is c for c in EXIT_CODES)

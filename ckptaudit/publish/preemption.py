@@ -9,7 +9,7 @@ from typing import Any, Dict, Optional, Sequence
 
 from .background import wait_background
 from .names import Preempted
-from .phases import _PHASES, in_exit
+from .phases import PHASES, in_exit
 
 log = logging.getLogger("ckptaudit.publish")
 
@@ -67,7 +67,7 @@ class PreemptionGuard:
         # started, the save is finished instead: its cleanup and commit must not be cut short
         # (a Preempted there would leave the temporary file behind).  The frame test covers
         # the signal that is handled on entry to __exit__, before its first statement ran.
-        abandon = (self.mode == "abandon" and bool(_PHASES) and _PHASES[-1] == "writing"
+        abandon = (self.mode == "abandon" and bool(PHASES) and PHASES[-1] == "writing"
                    and (frame is None or not in_exit(frame.f_code)))
         log.warning("received %s: %s", signal.Signals(signum).name,
                     "abandoning the save in flight" if abandon else "will stop after the current step/save")

@@ -19,9 +19,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from .. import fs
 from ..units import step_from_name
-from .clock import _Clock
-from .files import _fsync_dir, _remove_tree_quiet, _rename, _unlink_quiet
-from .names import _TMP_RE, SCHEMA, SIDECAR_SUFFIX, _host_tag, tmp_name
+from .clock import Clock
+from .files import fsync_dir, remove_tree_quiet, rename_nfs_safe, unlink_quiet
+from .names import TMP_RE, SCHEMA, SIDECAR_SUFFIX, host_tag, tmp_name
 
 log = logging.getLogger("ckptaudit.publish")
 
@@ -100,14 +100,14 @@ def _metric_of(run_dir: Path, unit: Dict[str, Any], metric: str) -> Optional[flo
 
 def _stale_leftovers(run_dir: Path) -> List[Tuple[str, str]]:
     """(name, why) of temp leftovers in ``run_dir`` whose writer on this host is gone."""
-    host = _host_tag()
+    host = host_tag()
     out = []
     try:
         names = sorted(os.listdir(run_dir))
     except OSError:
         return out
     for n in names:
-        m = _TMP_RE.match(n)
+        m = TMP_RE.match(n)
         if not m or m.group(1) != host:
             continue
         pid = int(m.group(2))
@@ -157,7 +157,7 @@ def _orphan_integrity_files(run_dir: Path) -> Dict[str, Tuple[str, Tuple[int, in
         names = sorted(os.listdir(run_dir))
     except OSError:
         return {}
-    in_flight = {m.group(4) for n in names if (m := _TMP_RE.match(n))}
+    in_flight = {m.group(4) for n in names if (m := TMP_RE.match(n))}
     present = set(names)
     out: Dict[str, Tuple[str, Tuple[int, int]]] = {}
     for n in names:
@@ -177,20 +177,20 @@ def _orphan_integrity_files(run_dir: Path) -> Dict[str, Tuple[str, Tuple[int, in
     return out
 
 
-def _delete_unit(run_dir: Path, unit: Dict[str, Any], clock: _Clock) -> None:
+def _delete_unit(run_dir: Path, unit: Dict[str, Any], clock: Clock) -> None:
     """Delete a unit without ever leaving a torn one: rename it to a temp name (in progress
     for the audit), fsync the folder, then remove it and, for a file unit, its sidecars and
     manifest."""
     src = run_dir / unit["unit"]
     parent = src.parent
     tmp = parent / tmp_name(src.name)
-    _rename(src, tmp)
-    _fsync_dir(parent, clock)
+    rename_nfs_safe(src, tmp)
+    fsync_dir(parent, clock)
     if unit["kind"] == "file":
         for extra in list(unit.get("sidecars", [])) + ([unit["manifest"]] if unit.get("manifest") else []):
-            _unlink_quiet(run_dir / extra)
-    _remove_tree_quiet(tmp)
-    _fsync_dir(parent, clock)
+            unlink_quiet(run_dir / extra)
+    remove_tree_quiet(tmp)
+    fsync_dir(parent, clock)
 
 
 def prune(run_dir: str | os.PathLike, *, keep_last: Optional[int] = None, keep_every: Optional[int] = None,
@@ -320,7 +320,7 @@ def _decision(u: dict, keep: Dict[str, str], rollback: Optional[dict],
 def _carry_out(plan: PrunePlan, by_name: Dict[str, dict], orphans: Dict[str, tuple],
                echo: Optional[Callable[[str], None]]) -> None:
     """Delete what ``plan`` deletes and sweeps (or, on a dry run, ``echo`` it), each with its directory fsync."""
-    root, clock = plan.run_dir, _Clock()
+    root, clock = plan.run_dir, Clock()
     for d in plan.decisions:
         if d.action == "keep":
             continue
@@ -337,7 +337,7 @@ def _carry_out(plan: PrunePlan, by_name: Dict[str, dict], orphans: Dict[str, tup
                     continue
             except OSError:
                 continue
-            _unlink_quiet(root / d.unit)
+            unlink_quiet(root / d.unit)
         else:
-            _remove_tree_quiet(root / d.unit)
+            remove_tree_quiet(root / d.unit)
         log.info("%s: deleted %s (%s)", root, d.unit, d.reason)

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from .._version import __version__
-from .clock import _Clock
-from .files import _atomic_write, _fsync_dir
+from .clock import Clock
+from .files import durable_write, fsync_dir
 from .manifest import hash_file, manifest_bytes, sidecar_text
 from .names import COMPLETE_MARKER, DEFAULT_CHUNK_BYTES, MANIFEST_NAME, SCHEMA, SIDECAR_SUFFIX
 
@@ -45,7 +45,7 @@ def seal(run_dir: str | os.PathLike, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES, 
     """
     root = Path(run_dir)
     out: List[SealOutcome] = []
-    clock = _Clock()
+    clock = Clock()
     verdict, inv, audited = _audit(root, cfg)
     units = {u["unit"]: u for u in inv["units"]}
     for vu in verdict["units"]:
@@ -113,7 +113,7 @@ def _records(root: Path, u: dict, base: Path, audited: Dict[str, str], chunk_byt
     return recs
 
 
-def _write_seal(root: Path, u: dict, step, base: Path, recs: list, clock: _Clock) -> List[str]:
+def _write_seal(root: Path, u: dict, step, base: Path, recs: list, clock: Clock) -> List[str]:
     """Write the unit's missing sidecars, then its manifest (a folder: ``COMPLETE`` first, ``manifest.json``
     last), each atomically with its directory fsync; returns what was written, run-relative."""
     folder = u["kind"] == "folder"
@@ -123,24 +123,24 @@ def _write_seal(root: Path, u: dict, step, base: Path, recs: list, clock: _Clock
         sc = rel + SIDECAR_SUFFIX
         if sc in have or rel + ".sha256sum" in have or (root / sc).exists():
             continue
-        _atomic_write(root / sc, sidecar_text(r.sha256_hex, Path(rel).name).encode(), clock)
+        durable_write(root / sc, sidecar_text(r.sha256_hex, Path(rel).name).encode(), clock)
         written.append(sc)
     doc = {"schema": SCHEMA, "unit": u["unit"], "step": step, "files": [asdict(r) for _, r in recs],
            "versions": {"ckptaudit": __version__}, "world_size": None, "config": None, "metrics": None,
            "created_unix": max((os.stat(root / rel).st_mtime for rel, _ in recs), default=None),
            "sealed_unix": time.time(), "sealed_by": "ckptaudit seal"}
     for d in {(root / rel).parent for rel, _ in recs} | {root}:
-        _fsync_dir(d, clock)
+        fsync_dir(d, clock)
     if u["kind"] == "file":
         mp = root / (u["unit"] + ".manifest.json")
-        _atomic_write(mp, manifest_bytes(doc), clock)
+        durable_write(mp, manifest_bytes(doc), clock)
         written.append(mp.relative_to(root).as_posix())
     elif folder:
         mb = manifest_bytes(doc)
-        _atomic_write(base / COMPLETE_MARKER, sidecar_text(hashlib.sha256(mb).hexdigest(), MANIFEST_NAME).encode(),
+        durable_write(base / COMPLETE_MARKER, sidecar_text(hashlib.sha256(mb).hexdigest(), MANIFEST_NAME).encode(),
                       clock)
-        _atomic_write(base / MANIFEST_NAME, mb, clock)
+        durable_write(base / MANIFEST_NAME, mb, clock)
         written += [f"{u['unit']}/{COMPLETE_MARKER}", f"{u['unit']}/{MANIFEST_NAME}"]
-        _fsync_dir(base, clock)
-    _fsync_dir(base if folder else (root / u["unit"]).parent, clock)
+        fsync_dir(base, clock)
+    fsync_dir(base if folder else (root / u["unit"]).parent, clock)
     return written

@@ -18,13 +18,13 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 from ..hashing import chunk_sha256
 from . import background as _background
-from .clock import _Clock
-from .collectives import _Comm
-from .commit import PublishResult, _Commit
-from .files import _remove_tree_quiet
-from .manifest import ROLES, FileRecord, _fsync_and_hash, _jsonable, _versions, object_role
-from .names import DEFAULT_CHUNK_BYTES, SCHEMA, TMP_PREFIX, Preempted, PublishError, _check_name, tmp_name
-from .phases import _EXIT_CODES, _PHASES
+from .clock import Clock
+from .collectives import Comm
+from .commit import PublishResult, Commit
+from .files import remove_tree_quiet
+from .manifest import ROLES, FileRecord, fsync_and_hash, jsonable, environment_versions, object_role
+from .names import DEFAULT_CHUNK_BYTES, SCHEMA, TMP_PREFIX, Preempted, PublishError, check_name, tmp_name
+from .phases import EXIT_CODES, PHASES
 from .retention import Retention
 from .writer import HashingWriter
 
@@ -99,10 +99,10 @@ class Publication:
         return self._ctx.path(name)
 
 
-class _Publish(_Commit):
+class _Publish(Commit):
     """One publish in flight: its arguments, its temp unit and writers, and the steps of
     ``with publish(...)``: enter (create the temp unit), the block's writes, exit (close,
-    then the commit steps of :class:`~.commit._Commit`)."""
+    then the commit steps of :class:`~.commit.Commit`)."""
 
     def __init__(self, run_dir, step, *, name, folder, config, metrics, rank, world_size, group, chunk_bytes,
                  update_latest, latest_symlink, verify, retention):
@@ -133,8 +133,8 @@ class _Publish(_Commit):
         self.config, self.metrics = config, metrics
         self.chunk_bytes, self.verify = chunk_bytes, (world_size > 1 if verify is None else verify)
         self.update_latest, self.latest_symlink, self.retention = update_latest, latest_symlink, retention
-        self.comm = _Comm(rank, world_size, group)
-        self.clock = _Clock()
+        self.comm = Comm(rank, world_size, group)
+        self.clock = Clock()
         self.writers: List[HashingWriter] = []
         self.path_names: List[str] = []
         self.tmp_path = Path()
@@ -142,10 +142,10 @@ class _Publish(_Commit):
         self.pub = Publication(self)
         self.t_enter = 0.0
         # save(background=True) sets in_background and gives the commit a phase list of its
-        # own: PreemptionGuard's handler reads _PHASES to abandon the body of a publish on the
+        # own: PreemptionGuard's handler reads PHASES to abandon the body of a publish on the
         # main thread, never a thread's commit
         self.in_background = False
-        self.phases: List[str] = _PHASES
+        self.phases: List[str] = PHASES
 
     # ----------------------------------------------------------------- enter
     def __enter__(self) -> Publication:
@@ -177,14 +177,14 @@ class _Publish(_Commit):
                 self.phases.pop()
             self.pool.shutdown(wait=True)
             if self.rank == 0 and self.folder:
-                _remove_tree_quiet(self.tmp_path)
+                remove_tree_quiet(self.tmp_path)
             raise
 
     def open(self, name: Optional[str]) -> HashingWriter:
         if self.folder:
             if name is None:
                 raise ValueError("a folder unit needs a file name: pub.save(obj, 'model.pt')")
-            _check_name(name, "file name")
+            check_name(name, "file name")
             target = self.tmp_path / name
             target.parent.mkdir(parents=True, exist_ok=True)
             rel = name
@@ -201,7 +201,7 @@ class _Publish(_Commit):
     def path(self, name: str) -> Path:
         if not self.folder:
             raise ValueError("pub.path() is for folder units; a file unit is written with pub.save or pub.open")
-        _check_name(name, "file name")
+        check_name(name, "file name")
         p = self.tmp_path / name
         p.parent.mkdir(parents=True, exist_ok=True)
         self.path_names.append(name)
@@ -235,7 +235,7 @@ class _Publish(_Commit):
         for w in self.writers:
             recs.append(w.close())
         for name in self.path_names:
-            recs.append(_fsync_and_hash(self.tmp_path / name, name, self.chunk_bytes, self.rank, self.clock))
+            recs.append(fsync_and_hash(self.tmp_path / name, name, self.chunk_bytes, self.rank, self.clock))
         return recs
 
     def _abort_local(self) -> None:
@@ -267,13 +267,13 @@ class _Publish(_Commit):
     def _manifest(self, recs: Sequence[FileRecord]) -> Dict[str, Any]:
         return {"schema": SCHEMA, "unit": self.name, "step": self.step,
                 "files": [asdict(r) for r in sorted(recs, key=lambda r: r.path)],
-                "versions": _versions(), "world_size": self.world_size,
-                "config": _jsonable(self.config) if self.config is not None else None,
-                "metrics": _jsonable(self.metrics) if self.metrics is not None else None,
+                "versions": environment_versions(), "world_size": self.world_size,
+                "config": jsonable(self.config) if self.config is not None else None,
+                "metrics": jsonable(self.metrics) if self.metrics is not None else None,
                 "created_unix": time.time()}
 
 
-_EXIT_CODES.append(_Publish.__exit__.__code__)  # for PreemptionGuard: a signal on entry to __exit__
+EXIT_CODES.append(_Publish.__exit__.__code__)  # for PreemptionGuard: a signal on entry to __exit__
 
 
 def publish(run_dir: str | os.PathLike, step: int, *, name: Optional[str] = None, folder: Optional[bool] = None,

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import List, Optional
 
 from .._io import write_all as _write_all
-from .clock import _Clock
+from .clock import Clock
 from .manifest import FileRecord
-from .names import _O_CLOEXEC
+from .names import O_CLOEXEC
 
 #: Writes at least this big (bytes) are hashed on ``pool`` while the calling thread writes
 #: them to disk; smaller ones (torch's zip headers, the pickle) are hashed inline, where a
@@ -71,11 +71,11 @@ class HashingWriter:
     ``EDQUOT``, ``EFBIG``) and keeps it in ``error``.
     """
 
-    def __init__(self, path: Path, rel: str, chunk_bytes: int, pool: ThreadPoolExecutor, clock: _Clock,
+    def __init__(self, path: Path, rel: str, chunk_bytes: int, pool: ThreadPoolExecutor, clock: Clock,
                  rank: int = 0):
         self.path, self.rel, self.chunk_bytes, self.rank = Path(path), rel, chunk_bytes, rank
         self._pool, self._clock = pool, clock
-        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _O_CLOEXEC, 0o644)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | O_CLOEXEC, 0o644)
         self._full = hashlib.sha256()
         self._first: Optional[str] = None  # chunk 0's digest: the whole-file hasher's, copied at its end
         self._chunk = hashlib.sha256()  # the chunk (after chunk 0) being filled
