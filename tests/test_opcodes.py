@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ckptaudit.pickle_walk.opcodes import genops
-from ckptaudit.pickle_walk.reader import _MVReader
+from ckptaudit.pickle_walk.reader import MVReader
 
 
 def _trace(it, f, limit=10_000):
@@ -37,7 +37,7 @@ def _same(data: bytes, start: int = 0) -> None:
     ref_f = io.BytesIO(data)
     ref_f.seek(start)
     ref = _trace(pickletools.genops(ref_f), ref_f)
-    for f, buf in ((io.BytesIO(data), data), (_MVReader(memoryview(data), start), None)):
+    for f, buf in ((io.BytesIO(data), data), (MVReader(memoryview(data), start), None)):
         if buf is None:
             buf = f.mv
         f.seek(start)

@@ -35,7 +35,7 @@ _STORAGE_DTYPES: Dict[str, Tuple[str, int]] = {
 # torch dtype name (as in ``torch.<name>`` globals) -> bytes per element.
 # Source: ``torch.<dtype>.itemsize`` for every dtype of torch 2.13 (sub-byte
 # int1..int7/uint1..uint7 report 1).  Aliases (float, half, long, ...) map to
-# the canonical name in _DTYPE_ALIASES.
+# the canonical name in DTYPE_ALIASES.
 _DTYPE_ITEMSIZE: Dict[str, int] = {
     "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
     "int64": 8, "int32": 4, "int16": 2, "int8": 1,
@@ -48,7 +48,8 @@ _DTYPE_ITEMSIZE: Dict[str, int] = {
     **{f"int{i}": 1 for i in range(1, 8)},
     **{f"uint{i}": 1 for i in range(1, 8)},
 }
-_DTYPE_ALIASES: Dict[str, str] = {
+#: torch's alternative dtype names (``torch.float`` is ``torch.float32`` ...) -> the canonical name.
+DTYPE_ALIASES: Dict[str, str] = {
     "double": "float64", "float": "float32", "half": "float16", "long": "int64",
     "int": "int32", "short": "int16", "cdouble": "complex128", "cfloat": "complex64",
     "chalf": "complex32", "bit": "uint1",
@@ -71,4 +72,4 @@ def dtype_of_storage_type(name: str) -> Tuple[str, int]:
 
 def dtype_itemsize(dtype: str, default: int = 0) -> int:
     """Bytes per element of a torch dtype name (``"bfloat16"`` → 2), or ``default``."""
-    return _DTYPE_ITEMSIZE.get(_DTYPE_ALIASES.get(dtype, dtype), default)
+    return _DTYPE_ITEMSIZE.get(DTYPE_ALIASES.get(dtype, dtype), default)

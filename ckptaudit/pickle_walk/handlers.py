@@ -1,11 +1,11 @@
 """One small handler per pickle opcode (or family of opcodes), as the walk's dispatch table.
 
-:class:`OpcodeHandlers` is a mixin of the walk's ``_State``.  Each handler is called as
+:class:`OpcodeHandlers` is a mixin of the walk's ``WalkState``.  Each handler is called as
 ``handler(stack, arg, pos, op)``: ``stack`` is the current frame (the items pushed since the last MARK, as
 in ``pickle._Unpickler.stack``), ``arg`` the operand :func:`.opcodes.genops` decoded, ``pos`` the opcode's
 byte offset and ``op`` its ``pickletools.OpcodeInfo``.  A handler works on ``stack`` in place; the three that
 change frames (MARK, POP and the opcodes that take the items since the last MARK) set ``self.stack`` and
-are marked in :data:`FRAME_HANDLERS` so the loop (:meth:`.machine._State._run`) reloads it.
+are marked in :data:`FRAME_HANDLERS` so the loop (:meth:`.machine.WalkState._run`) reloads it.
 
 Semantics follow CPython's ``Lib/pickle.py`` ``_Unpickler`` (``load_*`` methods): popping from an empty frame
 is a stack underflow (``IndexError``), POP on an empty frame pops its MARK, STOP inside an open MARK is an
@@ -18,11 +18,11 @@ from typing import Any, Dict, List
 
 from .memo import EMPTY
 from .model import Call, GlobalImport, GlobalRef
-from .reader import _safe_key, short_repr, _WalkError, clean_text
+from .reader import safe_key, short_repr, WalkError, clean_text
 
 
 class OpcodeHandlers:
-    """``_State`` methods, one per opcode family; the table that maps opcodes to them is :data:`HANDLERS`."""
+    """``WalkState`` methods, one per opcode family; the table that maps opcodes to them is :data:`HANDLERS`."""
 
     __slots__ = ()
 
@@ -50,7 +50,7 @@ class OpcodeHandlers:
         try:
             stack.append(self.memo[arg])
         except KeyError:
-            raise _WalkError(f"memo key {arg} not defined at byte {pos} ({op.name})") from None
+            raise WalkError(f"memo key {arg} not defined at byte {pos} ({op.name})") from None
 
     # -- values
     def op_literal(self, stack: List[Any], arg: Any, pos: int, op: Any) -> None:  # ints, floats, unicode str
@@ -196,7 +196,7 @@ class OpcodeHandlers:
 
     def op_stop(self, stack: List[Any], arg: Any, pos: int, op: Any) -> None:
         if self.metastack:
-            raise _WalkError(f"STOP at byte {pos} inside an unclosed MARK")
+            raise WalkError(f"STOP at byte {pos} inside an unclosed MARK")
         if not stack:
             raise IndexError
         self.res.obj = stack.pop()
@@ -218,7 +218,7 @@ class OpcodeHandlers:
     def _items(self, stack: List[Any], pos: int, op: Any) -> List[Any]:
         """The items since the last MARK (the current frame); the frame below becomes current."""
         if not self.metastack:
-            raise _WalkError(f"no MARK for {op.name} at byte {pos}")
+            raise WalkError(f"no MARK for {op.name} at byte {pos}")
         self.stack = self.metastack.pop()
         return stack
 
@@ -238,7 +238,7 @@ class OpcodeHandlers:
 
     def op_frozenset(self, stack: List[Any], arg: Any, pos: int, op: Any) -> None:
         items = self._items(stack, pos, op)
-        self.stack.append(frozenset(_safe_key(x) for x in items))
+        self.stack.append(frozenset(safe_key(x) for x in items))
 
     def op_setitems(self, stack: List[Any], arg: Any, pos: int, op: Any) -> None:
         items = self._items(stack, pos, op)
@@ -256,7 +256,7 @@ class OpcodeHandlers:
         items = self._items(stack, pos, op)
         target = self.stack[-1]
         if type(target) is set:
-            target.update(_safe_key(x) for x in items)
+            target.update(safe_key(x) for x in items)
 
     def op_pop_mark(self, stack: List[Any], arg: Any, pos: int, op: Any) -> None:  # the items are dropped
         self._items(stack, pos, op)
@@ -267,7 +267,7 @@ class OpcodeHandlers:
         items = self._items(stack, pos, op)
         try:
             cls = self.line_global(pos, "INST")
-        except _WalkError:  # unreadable operands: the frame goes back as it was, for the salvage
+        except WalkError:  # unreadable operands: the frame goes back as it was, for the salvage
             self.metastack.append(self.stack)
             self.stack = items
             raise

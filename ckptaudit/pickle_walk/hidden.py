@@ -1,6 +1,6 @@
 """The hidden-pickle search: imports past the budget, names, and pickles encoded inside operands.
 
-:class:`_HiddenPickles` is a mixin of the walk's ``_State``; a nested pickle is walked by the ``walker``
+:class:`HiddenPickles` is a mixin of the walk's ``WalkState``; a nested pickle is walked by the ``walker``
 the state was given (``streams.walk``), so this module never imports the entry points.
 """
 
@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from . import budgets
 from .model import GlobalImport
 from .opcodes import genops
-from .reader import _raw_line_pair
+from .reader import raw_line_pair
 
 _B64 = re.compile(rb"[A-Za-z0-9+/\-_]+={0,2}")
 _HEX = re.compile(rb"(?:[0-9a-fA-F]{2})+")
@@ -69,8 +69,8 @@ def _memo_put(code: str, arg: Any, last: List[Any], strs: Dict[Any, str], n_memo
     return n_memo
 
 
-class _HiddenPickles:
-    """``_State`` methods that look for what a pickle hides: imports, dunder names, nested pickles."""
+class HiddenPickles:
+    """``WalkState`` methods that look for what a pickle hides: imports, dunder names, nested pickles."""
 
     __slots__ = ()
 
@@ -89,7 +89,7 @@ class _HiddenPickles:
             for op, arg, pos in itertools.islice(genops(self.data, f), budgets.MAX_IMPORT_SCAN_OPS):
                 code = op.code
                 if code in "ci":
-                    mod, name = _raw_line_pair(self.data, pos)
+                    mod, name = raw_line_pair(self.data, pos)
                     res.globals.append(GlobalImport(mod, name, "GLOBAL" if code == "c" else "INST", pos, True))
                     self.check_name(mod, name, pos)
                     last = [None, None]

@@ -1,4 +1,4 @@
-"""The opcode machine: ``_State`` and its loop over :func:`.opcodes.genops` (pickletools' ``genops``, decoded
+"""The opcode machine: ``WalkState`` and its loop over :func:`.opcodes.genops` (pickletools' ``genops``, decoded
 from the buffer), dispatching each opcode to its handler in :mod:`.handlers`.
 
 The handlers are mixin methods (:mod:`.handlers`, :mod:`.hidden`, :mod:`.objects`), so their attribute
@@ -22,13 +22,13 @@ from . import budgets
 #: under the GIL, so taking turns costs no throughput.
 WALKS = threading.RLock()
 from .handlers import FRAME_HANDLERS, HANDLERS, OpcodeHandlers  # noqa: E402
-from .hidden import _HiddenPickles  # noqa: E402
+from .hidden import HiddenPickles  # noqa: E402
 from .memo import Memo  # noqa: E402
 from .model import GlobalImport, GlobalRef, TensorMeta, WalkResult  # noqa: E402
-from .objects import _ObjectOps  # noqa: E402
+from .objects import ObjectOps  # noqa: E402
 from .opcodes import genops  # noqa: E402
-from .reader import _BudgetError, _raw_line_pair, _WalkError  # noqa: E402
-from .salvage import _salvage, _tensor_paths  # noqa: E402
+from .reader import BudgetError, raw_line_pair, WalkError  # noqa: E402
+from .salvage import fold_unfinished, tensor_paths  # noqa: E402
 
 #: The handler names in table order; an opcode's index is its place here, and the frame-changing handlers
 #: (after which the loop reloads the current frame) come last, from :data:`_FIRST_FRAME_HANDLER` on.
@@ -39,7 +39,7 @@ _INDEX: Dict[Any, int] = {op: _NAMES.index(HANDLERS[op.name]) for op in pickleto
 assert len(_INDEX) == len(pickletools.opcodes), "an opcode has no handler"
 
 
-class _State(OpcodeHandlers, _HiddenPickles, _ObjectOps):
+class WalkState(OpcodeHandlers, HiddenPickles, ObjectOps):
     """One walk of one pickle stream: the result being filled, its budgets, the machine's frames and memo, and
     the opcode loop (:meth:`run`)."""
 
@@ -74,7 +74,7 @@ class _State(OpcodeHandlers, _HiddenPickles, _ObjectOps):
 
     def line_global(self, pos: int, opname: str) -> GlobalRef:
         """The module/name operand lines of GLOBAL or INST at ``pos``: listed as an import, checked, and returned."""
-        mod, name = _raw_line_pair(self.data, pos)
+        mod, name = raw_line_pair(self.data, pos)
         self.res.globals.append(GlobalImport(mod, name, opname, pos, True))
         self.check_name(mod, name, pos)
         return GlobalRef(mod, name)
@@ -96,8 +96,8 @@ class _State(OpcodeHandlers, _HiddenPickles, _ObjectOps):
             res.error = f"truncated at byte {res.end}: no STOP opcode"
         try:
             if not self.stopped:
-                res.obj = _salvage(self.stack, self.metastack, self)
-            res.tensors = _tensor_paths(res.obj, self.tensors_built)
+                res.obj = fold_unfinished(self.stack, self.metastack, self)
+            res.tensors = tensor_paths(res.obj, self.tensors_built)
         except Exception as e:  # pragma: no cover - defensive: the result must still come back
             res.error = res.error or f"cannot describe the result: {type(e).__name__}: {e}"
         if self.n_tricks_dropped:
@@ -120,15 +120,15 @@ class _State(OpcodeHandlers, _HiddenPickles, _ObjectOps):
             ops = itertools.islice(genops(self.data, f), self.max_ops)
             for n, (op, arg, pos) in enumerate(ops, 1):
                 if not n & check_mask and sys.getallocatedblocks() - blocks0 > max_blocks:
-                    raise _BudgetError(f"gave up after {n} opcodes at byte {pos}: the object tree holds more "
+                    raise BudgetError(f"gave up after {n} opcodes at byte {pos}: the object tree holds more "
                                        f"than {max_blocks} interpreter objects")
                 i = index[op]
                 table[i](stack, arg, pos, op)
                 if i >= frame_changes:
                     stack = self.stack
             if not self.stopped and n >= self.max_ops:
-                raise _BudgetError(f"gave up after max_ops={self.max_ops} opcodes at byte {f.tell()}")
-        except _BudgetError as e:
+                raise BudgetError(f"gave up after max_ops={self.max_ops} opcodes at byte {f.tell()}")
+        except BudgetError as e:
             self.res.error = str(e)
             self.res.budget_exhausted = True
             strs = {k: v for k, v in self.memo.items() if type(v) is str}
@@ -142,7 +142,7 @@ class _State(OpcodeHandlers, _HiddenPickles, _ObjectOps):
     def _error_text(self, e: Exception, f: Any, op: Any, pos: int) -> str:
         """Why the walk stopped at the opcode ``op`` at byte ``pos``, in words."""
         name = op.name if op else "?"
-        if isinstance(e, _WalkError):
+        if isinstance(e, WalkError):
             return str(e)
         if isinstance(e, IndexError):
             return f"stack underflow at byte {pos} ({name})"

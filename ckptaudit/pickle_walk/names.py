@@ -27,18 +27,21 @@ def normalize_global(module: str, name: str) -> Tuple[str, str]:
 
 # ---------------------------------------------------------------- recognised globals
 
-_R_TENSOR_V2 = "torch._utils._rebuild_tensor_v2"
-_R_TENSOR = "torch._utils._rebuild_tensor"
-_R_TENSOR_V3 = "torch._utils._rebuild_tensor_v3"
-_R_QTENSOR = "torch._utils._rebuild_qtensor"
-_R_PARAM = "torch._utils._rebuild_parameter"
-_R_PARAM_STATE = "torch._utils._rebuild_parameter_with_state"
-_R_FROM_TYPE = "torch._tensor._rebuild_from_type_v2"
-_PARAMETER_CLASSES = {"torch.nn.parameter.Parameter", "torch.nn.Parameter"}
-_TENSOR_REBUILDS = {_R_TENSOR_V2, _R_TENSOR, _R_TENSOR_V3, _R_QTENSOR, _R_PARAM, _R_PARAM_STATE, _R_FROM_TYPE}
+#: torch's rebuild functions a tensor's pickle calls (torch/_utils.py, torch/_tensor.py), by version.
+R_TENSOR_V2 = "torch._utils._rebuild_tensor_v2"
+R_TENSOR = "torch._utils._rebuild_tensor"
+R_TENSOR_V3 = "torch._utils._rebuild_tensor_v3"
+R_QTENSOR = "torch._utils._rebuild_qtensor"
+R_PARAM = "torch._utils._rebuild_parameter"
+R_PARAM_STATE = "torch._utils._rebuild_parameter_with_state"
+R_FROM_TYPE = "torch._tensor._rebuild_from_type_v2"
+#: The classes a parameter is pickled as.
+PARAMETER_CLASSES = {"torch.nn.parameter.Parameter", "torch.nn.Parameter"}
+#: Every rebuild the walk turns into a :class:`TensorMeta`.
+TENSOR_REBUILDS = {R_TENSOR_V2, R_TENSOR, R_TENSOR_V3, R_QTENSOR, R_PARAM, R_PARAM_STATE, R_FROM_TYPE}
 
 # Lower-case globals that are classes anyway (so REDUCE of them is an Instance).
-_KNOWN_CLASSES = {
+KNOWN_CLASSES = {
     "numpy.dtype", "numpy.ndarray", "datetime.datetime", "datetime.date", "datetime.time",
     "datetime.timedelta", "datetime.timezone", "torch.device", "collections.defaultdict",
     "collections.deque", "collections.OrderedDict", "collections.Counter",
@@ -46,4 +49,5 @@ _KNOWN_CLASSES = {
                                 "frozenset", "bytearray", "complex", "slice", "range", "object",
                                 "type", "bool")),
 }
-_LITERAL_ENCODINGS = {"latin1", "latin-1", "iso-8859-1", "iso8859-1", "utf-8", "utf8", "ascii"}
+#: Encodings ``_codecs.encode``/``bytearray`` may name for the walk to evaluate the call.
+LITERAL_ENCODINGS = {"latin1", "latin-1", "iso-8859-1", "iso8859-1", "utf-8", "utf8", "ascii"}

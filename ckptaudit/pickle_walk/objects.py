@@ -1,18 +1,18 @@
 """Object builders: what persistent ids, calls, instances and container opcodes make, symbolically.
 
-:class:`_ObjectOps` is a mixin of the walk's ``_State``; torch's rebuild calls become :class:`TensorMeta`.
+:class:`ObjectOps` is a mixin of the walk's ``WalkState``; torch's rebuild calls become :class:`TensorMeta`.
 """
 
 from __future__ import annotations
 
 from typing import Any, Optional
 
-from .dtypes import _DTYPE_ALIASES, dtype_of_storage_type
+from .dtypes import DTYPE_ALIASES, dtype_of_storage_type
 from .model import AttrDict, Call, GlobalRef, Instance, PersistentRef, StorageRef, TensorMeta
-from .names import (_KNOWN_CLASSES, _PARAMETER_CLASSES, _R_FROM_TYPE, _R_PARAM, _R_PARAM_STATE, _R_QTENSOR,
-                    _R_TENSOR, _R_TENSOR_V2, _R_TENSOR_V3, _TENSOR_REBUILDS, normalize_global)
-from .reader import _MISSING, _int_tuple, _safe_key, short_repr
-from .salvage import _literal_call
+from .names import (KNOWN_CLASSES, PARAMETER_CLASSES, R_FROM_TYPE, R_PARAM, R_PARAM_STATE, R_QTENSOR,
+                    R_TENSOR, R_TENSOR_V2, R_TENSOR_V3, TENSOR_REBUILDS, normalize_global)
+from .reader import MISSING, int_tuple, safe_key, short_repr
+from .salvage import literal_call
 
 
 def _as_args(args: Any) -> tuple:
@@ -31,8 +31,8 @@ def _as_parameter(args: tuple) -> Optional[TensorMeta]:
     return t
 
 
-class _ObjectOps:
-    """``_State`` methods that build the symbolic objects (``persistent_load``, ``reduce``, ``build`` ...)."""
+class ObjectOps:
+    """``WalkState`` methods that build the symbolic objects (``persistent_load``, ``reduce``, ``build`` ...)."""
 
     __slots__ = ()
 
@@ -75,21 +75,21 @@ class _ObjectOps:
             return Call(func, args)
         full = self.full_name(func)
         name = func.name
-        if full in _TENSOR_REBUILDS:
+        if full in TENSOR_REBUILDS:
             t = self.rebuild(full, args)
             if t is not None:
                 return t
             return Call(func, args)
         if full == "collections.OrderedDict":
             return self._ordered_dict(args, pos)
-        if full == "torch.Size" and len(args) == 1 and _int_tuple(args[0]) is not None:
+        if full == "torch.Size" and len(args) == 1 and int_tuple(args[0]) is not None:
             return tuple(args[0])
-        lit = _literal_call(full, args)
-        if lit is not _MISSING:
+        lit = literal_call(full, args)
+        if lit is not MISSING:
             if type(lit) is bytes and lit[:1] == b"\x80":
                 self.maybe_nested(lit, pos, "_codecs.encode")
             return lit
-        if full in _KNOWN_CLASSES or name.rsplit(".", 1)[-1][:1].isupper():
+        if full in KNOWN_CLASSES or name.rsplit(".", 1)[-1][:1].isupper():
             return Instance(func, args)
         return Call(func, args)
 
@@ -120,7 +120,7 @@ class _ObjectOps:
             return Instance(cls, args)
         mod, name = normalize_global(cls.module, cls.name)
         full = f"{mod}.{name}"
-        if full in _PARAMETER_CLASSES and args and type(args[0]) is TensorMeta:
+        if full in PARAMETER_CLASSES and args and type(args[0]) is TensorMeta:
             t = args[0]
             t.requires_grad = args[1] if len(args) > 1 and type(args[1]) is bool else True
             t.is_parameter = True
@@ -131,11 +131,11 @@ class _ObjectOps:
 
     def rebuild(self, full: str, args: tuple) -> Optional[TensorMeta]:
         """TensorMeta for a recognised torch rebuild call with well-formed args, else None."""
-        if full in (_R_TENSOR_V2, _R_TENSOR, _R_TENSOR_V3, _R_QTENSOR):
+        if full in (R_TENSOR_V2, R_TENSOR, R_TENSOR_V3, R_QTENSOR):
             return self._rebuild_tensor(full, args)
-        if full in (_R_PARAM, _R_PARAM_STATE):
+        if full in (R_PARAM, R_PARAM_STATE):
             return _as_parameter(args)
-        if full == _R_FROM_TYPE:
+        if full == R_FROM_TYPE:
             return self._rebuild_from_type(args)
         return None
 
@@ -144,19 +144,19 @@ class _ObjectOps:
         ``requires_grad`` and (v3) the dtype at the positions torch/_utils.py gives them."""
         if len(args) < 4:
             return None
-        storage, offset, size, stride = args[0], args[1], _int_tuple(args[2]), _int_tuple(args[3])
+        storage, offset, size, stride = args[0], args[1], int_tuple(args[2]), int_tuple(args[3])
         if type(storage) is not StorageRef or type(offset) is not int or size is None or stride is None:
             return None
         dtype = storage.dtype
         rg = False
-        if full == _R_TENSOR_V2 and len(args) >= 5:
+        if full == R_TENSOR_V2 and len(args) >= 5:
             rg = args[4] is True
-        elif full == _R_TENSOR_V3 and len(args) >= 7:
+        elif full == R_TENSOR_V3 and len(args) >= 7:
             rg = args[4] is True
             dt = args[6]
             if type(dt) is GlobalRef and dt.module == "torch":
-                dtype = _DTYPE_ALIASES.get(dt.name, dt.name)
-        elif full == _R_QTENSOR and len(args) >= 6:
+                dtype = DTYPE_ALIASES.get(dt.name, dt.name)
+        elif full == R_QTENSOR and len(args) >= 6:
             rg = args[5] is True
         t = TensorMeta(storage, offset, size, stride, dtype, rg, False)
         self.tensors_built.append(t)
@@ -168,7 +168,7 @@ class _ObjectOps:
         if len(args) < 3 or type(args[0]) is not GlobalRef:
             return None
         inner = "%s.%s" % normalize_global(args[0].module, args[0].name)
-        if inner not in _TENSOR_REBUILDS or inner == _R_FROM_TYPE:
+        if inner not in TENSOR_REBUILDS or inner == R_FROM_TYPE:
             return None
         inner_args = args[2] if type(args[2]) is tuple else tuple(args[2]) if type(args[2]) is list else None
         if inner_args is None:
@@ -177,7 +177,7 @@ class _ObjectOps:
         if t is None:
             return None
         nt = args[1]
-        if type(nt) is GlobalRef and "%s.%s" % normalize_global(nt.module, nt.name) in _PARAMETER_CLASSES:
+        if type(nt) is GlobalRef and "%s.%s" % normalize_global(nt.module, nt.name) in PARAMETER_CLASSES:
             t.is_parameter = True
         return t
 
@@ -189,7 +189,7 @@ class _ObjectOps:
                 k = items[i]
                 tk = type(k)
                 if not (tk is str or tk is int):
-                    k = _safe_key(k)
+                    k = safe_key(k)
                 target[k] = items[i + 1]
             return
         if t is Instance or t is Call:

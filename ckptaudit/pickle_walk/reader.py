@@ -8,7 +8,8 @@ from typing import Any, Optional, Tuple
 from . import budgets
 from .model import Call, GlobalRef, Instance, PersistentRef, StorageRef, TensorMeta
 
-_MISSING = object()
+#: What a literal call that cannot be evaluated returns (None is a value).
+MISSING = object()
 
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -19,11 +20,11 @@ def clean_text(s: str) -> str:
     return _LONE_SURROGATE.sub("\ufffd", s)
 
 
-class _WalkError(Exception):
-    pass
+class WalkError(Exception):
+    """The stream cannot be walked on here (damage or a construct the walk refuses); its message says why."""
 
 
-class _BudgetError(_WalkError):
+class BudgetError(WalkError):
     """The walk's work budget ran out (not damage: the stream may be fine, only too large to describe)."""
 
 
@@ -57,7 +58,7 @@ def short_repr(obj: Any, limit: int = 60) -> str:
 _FLAT_KEY_TYPES = frozenset({str, int, float, bool, bytes, type(None), GlobalRef, complex})
 
 
-def _safe_key(k: Any) -> Any:
+def safe_key(k: Any) -> Any:
     """``k`` if it is safely hashable, else a repr-string stand-in.
 
     Tuples/frozensets are checked to be shallow and small first, so hashing
@@ -90,7 +91,8 @@ def _shallow_key(k: Any) -> bool:
     return True
 
 
-def _int_tuple(x: Any) -> Optional[Tuple[int, ...]]:
+def int_tuple(x: Any) -> Optional[Tuple[int, ...]]:
+    """``x`` as a tuple when it is a tuple or list of ints (a shape or stride), else None."""
     if type(x) not in (tuple, list):
         return None
     for v in x:
@@ -99,7 +101,7 @@ def _int_tuple(x: Any) -> Optional[Tuple[int, ...]]:
     return tuple(x)
 
 
-class _MVReader:
+class MVReader:
     """Minimal file-like reader over a memoryview (no copy of the whole buffer)."""
 
     __slots__ = ("mv", "p", "n")
@@ -138,7 +140,7 @@ class _MVReader:
         return p
 
 
-def _raw_line_pair(data: Any, pos: int) -> Tuple[str, str]:
+def raw_line_pair(data: Any, pos: int) -> Tuple[str, str]:
     """Read the two newline-terminated operands of GLOBAL/INST at ``pos`` from the raw bytes.
 
     The stdlib unpickler decodes them as raw UTF-8 lines (``load_global``);
@@ -149,7 +151,7 @@ def _raw_line_pair(data: Any, pos: int) -> Tuple[str, str]:
     a = window.find(b"\n")
     b = window.find(b"\n", a + 1)
     if a < 0 or b < 0:
-        raise _WalkError(f"GLOBAL operands at byte {pos} longer than 4096 bytes")
+        raise WalkError(f"GLOBAL operands at byte {pos} longer than 4096 bytes")
     mod = window[:a].decode("utf-8", "backslashreplace")
     name = window[a + 1: b].decode("utf-8", "backslashreplace")
     return mod, name

@@ -5,23 +5,23 @@ from __future__ import annotations
 from typing import Any, List, Tuple
 
 from .model import AttrDict, Call, Instance, TensorMeta
-from .names import _LITERAL_ENCODINGS
-from .reader import _MISSING, _safe_key
+from .names import LITERAL_ENCODINGS
+from .reader import MISSING, safe_key
 
-def _literal_call(full: str, args: tuple) -> Any:
-    """Value of a harmless builtin called with literal arguments, else _MISSING."""
+def literal_call(full: str, args: tuple) -> Any:
+    """Value of a harmless builtin called with literal arguments, else MISSING."""
     make = _LITERAL_CALLS.get(full)
     if make is None:
-        return _MISSING
+        return MISSING
     try:
         return make(full, args)
     except (ValueError, TypeError, OverflowError, UnicodeError):
-        return _MISSING
+        return MISSING
 
 
 def _named_encoding(args: tuple) -> bool:
-    """``(str, encoding)`` with an encoding of :data:`_LITERAL_ENCODINGS`."""
-    return len(args) == 2 and type(args[0]) is str and type(args[1]) is str and args[1].lower() in _LITERAL_ENCODINGS
+    """``(str, encoding)`` with an encoding of :data:`LITERAL_ENCODINGS`."""
+    return len(args) == 2 and type(args[0]) is str and type(args[1]) is str and args[1].lower() in LITERAL_ENCODINGS
 
 
 def _encode(full: str, args: tuple) -> Any:
@@ -29,7 +29,7 @@ def _encode(full: str, args: tuple) -> Any:
         return args[0].encode(args[1])
     if len(args) == 1 and type(args[0]) is str:
         return args[0].encode("utf-8")
-    return _MISSING
+    return MISSING
 
 
 def _set(full: str, args: tuple) -> Any:
@@ -37,8 +37,8 @@ def _set(full: str, args: tuple) -> Any:
     if not args:
         return kind()
     if len(args) == 1 and type(args[0]) in (list, tuple, set, frozenset):
-        return kind([_safe_key(x) for x in args[0]])
-    return _MISSING
+        return kind([safe_key(x) for x in args[0]])
+    return MISSING
 
 
 def _bytearray(full: str, args: tuple) -> Any:
@@ -48,15 +48,15 @@ def _bytearray(full: str, args: tuple) -> Any:
         return bytearray(args[0])
     if _named_encoding(args):
         return bytearray(args[0], args[1])
-    return _MISSING
+    return MISSING
 
 
 def _complex(full: str, args: tuple) -> Any:
-    return complex(*args) if 1 <= len(args) <= 2 and all(type(a) in (int, float) for a in args) else _MISSING
+    return complex(*args) if 1 <= len(args) <= 2 and all(type(a) in (int, float) for a in args) else MISSING
 
 
 def _slice(full: str, args: tuple) -> Any:
-    return slice(*args) if 1 <= len(args) <= 3 and all(a is None or type(a) is int for a in args) else _MISSING
+    return slice(*args) if 1 <= len(args) <= 3 and all(a is None or type(a) is int for a in args) else MISSING
 
 
 #: The builtins whose call on literal arguments the walk evaluates (their value is data, never code).
@@ -64,7 +64,7 @@ _LITERAL_CALLS = {"_codecs.encode": _encode, "builtins.set": _set, "builtins.fro
                   "builtins.bytearray": _bytearray, "builtins.complex": _complex, "builtins.slice": _slice}
 
 
-def _salvage(stack: List[Any], metastack: List[List[Any]], st: Any) -> Any:
+def fold_unfinished(stack: List[Any], metastack: List[List[Any]], st: Any) -> Any:
     """Fold the frames of an unfinished pickle into their containers and return the root.
 
     A cut-short ``EMPTY_DICT MARK k v k v ...`` keeps its pairs on the inner
@@ -87,7 +87,7 @@ def _salvage(stack: List[Any], metastack: List[List[Any]], st: Any) -> Any:
     return None
 
 
-def _tensor_paths(root: Any, built: List[TensorMeta], max_nodes: int = 5_000_000,
+def tensor_paths(root: Any, built: List[TensorMeta], max_nodes: int = 5_000_000,
                   max_depth: int = 1000) -> List[Tuple[str, TensorMeta]]:
     """Dotted paths of every TensorMeta reachable from ``root``, depth-first in insertion order.
 
@@ -152,5 +152,5 @@ def _object_kids(obj: Any, pre: str, d: int) -> List[Tuple[Any, str, int]]:
     return kids
 
 
-# types _tensor_paths descends into (everything else is a leaf without tensors)
+# types tensor_paths descends into (everything else is a leaf without tensors)
 _BRANCH = frozenset({TensorMeta, dict, AttrDict, list, tuple, Instance, Call})

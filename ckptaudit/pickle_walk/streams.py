@@ -6,9 +6,9 @@ import io
 from typing import Any, List, Optional
 
 from .budgets import MAX_OPS, _MAX_STREAMS
-from .machine import _State
+from .machine import WalkState
 from .model import WalkResult
-from .reader import _MVReader
+from .reader import MVReader
 
 def walk(data: bytes | bytearray | memoryview, start: int = 0, *, max_ops: int = MAX_OPS,
          persistent: str = "torch", _depth: int = 0, _budget: Optional[List[int]] = None) -> WalkResult:
@@ -43,13 +43,13 @@ def walk(data: bytes | bytearray | memoryview, start: int = 0, *, max_ops: int =
             f: Any = io.BytesIO(data)
             f.seek(start)
         else:
-            f = _MVReader(data, start)
+            f = MVReader(data, start)
             data = f.mv
     else:
         f = io.BytesIO(data)
         f.seek(start)
     res = WalkResult(obj=None, end=start)
-    state = _State(res, data, persistent, _depth, max_ops, _budget, walker=walk)
+    state = WalkState(res, data, persistent, _depth, max_ops, _budget, walker=walk)
     state.run(f, start)
     return res
 
