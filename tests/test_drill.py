@@ -194,7 +194,7 @@ def test_child_refuses_weights_only_false(demo_run, verdict, tmp_path, monkeypat
 
 
 def test_child_environment_forces_weights_only():
-    env = dr._child_env(1)
+    env = dr.child_env(1)
     assert env["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] == "1" and "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD" not in env
 
 

@@ -56,15 +56,15 @@ and :mod:`.checks_continue`, and ``__main__`` (``python -m ckptaudit.drill``).
 
 from __future__ import annotations
 
-from .checks_restore import _f, _quoted, _same  # noqa: F401
-from .child import _Child, _guard_torch_load, _is_alloc_error, _LimitHit, child_main  # noqa: F401
+from .checks_restore import as_float, quoted, same_values  # noqa: F401
+from .child import Child, guard_torch_load, is_alloc_error, LimitHit, child_main  # noqa: F401
 from .contract import (CHECKS, EXIT_FAILED, EXIT_NO_UNIT, EXIT_PASSED, EXIT_PROBLEM,  # noqa: F401
                        INFRA_CHECKS, REQUIRED_MEMBERS, SCHEMA, STATUS_WORDS, WEIGHTS_ONLY_REFUSAL, Restored,
-                       RestoreHook, SimpleRestored, _row, import_hook)
+                       RestoreHook, SimpleRestored, check_row, import_hook)
 from .outputs import copy_dated, render_html, summary_line, write_outputs  # noqa: F401
-from .parent import (_child_env, _child_row, _drill_devices, _log_tail, _read_verdict, _rss_bytes,  # noqa: F401
-                     _unit_files, run_child, run_drill)
-from .select import _order, exit_code, refusal, security_errors, select_unit  # noqa: F401
+from .parent import (child_env, child_row, drill_devices, log_tail, read_verdict, rss_bytes,  # noqa: F401
+                     unit_files, run_child, run_drill)
+from .select import drill_order, exit_code, refusal, security_errors, select_unit  # noqa: F401
 from .settings import (DEFAULTS, drill_config, report_date, rule_config_json, rule_mem_mb,  # noqa: F401
                        rule_runtime_minutes)
 

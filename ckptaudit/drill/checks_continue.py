@@ -5,12 +5,12 @@ from __future__ import annotations
 import math
 from typing import Any, Dict, Mapping, Optional
 
-from .checks_restore import _f, _same
+from .checks_restore import as_float, same_values
 from .contract import import_hook
 
 
-class _ContinueChecks:
-    """Checks that continue training from the restored state (mixed into the child's ``_Child``).
+class ContinueChecks:
+    """Checks that continue training from the restored state (mixed into the child's ``Child``).
 
     Each returns (status, expected, actual, message); updates are appended to ``self.result["trace"]``."""
 
@@ -32,7 +32,7 @@ class _ContinueChecks:
         dev = torch.device(self.spec["device"])
         devs = [dev.index or 0] if dev.type == "cuda" else []
         with torch.random.fork_rng(devices=devs):
-            val = _f(self.r.eval_loss(self.r.loss_batch))
+            val = as_float(self.r.eval_loss(self.r.loss_batch))
         if not math.isfinite(val):
             return "fail", "a finite loss", f"{val}", f"the loss on the fixed batch is {val}"
         if rec is None:
@@ -54,7 +54,7 @@ class _ContinueChecks:
         epoch = getattr(sch, "last_epoch", None) if sch is not None else None
         batch = next(self.r.batches)
         loss, gn = self.r.train_step(batch)
-        e = {"step": gstep, "lr": lr, "loss": _f(loss), "grad_norm": _f(gn), "scheduler_last_epoch": epoch}
+        e = {"step": gstep, "lr": lr, "loss": as_float(loss), "grad_norm": as_float(gn), "scheduler_last_epoch": epoch}
         lr_at = getattr(self.r, "lr_at", None)
         if callable(lr_at):  # the schedule's LR for the same step, drawn beside the LR used in drill.html
             try:
@@ -169,7 +169,7 @@ class _ContinueChecks:
         for n, t in cur.items():
             if n not in ref:
                 diffs.append(f"{n!r} missing in {sp['next_unit']}")
-            elif _same(t, ref[n]) is not None:
+            elif same_values(t, ref[n]) is not None:
                 a, b = t.cpu().double(), ref[n].cpu().double()
                 md = float((a - b).abs().max()) if a.shape == b.shape else float("nan")
                 diffs.append(f"{n!r} (max |Δ| {md:.3g})")

@@ -6,11 +6,12 @@ import math
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 
-def _f(x: Any) -> float:
+def as_float(x: Any) -> float:
+    """A tensor's or number's value as a float."""
     return float(x.item()) if hasattr(x, "item") else float(x)
 
 
-def _same(a: Any, b: Any, where: str = "") -> Optional[str]:
+def same_values(a: Any, b: Any, where: str = "") -> Optional[str]:
     """None when ``a`` and ``b`` are equal (tensors by value, containers element-wise), else where they differ."""
     import numpy as np
     import torch
@@ -33,7 +34,7 @@ def _same(a: Any, b: Any, where: str = "") -> Optional[str]:
 
 
 def _same_tensor(a: Any, b: Any, where: str) -> Optional[str]:
-    """:func:`_same` where one side is a tensor: both tensors of one shape and equal values (``b`` cast to
+    """:func:`same_values` where one side is a tensor: both tensors of one shape and equal values (``b`` cast to
     ``a``'s dtype)."""
     import torch
 
@@ -48,15 +49,16 @@ def _same_tensor(a: Any, b: Any, where: str) -> Optional[str]:
 
 
 def _first_difference(pairs) -> Optional[str]:
-    """The first difference :func:`_same` finds over ``(a, b, where)`` triples, in order; None if none."""
+    """The first difference :func:`same_values` finds over ``(a, b, where)`` triples, in order; None if none."""
     for x, y, where in pairs:
-        d = _same(x, y, where)
+        d = same_values(x, y, where)
         if d:
             return d
     return None
 
 
-def _quoted(keys: Sequence[str], n: int = 6) -> str:
+def quoted(keys: Sequence[str], n: int = 6) -> str:
+    """Up to ``n`` of ``keys``, sorted and quoted, and how many more there are."""
     ks = sorted(keys)
     s = ", ".join(repr(k) for k in ks[:n])
     return s + (f" … (+{len(ks) - n})" if len(ks) > n else "")
@@ -94,7 +96,7 @@ def _moment_facts(torch, params, state: Mapping, step: int) -> Tuple[List[str], 
     return no_state, zero, nonfinite, n_with
 
 
-class _RestoreChecks:
+class RestoreChecks:
     """Checks of what the hook restored (mixed into the child's :class:`~ckptaudit.drill.child._Child`).
 
     Each returns (status, expected, actual, message); they read ``self.r`` (the Restored), ``self.spec``,
@@ -119,17 +121,17 @@ class _RestoreChecks:
         unexpected = sorted(set(saved) - set(cur))
         common = [k for k in cur if k in saved]
         shape = [k for k in common if tuple(cur[k].shape) != tuple(saved[k].shape)]
-        differ = [k for k in common if k not in shape and _same(cur[k], saved[k]) is not None]
+        differ = [k for k in common if k not in shape and same_values(cur[k], saved[k]) is not None]
         problems = []
         if missing:
-            problems.append(f"{len(missing)} key(s) the model has but the unit lacks: {_quoted(missing)}")
+            problems.append(f"{len(missing)} key(s) the model has but the unit lacks: {quoted(missing)}")
         if unexpected:
-            problems.append(f"{len(unexpected)} key(s) in the unit the model does not have: {_quoted(unexpected)}")
+            problems.append(f"{len(unexpected)} key(s) in the unit the model does not have: {quoted(unexpected)}")
         if shape:
             problems.append("shape differs for " + ", ".join(
                 f"{k!r} (model {tuple(cur[k].shape)}, unit {tuple(saved[k].shape)})" for k in shape[:4]))
         if differ:
-            problems.append(f"the hook's restored values differ from the unit's for {_quoted(differ)}")
+            problems.append(f"the hook's restored values differ from the unit's for {quoted(differ)}")
         try:
             self.r.model.load_state_dict(saved, strict=True)
         except Exception as e:  # noqa: BLE001 - strict load's own message names the keys
@@ -154,7 +156,7 @@ class _RestoreChecks:
         if set(sst) != set(cst):
             problems.append(f"the hook's optimizer has state for {len(cst)} parameters, the unit for {len(sst)}")
         else:
-            diff = next((d for k in sst for d in [_same(cst[k], sst[k], f"state[{k}]")] if d), None)
+            diff = next((d for k in sst for d in [same_values(cst[k], sst[k], f"state[{k}]")] if d), None)
             if diff:
                 problems.append(f"the hook's restored optimizer state differs from the unit's ({diff})")
         bad_shape = _misshapen_moments(self._params(), sst)
@@ -177,13 +179,13 @@ class _RestoreChecks:
         if step > 0 and no_state:
             return ("fail", exp, f"no state for {len(no_state)} of {n}",
                     f"at step {step} the optimizer has no moments for {len(no_state)} of {n} parameters "
-                    f"({_quoted(no_state, 4)}): they restart from zero (expect a loss spike)")
+                    f"({quoted(no_state, 4)}): they restart from zero (expect a loss spike)")
         if nonfinite:
-            return "fail", exp, f"{len(nonfinite)} non-finite", f"non-finite optimizer moments: {_quoted(nonfinite, 4)}"
+            return "fail", exp, f"{len(nonfinite)} non-finite", f"non-finite optimizer moments: {quoted(nonfinite, 4)}"
         if zero:
             return ("fail", exp, f"all-zero moments for {len(zero)} of {n_with} parameters",
                     f"at step {step} every moment of {len(zero)} of {n_with} parameters is exactly zero "
-                    f"({_quoted(zero, 4)}): the optimizer state was reset or zeroed, so the resume is not "
+                    f"({quoted(zero, 4)}): the optimizer state was reset or zeroed, so the resume is not "
                     "faithful (only a parameter that never received a gradient may legitimately look like this)")
         if n_with == 0:
             return "skip", exp, "no moment tensors", "the optimizer keeps no per-parameter moments (e.g. plain SGD)"
@@ -196,7 +198,7 @@ class _RestoreChecks:
         for _, p in self._params():
             s = (self.r.optimizer.state.get(p) or {}).get("step")
             if s is not None:
-                opt_steps.add(_f(s) if isinstance(s, torch.Tensor) else float(s))
+                opt_steps.add(as_float(s) if isinstance(s, torch.Tensor) else float(s))
         exp = f"step {want}" if want is not None else "the unit's step"
         actual = f"step {step}" + (f"; optimizer per-parameter step {sorted(opt_steps)}" if opt_steps else "")
         if want is not None and step != int(want):
@@ -224,7 +226,7 @@ class _RestoreChecks:
             return ("warn", f"components {sorted(saved)}", f"components {sorted(cur)}",
                     "no RNG component of the unit could be compared with the live state")
         for k in common:
-            d = _same(cur[k], saved[k], k)
+            d = same_values(cur[k], saved[k], k)
             if d:
                 return ("fail", f"live RNG == saved for {common}", f"{k} differs",
                         f"the RNG state after restore differs from the saved one ({d}): the hook did not restore it, "
@@ -241,7 +243,7 @@ class _RestoreChecks:
         saved = self.r.saved.get("sampler")
         if saved is None:
             return "warn", "the saved sampler state", "none", "the unit holds no sampler state: the data order restarts"
-        d = _same(fn(), saved, "sampler")
+        d = same_values(fn(), saved, "sampler")
         if d:
             return "fail", "sampler == saved", d, f"the data sampler does not resume where it left off ({d})"
         return "pass", "sampler == saved", "equal", "the data sampler resumes where it left off"
@@ -255,11 +257,11 @@ class _RestoreChecks:
                     "the unit holds GradScaler state but the restored job has no scaler")
         if saved is None:
             return ("warn", "the saved GradScaler state", "none",
-                    f"the unit holds no GradScaler state: the loss scale restarts at {_f(sc.get_scale())} and the "
+                    f"the unit holds no GradScaler state: the loss scale restarts at {as_float(sc.get_scale())} and the "
                     "first steps may be skipped for overflow")
         cur = sc.state_dict()
         keys = [k for k in ("scale", "growth_tracker") if k in saved]
-        d = next((x for k in keys for x in [_same(cur.get(k), saved.get(k), k)] if x), None)
+        d = next((x for k in keys for x in [same_values(cur.get(k), saved.get(k), k)] if x), None)
         if d:
             return "fail", f"{ {k: saved.get(k) for k in keys} }", f"{ {k: cur.get(k) for k in keys} }", \
                 f"the loss scale does not continue from the saved value ({d})"

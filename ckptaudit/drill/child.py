@@ -8,22 +8,23 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 from .._io import atomic_write
-from .checks_continue import _ContinueChecks
-from .checks_restore import _quoted, _RestoreChecks
-from .contract import REQUIRED_MEMBERS, WEIGHTS_ONLY_REFUSAL, _row, import_hook
+from .checks_continue import ContinueChecks
+from .checks_restore import quoted, RestoreChecks
+from .contract import REQUIRED_MEMBERS, WEIGHTS_ONLY_REFUSAL, check_row, import_hook
 
 
-class _LimitHit(Exception):
+class LimitHit(Exception):
     """An allocation failed under RLIMIT_AS inside a check: the limit, not the unit."""
 
 
-def _is_alloc_error(e: BaseException) -> bool:
+def is_alloc_error(e: BaseException) -> bool:
+    """Whether ``e`` is an allocation failure (what RLIMIT_AS raises), not a fault of the unit."""
     m = str(e).lower()
     return isinstance(e, MemoryError) or "can't allocate memory" in m or "cannot allocate memory" in m \
         or ("out of memory" in m and "cuda" in m)
 
 
-def _guard_torch_load(torch) -> None:
+def guard_torch_load(torch) -> None:
     """Make torch.load refuse an explicit weights_only=False (the env var already forces True)."""
     real = torch.load
 
@@ -40,7 +41,7 @@ def _guard_torch_load(torch) -> None:
     ser.load = load
 
 
-class _Child(_RestoreChecks, _ContinueChecks):
+class Child(RestoreChecks, ContinueChecks):
     """The checks, run in order on one restored object.  Every check appends exactly one row."""
 
     def __init__(self, spec: Mapping[str, Any], out_path: Path):
@@ -66,10 +67,10 @@ class _Child(_RestoreChecks, _ContinueChecks):
         try:
             status, expected, actual, msg = fn()
         except Exception as e:  # noqa: BLE001 - a check that raises is a failed check, with its cause
-            if _is_alloc_error(e):
-                raise _LimitHit(f"{name}: {type(e).__name__}: {str(e)[:300]}") from e
+            if is_alloc_error(e):
+                raise LimitHit(f"{name}: {type(e).__name__}: {str(e)[:300]}") from e
             status, expected, actual, msg = "fail", "", type(e).__name__, f"{name} raised: {str(e)[:600]}"
-        return self.add(_row(name, status, expected, actual, msg, time.perf_counter() - t))
+        return self.add(check_row(name, status, expected, actual, msg, time.perf_counter() - t))
 
     def run(self) -> None:
         spec = self.spec
@@ -83,11 +84,11 @@ class _Child(_RestoreChecks, _ContinueChecks):
         torch.set_num_threads(int(spec.get("num_threads", 1)))
         if dev.startswith("cuda"):
             if not torch.cuda.is_available():
-                self.add(_row("device_available", "skip", "torch.cuda.is_available()", "False",
+                self.add(check_row("device_available", "skip", "torch.cuda.is_available()", "False",
                               f"{dev}: no CUDA device here; the GPU drill was skipped"))
                 return
             self.result["device_name"] = torch.cuda.get_device_name(torch.device(dev))
-        _guard_torch_load(torch)
+        guard_torch_load(torch)
         try:
             hook = import_hook(spec["hook"])
         except Exception as e:  # noqa: BLE001 - a hook that cannot be imported is the drill's own failure
@@ -97,26 +98,26 @@ class _Child(_RestoreChecks, _ContinueChecks):
         try:
             self.r = hook(spec["unit_path"], dev)
         except Exception as e:  # noqa: BLE001 - the unit could not be restored by the job's own code
-            if _is_alloc_error(e):
-                raise _LimitHit(f"restore_hook: {type(e).__name__}: {str(e)[:300]}") from e
+            if is_alloc_error(e):
+                raise LimitHit(f"restore_hook: {type(e).__name__}: {str(e)[:300]}") from e
             if getattr(e, "hook_mismatch", False):  # e.g. the demo hook on a user's run: configuration, exit 3
                 self.result.update(status="hook_error", error=(  # the advice first: summaries cut long lines
                     "set drill.hook to your job's restore function (\"package.module:function\", see "
                     f"docs/drill.md): {spec['hook']!r} cannot restore {spec['unit']}: {str(e)[:300]}"))
                 return
-            self.add(_row("restore_hook", "fail", f"{spec['hook']}({spec['unit']!r}, {dev!r}) returns a Restored",
+            self.add(check_row("restore_hook", "fail", f"{spec['hook']}({spec['unit']!r}, {dev!r}) returns a Restored",
                           type(e).__name__, f"the restore hook raised while restoring {spec['unit']}: "
                                             f"{type(e).__name__}: {str(e)[:800]}", time.perf_counter() - t))
             return
         missing = [m for m in REQUIRED_MEMBERS if not hasattr(self.r, m)]
         if missing:
             self.result.update(status="hook_error", error=f"drill.hook {spec['hook']!r} returned a "
-                               f"{type(self.r).__name__} without {_quoted(missing)} (see ckptaudit.drill.Restored)")
+                               f"{type(self.r).__name__} without {quoted(missing)} (see ckptaudit.drill.Restored)")
             return
         self.rng_at_restore = self._live_rng()  # first thing: nothing below may draw before this
         sch = self.r.scheduler
         self.sched_epoch_at_restore = getattr(sch, "last_epoch", None) if sch is not None else None
-        self.add(_row("restore_hook", "pass", "a Restored", type(self.r).__name__,
+        self.add(check_row("restore_hook", "pass", "a Restored", type(self.r).__name__,
                       f"{spec['hook']} restored {spec['unit']} on {dev}", time.perf_counter() - t))
         self.check("model_load_strict", self.c_model)
         self.check("optimizer_load_strict", self.c_optimizer)
@@ -129,7 +130,7 @@ class _Child(_RestoreChecks, _ContinueChecks):
         self.check("loss_at_restore", self.c_loss)
         cont = self.check("continuation_steps", self.c_continue)
         if cont["status"] == "fail" and not self.result["trace"]:
-            self.add(_row("lr_continuity", "skip", message="no continuation step ran"))
+            self.add(check_row("lr_continuity", "skip", message="no continuation step ran"))
         else:
             self.check("lr_continuity", self.c_lr)
         self.check("next_unit_match", self.c_next)
@@ -153,10 +154,10 @@ def child_main(spec_path: str, out_path: str) -> int:
         import resource
 
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
-    ch = _Child(spec, Path(out_path))
+    ch = Child(spec, Path(out_path))
     try:
         ch.run()
-    except _LimitHit as e:
+    except LimitHit as e:
         ch.result.update(status="memory", error=str(e))
     except BaseException as e:  # noqa: BLE001 - reported to the parent as data, with the traceback in the log
         import traceback

@@ -155,8 +155,9 @@ def import_hook(spec: str) -> Callable[[str, str], Any]:
     return obj
 
 
-def _row(check: str, status: str, expected: str = "", actual: str = "", message: str = "",
+def check_row(check: str, status: str, expected: str = "", actual: str = "", message: str = "",
          check_seconds: float = 0.0, **extra: Any) -> dict:
+    """One row of drill.parquet for check ``name`` with its status, expected and actual values and message."""
     r = {"check": check, "status": status, "expected": expected, "actual": actual, "message": message,
          "check_seconds": float(check_seconds)}
     r.update(extra)

@@ -14,13 +14,15 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
 from .. import liveness
 from ..text import step_text
-from .contract import SCHEMA, STATUS_WORDS, _row
+from .contract import SCHEMA, STATUS_WORDS, check_row
 from .outputs import summary_line, write_outputs
 from .select import exit_code, select_unit
 from .settings import drill_config
 
 
-def _child_env(num_threads: int) -> Dict[str, str]:
+def child_env(num_threads: int) -> Dict[str, str]:
+    """The environment of a drill child: this one with torch.load forced to ``weights_only=True`` and
+    ``num_threads`` threads for OpenMP and MKL."""
     env = dict(os.environ)
     env.pop("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", None)
     env["TORCH_FORCE_WEIGHTS_ONLY_LOAD"] = "1"
@@ -30,7 +32,8 @@ def _child_env(num_threads: int) -> Dict[str, str]:
     return env
 
 
-def _rss_bytes(pid: int) -> int:
+def rss_bytes(pid: int) -> int:
+    """Resident memory of process ``pid`` in bytes (0 when it is gone)."""
     try:
         with open(f"/proc/{pid}/status") as f:
             for line in f:
@@ -64,7 +67,7 @@ def run_child(spec: Mapping[str, Any], work_dir: Path, *, timeout_seconds: float
     t0 = time.perf_counter()
     with open(log_path, "wb") as log:
         p = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                             env=_child_env(int(spec.get("num_threads", 1))), start_new_session=True,
+                             env=child_env(int(spec.get("num_threads", 1))), start_new_session=True,
                              close_fds=True)
         outcome, status, usage, watchdog_rss = _watch(p.pid, t0 + timeout_seconds, cpu, memory_limit_bytes)
         p.returncode = os.waitstatus_to_exitcode(status)  # we reaped it; keep Popen from waiting again
@@ -94,7 +97,7 @@ def _watch(pid: int, deadline: float, cpu: bool, memory_limit_bytes: int) -> tup
             return "", status, usage, watchdog_rss
         now = time.perf_counter()
         if not cpu:
-            watchdog_rss = max(watchdog_rss, _rss_bytes(pid))
+            watchdog_rss = max(watchdog_rss, rss_bytes(pid))
         if now >= deadline or (not cpu and watchdog_rss > memory_limit_bytes):
             try:
                 os.killpg(pid, signal.SIGKILL)
@@ -116,7 +119,8 @@ def _outcome(res: Mapping[str, Any], returncode: int, status: int) -> str:
     return "died" if res else "no_result"
 
 
-def _log_tail(path: str, n: int = 6) -> str:
+def log_tail(path: str, n: int = 6) -> str:
+    """The last ``n`` lines of the log at ``path``, joined with `` | `` (empty when it cannot be read)."""
     try:
         lines = Path(path).read_text(errors="replace").strip().splitlines()
     except OSError:
@@ -124,7 +128,8 @@ def _log_tail(path: str, n: int = 6) -> str:
     return " | ".join(line.strip() for line in lines[-n:])
 
 
-def _child_row(res: Mapping[str, Any], timeout_seconds: float, limit_mib: int) -> dict:
+def child_row(res: Mapping[str, Any], timeout_seconds: float, limit_mib: int) -> dict:
+    """The ``child`` row of drill.parquet: how the child process ended against its time and memory limits."""
     wall, rss = res["wall_seconds"], res["peak_rss_bytes"]
     expected = f"exit 0 within {timeout_seconds:g} s and {limit_mib} MiB"
     actual = f"exit {res['returncode']} in {wall:.1f} s, peak RSS {rss / 2**20:.0f} MiB"
@@ -143,8 +148,8 @@ def _child_row(res: Mapping[str, Any], timeout_seconds: float, limit_mib: int) -
         status, msg = "fail", f"the drill child raised: {res.get('error', '')} (traceback in {res['log']})"
     else:
         status, msg = "fail", (f"the drill child exited with status {res['returncode']} without finishing: "
-                               f"{res.get('error', '') or _log_tail(res['log'])}")
-    return _row("child_process", status, expected, actual, msg, wall_seconds=wall, peak_rss_bytes=rss)
+                               f"{res.get('error', '') or log_tail(res['log'])}")
+    return check_row("child_process", status, expected, actual, msg, wall_seconds=wall, peak_rss_bytes=rss)
 
 
 def run_drill(run_dir: Union[str, Path, None], out_dir: Union[str, Path], cfg: Optional[Mapping[str, Any]] = None,
@@ -171,9 +176,9 @@ def run_drill(run_dir: Union[str, Path, None], out_dir: Union[str, Path], cfg: O
                            "started_utc": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
     infra_failed, no_unit = False, False
     try:
-        v = _read_verdict(run_dir, out, cfg, verdict)
+        v = read_verdict(run_dir, out, cfg, verdict)
     except Exception as e:  # noqa: BLE001 - an unreadable verdict is "the drill itself failed"
-        rows.append(_row("eligibility", "fail", "a readable verdict", type(e).__name__,
+        rows.append(check_row("eligibility", "fail", "a readable verdict", type(e).__name__,
                          f"the drill could not obtain the audit's verdict: {e}"))
         infra_failed, v = True, None
     if v is not None:
@@ -182,18 +187,18 @@ def run_drill(run_dir: Union[str, Path, None], out_dir: Union[str, Path], cfg: O
         chosen, nxt, why = select_unit(v, unit)
         if chosen is None:
             no_unit = True
-            rows.append(_row("eligibility", "fail", "a restorable unit", "none", why))
+            rows.append(check_row("eligibility", "fail", "a restorable unit", "none", why))
         else:
             doc.update(unit=chosen["unit"], step=chosen.get("step"), next_unit=nxt["unit"] if nxt else None)
-            rows.append(_row("eligibility", "pass", "no security error, usable_for resume or warm-start",
+            rows.append(check_row("eligibility", "pass", "no security error, usable_for resume or warm-start",
                              f"usable_for {chosen['usable_for']}",
                              f"{chosen['unit']} ({step_text(chosen.get('step'))}): "
                              + ("the audit's rollback point" if not unit else "chosen with --unit/drill.unit")))
-            snap = liveness.snapshot(run_root, _unit_files(run_root, chosen["unit"]))
-            infra_failed = _drill_devices(c, run_root, chosen, nxt, out, rows, doc)
+            snap = liveness.snapshot(run_root, unit_files(run_root, chosen["unit"]))
+            infra_failed = drill_devices(c, run_root, chosen, nxt, out, rows, doc)
             changed = liveness.changed_files(run_root, snap)
             if changed:  # retention pruned it or a writer replaced it while the children ran
-                rows.append(_row("unit_stable", "fail", "the unit's files unchanged during the drill",
+                rows.append(check_row("unit_stable", "fail", "the unit's files unchanged during the drill",
                                  f"{len(changed)} file(s) changed or vanished ({', '.join(changed[:3])})",
                                  f"{chosen['unit']} changed while it was drilled (a writer's retention or a "
                                  "re-save): the results are not about the unit the audit chose; run the drill "
@@ -212,7 +217,7 @@ def run_drill(run_dir: Union[str, Path, None], out_dir: Union[str, Path], cfg: O
     return rows, code
 
 
-def _unit_files(run_root: Path, unit: str) -> List[str]:
+def unit_files(run_root: Path, unit: str) -> List[str]:
     """Paths (relative to ``run_root``) of every file of ``unit``: the file itself, or all files under the folder."""
     p = run_root / unit
     if not p.is_dir():
@@ -220,7 +225,9 @@ def _unit_files(run_root: Path, unit: str) -> List[str]:
     return sorted(os.path.relpath(os.path.join(d, f), run_root) for d, _, fs_ in os.walk(p) for f in fs_)
 
 
-def _read_verdict(run_dir, out: Path, cfg, verdict) -> dict:
+def read_verdict(run_dir, out: Path, cfg, verdict) -> dict:
+    """The verdict the drill starts from: ``verdict`` (a dict or a verdict.json path), else a fresh audit of
+    ``run_dir`` into ``out/audit``; ``ValueError`` when neither is given."""
     if isinstance(verdict, Mapping):
         return dict(verdict)
     if verdict is not None:
@@ -234,7 +241,7 @@ def _read_verdict(run_dir, out: Path, cfg, verdict) -> dict:
     return audit_in_process(run_dir, stage_cfg, out_dir=out / "audit")
 
 
-def _drill_devices(c: Mapping[str, Any], run_root: Path, chosen: dict, nxt: Optional[dict], out: Path,
+def drill_devices(c: Mapping[str, Any], run_root: Path, chosen: dict, nxt: Optional[dict], out: Path,
                    rows: List[dict], doc: Dict[str, Any]) -> bool:
     """Run one child per device (CPU ones first).  Appends rows; returns True if a child failed as
     infrastructure (timeout, memory, died, hook unusable)."""
@@ -245,7 +252,7 @@ def _drill_devices(c: Mapping[str, Any], run_root: Path, chosen: dict, nxt: Opti
     infra = False
     for dev in devices:
         if str(dev).startswith("cuda") and cuda_available is False:
-            rows.append(_row("device_available", "skip", "torch.cuda.is_available()", "False",
+            rows.append(check_row("device_available", "skip", "torch.cuda.is_available()", "False",
                              f"{dev}: no CUDA device here (torch.cuda.is_available() is False in the CPU drill "
                              "child); the GPU drill was skipped", device=dev))
             doc["devices"].append({"device": dev, "outcome": "skipped", "status": None, "wall_seconds": 0.0,
@@ -261,7 +268,7 @@ def _drill_devices(c: Mapping[str, Any], run_root: Path, chosen: dict, nxt: Opti
         res = run_child(spec, out / "children", timeout_seconds=timeout, memory_limit_bytes=limit_mib << 20)
         if res.get("cuda_available") is not None:
             cuda_available = bool(res["cuda_available"])
-        crow = _child_row(res, timeout, limit_mib)
+        crow = child_row(res, timeout, limit_mib)
         dev_rows = [crow] + list(res.get("rows", []))
         for r in dev_rows:
             r["device"] = dev
@@ -273,7 +280,7 @@ def _drill_devices(c: Mapping[str, Any], run_root: Path, chosen: dict, nxt: Opti
                                "torch_version": res.get("torch_version"), "device_name": res.get("device_name"),
                                "trace": res.get("trace", []), "log": res["log"]})
     if not infra and not any(r["check"] == "restore_hook" for r in rows):
-        rows.append(_row("device_available", "fail", f"one of {devices} available", "none",
+        rows.append(check_row("device_available", "fail", f"one of {devices} available", "none",
                          f"none of drill.devices {devices} is available here: nothing was restored"))
         infra = True
     return infra

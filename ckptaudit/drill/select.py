@@ -26,7 +26,8 @@ def refusal(unit: Mapping[str, Any]) -> Optional[str]:
     return None
 
 
-def _order(u: Mapping[str, Any]) -> int:
+def drill_order(u: Mapping[str, Any]) -> int:
+    """Sort key of a verdict unit: its step (-1 when unknown)."""
     return u["step"] if u.get("step") is not None else -1
 
 
@@ -65,7 +66,7 @@ def select_unit(verdict: Mapping[str, Any], unit: Optional[str] = None
     if why:
         return None, None, why
     later = sorted((u for u in units if u.get("step") is not None and chosen.get("step") is not None
-                    and u["step"] > chosen["step"] and refusal(u) is None), key=_order)
+                    and u["step"] > chosen["step"] and refusal(u) is None), key=drill_order)
     return chosen, (later[0] if later else None), ""
 
 
