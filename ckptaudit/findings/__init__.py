@@ -25,8 +25,8 @@ may import it.
 
 from __future__ import annotations
 
-from .build import _USE_RANK, _jsonable, _render, _SafeDict, make, usable_for  # noqa: F401
-from .catalogue import _ENTRIES, CATALOGUE  # noqa: F401
+from .build import make, usable_for  # noqa: F401
+from .catalogue import CATALOGUE  # noqa: F401
 from .docs import DOCS_PATH, catalogue_markdown, findings_markdown, update_docs, update_readme
 from .model import LAYERS, SEVERITIES, STAGES, USES, Finding, Kind
 

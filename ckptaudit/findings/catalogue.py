@@ -7,8 +7,9 @@ from typing import Dict, List
 from . import file, security, state, structure
 from .model import Kind
 
-_ENTRIES: List[Kind] = [*file.ENTRIES, *structure.ENTRIES, *state.ENTRIES, *security.ENTRIES]
+#: Every finding kind, in the order of the catalogue (file, structure, state, security layers).
+KINDS_IN_ORDER: List[Kind] = [*file.ENTRIES, *structure.ENTRIES, *state.ENTRIES, *security.ENTRIES]
 
-CATALOGUE: Dict[str, Kind] = {e.kind: e for e in _ENTRIES}
+CATALOGUE: Dict[str, Kind] = {e.kind: e for e in KINDS_IN_ORDER}
 
-assert len(CATALOGUE) == len(_ENTRIES), "a kind is declared twice"
+assert len(CATALOGUE) == len(KINDS_IN_ORDER), "a kind is declared twice"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import List
 
-from .catalogue import _ENTRIES
+from .catalogue import KINDS_IN_ORDER
 from .model import LAYERS, STAGES, Kind
 
 #: docs/findings.md, relative to the repository root (the folder of README.md)
@@ -13,7 +13,7 @@ DOCS_PATH = Path("docs") / "findings.md"
 
 
 def _sorted() -> List[Kind]:
-    return sorted(_ENTRIES, key=lambda e: (LAYERS.index(e.layer), e.kind))
+    return sorted(KINDS_IN_ORDER, key=lambda e: (LAYERS.index(e.layer), e.kind))
 
 
 def _cell(text: str) -> str:

@@ -17,8 +17,8 @@ from ..formats import pickles
 from ..formats.pickles import walk_problem  # noqa: F401 (face: the adapters' walk findings)
 from . import archive_pickles, tar_pickles
 from .result import TensorRow, UnitScan
-from .scan_file import (SWEEP_BYTES, _json_tree, _safetensors_rows,  # noqa: F401 (face)
-                        _security_sweep, _storages_needed, _walk_data_pkl, _zip_tensors)
+from .scan_file import (SWEEP_BYTES, json_tree, safetensors_rows,  # noqa: F401 (face)
+                        security_sweep, storages_needed, walk_data_pkl, zip_tensors)
 from .tree import (PRUNE_NODE_BUDGET, SMALL_TENSOR_NUMEL, PruneBudget, cut, decode_small, prune,  # noqa: F401 (face)
                    read_small, small_nbytes)
 
@@ -53,7 +53,7 @@ def scan_file(run_dir: Path, rel: str, unit: str, scan: UnitScan, cfg: Dict[str,
         scan.facts.setdefault("tree_files", {})[tree_key] = rel
     generic = sniff_mod.generic_findings(s, rel)
     out: Dict[str, Any] = {"kind": s.kind, "obj": None, "header": None, "size_bytes": s.size_bytes}
-    swept = _security_sweep(path, rel, s, scan, allowed)
+    swept = security_sweep(path, rel, s, scan, allowed)
     if swept is not None:
         out["obj"] = swept.obj
         scan.tree[tree_key or rel] = describe(scan, rel, swept.obj, {})
@@ -75,7 +75,7 @@ def scan_file(run_dir: Path, rel: str, unit: str, scan: UnitScan, cfg: Dict[str,
     elif s.kind == "safetensors":
         _safetensors_file(path, rel, unit, scan, out, tree_key, byte_facts)
     elif s.kind == "json" and swept is None:
-        _json_tree(path, scan, out, tree_key or rel)
+        json_tree(path, scan, out, tree_key or rel)
     return out
 
 
@@ -87,7 +87,7 @@ def _zip_file(path: Path, rel: str, unit: str, scan: UnitScan, allowed: List[str
     walked: Dict[str, Any] = {}
 
     def tensor_names(data: bytes, n_records: int) -> Dict[str, List[str]]:  # data.pkl walked once, for the CRCs too
-        walked["res"], walked["streams"] = _walk_data_pkl(scan, data, n_records)
+        walked["res"], walked["streams"] = walk_data_pkl(scan, data, n_records)
         return _names_by_storage(walked["res"].tensors)
 
     rep = torchzip.check_zip(path, display=rel, tensor_names=tensor_names, facts=byte_facts)
@@ -111,8 +111,8 @@ def _zip_file(path: Path, rel: str, unit: str, scan: UnitScan, allowed: List[str
     archive_pickles.scan_zip_members(path, rel, scan, allowed, rep, torchscript=script, done=[member])
     if res.error:
         scan.add(walk_problem(res, rel, member))
-    scan.add(torchzip.check_storages(rep, _storages_needed(res), rel))
-    values = _zip_tensors(path, rel, unit, scan, rep, res)
+    scan.add(torchzip.check_storages(rep, storages_needed(res), rel))
+    values = zip_tensors(path, rel, unit, scan, rep, res)
     out["obj"] = res.obj
     scan.tree[tree_key or rel] = describe(scan, rel, res.obj, values)
 
@@ -140,7 +140,7 @@ def _safetensors_file(path: Path, rel: str, unit: str, scan: UnitScan, out: Dict
     header, fl = check_safetensors(path, display=rel, facts=byte_facts)
     scan.add(fl)
     if header is not None:
-        tree = _safetensors_rows(path, rel, unit, scan, header)
+        tree = safetensors_rows(path, rel, unit, scan, header)
         out["header"] = header
         out["obj"] = tree
         scan.tree[tree_key or rel] = {"__safetensors__": cut(tree), "__metadata__": header.get("__metadata__")}

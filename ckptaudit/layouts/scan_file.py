@@ -23,7 +23,7 @@ SWEEP_BYTES = 256 << 20
 _SWEEP_HEAD_BYTES = 1 << 20
 
 
-def _security_sweep(path: Path, rel: str, s, scan: UnitScan, allowed: List[str]):
+def security_sweep(path: Path, rel: str, s, scan: UnitScan, allowed: List[str]):
     """Walk every pickle stream of a file that is not a zip or safetensors, whatever its name or
     what the file layer calls it; add its security findings.  Returns the combined walk when the
     bytes are a pickle, else None.  ``torch.load`` with weights-only off unpickles the first pickle
@@ -55,7 +55,7 @@ def _security_sweep(path: Path, rel: str, s, scan: UnitScan, allowed: List[str])
     return res
 
 
-def _walk_data_pkl(scan: UnitScan, data: bytes, n_records: int):
+def walk_data_pkl(scan: UnitScan, data: bytes, n_records: int):
     """Walk the intact data.pkl of a zip of ``n_records`` records (its opcode budget grows with them:
     :func:`ckptaudit.pickle_walk.budgets.ops_for`) and gather its pickle streams; returns ``(walk, streams)``."""
     from .. import security
@@ -70,7 +70,7 @@ def _walk_data_pkl(scan: UnitScan, data: bytes, n_records: int):
     return res, all_streams
 
 
-def _storages_needed(res) -> Dict[str, tuple]:
+def storages_needed(res) -> Dict[str, tuple]:
     """Storage key -> ``(nbytes, dtype, numel)`` from a walk of data.pkl, for ``torchzip.check_storages``."""
     storages = {}
     for key, sref in res.storages.items():
@@ -79,7 +79,7 @@ def _storages_needed(res) -> Dict[str, tuple]:
     return storages
 
 
-def _zip_tensors(path: Path, rel: str, unit: str, scan: UnitScan, rep, res) -> Dict[int, Any]:
+def zip_tensors(path: Path, rel: str, unit: str, scan: UnitScan, rep, res) -> Dict[int, Any]:
     """A TensorRow per tensor of a zip's data.pkl; returns the decoded values of its small tensors."""
     values: Dict[int, Any] = {}
     members = {m.name: m for m in rep.members}
@@ -123,7 +123,7 @@ def _read_small_values(path: Path, small: list, values: Dict[int, Any]) -> None:
                 values[id(tm)] = v
 
 
-def _safetensors_rows(path: Path, rel: str, unit: str, scan: UnitScan, header: Dict[str, Any]) -> Dict[str, Any]:
+def safetensors_rows(path: Path, rel: str, unit: str, scan: UnitScan, header: Dict[str, Any]) -> Dict[str, Any]:
     """A TensorRow per valid entry of a safetensors header; returns the file's tree."""
     from ..formats.safetensors_check import ST_DTYPES, valid_entries
 
@@ -142,7 +142,7 @@ def _safetensors_rows(path: Path, rel: str, unit: str, scan: UnitScan, header: D
     return tree
 
 
-def _json_tree(path: Path, scan: UnitScan, out: Dict[str, Any], key: str) -> None:
+def json_tree(path: Path, scan: UnitScan, out: Dict[str, Any], key: str) -> None:
     """Read a small JSON file as the file's object and tree (nothing when it does not parse)."""
     try:
         with fs.open_binary(path) as fh:

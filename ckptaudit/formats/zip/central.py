@@ -13,8 +13,8 @@ from typing import Iterator, List, Optional, Sequence, Tuple
 
 from ... import findings
 from ...findings import Finding
-from .reader import (_CENTRAL_SIZE, _EOCD_SIZE, _LOCAL_SIZE, SIG_CENTRAL, SIG_DESCRIPTOR, SIG_EOCD, SIG_LOCAL,
-                     SIG_ZIP64_EOCD, SIG_ZIP64_LOCATOR, Member, ArchiveFile, hex32, _zip64_extra)
+from .reader import (CENTRAL_SIZE, EOCD_SIZE, LOCAL_SIZE, SIG_CENTRAL, SIG_DESCRIPTOR, SIG_EOCD, SIG_LOCAL,
+                     SIG_ZIP64_EOCD, SIG_ZIP64_LOCATOR, Member, ArchiveFile, hex32, zip64_extra)
 
 
 def find_central_directory(fh: ArchiveFile):
@@ -26,17 +26,17 @@ def find_central_directory(fh: ArchiveFile):
     inconsistent, or None when there is no EOCD signature at all.
     """
     size = fh.size
-    if size < _EOCD_SIZE:
+    if size < EOCD_SIZE:
         return None
     # The end record sits in the last 22 + 65,535 bytes (its comment is at most 65,535 bytes; APPNOTE 4.3.16).
     # torch.save writes no comment, so the last 4 KiB are read first: the search runs from the end backwards,
     # so a consistent record found there is the one the whole window would give.  Only without one is the
     # whole window read (on a remote object those are the tail bytes of the last tensor's record).
-    if size > _EOCD_SIZE + _FIRST_TAIL_BYTES:
-        found = _search_end_records(fh, size, _EOCD_SIZE + _FIRST_TAIL_BYTES)
+    if size > EOCD_SIZE + _FIRST_TAIL_BYTES:
+        found = _search_end_records(fh, size, EOCD_SIZE + _FIRST_TAIL_BYTES)
         if isinstance(found, dict):
             return found
-    return _search_end_records(fh, size, min(size, _EOCD_SIZE + 0xFFFF))
+    return _search_end_records(fh, size, min(size, EOCD_SIZE + 0xFFFF))
 
 
 #: Bytes before the end record's fixed part read in the first look for it.
@@ -50,11 +50,11 @@ def _search_end_records(fh: ArchiveFile, size: int, tail_len: int):
     problem = None
     i = tail.rfind(SIG_EOCD)
     while i >= 0:
-        if i + _EOCD_SIZE <= len(tail):
+        if i + EOCD_SIZE <= len(tail):
             (_sig, disk, cd_disk, n_disk, n_total, cd_size, cd_off, clen) = struct.unpack_from(
                 "<4sHHHHIIH", tail, i)
             eocd = tail_off + i
-            if eocd + _EOCD_SIZE + clen <= size:
+            if eocd + EOCD_SIZE + clen <= size:
                 res = {"cd_offset": cd_off, "cd_size": cd_size, "n_entries": n_total,
                        "end_offset": eocd, "eocd_offset": eocd}
                 needs64 = cd_off == 0xFFFFFFFF or cd_size == 0xFFFFFFFF or n_total == 0xFFFF
@@ -99,32 +99,32 @@ def iter_central(fh: ArchiveFile, cd: dict, problem: List[str]) -> Iterator[dict
     n = 0
     slab_off, slab = off, b""
     for idx in range(cd["n_entries"]):
-        need = _CENTRAL_SIZE
+        need = CENTRAL_SIZE
         if off + need > end:
             problem.append(f"entry {idx} at offset {off} runs past the end of the central directory")
             return
         if off + need > slab_off + len(slab):
             slab_off, slab = off, fh.pread(off, min(8 << 20, end - off))
-        h = slab[off - slab_off: off - slab_off + _CENTRAL_SIZE]
-        if len(h) < _CENTRAL_SIZE or h[:4] != SIG_CENTRAL:
+        h = slab[off - slab_off: off - slab_off + CENTRAL_SIZE]
+        if len(h) < CENTRAL_SIZE or h[:4] != SIG_CENTRAL:
             problem.append(f"entry {idx} at offset {off} has signature {h[:4].hex(' ') or 'EOF'}, "
                            f"not 50 4b 01 02")
             return
         (_sig, _vm, vn, flags, method, mtime, mdate, crc, csize, usize, nlen, xlen, clen, _disk, _ia, _ea,
          lho) = struct.unpack("<4sHHHHHHIIIHHHHHII", h)
-        total = _CENTRAL_SIZE + nlen + xlen + clen
+        total = CENTRAL_SIZE + nlen + xlen + clen
         if off + total > end:
             problem.append(f"entry {idx} at offset {off} runs past the end of the central directory")
             return
         if off + total > slab_off + len(slab):
             slab_off, slab = off, fh.pread(off, min(max(8 << 20, total), end - off))
-        base = off - slab_off + _CENTRAL_SIZE
+        base = off - slab_off + CENTRAL_SIZE
         name_b = slab[base: base + nlen]
         extra = slab[base + nlen: base + nlen + xlen]
         vals = {"usize": usize, "csize": csize, "lho": lho}
         want = [k for k, v in (("usize", usize), ("csize", csize), ("lho", lho)) if v == 0xFFFFFFFF]
         if want:
-            _zip64_extra(extra, want, vals)
+            zip64_extra(extra, want, vals)
         n += 1
         yield {"name": name_b.decode("utf-8" if flags & 0x800 else "cp437", "replace"),
                "name_bytes": name_b, "flags": flags, "method": method, "crc": crc,
@@ -169,7 +169,7 @@ def _extra_problem(extra: bytes, xlen: int) -> Optional[str]:
     return None
 
 
-def _read_descriptor(fh: ArchiveFile, off: int, csize: int, usize: int) -> Tuple[Optional[dict], str]:
+def read_descriptor(fh: ArchiveFile, off: int, csize: int, usize: int) -> Tuple[Optional[dict], str]:
     """Read a data descriptor at ``off`` that should state ``csize``/``usize``.
 
     Returns ``(dict(crc, length), "")`` or ``(None, why)``.
@@ -203,15 +203,15 @@ def prefetch_headers(fh: ArchiveFile, entries: List[dict], cd_start: int) -> Non
     # the next record begins, so the previous member's descriptor comes in the same GET; the
     # last member's sits before the central directory.  Descriptors elsewhere (a gap between
     # records) are fetched in a second batch.
-    fh.prefetch([(max(0, e["lho"] - 24), 24 + _LOCAL_SIZE + len(e["name_bytes"]) + 256) for e in entries]
+    fh.prefetch([(max(0, e["lho"] - 24), 24 + LOCAL_SIZE + len(e["name_bytes"]) + 256) for e in entries]
                 + [(max(0, cd_start - 24), 48)])
     if fh.fd is None and fh.prefetch_enabled:
         dds = []
         for e in entries:
-            lh = fh._prefetched(e["lho"], _LOCAL_SIZE) if e["flags"] & 8 else None
+            lh = fh._prefetched(e["lho"], LOCAL_SIZE) if e["flags"] & 8 else None
             if lh and lh[:4] == SIG_LOCAL:
                 nlen, xlen = struct.unpack_from("<HH", lh, 26)
-                off = e["lho"] + _LOCAL_SIZE + nlen + xlen + e["csize"]
+                off = e["lho"] + LOCAL_SIZE + nlen + xlen + e["csize"]
                 if fh._prefetched(off, 24) is None:
                     dds.append((off, 24))
         fh.prefetch(dds)
@@ -223,22 +223,22 @@ def header_problem(fh: ArchiveFile, e: dict, m: Member, cd_start: int) -> Option
     Sets ``m.loose_data_offset`` when the header is readable and ``m.data_offset`` when it
     agrees with the entry (reset to -1 when its data would run into the central directory).
     """
-    lh = fh.pread(e["lho"], _LOCAL_SIZE)
-    if e["lho"] + _LOCAL_SIZE > cd_start or len(lh) < _LOCAL_SIZE:
+    lh = fh.pread(e["lho"], LOCAL_SIZE)
+    if e["lho"] + LOCAL_SIZE > cd_start or len(lh) < LOCAL_SIZE:
         return f"its offset {e['lho']} lies outside the member area (central directory at {cd_start})"
     if lh[:4] != SIG_LOCAL:
         nul = lh.count(0)
         return (f"signature is {lh[:4].hex(' ')}, not 50 4b 03 04"
-                + (f"; {nul} of its {_LOCAL_SIZE} fixed bytes are NUL" if nul >= 8 else ""))
+                + (f"; {nul} of its {LOCAL_SIZE} fixed bytes are NUL" if nul >= 8 else ""))
     (_s, lvn, lflags, lmethod, lt, ld, lcrc, lcsize, lusize, nlen, xlen) = struct.unpack("<4sHHHHHIIIHH", lh)
-    var = fh.pread(e["lho"] + _LOCAL_SIZE, nlen + xlen)
+    var = fh.pread(e["lho"] + LOCAL_SIZE, nlen + xlen)
     lname, lextra = var[:nlen], var[nlen:]
-    m.loose_data_offset = e["lho"] + _LOCAL_SIZE + nlen + xlen  # where a lenient reader starts
+    m.loose_data_offset = e["lho"] + LOCAL_SIZE + nlen + xlen  # where a lenient reader starts
     why = _local_disagrees(e, lname, lmethod, (lvn, lflags, lt, ld), (lcrc, lcsize, lusize),
                            _extra_problem(lextra, xlen))
     if why:
         return why
-    m.data_offset = e["lho"] + _LOCAL_SIZE + nlen + xlen
+    m.data_offset = e["lho"] + LOCAL_SIZE + nlen + xlen
     return _data_problem(fh, e, m, cd_start)
 
 
@@ -274,7 +274,7 @@ def _data_problem(fh: ArchiveFile, e: dict, m: Member, cd_start: int) -> Optiona
         m.data_offset = -1
         return why
     if e["flags"] & 8:
-        dd, dwhy = _read_descriptor(fh, end, e["csize"], e["usize"])
+        dd, dwhy = read_descriptor(fh, end, e["csize"], e["usize"])
         if dd is None:
             return dwhy
         if dd["crc"] != e["crc"]:

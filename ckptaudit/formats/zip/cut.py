@@ -13,9 +13,9 @@ from typing import Dict, List, Optional, Tuple
 from ... import findings
 from ...findings import Finding
 from .crc32 import crc32
-from .central import _read_descriptor
-from .reader import (_CENTRAL_SIZE, _EOCD_SIZE, _LOCAL_SIZE, SIG_CENTRAL, SIG_DESCRIPTOR, SIG_EOCD, SIG_LOCAL,
-                     SIG_ZIP64_EOCD, SIG_ZIP64_LOCATOR, Member, ArchiveFile, _strip, _zip64_extra)
+from .central import read_descriptor
+from .reader import (CENTRAL_SIZE, EOCD_SIZE, LOCAL_SIZE, SIG_CENTRAL, SIG_DESCRIPTOR, SIG_EOCD, SIG_LOCAL,
+                     SIG_ZIP64_EOCD, SIG_ZIP64_LOCATOR, Member, ArchiveFile, strip_prefix, zip64_extra)
 
 
 def _scan_descriptor(fh: ArchiveFile, data_offset: int, chunk: int) -> Optional[dict]:
@@ -124,23 +124,23 @@ def _local_record(fh: ArchiveFile, pos: int, st: dict, verify_crc: bool, chunk: 
                   buf: bytearray) -> Optional[int]:
     """The local record at ``pos``: its :class:`Member` appended to ``st["members"]`` when whole; returns
     the offset after it, or None (``st["stop"]`` says why) where the walk ends."""
-    h = fh.pread(pos, _LOCAL_SIZE)
-    if len(h) < _LOCAL_SIZE:
+    h = fh.pread(pos, LOCAL_SIZE)
+    if len(h) < LOCAL_SIZE:
         st["stop"] = "eof_in_header"
         return None
     (_s, _v, flags, method, _t, _d, crc, csize, usize, nlen, xlen) = struct.unpack("<4sHHHHHIIIHH", h)
-    name_b = fh.pread(pos + _LOCAL_SIZE, nlen)
+    name_b = fh.pread(pos + LOCAL_SIZE, nlen)
     name = name_b.decode("utf-8" if flags & 0x800 else "cp437", "replace")
     st["cut_member"] = name
-    extra = fh.pread(pos + _LOCAL_SIZE + nlen, xlen)
+    extra = fh.pread(pos + LOCAL_SIZE + nlen, xlen)
     if len(name_b) < nlen or len(extra) < xlen:
         st["stop"] = "eof_in_header"
         return None
     vals = {"usize": usize, "csize": csize}
     want = [k for k, v in (("usize", usize), ("csize", csize)) if v == 0xFFFFFFFF]
     if want:
-        _zip64_extra(extra, want, vals)
-    data_offset = pos + _LOCAL_SIZE + nlen + xlen
+        zip64_extra(extra, want, vals)
+    data_offset = pos + LOCAL_SIZE + nlen + xlen
     st["cut_data_offset"] = data_offset
     m = Member(name=name, header_offset=pos, data_offset=data_offset, size_bytes=vals["usize"],
                crc32=crc, compressed_size_bytes=vals["csize"], method=method, flags=flags,
@@ -186,7 +186,7 @@ def _sized_record(fh: ArchiveFile, m: Member, st: dict, vals: dict, verify_crc: 
     st["members"].append(m)
     if not m.flags & 8:
         return end
-    dd, _why = _read_descriptor(fh, end, vals["csize"], vals["usize"])
+    dd, _why = read_descriptor(fh, end, vals["csize"], vals["usize"])
     if dd is None:
         st["stop_at"] = end
         st["stop"] = "bad_descriptor"
@@ -197,16 +197,16 @@ def _sized_record(fh: ArchiveFile, m: Member, st: dict, vals: dict, verify_crc: 
 def _central_entry(fh: ArchiveFile, pos: int, st: dict) -> Optional[int]:
     """A central-directory entry met by the walk: counted; returns the offset after it."""
     st["reached_cd"] = True
-    h = fh.pread(pos, _CENTRAL_SIZE)
-    if len(h) < _CENTRAL_SIZE:
+    h = fh.pread(pos, CENTRAL_SIZE)
+    if len(h) < CENTRAL_SIZE:
         st["stop"] = "eof_in_end_records"
         return None
     nlen, xlen, clen = struct.unpack_from("<HHH", h, 28)
-    if pos + _CENTRAL_SIZE + nlen + xlen + clen > fh.size:
+    if pos + CENTRAL_SIZE + nlen + xlen + clen > fh.size:
         st["stop"] = "eof_in_end_records"
         return None
     st["cd_entries"] += 1
-    return pos + _CENTRAL_SIZE + nlen + xlen + clen
+    return pos + CENTRAL_SIZE + nlen + xlen + clen
 
 
 def _end_record(fh: ArchiveFile, sig: bytes, pos: int, st: dict) -> Optional[int]:
@@ -219,9 +219,9 @@ def _end_record(fh: ArchiveFile, sig: bytes, pos: int, st: dict) -> Optional[int
         return pos + 12 + struct.unpack_from("<Q", h, 4)[0]
     if sig == SIG_ZIP64_LOCATOR:
         return pos + 20
-    if pos + _EOCD_SIZE > fh.size:
+    if pos + EOCD_SIZE > fh.size:
         st["stop"] = "eof_in_end_records"
-        st["eocd_missing_bytes"] = pos + _EOCD_SIZE - fh.size
+        st["eocd_missing_bytes"] = pos + EOCD_SIZE - fh.size
     else:
         st["stop"] = "eocd_inconsistent"
     return None
@@ -245,7 +245,7 @@ def decide_tail(st: dict, storages: Optional[Dict[str, int]], prefix: str, zstar
     if st["stop"] in ("nul", "bad_descriptor") and st["stop_at"] >= zstart:
         return True, True
     if st["stop"] == "eof_in_data" and st["cut_member"] and storages is not None:
-        key = _strip(st["cut_member"], prefix)
+        key = strip_prefix(st["cut_member"], prefix)
         mm = re.fullmatch(r"data/(\w+)", key)
         if mm and mm.group(1) in storages and st["cut_data_offset"] is not None:
             expected_end = st["cut_data_offset"] + storages[mm.group(1)]
@@ -263,7 +263,7 @@ def describe_cut(st: dict, members: List[Member], prefix: str, storages: Optiona
     complete = [m.name for m in members if m.complete]
     stop = st["stop"]
     at = zstart if zero_fill else size
-    cut_name = _strip(st["cut_member"], prefix) if st["cut_member"] else None
+    cut_name = strip_prefix(st["cut_member"], prefix) if st["cut_member"] else None
     n_total = str(len(members)) if st.get("eocd_missing_bytes") or st["reached_cd"] else "?"
     where = _cut_where(st, stop, cut_name, members)
     lead = "the zero fill starts inside" if zero_fill else "the cut falls inside"
@@ -339,7 +339,7 @@ def _names_text(names: List[str], prefix: str) -> str:
             run.clear()
 
     for n in names:
-        s = _strip(n, prefix)
+        s = strip_prefix(n, prefix)
         m = re.fullmatch(r"data/(\d+)", s)
         if m and (not run or int(m.group(1)) == run[-1] + 1):
             run.append(int(m.group(1)))

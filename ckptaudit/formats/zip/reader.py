@@ -1,7 +1,7 @@
 """The torch zip's records as bytes: signatures and sizes, one record (Member), positional reads (ArchiveFile).
 
 Field helpers shared by the central-directory and local-header walks live here too (``hex32``,
-``_strip``, ``_zip64_extra``).  The structures are described in :mod:`ckptaudit.formats.torchzip`.
+``strip_prefix``, ``zip64_extra``).  The structures are described in :mod:`ckptaudit.formats.torchzip`.
 """
 
 from __future__ import annotations
@@ -21,9 +21,11 @@ SIG_EOCD = b"PK\x05\x06"
 SIG_ZIP64_EOCD = b"PK\x06\x06"
 SIG_ZIP64_LOCATOR = b"PK\x06\x07"
 SIG_DESCRIPTOR = b"PK\x07\x08"
-_EOCD_SIZE = 22
-_LOCAL_SIZE = 30
-_CENTRAL_SIZE = 46
+#: Fixed sizes (bytes) of the end-of-central-directory record, a local header and a central-directory entry
+#: (PKWARE APPNOTE 4.3.16, 4.3.7, 4.3.12).
+EOCD_SIZE = 22
+LOCAL_SIZE = 30
+CENTRAL_SIZE = 46
 
 
 @dataclass(slots=True)
@@ -173,11 +175,12 @@ def hex32(v: Optional[int]) -> str:
     return "?" if v is None else f"{v:08x}"
 
 
-def _strip(name: str, prefix: str) -> str:
+def strip_prefix(name: str, prefix: str) -> str:
+    """A record name without the archive's top folder ``prefix`` (torch writes ``<prefix>/data.pkl`` ...)."""
     return name[len(prefix) + 1:] if prefix and name.startswith(prefix + "/") else name
 
 
-def _zip64_extra(extra: bytes, want: List[str], vals: Dict[str, int]) -> None:
+def zip64_extra(extra: bytes, want: List[str], vals: Dict[str, int]) -> None:
     """Fill ``vals`` from a ZIP64 extra field (id 0x0001) for the fields in ``want``, in order."""
     i = 0
     while i + 4 <= len(extra):
