@@ -30,12 +30,12 @@ strings ``"ckptaudit.demo:build_model"`` and ``"ckptaudit.demo:restore_hook"`` r
 """
 
 from ..hashing import sha256_file  # noqa: F401 - re-exported (the demo's own copy is gone)
-from .checkpoint import PathLike, _canonical, save_checkpoint, serialize  # noqa: F401
+from .checkpoint import PathLike, canonical, save_checkpoint, serialize  # noqa: F401
 from .hook import restore_hook  # noqa: F401
-from .incident import _StallingWriter, crash_save, flip_byte_in_tensor_record  # noqa: F401
+from .incident import StallingWriter, crash_save, flip_byte_in_tensor_record  # noqa: F401
 from .model import DEFAULT_MODEL_ARGS, GPT, MLP, Block, CausalSelfAttention, LayerNorm, build_model  # noqa: F401
 from .run import DemoRun, main, make_demo_run  # noqa: F401
 from .text import TEXT, VOCAB  # noqa: F401
-from .train import (DEFAULT_CONFIG, EXTRA_KEYS, NANOGPT_KEYS, TrainResult, _data, _estimate_loss,  # noqa: F401
-                    _get_batch, _make_scheduler, _train, ckpt_name, get_rng_state, lr_multiplier, set_rng_state,
+from .train import (DEFAULT_CONFIG, EXTRA_KEYS, NANOGPT_KEYS, TrainResult, demo_data, estimate_loss,  # noqa: F401
+                    get_batch, make_scheduler, train_loop, ckpt_name, get_rng_state, lr_multiplier, set_rng_state,
                     train)

@@ -15,7 +15,7 @@ from .._io import atomic_write
 PathLike = Union[str, Path]
 
 
-def _canonical(obj: Any) -> Any:
+def canonical(obj: Any) -> Any:
     """Copy of the containers of ``obj`` with every str interned (tensors are kept as is).
 
     Pickle memoizes by object identity, so without this the same checkpoint pickles to
@@ -25,23 +25,23 @@ def _canonical(obj: Any) -> Any:
     if isinstance(obj, str):
         return sys.intern(obj)
     if isinstance(obj, dict):
-        out = type(obj)((_canonical(k), _canonical(v)) for k, v in obj.items())
+        out = type(obj)((canonical(k), canonical(v)) for k, v in obj.items())
         meta = getattr(obj, "_metadata", None)  # state_dict()'s per-module version info
         if meta is not None:
-            out._metadata = _canonical(meta)
+            out._metadata = canonical(meta)
         return out
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_canonical(v) for v in obj)
+        return type(obj)(canonical(v) for v in obj)
     return obj
 
 
 def serialize(ckpt: Dict[str, Any]) -> bytes:
     """``torch.save`` bytes of ``ckpt``, identical for equal checkpoints (see
-    :func:`_canonical`).  Saved through a buffer, so the zip's record prefix is
+    :func:`canonical`).  Saved through a buffer, so the zip's record prefix is
     ``archive/`` whatever the file is later called (torch names it after the file's stem
     when given a path)."""
     buf = io.BytesIO()
-    torch.save(_canonical(ckpt), buf)
+    torch.save(canonical(ckpt), buf)
     return buf.getvalue()
 
 

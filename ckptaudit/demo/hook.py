@@ -10,7 +10,7 @@ import torch
 from ..drill.contract import SimpleRestored
 from .checkpoint import PathLike
 from .model import build_model
-from .train import DEFAULT_CONFIG, _data, _get_batch, _make_scheduler, get_rng_state, lr_multiplier, set_rng_state
+from .train import DEFAULT_CONFIG, demo_data, get_batch, make_scheduler, get_rng_state, lr_multiplier, set_rng_state
 
 
 class NotADemoCheckpoint(KeyError):
@@ -76,8 +76,8 @@ def restore_hook(path: PathLike, device: str = "cpu"):
     ``saved["loss"]`` is the checkpoint's ``loss`` (train loss of the save step's batch, nats),
     compared with the mean loss over fixed train windows (``block_size`` tokens at every 16th offset:
     no RNG); without ``loss``, ``best_val_loss`` over fixed validation windows (every 8th offset).
-    ``batches`` draws with :func:`_get_batch` from torch's global RNG as training does;
-    ``train_step`` is the loop body of :func:`_train`; ``lr_at(s)`` is ``learning_rate *
+    ``batches`` draws with :func:`get_batch` from torch's global RNG as training does;
+    ``train_step`` is the loop body of :func:`train_loop`; ``lr_at(s)`` is ``learning_rate *
     lr_multiplier(s, ...)`` per param group.  Bit-exact on CPU with one intra-op thread (the drill
     child sets it), so ``deterministic`` is True there.
     Raises :class:`NotADemoCheckpoint` (a KeyError) if ``path`` is a folder or no torch.save file, or the
@@ -94,7 +94,7 @@ def restore_hook(path: PathLike, device: str = "cpu"):
     except KeyError as e:  # "model_args lacks [...]": another trainer's checkpoint
         raise NotADemoCheckpoint(f"{path}: {e.args[0] if e.args else e}") from e
     optimizer = model.configure_optimizers(cfg["weight_decay"], cfg["learning_rate"], (cfg["beta1"], cfg["beta2"]))
-    scheduler = _make_scheduler(optimizer, cfg)
+    scheduler = make_scheduler(optimizer, cfg)
     model.load_state_dict(ckpt["model"])
     optimizer.load_state_dict(ckpt["optimizer"])
     if ckpt.get("scheduler") is not None:
@@ -103,7 +103,7 @@ def restore_hook(path: PathLike, device: str = "cpu"):
     step = int(ckpt["iter_num"]) if "iter_num" in ckpt else int(scheduler.last_epoch)
     model.train()
 
-    train_data, val_data = _data()
+    train_data, val_data = demo_data()
     block, bs = model_args["block_size"], cfg["batch_size"]
     if ckpt.get("loss") is not None:
         data, stride, loss, source = train_data, 16, float(ckpt["loss"]), "loss (train loss of the save step)"
@@ -115,7 +115,7 @@ def restore_hook(path: PathLike, device: str = "cpu"):
 
     def batches():
         while True:
-            x, y = _get_batch(train_data, bs, block)
+            x, y = get_batch(train_data, bs, block)
             yield x.to(dev), y.to(dev)
 
     def train_step(batch):

@@ -13,10 +13,10 @@ from typing import Any, Dict
 
 import torch
 
-from .checkpoint import PathLike, _canonical, serialize
+from .checkpoint import PathLike, canonical, serialize
 
 
-class _StallingWriter:
+class StallingWriter:
     """File-like object for ``torch.save`` that writes straight to an fd and, once
     ``limit`` bytes are written, signals ``notify_fd`` and blocks forever (until killed)."""
 
@@ -71,7 +71,7 @@ def crash_save(ckpt: Dict[str, Any], path: PathLike, *, truncate_fraction: float
             os.close(notify_r)
             os.close(block_w)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            torch.save(_canonical(ckpt), _StallingWriter(fd, limit, notify_w, block_r))
+            torch.save(canonical(ckpt), StallingWriter(fd, limit, notify_w, block_r))
             os.write(notify_w, b"E")  # finished without reaching the cut: must not happen
         except BaseException:
             try:

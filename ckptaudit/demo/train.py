@@ -38,14 +38,14 @@ DEFAULT_CONFIG: Dict[str, Any] = dict(
 )
 
 
-def _data() -> tuple:
+def demo_data() -> tuple:
     """(train, val): 1-D int64 token tensors of :data:`TEXT`, split 90/10 by position."""
     ids = torch.tensor([VOCAB.index(c) for c in TEXT], dtype=torch.long)
     n = int(len(ids) * (1 - DEFAULT_CONFIG["val_fraction"]))
     return ids[:n], ids[n:]
 
 
-def _get_batch(data, batch_size: int, block_size: int):
+def get_batch(data, batch_size: int, block_size: int):
     """(x, y): two (batch_size, block_size) int64 tensors, y = x shifted by one.  Draws
     offsets from torch's global RNG (as nanoGPT does), so ``rng`` in a checkpoint matters."""
     ix = torch.randint(len(data) - block_size, (batch_size,))
@@ -67,7 +67,8 @@ def lr_multiplier(it: int, *, warmup_iters: int, lr_decay_iters: int, learning_r
     return (min_lr + coeff * (learning_rate - min_lr)) / learning_rate
 
 
-def _make_scheduler(optimizer, config: Dict[str, Any]):
+def make_scheduler(optimizer, config: Dict[str, Any]):
+    """nanoGPT's schedule (linear warm-up, cosine decay to ``min_lr``) as a ``LambdaLR`` over ``optimizer``, from ``config``."""
     kw = dict(
         warmup_iters=config["warmup_iters"],
         lr_decay_iters=config["lr_decay_iters"],
@@ -82,13 +83,13 @@ def _make_scheduler(optimizer, config: Dict[str, Any]):
 
 
 @torch.no_grad()
-def _estimate_loss(model, train_data, val_data, config, block_size) -> Dict[str, float]:
+def estimate_loss(model, train_data, val_data, config, block_size) -> Dict[str, float]:
     """Mean loss over ``eval_iters`` random batches per split (draws from the global RNG)."""
     out = {}
     model.eval()
     for split, data in (("train", train_data), ("val", val_data)):
         losses = [
-            model(*_get_batch(data, config["batch_size"], block_size))[1].item()
+            model(*get_batch(data, config["batch_size"], block_size))[1].item()
             for _ in range(config["eval_iters"])
         ]
         out[split] = float(sum(losses) / len(losses))
@@ -195,7 +196,7 @@ def train(
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(num_threads)
     try:
-        return _train(out_dir, max_steps, save_every, seed, start_from, restore, model_args, config,
+        return train_loop(out_dir, max_steps, save_every, seed, start_from, restore, model_args, config,
                       on_step, mutate, save, on_save, filename)
     finally:
         torch.set_num_threads(prev_threads)
@@ -249,8 +250,9 @@ def _checkpoint(model, optimizer, scheduler, model_args: dict, cfg: dict, iter_n
     }
 
 
-def _train(out_dir, max_steps, save_every, seed, start_from, restore, model_args, config,
+def train_loop(out_dir, max_steps, save_every, seed, start_from, restore, model_args, config,
            on_step, mutate, save, on_save, filename) -> TrainResult:
+    """The body of :func:`train` (its arguments, already checked): returns what was trained and saved."""
     src = _start_state(start_from, restore)
     model_args, cfg = _run_config(src, restore, model_args, config, max_iters=max_steps, save_every=save_every,
                                   seed=seed)
@@ -260,7 +262,7 @@ def _train(out_dir, max_steps, save_every, seed, start_from, restore, model_args
     random.seed(seed)
     model = build_model(model_args)
     optimizer = model.configure_optimizers(cfg["weight_decay"], cfg["learning_rate"], (cfg["beta1"], cfg["beta2"]))
-    scheduler = _make_scheduler(optimizer, cfg)
+    scheduler = make_scheduler(optimizer, cfg)
     iter_num, best_val_loss = 0, float("inf")
     if src is not None:
         model.load_state_dict(src["model"])
@@ -271,13 +273,13 @@ def _train(out_dir, max_steps, save_every, seed, start_from, restore, model_args
             iter_num, best_val_loss = int(src["iter_num"]), float(src["best_val_loss"])
     del src
 
-    train_data, val_data = _data()
+    train_data, val_data = demo_data()
     block_size = model_args["block_size"]
     saved: List[Path] = []
     losses: Dict[int, float] = {}
     model.train()
     while iter_num < max_steps:
-        x, y = _get_batch(train_data, cfg["batch_size"], block_size)
+        x, y = get_batch(train_data, cfg["batch_size"], block_size)
         _, loss = model(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg["grad_clip"])
@@ -289,7 +291,7 @@ def _train(out_dir, max_steps, save_every, seed, start_from, restore, model_args
             on_step(iter_num, model, optimizer)
         if iter_num % save_every:
             continue
-        ev = _estimate_loss(model, train_data, val_data, cfg, block_size)
+        ev = estimate_loss(model, train_data, val_data, cfg, block_size)
         best_val_loss = min(best_val_loss, ev["val"])
         ckpt = _checkpoint(model, optimizer, scheduler, model_args, cfg, iter_num, best_val_loss, loss)
         losses[iter_num] = ckpt["loss"]
