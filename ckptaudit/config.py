@@ -63,7 +63,7 @@ def config_problems(cfg: dict, schema_path: str | Path | None = None) -> List[st
     import jsonschema
 
     out = [f"{key}: {value!r} is not finite (NaN and infinities are refused)"
-           for key, value in _non_finite(cfg, "")]
+           for key, value in non_finite(cfg, "")]
     if out:
         return out
     path = Path(schema_path) if schema_path else SCHEMA_PATH
@@ -94,15 +94,16 @@ def _unknown_keys(e, key: str) -> List[str]:
     return out
 
 
-def _non_finite(v, key: str) -> Iterator[Tuple[str, float]]:
+def non_finite(v, key: str) -> Iterator[Tuple[str, float]]:
+    """``(key path, value)`` of every NaN or infinite float in the config value ``v`` (nested dicts and lists)."""
     if isinstance(v, float) and not math.isfinite(v):
         yield key or "(top level)", v
     elif isinstance(v, dict):
         for k, x in v.items():
-            yield from _non_finite(x, f"{key}.{k}" if key else str(k))
+            yield from non_finite(x, f"{key}.{k}" if key else str(k))
     elif isinstance(v, (list, tuple)):
         for i, x in enumerate(v):
-            yield from _non_finite(x, f"{key}[{i}]")
+            yield from non_finite(x, f"{key}[{i}]")
 
 
 

@@ -29,7 +29,7 @@ from ._io import atomic_write
 from .parts import SMALL_PART_BYTES, assign_parts, auto_units_per_job, listing_fingerprint  # noqa: F401 - re-exported
 from .unit_objects import SMALL_OBJECT_BYTES, unit_objects  # noqa: F401 - re-exported
 from .folder_unit import folder_unit, lstat_of as _lstat_of
-from .irregular import _irregular_unit, deep_units, irregular_reason, path_bytes, path_limit  # noqa: F401
+from .irregular import irregular_unit, deep_units, irregular_reason, path_bytes, path_limit  # noqa: F401
 from .units import (  # noqa: F401 - re-exported: the unit model lives in units.py
     IN_PROGRESS_PATTERNS,
     MANIFEST_NAMES,
@@ -149,7 +149,7 @@ def _irregular_entry(root: Path, name: str, path: Path, rel: str, why: str, unit
     never read when a checkpoint's name (or a name that is not UTF-8), a pointer never read when a pointer's
     name, else a stray."""
     if layouts.is_checkpoint_file(name) or "UTF-8" in why:
-        units.append(_irregular_unit(root, path, why))
+        units.append(irregular_unit(root, path, why))
     elif name in POINTER_NAMES:  # a FIFO or device named `latest`: a pointer never read
         pointers.append(Pointer(rel, f"{POINTER_NAMES[name]}{POINTER_NOT_READ}{why}", "", "", True, False))
     else:
@@ -180,7 +180,7 @@ def _folder(root: Path, path: Path, units, pointers, stray) -> None:
     if adapter is not None or why:
         units.append(folder_unit(root, path, adapter, why))
     elif layouts.is_checkpoint_file(path.name):
-        units.append(_irregular_unit(root, path, "a folder where a checkpoint file of that name is expected"))
+        units.append(irregular_unit(root, path, "a folder where a checkpoint file of that name is expected"))
     else:
         _walk(root, path, units, pointers, stray)
 

@@ -84,7 +84,7 @@ def _mode_reason(path: Path, mode: int) -> Optional[str]:
     return None
 
 
-def _irregular_unit(root: Path, path: Path, why: str) -> Unit:
+def irregular_unit(root: Path, path: Path, why: str) -> Unit:
     """A unit at ``path`` of the run rooted at ``root`` that is never opened, for ``why``."""
     rel = fs.relpath(path, root).encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
     return Unit(unit=rel, layout="irregular", kind="file", files=[], size_bytes=0, mtime_ns=0,

@@ -92,7 +92,8 @@ def _batch(batch: List[Tuple[str, str, List[str]]], timeout_seconds: float, limi
     return got
 
 
-def _resolve_benign(names: List[str]):
+def resolve_benign(names: List[str]):
+    """The classes named by ``names`` (``module.Name``), imported, for ``torch.serialization.add_safe_globals``."""
     import importlib
 
     out = []
@@ -126,7 +127,7 @@ def _resolve_benign(names: List[str]):
 
 
 
-def _rchar() -> int:
+def read_chars() -> int:
     """Bytes this process has read through read(2)-like calls (Linux ``/proc/self/io`` ``rchar``; 0 elsewhere).
     Pages of an ``mmap`` that are touched are not in it: a ``mmap=True`` load that builds the object tree
     without touching tensor data reads only the zip directory, the headers and data.pkl."""
@@ -157,7 +158,7 @@ def _child(batch: List[Tuple[str, str, List[str]]], limit: int, wfd: int) -> Non
 
         torch.set_num_threads(1)
         for path, kind, benign in batch:
-            rchar0, t0 = _rchar(), time.perf_counter()
+            rchar0, t0 = read_chars(), time.perf_counter()
             try:
                 if kind == "safetensors":
                     from safetensors import safe_open
@@ -169,7 +170,7 @@ def _child(batch: List[Tuple[str, str, List[str]]], limit: int, wfd: int) -> Non
                             n += 1
                     res = {"status": "ok", "n_top_level_keys": n, "n_tensors": n}
                 else:
-                    allowed = (torch.serialization.safe_globals(_resolve_benign(benign)) if benign
+                    allowed = (torch.serialization.safe_globals(resolve_benign(benign)) if benign
                                else contextlib.nullcontext())
                     with allowed:
                         obj = torch.load(path, map_location="cpu", weights_only=True, mmap=(kind == "torch_zip"))
@@ -177,7 +178,7 @@ def _child(batch: List[Tuple[str, str, List[str]]], limit: int, wfd: int) -> Non
                     del obj
             except BaseException as e:  # noqa: BLE001 - reported, then this file is tried alone
                 res = {"status": "failed", "error_type": type(e).__name__}
-            res.update(load_seconds=time.perf_counter() - t0, read_bytes=max(0, _rchar() - rchar0),
+            res.update(load_seconds=time.perf_counter() - t0, read_bytes=max(0, read_chars() - rchar0),
                        peak_rss_bytes=int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024)
             os.write(wfd, json.dumps(res).encode() + b"\n")
             if res["status"] != "ok":

@@ -37,7 +37,7 @@ from . import findings as F
 from . import roles
 from . import fs, loaded_object, producers
 from .load_copy import skeleton, with_tensor_data
-from .loadchild import _rchar, _resolve_benign, batched_loads
+from .loadchild import read_chars, resolve_benign, batched_loads
 
 LOADABLE = ("torch_zip", "torch_legacy", "safetensors")
 
@@ -91,14 +91,14 @@ def _child(path: str, kind: str, benign: List[str], limit_bytes: int, wfd: int) 
     except (ValueError, OSError):
         pass
     result: Dict = {}
-    rchar0 = _rchar()
+    rchar0 = read_chars()
     try:
         import torch
 
         torch.set_num_threads(1)
         if kind == "safetensors":
             from safetensors import safe_open
-        rchar0 = _rchar()  # the load's own reads: imports (a cold .pyc cache reads MBs of sources) not counted
+        rchar0 = read_chars()  # the load's own reads: imports (a cold .pyc cache reads MBs of sources) not counted
         if kind == "safetensors":
             n = 0
             with safe_open(path, framework="pt", device="cpu") as f:
@@ -108,12 +108,12 @@ def _child(path: str, kind: str, benign: List[str], limit_bytes: int, wfd: int) 
             result = {"status": "ok", "n_top_level_keys": n, "n_tensors": n}
         else:
             if benign:
-                torch.serialization.add_safe_globals(_resolve_benign(benign))
+                torch.serialization.add_safe_globals(resolve_benign(benign))
             obj = torch.load(path, map_location="cpu", weights_only=True, mmap=(kind == "torch_zip"))
             result = loaded_object.summary(obj)
     except BaseException as e:  # noqa: BLE001 - the child reports every failure as data
         result = failed_load(e)
-    result["read_bytes"] = max(0, _rchar() - rchar0)
+    result["read_bytes"] = max(0, read_chars() - rchar0)
     try:
         os.write(wfd, json.dumps(result).encode())
     finally:

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-from .config import SCHEMA_PATH, _non_finite, check_config, config_problems  # noqa: F401 - re-exported
+from .config import SCHEMA_PATH, non_finite, check_config, config_problems  # noqa: F401 - re-exported
 from .run_folder import check_run_dir  # noqa: F401 - re-exported
 
 

@@ -37,13 +37,13 @@ def load_file(path: Path, layout: str, map_location: Any, benign: Sequence[str],
         return kept.pop(rel)
     import torch
 
-    from .loadtest import _resolve_benign
+    from .loadtest import resolve_benign
 
     if layout == "safetensors" or path.name.endswith(".safetensors"):
         from safetensors.torch import load_file as st_load_file
 
         return st_load_file(str(path), device=str(map_location))
-    with torch.serialization.safe_globals(_resolve_benign(list(benign))):
+    with torch.serialization.safe_globals(resolve_benign(list(benign))):
         return torch.load(path, map_location=map_location, weights_only=True)
 
 

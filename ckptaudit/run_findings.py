@@ -16,7 +16,8 @@ from . import findings as F
 from . import producers
 
 
-def _step(u: dict, state_row: Optional[dict]) -> Optional[int]:
+def unit_step(u: dict, state_row: Optional[dict]) -> Optional[int]:
+    """A unit's step: its state row's, else the step its name gives."""
     if state_row and state_row.get("step") is not None:
         return int(state_row["step"])
     return u.get("step_from_name")

@@ -43,13 +43,13 @@ from .findings import Finding
 from .pickle_walk import WalkResult, normalize_global, walk, walk_streams
 from .security_dangers import DANGEROUS_METHODS, DANGEROUS_MODULES, DANGEROUS_NAMES  # noqa: F401 - re-exported
 from .security_tiers import (  # noqa: F401 - re-exported: the tier tables live in security_tiers
-    _NUMPY_DTYPES_SRC,
-    _TORCH_BLOCKED_MODULES,
-    _WO_SOURCE,
+    NUMPY_DTYPES_SRC,
+    TORCH_BLOCKED_MODULES,
+    WO_SOURCE,
     BENIGN,
     IN_MEMORY_BUFFERS,
     WEIGHTS_ONLY_GLOBALS,
-    _torch_name,
+    torch_name,
 )
 from .security_usage import judge_usage, numpy_dtype_classes
 
@@ -164,9 +164,9 @@ def classify_import(module: str, name: str, extra_allowed: Sequence[str] = ()) -
     if src is not None:
         return ImportVerdict(module, name, "dangerous", src)
     full = f"{module}.{name}"
-    tname = _torch_name(module, name)
-    if tname in WEIGHTS_ONLY_GLOBALS and module not in _TORCH_BLOCKED_MODULES:
-        return ImportVerdict(module, name, "weights_only", _WO_SOURCE)
+    tname = torch_name(module, name)
+    if tname in WEIGHTS_ONLY_GLOBALS and module not in TORCH_BLOCKED_MODULES:
+        return ImportVerdict(module, name, "weights_only", WO_SOURCE)
     if full in extra_allowed or tname in extra_allowed:
         return ImportVerdict(module, name, "benign", "security.allow_globals in the audit config",
                              _spelling(module, name))
@@ -174,7 +174,7 @@ def classify_import(module: str, name: str, extra_allowed: Sequence[str] = ()) -
     if b is not None:
         return ImportVerdict(module, name, "benign", b.source, b.add_safe)
     if module == "numpy.dtypes" and name.endswith("DType") and name.isidentifier():
-        return ImportVerdict(module, name, "benign", _NUMPY_DTYPES_SRC, f"numpy.dtypes.{name}")
+        return ImportVerdict(module, name, "benign", NUMPY_DTYPES_SRC, f"numpy.dtypes.{name}")
     return ImportVerdict(module, name, "unknown", _UNKNOWN_SRC)
 
 
@@ -186,7 +186,7 @@ def _spelling(module: str, name: str) -> str:
     importable Python 3 object lives elsewhere, the ``(obj, "name")`` form is
     needed.  Built-ins are spelled bare, as torch's own error message does.
     """
-    target = _torch_name(module, name)
+    target = torch_name(module, name)
     mod, nm = normalize_global(module, name)
     expr = nm if mod == "builtins" else f"{mod}.{nm}"
     if f"{mod}.{nm}" != target:
@@ -264,7 +264,7 @@ def _scan_findings(result: WalkResult, verdicts: List[ImportVerdict], path: str,
     if "unknown" in by_cat:
         out.append(_unknown_finding([v.qualname for v in by_cat["unknown"]], path, member, loader, resume))
     if "benign" in by_cat and loader == "torch.load":
-        benign = [(v.qualname, _torch_name(v.module, v.name), v.add_safe) for v in by_cat["benign"]]
+        benign = [(v.qualname, torch_name(v.module, v.name), v.add_safe) for v in by_cat["benign"]]
         dtypes = numpy_dtype_classes(result) if any(
             normalize_global(v.module, v.name) == ("numpy", "dtype") for v in by_cat["benign"]) else []
         out.extend(security_resume.benign_findings(benign, dtypes, path=path, member=member, resume=resume))
@@ -307,7 +307,7 @@ def streams(data: Any, first: Optional[WalkResult] = None, *, expected: int = 1,
                           n_ops=sum(r.n_ops for r in out), end=out[-1].end)
     for i, r in enumerate(out[expected:], expected):
         names = sorted({str(g) for g in r.all_globals()
-                        if not g.literal or _torch_name(g.module, g.name) not in WEIGHTS_ONLY_GLOBALS})
+                        if not g.literal or torch_name(g.module, g.name) not in WEIGHTS_ONLY_GLOBALS})
         if names:
             combined.tricks.append(f"pickle stream {i + 1} (from byte {out[i - 1].end}) follows a complete pickle "
                                    f"and imports {names}: a loader that reads on runs it")

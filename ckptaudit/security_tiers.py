@@ -22,7 +22,8 @@ from . import producers
 
 # ------------------------------------------------------------- weights_only
 
-_WO_SOURCE = "torch 2.13 torch/_weights_only_unpickler.py _get_allowed_globals (default weights_only allowlist)"
+#: Where the weights-only tier comes from.
+WO_SOURCE = "torch 2.13 torch/_weights_only_unpickler.py _get_allowed_globals (default weights_only allowlist)"
 
 _LEGACY_TYPES = ("Double", "Float", "Half", "BFloat16", "Long", "Int", "Short", "Char", "Byte", "Bool")
 _STORAGE_ONLY = ("ComplexDouble", "ComplexFloat")  # storage classes without a legacy tensor class
@@ -88,10 +89,11 @@ _TORCH_NAME_MAPPING = {
     ("exceptions", "StandardError"): ("builtins", "Exception"), ("UserDict", "UserDict"): ("collections", "UserDict"),
 }
 # torch refuses these modules even when a user allowlists something from them.
-_TORCH_BLOCKED_MODULES = ("sys", "os", "posix", "nt")
+TORCH_BLOCKED_MODULES = ("sys", "os", "posix", "nt")
 
 
-def _torch_name(module: str, name: str) -> str:
+def torch_name(module: str, name: str) -> str:
+    """The name torch's weights-only unpickler looks ``module.name`` up under (its Python 2 and alias spellings mapped)."""
     if (module, name) in _TORCH_NAME_MAPPING:
         module, name = _TORCH_NAME_MAPPING[(module, name)]
     else:
@@ -193,7 +195,8 @@ BENIGN: Dict[str, _Benign] = {
     **{name: _plain(name.replace("_io.", "io.", 1), src) for name, src in IN_MEMORY_BUFFERS.items()},
 }
 
-_NUMPY_DTYPES_SRC = "numpy.dtypes DType class (numpy >= 1.25), a dtype's own type"
+#: Where the numpy dtype classes in the benign tier come from.
+NUMPY_DTYPES_SRC = "numpy.dtypes DType class (numpy >= 1.25), a dtype's own type"
 
 # numpy dtype code (first argument of numpy.dtype in its pickle) → numpy.dtypes class;
 # from type(numpy.dtype(code)) under numpy 2.x.

@@ -71,7 +71,8 @@ def bytes_path(out: str, stage: str, part: str) -> Path:
 def _write_bytes(out: str, stage: str, part: str, before: Dict[str, int], **extra) -> dict:
     """Write the bytes this stage read from audited files since ``before`` (:func:`ckptaudit.fs.stage_bytes`):
     ``local``, ``remote_ranged``, ``remote_streamed`` and ``total`` (bytes), plus ``extra``."""
-    from . import _io, fs
+    from . import fs
+    from ._io import atomic_write
 
     now = fs.stage_bytes()
     doc = {"stage": stage, "part": part, **{k: now[k] - before.get(k, 0) for k in now}}
@@ -79,7 +80,7 @@ def _write_bytes(out: str, stage: str, part: str, before: Dict[str, int], **extr
     doc.update(extra)
     p = bytes_path(out, stage, part)
     p.parent.mkdir(parents=True, exist_ok=True)
-    _io.atomic_write(p, json.dumps(doc, indent=1).encode())
+    atomic_write(p, json.dumps(doc, indent=1).encode())
     return doc
 
 

@@ -47,7 +47,7 @@ from typing import Dict, List, Optional
 from . import findings as F
 from . import confine, cut_walk, producers, resume_entry, resume_hint, roles
 from .layouts import leftovers
-from .run_findings import _step, name_counts_saves, run_findings  # noqa: F401 - re-exported
+from .run_findings import unit_step, name_counts_saves, run_findings  # noqa: F401 - re-exported
 from .text import step_text
 
 SCHEMA = "ckptaudit.verdict/1"
@@ -189,7 +189,7 @@ def build(inv: dict, tables: Dict[str, List[dict]], cfg: dict) -> dict:
         fl = _weigh_by_role(unit_findings(u["unit"], tables, by_unit) + extra.get(u["unit"], [])
                             + (inv.get("changed_during_audit") or {}).get(u["unit"], []), scan_rows.get(u["unit"]))
         units_out.append({
-            "unit": u["unit"], "step": _step(u, state_rows.get(u["unit"])), "name_step": u.get("step_from_name"),
+            "unit": u["unit"], "step": unit_step(u, state_rows.get(u["unit"])), "name_step": u.get("step_from_name"),
             "layout": u["layout"],
             "size_bytes": u["size_bytes"], "usable_for": F.usable_for(fl), "findings": fl,
         })

@@ -48,4 +48,4 @@ def test_sarif_of_a_malicious_case_through_the_cli(tmp_path):
     assert hit["level"] == "error" and hit["properties"]["layer"] == "security"
     assert hit["properties"]["unit_usable_for"] == "none"
     rule = log["runs"][0]["tool"]["driver"]["rules"][hit["ruleIndex"]]
-    assert rule["id"] == "malicious_pickle_code_exec" and rule["properties"]["detector"] == "ckptaudit.security:scan"
+    assert rule["id"] == "malicious_pickle_code_exec" and rule["properties"]["detector"] == "ckptaudit.security:_scan_findings"

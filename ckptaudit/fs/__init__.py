@@ -29,24 +29,22 @@ outside ``fs``): :mod:`.counters` (the I/O counters), :mod:`.kept` (bytes of rem
 earlier stage already read, served instead of fetched), :mod:`.remote` (configure, the fsspec
 filesystem, listing snapshots, :class:`RPath`), :mod:`.reads` (bounded reads, ``open_binary``,
 ``read_ranges``) and :mod:`.ops` (path operations, ``download``, multipart uploads, the listing
-fingerprint).  This face re-exports every name, so ``fs.<name>`` keeps working.  The module
-state (the counters, the filesystem cache, the snapshots) lives once, in its module; the names
-here are the same objects, mutated in place and never rebound.
+fingerprint).  This face re-exports every public name, so ``fs.<name>`` keeps working.  The module
+state (the counters, the filesystem cache, the snapshots) lives once, in its module.
 """
 
 from __future__ import annotations
 
 from . import kept  # noqa: F401
-from .counters import (_bytes, _Counted, _gets, _local, _lock, _rounds, bytes_read, count,  # noqa: F401
-                       count_local, gets_issued, local_bytes_read, reset_bytes_read, round_trips, stage_bytes)
-from .ops import (_Entry, download, exists, fspath, join, listdir, listing_fingerprint,  # noqa: F401
+from .counters import (bytes_read, count, count_local, gets_issued, local_bytes_read,  # noqa: F401
+                       reset_bytes_read, round_trips, stage_bytes)
+from .ops import (download, exists, fspath, join, listdir, listing_fingerprint,  # noqa: F401
                   multipart_uploads, path, relpath, scandir, size, version, walk)
-from .reads import (_LONE_SURROGATE, SMALL_FILE_BYTES, CountedFile, TooLarge, clean_text,  # noqa: F401
+from .reads import (SMALL_FILE_BYTES, CountedFile, TooLarge, clean_text,  # noqa: F401
                     loads_json, open_binary, pread, preadv, read_bounded, read_ranges, read_ranges_uncached,
                     without_lone_surrogates)
-from .remote import (_ENV, _as_rpath, _fs_cache, _lookup, _mtime_ns, _snapshots, _split,  # noqa: F401
-                     RANGE_BLOCK_BYTES, STREAM_BLOCK_BYTES, RPath, Snapshot, configure, filesystem,
-                     is_remote, open_object, refresh, snapshot_for)
+from .remote import (RANGE_BLOCK_BYTES, STREAM_BLOCK_BYTES, RPath, Snapshot, configure,  # noqa: F401
+                     filesystem, is_remote, open_object, refresh, snapshot_for)
 
 __all__ = [
     "RANGE_BLOCK_BYTES", "RPath", "SMALL_FILE_BYTES", "STREAM_BLOCK_BYTES", "Snapshot", "TooLarge",

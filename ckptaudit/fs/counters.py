@@ -31,7 +31,7 @@ def count(purpose: str, nbytes: int, gets: int = 1) -> None:
         _rounds[purpose] += 1
 
 
-class _Counted:
+class Counted:
     """A fetcher ``(start, end) -> bytes`` that counts every call as one GET in one round."""
 
     def __init__(self, fetch, purpose: str):

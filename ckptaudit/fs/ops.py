@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import List, Optional, Tuple
 
 from .reads import open_binary
-from .remote import STREAM_BLOCK_BYTES, RPath, _split, filesystem, is_remote, refresh
+from .remote import STREAM_BLOCK_BYTES, RPath, split_url, filesystem, is_remote, refresh
 
 
 def path(p):
@@ -137,7 +137,7 @@ def multipart_uploads(run_dir) -> List[dict]:
     [{"key": run-relative key, "upload_id": str, "initiated": iso time}]; [] for local paths."""
     if not is_remote(run_dir):
         return []
-    proto, root = _split(str(run_dir))
+    proto, root = split_url(str(run_dir))
     if proto not in ("s3", "s3a"):
         return []
     bucket, _, prefix = root.partition("/")

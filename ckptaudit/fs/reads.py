@@ -17,7 +17,7 @@ from typing import List, Optional, Tuple
 
 from . import kept
 from .counters import count, count_local
-from .remote import RANGE_BLOCK_BYTES, _as_rpath, _split, filesystem, is_remote, open_object
+from .remote import RANGE_BLOCK_BYTES, as_rpath, split_url, filesystem, is_remote, open_object
 
 SMALL_FILE_BYTES = 16 << 20  # cap for sidecars, manifests, pointers, indexes, trainer_state.json
 
@@ -97,7 +97,7 @@ def read_bounded(p, limit: int) -> bytes:
     import stat
 
     if is_remote(p):
-        if _as_rpath(p).info()["size"] > limit:
+        if as_rpath(p).info()["size"] > limit:
             raise TooLarge(f"{p}: over {limit} bytes")
         data = read_ranges(p, [(0, limit + 1)])[0]
         if data is None:
@@ -137,7 +137,7 @@ def open_binary(p, block_size: int = RANGE_BLOCK_BYTES, exact: bool = False, cac
     overrides fsspec's cache (e.g. "blockcache": an LRU of 32 blocks of ``block_size``).  Raises ``OSError`` (FileNotFoundError) when absent."""
     if not is_remote(p):
         return io.BufferedReader(CountedFile(p), buffer_size=io.DEFAULT_BUFFER_SIZE)
-    return open_object(_as_rpath(p), block_size=block_size, exact=exact, cache_type=cache_type)
+    return open_object(as_rpath(p), block_size=block_size, exact=exact, cache_type=cache_type)
 
 
 class CountedFile(io.FileIO):
@@ -188,7 +188,7 @@ def read_ranges(p, ranges: List[Tuple[int, int]], purpose: str = "ranged") -> Li
         raise ValueError(f"{p}: read_ranges is for remote objects")
     if not ranges:
         return []
-    url = _as_rpath(p).url
+    url = as_rpath(p).url
     if kept.has(url):  # bytes the hash stage's pass already read: only the gaps are fetched
         return _with_kept(p, url, ranges, purpose)
     return read_ranges_uncached(p, ranges, purpose)
@@ -212,7 +212,7 @@ def _with_kept(p, url: str, ranges: List[Tuple[int, int]], purpose: str) -> List
 
 def read_ranges_uncached(p, ranges: List[Tuple[int, int]], purpose: str = "ranged") -> List[Optional[bytes]]:
     """:func:`read_ranges` without the kept bytes: every range is fetched."""
-    proto, key = _split(_as_rpath(p).url)
+    proto, key = split_url(as_rpath(p).url)
     fsys = filesystem(proto)
     starts = [int(o) for o, _ in ranges]
     ends = [int(o) + int(n) for o, n in ranges]

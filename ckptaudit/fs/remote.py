@@ -16,7 +16,7 @@ import posixpath
 from types import SimpleNamespace
 from typing import Dict, Iterator, List, Optional, Tuple
 
-from .counters import _Counted
+from .counters import Counted
 from .kept import KeptFetcher
 
 RANGE_BLOCK_BYTES = 16 << 10  # readahead of one ranged GET in the file layer (bytes)
@@ -48,12 +48,13 @@ def is_remote(path) -> bool:
     return isinstance(path, RPath) or "://" in str(path)
 
 
-def _split(url: str) -> Tuple[str, str]:
+def split_url(url: str) -> Tuple[str, str]:
+    """``(protocol, bucket/key)`` of an object URL ``protocol://bucket/key``, the key without surrounding slashes."""
     proto, _, rest = str(url).partition("://")
     return proto, rest.strip("/")
 
 
-def _as_rpath(p) -> "RPath":
+def as_rpath(p) -> "RPath":
     """``p`` as an :class:`RPath` (returned as is when it is one); for paths :func:`is_remote` accepts."""
     return p if isinstance(p, RPath) else RPath(p)
 
@@ -128,7 +129,7 @@ def _mtime_ns(v) -> int:
 
 def refresh(run_dir) -> "Snapshot":
     """List ``run_dir`` (remote) again and return the new snapshot."""
-    proto, root = _split(str(run_dir))
+    proto, root = split_url(str(run_dir))
     snap = Snapshot(proto, root)
     _snapshots[f"{proto}://{root}"] = snap
     return snap
@@ -136,7 +137,7 @@ def refresh(run_dir) -> "Snapshot":
 
 def snapshot_for(url: str) -> Optional[Snapshot]:
     """The snapshot whose root holds ``url`` (listing it once when none does)."""
-    proto, key = _split(url)
+    proto, key = split_url(url)
     best = None
     for s in _snapshots.values():
         if s.protocol == proto and (key == s.root or key.startswith(s.root + "/")):
@@ -148,7 +149,7 @@ def snapshot_for(url: str) -> Optional[Snapshot]:
 def _lookup(url: str):
     """(snapshot, key) for a remote url, listing its bucket prefix when never listed."""
     snap = snapshot_for(url)
-    proto, key = _split(url)
+    proto, key = split_url(url)
     if snap is None:
         snap = refresh(f"{proto}://{posixpath.dirname(key) or key}")
     return snap, key
@@ -165,7 +166,7 @@ class RPath:
     __slots__ = ("url",)
 
     def __init__(self, url) -> None:
-        proto, key = _split(str(url))
+        proto, key = split_url(str(url))
         self.url = f"{proto}://{key}"
 
     def __str__(self) -> str:
@@ -186,11 +187,11 @@ class RPath:
 
     @property
     def name(self) -> str:
-        return posixpath.basename(_split(self.url)[1])
+        return posixpath.basename(split_url(self.url)[1])
 
     @property
     def parent(self) -> "RPath":
-        proto, key = _split(self.url)
+        proto, key = split_url(self.url)
         return RPath(f"{proto}://{posixpath.dirname(key) or key}")
 
     @property
@@ -238,7 +239,7 @@ class RPath:
         return self.read_bytes().decode(encoding, errors)
 
     def relative_to(self, other) -> str:
-        a, b = _split(self.url)[1], _split(str(other))[1]
+        a, b = split_url(self.url)[1], split_url(str(other))[1]
         if a == b:
             return "."
         if not a.startswith(b + "/"):
@@ -251,7 +252,7 @@ def open_object(rp: RPath, block_size: int = RANGE_BLOCK_BYTES, exact: bool = Fa
     """The remote half of :func:`ckptaudit.fs.reads.open_binary`: an fsspec file for ``rp`` whose
     reads are ranged GETs of about ``block_size`` bytes, counted as "streamed" when ``block_size``
     >= 1 MiB, else as "ranged".  Raises ``FileNotFoundError`` when the listing has no such object."""
-    proto, key = _split(rp.url)
+    proto, key = split_url(rp.url)
     info = rp.info()  # from the listing: no HEAD request, and FileNotFoundError when absent
     fs = filesystem(proto)
     cache = cache_type or ("none" if exact else "readahead")
@@ -260,6 +261,6 @@ def open_object(rp: RPath, block_size: int = RANGE_BLOCK_BYTES, exact: bool = Fa
     except TypeError:  # an fsspec implementation without the size keyword
         f = fs.open(key, "rb", block_size=block_size, cache_type=cache)
     if getattr(f, "cache", None) is not None:  # buffered files (s3fs, gcsfs…); others are not counted
-        counted = _Counted(f.cache.fetcher, "streamed" if block_size >= (1 << 20) else "ranged")
+        counted = Counted(f.cache.fetcher, "streamed" if block_size >= (1 << 20) else "ranged")
         f.cache.fetcher = KeptFetcher(rp.url, counted)  # bytes the hash stage's pass kept are not fetched again
     return f

@@ -115,8 +115,8 @@ class DCP:
         res = _judged_metadata(data, rel(".metadata"), cfg, scan)
         if res is None:
             return scan
-        meta = _state(res.obj)
-        sdm = _state(meta.get("state_dict_metadata")) if isinstance(meta, dict) else {}
+        meta = state_fields(res.obj)
+        sdm = state_fields(meta.get("state_dict_metadata")) if isinstance(meta, dict) else {}
         storage = meta.get("storage_data") if isinstance(meta, dict) else None
         if not isinstance(sdm, dict) or not isinstance(storage, dict):
             scan.add(F.make("dcp_metadata_unreadable", path=rel(".metadata"),
@@ -133,7 +133,7 @@ class DCP:
         tree = _tensor_tree(sdm)
         # every non-tensor item is a torch.save blob that dcp.load unpickles with weights_only=False
         dcp_bytes.scan_bytes_items(folder, storage, tree, scan, list(cfg.get("security", {}).get("allow_globals", [])),
-                                   rel, _state, _fqn, _count, _inside)
+                                   rel, state_fields, _fqn, _count, _inside)
         scan.tree["root"] = _nest(tree)
         need, bad = _shard_ends(storage)
         if bad is not None:
@@ -156,7 +156,7 @@ def _paths_outside(run_dir: Path, unit: str, storage: dict) -> Dict[str, str]:
     """{storage ``relative_path``: where it leads} for each path that resolves outside the run."""
     outside: Dict[str, str] = {}
     for info in storage.values():
-        sinfo = _state(info)
+        sinfo = state_fields(info)
         relp = sinfo.get("relative_path") if isinstance(sinfo, dict) else None
         if isinstance(relp, str) and relp and "\0" not in relp and relp not in outside:
             if where := confine.resolved_outside(run_dir, relp, unit):
@@ -169,7 +169,7 @@ def _tensor_tree(sdm: dict) -> Dict[str, dict]:
     ``{"__bytes_item__": True}``."""
     tree: Dict[str, dict] = {}
     for fqn, md in sdm.items():
-        st = _state(md)
+        st = state_fields(md)
         if isinstance(st, dict) and "size" in st:
             shape = list(st["size"]) if isinstance(st["size"], (list, tuple)) else []
             tree[str(fqn)] = {"__tensor__": _dtype_name(st.get("properties")), "shape": shape}
@@ -183,7 +183,7 @@ def _shard_ends(storage: dict) -> Tuple[Dict[str, tuple], Optional[tuple]]:
     storage info))`` of the first item whose path is not inside the folder or whose offset/length are no counts."""
     need: Dict[str, tuple] = {}
     for idx, info in storage.items():
-        sinfo = _state(info)
+        sinfo = state_fields(info)
         if not isinstance(sinfo, dict):
             continue
         relp = str(sinfo.get("relative_path"))
@@ -244,14 +244,14 @@ def _dtype_name(props) -> str:
             and isinstance(props.state[0], GlobalRef):
         dtype = props.state[0]
     else:
-        st = _state(props)
+        st = state_fields(props)
         dtype = st.get("dtype") if isinstance(st, dict) else None
     return getattr(dtype, "name", None) or str(dtype)
 
 
 def _fqn(idx) -> str:
     """The fully qualified name of a walked ``MetadataIndex`` (state or positional args)."""
-    item = _state(idx)
+    item = state_fields(idx)
     if isinstance(item, dict):
         if "fqn" in item:
             return str(item["fqn"])
@@ -261,7 +261,7 @@ def _fqn(idx) -> str:
     return str(idx)
 
 
-def _state(obj):
+def state_fields(obj):
     """The attribute dict of a walked dataclass instance (or the object itself)."""
     from ..pickle_walk import Instance
 

@@ -62,14 +62,14 @@ class Megatron:
 def _rank_file_facts(obj, rank_dir: str, iterations: dict, tp, pp) -> tuple:
     """A rank file's ``iteration`` (into ``iterations`` by rank folder) and the tensor/pipeline parallel sizes
     its ``args`` declare (``(tp, pp)``, the ones given when it declares none)."""
-    from .dcp import _state
+    from .dcp import state_fields
 
     if not isinstance(obj, dict):
         return tp, pp
     it = obj.get("iteration")
     if isinstance(it, int):
         iterations[rank_dir] = it
-    args = _state(obj.get("args"))
+    args = state_fields(obj.get("args"))
     if isinstance(args, dict):
         tp = args.get("tensor_model_parallel_size", tp)
         pp = args.get("pipeline_model_parallel_size", pp)

@@ -17,7 +17,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 from ..formats.zip.crc32 import crc32, crc32_combine  # noqa: F401 - crc32_combine is part of this module's interface
 from .nulruns import nul_runs
 from .ranges import Ranges
-from .values import _BLOCK, buffer_stats, itemsize
+from .values import VALUE_BLOCK, buffer_stats, itemsize
 
 
 class Sha256:
@@ -311,7 +311,7 @@ class RangeValues(Ranges):
 
     def _piece(self, i: int, at: int, piece) -> None:
         start, dtype = self._s[i], self._dtype(i)
-        item = _BLOCK * itemsize(dtype)  # whole float32 blocks, as the state stage's own scan sums them
+        item = VALUE_BLOCK * itemsize(dtype)  # whole float32 blocks, as the state stage's own scan sums them
         self._seen[i] += len(piece)
         end = at + len(piece)
         first = start + -(-(at - start) // item) * item  # first element boundary at or after the piece start
@@ -343,7 +343,7 @@ class RangeValues(Ranges):
         for (i, elem), frags in other._frag.items():
             dtype = self._dtype(i)
             for at, data in frags.items():
-                self._fragment(i, elem, at, data, _BLOCK * itemsize(dtype), dtype)
+                self._fragment(i, elem, at, data, VALUE_BLOCK * itemsize(dtype), dtype)
         return self
 
     def arrays(self):

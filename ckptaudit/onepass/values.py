@@ -43,7 +43,8 @@ def chunk_stats(a, dtype: str) -> Tuple[int, float]:
     return _blocks(f)
 
 
-_BLOCK = 1 << 16
+#: Elements per block of the value statistics: a range's sums are taken a block at a time (float64: all at once).
+VALUE_BLOCK = 1 << 16
 
 
 def _blocks(f) -> Tuple[int, float]:
@@ -59,7 +60,7 @@ def _blocks(f) -> Tuple[int, float]:
     if f.size == 0:
         return 0, 0.0
     bad, total = 0, 0.0
-    step = f.size if f.dtype == np.float64 else _BLOCK
+    step = f.size if f.dtype == np.float64 else VALUE_BLOCK
     with np.errstate(over="ignore", invalid="ignore"):  # a non-finite block is redone below
         for i in range(0, f.size, step):
             b = f[i:i + step]

@@ -11,7 +11,7 @@ _MAX_NESTED_DEPTH = 4
 _MIN_ENCODED_CHARS = 24  # shortest str/bytes operand tried as base64/hex/compressed pickle
 _MAX_DECODED_BYTES = 16 << 20  # per decoded blob (decompression bombs stop here)
 _MAX_DECODE_BUDGET = 64 << 20  # decoded bytes per top-level walk, all blobs together
-_MAX_STREAMS = 64  # pickle streams walked back to back in one buffer
+MAX_STREAMS = 64  # pickle streams walked back to back in one buffer
 _MAX_TRICKS = 200
 _MAX_KEY_NODES = 2000
 # Work budget of one walk.  A torch.save state_dict costs about 30 opcodes and 7 retained objects per

@@ -5,7 +5,7 @@ from __future__ import annotations
 import io
 from typing import Any, List, Optional
 
-from .budgets import MAX_OPS, _MAX_STREAMS
+from .budgets import MAX_OPS, MAX_STREAMS
 from .machine import WalkState
 from .model import WalkResult
 from .reader import MVReader
@@ -55,7 +55,7 @@ def walk(data: bytes | bytearray | memoryview, start: int = 0, *, max_ops: int =
 
 
 def walk_streams(data: bytes | bytearray | memoryview, first: Optional[WalkResult] = None, *,
-                 max_streams: int = _MAX_STREAMS, max_ops: int = MAX_OPS,
+                 max_streams: int = MAX_STREAMS, max_ops: int = MAX_OPS,
                  persistent: str = "torch") -> List[WalkResult]:
     """Walk every pickle stream stored back to back in ``data``, from byte 0 (``first``: the
     caller's walk of the first stream, not walked again).
