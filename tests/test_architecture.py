@@ -1,6 +1,6 @@
 """The house plan holds: no import circle among ckptaudit modules or between its packages, no module over 400
 lines but data tables, no module-level mutable state but the listed, and no framework named outside the
-producers' modules but the listed (``NAMES_A_FRAMEWORK``, each with its reason; both lists only shrink).
+producers' modules but the data files listed (``NAMES_A_FRAMEWORK``, each with its reason; both lists only shrink).
 
 Imports are read from the AST of every ``ckptaudit/**/*.py`` (function-level imports count: a circle
 through a lazy import is still a circle a reader has to untangle).  A package is its ``__init__``;
@@ -219,14 +219,11 @@ FRAMEWORK_WORDS = re.compile(r"deepspeed|lightning|megatron|accelerate|transform
 #: A producer's modules: its own in ckptaudit/producers/ and its layout adapter (the scan of its units' files).
 PRODUCER_MODULES = re.compile(r"^ckptaudit\.producers(\..*)?$|"
                               r"^ckptaudit\.layouts\.(hf|accelerate|deepspeed|megatron|dcp|dcp_bytes)$")
-#: Modules outside the producers that still name a framework, each with its reason.  Only shrinks.
+#: The data files outside the producers that name a framework (the acceptance's allowlist), each with its reason.
 NAMES_A_FRAMEWORK: Dict[str, str] = {
-    "ckptaudit.layouts": "the registry of layout adapters imports each adapter by its framework's name",
     "ckptaudit.findings.file": "data: finding texts name the framework the user runs (its repair commands)",
     "ckptaudit.findings.structure": "data: finding texts name the framework the user runs (its converters)",
-    "ckptaudit.demo": "the bundled demo is itself a nanoGPT-style training loop (re-exports its keys)",
-    "ckptaudit.demo.train": "the bundled demo is itself a nanoGPT-style training loop",
-    "ckptaudit.security_tiers": "prose: where a generic class was seen (argparse.Namespace, io.BytesIO)",
+    "ckptaudit.security_tiers": "data: the tier tables say where a generic class was seen (argparse.Namespace)",
 }
 
 

@@ -83,7 +83,7 @@ def test_checkpoint_schema(run):
     for name in run.intact + [run.flipped]:
         step = int(name[5:11])
         ckpt = torch.load(run.run_dir / name, weights_only=True)
-        assert set(ckpt) == set(demo.NANOGPT_KEYS) | {"scheduler", "rng", "loss"}
+        assert set(ckpt) == set(demo.UPSTREAM_KEYS) | {"scheduler", "rng", "loss"}
         assert ckpt["iter_num"] == step
         assert ckpt["scheduler"]["last_epoch"] == step
         assert ckpt["optimizer"]["state"][0]["step"].item() == step

@@ -36,6 +36,6 @@ from .incident import StallingWriter, crash_save, flip_byte_in_tensor_record  # 
 from .model import DEFAULT_MODEL_ARGS, GPT, MLP, Block, CausalSelfAttention, LayerNorm, build_model  # noqa: F401
 from .run import DemoRun, main, make_demo_run  # noqa: F401
 from .text import TEXT, VOCAB  # noqa: F401
-from .train import (DEFAULT_CONFIG, EXTRA_KEYS, NANOGPT_KEYS, TrainResult, demo_data, estimate_loss,  # noqa: F401
+from .train import (DEFAULT_CONFIG, EXTRA_KEYS, UPSTREAM_KEYS, TrainResult, demo_data, estimate_loss,  # noqa: F401
                     get_batch, make_scheduler, train_loop, ckpt_name, get_rng_state, lr_multiplier, set_rng_state,
                     train)

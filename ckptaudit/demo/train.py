@@ -15,8 +15,8 @@ from .checkpoint import PathLike, save_checkpoint
 from .model import DEFAULT_MODEL_ARGS, build_model
 from .text import TEXT, VOCAB
 
-#: nanoGPT's checkpoint keys (karpathy/nanoGPT train.py), in its order.
-NANOGPT_KEYS = ("model", "optimizer", "model_args", "iter_num", "best_val_loss", "config")
+#: The keys of the loop this demo follows (karpathy/nanoGPT train.py's checkpoint), in its order.
+UPSTREAM_KEYS = ("model", "optimizer", "model_args", "iter_num", "best_val_loss", "config")
 
 
 #: Keys this trainer adds to nanoGPT's schema.
@@ -211,7 +211,7 @@ def _start_state(start_from, restore: str) -> Optional[dict]:
     if "model" not in src:  # a bare state_dict (weights-only file)
         src = {"model": src}
     if restore == "full":
-        missing = sorted(set(NANOGPT_KEYS + EXTRA_KEYS) - set(src))
+        missing = sorted(set(UPSTREAM_KEYS + EXTRA_KEYS) - set(src))
         if missing:
             raise KeyError(f"{start_from}: a full restore needs {missing!r}, which the checkpoint lacks")
     return src

@@ -9,16 +9,26 @@ its finding kinds to :mod:`ckptaudit.findings`.
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
-from . import accelerate, dcp, deepspeed, hf, megatron, published, single
+from .. import producers
+from . import dcp, published, single
 from .adapter import IndexAdapter, LayoutAdapter
 
+
+def _adapter(spec: str) -> Any:
+    """The adapter ``"module:ATTR"`` of this package that a producer names (:mod:`ckptaudit.producers`)."""
+    module, attr = spec.split(":")
+    return getattr(importlib.import_module(f".{module}", __name__), attr)
+
+
 # Order matters: the first adapter that claims a folder owns it.  A ckptaudit publish folder comes
-# first (its manifest says what each file is) unless it holds a framework's own layout.
-DIR_ADAPTERS: List[LayoutAdapter] = [published.ADAPTER, deepspeed.ADAPTER, megatron.ADAPTER, dcp.ADAPTER, hf.TRAINER, accelerate.ADAPTER]
-INDEX_ADAPTERS: List[IndexAdapter] = [hf.INDEX]
+# first (its manifest says what each file is) unless it holds a framework's own layout; the producers'
+# adapters follow in the claim order they state.
+DIR_ADAPTERS: List[LayoutAdapter] = [published.ADAPTER, *map(_adapter, producers.FOLDER_ADAPTERS)]
+INDEX_ADAPTERS: List[IndexAdapter] = list(map(_adapter, producers.INDEX_ADAPTERS))
 BY_NAME: Dict[str, LayoutAdapter] = {a.name: a for a in DIR_ADAPTERS + INDEX_ADAPTERS}
 
 CHECKPOINT_SUFFIXES = (

@@ -38,6 +38,10 @@ PRODUCERS: Tuple[Producer, ...] = (hf_trainer.PRODUCER, accelerate.PRODUCER, lig
                                    megatron.PRODUCER)
 #: Every contract, in that order.
 CONTRACTS: Tuple[Contract, ...] = tuple(c for p in PRODUCERS for c in p.contracts)
+#: The producers' folder adapters (``"module:ATTR"`` in :mod:`ckptaudit.layouts`), in claim order.
+FOLDER_ADAPTERS: Tuple[str, ...] = tuple(spec for _, spec in sorted(a for p in PRODUCERS for a in p.folder_adapters))
+#: The producers' index-file adapters (``"module:ATTR"`` in :mod:`ckptaudit.layouts`).
+INDEX_ADAPTERS: Tuple[str, ...] = tuple(s for p in PRODUCERS for s in p.index_adapters)
 #: Pointer files the producers write beside their units, by base name.
 POINTER_FILES: Mapping[str, PointerFile] = MappingProxyType({f.name: f for p in PRODUCERS for f in p.pointers})
 #: Keys at a checkpoint's root that record a framework's version: key -> package.

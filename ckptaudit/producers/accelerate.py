@@ -52,7 +52,7 @@ def default_pick(v: dict, folder: str) -> Tuple[Optional[str], bool]:
 
 
 PRODUCER = Producer(
-    key="accelerate", name="accelerate", layouts=("accelerate",), contracts=(CONTRACT,),
+    key="accelerate", name="accelerate", layouts=("accelerate",), folder_adapters=((50, "accelerate:ADAPTER"),), contracts=(CONTRACT,),
     roles=(
         ("weights", r"(model(_\d+)?\.safetensors|pytorch_model(_\d+)?\.bin|.*\.index\.json)"),
         ("optimizer", r"optimizer(_\d+)?\.bin"),

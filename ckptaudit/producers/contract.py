@@ -141,3 +141,8 @@ class Producer:
     #: its own classes its checkpoints pickle that are data (rebuilt from constants, no code named by the
     #: pickle runs): ``module.name`` -> (the ``add_safe_globals`` spelling, why and where it was seen)
     benign_globals: Dict[str, Tuple[str, str]] = field(default_factory=dict)
+    #: the layout adapters that scan its folder units, ``(claim order, "module:ATTR")`` in
+    #: :mod:`ckptaudit.layouts`: of all producers' adapters, the lowest order that claims a folder owns it
+    folder_adapters: Tuple[Tuple[int, str], ...] = ()
+    #: its index-file adapters (``"module:ATTR"`` in :mod:`ckptaudit.layouts`), which claim shards by an index
+    index_adapters: Tuple[str, ...] = ()

@@ -21,7 +21,7 @@ CONTRACT = Contract(
 )
 
 PRODUCER = Producer(
-    key="dcp", name="torch.distributed.checkpoint", layouts=("dcp",), contracts=(CONTRACT,),
+    key="dcp", name="torch.distributed.checkpoint", layouts=("dcp",), folder_adapters=((30, "dcp:ADAPTER"),), contracts=(CONTRACT,),
     roles=(("mixed", r"\.metadata"),),
     resume_call='torch.distributed.checkpoint.load(state_dict, checkpoint_id="{path}")',
     claim_files=(".metadata", "*.distcp"),

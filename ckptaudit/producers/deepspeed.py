@@ -62,7 +62,7 @@ def parallel_findings(path: str, facts: dict, target: dict) -> list:
 
 
 PRODUCER = Producer(
-    key="deepspeed", name="DeepSpeed", layouts=("deepspeed",), contracts=(CONTRACT,),
+    key="deepspeed", name="DeepSpeed", layouts=("deepspeed",), folder_adapters=((10, "deepspeed:ADAPTER"),), contracts=(CONTRACT,),
     roles=(("weights", r".*model_states\.pt"), ("optimizer", r".*optim_states\.pt"),
            ("metadata", r"zero_to_fp32\.py")),
     resume_loads={r: _LOAD for r in ("weights", "optimizer", "mixed")},

@@ -77,7 +77,8 @@ def default_pick(v: dict, folder: str) -> Tuple[Optional[str], bool]:
 
 
 PRODUCER = Producer(
-    key="hf-trainer", name="the HF Trainer", layouts=("hf-trainer",), contracts=(CONTRACT,),
+    key="hf-trainer", name="the HF Trainer", layouts=("hf-trainer",), folder_adapters=((40, "hf:TRAINER"),),
+    index_adapters=("hf:INDEX",), contracts=(CONTRACT,),
     roles=(
         ("weights", r"(model(-\d+-of-\d+)?\.safetensors|pytorch_model.*\.bin|.*\.index\.json|adapter_model\..*)"),
         ("optimizer", r"optimizer\.pt"),

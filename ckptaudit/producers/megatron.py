@@ -54,7 +54,7 @@ def tracker_check(pointer: dict, suggestion: str):
                   suggestion=suggestion)
 
 
-PRODUCER = Producer(key="megatron", name="Megatron-LM", layouts=("megatron",), contracts=(CONTRACT,),
+PRODUCER = Producer(key="megatron", name="Megatron-LM", layouts=("megatron",), folder_adapters=((20, "megatron:ADAPTER"),), contracts=(CONTRACT,),
                     parallel_findings=parallel_findings,
                     claim_files=("model_optim_rng.pt", "mp_rank_*"),
                     pointers=(PointerFile(TRACKER, "Megatron tracker file", tracker_unit, tracker_check),),
