@@ -24,7 +24,8 @@ def _rel(root: Path, p) -> str:
     return fs.relpath(p, root)
 
 
-def _stat(p: Path):
+def stat_or_none(p: Path):
+    """``p.stat()`` (links followed), or None when it cannot be taken."""
     try:
         return p.stat()
     except OSError:
@@ -113,7 +114,7 @@ class _UnitFiles:
             self._data(rel, fp, lst)
 
     def _data(self, rel: str, fp, lst: Optional[os.stat_result]) -> None:
-        st = lst if lst is not None and st_mod.S_ISREG(lst.st_mode) else _stat(fs.path(fp))
+        st = lst if lst is not None and st_mod.S_ISREG(lst.st_mode) else stat_or_none(fs.path(fp))
         if st is None:
             return
         self.files.append(rel)

@@ -28,7 +28,7 @@ from .layouts.leftovers import POINTER_NOT_READ
 from ._io import atomic_write
 from .parts import SMALL_PART_BYTES, assign_parts, auto_units_per_job, listing_fingerprint  # noqa: F401 - re-exported
 from .unit_objects import SMALL_OBJECT_BYTES, unit_objects  # noqa: F401 - re-exported
-from .folder_unit import folder_unit, lstat_of as _lstat_of
+from .folder_unit import folder_unit, lstat_of as _lstat_of, stat_or_none
 from .irregular import irregular_unit, deep_units, irregular_reason, path_bytes, path_limit  # noqa: F401
 from .units import (  # noqa: F401 - re-exported: the unit model lives in units.py
     IN_PROGRESS_PATTERNS,
@@ -43,13 +43,6 @@ from .units import (  # noqa: F401 - re-exported: the unit model lives in units.
 #: Pointer files by base name -> what each is: the producers' own (:data:`ckptaudit.producers.POINTER_FILES`)
 #: and a generic ``LATEST``.
 POINTER_NAMES = {**{n: f.kind for n, f in producers.POINTER_FILES.items()}, "LATEST": "pointer file"}
-
-
-def _stat(p: Path):
-    try:
-        return p.stat()
-    except OSError:
-        return None
 
 
 def discover(run_dir: str | os.PathLike) -> tuple[List[Unit], List[Pointer], List[str]]:
@@ -195,7 +188,7 @@ def _file_unit(root: Path, path: Path, names, lst: Optional[os.stat_result] = No
     searched); ``lst``: its ``lstat`` when the caller took it (then kept as its snapshot); ``rel``: its path
     in the run when the caller knows it."""
     regular = lst is not None and st_mod.S_ISREG(lst.st_mode)
-    st = lst if regular else _stat(path)
+    st = lst if regular else stat_or_none(path)
     rel = rel if rel is not None else _rel(root, path)
     pre = rel[: -len(path.name)]
     manifest = next((n for n in (path.name + ".manifest.json",) if n in names), "")
