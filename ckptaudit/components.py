@@ -129,14 +129,28 @@ def of_scan_row(scan_row: dict) -> Tuple[Components, Dict[str, Any], Dict[str, A
     read them).  The last 16 rows are kept.
     """
     tree_json, facts_json = scan_row.get("tree_json") or "{}", scan_row.get("facts_json") or "{}"
+    tree, facts = json.loads(tree_json), json.loads(facts_json)  # once, for the caller and for a new row
     # switching the contracts off (CKPTAUDIT_PRODUCER_CONTRACTS=0) changes the result: part of the key
-    c = _collected(scan_row.get("layout") or "", tree_json, facts_json, producers.enabled())
-    return c, json.loads(tree_json), json.loads(facts_json)
+    row = _Row((scan_row.get("layout") or "", tree_json, facts_json, producers.enabled()), tree, facts)
+    return _collected(row), tree, facts
+
+
+@dataclass(unsafe_hash=True)
+class _Row:
+    """A scan row as the key of :func:`_collected`: equal and hashed by ``key`` (layout, the two JSON texts,
+    contracts on) alone, carrying the parsed tree and facts to the first call, which drops them."""
+    key: tuple
+    tree: Any = field(compare=False)
+    facts: Any = field(compare=False)
 
 
 @functools.lru_cache(maxsize=16)
-def _collected(layout: str, tree_json: str, facts_json: str, contracts: bool) -> Components:
-    return collect(layout, json.loads(tree_json), json.loads(facts_json))
+def _collected(row: _Row) -> Components:
+    """The components of ``row`` (the last 16 rows' are kept); its parsed tree and facts are not kept here."""
+    try:
+        return collect(row.key[0], row.tree, row.facts)
+    finally:
+        row.tree = row.facts = None
 
 
 def collect(layout: str, tree: Dict[str, Any], facts: Dict[str, Any]) -> Components:

@@ -32,6 +32,7 @@ from typing import Collection, FrozenSet, List, Sequence, Tuple
 
 from . import findings, security
 from .findings import Finding
+from .formats.zip.reader import strip_prefix
 from .pickle_walk import WalkResult
 from .pickle_walk.dtypes import dtype_of_storage_type
 
@@ -65,7 +66,7 @@ def is_torchscript(names: Collection[str], prefix: str) -> bool:
 def read_by_jit(member: str, prefix: str) -> bool:
     """Whether ``torch.jit.load`` unpickles record ``member`` (its C++ unpickler): ``data.pkl``,
     ``constants.pkl`` and the ``code/**.debug_pkl`` source ranges; ``extra/`` files come back as bytes."""
-    rest = member[len(prefix) + 1:] if prefix and member.startswith(prefix + "/") else member
+    rest = strip_prefix(member, prefix)
     return rest in ("data.pkl", "constants.pkl") or (rest.startswith("code/") and rest.endswith(".debug_pkl"))
 
 
