@@ -7,24 +7,24 @@ whose chunk digests disagree, and the benchmarks) uses :func:`hashlib.file_diges
 
 Sidecars are in ``sha256sum`` format: one line ``<64 hex digits><space><space
 or *><file name>`` (GNU coreutils manual, "md5sum invocation").  Manifests are
-``ckptaudit.manifest/1`` JSON documents written by :mod:`ckptaudit.publish`::
+``ckptaudit.manifest/2`` (or ``/1``) JSON documents written by :mod:`ckptaudit.publish`::
 
-    {"schema": "ckptaudit.manifest/1",
+    {"schema": "ckptaudit.manifest/2",
      "files": [{"path": "ckpt_000500.pt", "size_bytes": 372216,
-                "sha256_hex": "…", "chunk_bytes": 67108864, "chunk_sha256_hex": ["…"]}], …}
+                "sha256_hex": "…", "chunk_bytes": 67108864, "chunk_blake3_hex": ["…"]}], …}
 
-When a manifest entry carries ``chunk_sha256_hex`` (SHA-256 of each ``chunk_bytes``-sized
-slice of the file, the last one shorter), :func:`hash_unit` verifies the chunks in parallel
-on a thread pool (``hashlib`` releases the GIL while hashing buffers over 2047 bytes, so
-one huge file is verified on all cores) instead of streaming the whole file through one
-SHA-256, and a mismatch names the damaged byte range and the tensors stored in it.
+When a manifest entry carries chunk digests (one digest of each ``chunk_bytes``-sized slice of the
+file, the last one shorter; BLAKE3 in ``/2``, SHA-256 in ``/1``: :mod:`ckptaudit.chunk_digest`),
+:func:`hash_unit` verifies the chunks in parallel on a thread pool (both hashes release the GIL
+while hashing a large buffer, so one huge file is verified on all cores) instead of streaming the
+whole file through one SHA-256, and a mismatch names the damaged byte range and the tensors stored
+in it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import threading
 import time
@@ -36,6 +36,7 @@ from . import confine
 from . import findings as F
 from . import fs
 from . import progress as _progress
+from .chunk_digest import entry_chunks
 from .manifest_entries import load_manifest  # noqa: F401 - re-exported
 
 _LINE = re.compile(r"^\\?([0-9a-fA-F]{64}) [ *](.+)$")
@@ -68,74 +69,6 @@ def parse_sidecar(text: str) -> Tuple[Dict[str, str], Optional[str]]:
     if not out:
         return out, "empty sidecar"
     return out, None
-
-
-_READ_BYTES = 4 << 20  # read buffer of one chunk-hashing task (bytes)
-
-
-def sha256_range(fd: int, offset: int, length: int) -> str:
-    """Hex SHA-256 of ``length`` bytes of open file ``fd`` from ``offset`` (bytes).
-
-    Uses ``os.preadv`` (positional, so threads may share ``fd``) into a 4 MiB
-    buffer: memory stays constant whatever ``length``.  Raises ``OSError``; a file
-    shorter than ``offset + length`` hashes only the bytes that are there.
-    """
-    h = hashlib.sha256()
-    buf = bytearray(min(_READ_BYTES, max(length, 1)))
-    view = memoryview(buf)
-    done = 0
-    while done < length:
-        want = min(len(buf), length - done)
-        n = os.preadv(fd, [view[:want]], offset + done)
-        if n == 0:
-            break
-        h.update(view[:n])
-        done += n
-    return h.hexdigest()
-
-
-def chunk_sha256(path: str | Path, chunk_bytes: int, workers: Optional[int] = None) -> List[str]:
-    """Hex SHA-256 of each ``chunk_bytes``-sized slice of ``path`` (the last may be shorter;
-    ``[]`` for an empty file), hashed in parallel on ``workers`` threads (default: all
-    cores).  Raises ``OSError`` and ``ValueError`` for ``chunk_bytes`` < 1."""
-    if chunk_bytes < 1:
-        raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
-    if fs.is_remote(path):  # object storage: one streamed pass, one digest per chunk
-        out: List[str] = []
-        with fs.open_binary(path, block_size=fs.STREAM_BLOCK_BYTES) as fh:
-            while True:
-                h, left = hashlib.sha256(), chunk_bytes
-                while left:
-                    b = fh.read(min(left, _READ_BYTES))
-                    if not b:
-                        break
-                    h.update(b)
-                    left -= len(b)
-                if left == chunk_bytes:
-                    return out
-                out.append(h.hexdigest())
-                if left:
-                    return out
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        size = os.fstat(fd).st_size
-        n = -(-size // chunk_bytes)
-        if n <= 1:
-            return [sha256_range(fd, 0, size)] if n else []
-        with ThreadPoolExecutor(max_workers=min(n, workers or os.cpu_count() or 1)) as pool:
-            return list(pool.map(lambda i: sha256_range(fd, i * chunk_bytes, min(chunk_bytes, size - i * chunk_bytes)),
-                                 range(n)))
-    finally:
-        os.close(fd)
-
-
-def _chunked(entry: Optional[dict], size: int) -> bool:
-    """True when a manifest entry has usable chunk digests for a file of ``size`` bytes."""
-    if not entry:
-        return False
-    cb, digests = entry.get("chunk_bytes"), entry.get("chunk_sha256_hex")
-    return (isinstance(cb, int) and cb > 0 and isinstance(digests, list) and entry.get("size_bytes") == size
-            and len(digests) == -(-size // cb) and all(isinstance(d, str) for d in digests))
 
 
 def _damaged_ranges(bad: List[int], chunk_bytes: int, size: int) -> List[Tuple[int, int, List[int]]]:
@@ -183,9 +116,10 @@ def _file_passes(run_dir: Path, unit: dict, manifest_entries: Dict[str, dict], p
         t0 = time.perf_counter()
         try:
             me = manifest_entries.get(rel)
-            chunked = _chunked(me, p.stat().st_size)
+            chunks = entry_chunks(me, p.stat().st_size)
             with _PASS_SLOTS:
-                ff = pass_file(p, whole_sha=not chunked, chunk_bytes=me["chunk_bytes"] if chunked else None,
+                ff = pass_file(p, whole_sha=chunks is None, chunk_bytes=me["chunk_bytes"] if chunks else None,
+                               chunk_algorithm=chunks[0] if chunks else "sha256",
                                progress=Progress(prog), plan=None if planned(rel) else Plan())
         except OSError as e:
             return e
@@ -357,8 +291,10 @@ def _file_row(run_dir: Path, unit: dict, rel: str, ff, me: Optional[dict], sidec
     fl = list(findings_before)
     size = ff.size_bytes
     bad_chunks: List[int] = []
-    if ff.chunk_sha256_hex is not None:
-        bad_chunks = [i for i, (a, b) in enumerate(zip(ff.chunk_sha256_hex, me["chunk_sha256_hex"])) if a != b.lower()]
+    if ff.chunk_hex is not None:
+        _, want = entry_chunks(me, size) or ("", [])  # none when the file's size changed since the pass began
+        got = ff.chunk_hex
+        bad_chunks = [i for i in range(max(len(got), len(want))) if i >= len(got) or i >= len(want) or got[i] != want[i]]
         digest = sha256_file(run_dir / rel) if bad_chunks else str(me.get("sha256_hex", "")).lower()
     else:
         digest = ff.sha256_hex
@@ -375,7 +311,7 @@ def _file_row(run_dir: Path, unit: dict, rel: str, ff, me: Optional[dict], sidec
         verified = expected == digest and not bad_chunks
         for start, end, idx in _damaged_ranges(bad_chunks, me["chunk_bytes"], size) if bad_chunks else []:
             fl.append(F.make("chunk_checksum_mismatch", path=rel, start=start, last=end - 1, n_bytes=end - start,
-                             chunks=", ".join(map(str, idx)), n_chunks=len(me["chunk_sha256_hex"]),
+                             chunks=", ".join(map(str, idx)), n_chunks=-(-size // me["chunk_bytes"]),
                              chunk_bytes=me["chunk_bytes"], source="manifest",
                              where_text=_where(run_dir, rel, unit["unit"], start, end)))
         if not verified and not bad_chunks:

@@ -7,6 +7,7 @@ import os
 import struct
 import zlib
 
+import blake3
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 
 from ckptaudit import fs
 from ckptaudit.onepass import facts
-from ckptaudit.onepass.consumers import (ChunkSha256, RangeCrc32, RangeValues, Sha256, crc32_combine,
+from ckptaudit.onepass.consumers import (ChunkDigest, RangeCrc32, RangeValues, Sha256, crc32_combine,
                                          split_points)
 from ckptaudit.onepass.filepass import pass_file
 from ckptaudit.onepass.plan import plan_file
@@ -39,11 +40,12 @@ def test_crc32_combine_equals_zlib(n1, n2):
 @pytest.mark.parametrize("step", [1, 3, 64, 1000, 1 << 20])
 def test_sha_chunks_and_crc_for_any_buffer_size(step):
     data = os.urandom(10_007)
-    sha, chunks = Sha256(), ChunkSha256(1000)
+    sha, chunks, b3 = Sha256(), ChunkDigest(1000), ChunkDigest(1000, 0, "blake3")
     crc = RangeCrc32([("a", 0, 10_007), ("b", 13, 500), ("c", 9_000, 2_000), ("empty", 50, 0)])
-    _feed([sha, chunks, crc], data, step)
+    _feed([sha, chunks, b3, crc], data, step)
     assert sha.hexdigest() == hashlib.sha256(data).hexdigest()
     assert chunks.finish() == [hashlib.sha256(data[i:i + 1000]).hexdigest() for i in range(0, len(data), 1000)]
+    assert b3.finish() == [blake3.blake3(data[i:i + 1000]).hexdigest() for i in range(0, len(data), 1000)]
     r = crc.results()
     assert r["a"] == (zlib.crc32(data), 10_007)
     assert r["b"] == (zlib.crc32(data[13:513]), 500)
@@ -143,11 +145,12 @@ def test_chunked_pass_in_segments(tmp_path):
     try:
         filepass.BUFFER_BYTES = stream.BUFFER_BYTES = 1 << 18  # small buffers so the file splits
         ff = pass_file(p, whole_sha=False, chunk_bytes=1 << 18, threads=3)
+        f3 = pass_file(p, whole_sha=False, chunk_bytes=1 << 18, chunk_algorithm="blake3", threads=3)
     finally:
         filepass.BUFFER_BYTES = stream.BUFFER_BYTES = old
     assert ff.sha256_hex == ""
-    assert ff.chunk_sha256_hex == [hashlib.sha256(data[i:i + (1 << 18)]).hexdigest()
-                                   for i in range(0, len(data), 1 << 18)]
+    assert ff.chunk_hex == [hashlib.sha256(data[i:i + (1 << 18)]).hexdigest() for i in range(0, len(data), 1 << 18)]
+    assert f3.chunk_hex == [blake3.blake3(data[i:i + (1 << 18)]).hexdigest() for i in range(0, len(data), 1 << 18)]
     assert ff.bytes_read == len(data)
 
 

@@ -12,6 +12,7 @@ import signal
 import subprocess
 from pathlib import Path
 
+import blake3
 import pytest
 import torch
 from click.testing import CliRunner
@@ -56,7 +57,7 @@ def test_save_writes_file_sidecar_manifest_and_latest(tmp_path):
     digest = hashlib.sha256(data).hexdigest()
     assert (tmp_path / "ckpt_000100.pt.sha256").read_text() == f"{digest}  ckpt_000100.pt\n"
     raw = (tmp_path / "ckpt_000100.pt.manifest.json").read_bytes()
-    assert raw[:64].startswith(b'{\n "schema": "ckptaudit.manifest/1"')
+    assert raw[:64].startswith(b'{\n "schema": "ckptaudit.manifest/2"')
     doc = json.loads(raw)
     assert doc["step"] == 100 and doc["world_size"] == 1 and doc["unit"] == "ckpt_000100.pt"
     assert doc["config"] == {"lr": 1e-3, "obj": str(object)} and doc["metrics"] == {"val_loss": 2.5}
@@ -64,9 +65,9 @@ def test_save_writes_file_sidecar_manifest_and_latest(tmp_path):
     (e,) = doc["files"]
     assert e["path"] == "ckpt_000100.pt" and e["size_bytes"] == len(data) and e["sha256_hex"] == digest
     assert e["chunk_bytes"] == 16384
-    assert e["chunk_sha256_hex"] == [hashlib.sha256(data[i:i + 16384]).hexdigest()
+    assert e["chunk_blake3_hex"] == [blake3.blake3(data[i:i + 16384]).hexdigest()
                                      for i in range(0, len(data), 16384)]
-    assert len(e["chunk_sha256_hex"]) == -(-len(data) // 16384) >= 3
+    assert len(e["chunk_blake3_hex"]) == -(-len(data) // 16384) >= 3
     assert (tmp_path / "latest").read_text() == "ckpt_000100.pt"
     assert res.unit == "ckpt_000100.pt" and res.size_bytes == len(data) and res.latest_updated
     assert res.seconds["fsync_seconds"] > 0 and res.seconds["total_seconds"] >= res.seconds["commit_seconds"]
@@ -222,10 +223,22 @@ def test_temp_leftovers_are_in_progress(tmp_path):
 
 
 # ------------------------------------------------------------------ hashing of published units
-def test_chunk_mismatch_names_byte_range_and_tensor(tmp_path):
+@pytest.mark.parametrize("schema", ["ckptaudit.manifest/2", "ckptaudit.manifest/1"])
+def test_chunk_mismatch_names_byte_range_and_tensor(tmp_path, schema):
+    """Chunk digests as written now (BLAKE3, /2) and as written before (SHA-256, /1: the manifest is turned
+    back into that form, every other byte as published) verify, and a flipped byte is found in its chunk."""
     big = {"model": {"a": torch.zeros(4096), "b": torch.ones(4096)}, "iter_num": 3}
     P.save(big, tmp_path, 3, chunk_bytes=4096)
     f = tmp_path / "ckpt_000003.pt"
+    if schema.endswith("/1"):
+        mp = tmp_path / "ckpt_000003.pt.manifest.json"
+        doc = json.loads(mp.read_text())
+        data = f.read_bytes()
+        (e,) = doc["files"]
+        del e["chunk_blake3_hex"]
+        e["chunk_sha256_hex"] = [hashlib.sha256(data[i:i + 4096]).hexdigest() for i in range(0, len(data), 4096)]
+        doc["schema"] = schema
+        mp.write_text(json.dumps(doc, indent=1))
     units = {u.unit: u.to_dict() for u in inventory.discover(tmp_path)[0]}
     (row,) = hashing.hash_unit(tmp_path, units["ckpt_000003.pt"])
     assert row["verified"] is True and row["sha256_hex"] == sha(f) and row["expected_source"] == "manifest"

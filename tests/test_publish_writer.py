@@ -5,8 +5,8 @@ from __future__ import annotations
 import hashlib
 import os
 import json
-from concurrent.futures import ThreadPoolExecutor
 
+import blake3
 import pytest
 import torch
 
@@ -20,16 +20,15 @@ def test_digests_from_memory_match_the_file_across_chunk_and_write_boundaries(tm
     end inside a write must give the digests of the bytes the file holds."""
     cb = 100_003  # divides no write: every big write ends and starts chunks mid-buffer
     blobs = [b"x" * 17, bytes(range(256)) * 4096, b"", b"y" * (W.PARALLEL_BYTES + 5), b"z" * 3]
-    with ThreadPoolExecutor(2) as pool:
-        w = W.HashingWriter(tmp_path / "f.bin", "f.bin", cb, pool, Clock())
-        for b in blobs:
-            assert w.write(memoryview(b)) == len(b)
-        rec = w.close()
+    w = W.HashingWriter(tmp_path / "f.bin", "f.bin", cb, Clock())
+    for b in blobs:
+        assert w.write(memoryview(b)) == len(b)
+    rec = w.close()
     data = (tmp_path / "f.bin").read_bytes()
     assert data == b"".join(blobs) and rec.size_bytes == len(data) == 1048576 + 17 + 5 + 3 + 1048576
     assert rec.sha256_hex == hashlib.sha256(data).hexdigest()
-    assert rec.chunk_sha256_hex == [hashlib.sha256(data[i:i + cb]).hexdigest() for i in range(0, len(data), cb)]
-    assert len(rec.chunk_sha256_hex) == 21
+    assert rec.chunk_blake3_hex == [blake3.blake3(data[i:i + cb]).hexdigest() for i in range(0, len(data), cb)]
+    assert len(rec.chunk_blake3_hex) == 21
 
 
 def test_publish_of_big_tensors_records_the_file_digests(tmp_path):
@@ -39,9 +38,9 @@ def test_publish_of_big_tensors_records_the_file_digests(tmp_path):
     data = (tmp_path / "ckpt_000001.pt").read_bytes()
     (e,) = json.loads((tmp_path / "ckpt_000001.pt.manifest.json").read_text())["files"]
     assert e["sha256_hex"] == hashlib.sha256(data).hexdigest() and e["size_bytes"] == len(data)
-    assert e["chunk_sha256_hex"] == [hashlib.sha256(data[i:i + (1 << 20)]).hexdigest()
+    assert e["chunk_blake3_hex"] == [blake3.blake3(data[i:i + (1 << 20)]).hexdigest()
                                      for i in range(0, len(data), 1 << 20)]
-    assert len(e["chunk_sha256_hex"]) == 4
+    assert len(e["chunk_blake3_hex"]) == 4 and "chunk_sha256_hex" not in e
 
 
 def test_failed_big_write_waits_for_the_hash_workers_and_keeps_the_error(tmp_path, monkeypatch):
@@ -51,31 +50,29 @@ def test_failed_big_write_waits_for_the_hash_workers_and_keeps_the_error(tmp_pat
     def full(fd, data):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    with ThreadPoolExecutor(2) as pool:
-        w = W.HashingWriter(tmp_path / "f.bin", "f.bin", 1 << 20, pool, Clock())
-        monkeypatch.setattr(W, "_write_all", full)
-        with pytest.raises(OSError) as ei:
-            w.write(b"q" * (W.PARALLEL_BYTES * 2))
-        assert ei.value.errno == errno.ENOSPC and w.error is ei.value
-        w.abort()
+    w = W.HashingWriter(tmp_path / "f.bin", "f.bin", 1 << 20, Clock())
+    monkeypatch.setattr(W, "_write_all", full)
+    with pytest.raises(OSError) as ei:
+        w.write(b"q" * (W.PARALLEL_BYTES * 2))
+    assert ei.value.errno == errno.ENOSPC and w.error is ei.value and all(f.done() for f in w._pending)
+    w.abort()
     assert w.closed and w.fd == -1
 
 
 @pytest.mark.parametrize("sizes", [[0], [5], [4096], [4095, 1], [4096, 1], [100, 8000], [W.PARALLEL_BYTES + 1]])
-def test_chunk_zero_from_the_whole_file_hash_at_every_boundary(tmp_path, sizes):
-    """Chunk 0 is taken from the whole-file hasher: a file that ends before, at or just after
-    the first chunk boundary must still list the digests of its own chunks."""
+def test_chunk_digests_at_every_boundary(tmp_path, sizes):
+    """A file that ends before, at or just after the first chunk boundary lists the digests of its own
+    chunks (none for an empty file), whatever the writes that made it."""
     cb = 4096
     data = os.urandom(sum(sizes))
-    with ThreadPoolExecutor(2) as pool:
-        w = W.HashingWriter(tmp_path / "f.bin", "f.bin", cb, pool, Clock())
-        off = 0
-        for n in sizes:
-            w.write(data[off:off + n])
-            off += n
-        rec = w.close()
+    w = W.HashingWriter(tmp_path / "f.bin", "f.bin", cb, Clock())
+    off = 0
+    for n in sizes:
+        w.write(data[off:off + n])
+        off += n
+    rec = w.close()
     assert rec.sha256_hex == hashlib.sha256(data).hexdigest()
-    assert rec.chunk_sha256_hex == [hashlib.sha256(data[i:i + cb]).hexdigest() for i in range(0, len(data), cb)]
+    assert rec.chunk_blake3_hex == [blake3.blake3(data[i:i + cb]).hexdigest() for i in range(0, len(data), cb)]
 
 
 def test_start_writeback_finds_sync_file_range_on_linux_and_is_advice_elsewhere(tmp_path):
@@ -89,3 +86,50 @@ def test_start_writeback_finds_sync_file_range_on_linux_and_is_advice_elsewhere(
         os.close(fd)
     assert (W._libc_sync_file_range() is not None) == os.uname().sysname.startswith("Linux")
     assert p.read_bytes() == b"w" * 8192
+
+
+def test_held_writes_are_hashed_after_write_returns_in_file_order(tmp_path):
+    """Big writes from held memory return before their hashing ends; small writes made meanwhile and a big
+    write from memory that is not held come after them in the digests, as in the file."""
+    import numpy as np
+
+    held = np.frombuffer(os.urandom(3 * W.PARALLEL_BYTES + 77), np.uint8)
+    other = os.urandom(W.PARALLEL_BYTES + 9)
+    cb = 300_007
+    w = W.HashingWriter(tmp_path / "f.bin", "f.bin", cb, Clock())
+    w.hold([(held.ctypes.data, held.ctypes.data + held.nbytes)])
+    parts = [held[:W.PARALLEL_BYTES], b"h" * 30, held[W.PARALLEL_BYTES:2 * W.PARALLEL_BYTES + 5], b"s" * 7,
+             other, held[2 * W.PARALLEL_BYTES + 5:], b"t" * (W.TAIL_BATCH_BYTES + 1), b"e"]
+    for p in parts:
+        w.write(memoryview(p))
+    assert w._lanes is not None  # the big writes went to the hashing threads
+    rec = w.close()
+    data = (tmp_path / "f.bin").read_bytes()
+    assert data == b"".join(bytes(p) for p in parts)
+    assert rec.sha256_hex == hashlib.sha256(data).hexdigest()
+    assert rec.chunk_blake3_hex == [blake3.blake3(data[i:i + cb]).hexdigest() for i in range(0, len(data), cb)]
+    assert w._lanes is None and not w._pending and not w._tail
+
+
+def test_a_buffer_only_partly_inside_held_memory_is_waited_for(tmp_path):
+    import numpy as np
+
+    buf = np.frombuffer(os.urandom(2 * W.PARALLEL_BYTES), np.uint8)
+    w = W.HashingWriter(tmp_path / "f.bin", "f.bin", 1 << 20, Clock())
+    w.hold([(buf.ctypes.data, buf.ctypes.data + W.PARALLEL_BYTES)])  # the first half only
+    assert w._is_held(memoryview(buf[:W.PARALLEL_BYTES])) and not w._is_held(memoryview(buf))
+    w.write(memoryview(buf))
+    assert not w._pending  # waited for: the caller may free it as soon as write returns
+    w.abort()
+    assert w._lanes is None and w.closed
+
+
+def test_cpu_storage_ranges_walks_containers_once_and_skips_what_torch_copies():
+    a, b = torch.zeros(1000), torch.ones(10, 10)
+    view = b[2:]  # a view: its storage is b's
+    d = {"model": {"a": a, "b": b}, "opt": [view, (torch.zeros(3, device="meta"),)], "n": 3}
+    d["self"] = d  # a cycle
+    got = sorted(W.cpu_storage_ranges(d))
+    sa, sb = a.untyped_storage(), b.untyped_storage()
+    assert sorted(set(got)) == sorted([(sa.data_ptr(), sa.data_ptr() + 4000), (sb.data_ptr(), sb.data_ptr() + 400)])
+    assert W.cpu_storage_ranges(torch.zeros(0)) == [] and W.cpu_storage_ranges({"x": object()}) == []

@@ -1,7 +1,7 @@
 """Folder units written by ``ckptaudit.publish(folder=True)``: the manifest says what each file is.
 
 A publish folder (``checkpoint-<step>/`` by default, or any ``name=``) holds the writer's files,
-their ``.sha256`` sidecars, ``manifest.json`` (``ckptaudit.manifest/1``, whose first bytes name the
+their ``.sha256`` sidecars, ``manifest.json`` (``ckptaudit.manifest/2`` or ``/1``, whose first bytes name the
 schema) and the ``COMPLETE`` marker (docs/publish-protocol.md).  Each manifest entry may declare the
 file's ``role`` (``weights``, ``optimizer``, ``mixed``…, written by ``Publication.save``), so the
 weights are found in ``model.pt`` as in ``pytorch_model.bin``.  A file the manifest gives no role

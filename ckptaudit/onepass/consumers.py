@@ -5,7 +5,7 @@ none reads a file.  :class:`RangeCrc32` and :class:`RangeValues` also accept the
 byte range of the file only, so a big file may be split into segments fed by different threads:
 :meth:`RangeCrc32.merge` and :meth:`RangeValues.merge` join the segments' instances
 (:func:`~.crc32.crc32_combine` for CRC32, sums for the value statistics).  SHA-256 of the whole file is
-serial (:class:`Sha256`); the manifest's chunk digests are per chunk (:class:`ChunkSha256`).
+serial (:class:`Sha256`); the manifest's chunk digests are per chunk (:class:`ChunkDigest`).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import hashlib
 import threading
 from typing import Dict, Iterable, List, Optional, Tuple
 
+from ..chunk_digest import new_hasher
 from ..formats.zip.crc32 import crc32, crc32_combine  # noqa: F401 - crc32_combine is part of this module's interface
 from .nulruns import nul_runs
 from .ranges import Ranges
@@ -50,18 +51,19 @@ class Progress:
             self.writer.add(len(view))
 
 
-class ChunkSha256:
-    """SHA-256 of each ``chunk_bytes`` slice of the bytes fed from ``start`` (a chunk boundary) on."""
+class ChunkDigest:
+    """The digest (``algorithm``: :data:`ckptaudit.chunk_digest.FIELDS`) of each ``chunk_bytes`` slice of the
+    bytes fed from ``start`` (a chunk boundary) on."""
 
     ON_POOL = True  # as Sha256's
 
-    def __init__(self, chunk_bytes: int, start: int = 0) -> None:
+    def __init__(self, chunk_bytes: int, start: int = 0, algorithm: str = "sha256") -> None:
         if chunk_bytes < 1:
             raise ValueError(f"chunk_bytes must be >= 1, got {chunk_bytes}")
-        self.chunk_bytes = chunk_bytes
+        self.chunk_bytes, self.algorithm = chunk_bytes, algorithm
         self.first = start // chunk_bytes
         self.digests: List[str] = []
-        self._h, self._left = hashlib.sha256(), chunk_bytes
+        self._h, self._left = new_hasher(algorithm), chunk_bytes
 
     def feed(self, off: int, view) -> None:
         i = 0
@@ -72,7 +74,7 @@ class ChunkSha256:
             self._left -= k
             if not self._left:
                 self.digests.append(self._h.hexdigest())
-                self._h, self._left = hashlib.sha256(), self.chunk_bytes
+                self._h, self._left = new_hasher(self.algorithm), self.chunk_bytes
 
     def finish(self) -> List[str]:
         """The digests, the last (shorter) chunk included; call once, after the last feed."""

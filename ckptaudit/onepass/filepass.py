@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from .. import fs
-from .consumers import (ChunkSha256, KeepBytes, RangeAllNulRuns, RangeCrc32, RangeNulRuns, RangeValues, Sha256,
+from .consumers import (ChunkDigest, KeepBytes, RangeAllNulRuns, RangeCrc32, RangeNulRuns, RangeValues, Sha256,
                         split_points)
 from .plan import DTYPES, Plan, plan_file
 from . import stream
@@ -29,7 +29,8 @@ class FileFacts:
     ``values_dtype`` the plan's value ranges with ``values_nonfinite``, ``values_sum_squares`` and
     ``values_seen`` (non-finite count, Σx² of the finite values, bytes seen); ``nul_scans``
     {(start, length, min_run): [(offset, length), ...] or None}; ``sha256_hex`` "" when not computed;
-    ``chunk_sha256_hex`` None when not asked for; ``bytes_read``: bytes the pass itself read (the plan's small
+    ``chunk_hex`` the chunk digests (``chunk_algorithm``), None when not asked for; ``bytes_read``: bytes the
+    pass itself read (the plan's small
     reads are counted by ``fs``); ``version``: :func:`ckptaudit.fs.version`'s tag of the file as the pass found
     it; ``tensor_data_range``: the plan's ``(offset, length)`` of bytes that only hold tensor data; ``kept``:
     ``(offset, bytes)`` of a remote object that later stages will read again (:func:`keep_ranges`), else empty.
@@ -38,7 +39,7 @@ class FileFacts:
     size_bytes: int
     version: str = ""
     sha256_hex: str = ""
-    chunk_sha256_hex: Optional[List[str]] = None
+    chunk_hex: Optional[List[str]] = None
     plan: Plan = field(default_factory=Plan)
     crc_value: object = None
     nul_run: object = None
@@ -122,9 +123,10 @@ def _read_whole(path, size: int) -> bytes:
         os.close(fd)
 
 
-def pass_file(path, *, whole_sha: bool = True, chunk_bytes: Optional[int] = None,
+def pass_file(path, *, whole_sha: bool = True, chunk_bytes: Optional[int] = None, chunk_algorithm: str = "sha256",
               threads: Optional[int] = None, plan: Optional[Plan] = None, progress=None) -> FileFacts:
-    """Read ``path`` once and compute every fact of it; ``progress`` (a consumer, e.g.
+    """Read ``path`` once and compute every fact of it (the chunk digests of ``chunk_bytes`` slices with
+    ``chunk_algorithm``, :mod:`ckptaudit.chunk_digest`, when ``chunk_bytes`` is given); ``progress`` (a consumer, e.g.
     :class:`~.consumers.Progress`) is fed too.  Raises ``OSError`` when it cannot be read."""
     size, version = fs.version(path)
     data = None
@@ -143,7 +145,7 @@ def pass_file(path, *, whole_sha: bool = True, chunk_bytes: Optional[int] = None
     # one segment: SHA-256, CRC32 and the value statistics of a buffer side by side; else one thread a segment
     with ThreadPoolExecutor(max_workers=max(3, len(segments))) as pool:
         def one(seg):
-            cons = _consumers(plan, seg[0], chunk_bytes, whole_sha, keep)
+            cons = _consumers(plan, seg[0], (chunk_bytes, chunk_algorithm), whole_sha, keep)
             live = list(cons.values()) + ([progress] if progress is not None else [])
             if data is not None:
                 n = stream.feed_bytes(data, live, None if serial else pool)
@@ -164,20 +166,21 @@ def pass_file(path, *, whole_sha: bool = True, chunk_bytes: Optional[int] = None
     if "sha" in cons:
         out.sha256_hex = cons["sha"].hexdigest()
     if "chunks" in cons:  # segments end on chunk boundaries: only the last one has a short chunk
-        out.chunk_sha256_hex = [d for c, _ in parts for d in c["chunks"].finish()]
+        out.chunk_hex = [d for c, _ in parts for d in c["chunks"].finish()]
     del parts
     return _collect(out, cons)
 
 
-def _consumers(plan: Plan, seg_start: int, chunk_bytes: Optional[int], whole_sha: bool, keep: list) -> dict:
+def _consumers(plan: Plan, seg_start: int, chunks: Tuple[Optional[int], str], whole_sha: bool, keep: list) -> dict:
     """The consumers one segment from ``seg_start`` feeds, by name: the plan's CRC32 ranges and their NUL runs,
-    its value ranges, the manifest's chunk digests, the whole SHA-256, the bytes to keep, the NUL scans."""
+    its value ranges, the manifest's chunk digests (``chunks``: bytes per chunk or None, the hash), the whole
+    SHA-256, the bytes to keep, the NUL scans."""
     has_crc, has_values = len(plan.crc_range) > 0, len(plan.values_range) > 0
     crc_cols = dict(starts=plan.crc_range[:, 0], lengths=plan.crc_range[:, 1])
     cons = {"crc": RangeCrc32(**crc_cols) if has_crc else None,
             "values": RangeValues(starts=plan.values_range[:, 0], lengths=plan.values_range[:, 1],
                                   dtypes=plan.values_dtype, dtype_names=DTYPES) if has_values else None,
-            "chunks": ChunkSha256(chunk_bytes, seg_start) if chunk_bytes else None,
+            "chunks": ChunkDigest(chunks[0], seg_start, chunks[1]) if chunks[0] else None,
             "sha": Sha256() if whole_sha else None,
             "kept": KeepBytes(keep) if keep else None,
             "nul_runs": RangeNulRuns(**crc_cols) if has_crc else None}

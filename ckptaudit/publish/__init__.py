@@ -6,7 +6,7 @@
         pub.save(model_shard, f"model_rank{rank:05d}.pt")
 
 A unit is written under a ``.ckptaudit-tmp-…`` name (in progress for the audit), hashed while
-written, fsynced, given sidecars and a ``ckptaudit.manifest/1`` manifest, then renamed into place
+written, fsynced, given sidecars and a ``ckptaudit.manifest/2`` manifest, then renamed into place
 (a folder then gets its ``COMPLETE`` marker).  ``latest`` only moves forwards; :func:`prune`
 deletes only verified units older than the rollback point; :func:`seal` adds sidecars to an
 existing run; :class:`PreemptionGuard` turns SIGTERM into a flag.  ``save(..., background=True)``

@@ -1,4 +1,4 @@
-"""The unit manifest (``ckptaudit.manifest/1``), its sidecars, and the record of one published file.
+"""The unit manifest (``ckptaudit.manifest/2``), its sidecars, and the record of one published file.
 
 Formats: ``docs/publish-protocol.md`` ("Sidecars and manifest").
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from .._version import __version__
-from ..hashing import sha256_range
+from ..chunk_digest import WRITTEN, digest_range
 from .clock import Clock
 from .names import O_CLOEXEC, DEFAULT_CHUNK_BYTES, SCHEMA
 
@@ -63,13 +63,15 @@ class FileRecord:
     or the run folder for a file unit); sizes in bytes; ``rank`` is the writer's rank (-1: a
     file no rank registered, adopted by rank 0 at the commit, e.g. a DCP ``.metadata``);
     ``role`` what the file holds (one of :data:`ROLES`; "" when the writer did not say and
-    the object was not seen, as for ``pub.open`` and ``pub.path`` files)."""
+    the object was not seen, as for ``pub.open`` and ``pub.path`` files).  ``sha256_hex`` is the
+    whole file's SHA-256; ``chunk_blake3_hex`` the BLAKE3 digest of each ``chunk_bytes`` slice
+    (the last one shorter; :mod:`ckptaudit.chunk_digest`)."""
 
     path: str
     size_bytes: int
     sha256_hex: str
     chunk_bytes: int
-    chunk_sha256_hex: List[str]
+    chunk_blake3_hex: List[str]
     rank: int = 0
     role: str = ""
 
@@ -101,16 +103,16 @@ def object_role(obj: Any) -> str:
 
 def hash_file(path: Path, rel: str, chunk_bytes: int = DEFAULT_CHUNK_BYTES, rank: int = 0,
               workers: Optional[int] = None) -> FileRecord:
-    """Whole-file SHA-256 (streamed, this thread) and chunk digests (thread pool, all cores,
+    """Whole-file SHA-256 (streamed, this thread) and BLAKE3 chunk digests (thread pool, all cores,
     concurrently) of an existing file.  Raises ``OSError``."""
     fd = os.open(path, os.O_RDONLY | O_CLOEXEC)
     try:
         size = os.fstat(fd).st_size
         n = -(-size // chunk_bytes)
         with ThreadPoolExecutor(max_workers=max(1, min(n, workers or os.cpu_count() or 1))) as pool:
-            futs = [pool.submit(sha256_range, fd, i * chunk_bytes, min(chunk_bytes, size - i * chunk_bytes))
+            futs = [pool.submit(digest_range, fd, i * chunk_bytes, min(chunk_bytes, size - i * chunk_bytes), WRITTEN)
                     for i in range(n)]
-            full = sha256_range(fd, 0, size)
+            full = digest_range(fd, 0, size, "sha256")
             chunks = [f.result() for f in futs]
     finally:
         os.close(fd)

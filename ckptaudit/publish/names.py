@@ -17,10 +17,14 @@ from typing import Dict
 from .._io import TMP_PREFIX, tmp_name
 from .._io import host_tag
 
-__all__ = ["SCHEMA", "MANIFEST_NAME", "COMPLETE_MARKER", "TMP_PREFIX", "LATEST_NAME", "SIDECAR_SUFFIX",
+__all__ = ["SCHEMA", "SCHEMAS_READ", "MANIFEST_NAME", "COMPLETE_MARKER", "TMP_PREFIX", "LATEST_NAME", "SIDECAR_SUFFIX",
            "DEFAULT_CHUNK_BYTES", "PublishError", "Preempted", "tmp_name", "host_tag", "check_name"]
 
-SCHEMA = "ckptaudit.manifest/1"
+#: The manifest schema written.  ``/2`` differs from ``/1`` only in its entries' chunk digests: BLAKE3 in
+#: ``chunk_blake3_hex`` where ``/1`` had SHA-256 in ``chunk_sha256_hex`` (:mod:`ckptaudit.chunk_digest`).
+SCHEMA = "ckptaudit.manifest/2"
+#: Every manifest schema this version reads as its own.
+SCHEMAS_READ = ("ckptaudit.manifest/1", SCHEMA)
 MANIFEST_NAME = "manifest.json"
 COMPLETE_MARKER = "COMPLETE"
 LATEST_NAME = "latest"

@@ -21,7 +21,7 @@ from .. import fs
 from ..units import step_from_name
 from .clock import Clock
 from .files import fsync_dir, remove_tree_quiet, rename_nfs_safe, unlink_quiet
-from .names import TMP_RE, SCHEMA, SIDECAR_SUFFIX, host_tag, tmp_name
+from .names import TMP_RE, SCHEMAS_READ, SIDECAR_SUFFIX, host_tag, tmp_name
 
 log = logging.getLogger("ckptaudit.publish")
 
@@ -122,7 +122,7 @@ def _stale_leftovers(run_dir: Path) -> List[Tuple[str, str]]:
 
 def _ours(p: Path, target: str, what: str) -> Optional[os.stat_result]:
     """The ``lstat`` of ``p`` when it is a small regular file in exactly our format naming ``target`` (a
-    ``sha256sum`` line, or a ``ckptaudit.manifest/1`` whose ``unit`` is it: ``what`` says which), else None."""
+    ``sha256sum`` line, or a ``ckptaudit.manifest/1`` or ``/2`` whose ``unit`` is it: ``what`` says which), else None."""
     from ..hashing import parse_sidecar
 
     try:
@@ -137,7 +137,7 @@ def _ours(p: Path, target: str, what: str) -> Optional[os.stat_result]:
             doc = fs.loads_json(text)
         except ValueError:
             return None
-        return st if isinstance(doc, dict) and doc.get("schema") == SCHEMA and doc.get("unit") == target else None
+        return st if isinstance(doc, dict) and doc.get("schema") in SCHEMAS_READ and doc.get("unit") == target else None
     entries, err = parse_sidecar(text)
     return st if not err and list(entries) == [target] else None
 
@@ -149,7 +149,7 @@ def _orphan_integrity_files(run_dir: Path) -> Dict[str, Tuple[str, Tuple[int, in
     A file publish writes ``X.sha256`` and ``X.manifest.json`` before it renames its temp
     file to ``X`` (see :func:`publish`), and :func:`_delete_unit` removes them after the
     unit; a kill in between leaves them behind.  Only files in exactly our format are
-    candidates (a single ``sha256sum`` line naming ``X``; a ``ckptaudit.manifest/1`` whose
+    candidates (a single ``sha256sum`` line naming ``X``; a ``ckptaudit.manifest/1`` or ``/2`` whose
     ``unit`` is ``X``), only when neither ``X`` nor any temp file of ``X`` (from any host)
     exists, and only for names with a step.  The stat key lets the caller skip a file that
     a new publish of ``X`` replaced in the meantime."""

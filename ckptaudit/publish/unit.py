@@ -11,12 +11,11 @@ from __future__ import annotations
 import os
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-from ..hashing import chunk_sha256
+from ..chunk_digest import WRITTEN, chunk_digests
 from . import background as _background
 from .clock import Clock
 from .collectives import Comm
@@ -26,7 +25,7 @@ from .manifest import ROLES, FileRecord, fsync_and_hash, jsonable, environment_v
 from .names import DEFAULT_CHUNK_BYTES, SCHEMA, TMP_PREFIX, Preempted, PublishError, check_name, tmp_name
 from .phases import EXIT_CODES, PHASES
 from .retention import Retention
-from .writer import HashingWriter
+from .writer import HashingWriter, cpu_storage_ranges
 
 
 class Publication:
@@ -78,6 +77,7 @@ class Publication:
             raise ValueError(f"role must be one of {', '.join(ROLES)}; got {role!r}")
         with self.open(name) as w:
             w.role = role or object_role(obj)
+            w.hold(cpu_storage_ranges(obj))  # obj's tensors stay as they are until this call returns
             try:
                 torch.save(obj, w, **torch_save_kwargs)
             except Exception as e:
@@ -138,7 +138,6 @@ class _Publish(Commit):
         self.writers: List[HashingWriter] = []
         self.path_names: List[str] = []
         self.tmp_path = Path()
-        self.pool: Optional[ThreadPoolExecutor] = None
         self.pub = Publication(self)
         self.t_enter = 0.0
         # save(background=True) sets in_background and gives the commit a phase list of its
@@ -168,14 +167,12 @@ class _Publish(Commit):
         if err:
             raise PublishError(self.name, {"rank 0 (start)": err})
         self.tmp_path = Path(tmp)
-        self.pool = ThreadPoolExecutor(max_workers=os.cpu_count() or 1, thread_name_prefix="ckptaudit-hash")
         try:
             self.phases.append("writing")
             return self.pub
         except BaseException:  # a Preempted between the push and the block: __exit__ will not run
             if self.phases:
                 self.phases.pop()
-            self.pool.shutdown(wait=True)
             if self.rank == 0 and self.folder:
                 remove_tree_quiet(self.tmp_path)
             raise
@@ -194,7 +191,7 @@ class _Publish(Commit):
             if self.writers:
                 raise ValueError(f"{self.name}: a file unit is written once")
             target, rel = self.tmp_path, self.name
-        w = HashingWriter(target, rel, self.chunk_bytes, self.pool, self.clock, self.rank)  # type: ignore[arg-type]
+        w = HashingWriter(target, rel, self.chunk_bytes, self.clock, self.rank)
         self.writers.append(w)
         return w
 
@@ -221,8 +218,6 @@ class _Publish(Commit):
         finally:
             if self.phases:
                 self.phases.pop()
-            if self.pool is not None:
-                self.pool.shutdown(wait=True)
         if self.pub.result is not None:
             s = self.pub.result.seconds
             s["commit_seconds"] = time.perf_counter() - t_exit
@@ -257,9 +252,9 @@ class _Publish(Commit):
                     problems.append(f"rank {r.rank}'s file {r.path}: expected {r.size_bytes} bytes, found {size}")
                     continue
                 if self.verify:
-                    got = chunk_sha256(p, r.chunk_bytes)
-                    bad = [i for i, (a, b) in enumerate(zip(got, r.chunk_sha256_hex)) if a != b]
-                    if bad or len(got) != len(r.chunk_sha256_hex):
+                    got = chunk_digests(p, r.chunk_bytes, WRITTEN)
+                    bad = [i for i, (a, b) in enumerate(zip(got, r.chunk_blake3_hex)) if a != b]
+                    if bad or len(got) != len(r.chunk_blake3_hex):
                         problems.append(f"rank {r.rank}'s file {r.path}: chunk(s) {bad} of {r.chunk_bytes} bytes "
                                         "differ from what was written")
         return problems
@@ -284,7 +279,7 @@ def publish(run_dir: str | os.PathLike, step: int, *, name: Optional[str] = None
     """Context manager that publishes one checkpoint unit of ``step`` into ``run_dir``.
 
     ``with publish(run_dir, step) as pub: pub.save(obj)`` — the unit becomes visible, with
-    sidecars and a ``ckptaudit.manifest/1`` manifest, only when the block ends without an
+    sidecars and a ``ckptaudit.manifest/2`` manifest, only when the block ends without an
     exception and everything verifies; on an exception the temporary files are removed
     and the exception propagates.  Protocol and guarantees: module docstring.
 
