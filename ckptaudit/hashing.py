@@ -100,12 +100,15 @@ def _where(run_dir: Path, rel: str, unit: str, start: int, end: int) -> str:
     return "it holds tensor(s) " + ", ".join(hit[:5]) + more
 
 
-def _file_passes(run_dir: Path, unit: dict, manifest_entries: Dict[str, dict], prog,
+def _file_passes(run_dir: Path, unit: dict, manifest_entries: Dict[str, dict], sidecars: Dict[str, object], prog,
                  planned: Callable[[str], bool]) -> Dict[str, object]:
     """{file: its one pass (:class:`ckptaudit.onepass.filepass.FileFacts`) or the ``OSError`` that stopped it},
     files passed in parallel (at most :data:`FILES_AT_ONCE`).  A file whose manifest entry has usable chunk
-    digests gets those instead of the whole-file SHA-256 (which they imply when all match).  A file for which
-    ``planned`` is false gets no plan (no record or value facts: no later stage asks for them)."""
+    digests gets those instead of the whole-file SHA-256 (which they imply when all match); a file with neither
+    those nor a digest in ``sidecars`` gets no SHA-256 inside :func:`ckptaudit.read_depth.checked_digests_only`.
+    A file for which ``planned`` is false gets no plan (no record or value facts: no later stage asks for
+    them)."""
+    from . import read_depth
     from .onepass import stream
     from .onepass.consumers import Progress
     from .onepass.filepass import pass_file
@@ -117,8 +120,9 @@ def _file_passes(run_dir: Path, unit: dict, manifest_entries: Dict[str, dict], p
         try:
             me = manifest_entries.get(rel)
             chunks = entry_chunks(me, p.stat().st_size)
+            whole = chunks is None and (rel in sidecars or me is not None or read_depth.unchecked_digests())
             with _PASS_SLOTS:
-                ff = pass_file(p, whole_sha=chunks is None, chunk_bytes=me["chunk_bytes"] if chunks else None,
+                ff = pass_file(p, whole_sha=whole, chunk_bytes=me["chunk_bytes"] if chunks else None,
                                chunk_algorithm=chunks[0] if chunks else "sha256",
                                progress=Progress(prog), plan=None if planned(rel) else Plan())
         except OSError as e:
@@ -203,7 +207,7 @@ def hash_unit(run_dir: Path, unit: dict, facts: Optional[list] = None,
     rows = []
     covered = 0  # files with a digest to check against
     prog = _progress.for_unit(unit)  # bytes hashed, for the CLI's progress line ($CKPTAUDIT_PROGRESS_DIR)
-    passes = _file_passes(run_dir, unit, manifest_entries, prog, planned or (lambda rel: True))
+    passes = _file_passes(run_dir, unit, manifest_entries, sidecar_map, prog, planned or (lambda rel: True))
     for rel in unit["files"]:
         ff = passes[rel]
         if isinstance(ff, OSError):

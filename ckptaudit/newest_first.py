@@ -13,8 +13,9 @@ reaches the same answer in two passes:
    unit written after a newer one, pointers, Lightning's ``last.ckpt``).
 2. **The candidates, by every byte.**  The verdict is built (:func:`ckptaudit.verdict.build`) and its
    rollback chosen (:func:`choose`).  While the chosen unit has not been examined,
-   it is: the hash stage (SHA-256 against its sidecar or manifest, the CRC32 of every zip record, the
-   value statistics), then scan, load test, config diff, structure and state with those facts, as the audit
+   it is: the hash stage (SHA-256 against its sidecar or manifest, or the manifest's chunk digests; no
+   SHA-256 where nothing records one, :func:`ckptaudit.read_depth.checked_digests_only`; the CRC32 of
+   every zip record, the value statistics), then scan, load test, config diff, structure and state with those facts, as the audit
    runs them (in the reader, the load test of a torch zip or safetensors file is the load it returns, done
    once in the caller's process: :mod:`ckptaudit.reader_load`); its rows replace its metadata rows and the
    verdict is built again.  A unit whose full check fails drops out, and the next rollback is examined.
@@ -71,7 +72,7 @@ def _part(unit: str) -> str:
 
 class _Ahead:
     """The hash stage of the unit the search will most likely examine first (the newest one not being written),
-    run on a thread while the run's units are judged by their metadata: the pass is SHA-256, CRC32 and numpy,
+    run on a thread while the run's units are judged by their metadata: the pass is hashing, CRC32 and numpy,
     which release the GIL, and the metadata pass is Python, so on two cores the two overlap.  Its bytes are those
     of a unit no older than the rollback point (the newest), which the search reads anyway when that unit is the
     rollback point or a unit it rejects after reading it.  When the search's first choice is another unit (the
@@ -81,7 +82,7 @@ class _Ahead:
     def __init__(self, inv: dict, out: Path, skip) -> None:
         import threading
 
-        from . import stages
+        from . import read_depth, stages
         from .onepass import stream
 
         live = [u for u in inv["units"] if not u.get("in_progress") and u["unit"] not in skip]
@@ -96,7 +97,7 @@ class _Ahead:
 
         def run() -> None:
             try:
-                with stream.stop_when(self._stop):
+                with stream.stop_when(self._stop), read_depth.checked_digests_only():
                     stages.stage_hash(one, part, _paths(out, part)["hash"])
             except BaseException as e:  # noqa: BLE001 - raised again where the search would have raised it
                 self._error.append(e)
@@ -159,7 +160,7 @@ def _examine(inv: dict, unit: str, cfg: dict, out: Path, target_path: str,
     """{table: rows of ``unit``} from every stage, in the audit's order, reading all of its bytes.  ``loads``: the
     reader's loader (:class:`ckptaudit.reader_load.ReaderLoads`), which keeps what it loaded of ``unit`` only;
     ``ahead``: a hash stage already started (:class:`_Ahead`), used when it is of ``unit``."""
-    from . import stages, tables
+    from . import read_depth, stages, tables
 
     if loads is not None:
         loads.drop()  # the unit examined before was passed over: its objects go
@@ -168,7 +169,8 @@ def _examine(inv: dict, unit: str, cfg: dict, out: Path, target_path: str,
     one = {**inv, "parts": {part: [unit]}}
     p = _paths(out, part)
     if ahead is None or not ahead.take(unit):
-        stages.stage_hash(one, part, p["hash"])
+        with read_depth.checked_digests_only():
+            stages.stage_hash(one, part, p["hash"])
     stages.stage_scan(one, part, cfg, p["scan"], p["tensors"], p["imports"])
     stages.stage_load(one, part, cfg, p["scan"], p["load"], loader=loads)
     stages.stage_configdiff(one, part, cfg, p["scan"], p["configdiff"])

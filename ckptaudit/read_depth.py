@@ -8,6 +8,12 @@ header, JSON files.  Inside :func:`metadata_only` the checks that stream tensor 
 of every zip record (:func:`ckptaudit.formats.torchzip.check_zip`) and the search for zeroed blocks in a
 safetensors data buffer (:func:`ckptaudit.formats.safetensors_check.check_safetensors`).  The state
 layer's value scan is turned off by the caller's config (``state.nan_scan: false``).
+
+Inside :func:`checked_digests_only` the hash stage computes a file's SHA-256 only when a sidecar or a
+manifest entry records one to check it against.  The audit records every file's digest (the report's
+"last hashed", a later audit's comparison); the reader, at a resume, needs only what decides its answer:
+a digest with nothing to compare it with finds no damage (the CRC32 of every zip record and the structure
+checks do, in the same pass).
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ import contextvars
 from typing import Iterator
 
 _METADATA_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("ckptaudit_metadata_only", default=False)
+_CHECKED_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("ckptaudit_checked_digests_only",
+                                                                     default=False)
 
 
 @contextlib.contextmanager
@@ -32,3 +40,19 @@ def metadata_only() -> Iterator[None]:
 def tensor_bytes() -> bool:
     """Whether file checks may stream tensor data (False inside :func:`metadata_only`)."""
     return not _METADATA_ONLY.get()
+
+
+@contextlib.contextmanager
+def checked_digests_only() -> Iterator[None]:
+    """Within the block, the hash stage skips the SHA-256 of a file that has no recorded digest."""
+    token = _CHECKED_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _CHECKED_ONLY.reset(token)
+
+
+def unchecked_digests() -> bool:
+    """Whether the hash stage computes the SHA-256 of a file with no sidecar or manifest entry (False inside
+    :func:`checked_digests_only`)."""
+    return not _CHECKED_ONLY.get()

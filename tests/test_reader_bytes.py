@@ -155,3 +155,27 @@ def test_read_ahead_only_of_a_zip_that_ends_with_its_directory(tmp_path):
     (run / "link.pt").symlink_to(tmp_path / "elsewhere.pt")  # never read outside the run
     (tmp_path / "elsewhere.pt").write_bytes(b"PK\x03\x04")
     assert not _ends_whole(str(run), {"unit": "link.pt", "files": ["link.pt"]})
+
+
+def test_the_reader_hashes_only_what_a_recorded_digest_can_check(tmp_path):
+    """Inside checked_digests_only (the reader's examination) a file with no sidecar gets no SHA-256, one with a
+    sidecar is still verified, and a bit flipped in a bare file is still found by its record's CRC32."""
+    import hashlib
+
+    from ckptaudit import hashing, inventory, read_depth
+
+    run = _run(tmp_path / "run", steps=(100, 200))
+    sealed = run / "ckpt_000100.pt"
+    (run / "ckpt_000100.pt.sha256").write_text(f"{hashlib.sha256(sealed.read_bytes()).hexdigest()}  ckpt_000100.pt\n")
+    units = {u.unit: u.to_dict() for u in inventory.discover(run)[0]}
+    with read_depth.checked_digests_only():
+        (bare,) = hashing.hash_unit(run, units["ckpt_000200.pt"])
+        (checked,) = hashing.hash_unit(run, units["ckpt_000100.pt"])
+    assert bare["sha256_hex"] == "" and bare["verified"] is None
+    assert checked["verified"] is True and checked["sha256_hex"] == hashlib.sha256(sealed.read_bytes()).hexdigest()
+    (full,) = hashing.hash_unit(run, units["ckpt_000200.pt"])  # the audit records every digest
+    assert full["sha256_hex"] == hashlib.sha256((run / "ckpt_000200.pt").read_bytes()).hexdigest()
+    _flip_a_tensor_byte(run / "ckpt_000200.pt")
+    ckpt = safe_load_checkpoint(run)
+    assert ckpt.unit == "ckpt_000100.pt" and "ckpt_000200.pt" in ckpt.skipped
+    assert "CRC" in ckpt.skipped["ckpt_000200.pt"] or "crc" in ckpt.skipped["ckpt_000200.pt"].lower()
