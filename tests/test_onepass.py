@@ -316,22 +316,44 @@ def test_keep_ranges_leave_out_long_tensor_data_only():
 def test_kept_bytes_serve_reads_and_only_gaps_are_fetched():
     from ckptaudit.fs import kept
 
-    kept.clear()
-    try:
-        url = "s3://b/k"
-        kept.put(url, 0, b"abcd", 20)
-        kept.put(url, 10, b"klmn", 20)
-        kept.put(url, 2, b"XX", 20)  # overlaps what is kept: ignored
-        assert kept.pieces(url, 1, 12) == [(1, 3, b"bcd"), (4, 6, None), (10, 2, b"kl")]
-        assert kept.pieces(url, 12, 99) == [(12, 2, b"mn"), (14, 6, None)]  # clipped at the object's 20 bytes
-        assert kept.pieces("s3://b/other", 0, 5) == [(0, 5, None)]
-        calls = []
-        f = kept.KeptFetcher(url, lambda s, e: calls.append((s, e)) or bytes(range(s, e)))
-        before = kept.served_bytes()
-        assert f(2, 12) == b"cd" + bytes(range(4, 10)) + b"kl" and calls == [(4, 10)]
-        assert kept.served_bytes() - before == 4
-    finally:
-        kept.clear()
+    k = kept.KeptBytes()
+    url = "s3://b/k"
+    k.put(url, 0, b"abcd", 20)
+    k.put(url, 10, b"klmn", 20)
+    k.put(url, 2, b"XX", 20)  # overlaps what is kept: ignored
+    assert k.pieces(url, 1, 12) == [(1, 3, b"bcd"), (4, 6, None), (10, 2, b"kl")]
+    assert k.pieces(url, 12, 99) == [(12, 2, b"mn"), (14, 6, None)]  # clipped at the object's 20 bytes
+    assert k.pieces("s3://b/other", 0, 5) == [(0, 5, None)]
+    calls = []
+    f = kept.KeptFetcher(url, lambda s, e: calls.append((s, e)) or bytes(range(s, e)), k)
+    before = kept.served_bytes()
+    assert f(2, 12) == b"cd" + bytes(range(4, 10)) + b"kl" and calls == [(4, 10)]
+    assert kept.served_bytes() - before == 4
+    nothing = kept.KeptFetcher(url, lambda s, e: bytes(e - s), None)  # opened outside any serving block
+    assert nothing(0, 4) == bytes(4)
+
+
+def test_kept_bytes_are_served_only_inside_their_block_and_context():
+    """A stage serves its facts' kept bytes for the length of its work: outside the block, and in a thread that
+    did not take the caller's context, nothing is served (the bytes are fetched)."""
+    import threading
+
+    from ckptaudit.fs import kept
+    from ckptaudit.onepass import stream
+
+    k = kept.KeptBytes()
+    assert kept.current() is None
+    with kept.serving(k):
+        assert kept.current() is k
+        seen = {}
+        t = threading.Thread(target=lambda: seen.setdefault("bare", kept.current()))
+        t.start()
+        t.join()
+        stream.in_this_context(lambda: seen.setdefault("ctx", kept.current()))()
+        with kept.serving(None):
+            assert kept.current() is None
+        assert kept.current() is k
+    assert kept.current() is None and seen == {"bare": None, "ctx": k}
 
 
 def test_facts_of_a_file_rewritten_with_the_same_size_are_dropped(tmp_path):

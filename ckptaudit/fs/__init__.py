@@ -30,7 +30,8 @@ earlier stage already read, served instead of fetched), :mod:`.remote` (configur
 filesystem, listing snapshots, :class:`RPath`), :mod:`.reads` (bounded reads, ``open_binary``,
 ``read_ranges``) and :mod:`.ops` (path operations, ``download``, multipart uploads, the listing
 fingerprint).  This face re-exports every public name, so ``fs.<name>`` keeps working.  The module
-state (the counters, the filesystem cache, the snapshots) lives once, in its module.
+state (the counters, the filesystem cache, the snapshots) lives once, in its module; the kept bytes are a
+value a stage serves for the length of its work (:func:`.kept.serving`).
 """
 
 from __future__ import annotations

@@ -3,63 +3,93 @@
 The hash stage's one pass reads every byte of a remote object once; besides its digests and facts it
 keeps the bytes a later stage will ask for again — everything but the long runs of tensor data whose
 CRC32 and value statistics the pass already computed (:mod:`ckptaudit.onepass.facts`, kind "bytes").
-A later stage loads them here (:func:`put`), and every remote read of this package goes through
-:func:`pieces` first: :func:`ckptaudit.fs.reads.read_ranges` and the fetcher of
-:func:`ckptaudit.fs.remote.open_object` fetch only the gaps, so the scan's zip headers and pickle walk
-and the load test's sparse copy cost no GET for bytes already read.  Bytes served from here are not
-counted as remote reads (they are not); :func:`served_bytes` says how many were.
+A later stage gets them as a value, :class:`KeptBytes` (``ByteFacts.kept``, filled by
+:func:`ckptaudit.onepass.facts.load`), and serves them for the length of its work with
+``with serving(kept):``.  Inside that block every remote read of this package looks there first:
+:func:`ckptaudit.fs.reads.read_ranges` and the fetcher of :func:`ckptaudit.fs.remote.open_object` fetch
+only the gaps, so the scan's zip headers and pickle walk and the load test's sparse copy cost no GET for
+bytes already read.  Outside any such block (the hash stage, which reads the objects themselves) nothing
+is served.  Bytes served are not counted as remote reads (they are not); :func:`served_bytes` says how
+many were.  The block is a :mod:`contextvars` scope: a thread pool that should serve them runs its tasks
+in the caller's context (:func:`ckptaudit.onepass.stream.in_this_context`); a file opened inside the
+block keeps the value it was opened with.
 
-Keys are object URLs (``s3://bucket/key``); the caller drops a file's bytes when its size changed
-since the pass (:func:`ckptaudit.onepass.facts.load`), as it does the other facts.
+Keys are object URLs (``s3://bucket/key``); :func:`ckptaudit.onepass.facts.load` leaves out a file whose
+size or version changed since the pass, as it does the other facts.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
+import contextvars
 import threading
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, Iterator, List, Optional, Tuple
 
-_lock = threading.Lock()
-_pieces: Dict[str, List[Tuple[int, bytes]]] = {}  # url -> sorted, non-overlapping (offset, bytes)
-_starts: Dict[str, List[int]] = {}
-_sizes: Dict[str, int] = {}  # url -> object bytes when the pass kept its bytes
-_served = {"bytes": 0}
+_served_lock = threading.Lock()
+_served = {"bytes": 0}  # process counter, like those of .counters
 
 
-def clear() -> None:
-    """Forget every kept byte (:func:`served_bytes` keeps counting, like the I/O counters of :mod:`.counters`)."""
-    with _lock:
-        _pieces.clear()
-        _starts.clear()
-        _sizes.clear()
+class KeptBytes:
+    """Pieces of remote objects, by URL: sorted, non-overlapping ``(offset, bytes)``, and each object's size.
+    Safe to fill and read from threads."""
 
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pieces: Dict[str, List[Tuple[int, bytes]]] = {}  # url -> sorted, non-overlapping (offset, bytes)
+        self._starts: Dict[str, List[int]] = {}
+        self._sizes: Dict[str, int] = {}  # url -> object bytes when the pass kept its bytes
 
-def put(url: str, offset: int, data: bytes, size: int) -> None:
-    """Keep ``data`` as the bytes of ``url`` (an object of ``size`` bytes) from ``offset``; a piece overlapping
-    one already kept is ignored."""
-    if not data:
-        return
-    with _lock:
-        _sizes[url] = int(size)
-        ps, st = _pieces.setdefault(url, []), _starts.setdefault(url, [])
-        i = bisect.bisect_left(st, offset)
-        if (i > 0 and ps[i - 1][0] + len(ps[i - 1][1]) > offset) or (i < len(ps) and ps[i][0] < offset + len(data)):
+    def __len__(self) -> int:
+        return sum(len(b) for ps in self._pieces.values() for _, b in ps)
+
+    def put(self, url: str, offset: int, data: bytes, size: int) -> None:
+        """Keep ``data`` as the bytes of ``url`` (an object of ``size`` bytes) from ``offset``; a piece
+        overlapping one already kept is ignored."""
+        if not data:
             return
-        ps.insert(i, (offset, bytes(data)))
-        st.insert(i, offset)
+        with self._lock:
+            self._sizes[url] = int(size)
+            ps, st = self._pieces.setdefault(url, []), self._starts.setdefault(url, [])
+            i = bisect.bisect_left(st, offset)
+            if (i > 0 and ps[i - 1][0] + len(ps[i - 1][1]) > offset) or \
+                    (i < len(ps) and ps[i][0] < offset + len(data)):
+                return
+            ps.insert(i, (offset, bytes(data)))
+            st.insert(i, offset)
+
+    def has(self, url: str) -> bool:
+        """True when some bytes of ``url`` are kept."""
+        return url in self._pieces
+
+    def pieces(self, url: str, start: int, end: int) -> List[Tuple[int, int, Optional[bytes]]]:
+        """``[start, end)`` of ``url`` as consecutive ``(offset, length, bytes)``: ``bytes`` is the kept data,
+        or None for a gap the caller must fetch.  One gap (the whole range) when nothing of it is kept."""
+        return _pieces_of(self._pieces.get(url), self._starts.get(url), self._sizes.get(url), start, end)
 
 
-def has(url: str) -> bool:
-    """True when some bytes of ``url`` are kept."""
-    return url in _pieces
+_SERVING: contextvars.ContextVar[Optional[KeptBytes]] = contextvars.ContextVar("ckptaudit_kept_bytes",
+                                                                               default=None)
 
 
-def pieces(url: str, start: int, end: int) -> List[Tuple[int, int, Optional[bytes]]]:
-    """``[start, end)`` of ``url`` as consecutive ``(offset, length, bytes)``: ``bytes`` is the kept data, or
-    None for a gap the caller must fetch.  One gap (the whole range) when nothing of it is kept."""
-    ps, st = _pieces.get(url), _starts.get(url)
-    if ps and url in _sizes:
-        end = min(end, max(start, _sizes[url]))  # nothing to fetch past the object's end
+@contextlib.contextmanager
+def serving(kept: Optional[KeptBytes]) -> Iterator[None]:
+    """Within the block, remote reads in this context answer from ``kept`` first (None: from nothing)."""
+    token = _SERVING.set(kept)
+    try:
+        yield
+    finally:
+        _SERVING.reset(token)
+
+
+def current() -> Optional[KeptBytes]:
+    """The kept bytes served in this context (:func:`serving`), or None."""
+    return _SERVING.get()
+
+
+def _pieces_of(ps, st, size, start: int, end: int) -> List[Tuple[int, int, Optional[bytes]]]:
+    if ps and size is not None:
+        end = min(end, max(start, size))  # nothing to fetch past the object's end
     if not ps or end <= start:
         return [(start, max(0, end - start), None)] if end > start else []
     out: List[Tuple[int, int, Optional[bytes]]] = []
@@ -85,7 +115,7 @@ def pieces(url: str, start: int, end: int) -> List[Tuple[int, int, Optional[byte
 
 
 def served(nbytes: int) -> None:
-    with _lock:
+    with _served_lock:
         _served["bytes"] += nbytes
 
 
@@ -95,18 +125,18 @@ def served_bytes() -> int:
 
 
 class KeptFetcher:
-    """A fetcher ``(start, end) -> bytes`` (fsspec's cache interface) that answers from kept bytes and calls
-    ``fetch`` only for the gaps."""
+    """A fetcher ``(start, end) -> bytes`` (fsspec's cache interface) that answers from ``kept`` and calls
+    ``fetch`` only for the gaps (``kept`` None: every call is fetched)."""
 
-    def __init__(self, url: str, fetch: Callable[[int, int], bytes]) -> None:
-        self.url, self.fetch = url, fetch
+    def __init__(self, url: str, fetch: Callable[[int, int], bytes], kept: Optional[KeptBytes]) -> None:
+        self.url, self.fetch, self.kept = url, fetch, kept
 
     def __call__(self, start, end):
         if start is None:
             start = 0
-        if end is None or not has(self.url):
+        if end is None or self.kept is None or not self.kept.has(self.url):
             return self.fetch(start, end)
-        parts = pieces(self.url, int(start), int(end))
+        parts = self.kept.pieces(self.url, int(start), int(end))
         if len(parts) == 1 and parts[0][2] is None:
             return self.fetch(start, end)
         out = []

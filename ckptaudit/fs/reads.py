@@ -182,21 +182,23 @@ def read_ranges(p, ranges: List[Tuple[int, int]], purpose: str = "ranged") -> Li
     ``gather_batch_size``), so N scattered small reads cost about one round trip rather
     than N.  A range that failed is None (the caller reads it again on its own).  Counted
     in :func:`bytes_read` / :func:`gets_issued` as ``purpose`` ("ranged"; the one-pass reader's
-    whole-object ranges are "streamed").  Bytes an earlier stage's pass kept (:mod:`.kept`) are served
+    whole-object ranges are "streamed").  Bytes an earlier stage's pass kept (:mod:`.kept`, served to this context) are served
     from memory and only the gaps fetched.  Local paths raise ``ValueError``: read them with ``os.pread``."""
     if not is_remote(p):
         raise ValueError(f"{p}: read_ranges is for remote objects")
     if not ranges:
         return []
     url = as_rpath(p).url
-    if kept.has(url):  # bytes the hash stage's pass already read: only the gaps are fetched
-        return _with_kept(p, url, ranges, purpose)
+    k = kept.current()
+    if k is not None and k.has(url):  # bytes the hash stage's pass already read: only the gaps are fetched
+        return _with_kept(p, url, ranges, purpose, k)
     return read_ranges_uncached(p, ranges, purpose)
 
 
-def _with_kept(p, url: str, ranges: List[Tuple[int, int]], purpose: str) -> List[Optional[bytes]]:
-    """:func:`read_ranges` where part of the object is kept (:mod:`.kept`): one batch of GETs for the gaps."""
-    split = [kept.pieces(url, int(o), int(o) + int(n)) for o, n in ranges]
+def _with_kept(p, url: str, ranges: List[Tuple[int, int]], purpose: str, k: "kept.KeptBytes"
+               ) -> List[Optional[bytes]]:
+    """:func:`read_ranges` where part of the object is kept (``k``): one batch of GETs for the gaps."""
+    split = [k.pieces(url, int(o), int(o) + int(n)) for o, n in ranges]
     gaps = [(o, n) for parts in split for o, n, b in parts if b is None]
     fetched = dict(zip(gaps, read_ranges_uncached(p, gaps, purpose))) if gaps else {}
     out: List[Optional[bytes]] = []
@@ -205,7 +207,7 @@ def _with_kept(p, url: str, ranges: List[Tuple[int, int]], purpose: str) -> List
         if any(b is None for b in blobs):
             out.append(None)
             continue
-        kept.served(sum(len(b) for (_, _, k), b in zip(parts, blobs) if k is not None))
+        kept.served(sum(len(b) for (_, _, kb), b in zip(parts, blobs) if kb is not None))
         out.append(b"".join(blobs))
     return out
 

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 from typing import Dict, Iterator, List, Optional, Tuple
 
 from .counters import Counted
-from .kept import KeptFetcher
+from .kept import KeptFetcher, current as kept_bytes
 
 RANGE_BLOCK_BYTES = 16 << 10  # readahead of one ranged GET in the file layer (bytes)
 STREAM_BLOCK_BYTES = 8 << 20  # ranged GET size while hashing/downloading a whole object (bytes)
@@ -262,5 +262,6 @@ def open_object(rp: RPath, block_size: int = RANGE_BLOCK_BYTES, exact: bool = Fa
         f = fs.open(key, "rb", block_size=block_size, cache_type=cache)
     if getattr(f, "cache", None) is not None:  # buffered files (s3fs, gcsfs…); others are not counted
         counted = Counted(f.cache.fetcher, "streamed" if block_size >= (1 << 20) else "ranged")
-        f.cache.fetcher = KeptFetcher(rp.url, counted)  # bytes the hash stage's pass kept are not fetched again
+        # bytes the hash stage's pass kept, served to this context, are not fetched again
+        f.cache.fetcher = KeptFetcher(rp.url, counted, kept_bytes())
     return f

@@ -121,12 +121,11 @@ def load(rows, run_dir) -> "ByteFacts":
     """The facts of ``rows`` (of the ``bytefacts`` table: a Parquet file's path, read :data:`BATCH_ROWS` rows at a
     time, a ``pyarrow`` table, or a list of row dicts; files relative to ``run_dir``) as a :class:`ByteFacts`
     (``len()``: the facts kept).  Rows of a file whose size or version changed since the pass are dropped.  Kept
-    bytes of remote objects go to :mod:`ckptaudit.fs.kept` (every remote read of the process consults it), in
-    place of any kept before.  Memory: the kept columns (a few int64 per fact) and one batch, not the table."""
+    bytes of remote objects go to its ``kept`` (:class:`ckptaudit.fs.kept.KeptBytes`), which the stage serves
+    to its remote reads with ``with fs.kept.serving(facts.kept):``.  Memory: the kept columns (a few int64 per fact) and one batch, not the table."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    fs.kept.clear()
     out = ByteFacts()
     by_kind = _by_kind(rows)
     if not by_kind:
@@ -210,7 +209,7 @@ def _keep_rows(out: "ByteFacts", run_dir, kind: str, t: "pa.Table") -> int:
             out._nul_scan.setdefault((key, r["data_offset"], r["length_bytes"]), (r["zero_bytes"], []))
             kept += 1
         elif kind == "bytes" and r.get("data") is not None:
-            fs.kept.put(key, r["data_offset"], r["data"], r["size_bytes"])
+            out.kept.put(key, r["data_offset"], r["data"], r["size_bytes"])
             kept += 1
         elif kind == "nul_scan_run":
             scan = out._nul_scan.get((key, r["data_offset"], r["length_bytes"]))
@@ -246,12 +245,13 @@ class ByteFacts:
     search, memory a few int64 per fact.  An empty ``ByteFacts()`` answers None to every question (the check then
     reads the bytes)."""
 
-    __slots__ = ("_files", "_nul_scan", "count")
+    __slots__ = ("_files", "_nul_scan", "count", "kept")
 
     def __init__(self) -> None:
         self._files: Dict[str, Dict[str, dict]] = {}  # file -> kind -> columns
         self._nul_scan: Dict[Tuple[str, int, int], Tuple[int, List[Tuple[int, int]]]] = {}  # -> (min_run, runs)
         self.count = 0  # facts kept
+        self.kept = fs.kept.KeptBytes()  # bytes of remote objects the pass kept for later reads
 
     def __len__(self) -> int:
         return self.count
