@@ -298,7 +298,8 @@ def _file_row(run_dir: Path, unit: dict, rel: str, ff, me: Optional[dict], sidec
     if ff.chunk_hex is not None:
         _, want = entry_chunks(me, size) or ("", [])  # none when the file's size changed since the pass began
         got = ff.chunk_hex
-        bad_chunks = [i for i in range(max(len(got), len(want))) if i >= len(got) or i >= len(want) or got[i] != want[i]]
+        bad_chunks = [i for i in range(max(len(got), len(want)))
+                      if i >= len(got) or i >= len(want) or got[i] != want[i]]
         digest = sha256_file(run_dir / rel) if bad_chunks else str(me.get("sha256_hex", "")).lower()
     else:
         digest = ff.sha256_hex

@@ -182,8 +182,9 @@ def read_ranges(p, ranges: List[Tuple[int, int]], purpose: str = "ranged") -> Li
     ``gather_batch_size``), so N scattered small reads cost about one round trip rather
     than N.  A range that failed is None (the caller reads it again on its own).  Counted
     in :func:`bytes_read` / :func:`gets_issued` as ``purpose`` ("ranged"; the one-pass reader's
-    whole-object ranges are "streamed").  Bytes an earlier stage's pass kept (:mod:`.kept`, served to this context) are served
-    from memory and only the gaps fetched.  Local paths raise ``ValueError``: read them with ``os.pread``."""
+    whole-object ranges are "streamed").  Bytes an earlier stage's pass kept (:mod:`.kept`, served to
+    this context) are served from memory and only the gaps fetched.  Local paths raise ``ValueError``:
+    read them with ``os.pread``."""
     if not is_remote(p):
         raise ValueError(f"{p}: read_ranges is for remote objects")
     if not ranges:

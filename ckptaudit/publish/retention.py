@@ -122,7 +122,8 @@ def _stale_leftovers(run_dir: Path) -> List[Tuple[str, str]]:
 
 def _ours(p: Path, target: str, what: str) -> Optional[os.stat_result]:
     """The ``lstat`` of ``p`` when it is a small regular file in exactly our format naming ``target`` (a
-    ``sha256sum`` line, or a ``ckptaudit.manifest/1`` or ``/2`` whose ``unit`` is it: ``what`` says which), else None."""
+    ``sha256sum`` line, or a ``ckptaudit.manifest/1`` or ``/2`` whose ``unit`` is it: ``what`` says which),
+    else None."""
     from ..hashing import parse_sidecar
 
     try:
