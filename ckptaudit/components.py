@@ -75,6 +75,7 @@ class Components:
     never_saves: frozenset = frozenset()  # components the producer does not write
     always_saves: frozenset = frozenset()  # components every unit of the producer has (an absence is damage)
     name_number: str = "step"  # what the number in the unit's name counts: "step" | "save_index"
+    restores_together: tuple = ()  # (producer key, RestoreRule): what the resume restores only together
 
     @property
     def optimizer_step(self) -> Optional[float]:
@@ -159,10 +160,9 @@ def collect(layout: str, tree: Dict[str, Any], facts: Dict[str, Any]) -> Compone
     tree = {k: v for k, v in (tree or {}).items()}
     contract = producers.identify(layout, list(facts.get("unit_files") or []) + list(tree), tree)
     if contract is not None:
-        c.producer = contract.producer
-        c.never_saves = contract.never_saves
-        c.always_saves = contract.saves
+        c.producer, c.never_saves, c.always_saves = contract.producer, contract.never_saves, contract.saves
         c.name_number = contract.name_number
+    c.restores_together = tuple((p.key, r) for p in [producers.for_layout(layout)] if p for r in p.restores_together)
     for sub in tree.values():
         if isinstance(sub, dict) and "__safetensors__" not in sub:
             c.top_keys = sorted(set(c.top_keys) | {str(k) for k in sub if not str(k).startswith("__")})

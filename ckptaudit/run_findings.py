@@ -229,7 +229,10 @@ def _judged(s: Optional[dict], c) -> bool:
 
 def missing_components(units: List[dict], state_rows: Dict[str, dict],
                        scan_rows: Dict[str, dict]) -> List[tuple]:
-    """``missing_scheduler_state`` / ``missing_rng_state`` for units that lack what the run had.
+    """``missing_scheduler_state`` / ``missing_rng_state`` for units that lack what the run had, and
+    ``resume_starts_component_fresh`` where the producer's resume restores a component the unit holds only
+    together with one it lacks (then that lack is told by this finding alone: the fast-forward repair of
+    ``missing_scheduler_state`` cannot run inside the framework's resume).
 
     A component the run never had is not missing: a run without an LR scheduler (a constant LR, or
     one computed from the step as nanoGPT does) or that never saves RNG state gets no warning on
@@ -240,6 +243,7 @@ def missing_components(units: List[dict], state_rows: Dict[str, dict],
     producer that never saves a component is never judged on it.
     """
     from . import components as C
+    from . import restore_rules
 
     comps = {}
     for u in units:
@@ -253,8 +257,11 @@ def missing_components(units: List[dict], state_rows: Dict[str, dict],
     out = []
     for name, (u, c) in comps.items():
         s = state_rows[name]
+        broken = restore_rules.broken(name, c)  # the producer's own resume rule speaks for the needs it names
+        out.extend((name, f) for f, _ in broken)
+        covered = {n for _, needs in broken for n in needs}
         for comp, lacks in (("scheduler", c.scheduler is None), ("rng", not c.rng)):
-            if not lacks or comp in c.never_saves:
+            if not lacks or comp in c.never_saves or comp in covered:
                 continue
             evidence = _component_evidence(comp, u, c, have[comp])
             if not evidence:

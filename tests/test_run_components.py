@@ -124,7 +124,8 @@ def test_scheduler_never_in_run_and_no_initial_lr(tmp_path):
 
 @pytest.mark.parametrize("contracts", ["1", "0"])
 def test_trainer_folder_without_rng_state_is_missing_it(tmp_path, monkeypatch, contracts):
-    """A Trainer saves rng_state.pth and scheduler.pt in every checkpoint: one alone without them lacks them."""
+    """A Trainer saves rng_state.pth and scheduler.pt in every checkpoint: one alone without them lacks them, and
+    its resume then starts the optimizer fresh too (the fast-forward repair cannot run inside it)."""
     from safetensors.torch import save_file
 
     monkeypatch.setenv("CKPTAUDIT_PRODUCER_CONTRACTS", contracts)
@@ -140,7 +141,10 @@ def test_trainer_folder_without_rng_state_is_missing_it(tmp_path, monkeypatch, c
     torch.save(opt.state_dict(), d / "optimizer.pt")
     (d / "trainer_state.json").write_text(json.dumps({"global_step": 3, "epoch": 1.0}))
     v = audit_in_process(tmp_path)
-    assert _findings(v) == {"checkpoint-3": ["missing_rng_state", "missing_scheduler_state"]}
     f = {f["kind"]: f for f in v["units"][0]["findings"]}
-    assert f["missing_scheduler_state"]["repair"] == ""  # no initial_lr: the audit does not know the schedule
-    assert "set its position from the training log" in f["missing_scheduler_state"]["next_step"]
+    # the Trainer's resume restores optimizer.pt only beside scheduler.pt (a rule of the producer, by layout)
+    assert _findings(v) == {"checkpoint-3": ["missing_rng_state", "resume_starts_component_fresh"]}
+    g = f["resume_starts_component_fresh"]
+    assert g["detail"]["component"] == "optimizer" and g["detail"]["needs"] == "scheduler" and g["caps"] == "warm-start"
+    assert "_load_optimizer_and_scheduler" in g["message"] and g["repair"] == ""
+    assert v["units"][0]["usable_for"] == "warm-start"

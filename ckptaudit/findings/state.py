@@ -48,6 +48,13 @@ ENTRIES: List[_k] = [
        "{repair_text} (the continuation is not bit-exact).",
        "{repair_code}",
        stage="report", detector="ckptaudit.run_findings:missing_components"),
+    _k("resume_starts_component_fresh", "state", "warning", "warm-start",
+       "{path} has {component} state but no {needs}: {framework}'s resume restores the {component} only when the "
+       "{needs} is there too ({source}), so {call} continues from this unit with a fresh {component} and a fresh "
+       "{needs}, silently.",
+       "Roll back to a checkpoint that has both to resume; otherwise warm-start from this one. The {component} "
+       "cannot be put back by code of yours around {call}: the framework decides before it runs.",
+       stage="report", detector="ckptaudit.restore_rules:broken"),
     _k("missing_rng_state", "state", "warning", "resume",
        "{path} has no RNG state, though the run saves it ({evidence}): the continuation will not be bit-exact "
        "and the data order may repeat.",

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Dict, FrozenSet, Optional, Tuple
 
-__all__ = ["FileRole", "Contract", "ResumeLoad", "PointerFile", "Producer", "WO", "UNSAFE"]
+__all__ = ["FileRole", "Contract", "RestoreRule", "ResumeLoad", "PointerFile", "Producer", "WO", "UNSAFE"]
 
 #: How a file is loaded, in words: torch's restricted unpickler, or full unpickling.
 WO = "torch.load(weights_only=True)"
@@ -58,6 +58,17 @@ class Contract:
     name_number: str = "step"
     saves: FrozenSet[str] = frozenset()
     never_saves: FrozenSet[str] = frozenset()
+
+
+@dataclass(frozen=True)
+class RestoreRule:
+    """A rule of the producer's resume about a combination of components: it restores ``component`` only when
+    every one of ``needs`` is in the unit too, and otherwise starts that component fresh, silently.  ``source``
+    says where the rule is in the framework's code (file, function, the condition, and the versions read)."""
+
+    component: str
+    needs: Tuple[str, ...]
+    source: str
 
 
 @dataclass(frozen=True)
@@ -146,3 +157,6 @@ class Producer:
     folder_adapters: Tuple[Tuple[int, str], ...] = ()
     #: its index-file adapters (``"module:ATTR"`` in :mod:`ckptaudit.layouts`), which claim shards by an index
     index_adapters: Tuple[str, ...] = ()
+    #: its resume's rules about combinations of components (:class:`RestoreRule`), for every version its
+    #: module covers: structural (by layout), so they hold with the contracts off too
+    restores_together: Tuple[RestoreRule, ...] = ()

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from typing import Optional, Tuple
 
-from .contract import WO, Contract, FileRole, Producer, ResumeLoad
+from .contract import WO, Contract, FileRole, Producer, RestoreRule, ResumeLoad
 from .paths import base, parent
 
 NUMPY_RNG_GLOBALS = frozenset({"numpy._core.multiarray._reconstruct", "numpy.ndarray", "numpy.dtype",
@@ -107,4 +107,9 @@ PRODUCER = Producer(
     pip_names={"transformers": "transformers"},
     benign_globals={n: (n, why) for n, why in BENIGN_GLOBALS.items()},
     claim_files=("trainer_state.json",),
+    restores_together=(RestoreRule(
+        "optimizer", ("scheduler",),
+        "transformers trainer.py, Trainer._load_optimizer_and_scheduler: the optimizer and the scheduler are "
+        "loaded only under `if checkpoint_file_exists and os.path.isfile(os.path.join(checkpoint, "
+        "SCHEDULER_NAME))` (line 3975 in 5.25.0, line 3524 in 4.57.6)"),),
 )

@@ -152,6 +152,60 @@ def missing_optimizer(dest: Path) -> dict:
                    "damaged": {NEWEST: {"layer": "state", "usable_for": "warm-start"}}})
 
 
+def resumed_state(run: str, unit: str, out: str) -> None:
+    """What ``trainer.train(resume_from_checkpoint=run/unit)`` restored, as the Trainer hands it to its callbacks
+    at ``on_train_begin`` (after ``_load_optimizer_and_scheduler``): AdamW entries, the scheduler's
+    ``last_epoch`` and the global step, written to ``out`` as JSON.  The run's own max_steps, so a resume from
+    the last checkpoint trains no step; a separate output_dir, so the run is not touched."""
+    import json
+
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments, set_seed
+
+    seen: dict = {}
+
+    class Probe(TrainerCallback):
+        def on_train_begin(self, args, state, control, optimizer=None, lr_scheduler=None, **kw):
+            seen.update(optimizer_entries=len(optimizer.state), scheduler_last_epoch=lr_scheduler.last_epoch,
+                        global_step=state.global_step)
+
+    set_seed(0)
+    torch.set_num_threads(1)
+    args = TrainingArguments(output_dir=str(Path(out).parent / "probe-output"), save_steps=SAVE_STEPS,
+                             max_steps=MAX_STEPS, report_to=[], per_device_train_batch_size=8, seed=0,
+                             disable_tqdm=True)
+    trainer = Trainer(model=GPT2LMHeadModel(GPT2Config(**MODEL_ARGS)), args=args, train_dataset=_Tokens(),
+                      callbacks=[Probe()])
+    trainer.train(resume_from_checkpoint=str(Path(run) / unit))
+    Path(out).write_text(json.dumps(seen))
+
+
+def _resumed(dest: Path, run: Path, unit: str) -> dict:
+    import json
+
+    out = dest / f"resumed-{unit}.json"
+    U.run_child(f"{__name__}:resumed_state", {"run": str(run), "unit": unit, "out": str(out)})
+    return json.loads(out.read_text())
+
+
+def missing_scheduler(dest: Path) -> dict:
+    run = _run(dest)
+    (run / NEWEST / "scheduler.pt").unlink()
+    older, newest = _resumed(dest, run, f"checkpoint-{MAX_STEPS - SAVE_STEPS}"), _resumed(dest, run, NEWEST)
+    if not (older["optimizer_entries"] > 0 and newest["optimizer_entries"] == 0
+            and newest["scheduler_last_epoch"] == 0 and newest["global_step"] == MAX_STEPS):
+        raise RuntimeError(f"the Trainer's resume did not behave as the fixture claims: {older} / {newest}")
+    return _truth("hf_trainer_missing_scheduler",
+                  f"transformers {_version()} Trainer clean run, then checkpoint-30/scheduler.pt deleted (optimizer.pt "
+                  f"kept). The Trainer's own resume, probed at generation: from checkpoint-30 it restores "
+                  f"{newest['optimizer_entries']} AdamW entries, scheduler last_epoch "
+                  f"{newest['scheduler_last_epoch']}, global_step {newest['global_step']} (a fresh optimizer and "
+                  f"schedule at step 30, silently); from checkpoint-20, {older['optimizer_entries']} entries and "
+                  f"last_epoch {older['scheduler_last_epoch']}.",
+                  {"recommendation": "resume", "rollback": "checkpoint-20", "clean": False,
+                   "damaged": {NEWEST: {"layer": "state", "usable_for": "warm-start"}}})
+
+
 def save_only_model(dest: Path) -> dict:
     _run(dest, save_only_model=True)
     units = [f"checkpoint-{s}" for s in range(SAVE_STEPS, MAX_STEPS + 1, SAVE_STEPS)]
@@ -197,6 +251,7 @@ FIXTURES = {
     "hf_trainer_missing_weights": missing_weights,
     "hf_trainer_save_only_model": save_only_model,
     "hf_trainer_missing_optimizer": missing_optimizer,
+    "hf_trainer_missing_scheduler": missing_scheduler,
     "hf_trainer_nan_divergence": nan_divergence,
     "hf_trainer_changed_n_head": changed_config,
 }
