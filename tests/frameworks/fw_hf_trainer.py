@@ -188,14 +188,14 @@ def _resumed(dest: Path, run: Path, unit: str) -> dict:
     return json.loads(out.read_text())
 
 
-def missing_scheduler(dest: Path) -> dict:
+def missing_scheduler(dest: Path, name: str = "hf_trainer_missing_scheduler") -> dict:
     run = _run(dest)
     (run / NEWEST / "scheduler.pt").unlink()
     older, newest = _resumed(dest, run, f"checkpoint-{MAX_STEPS - SAVE_STEPS}"), _resumed(dest, run, NEWEST)
     if not (older["optimizer_entries"] > 0 and newest["optimizer_entries"] == 0
             and newest["scheduler_last_epoch"] == 0 and newest["global_step"] == MAX_STEPS):
         raise RuntimeError(f"the Trainer's resume did not behave as the fixture claims: {older} / {newest}")
-    return _truth("hf_trainer_missing_scheduler",
+    return _truth(name,
                   f"transformers {_version()} Trainer clean run, then checkpoint-30/scheduler.pt deleted (optimizer.pt "
                   f"kept). The Trainer's own resume, probed at generation: from checkpoint-30 it restores "
                   f"{newest['optimizer_entries']} AdamW entries, scheduler last_epoch "

@@ -41,8 +41,14 @@ def kill_in_model_save(dest: Path) -> dict:
     return H.kill_in_model_save(dest, name="hf_trainer_tf4_kill_in_model_save")
 
 
+def missing_scheduler(dest: Path) -> dict:
+    _check_version()
+    return H.missing_scheduler(dest, name="hf_trainer_tf4_missing_scheduler")
+
+
 FIXTURES = {
     "hf_trainer_tf4_clean": clean,
     "hf_trainer_tf4_kill_in_optimizer_save": kill_in_optimizer_save,
     "hf_trainer_tf4_kill_in_model_save": kill_in_model_save,
+    "hf_trainer_tf4_missing_scheduler": missing_scheduler,
 }
