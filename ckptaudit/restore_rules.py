@@ -2,13 +2,17 @@
 
 A framework's resume does not read a checkpoint file by file: the HF Trainer loads ``optimizer.pt`` only when
 ``scheduler.pt`` is there too, and otherwise continues with a fresh optimizer and schedule without a word.
-The rules are data on each producer (:class:`ckptaudit.producers.contract.RestoreRule`, with where in the
-framework's code each one is), applied to the units of its layouts (with the contracts off too: the layout
-is recognised by structure); :func:`broken` judges one unit's components against them.
+Accelerate's ``load_state`` raises when a folder's ``custom_checkpoint_<i>.pkl`` files are not as many as the
+objects the job registered.  The rules are data on each producer (:class:`ckptaudit.producers.contract.RestoreRule`
+and :class:`~ckptaudit.producers.contract.CountRule`, with where in the framework's code each one is),
+applied to the units of its layouts (with the contracts off too: the layout is recognised by structure);
+:func:`broken` judges one unit's components, :func:`count_mismatches` the run's units against each other.
 """
 
 from __future__ import annotations
 
+import re
+from collections import Counter
 from typing import List
 
 from . import findings as F
@@ -38,4 +42,37 @@ def broken(name: str, c) -> List[tuple]:
         out.append((F.make("resume_starts_component_fresh", path=name, component=rule.component,
                            needs=" and ".join(lacking), framework=p.name if p else key,
                            source=rule.source, call=call), lacking))
+    return out
+
+
+def count_mismatches(units: List[dict]) -> List[tuple]:
+    """``[(unit, registered_count_mismatch finding)]`` for each unit of a producer with a
+    :class:`~ckptaudit.producers.contract.CountRule` whose count of those files differs from the run's.
+
+    The run's count stands for what the resuming job has (the audit cannot see the job's registrations): the
+    count most of the producer's complete units hold, or the newest unit's when that is larger (an object
+    registered later in the run: the job that resumes is the code of the newest save)."""
+    groups = {}
+    for u in units:
+        p = producers.for_layout(u.get("layout") or "")
+        if p is not None and p.file_counts and not u.get("in_progress"):
+            groups.setdefault(p.key, (p, []))[1].append(u)
+    out = []
+    for p, us in groups.values():
+        us = sorted(us, key=lambda u: (u.get("step_from_name") is None, u.get("step_from_name") or 0, u["unit"]))
+        for rule in p.file_counts:
+            rx = re.compile(rule.pattern)
+            counts = [sum(1 for f in u.get("files") or () if rx.fullmatch(base(f))) for u in us]
+            if len(set(counts)) < 2:
+                continue
+            tally = Counter(counts)
+            common = max(tally.values())
+            want = max(max(c for c in tally if tally[c] == common), counts[-1])
+            for u, have in zip(us, counts):
+                if have != want:
+                    call = p.resume_call.format(path=u["unit"], dir=parent(u["unit"]), tag=base(u["unit"])) \
+                        if p.resume_call else "the resume"
+                    out.append((u["unit"], F.make("registered_count_mismatch", path=u["unit"], have=have, want=want,
+                                                  pattern=rule.pattern, counted=rule.counted, framework=p.name,
+                                                  call=call, source=rule.source)))
     return out

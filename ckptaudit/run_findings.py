@@ -38,12 +38,16 @@ def _always_holds(u: dict, comp: str) -> str:
 def run_findings(units: List[dict], state_rows: Dict[str, dict], structure_rows: Dict[str, dict],
                  cfg: dict, scan_rows: Optional[Dict[str, dict]] = None) -> Dict[str, List[dict]]:
     """Findings that only the run as a whole shows: counters going back, gaps,
-    norm jumps, the structure changing, components the run has and a unit lacks.
+    norm jumps, the structure changing, components the run has and a unit lacks, a count of files the
+    producer's resume needs that differs from the run's.
     Units are taken in save order (name step, then name)."""
     ordered = [u for u in units if u.get("step_from_name") is not None and not u.get("in_progress")]
     ratio = float((cfg.get("state") or {}).get("norm_jump_ratio", 10.0))
     out: Dict[str, List[dict]] = {}
-    for found in (missing_components(units, state_rows, scan_rows or {}), steps_going_back(ordered, state_rows),
+    from . import restore_rules
+
+    for found in (missing_components(units, state_rows, scan_rows or {}), restore_rules.count_mismatches(units),
+                  steps_going_back(ordered, state_rows),
                   written_out_of_order(ordered, state_rows), scheduler_resets(ordered, state_rows),
                   step_gaps(ordered), norm_jumps(ordered, state_rows, ratio),
                   structure_changes(ordered, structure_rows)):

@@ -55,6 +55,12 @@ ENTRIES: List[_k] = [
        "Roll back to a checkpoint that has both to resume; otherwise warm-start from this one. The {component} "
        "cannot be put back by code of yours around {call}: the framework decides before it runs.",
        stage="report", detector="ckptaudit.restore_rules:broken"),
+    _k("registered_count_mismatch", "state", "error", "warm-start",
+       "{path} holds {have} file(s) named like {pattern} where the run holds {want} (one per {counted}): "
+       "{framework}'s {call} raises RuntimeError when that count differs ({source}).",
+       "Roll back to a checkpoint with {want} of them to resume; otherwise warm-start from this one's weights. If "
+       "the job that resumes registers {have} object(s) (one was added or removed since), this does not apply.",
+       stage="report", detector="ckptaudit.restore_rules:count_mismatches"),
     _k("missing_rng_state", "state", "warning", "resume",
        "{path} has no RNG state, though the run saves it ({evidence}): the continuation will not be bit-exact "
        "and the data order may repeat.",

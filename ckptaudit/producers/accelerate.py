@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from typing import Optional, Tuple
 
-from .contract import UNSAFE, WO, Contract, FileRole, Producer, ResumeLoad
+from .contract import UNSAFE, WO, Contract, CountRule, FileRole, Producer, ResumeLoad
 from .hf_trainer import NUMPY_RNG_GLOBALS
 from .paths import base, parent
 
@@ -66,6 +66,10 @@ PRODUCER = Producer(
                   "custom": ResumeLoad("accelerate load_custom_state: torch.load(weights_only=False)",
                                        weights_only=False)},
     resume_call='accelerator.load_state("{path}")',
+    file_counts=(CountRule(
+        r"custom_checkpoint_\d+\.pkl", "object registered with accelerator.register_for_checkpointing",
+        "accelerate accelerator.py, Accelerator.load_state: `if len(custom_checkpoints) != "
+        "len(self._custom_objects)` raises RuntimeError (line 3821 in 1.16.0)"),),
     default_call="accelerator.load_state()",
     default_pick=default_pick,
     pip_names={"accelerate": "accelerate"},

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Dict, FrozenSet, Optional, Tuple
 
-__all__ = ["FileRole", "Contract", "RestoreRule", "ResumeLoad", "PointerFile", "Producer", "WO", "UNSAFE"]
+__all__ = ["FileRole", "Contract", "RestoreRule", "CountRule", "ResumeLoad", "PointerFile", "Producer", "WO", "UNSAFE"]
 
 #: How a file is loaded, in words: torch's restricted unpickler, or full unpickling.
 WO = "torch.load(weights_only=True)"
@@ -68,6 +68,18 @@ class RestoreRule:
 
     component: str
     needs: Tuple[str, ...]
+    source: str
+
+
+@dataclass(frozen=True)
+class CountRule:
+    """A rule of the producer's resume about how many files of one kind a unit holds: the files whose base
+    name matches ``pattern`` (a regular expression) must be one per ``counted`` (in words, singular: what the
+    resuming job has, e.g. an object it registered), or the resume raises.  The audit takes that number
+    from the run: what most of its units hold.  ``source``: where the rule is in the framework's code."""
+
+    pattern: str
+    counted: str
     source: str
 
 
@@ -160,3 +172,5 @@ class Producer:
     #: its resume's rules about combinations of components (:class:`RestoreRule`), for every version its
     #: module covers: structural (by layout), so they hold with the contracts off too
     restores_together: Tuple[RestoreRule, ...] = ()
+    #: its resume's rules about how many files of a kind a unit must hold (:class:`CountRule`)
+    file_counts: Tuple[CountRule, ...] = ()

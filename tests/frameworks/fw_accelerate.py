@@ -118,6 +118,53 @@ def epoch_saves(dest: Path) -> dict:
                   U.clean_expect(newest))
 
 
+def load_probe(run: str, unit: str, out: str) -> None:
+    """``Accelerator.load_state(run/unit)`` with the training's objects prepared and its TrainState registered,
+    as the resuming job does; writes ``{"ok", "error", "step"}`` to ``out``."""
+    import torch
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+
+    set_seed(0)
+    torch.set_num_threads(1)
+    acc = Accelerator()
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.LinearLR(opt, start_factor=1.0, end_factor=0.1, total_iters=STEPS)
+    dl = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(32, 16), torch.randn(32, 4)),
+                                     batch_size=16)
+    model, opt, dl, sched = acc.prepare(model, opt, dl, sched)
+    state = TrainState()
+    acc.register_for_checkpointing(state)
+    try:
+        acc.load_state(str(Path(run) / unit))
+        result = {"ok": True, "error": "", "step": state.step}
+    except RuntimeError as e:
+        result = {"ok": False, "error": str(e).splitlines()[0].replace(f" {Path(run) / unit}", ""), "step": state.step}
+    Path(out).write_text(json.dumps(result))
+
+
+def _loaded(dest: Path, run: Path, unit: str) -> dict:
+    out = dest / f"load-{unit.replace('/', '_')}.json"
+    U.run_child(f"{__name__}:load_probe", {"run": str(run), "unit": unit, "out": str(out)})
+    return json.loads(out.read_text())
+
+
+def missing_custom_checkpoint(dest: Path) -> dict:
+    run = _run(dest)
+    (run / NEWEST / "custom_checkpoint_0.pkl").unlink()
+    newest, prev = _loaded(dest, run, NEWEST), _loaded(dest, run, PREV)
+    if newest["ok"] or not prev["ok"] or prev["step"] != STEPS - SAVE_EVERY:
+        raise RuntimeError(f"accelerate's load_state did not behave as the fixture claims: {newest} / {prev}")
+    return _truth("accelerate_missing_custom_checkpoint",
+                  f"accelerate {_v()} clean run (one TrainState registered), then {NEWEST}/custom_checkpoint_0.pkl "
+                  f"deleted. accelerate's own load_state, probed at generation with the TrainState registered: "
+                  f"{NEWEST} raises RuntimeError ({newest['error']!r}); {PREV} loads, TrainState.step "
+                  f"{prev['step']}.",
+                  {"recommendation": "resume", "rollback": PREV, "clean": False,
+                   "damaged": {NEWEST: {"layer": "state", "usable_for": "warm-start"}}})
+
+
 def _run(dest: Path, **kw) -> Path:
     run = dest / "run"
     U.run_child(f"{__name__}:train", {"run": str(run), **kw}, expect_kill=bool(kw.get("kill_file")))
@@ -169,4 +216,5 @@ FIXTURES = {
     "accelerate_kill_in_save_state": kill_in_save_state,
     "accelerate_truncated_optimizer": truncated_optimizer,
     "accelerate_epoch_saves": epoch_saves,
+    "accelerate_missing_custom_checkpoint": missing_custom_checkpoint,
 }
