@@ -14,8 +14,9 @@ central directories and local headers, safetensors headers, a static scan of eve
 pickle (an import outside ``torch.load(weights_only=True)``'s allowlist and the
 known-benign list), JSON state, structure, step and scheduler continuity across
 the run — and then, newest first, the unit the audit's rule would choose is checked
-byte by byte: SHA-256 against its sidecar or manifest, every zip record's CRC32, the
-load test, NaN/Inf in the weights.  A unit that fails is passed over and the next choice
+byte by byte: SHA-256 against its sidecar, or the chunk digests of its manifest (a file
+with no recorded digest is not SHA-256-hashed: with nothing to compare it finds no damage),
+every zip record's CRC32, the load test, NaN/Inf in the weights.  A unit that fails is passed over and the next choice
 is examined; tensor bytes of older units are never read.  The chosen unit is loaded with
 ``torch.load(path, map_location=…, weights_only=True)`` (``safetensors.torch.load_file``
 for safetensors); for a torch zip or safetensors file with ``map_location="cpu"`` that load
