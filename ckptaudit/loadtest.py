@@ -35,7 +35,7 @@ from typing import Callable, Dict, List, Tuple
 
 from . import findings as F
 from . import roles
-from . import fs, loaded_object, producers
+from . import fs, loaded_object, producers, whole_modules
 from .load_copy import skeleton, with_tensor_data
 from .loadchild import read_chars, resolve_benign, batched_loads
 
@@ -226,8 +226,12 @@ def load_units(run_dir: Path, units: List[dict], scans: Dict[str, dict], cfg: di
         _plan_unit(run_dir, u, scans.get(u["unit"]), lcfg, facts, rows, todo)
     if todo:
         results = (loader or load_todo)(run_dir, todo, cfg, timeout, limit)
+        modules: Dict[str, Dict[str, List[str]]] = {}  # unit -> its whole-module pickles, read when one failed
         for (u, f, k, benign), res in zip(todo, results):
-            rows.append(_load_row(u["unit"], f, res, timeout, limit))
+            if res.get("status") not in (None, "ok") and u["unit"] not in modules:
+                modules[u["unit"]] = whole_modules.modules_by_file(scans.get(u["unit"]) or {})
+            rows.append(_load_row(u["unit"], f, res, timeout, limit,
+                                  whole_modules.classes_in(f, modules.get(u["unit"]) or {})))
     return rows
 
 
@@ -272,8 +276,10 @@ def _plan_unit(run_dir: Path, u: dict, s: dict | None, lcfg: dict, facts, rows: 
         todo.append((with_tensor_data(u, run_dir, f, facts), f, k, benign))
 
 
-def _load_row(unit: str, f: str, res: dict, timeout: float, limit: int) -> dict:
-    """The ``load`` row of file ``f`` from its child's result ``res``, with a finding when it did not load."""
+def _load_row(unit: str, f: str, res: dict, timeout: float, limit: int, module_classes: List[str]) -> dict:
+    """The ``load`` row of file ``f`` from its child's result ``res``, with a finding when it did not load: a
+    refusal of a file that pickles whole modules (``module_classes``) is :func:`ckptaudit.whole_modules.refusal`,
+    not ``load_failed``."""
     if "skipped_reason" in res:
         return _skip(unit, f, res["skipped_reason"])
     fl = []
@@ -282,7 +288,8 @@ def _load_row(unit: str, f: str, res: dict, timeout: float, limit: int) -> dict:
     elif res["status"] == "memory":
         fl.append(F.make("load_memory_limit", path=f, memory_limit_bytes=limit))
     elif res["status"] != "ok":
-        fl.append(F.make("load_failed", path=f, why=explain(res.get("error_message", ""))))
+        fl.append(whole_modules.refusal(f, module_classes, res.get("error_message", ""))
+                  or F.make("load_failed", path=f, why=explain(res.get("error_message", ""))))
     return {"unit": unit, "file": f, "status": res["status"], "skipped_reason": "",
             "error_type": res.get("error_type", ""), "error_message": res.get("error_message", ""),
             "load_seconds": res["load_seconds"], "peak_rss_bytes": res["peak_rss_bytes"],

@@ -26,7 +26,11 @@ is called.  The shapes come from the code that writes them:
   (accelerate 1.15 ``checkpointing.py`` ``save_accelerator_state``, ``accelerator.py``
   ``_do_sync``), not the training step;
 * model weights — a mapping whose values are mostly tensors, outside every
-  component above; an EMA copy has the same keys and shapes as the weights.
+  component above; an EMA copy has the same keys and shapes as the weights;
+* a whole ``torch.nn.Module`` pickled as an object (``torch.save(model)``, ultralytics' ``"model"``): an
+  instance whose state holds the ``_parameters``, ``_buffers`` and ``_modules`` dicts that
+  ``Module.__init__`` sets and ``Module.__getstate__`` returns (torch/nn/modules/module.py); it is the
+  weights, its tensors named by their path through those dicts.
 
 Tree conventions (:func:`ckptaudit.layouts.base.prune`): tensors are
 ``{"__tensor__": dtype, "shape": [...], "value": v?}``, instances
@@ -41,7 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-__all__ = ["Node", "Found", "find", "is_tensor", "children", "unflatten_optimizer"]
+__all__ = ["Node", "Found", "find", "is_tensor", "is_module", "module_classes", "children", "unflatten_optimizer"]
 
 SCHEDULER_FIELDS = {"base_lrs", "_step_count", "_last_lr", "_get_lr_called_within_step", "lr_lambdas",
                     "T_max", "eta_min", "step_size", "gamma", "milestones", "total_steps", "_schedulers"}
@@ -217,6 +221,30 @@ def is_weights(x: Any) -> bool:
                for v in d.values())
 
 
+MODULE_FIELDS = ("_parameters", "_buffers", "_modules")  # torch/nn/modules/module.py Module.__init__
+
+
+def is_module(x: Any) -> bool:
+    """A whole ``torch.nn.Module`` pickled as an object (its ``__dict__`` as the instance state)."""
+    if not (isinstance(x, dict) and "__instance__" in x):
+        return False
+    st = _state_dict_of(x)
+    return st is not None and all(isinstance(st.get(k), dict) for k in MODULE_FIELDS)
+
+
+def module_classes(x: Any) -> List[str]:
+    """The classes of a pickled module (:func:`is_module`) and of every module under it, in tree order."""
+    out: List[str] = []
+    stack = [x]
+    while stack and len(out) < 10_000:
+        m = stack.pop()
+        if is_module(m):
+            out.append(str(m["__instance__"]))
+            subs = (_state_dict_of(m) or {}).get("_modules") or {}
+            stack.extend(reversed([v for k, v in subs.items() if k != "__truncated__"]))
+    return list(dict.fromkeys(out))
+
+
 @dataclass
 class Node:
     """One recognised component: where it is (file key of the tree, dotted path) and the node."""
@@ -264,7 +292,7 @@ _KINDS = (
     ("scheduler", (is_scheduler,)),
     ("scaler", (is_scaler,)),
     ("rng", (is_rng, is_rng_bundle)),
-    ("weights", (is_weights,)),
+    ("weights", (is_weights, is_module)),
 )
 
 

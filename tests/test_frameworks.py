@@ -132,8 +132,9 @@ def test_framework_fixture(name, contracts, fixture_cache, tmp_path, monkeypatch
         assert not errors, "clean run has error findings:\n" + "\n".join(f"  {e}" for e in errors) + f"\n{s}"
     # 0 security false alarms on every framework fixture, clean or damaged (issues 12 and 24): each file here
     # is the framework's own, so no security warning or error may name one (info on benign globals is fine)
+    # (a fixture whose own resume unpickles without weights_only lists the warnings that are then true)
     sec = [(u["unit"], f["kind"], f["severity"], f.get("path")) for u in v["units"] for f in u["findings"]
-           if f["layer"] == "security" and f["severity"] != "info"]
+           if f["layer"] == "security" and f["severity"] != "info" and f["kind"] not in exp.get("security_true", ())]
     assert not sec, f"security false alarm on a framework's own files: {sec}\n{s}"
     for unit, want in exp["damaged"].items():
         assert unit in units, f"damaged unit {unit} not among the audited units {sorted(units)}\n{s}"

@@ -22,6 +22,19 @@ ENTRIES: List[_k] = [
        "Copy what it names into the run folder (or point it at a checkpoint inside the run) and audit again; "
        "if the link is unexpected, find out who wrote it before any job resumes from this run.",
        stage="scan", detector="ckptaudit.confine:path_outside_run"),
+    _k("whole_module_pickle", "security", "info", "resume",
+       "{path} pickles whole modules ({classes}), as torch.save(model) does: torch.load(weights_only=True) "
+       "refuses it by design, not because it is damaged (its bytes passed the CRC32 and pickle checks); loading it "
+       "takes torch.load(..., weights_only=False), which imports these classes and runs their code.",
+       "Resume with torch.load(path, weights_only=False) only where this file and the code of {top} are trusted "
+       "(your own training code, its installed packages); to stop depending on that code, save "
+       "model.state_dict() from now on, or convert this file once where it is trusted (the repair).",
+       "import torch\n"
+       "obj = torch.load(\"{path}\", weights_only=False)  # a trusted file and code only\n"
+       "as_dict = obj if isinstance(obj, dict) else {{\"model\": obj}}\n"
+       "torch.save({{k: (v.state_dict() if isinstance(v, torch.nn.Module) else v) for k, v in as_dict.items()}}, "
+       "\"{path}.state_dict.pt\")",
+       stage="load", detector="ckptaudit.whole_modules:refusal"),
     _k("unrestricted_load_imports_unknown", "security", "error", "none",
        "{path}: the pickle in {member} imports {unknown} (module.name), which no allowlist knows, and the "
        "resume loads this file with {loader}: loading it would import and call these names, running whatever "

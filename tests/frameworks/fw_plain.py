@@ -9,7 +9,11 @@
     ``ckpt_000010.pt``; AdamW with nanoGPT's two param groups, gradient accumulation 4;
 (c) a per-epoch cadence: CosineAnnealingLR stepped once per epoch, 10 optimizer
     steps per epoch, ``{'model', 'optimizer', 'scheduler', 'step', 'epoch'}`` saved
-    every 10 steps (inside the epoch, before the epoch's scheduler step).
+    every 10 steps (inside the epoch, before the epoch's scheduler step);
+(d) a loop that pickles the whole model, as ultralytics does and as ``torch.save(model)`` loops do:
+    ``{'epoch', 'step', 'model': model, 'optimizer': optimizer.state_dict()}`` every 10 steps, resumed
+    with ``torch.load(path, weights_only=False)`` (the model's class, :class:`WholeNet`, is importable
+    from this module).
 """
 
 from __future__ import annotations
@@ -353,10 +357,96 @@ def epoch_cadence_clean(dest: Path) -> dict:
                    U.clean_expect(names[-1]))
 
 
+# ---- (d) whole modules pickled
+def _whole_net():
+    import torch
+
+    class WholeNet(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+            self.norm = torch.nn.LayerNorm(2)
+
+        def forward(self, x):
+            return self.norm(self.body(x))
+
+    WholeNet.__module__, WholeNet.__qualname__ = __name__, "WholeNet"  # importable: pickle finds it by name
+    globals()["WholeNet"] = WholeNet
+    return WholeNet
+
+
+WHOLE_STEPS, WHOLE_EVERY = 30, 10
+
+
+def train_whole_module(run: str, kill_step: int = 0, kill_log: str | None = None) -> None:
+    import torch
+
+    U.seed_all(0)
+    Path(run).mkdir(parents=True)
+    model = _whole_net()()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    if kill_step:
+        U.kill_in_torch_save(lambda p: p.endswith(f"ckpt_{kill_step:06d}.pt"), 0.5, log=kill_log and Path(kill_log))
+    for step in range(1, WHOLE_STEPS + 1):
+        loss = model(torch.randn(16, 8)).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step % WHOLE_EVERY == 0:
+            torch.save({"epoch": step // WHOLE_EVERY, "step": step, "model": model,
+                        "optimizer": optimizer.state_dict()}, Path(run) / f"ckpt_{step:06d}.pt")
+
+
+def resume_whole_module(path: str, out: str) -> None:
+    """The loop's own resume: ``torch.load(path, weights_only=False)`` with the model's class importable;
+    writes what it got (or the error) to ``out``."""
+    import json
+
+    import torch
+
+    _whole_net()
+    try:
+        ck = torch.load(path, weights_only=False)
+        got = {"ok": True, "step": ck["step"], "n_params": sum(1 for _ in ck["model"].parameters()),
+               "optimizer_entries": len(ck["optimizer"]["state"])}
+    except Exception as e:  # noqa: BLE001 - the resume's failure is the fact recorded
+        got = {"ok": False, "error": f"{type(e).__name__}: {str(e)[:160]}"}
+    Path(out).write_text(json.dumps(got))
+
+
+def whole_module_killed(dest: Path) -> dict:
+    import json
+
+    run, log = dest / "run", dest / "kill.json"
+    U.run_child(f"{__name__}:train_whole_module", {"run": str(run), "kill_step": WHOLE_STEPS,
+                                                   "kill_log": str(log)}, expect_kill=True)
+    k = json.loads(log.read_text())
+    got = {}
+    for step in (WHOLE_STEPS - WHOLE_EVERY, WHOLE_STEPS):
+        out = dest / f"resume-{step}.json"
+        U.run_child(f"{__name__}:resume_whole_module", {"path": str(run / f"ckpt_{step:06d}.pt"), "out": str(out)})
+        got[step] = json.loads(out.read_text())
+    prev, newest = got[WHOLE_STEPS - WHOLE_EVERY], got[WHOLE_STEPS]
+    if not prev["ok"] or newest["ok"]:
+        raise RuntimeError(f"the loop's own resume did not behave as the fixture claims: {got}")
+    return U.truth("plain_whole_module_killed", "torch", "plain-torch",
+                   f"a loop saving {{epoch, step, model: <the nn.Module itself>, optimizer}} every {WHOLE_EVERY} "
+                   f"steps, SIGKILLed in the save of step {WHOLE_STEPS} at byte {k['killed_at_byte']} of "
+                   f"{k['full_bytes']}. The loop's own resume, torch.load(weights_only=False) with the class "
+                   f"importable, probed at generation: ckpt_{WHOLE_STEPS - WHOLE_EVERY:06d}.pt loads (step "
+                   f"{prev['step']}, {prev['n_params']} parameters, {prev['optimizer_entries']} AdamW entries); "
+                   f"ckpt_{WHOLE_STEPS:06d}.pt fails ({newest['error'][:80]}).",
+                   {"recommendation": "resume", "rollback": f"ckpt_{WHOLE_STEPS - WHOLE_EVERY:06d}.pt", "clean": False,
+                    "damaged": {f"ckpt_{WHOLE_STEPS:06d}.pt": {"layer": "file", "usable_for": "none"}},
+                    # true, not false alarms: the loop's own resume imports WholeNet's module and runs its code
+                    "security_true": ["unknown_pickle_global"]})
+
+
 FIXTURES = {
     "plain_tutorial_clean": tutorial_clean,
     "plain_tutorial_truncated": tutorial_truncated,
     "plain_nanogpt_clean": nanogpt_clean,
     "plain_nanogpt_step_reset": nanogpt_step_reset,
     "plain_epoch_cadence_clean": epoch_cadence_clean,
+    "plain_whole_module_killed": whole_module_killed,
 }
