@@ -164,7 +164,6 @@ MODULE_STATE: Dict[str, str] = {
     "ckptaudit.fs.counters._bytes": "process state: bytes read, per purpose",
     "ckptaudit.fs.counters._gets": "process state: GETs issued, per purpose",
     "ckptaudit.fs.counters._rounds": "process state: round trips, per purpose",
-    "ckptaudit.fs.remote._fs_cache": "cache: one fsspec filesystem per protocol",
     "ckptaudit.fs.remote._snapshots": "cache: object listings per prefix",
     "ckptaudit.load_server._STARTED": "process state: the load server this process started",
     "ckptaudit.outlock._HELD": "process state: output-folder locks held",

@@ -1,7 +1,7 @@
 """Remote run folders: the fsspec filesystem, the listing snapshots and :class:`RPath` (``s3://bucket/key``).
 
-The configured filesystem (:data:`_fs_cache`, per endpoint/profile) and the listing snapshots
-(:data:`_snapshots`, per listed root) live here and nowhere else.  The first look at a remote run
+The configured filesystem (fsspec's own instance cache, one per protocol and options, cleared by fsspec in
+a forked child) and the listing snapshots (:data:`_snapshots`, per listed root) live here and nowhere else.  The first look at a remote run
 lists every object under the prefix once (``ListObjectsV2``: key, size in bytes, ETag,
 LastModified) and answers ``exists``/``stat``/``iterdir`` from that snapshot; folders are the keys'
 common prefixes.  :func:`refresh` re-lists.  :func:`open_object` opens one object for ranged,
@@ -23,7 +23,6 @@ RANGE_BLOCK_BYTES = 16 << 10  # readahead of one ranged GET in the file layer (b
 STREAM_BLOCK_BYTES = 8 << 20  # ranged GET size while hashing/downloading a whole object (bytes)
 _ENV = {"endpoint_url": "CKPTAUDIT_S3_ENDPOINT_URL", "profile": "CKPTAUDIT_S3_PROFILE", "anon": "CKPTAUDIT_S3_ANON"}
 
-_fs_cache: Dict[Tuple, object] = {}
 _snapshots: Dict[str, "Snapshot"] = {}
 
 
@@ -40,7 +39,6 @@ def configure(s3cfg: Optional[dict]) -> None:
             os.environ.pop(var, None)
         else:
             os.environ[var] = "1" if v is True else str(v)
-    _fs_cache.clear()
 
 
 def is_remote(path) -> bool:
@@ -60,28 +58,24 @@ def as_rpath(p) -> "RPath":
 
 
 def filesystem(protocol: str = "s3"):
-    """The fsspec filesystem for ``protocol`` (cached per endpoint/profile)."""
+    """The fsspec filesystem for ``protocol`` with the configured endpoint, profile and anonymity: fsspec
+    keeps one instance per protocol and options (its ``_Cached`` metaclass; a child process gets new ones)."""
     import fsspec
 
     endpoint = (os.environ.get(_ENV["endpoint_url"]) or os.environ.get("AWS_ENDPOINT_URL_S3")
                 or os.environ.get("AWS_ENDPOINT_URL") or "")
     profile = os.environ.get(_ENV["profile"], "")
     anon = os.environ.get(_ENV["anon"], "") == "1"
-    key = (protocol, endpoint, profile, anon)
-    fs = _fs_cache.get(key)
-    if fs is None:
-        opts: dict = {}
-        if protocol in ("s3", "s3a"):
-            opts = {"default_block_size": RANGE_BLOCK_BYTES, "skip_instance_cache": True}
-            if endpoint:
-                opts["endpoint_url"] = endpoint
-            if profile:
-                opts["profile"] = profile
-            if anon:
-                opts["anon"] = True
-        fs = fsspec.filesystem(protocol, **opts)
-        _fs_cache[key] = fs
-    return fs
+    opts: dict = {}
+    if protocol in ("s3", "s3a"):
+        opts = {"default_block_size": RANGE_BLOCK_BYTES}
+        if endpoint:
+            opts["endpoint_url"] = endpoint
+        if profile:
+            opts["profile"] = profile
+        if anon:
+            opts["anon"] = True
+    return fsspec.filesystem(protocol, **opts)
 
 
 # ------------------------------------------------------------- listing
