@@ -2,7 +2,8 @@
 
 The format is the publish protocol's (docs/publish-protocol.md, written by :mod:`ckptaudit.publish.manifest`):
 a JSON object whose ``schema`` starts with ``ckptaudit.manifest/`` and whose ``files`` list holds one entry per
-file (``path`` relative to the manifest's folder, ``size_bytes``, ``sha256_hex``, ``chunk_blake3_hex`` or ``chunk_sha256_hex`` …).
+file (``path`` relative to the manifest's folder, ``size_bytes``, ``sha256_hex``, ``chunk_blake3_hex`` or
+``chunk_sha256_hex`` …).
 Read by the hash stage (:func:`ckptaudit.hashing.hash_unit`) and the published-folder layout
 (:mod:`ckptaudit.layouts.published`); it imports neither, so both may.
 """
