@@ -42,8 +42,10 @@ class _Tokens:
 
 def train(run: str, n_head: int = 2, learning_rate: float | None = None, save_only_model: bool = False,
           kill_file: str | None = None, kill_step: int = MAX_STEPS, kill_fraction: float = 0.5,
-          kill_log: str | None = None) -> None:
-    """One training run with the Trainer's default save settings (optionally SIGKILLed in a save)."""
+          kill_log: str | None = None, resume_log: str | None = None) -> None:
+    """One training run with the Trainer's default save settings (optionally SIGKILLed in a save).  With
+    ``resume_log``, a restart: ``resume_from_checkpoint=ckptaudit.integrations.hf.last_good(run)``, and the
+    checkpoint and global step it started from written to ``resume_log``."""
     import torch
     import transformers
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments, set_seed
@@ -56,6 +58,20 @@ def train(run: str, n_head: int = 2, learning_rate: float | None = None, save_on
                              per_device_train_batch_size=8, seed=0, save_only_model=save_only_model,
                              disable_tqdm=True, **kw)
     trainer = Trainer(model=model, args=args, train_dataset=_Tokens())
+    resume = None
+    if resume_log:
+        import json
+
+        from ckptaudit.integrations.hf import last_good
+        from transformers import TrainerCallback
+
+        resume = last_good(run)
+
+        class Started(TrainerCallback):
+            def on_train_begin(self, args, state, control, **kw):
+                Path(resume_log).write_text(json.dumps({"from": resume, "global_step": state.global_step}))
+
+        trainer.add_callback(Started())
     if kill_file:
         target = f"checkpoint-{kill_step}/{kill_file}"
         match = lambda p: p.replace(os.sep, "/").endswith(target)  # noqa: E731
@@ -65,7 +81,7 @@ def train(run: str, n_head: int = 2, learning_rate: float | None = None, save_on
             U.kill_in_safetensors_save(mu, match, kill_fraction, log=kill_log and Path(kill_log))
         else:
             U.kill_in_torch_save(match, kill_fraction, log=kill_log and Path(kill_log))
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume)
     assert transformers.__version__
 
 
