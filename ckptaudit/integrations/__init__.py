@@ -6,13 +6,12 @@ give that call the unit the audit names as its rollback point instead, through t
 (:func:`ckptaudit.safe_load_checkpoint` with ``load=False``: every unit's metadata, then the newest candidate
 byte by byte; nothing is unpickled or loaded here), in each framework's own terms:
 
-========================  ==============================================================================
-``hf.last_good``          ``trainer.train(resume_from_checkpoint=hf.last_good(args.output_dir))``
-``lightning.last_good``   ``trainer.fit(model, ckpt_path=lightning.last_good(dirpath))``
-``accelerate.last_good``  ``accelerator.load_state(accelerate.last_good(project_dir))``
-``deepspeed.last_good_tag`` ``engine.load_checkpoint(save_dir, tag=deepspeed.last_good_tag(save_dir))``
-``dcp.last_good``         ``dcp.load(state_dict, checkpoint_id=dcp.last_good(folder))``
-========================  ==============================================================================
+- HF Trainer: ``trainer.train(resume_from_checkpoint=hf.last_good(args.output_dir))``;
+- Lightning: ``trainer.fit(model, ckpt_path=lightning.last_good(dirpath))``;
+- Accelerate: ``accelerate.load_last_good(accelerator)`` (``load_state`` of ``accelerate.last_good``, and the
+  next save's number past every folder there);
+- DeepSpeed: ``engine.load_checkpoint(save_dir, tag=deepspeed.last_good_tag(save_dir))``;
+- DCP: ``dcp.load(state_dict, checkpoint_id=dcp.last_good(folder))``.
 
 Each returns None when the folder holds no checkpoint yet (a first start: the framework starts fresh), and
 raises :class:`ckptaudit.safe_load.NoUsableCheckpointError` when it holds checkpoints but none the framework

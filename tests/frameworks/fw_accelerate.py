@@ -41,7 +41,12 @@ class TrainState:
         self.step, self.epoch, self.best_loss = sd["step"], sd["epoch"], sd["best_loss"]
 
 
-def train(run: str, kill_file: str | None = None, kill_log: str | None = None) -> None:
+def train(run: str, kill_file: str | None = None, kill_log: str | None = None, resume: bool = False,
+          loss_log: str | None = None) -> None:
+    """The run (optionally SIGKILLed inside the last save).  ``resume``: a restart,
+    ``ckptaudit.integrations.accelerate.load_last_good(acc)``, the batches of the epoch already trained
+    skipped.  ``loss_log``: where to write the folder and step it started from and the final
+    loss over the whole data."""
     import torch
     from accelerate import Accelerator
     from accelerate.utils import ProjectConfiguration, set_seed
@@ -62,8 +67,17 @@ def train(run: str, kill_file: str | None = None, kill_log: str | None = None) -
     if kill_file:
         target = f"checkpoint_{N_SAVES - 1}/{kill_file}"
         U.kill_in_torch_save(lambda p: p.endswith(target), 0.5, log=kill_log and Path(kill_log))
+    skip, started, started_step = 0, None, 0
+    if resume:
+        from ckptaudit.integrations.accelerate import load_last_good
+
+        started = load_last_good(acc)
+        started_step = state.step
+        skip = state.step % len(dl)
     while state.step < STEPS:
-        for xb, yb in dl:
+        batches = acc.skip_first_batches(dl, skip) if skip else dl
+        skip = 0
+        for xb, yb in batches:
             loss = torch.nn.functional.binary_cross_entropy_with_logits(model(xb), yb)
             acc.backward(loss)
             opt.step()
@@ -76,6 +90,11 @@ def train(run: str, kill_file: str | None = None, kill_log: str | None = None) -
             if state.step >= STEPS:
                 break
         state.epoch += 1
+    if loss_log:
+        with torch.no_grad():
+            final = float(torch.nn.functional.binary_cross_entropy_with_logits(model(x), y))
+        Path(loss_log).write_text(json.dumps({"from": started, "started_step": started_step, "step": state.step,
+                                              "final_loss": final}))
 
 
 EPOCHS, EPOCH_STEPS = 3, 8
