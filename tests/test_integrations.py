@@ -74,3 +74,18 @@ def test_accelerate_restarts_with_last_good_after_a_kill_mid_save(tmp_path):
     assert (r["from"], r["started_step"], r["step"]) == (str(want), 55, 60)
     # the restart reshuffles the rest of its epoch (a new permutation from the restored RNG): close, not equal
     assert abs(r["final_loss"] - c["final_loss"]) <= 0.02 * c["final_loss"], (r, c)
+
+
+@pytest.mark.slow
+def test_lightning_resumes_with_last_good_where_ckpt_path_last_fails(tmp_path):
+    """Lightning's default ModelCheckpoint(save_last=True) with last.ckpt cut short: ckpt_path="last" fails,
+    ckpt_path=lightning.last_good(dirpath) resumes from the newest periodic checkpoint at its step."""
+    pytest.importorskip("lightning")
+    from tests.frameworks import fw_lightning as L
+
+    truth = L.make_default_last_truncated(tmp_path)
+    assert truth["details"]["resume_ckpt_path_last"]["ok"] is False
+    got = L._probe_last(tmp_path, tmp_path / "run", "last_good_probe", last_good=True)
+    want = truth["expect"]["rollback"]
+    assert got["ok"] is True and got["ckpt_path"] == want and got["resumed_from"] == want, got
+    assert got["started_step"] == L._step_of(want) and got["global_step"] == 40

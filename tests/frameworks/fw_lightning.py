@@ -208,8 +208,10 @@ def _train(run: str, making: str, lr: float = 1e-2, optimizer: str = "adamw", ga
     trainer.fit(model, data)
 
 
-def _resume_last(run: str, out: str, default: bool = False, link: bool = False) -> None:
-    """What ``trainer.fit(model, ckpt_path="last")`` does on this run folder (written to ``out``)."""
+def _resume_last(run: str, out: str, default: bool = False, link: bool = False, last_good: bool = False) -> None:
+    """What ``trainer.fit(model, ckpt_path="last")`` does on this run folder (written to ``out``); with
+    ``last_good``, ``ckpt_path=ckptaudit.integrations.lightning.last_good(run/checkpoints)`` instead, and the
+    global step it started from."""
     import warnings
 
     import lightning as L
@@ -222,8 +224,18 @@ def _resume_last(run: str, out: str, default: bool = False, link: bool = False) 
                         callbacks=_default_callbacks(Path(run), link) if default else
                         _callbacks(Path(run), Path(out + ".making")))
     res = {"ckpt_path": "last"}
+    if last_good:
+        from ckptaudit.integrations.lightning import last_good as pick
+
+        res["ckpt_path"] = pick(Path(run) / CKPT)
+
+        class Started(L.Callback):
+            def on_train_start(self, trainer, pl_module):
+                res["started_step"] = trainer.global_step
+
+        trainer.callbacks.append(Started())
     try:
-        trainer.fit(model, data, ckpt_path="last")
+        trainer.fit(model, data, ckpt_path=res["ckpt_path"])
         res.update(ok=True, resumed_from=str(trainer.ckpt_path), global_step=trainer.global_step)
     except BaseException as e:  # noqa: BLE001 - the point is to record it
         import traceback
@@ -342,8 +354,9 @@ def make_truncated_last(dest: Path) -> dict:
                   equivalent=set(eq))
 
 
-def _probe_last(dest: Path, run: Path, name: str, prepare=None, link: bool = False) -> dict:
-    """What ``trainer.fit(model, ckpt_path="last")`` does on a copy of ``run`` (``prepare(copy)`` first)."""
+def _probe_last(dest: Path, run: Path, name: str, prepare=None, link: bool = False, last_good: bool = False) -> dict:
+    """What ``trainer.fit(model, ckpt_path="last")`` (or, with ``last_good``, ``ckpt_path=last_good(...)``) does on
+    a copy of ``run`` (``prepare(copy)`` first)."""
     from . import _dist
 
     probe_run = dest / name / "run"
@@ -352,12 +365,14 @@ def _probe_last(dest: Path, run: Path, name: str, prepare=None, link: bool = Fal
         prepare(probe_run)
     out = dest / name / "resume_last.json"
     codes = _dist.launch("tests.frameworks.fw_lightning", "_resume_last", 1,
-                         {"run": str(probe_run), "out": str(out), "default": True, "link": link},
+                         {"run": str(probe_run), "out": str(out), "default": True, "link": link,
+                          "last_good": last_good},
                          dest / name / "logs")
     _dist.check_codes(codes, dest / name / "logs")
     res = json.loads(out.read_text())
-    if res.get("resumed_from"):
-        res["resumed_from"] = os.path.relpath(res["resumed_from"], probe_run)
+    for key in ("resumed_from", "ckpt_path"):
+        if res.get(key) and os.path.isabs(res[key]):
+            res[key] = os.path.relpath(res[key], probe_run)
     shutil.rmtree(probe_run)
     return res
 
