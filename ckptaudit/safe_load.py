@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from . import fs, producers
+from . import fs, producers, whole_modules
 from .reader_load import load_file
 from .terminal_text import shown, shown_lines
 
@@ -238,6 +238,12 @@ def safe_load_checkpoint(ckpt_dir: str | Path, *, map_location: Any = "cpu",
         reasons[ud["unit"]] = (f"layout {ud['layout']} is resharded by its own framework; call "
                                "safe_load_checkpoint(..., load=False) to get the verified unit and load it with "
                                "that framework")
+        raise NoUsableCheckpointError(str(ckpt_dir), reasons)
+    if load and whole_modules.in_verdict(v, ud["unit"]):  # weights_only=True refuses it by design
+        reasons[ud["unit"]] = ("it pickles whole modules (whole_module_pickle), which torch.load(weights_only=True) "
+                               "refuses; call safe_load_checkpoint(..., load=False) to get the verified unit and load "
+                               "it with torch.load(ckpt.path, weights_only=False) where it and its classes' code are "
+                               "trusted")
         raise NoUsableCheckpointError(str(ckpt_dir), reasons)
     path = root / (ud["files"][0] if ud["kind"] == "file" else ud["unit"])
     state, not_loaded = None, {}

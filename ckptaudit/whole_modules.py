@@ -56,3 +56,10 @@ def refusal(path: str, classes: List[str], error_message: str):
         return None
     shown = ", ".join(classes[:6]) + (f" and {len(classes) - 6} more" if len(classes) > 6 else "")
     return F.make("whole_module_pickle", path=path, classes=shown, n_classes=len(classes), top=classes[0])
+
+
+def in_verdict(verdict: dict, unit: str) -> bool:
+    """Whether ``unit`` of ``verdict`` holds a file that pickles whole modules (a ``whole_module_pickle``
+    finding): the reader cannot load it with ``weights_only=True``, and says so instead of failing."""
+    return any(f.get("kind") == "whole_module_pickle" for u in verdict.get("units") or [] if u.get("unit") == unit
+               for f in u.get("findings") or [])

@@ -31,6 +31,16 @@ def test_a_whole_module_loop_is_resumable_and_its_repair_gives_a_state_dict(tmp_
     wm = f["whole_module_pickle"]
     assert wm["severity"] == "info" and wm["layer"] == "security" and wm["detail"]["n_classes"] == 5
     assert wm["detail"]["top"] == "tests.frameworks.fw_plain.WholeNet" and "LayerNorm" in wm["detail"]["classes"]
+    # the reader returns the verified unit without loading it, and says why it does not load it
+    from ckptaudit import safe_load_checkpoint
+    from ckptaudit.safe_load import NoUsableCheckpointError
+
+    assert safe_load_checkpoint(run, load=False).unit == "ckpt_000030.pt"
+    try:
+        safe_load_checkpoint(run)
+        raise AssertionError("the reader loaded a whole-module pickle")
+    except NoUsableCheckpointError as e:
+        assert "weights_only=False" in e.reasons["ckpt_000030.pt"]
     # the printed repair, run as printed where the model's class is importable (the user's training code)
     prelude = "import tests.frameworks.fw_plain as m; m._whole_net()\n"
     r = subprocess.run([sys.executable, "-c", prelude + wm["repair"]], cwd=str(run), capture_output=True, text=True,
