@@ -1,10 +1,14 @@
 """One line to resume safely (ckptaudit.integrations): a real framework run SIGKILLed mid-save, restarted with
 the one line, resumes from the unit the audit names, at its step, and ends where an uninterrupted run ends.
+
+The killed and the uninterrupted runs are the framework fixtures' (tests/frameworks, generated once per
+pytest run into the fixture cache); each test copies the killed run and restarts it with the real framework.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -12,6 +16,8 @@ import pytest
 from ckptaudit.integrations import NoUsableCheckpointError, last_good_unit
 from ckptaudit.pipeline import audit_in_process
 from tests.frameworks import _util as U
+
+from .test_frameworks import fixture_cache  # noqa: F401 - the session fixture that generates the runs
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -30,62 +36,62 @@ def test_last_good_is_none_for_a_first_start_and_raises_when_nothing_resumes(tmp
     assert "warm start" in str(ei.value)
 
 
+def _copy(fixture_cache, name: str, dest: Path) -> Path:  # noqa: F811
+    run = dest / name
+    shutil.copytree(fixture_cache / name / "run", run, symlinks=True)
+    return run
+
+
 @pytest.mark.slow
-def test_hf_trainer_restarts_with_last_good_after_a_kill_mid_save(tmp_path):
-    pytest.importorskip("transformers")
+def test_hf_trainer_restarts_with_last_good_after_a_kill_mid_save(fixture_cache, tmp_path):  # noqa: F811
     from safetensors.torch import load_file
 
     from ckptaudit.integrations.hf import last_good
 
-    killed, clean = tmp_path / "killed", tmp_path / "clean"
-    U.run_child("tests.frameworks.fw_hf_trainer:train", {"run": str(killed), "kill_file": "optimizer.pt",
-                                                          "kill_log": str(tmp_path / "kill.json")},
-                expect_kill=True, cwd=str(REPO))
-    v = audit_in_process(killed)
-    assert v["rollback"]["unit"] == "checkpoint-20" and last_good(killed) == str(killed / "checkpoint-20")
+    killed = _copy(fixture_cache, "hf_trainer_kill_in_optimizer_save", tmp_path)  # SIGKILL in step 30's save
+    assert audit_in_process(killed)["rollback"]["unit"] == "checkpoint-20"
+    assert last_good(killed) == str(killed / "checkpoint-20")
     log = tmp_path / "resumed.json"
     U.run_child("tests.frameworks.fw_hf_trainer:train", {"run": str(killed), "resume_log": str(log)}, cwd=str(REPO))
     assert json.loads(log.read_text()) == {"from": str(killed / "checkpoint-20"), "global_step": 20}
-    U.run_child("tests.frameworks.fw_hf_trainer:train", {"run": str(clean)}, cwd=str(REPO))
-    a, b = load_file(str(killed / "checkpoint-30" / "model.safetensors")), load_file(str(clean / "checkpoint-30" /
-                                                                                          "model.safetensors"))
+    a = load_file(str(killed / "checkpoint-30" / "model.safetensors"))
+    b = load_file(str(fixture_cache / "hf_trainer_clean" / "run" / "checkpoint-30" / "model.safetensors"))
     assert sorted(a) == sorted(b)
     worst = max(float((a[k] - b[k]).abs().max()) for k in a)
     assert worst <= 1e-5, f"the resumed run's step-30 weights differ from an uninterrupted run's by {worst}"
 
 
 @pytest.mark.slow
-def test_accelerate_restarts_with_last_good_after_a_kill_mid_save(tmp_path):
-    pytest.importorskip("accelerate")
+def test_accelerate_restarts_with_last_good_after_a_kill_mid_save(fixture_cache, tmp_path):  # noqa: F811
     from ckptaudit.integrations.accelerate import last_good
+    from tests.frameworks.fw_accelerate import final_loss_of
 
-    killed, clean = tmp_path / "killed", tmp_path / "clean"
-    U.run_child("tests.frameworks.fw_accelerate:train", {"run": str(killed), "kill_file": "optimizer.bin",
-                                                          "kill_log": str(tmp_path / "kill.json")},
-                expect_kill=True, cwd=str(REPO))
+    killed = _copy(fixture_cache, "accelerate_kill_in_save_state", tmp_path)  # SIGKILL in the 12th save_state
     want = killed / "checkpoints" / "checkpoint_10"
     assert audit_in_process(killed)["rollback"]["unit"] == "checkpoints/checkpoint_10"
     assert last_good(killed) == str(want)
     U.run_child("tests.frameworks.fw_accelerate:train", {"run": str(killed), "resume": True,
                                                           "loss_log": str(tmp_path / "resumed.json")}, cwd=str(REPO))
-    U.run_child("tests.frameworks.fw_accelerate:train", {"run": str(clean), "loss_log": str(tmp_path / "clean.json")},
-                cwd=str(REPO))
-    r, c = (json.loads((tmp_path / n).read_text()) for n in ("resumed.json", "clean.json"))
+    r = json.loads((tmp_path / "resumed.json").read_text())
     assert (r["from"], r["started_step"], r["step"]) == (str(want), 55, 60)
+    assert (killed / "checkpoints" / "checkpoint_11").is_dir()  # the damaged save is kept; the new one is 12
+    resumed = final_loss_of(str(killed / "checkpoints" / "checkpoint_12" / "model.safetensors"))
+    clean = final_loss_of(str(fixture_cache / "accelerate_clean" / "run" / "checkpoints" / "checkpoint_11" /
+                              "model.safetensors"))
     # the restart reshuffles the rest of its epoch (a new permutation from the restored RNG): close, not equal
-    assert abs(r["final_loss"] - c["final_loss"]) <= 0.02 * c["final_loss"], (r, c)
+    assert abs(resumed - clean) <= 0.02 * clean, (resumed, clean)
 
 
 @pytest.mark.slow
-def test_lightning_resumes_with_last_good_where_ckpt_path_last_fails(tmp_path):
+def test_lightning_resumes_with_last_good_where_ckpt_path_last_fails(fixture_cache, tmp_path):  # noqa: F811
     """Lightning's default ModelCheckpoint(save_last=True) with last.ckpt cut short: ckpt_path="last" fails,
     ckpt_path=lightning.last_good(dirpath) resumes from the newest periodic checkpoint at its step."""
-    pytest.importorskip("lightning")
     from tests.frameworks import fw_lightning as L
 
-    truth = L.make_default_last_truncated(tmp_path)
+    name = "lightning_default_last_truncated"
+    truth = json.loads((fixture_cache / name / "truth.json").read_text())
     assert truth["details"]["resume_ckpt_path_last"]["ok"] is False
-    got = L._probe_last(tmp_path, tmp_path / "run", "last_good_probe", last_good=True)
+    got = L._probe_last(tmp_path, fixture_cache / name / "run", "last_good_probe", last_good=True)
     want = truth["expect"]["rollback"]
     assert got["ok"] is True and got["ckpt_path"] == want and got["resumed_from"] == want, got
     assert got["started_step"] == L._step_of(want) and got["global_step"] == 40

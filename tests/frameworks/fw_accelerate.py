@@ -137,6 +137,21 @@ def epoch_saves(dest: Path) -> dict:
                   U.clean_expect(newest))
 
 
+def final_loss_of(weights: str) -> float:
+    """The loss over the whole training data of the model saved in ``weights`` (a ``model.safetensors`` of
+    :func:`train`), for comparing the ends of two runs."""
+    import torch
+    from safetensors.torch import load_file
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    model.load_state_dict(load_file(weights))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(320, 16, generator=g)
+    y = (x[:, :4] > 0).float()
+    with torch.no_grad():
+        return float(torch.nn.functional.binary_cross_entropy_with_logits(model(x), y))
+
+
 def load_probe(run: str, unit: str, out: str) -> None:
     """``Accelerator.load_state(run/unit)`` with the training's objects prepared and its TrainState registered,
     as the resuming job does; writes ``{"ok", "error", "step"}`` to ``out``."""
