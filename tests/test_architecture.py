@@ -164,7 +164,8 @@ MODULE_STATE: Dict[str, str] = {
     "ckptaudit.fs.counters._bytes": "process state: bytes read, per purpose",
     "ckptaudit.fs.counters._gets": "process state: GETs issued, per purpose",
     "ckptaudit.fs.counters._rounds": "process state: round trips, per purpose",
-    "ckptaudit.fs.remote._snapshots": "cache: object listings per prefix",
+    "ckptaudit.fs.remote._snapshots": "process state: the listing of each remote run this process audits, taken "
+                                      "once so every stage sees the run at one moment (refresh() re-lists)",
     "ckptaudit.load_server._STARTED": "process state: the load server this process started",
     "ckptaudit.outlock._HELD": "process state: output-folder locks held",
     "ckptaudit.publish.background._IN_FLIGHT": "process state: background saves not yet committed",

@@ -1,11 +1,11 @@
 """Remote run folders: the fsspec filesystem, the listing snapshots and :class:`RPath` (``s3://bucket/key``).
 
 The configured filesystem (fsspec's own instance cache, one per protocol and options, cleared by fsspec in
-a forked child) and the listing snapshots (:data:`_snapshots`, per listed root) live here and nowhere else.  The first look at a remote run
-lists every object under the prefix once (``ListObjectsV2``: key, size in bytes, ETag,
-LastModified) and answers ``exists``/``stat``/``iterdir`` from that snapshot; folders are the keys'
-common prefixes.  :func:`refresh` re-lists.  :func:`open_object` opens one object for ranged,
-counted reads (:mod:`ckptaudit.fs.counters`).
+a forked child) and the listing snapshots (:data:`_snapshots`, per listed root) live here and nowhere else.
+The first look at a remote run lists every object under the prefix once (``ListObjectsV2``: key, size in
+bytes, ETag, LastModified) and answers ``exists``/``stat``/``iterdir`` from that snapshot, so every stage of
+a process sees the run as it was at one moment; folders are the keys' common prefixes.  :func:`refresh`
+re-lists.  :func:`open_object` opens one object for ranged, counted reads (:mod:`ckptaudit.fs.counters`).
 """
 
 from __future__ import annotations
