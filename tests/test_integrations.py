@@ -95,3 +95,20 @@ def test_lightning_resumes_with_last_good_where_ckpt_path_last_fails(fixture_cac
     want = truth["expect"]["rollback"]
     assert got["ok"] is True and got["ckpt_path"] == want and got["resumed_from"] == want, got
     assert got["started_step"] == L._step_of(want) and got["global_step"] == 40
+
+
+@pytest.mark.slow
+def test_dcp_restarts_with_last_good_when_the_newest_misses_a_rank_file(fixture_cache, tmp_path):  # noqa: F811
+    """FSDP2 + DCP on 2 gloo ranks, the newest save missing rank 1's file: dcp.load of it fails (no fallback in
+    DCP); the restart with checkpoint_id=dcp.last_good(run) loads step-20 and ends at step 30 with the loss an
+    uninterrupted run had there."""
+    from tests.frameworks import fw_fsdp_dcp as D
+
+    run = _copy(fixture_cache, "fsdp2_dcp_missing_rank1_shard", tmp_path)
+    log = tmp_path / "resumed.json"
+    D._run(tmp_path / "restart", run=run, resume_log=str(log))
+    r = json.loads(log.read_text())
+    assert (r["from"], r["started_step"], r["step"]) == (str(run / "checkpoint" / "step-20"), 20, 30)
+    clean = json.loads((fixture_cache / "fsdp2_dcp_clean" / "truth.json").read_text())["details"]["saves"]
+    want = next(s["loss"] for s in clean if s["step"] == 30)
+    assert abs(r["final_loss"] - want) <= 1e-6 * max(1.0, abs(want)), (r, want)

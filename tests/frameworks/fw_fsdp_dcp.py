@@ -55,33 +55,37 @@ def _states(model, opt, sched, loader_state: dict, train_state: dict, rank: int)
                                                          get_optimizer_state_dict)
     from torch.distributed.checkpoint.stateful import Stateful
 
-    class ModelWrapper(Stateful):
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
+
+    options = StateDictOptions(flatten_optimizer_state_dict=True)
+
+    class ModelWrapper(Stateful):  # torchtitan's loads: the inverse of each state_dict (the restart test's)
         def state_dict(self):
             return get_model_state_dict(model)
 
-        def load_state_dict(self, sd):  # pragma: no cover - not resumed here
-            raise NotImplementedError
+        def load_state_dict(self, sd):
+            set_model_state_dict(model, sd)
 
     class OptimizersContainer(Stateful):
         def state_dict(self):
-            return get_optimizer_state_dict(model, opt, options=StateDictOptions(flatten_optimizer_state_dict=True))
+            return get_optimizer_state_dict(model, opt, options=options)
 
-        def load_state_dict(self, sd):  # pragma: no cover
-            raise NotImplementedError
+        def load_state_dict(self, sd):
+            set_optimizer_state_dict(model, opt, sd, options=options)
 
     class LRSchedulersContainer(Stateful):
         def state_dict(self):
             return sched.state_dict()
 
-        def load_state_dict(self, sd):  # pragma: no cover
-            raise NotImplementedError
+        def load_state_dict(self, sd):
+            sched.load_state_dict(sd)
 
     class ParallelAwareDataloader(Stateful):
         def state_dict(self):
             return {f"dp_rank_{rank}": pickle.dumps(dict(loader_state)), "world_size": WORLD}
 
-        def load_state_dict(self, sd):  # pragma: no cover
-            raise NotImplementedError
+        def load_state_dict(self, sd):
+            loader_state.update(pickle.loads(sd[f"dp_rank_{rank}"]))  # the test's own run: trusted
 
     class TrainState(Stateful):
         def state_dict(self):
@@ -92,8 +96,11 @@ def _states(model, opt, sched, loader_state: dict, train_state: dict, rank: int)
                 out[k] = b
             return out
 
-        def load_state_dict(self, sd):  # pragma: no cover
-            raise NotImplementedError
+        def load_state_dict(self, sd):
+            train_state["step"] = int(sd["step"])
+            for k in ("global_avg_losses", "global_max_losses", "log_steps"):
+                sd[k].seek(0)
+                train_state[k] = torch.load(sd[k], weights_only=True)
 
     return {"train_state": TrainState(), "model": ModelWrapper(), "optimizer": OptimizersContainer(),
             "dataloader": ParallelAwareDataloader(), "lr_scheduler": LRSchedulersContainer()}
@@ -139,7 +146,10 @@ def _install_kill(kill: dict, rank: int) -> None:
     filesystem.FileSystem.create_stream = create_stream
 
 
-def _train(run: str, making: str, kill: dict | None = None) -> None:
+def _train(run: str, making: str, kill: dict | None = None, resume_log: str | None = None) -> None:
+    """The job (optionally SIGKILLed in a save).  ``resume_log``: a restart, ``dcp.load(states,
+    checkpoint_id=ckptaudit.integrations.dcp.last_good(run))`` (rank 0 picks, the ranks share its pick), the
+    batches of the epoch already trained skipped; rank 0 writes where it started and the step-30 loss there."""
     import functools
     import warnings
 
@@ -178,10 +188,21 @@ def _train(run: str, making: str, kill: dict | None = None) -> None:
     states = _states(model, opt, sched, loader_state, train_state, rank)
     ckpt = Path(run) / "checkpoint"
 
-    step = 0
+    step, skip, started = 0, 0, None
+    if resume_log:
+        from ckptaudit.integrations.dcp import last_good
+
+        picked = [last_good(run) if rank == 0 else None]
+        dist.broadcast_object_list(picked, src=0)
+        started = picked[0]
+        dcp.load(states, checkpoint_id=started)
+        step, skip = train_state["step"], loader_state["batches_yielded"]
+        started_step = step
     while step < STEPS:
         sampler.set_epoch(loader_state["epoch"])
         for i, (xb, yb) in enumerate(loader):
+            if i < skip:
+                continue
             step += 1
             loss = nn.functional.mse_loss(model(xb), yb)
             loss.backward()
@@ -208,21 +229,25 @@ def _train(run: str, making: str, kill: dict | None = None) -> None:
         else:
             loader_state["epoch"] += 1
             loader_state["batches_yielded"] = 0
+        skip = 0
+    if resume_log and rank == 0:
+        Path(resume_log).write_text(json.dumps({"from": started, "started_step": started_step,
+                                                "final_loss": train_state["global_avg_losses"][-1], "step": step}))
     dist.barrier()
     dist.destroy_process_group()
 
 
 # --------------------------------------------------------------------------- parent side
 
-def _run(dest: Path, kill: dict | None = None) -> tuple:
+def _run(dest: Path, kill: dict | None = None, run: Path | None = None, resume_log: str | None = None) -> tuple:
     from . import _dist
 
-    run = dest / "run"
+    run = run or dest / "run"
     run.mkdir(parents=True, exist_ok=True)
     making = dest / "making.jsonl"
     logs = dest / "logs"
     codes = _dist.launch("tests.frameworks.fw_fsdp_dcp", "_train", WORLD,
-                         {"run": str(run), "making": str(making), "kill": kill}, logs)
+                         {"run": str(run), "making": str(making), "kill": kill, "resume_log": resume_log}, logs)
     _dist.check_codes(codes, logs, expect_killed=kill["rank"] if kill else None)
     saves = [json.loads(l) for l in making.read_text().splitlines()] if making.exists() else []
     return run, saves, codes
