@@ -134,6 +134,8 @@ class HashingWriter:
         n = len(view)
         if n < PARALLEL_BYTES:
             self._write(view)
+            if self._pending and not self._tail and all(f.done() for f in self._pending[-2:]):
+                self._collect()  # each lane is FIFO: its last task done means it is idle, so hash inline again
             if self._pending:  # keep file order: after what the threads still hash
                 self._tail.append(bytes(view))
                 self._tail_bytes += n
