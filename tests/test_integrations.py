@@ -112,3 +112,19 @@ def test_dcp_restarts_with_last_good_when_the_newest_misses_a_rank_file(fixture_
     clean = json.loads((fixture_cache / "fsdp2_dcp_clean" / "truth.json").read_text())["details"]["saves"]
     want = next(s["loss"] for s in clean if s["step"] == 30)
     assert abs(r["final_loss"] - want) <= 1e-6 * max(1.0, abs(want)), (r, want)
+
+
+@pytest.mark.slow
+def test_deepspeed_loads_last_good_tag_where_latest_fails(fixture_cache, tmp_path):  # noqa: F811
+    """ZeRO-2 on 2 gloo ranks, rank 1's optimizer partition of the newest tag deleted: load_checkpoint(run)
+    (the tag `latest` names) raises; tag=deepspeed.last_good_tag(run) resumes global_step20 in full."""
+    from tests.frameworks import fw_deepspeed as D
+
+    run = _copy(fixture_cache, "deepspeed_zero2_missing_optim_partition", tmp_path)
+    assert (run / "latest").read_text().strip() == "global_step30"
+    (tmp_path / "by_latest").mkdir()
+    by_latest, _ = D._probe(tmp_path / "by_latest", run, 2, 2)
+    assert by_latest["mode"] == "resume" and by_latest["ok"] is False and by_latest["errors"], by_latest
+    full, _ = D._probe(tmp_path, run, 2, 2, last_good=True)
+    assert full["mode"] == "resume" and full["ok"] is True and full["errors"] == {}, full
+    assert "/global_step20/" in full["loaded"] and full["global_steps"] == 20, full

@@ -123,18 +123,27 @@ def _train(run: str, stage: int, making: str, kill: dict | None = None) -> None:
     dist.destroy_process_group()
 
 
-def _probe_load(run: str, stage: int, out: str) -> None:
+def _probe_load(run: str, stage: int, out: str, last_good: bool = False) -> None:
     """What ``engine.load_checkpoint(run)`` (the tag ``latest`` names) does for a job of this
     world size: first a full resume, then a warm start (``load_module_only=True``).
-    Each rank writes ``out.rankR``: in ZeRO-1/2 each rank reads only its own partition."""
+    Each rank writes ``out.rankR``: in ZeRO-1/2 each rank reads only its own partition.
+    ``last_good``: the tag is ``ckptaudit.integrations.deepspeed.last_good_tag(run)`` (rank 0 picks, the
+    ranks share its pick) instead of ``latest``."""
     import torch.distributed as dist
 
     engine = _engine(stage)
+    tag = None
+    if last_good:
+        from ckptaudit.integrations.deepspeed import last_good_tag
+
+        picked = [last_good_tag(run) if dist.get_rank() == 0 else None]
+        dist.broadcast_object_list(picked, src=0)
+        tag = picked[0]
     res = []
     for full in (True, False):
         r = {"world_size": dist.get_world_size(), "mode": "resume" if full else "load_module_only"}
         try:
-            path, _ = engine.load_checkpoint(run, load_module_only=not full)
+            path, _ = engine.load_checkpoint(run, tag=tag, load_module_only=not full)
             r.update(ok=path is not None, loaded=str(path), global_steps=engine.global_steps)
         except Exception as e:  # noqa: BLE001 - the point is to record it
             r.update(ok=False, error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
@@ -169,13 +178,14 @@ def _run(dest: Path, stage: int, kill: dict | None = None) -> tuple:
     return run, saves, codes
 
 
-def _probe(dest: Path, run: Path, stage: int, world: int) -> list:
+def _probe(dest: Path, run: Path, stage: int, world: int, last_good: bool = False) -> list:
     from . import _dist
 
     out = dest / f"probe_ws{world}.json"
     logs = dest / f"logs_probe_ws{world}"
     codes = _dist.launch("tests.frameworks.fw_deepspeed", "_probe_load", world,
-                         {"run": str(run), "stage": stage, "out": str(out)}, logs, env=_env())
+                         {"run": str(run), "stage": stage, "out": str(out), "last_good": last_good}, logs,
+                         env=_env())
     _dist.check_codes(codes, logs)
     per_rank = [json.loads(Path(f"{out}.rank{r}").read_text().replace(str(run) + os.sep, "run/"))
                 for r in range(world)]
@@ -184,7 +194,7 @@ def _probe(dest: Path, run: Path, stage: int, world: int) -> list:
     for i, attempt in enumerate(per_rank[0]):
         rows = [pr[i] for pr in per_rank]
         res.append({"world_size": world, "mode": attempt["mode"], "ok": all(r["ok"] for r in rows),
-                    "loaded": rows[0].get("loaded"),
+                    "loaded": rows[0].get("loaded"), "global_steps": rows[0].get("global_steps"),
                     "errors": {str(k): r["error"] for k, r in enumerate(rows) if "error" in r}})
     return res
 
