@@ -16,8 +16,14 @@ from collections import Counter
 from typing import List
 
 from . import findings as F
-from . import producers
-from .producers.paths import base, parent
+from . import producers, resume_hint
+from .producers.paths import base
+
+
+def _resume_call(p, unit: str) -> str:
+    """The producer's own resume call for run-relative ``unit`` (:func:`ckptaudit.resume_hint.call`), or "the
+    resume" for a producer without one."""
+    return resume_hint.call(p.key, "", unit) if p is not None and p.resume_call else "the resume"
 
 
 def _present(c, comp: str) -> bool:
@@ -36,9 +42,7 @@ def broken(name: str, c) -> List[tuple]:
         if not _present(c, rule.component) or not lacking:
             continue
         p = producers.by_key(key)
-        call = "the resume"
-        if p is not None and p.resume_call:
-            call = p.resume_call.format(path=name, dir=parent(name), tag=base(name))
+        call = _resume_call(p, name)
         out.append((F.make("resume_starts_component_fresh", path=name, component=rule.component,
                            needs=" and ".join(lacking), framework=p.name if p else key,
                            source=rule.source, call=call), lacking))
@@ -70,8 +74,7 @@ def count_mismatches(units: List[dict]) -> List[tuple]:
             want = max(max(c for c in tally if tally[c] == common), counts[-1])
             for u, have in zip(us, counts):
                 if have != want:
-                    call = p.resume_call.format(path=u["unit"], dir=parent(u["unit"]), tag=base(u["unit"])) \
-                        if p.resume_call else "the resume"
+                    call = _resume_call(p, u["unit"])
                     out.append((u["unit"], F.make("registered_count_mismatch", path=u["unit"], have=have, want=want,
                                                   pattern=rule.pattern, counted=rule.counted, framework=p.name,
                                                   call=call, source=rule.source)))
