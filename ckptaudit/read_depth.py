@@ -28,13 +28,18 @@ _CHECKED_ONLY: contextvars.ContextVar[bool] = contextvars.ContextVar("ckptaudit_
 
 
 @contextlib.contextmanager
-def metadata_only() -> Iterator[None]:
-    """Within the block, file checks read metadata and skip the streams over tensor data."""
-    token = _METADATA_ONLY.set(True)
+def _on(flag: contextvars.ContextVar) -> Iterator[None]:
+    token = flag.set(True)
     try:
         yield
     finally:
-        _METADATA_ONLY.reset(token)
+        flag.reset(token)
+
+
+def metadata_only():
+    """Within the block (``with metadata_only():``), file checks read metadata and skip the streams over
+    tensor data."""
+    return _on(_METADATA_ONLY)
 
 
 def tensor_bytes() -> bool:
@@ -42,14 +47,10 @@ def tensor_bytes() -> bool:
     return not _METADATA_ONLY.get()
 
 
-@contextlib.contextmanager
-def checked_digests_only() -> Iterator[None]:
-    """Within the block, the hash stage skips the SHA-256 of a file that has no recorded digest."""
-    token = _CHECKED_ONLY.set(True)
-    try:
-        yield
-    finally:
-        _CHECKED_ONLY.reset(token)
+def checked_digests_only():
+    """Within the block (``with checked_digests_only():``), the hash stage skips the SHA-256 of a file that has
+    no recorded digest."""
+    return _on(_CHECKED_ONLY)
 
 
 def unchecked_digests() -> bool:
