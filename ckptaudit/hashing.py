@@ -295,8 +295,9 @@ def _file_row(run_dir: Path, unit: dict, rel: str, ff, me: Optional[dict], sidec
     fl = list(findings_before)
     size = ff.size_bytes
     bad_chunks: List[int] = []
+    algorithm = ""
     if ff.chunk_hex is not None:
-        _, want = entry_chunks(me, size) or ("", [])  # none when the file's size changed since the pass began
+        algorithm, want = entry_chunks(me, size) or ("", [])  # none when the file's size changed since the pass began
         got = ff.chunk_hex
         bad_chunks = [i for i in range(max(len(got), len(want)))
                       if i >= len(got) or i >= len(want) or got[i] != want[i]]
@@ -318,6 +319,7 @@ def _file_row(run_dir: Path, unit: dict, rel: str, ff, me: Optional[dict], sidec
             fl.append(F.make("chunk_checksum_mismatch", path=rel, start=start, last=end - 1, n_bytes=end - start,
                              chunks=", ".join(map(str, idx)), n_chunks=-(-size // me["chunk_bytes"]),
                              chunk_bytes=me["chunk_bytes"], source="manifest",
+                             algorithm={"blake3": "BLAKE3"}.get(algorithm, "SHA-256"),
                              where_text=_where(run_dir, rel, unit["unit"], start, end)))
         if not verified and not bad_chunks:
             fl.append(F.make("checksum_mismatch", path=rel, actual=digest, expected=expected, source=source))

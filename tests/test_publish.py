@@ -263,6 +263,8 @@ def test_chunk_mismatch_names_byte_range_and_tensor(tmp_path, schema):
     assert fd["detail"]["start"] == chunk * 4096 and fd["detail"]["last"] == chunk * 4096 + 4095
     assert fd["detail"]["chunks"] == str(chunk) and fd["severity"] == "error"
     assert "model.b" in fd["message"] and "model.a" not in fd["message"]
+    algorithm = "BLAKE3" if schema.endswith("/2") else "SHA-256"
+    assert f"{algorithm} chunk digest(s) recorded in the manifest" in fd["message"]
     assert not [x for x in json.loads(row["findings_json"]) if x["kind"] == "checksum_mismatch"]
     assert P.verify_unit(tmp_path, units["ckpt_000003.pt"])[0] is False
 

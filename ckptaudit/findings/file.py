@@ -313,7 +313,7 @@ ENTRIES: List[_k] = [
     # ------------------------------------- file (hashing: ckptaudit.publish manifests)
     _k("chunk_checksum_mismatch", "file", "error", "none",
        "{path}: bytes {start} to {last} ({n_bytes} bytes: chunk(s) {chunks} of {n_chunks}, {chunk_bytes} bytes "
-       "each) do not match the SHA-256 recorded in the {source}; {where_text}.",
+       "each) do not match the {algorithm} chunk digest(s) recorded in the {source}; {where_text}.",
        "Do not use it; roll back to the newest checkpoint whose checksums verify. Only that byte range changed: "
        "an intact copy of the file can be compared or repaired over that range alone.",
        stage="hash", detector="ckptaudit.hashing:_file_row"),
