@@ -128,3 +128,55 @@ def test_deepspeed_loads_last_good_tag_where_latest_fails(fixture_cache, tmp_pat
     full, _ = D._probe(tmp_path, run, 2, 2, last_good=True)
     assert full["mode"] == "resume" and full["ok"] is True and full["errors"] == {}, full
     assert "/global_step20/" in full["loaded"] and full["global_steps"] == 20, full
+
+
+def _flip_tensor_byte(path: Path) -> None:
+    """Flip one byte in the middle of a safetensors file's data (past its JSON header): no checksum of the
+    format's own sees it."""
+    import struct
+
+    raw = bytearray(path.read_bytes())
+    header = 8 + struct.unpack("<Q", raw[:8])[0]
+    raw[header + (len(raw) - header) // 2] ^= 0x01
+    path.write_bytes(bytes(raw))
+
+
+@pytest.mark.slow
+def test_hf_seal_callback_seals_every_save_and_a_flipped_bit_is_then_found(tmp_path):
+    """HF Trainer with callbacks=[SealCallback()] and save_total_limit=2: both kept checkpoint folders hold a
+    sidecar per file, COMPLETE and manifest.json, and `latest` names the newest.  A bit flipped inside
+    checkpoint-30's weights is then an error and the rollback point moves to checkpoint-20; without the seal
+    the same flip passes every check (safetensors has no checksum)."""
+    from ckptaudit.integrations.hf import last_good
+
+    run = tmp_path / "run"
+    U.run_child("tests.frameworks.fw_hf_trainer:train", {"run": str(run), "seal": True, "save_total_limit": 2},
+                cwd=str(REPO))
+    assert sorted(p.name for p in run.iterdir() if p.is_dir()) == ["checkpoint-20", "checkpoint-30"]
+    assert (run / "latest").read_text() == "checkpoint-30"
+    for unit in ("checkpoint-20", "checkpoint-30"):
+        folder = run / unit
+        doc = json.loads((folder / "manifest.json").read_text())
+        assert doc["schema"] == "ckptaudit.manifest/2" and doc["step"] == int(unit.split("-")[1])
+        assert doc["sealed_by"] == "ckptaudit.integrations.hf.SealCallback"
+        data = sorted(p.name for p in folder.iterdir() if p.name not in ("manifest.json", "COMPLETE")
+                      and not p.name.endswith(".sha256"))
+        assert sorted(f["path"] for f in doc["files"]) == data and "optimizer.pt" in data
+        assert all((folder / (n + ".sha256")).is_file() for n in data) and (folder / "COMPLETE").is_file()
+    v = audit_in_process(run, out_dir=tmp_path / "a0")
+    assert v["rollback"]["unit"] == "checkpoint-30"
+    assert not [f for u in v["units"] for f in u["findings"] if f["severity"] == "error"]
+
+    unsealed = tmp_path / "unsealed"
+    shutil.copytree(run, unsealed)
+    for p in (unsealed / "checkpoint-30").iterdir():
+        if p.name in ("manifest.json", "COMPLETE") or p.name.endswith(".sha256"):
+            p.unlink()
+    for r in (run, unsealed):
+        _flip_tensor_byte(r / "checkpoint-30" / "model.safetensors")
+    v = audit_in_process(run, out_dir=tmp_path / "a1")
+    newest = next(u for u in v["units"] if u["unit"] == "checkpoint-30")
+    errs = {f["kind"] for f in newest["findings"] if f["severity"] == "error"}
+    assert errs and v["rollback"]["unit"] == "checkpoint-20", (errs, v["rollback"])
+    assert last_good(run) == str(run / "checkpoint-20")
+    assert audit_in_process(unsealed, out_dir=tmp_path / "a2")["rollback"]["unit"] == "checkpoint-30"

@@ -23,12 +23,12 @@ from .names import (COMPLETE_MARKER, DEFAULT_CHUNK_BYTES, LATEST_NAME, MANIFEST_
                     Preempted, PublishError, tmp_name)
 from .preemption import PreemptionGuard
 from .retention import PruneDecision, PrunePlan, Retention, prune, verify_unit
-from .seal import SealOutcome, seal
+from .seal import SealOutcome, seal, seal_folder
 from .unit import Publication, publish, save
 from .writer import HashingWriter
 
 __all__ = ["publish", "save", "Publication", "PendingPublish", "wait_background", "release_staging_memory", "PublishResult", "PublishError", "FileRecord", "HashingWriter",
-           "Retention", "prune", "PrunePlan", "PruneDecision", "verify_unit", "seal", "SealOutcome",
+           "Retention", "prune", "PrunePlan", "PruneDecision", "verify_unit", "seal", "seal_folder", "SealOutcome",
            "PreemptionGuard", "Preempted", "update_latest", "read_latest", "hash_file", "tmp_name",
            "seal_command", "prune_command", "SCHEMA", "MANIFEST_NAME", "COMPLETE_MARKER", "LATEST_NAME",
            "DEFAULT_CHUNK_BYTES", "SIDECAR_SUFFIX", "TMP_PREFIX"]

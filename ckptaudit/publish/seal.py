@@ -15,7 +15,7 @@ from .._version import __version__
 from .clock import Clock
 from .files import durable_write, fsync_dir
 from .manifest import hash_file, manifest_bytes, sidecar_text
-from .names import COMPLETE_MARKER, DEFAULT_CHUNK_BYTES, MANIFEST_NAME, SCHEMA, SIDECAR_SUFFIX
+from .names import COMPLETE_MARKER, DEFAULT_CHUNK_BYTES, MANIFEST_NAME, RESERVED, SCHEMA, SIDECAR_SUFFIX, TMP_PREFIX
 
 
 @dataclass
@@ -72,6 +72,36 @@ def seal(run_dir: str | os.PathLike, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES, 
     return out
 
 
+def seal_folder(run_dir: str | os.PathLike, unit: str, step: Optional[int], *,
+                chunk_bytes: int = DEFAULT_CHUNK_BYTES, sealed_by: str = "ckptaudit.publish.seal_folder") -> List[str]:
+    """Seal one folder unit ``run_dir/unit`` that its writer has just finished, without an audit: a ``.sha256``
+    sidecar for each file that has none, then ``COMPLETE`` and last ``manifest.json`` (the order of
+    :func:`seal`), each written atomically and fsynced.  For a framework's own saves that the caller knows are
+    complete (the HF Trainer's ``on_save``, after ``trainer_state.json``): from then on the audit and the reader
+    check every file's bytes against these digests.  One read of every file of the unit (SHA-256 of the whole
+    file and BLAKE3 of each ``chunk_bytes`` chunk).  Returns what was written, relative to ``run_dir``; ``[]``
+    when the unit already has a manifest.  Raises ``FileNotFoundError`` when the folder is gone (rotated away
+    meanwhile), ``OSError`` for one that cannot be read or written."""
+    root = Path(run_dir)
+    base = root / unit
+    if not base.is_dir():
+        raise FileNotFoundError(f"{base}: no such checkpoint folder")
+    if (base / MANIFEST_NAME).exists():
+        return []
+    files, sidecars = [], []
+    for dirpath, dirnames, names in os.walk(base):
+        dirnames.sort()
+        for n in sorted(names):
+            rel = (Path(dirpath) / n).relative_to(root).as_posix()
+            if n.endswith(SIDECAR_SUFFIX) or n.endswith(".sha256sum"):
+                sidecars.append(rel)
+            elif n not in RESERVED and not n.startswith(TMP_PREFIX) and (Path(dirpath) / n).is_file():
+                files.append(rel)
+    u = {"unit": unit, "kind": "folder", "files": files, "sidecars": sidecars}
+    recs = _records(root, u, base, {}, chunk_bytes)
+    return _write_seal(root, u, step, base, recs, Clock(), sealed_by)
+
+
 def _audit(root: Path, cfg: Optional[dict]) -> Tuple[dict, dict, Dict[str, str]]:
     """(the verdict, the inventory, {file: SHA-256 the audit computed}) of an audit of ``root`` in this process."""
     from .. import tables
@@ -113,7 +143,8 @@ def _records(root: Path, u: dict, base: Path, audited: Dict[str, str], chunk_byt
     return recs
 
 
-def _write_seal(root: Path, u: dict, step, base: Path, recs: list, clock: Clock) -> List[str]:
+def _write_seal(root: Path, u: dict, step, base: Path, recs: list, clock: Clock,
+                sealed_by: str = "ckptaudit seal") -> List[str]:
     """Write the unit's missing sidecars, then its manifest (a folder: ``COMPLETE`` first, ``manifest.json``
     last), each atomically with its directory fsync; returns what was written, run-relative."""
     folder = u["kind"] == "folder"
@@ -128,7 +159,7 @@ def _write_seal(root: Path, u: dict, step, base: Path, recs: list, clock: Clock)
     doc = {"schema": SCHEMA, "unit": u["unit"], "step": step, "files": [asdict(r) for _, r in recs],
            "versions": {"ckptaudit": __version__}, "world_size": None, "config": None, "metrics": None,
            "created_unix": max((os.stat(root / rel).st_mtime for rel, _ in recs), default=None),
-           "sealed_unix": time.time(), "sealed_by": "ckptaudit seal"}
+           "sealed_unix": time.time(), "sealed_by": sealed_by}
     for d in {(root / rel).parent for rel, _ in recs} | {root}:
         fsync_dir(d, clock)
     if u["kind"] == "file":

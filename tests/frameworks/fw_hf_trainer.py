@@ -42,10 +42,12 @@ class _Tokens:
 
 def train(run: str, n_head: int = 2, learning_rate: float | None = None, save_only_model: bool = False,
           kill_file: str | None = None, kill_step: int = MAX_STEPS, kill_fraction: float = 0.5,
-          kill_log: str | None = None, resume_log: str | None = None) -> None:
+          kill_log: str | None = None, resume_log: str | None = None, seal: bool = False,
+          save_total_limit: int | None = None) -> None:
     """One training run with the Trainer's default save settings (optionally SIGKILLed in a save).  With
     ``resume_log``, a restart: ``resume_from_checkpoint=ckptaudit.integrations.hf.last_good(run)``, and the
-    checkpoint and global step it started from written to ``resume_log``."""
+    checkpoint and global step it started from written to ``resume_log``.  ``seal``: with
+    ``callbacks=[ckptaudit.integrations.hf.SealCallback()]``."""
     import torch
     import transformers
     from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments, set_seed
@@ -56,8 +58,13 @@ def train(run: str, n_head: int = 2, learning_rate: float | None = None, save_on
     kw = {"learning_rate": learning_rate} if learning_rate is not None else {}
     args = TrainingArguments(output_dir=run, save_steps=SAVE_STEPS, max_steps=MAX_STEPS, report_to=[],
                              per_device_train_batch_size=8, seed=0, save_only_model=save_only_model,
-                             disable_tqdm=True, **kw)
-    trainer = Trainer(model=model, args=args, train_dataset=_Tokens())
+                             disable_tqdm=True, save_total_limit=save_total_limit, **kw)
+    callbacks = []
+    if seal:
+        from ckptaudit.integrations.hf import SealCallback
+
+        callbacks.append(SealCallback())
+    trainer = Trainer(model=model, args=args, train_dataset=_Tokens(), callbacks=callbacks)
     resume = None
     if resume_log:
         import json
