@@ -620,3 +620,37 @@ def test_sweep_removes_orphan_sidecars_and_manifests_only(tmp_path):
     P.prune(run, keep_last=5, sweep_stale=True)
     assert sorted(set(before) - set(os.listdir(run))) == ["ckpt_000003.pt.manifest.json", "ckpt_000003.pt.sha256"]
     assert _units(run) == ["ckpt_000001.pt", "ckpt_000002.pt"]
+
+
+def test_replace_swaps_a_file_unit_and_its_digests(tmp_path, monkeypatch):
+    """publish(..., replace=True) of a name that exists (Lightning's last.ckpt): the new bytes with their own
+    sidecar and manifest; a crash between the steps leaves the old or the new bytes, never beside the other's
+    digest (the old digests go first, the new ones come after the rename)."""
+    with P.publish(tmp_path, 10, name="last.ckpt") as pub:
+        pub.save(state(10))
+    with pytest.raises(P.PublishError):
+        with P.publish(tmp_path, 20, name="last.ckpt") as pub:
+            pub.save(state(20))
+    with pytest.raises(ValueError, match="file units"):
+        P.publish(tmp_path, 20, name="x", folder=True, replace=True)
+
+    import ckptaudit.publish.commit as C
+
+    seen = []
+    real_rename = C.rename_nfs_safe
+
+    def rename(src, dst):  # what is beside last.ckpt at the moment of the rename
+        seen.append(sorted(p.name for p in tmp_path.iterdir() if not p.name.startswith(".ckptaudit-tmp-")))
+        return real_rename(src, dst)
+
+    monkeypatch.setattr(C, "rename_nfs_safe", rename)
+    with P.publish(tmp_path, 20, name="last.ckpt", replace=True, update_latest=False) as pub:
+        pub.save(state(20))
+    assert seen == [["last.ckpt", "latest"]]  # old digests gone before the new bytes move in
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["iter_num"] == 20
+    digest = hashlib.sha256((tmp_path / "last.ckpt").read_bytes()).hexdigest()
+    assert (tmp_path / "last.ckpt.sha256").read_text().split()[0] == digest
+    doc = json.loads((tmp_path / "last.ckpt.manifest.json").read_text())
+    assert doc["step"] == 20 and doc["files"][0]["sha256_hex"] == digest
+    (row,) = hashing.hash_unit(tmp_path, {u.unit: u.to_dict() for u in inventory.discover(tmp_path)[0]}["last.ckpt"])
+    assert row["verified"] is True

@@ -72,12 +72,20 @@ class Commit:
             problems = self._verify(self.tmp_path, recs)
             if problems:
                 raise PublishError(self.name, {f"verify {i}": p for i, p in enumerate(problems)})
-            if os.path.lexists(self.final):
+            if os.path.lexists(self.final) and not self.replace:
                 raise FileExistsError(f"{self.final}: appeared while publishing; not replacing it")
+            if self.replace and os.path.lexists(self.final):  # never the new bytes beside the old digest
+                unlink_quiet(sidecar)
+                unlink_quiet(manifest)
+                fsync_dir(self.run_dir, self.clock)
+                rename_nfs_safe(self.tmp_path, self.final)
+                committed = True
+                fsync_dir(self.run_dir, self.clock)
             durable_write(sidecar, sidecar_text(recs[0].sha256_hex, self.name).encode(), self.clock)
             durable_write(manifest, manifest_bytes(self._manifest(recs)), self.clock)
-            rename_nfs_safe(self.tmp_path, self.final)
-            committed = True
+            if not committed:
+                rename_nfs_safe(self.tmp_path, self.final)
+                committed = True
         except BaseException as e:
             self._abort_local()
             if not committed:

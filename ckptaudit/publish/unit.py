@@ -105,7 +105,7 @@ class _Publish(Commit):
     then the commit steps of :class:`~.commit.Commit`)."""
 
     def __init__(self, run_dir, step, *, name, folder, config, metrics, rank, world_size, group, chunk_bytes,
-                 update_latest, latest_symlink, verify, retention):
+                 update_latest, latest_symlink, verify, retention, replace=False):
         if not isinstance(step, int) or step < 0:
             raise ValueError(f"step must be an int >= 0, got {step!r}")
         if chunk_bytes < 1:
@@ -124,6 +124,9 @@ class _Publish(Commit):
         folder = world_size > 1 if folder is None else folder
         if world_size > 1 and not folder:
             raise ValueError("a multi-rank publish writes a folder unit (folder=True): each rank writes its own files")
+        if replace and folder:
+            raise ValueError("replace=True publishes file units: a folder cannot be swapped in one rename")
+        self.replace = replace
         self.run_dir = Path(run_dir)
         self.step, self.folder, self.rank, self.world_size = step, folder, rank, world_size
         self.name = name or (f"checkpoint-{step}" if folder else f"ckpt_{step:06d}.pt")
@@ -155,7 +158,7 @@ class _Publish(Commit):
         if self.rank == 0:
             try:
                 self.run_dir.mkdir(parents=True, exist_ok=True)
-                if os.path.lexists(self.final):
+                if os.path.lexists(self.final) and not self.replace:
                     raise FileExistsError(f"{self.final}: a unit with this name already exists; publish never "
                                           "replaces a unit (delete or prune it first)")
                 self.tmp_path = self.run_dir / tmp_name(self.name)
@@ -275,7 +278,7 @@ def publish(run_dir: str | os.PathLike, step: int, *, name: Optional[str] = None
             config: Any = None, metrics: Optional[Dict[str, float]] = None, rank: Optional[int] = None,
             world_size: Optional[int] = None, group: Any = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
             update_latest: bool = True, latest_symlink: Optional[str] = None, verify: Optional[bool] = None,
-            retention: Optional[Retention] = None):
+            retention: Optional[Retention] = None, replace: bool = False):
     """Context manager that publishes one checkpoint unit of ``step`` into ``run_dir``.
 
     ``with publish(run_dir, step) as pub: pub.save(obj)`` — the unit becomes visible, with
@@ -295,7 +298,10 @@ def publish(run_dir: str | os.PathLike, step: int, *, name: Optional[str] = None
     not seen the other ranks' bytes, which may come over NFS), off in one process, where
     every digest was computed from the very bytes handed to ``os.write``.  ``update_latest``: move
     ``run_dir/latest`` to this unit (only forwards); ``latest_symlink``: also swap a symlink
-    of that name.  ``retention``: :func:`prune` after the commit.
+    of that name.  ``retention``: :func:`prune` after the commit.  ``replace``: a file unit may replace one of
+    the same name (a framework's ``last.ckpt``, saved again at every save): its sidecar and manifest are
+    removed first, the new file renamed over it, its sidecar and manifest written after, so that a crash
+    at any point leaves the old or the new bytes, never beside the other's digest.
 
     Raises ``ValueError`` for bad arguments, :class:`PublishError` when the unit exists or
     could not be published (``causes`` per rank), and re-raises the block's exception.  An
@@ -307,7 +313,7 @@ def publish(run_dir: str | os.PathLike, step: int, *, name: Optional[str] = None
     """
     return _Publish(run_dir, step, name=name, folder=folder, config=config, metrics=metrics, rank=rank,
                     world_size=world_size, group=group, chunk_bytes=chunk_bytes, update_latest=update_latest,
-                    latest_symlink=latest_symlink, verify=verify, retention=retention)
+                    latest_symlink=latest_symlink, verify=verify, retention=retention, replace=replace)
 
 
 def save(obj: Any, run_dir: str | os.PathLike, step: int, *, background: bool = False,
