@@ -171,6 +171,22 @@ def _install_kill(kill: dict) -> None:
             return orig_sendfile(out_fd, in_fd, offset, count, *a, **kw)
 
         os.sendfile = sendfile
+    elif kill["where"] == "publish":  # in ckptaudit.publish's writer (PublishCheckpointIO): the temp file
+        from ckptaudit.publish.writer import HashingWriter
+
+        orig_hw = HashingWriter.write
+
+        def hw_write(self, data, *a, **kw):
+            if self.path.name.endswith("-" + target):
+                half = len(memoryview(data)) // 2
+                orig_hw(self, memoryview(data)[:half])
+                os.fsync(self.fd)
+                note.write_text(json.dumps({"file": str(self.path), "size": len(memoryview(data)),
+                                            "bytes_written": half, "how": "HashingWriter.write"}))
+                os.kill(os.getpid(), signal.SIGKILL)
+            return orig_hw(self, data, *a, **kw)
+
+        HashingWriter.write = hw_write
     else:
         raise ValueError(kill["where"])
 
@@ -184,7 +200,8 @@ def _default_callbacks(run: Path, link: bool = False):
 
 
 def _train(run: str, making: str, lr: float = 1e-2, optimizer: str = "adamw", gamma: float = 0.9,
-           kill: dict | None = None, tmpdir: str | None = None, default: bool = False, link: bool = False) -> None:
+           kill: dict | None = None, tmpdir: str | None = None, default: bool = False, link: bool = False,
+           plugin: bool = False) -> None:
     import warnings
 
     import lightning as L
@@ -197,18 +214,41 @@ def _train(run: str, making: str, lr: float = 1e-2, optimizer: str = "adamw", ga
         _install_kill(kill)
     L.seed_everything(0, verbose=False)
     model, data = _build(lr, optimizer, gamma)
+    plugins = _plugins(plugin)
     if default:
         trainer = L.Trainer(max_epochs=3, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
                             enable_model_summary=False, default_root_dir=run,
-                            callbacks=_default_callbacks(Path(run), link))
+                            callbacks=_default_callbacks(Path(run), link), plugins=plugins)
     else:
         trainer = L.Trainer(max_steps=30, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
                             enable_model_summary=False, default_root_dir=run,
-                            callbacks=_callbacks(Path(run), Path(making)))
+                            callbacks=_callbacks(Path(run), Path(making)), plugins=plugins)
     trainer.fit(model, data)
 
 
-def _resume_last(run: str, out: str, default: bool = False, link: bool = False, last_good: bool = False) -> None:
+def full_loss(ckpt: str | os.PathLike) -> float:
+    """Mean squared error over the whole synthetic dataset of the weights in the Lightning checkpoint ``ckpt``
+    (the loss a run's state has, free of which batch came last)."""
+    import torch
+
+    model, data = _build(1e-2, "adamw")
+    model.load_state_dict(torch.load(ckpt, map_location="cpu", weights_only=True)["state_dict"])
+    x, y = data.dataset.tensors
+    with torch.no_grad():
+        return float(torch.nn.functional.mse_loss(model(x), y))
+
+
+def _plugins(plugin: bool) -> list:
+    """``[ckptaudit.integrations.lightning.PublishCheckpointIO()]`` when ``plugin``, else Lightning's default."""
+    if not plugin:
+        return []
+    from ckptaudit.integrations.lightning import PublishCheckpointIO
+
+    return [PublishCheckpointIO()]
+
+
+def _resume_last(run: str, out: str, default: bool = False, link: bool = False, last_good: bool = False,
+                 plugin: bool = False) -> None:
     """What ``trainer.fit(model, ckpt_path="last")`` does on this run folder (written to ``out``); with
     ``last_good``, ``ckpt_path=ckptaudit.integrations.lightning.last_good(run/checkpoints)`` instead, and the
     global step it started from."""
@@ -222,7 +262,7 @@ def _resume_last(run: str, out: str, default: bool = False, link: bool = False, 
     trainer = L.Trainer(max_steps=40, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
                         enable_model_summary=False, default_root_dir=run,
                         callbacks=_default_callbacks(Path(run), link) if default else
-                        _callbacks(Path(run), Path(out + ".making")))
+                        _callbacks(Path(run), Path(out + ".making")), plugins=_plugins(plugin))
     res = {"ckpt_path": "last"}
     if last_good:
         from ckptaudit.integrations.lightning import last_good as pick
