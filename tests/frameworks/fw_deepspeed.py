@@ -154,6 +154,42 @@ def _probe_load(run: str, stage: int, out: str, last_good: bool = False) -> None
     dist.destroy_process_group()
 
 
+def _continue(run: str, stage: int, out: str, until: int = 30) -> None:
+    """The restart of a ``_train`` job with the one line: the same engine, then
+    ``engine.load_checkpoint(run, tag=last_good_tag(run))`` on every rank (each rank audits the folder itself,
+    as a job's own restart code would), then the same per-step batches (``_batch(rank, step)``) from the step
+    after the loaded one up to ``until``, ``save_checkpoint`` every 10 steps as ``_train`` does.  Rank 0 writes
+    ``out`` (JSON): each rank's tag, the path loaded, ``engine.global_steps`` right after the load, rank 0's loss
+    per step (the forward of that step, as ``_train`` records it), the lr at the end and the last step."""
+    import torch
+    import torch.distributed as dist
+
+    from ckptaudit.integrations.deepspeed import last_good_tag
+
+    rank = int(os.environ["RANK"])
+    engine = _engine(stage)
+    tag = last_good_tag(run)
+    path, _ = engine.load_checkpoint(run, tag=tag)
+    started = engine.global_steps
+    tags = [None] * dist.get_world_size()
+    dist.all_gather_object(tags, tag)
+    losses = {}
+    for step in range(started + 1, until + 1):
+        x, y = _batch(rank, step)
+        loss = torch.nn.functional.mse_loss(engine(x), y)
+        engine.backward(loss)
+        engine.step()
+        losses[step] = float(loss)
+        if step % 10 == 0:
+            engine.save_checkpoint(run)
+    if rank == 0:
+        Path(out).write_text(json.dumps({"tags": tags, "loaded": None if path is None else str(path),
+                                         "started_step": started, "global_steps": engine.global_steps,
+                                         "losses": losses, "lr": engine.get_lr()}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 # --------------------------------------------------------------------------- parent side
 
 def _env() -> dict:
@@ -197,6 +233,20 @@ def _probe(dest: Path, run: Path, stage: int, world: int, last_good: bool = Fals
                     "loaded": rows[0].get("loaded"), "global_steps": rows[0].get("global_steps"),
                     "errors": {str(k): r["error"] for k, r in enumerate(rows) if "error" in r}})
     return res
+
+
+def _restart(dest: Path, run: Path, stage: int, until: int = 30) -> dict:
+    """Run ``_continue`` on ``WORLD`` ranks; return what rank 0 wrote (``losses`` keyed by int step)."""
+    from . import _dist
+
+    out = dest / "continued.json"
+    logs = dest / "logs_continue"
+    codes = _dist.launch("tests.frameworks.fw_deepspeed", "_continue", WORLD,
+                         {"run": str(run), "stage": stage, "out": str(out), "until": until}, logs, env=_env())
+    _dist.check_codes(codes, logs)
+    r = json.loads(out.read_text())
+    r["losses"] = {int(k): v for k, v in r["losses"].items()}
+    return r
 
 
 def _probe_text(probes: list) -> str:
