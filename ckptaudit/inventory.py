@@ -63,11 +63,32 @@ def discover(run_dir: str | os.PathLike) -> tuple[List[Unit], List[Pointer], Lis
     pointers: List[Pointer] = []
     stray: List[str] = []
     _walk(root, root, units, pointers, stray)
+    _unfinished_markers(units, stray)
     names = {u.unit for u in units}
     for p in pointers:
         p.resolved = _resolve_pointer(root, p, names)
     units.sort(key=lambda u: (u.step_from_name if u.step_from_name is not None else -1, u.unit))
     return units, pointers, stray
+
+
+def _unfinished_markers(units: List[Unit], stray: List[str]) -> None:
+    """A unit with its producer's unfinished marker beside it (NeMo's empty ``<name>-unfinished`` file, also for
+    the ``-EMA`` copy and a checkpoint folder: :func:`ckptaudit.producers.unfinished_marker`) is a save or deletion
+    in progress, never a rollback point; the marker is then no stray.  A marker beside no unit stays a stray: a
+    file that is no checkpoint (the producer deletes those too)."""
+    if not stray:
+        return
+    present = set(stray)
+    taken = set()
+    for u in units:
+        hit = producers.unfinished_marker(u.unit, present)
+        if hit is None:
+            continue
+        taken.add(hit[0])
+        if not u.in_progress:
+            u.in_progress = hit[1]
+    if taken:
+        stray[:] = [s for s in stray if s not in taken]
 
 
 def _rel(root: Path, p: Path) -> str:

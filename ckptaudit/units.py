@@ -19,6 +19,9 @@ IN_PROGRESS_PATTERNS = [
     (re.compile(r"^tmp-checkpoint-\d+$"), "HF Trainer temp folder (renamed to checkpoint-N when complete)"),
     (re.compile(r"\.tmp(\.\w+)?$|\.tmp\d*$"), "temporary name (*.tmp)"),
     (re.compile(r"\.partial$"), "partial download/copy (*.partial)"),
+    # a folder's own name ending in -unfinished: no producer found that names one so (NeMo's "-unfinished" is an
+    # empty marker FILE beside the checkpoint: ckptaudit.producers.nemo, applied by the inventory); kept so such a
+    # folder is never a rollback point
     (re.compile(r"-unfinished$"), "folder marked unfinished"),
     (re.compile(r"\.dirty"), "dirty copy (*.dirty*)"),
     (re.compile(r"\.orbax-checkpoint-tmp"), "Orbax temporary folder"),

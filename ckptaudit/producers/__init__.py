@@ -1,7 +1,7 @@
 """Producers as data: one module per framework holds what its save writes and what its resume reads.
 
 Each module of this package (:mod:`.hf_trainer`, :mod:`.accelerate`, :mod:`.lightning`, :mod:`.deepspeed`,
-:mod:`.dcp`, :mod:`.megatron`, :mod:`.nanogpt`, :mod:`.torch_tutorial`) defines one
+:mod:`.dcp`, :mod:`.megatron`, :mod:`.nanogpt`, :mod:`.torch_tutorial`, :mod:`.nemo`) defines one
 :class:`~.contract.Producer`: its :class:`~.contract.Contract` per version range (which files form a
 unit, the role of each, how the resume loads it, where the step lives, what it always or never saves),
 the base-name patterns of its files' roles, how its resume unpickles each role, its resume call and the
@@ -24,18 +24,19 @@ import os
 from types import MappingProxyType
 from typing import List, Mapping, Optional, Sequence, Tuple
 
-from . import accelerate, dcp, deepspeed, hf_trainer, lightning, megatron, nanogpt, torch_tutorial
-from .contract import UNSAFE, WO, Contract, FileRole, PointerFile, Producer, ResumeLoad
+from . import accelerate, dcp, deepspeed, hf_trainer, lightning, megatron, nanogpt, nemo, torch_tutorial
+from .contract import UNSAFE, WO, Contract, FileRole, PointerFile, Producer, ResumeLoad, UnfinishedMarker
 
 __all__ = ["Contract", "FileRole", "PointerFile", "Producer", "ResumeLoad", "PRODUCERS", "CONTRACTS", "WO", "UNSAFE",
            "POINTER_FILES", "VERSION_KEYS", "VERSION_DISTS", "PIP_NAMES",
            "enabled", "identify", "pointer_file", "reader_layouts", "STEP_FILES", "NOT_STATE_FILES", "by_key",
-           "LOSS_LOGS", "CLAIM_FILES", "role_of", "metadata_files", "for_layout", "for_unit", "with_entry"]
+           "LOSS_LOGS", "CLAIM_FILES", "role_of", "metadata_files", "for_layout", "for_unit", "with_entry",
+           "UnfinishedMarker", "unfinished_marker"]
 
 #: Every producer, in the order a unit's contract is looked for.
 PRODUCERS: Tuple[Producer, ...] = (hf_trainer.PRODUCER, accelerate.PRODUCER, lightning.PRODUCER,
                                    deepspeed.PRODUCER, dcp.PRODUCER, nanogpt.PRODUCER, torch_tutorial.PRODUCER,
-                                   megatron.PRODUCER)
+                                   megatron.PRODUCER, nemo.PRODUCER)
 #: Every contract, in that order.
 CONTRACTS: Tuple[Contract, ...] = tuple(c for p in PRODUCERS for c in p.contracts)
 #: The producers' folder adapters (``"module:ATTR"`` in :mod:`ckptaudit.layouts`), in claim order.
@@ -106,6 +107,17 @@ def pointer_file(pointer: dict) -> Optional[PointerFile]:
     inventory read it as that file (its ``kind`` unchanged: not a link, not refused)."""
     f = POINTER_FILES.get(str(pointer.get("path") or "").rsplit("/", 1)[-1])
     return f if f is not None and pointer.get("kind") == f.kind else None
+
+
+def unfinished_marker(unit: str, present) -> Optional[Tuple[str, str]]:
+    """``(marker, why)`` when a producer's unfinished marker of ``unit`` (run-relative) is in ``present`` (a set of
+    run-relative paths of files that are no unit), else None: the unit is a save (or deletion) in progress that
+    the producer's own resume skips (NeMo's ``-unfinished`` file, :mod:`.nemo`)."""
+    for p in PRODUCERS:
+        m = p.unfinished_marker
+        if m is not None and (path := m.path_of(unit)) in present:
+            return path, m.why.format(marker=_base(path))
+    return None
 
 
 def enabled() -> bool:

@@ -18,7 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Dict, FrozenSet, Optional, Tuple
 
-__all__ = ["FileRole", "Contract", "RestoreRule", "CountRule", "ResumeLoad", "PointerFile", "Producer", "WO", "UNSAFE"]
+__all__ = ["FileRole", "Contract", "RestoreRule", "CountRule", "ResumeLoad", "PointerFile", "UnfinishedMarker",
+           "Producer", "WO", "UNSAFE"]
 
 #: How a file is loaded, in words: torch's restricted unpickler, or full unpickling.
 WO = "torch.load(weights_only=True)"
@@ -108,6 +109,16 @@ class PointerFile:
     check: Optional[Callable[[dict, str], object]] = None
 
 
+@dataclass(frozen=True)
+class UnfinishedMarker:
+    """A file a producer puts beside a unit before it saves (or deletes) it and removes once every rank is done, so
+    that its own resume skips the unit while the file is there: ``path_of(unit)`` is the marker's run-relative path
+    for a unit's run-relative path; ``why`` the unit's in-progress reason (``{marker}``: the marker's base name)."""
+
+    path_of: Callable[[str], str]
+    why: str
+
+
 #: ``default_pick(verdict, folder) -> (unit or None, whether the framework has a default resume)``
 DefaultPick = Callable[[dict, str], Tuple[Optional[str], bool]]
 
@@ -151,6 +162,9 @@ class Producer:
     loss_log: Optional[Tuple[str, str]] = None
     #: a file it writes into every unit as the save ends: a unit holding it is the producer's own full save
     complete_marker: str = ""
+    #: a marker file it keeps beside a unit while that unit's save or deletion runs: with it there, the unit is a
+    #: save in progress and the marker no unit (:func:`ckptaudit.producers.unfinished_marker`)
+    unfinished_marker: Optional[UnfinishedMarker] = None
     #: pointer files it writes beside its units
     pointers: Tuple[PointerFile, ...] = ()
     #: keys at a checkpoint's root that record the version of this framework (key -> package)
