@@ -78,6 +78,26 @@ def _judged_metadata(data: bytes, shown: str, cfg: dict, scan: UnitScan):
     return res
 
 
+def read_metadata(folder: Path, shown: str, cfg: dict) -> Tuple[Optional[dict], Optional[dict], str]:
+    """``(state_dict_metadata, storage_data, problem)`` of the DCP folder ``folder``, from a static walk of its
+    ``.metadata`` judged as the audit judges it (``shown``: its path in words); ``(None, None, why)`` when it
+    is missing, unreadable, or imports what it should not (never interpreted then).  Nothing is unpickled."""
+    try:
+        data = fs.read_bounded(folder / ".metadata", MAX_METADATA_BYTES)
+    except OSError as e:
+        return None, None, f".metadata cannot be read: {type(e).__name__}: {e}"
+    scan = UnitScan(shown, "dcp")
+    res = _judged_metadata(data, shown, cfg, scan)
+    if res is None:
+        return None, None, "; ".join(f.message for f in scan.findings[:3]) or ".metadata cannot be interpreted"
+    meta = state_fields(res.obj)
+    sdm = state_fields(meta.get("state_dict_metadata")) if isinstance(meta, dict) else None
+    storage = meta.get("storage_data") if isinstance(meta, dict) else None
+    if not isinstance(sdm, dict) or not isinstance(storage, dict):
+        return None, None, "no state_dict_metadata/storage_data in the Metadata object"
+    return sdm, storage, ""
+
+
 class DCP:
     name = "dcp"
 
@@ -133,13 +153,13 @@ class DCP:
         tree = _tensor_tree(sdm)
         # every non-tensor item is a torch.save blob that dcp.load unpickles with weights_only=False
         dcp_bytes.scan_bytes_items(folder, storage, tree, scan, list(cfg.get("security", {}).get("allow_globals", [])),
-                                   rel, state_fields, _fqn, _count, _inside)
+                                   rel, state_fields, item_fqn, _count, _inside)
         scan.tree["root"] = _nest(tree)
         need, bad = _shard_ends(storage)
         if bad is not None:
             idx, sinfo = bad
             scan.add(F.make("dcp_metadata_unreadable", path=rel(".metadata"),
-                            why=f"storage item {_short(_fqn(idx))} has relative_path "
+                            why=f"storage item {_short(item_fqn(idx))} has relative_path "
                                 f"{_short(str(sinfo.get('relative_path')))}, offset "
                                 f"{_short(sinfo.get('offset'))} and length {_short(sinfo.get('length'))}, "
                                 f"not a path inside the checkpoint folder and two non-negative integers"))
@@ -172,7 +192,7 @@ def _tensor_tree(sdm: dict) -> Dict[str, dict]:
         st = state_fields(md)
         if isinstance(st, dict) and "size" in st:
             shape = list(st["size"]) if isinstance(st["size"], (list, tuple)) else []
-            tree[str(fqn)] = {"__tensor__": _dtype_name(st.get("properties")), "shape": shape}
+            tree[str(fqn)] = {"__tensor__": dtype_name(st.get("properties")), "shape": shape}
         else:
             tree[str(fqn)] = {"__bytes_item__": True}
     return tree
@@ -193,7 +213,7 @@ def _shard_ends(storage: dict) -> Tuple[Dict[str, tuple], Optional[tuple]]:
         end = offset + length
         cur = need.get(relp)
         if cur is None or end > cur[0]:
-            need[relp] = (end, _fqn(idx), (cur[2] + 1) if cur else 1)
+            need[relp] = (end, item_fqn(idx), (cur[2] + 1) if cur else 1)
         else:
             need[relp] = (cur[0], cur[1], cur[2] + 1)
     return need, None
@@ -233,7 +253,7 @@ def _short(v, limit: int = 60) -> str:
     return short_repr(v, limit)
 
 
-def _dtype_name(props) -> str:
+def dtype_name(props) -> str:
     """The dtype of a walked ``TensorProperties``: a dataclass field ``dtype``, or the first item of
     the tuple its ``__getstate__`` returns (torch/distributed/checkpoint/metadata.py:
     ``(dtype, layout, requires_grad, memory_format, pin_memory)``)."""
@@ -249,7 +269,7 @@ def _dtype_name(props) -> str:
     return getattr(dtype, "name", None) or str(dtype)
 
 
-def _fqn(idx) -> str:
+def item_fqn(idx) -> str:
     """The fully qualified name of a walked ``MetadataIndex`` (state or positional args)."""
     item = state_fields(idx)
     if isinstance(item, dict):
