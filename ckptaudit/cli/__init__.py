@@ -2,7 +2,7 @@
 
 ``ckptaudit audit RUN_DIR --out DIR`` runs the same Snakemake workflow as
 ``snakemake --cores N audit`` (:mod:`ckptaudit.cli.snakemake`); ``demo``, ``drill``,
-``findings``, ``seal`` and ``prune`` are the other commands.  Exit codes of ``audit``
+``findings``, ``seal``, ``prune`` and ``salvage`` are the other commands.  Exit codes of ``audit``
 (for cron and CI):
 
 * 0 — the newest unit is usable for resume;
@@ -31,6 +31,7 @@ from .common import EXIT_FAILED, ExitThreeGroup, ExitThreeOnUsageError, check_pa
 from .demo import demo_command
 from .drill import drill_command
 from .findings import findings_command
+from .salvage import salvage_command
 from .snakemake import resolve_profile, run_snakemake_cli, run_workflow  # noqa: F401 - re-exported
 
 
@@ -46,3 +47,4 @@ main.add_command(findings_command, "findings")
 main.add_command(seal_command, "seal")
 main.add_command(prune_command, "prune")
 main.add_command(drill_command, "drill")
+main.add_command(salvage_command, "salvage")

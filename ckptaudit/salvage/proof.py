@@ -1,0 +1,150 @@
+"""What salvage knows about one tensor of a damaged file: where its bytes are, and what proves them intact.
+
+A tensor is **intact** when something recorded at save time checks its very bytes: the CRC-32 of the zip
+record that holds its storage (torch writes one per record, in the record's data descriptor), or the
+chunk digests of a ``ckptaudit.manifest`` (BLAKE3 in ``/2``, SHA-256 in ``/1``) for every chunk its bytes
+touch.  It is **lost** when its bytes are missing (the file ends before them, the record was never
+finished, the file is gone) or a check proves them changed.  It is **unproven** when its bytes are all
+there and nothing recorded can check them (a safetensors file without a manifest: the format has no
+checksum); finite values alone never count as proof.  ``suspect`` is an unproven tensor that holds an
+all-zero 4 KiB page, what a lost block of a file looks like (``formats.safetensors_check``'s rule).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
+
+from ..chunk_digest import FIELDS, digest_range
+
+#: torch dtype name -> safetensors dtype (safetensors ``Dtype``; ``safetensors.torch._TYPES``)
+SAFETENSORS_DTYPE = {
+    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64", "int32": "I32",
+    "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL", "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2", "uint16": "U16", "uint32": "U32", "uint64": "U64",
+}
+
+INTACT, LOST, UNPROVEN, SUSPECT = "intact", "lost", "unproven", "suspect"
+
+
+@dataclass
+class TensorBytes:
+    """One tensor of a damaged file.  ``name``: its path in the saved object (``model.fc.weight``);
+    ``dtype``: torch's dtype name; ``shape``/``stride`` in elements; ``offset``: byte offset in ``path`` of
+    element 0 of its storage (or, for a safetensors tensor, of the tensor); ``storage_offset`` in elements;
+    ``span``: ``(first byte, end byte)`` in ``path`` that the tensor's elements occupy; ``status`` and
+    ``proof`` (how it was shown intact, or why it is not)."""
+
+    name: str
+    file: str
+    path: str
+    dtype: str
+    shape: Tuple[int, ...]
+    stride: Tuple[int, ...]
+    offset: int
+    storage_offset: int
+    itemsize: int
+    span: Tuple[int, int]
+    status: str = UNPROVEN
+    proof: str = ""
+    source: Dict[str, object] = field(default_factory=dict)
+    #: for a tensor assembled from several places (DCP chunks): returns its contiguous bytes when written
+    load: Optional[Callable[[], bytes]] = field(default=None, repr=False, compare=False)
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * self.itemsize
+
+    def contiguous(self) -> bool:
+        """Whether the elements lie in one run of ``nbytes`` bytes from ``span[0]``, in row-major order."""
+        want = 1
+        for d, s in zip(reversed(self.shape), reversed(self.stride)):
+            if d != 1 and s != want:
+                return False
+            want *= d
+        return True
+
+    def row(self) -> dict:
+        """The report's row for this tensor (JSON-able)."""
+        d = {k: getattr(self, k) for k in ("name", "file", "dtype", "status", "proof", "source", "itemsize")}
+        d.update(shape=list(self.shape), span=list(self.span), nbytes=self.nbytes)
+        return d
+
+
+def view_span(offset: int, storage_offset: int, shape, stride, itemsize: int) -> Tuple[int, int]:
+    """Bytes ``[first, end)`` of a file that a strided view over a storage starting at byte ``offset`` touches."""
+    if any(d == 0 for d in shape):
+        start = offset + storage_offset * itemsize
+        return start, start
+    last = storage_offset + sum((d - 1) * s for d, s in zip(shape, stride))
+    return offset + storage_offset * itemsize, offset + (last + 1) * itemsize
+
+
+class ChunkProof:
+    """The chunk digests of one manifest entry (``chunk_bytes``, the digest list, the size the file had),
+    checked lazily against the file as it is now: a chunk is ``True`` (verifies), ``False`` (differs) or
+    ``None`` (the file ends before the chunk ends).  Each chunk is read once."""
+
+    def __init__(self, path: str, entry: dict):
+        self.path = path
+        self.chunk_bytes = int(entry["chunk_bytes"])
+        self.size = int(entry["size_bytes"])
+        self.algorithm, self.digests = next(((a, [str(d).lower() for d in entry[k]]) for a, k in FIELDS.items()
+                                             if isinstance(entry.get(k), list)))
+        self.have = os.path.getsize(path) if os.path.exists(path) else 0
+        self._known: Dict[int, Optional[bool]] = {}
+
+    @classmethod
+    def of(cls, path: str, entry: Optional[dict]) -> Optional["ChunkProof"]:
+        """The proof for ``entry`` when it records usable chunk digests, else None."""
+        if not entry or not isinstance(entry.get("chunk_bytes"), int) or entry["chunk_bytes"] < 1 \
+                or not isinstance(entry.get("size_bytes"), int):
+            return None
+        if not any(isinstance(entry.get(k), list) for k in FIELDS.values()):
+            return None
+        proof = cls(path, entry)
+        return proof if len(proof.digests) == -(-proof.size // proof.chunk_bytes) else None
+
+    def chunk(self, i: int) -> Optional[bool]:
+        if i not in self._known:
+            start, end = i * self.chunk_bytes, min((i + 1) * self.chunk_bytes, self.size)
+            if end > self.have:
+                self._known[i] = None
+            else:
+                fd = os.open(self.path, os.O_RDONLY)
+                try:
+                    self._known[i] = digest_range(fd, start, end - start, self.algorithm) == self.digests[i]
+                finally:
+                    os.close(fd)
+        return self._known[i]
+
+    def span(self, first: int, end: int) -> Tuple[Optional[bool], str]:
+        """``(verdict, words)`` for bytes ``[first, end)``: True when every chunk they touch verifies, False
+        when one differs, None when one is beyond the end of the file."""
+        if end <= first:
+            return True, "empty"
+        idx = range(first // self.chunk_bytes, (end - 1) // self.chunk_bytes + 1)
+        got = [self.chunk(i) for i in idx]
+        name = {"blake3": "BLAKE3", "sha256": "SHA-256"}[self.algorithm]
+        if any(g is False for g in got):
+            bad = [i for i, g in zip(idx, got) if g is False]
+            return False, f"manifest {name} chunk digest differs (chunk {', '.join(map(str, bad[:5]))})"
+        if any(g is None for g in got):
+            return None, "the file ends inside the manifest chunk(s) that hold it"
+        return True, f"manifest {name} chunk digest ({len(got)} chunk(s) of {self.chunk_bytes} bytes)"
+
+
+def counts(tensors: List[TensorBytes]) -> Dict[str, int]:
+    """``{status: number of tensors}`` over the four statuses."""
+    out = {INTACT: 0, LOST: 0, UNPROVEN: 0, SUSPECT: 0}
+    for t in tensors:
+        out[t.status] += 1
+    return out

@@ -1,0 +1,359 @@
+"""Salvage (ckptaudit.salvage): every tensor whose bytes survive is recovered bit-exact, none whose bytes
+changed is called intact, and the report's counts are the ones the damage implies.
+
+Checkpoints are written by torch.save, safetensors' own save_file and ckptaudit.publish; the expectation for
+each tensor comes from the original file's own records (zipfile's offsets, the safetensors header), never
+from the code under test.  The salvaged files are read back with safetensors' own loader.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from ckptaudit import publish as P
+from ckptaudit.salvage import SalvageRefused, salvage
+
+
+def _state(seed: int = 0, n_layers: int = 8, width: int = 128) -> dict:
+    torch.manual_seed(seed)
+    m = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(n_layers)])
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    m(torch.randn(2, width)).sum().backward()
+    opt.step()
+    return {"model": m.state_dict(), "optimizer": opt.state_dict(), "iter_num": 30}
+
+
+def _flat(obj, prefix: str = "") -> dict:
+    out = {}
+    if isinstance(obj, torch.Tensor):
+        out[prefix] = obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            out.update(_flat(v, f"{prefix}.{i}" if prefix else str(i)))
+    return out
+
+
+def _records(path: Path) -> dict:
+    """{storage key: (first data byte, end data byte)} from the intact original (zipfile's own reading)."""
+    out = {}
+    with zipfile.ZipFile(path) as z, open(path, "rb") as f:
+        for info in z.infolist():
+            if "/data/" not in info.filename:
+                continue
+            f.seek(info.header_offset + 26)
+            n, x = struct.unpack("<HH", f.read(4))
+            start = info.header_offset + 30 + n + x
+            out[info.filename.rsplit("/", 1)[-1]] = (start, start + info.compress_size)
+    return out
+
+
+def _storage_of(sd: dict) -> dict:
+    """{tensor path: storage key} as torch.save numbers storages (order of first appearance in the pickle)."""
+    keys, out = {}, {}
+    for name, t in _flat(sd).items():
+        ptr = t.untyped_storage().data_ptr()
+        keys.setdefault(ptr, str(len(keys)))
+        out[name] = keys[ptr]
+    return out
+
+
+def _salvaged(out: Path) -> dict:
+    got = {}
+    for p in sorted(out.glob("*.safetensors")):
+        got.update(load_file(str(p)))
+    return got
+
+
+def _report(out: Path) -> dict:
+    return json.loads((out / "salvage.json").read_text())
+
+
+@pytest.mark.parametrize("fraction", [0.10, 0.50, 0.90, 0.99])
+def test_torch_zip_cut_short_every_whole_record_is_recovered_bit_exact(tmp_path, fraction):
+    sd = _state()
+    run = tmp_path / "run"
+    run.mkdir()
+    src = run / "ckpt_000030.pt"
+    torch.save(sd, src)
+    recs, storage = _records(src), _storage_of(sd)
+    raw = src.read_bytes()
+    cut = int(len(raw) * fraction)
+    src.write_bytes(raw[:cut])
+    report = salvage(src, tmp_path / "out")
+    got, want = _salvaged(tmp_path / "out"), _flat(sd)
+    # a record whose data and descriptor CRC are before the cut survives; one the cut enters is lost
+    survives = {name for name, key in storage.items() if recs[key][1] + 8 <= cut}
+    entered = {name for name, key in storage.items() if recs[key][1] > cut}
+    assert survives <= set(got) and not (entered & set(got)), (fraction, sorted(entered & set(got)))
+    for name, t in got.items():
+        assert torch.equal(t, want[name].contiguous()), name
+    rows = {r["name"]: r for r in report["tensors"]}
+    assert set(rows) == set(want)
+    assert report["counts"]["intact"] == len(got) and report["counts"]["lost"] == len(want) - len(got)
+    assert all(rows[n]["status"] == "intact" and rows[n]["proof"].startswith("zip record CRC-32") for n in got)
+    assert report["written"] == len(got) and report["usable_for"] == "warm start"
+    assert (tmp_path / "out" / "ckpt_000030.pt.safetensors.sha256").is_file()
+    assert src.read_bytes() == raw[:cut]  # the damaged unit is never changed
+
+
+def test_torch_zip_zeroed_block_loses_only_the_storages_under_it(tmp_path):
+    sd = _state()
+    src = tmp_path / "run" / "ckpt_000030.pt"
+    src.parent.mkdir()
+    torch.save(sd, src)
+    recs, storage = _records(src), _storage_of(sd)
+    raw = bytearray(src.read_bytes())
+    first, end = recs[storage["model.3.weight"]]
+    start = (first + 4096) // 4096 * 4096  # one page inside model.3.weight's storage
+    raw[start:start + 4096] = bytes(4096)
+    src.write_bytes(bytes(raw))
+    report = salvage(src, tmp_path / "out")
+    got, want = _salvaged(tmp_path / "out"), _flat(sd)
+    hit = {n for n, k in storage.items() if recs[k][0] < start + 4096 and recs[k][1] > start}
+    assert hit == {"model.3.weight"}
+    assert set(got) == set(want) - hit
+    assert all(torch.equal(got[n], want[n]) for n in got)
+    row = next(r for r in report["tensors"] if r["name"] == "model.3.weight")
+    assert row["status"] == "lost" and "CRC-32 differs" in row["proof"]
+
+
+def test_flipped_byte_with_a_publish_manifest_loses_only_the_chunk_it_is_in(tmp_path):
+    """A view sharing its storage with the damaged bytes is still intact when the manifest's chunk digests
+    cover its own bytes (the zip's CRC-32 covers the whole storage and cannot tell)."""
+    big = torch.arange(4 * 4096, dtype=torch.float32)
+    sd = {"head": big[:4096], "tail": big[3 * 4096:], "other": torch.ones(1024)}  # two views of one storage
+    run = tmp_path / "run"
+    with P.publish(run, 30, chunk_bytes=4096) as pub:
+        pub.save(sd)
+    src = run / "ckpt_000030.pt"
+    recs = _records(src)
+    raw = bytearray(src.read_bytes())
+    s0 = recs["0"][0]
+    flip = s0 + 4096 * 4 + 100  # inside big's third quarter: neither view's bytes
+    raw[flip] ^= 0xFF
+    src.write_bytes(bytes(raw))
+    report = salvage(src, tmp_path / "out")
+    rows = {r["name"]: r for r in report["tensors"]}
+    got = _salvaged(tmp_path / "out")
+    touched = {n for n, r in rows.items() if r["span"][0] // 4096 <= flip // 4096 <= (r["span"][1] - 1) // 4096}
+    for n, r in rows.items():
+        if n in touched:
+            assert r["status"] == "lost" and "chunk digest differs" in r["proof"], r
+        else:
+            assert r["status"] == "intact" and "BLAKE3 chunk digest" in r["proof"], r
+            assert torch.equal(got[n], sd[n].contiguous())
+    assert set(got) == set(rows) - touched
+
+
+def _st_offsets(path: Path) -> dict:
+    raw = path.read_bytes()
+    n = struct.unpack("<Q", raw[:8])[0]
+    head = json.loads(raw[8:8 + n])
+    return {k: (8 + n + v["data_offsets"][0], 8 + n + v["data_offsets"][1]) for k, v in head.items()
+            if k != "__metadata__"}
+
+
+def test_safetensors_cut_and_zeroed_without_manifest_are_never_called_intact(tmp_path):
+    sd = {f"layer{i}.weight": torch.randn(64, 64) for i in range(8)}
+    run = tmp_path / "run"
+    run.mkdir()
+    src = run / "model.safetensors"
+    save_file(sd, str(src))
+    spans = _st_offsets(src)
+    raw = bytearray(src.read_bytes())
+    z0 = (spans["layer2.weight"][0] + 4096) // 4096 * 4096
+    raw[z0:z0 + 4096] = bytes(4096)  # a lost block inside layer2 (64*64*4 = 16 KiB)
+    cut = spans["layer6.weight"][0] + 100
+    src.write_bytes(bytes(raw[:cut]))
+    report = salvage(src, tmp_path / "out")
+    rows = {r["name"]: r for r in report["tensors"]}
+    assert report["counts"] == {"intact": 0, "lost": 2, "unproven": 5, "suspect": 1}
+    assert rows["layer2.weight"]["status"] == "suspect"
+    assert {n for n, r in rows.items() if r["status"] == "lost"} == {"layer6.weight", "layer7.weight"}
+    assert report["written"] == 0 and not list((tmp_path / "out").glob("*.safetensors"))
+    report = salvage(src, tmp_path / "out2", include_unproven=True)
+    got = _salvaged(tmp_path / "out2")
+    assert set(got) == {f"layer{i}.weight" for i in (0, 1, 3, 4, 5)}
+    assert all(torch.equal(got[n], sd[n]) for n in got)
+
+
+def test_safetensors_with_a_manifest_proves_each_tensor(tmp_path):
+    sd = {f"layer{i}.weight": torch.randn(64, 64) for i in range(8)}
+    run = tmp_path / "run"
+    with P.publish(run, 30, name="model.safetensors", chunk_bytes=4096) as pub:
+        pub.open().write(__import__("safetensors.torch", fromlist=["save"]).save(sd))
+    src = run / "model.safetensors"
+    spans = _st_offsets(src)
+    raw = bytearray(src.read_bytes())
+    z0 = (spans["layer2.weight"][0] + 4096) // 4096 * 4096
+    raw[z0:z0 + 4096] = bytes(4096)
+    src.write_bytes(bytes(raw))
+    report = salvage(src, tmp_path / "out")
+    rows = {r["name"]: r for r in report["tensors"]}
+    bad = {n for n, (a, b) in spans.items() if a < z0 + 4096 and b > z0}
+    assert {n for n, r in rows.items() if r["status"] == "lost"} == bad and "layer2.weight" in bad
+    got = _salvaged(tmp_path / "out")
+    assert set(got) == set(sd) - bad and all(torch.equal(got[n], sd[n]) for n in got)
+
+
+def test_fill_from_an_older_unit_names_the_source_and_step(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    old, new = _state(seed=1), _state(seed=2)
+    torch.save(old, run / "ckpt_000020.pt")
+    torch.save(new, run / "ckpt_000030.pt")
+    raw = (run / "ckpt_000030.pt").read_bytes()
+    (run / "ckpt_000030.pt").write_bytes(raw[: len(raw) // 2])
+    report = salvage(run / "ckpt_000030.pt", tmp_path / "out", fill_from=run / "ckpt_000020.pt")
+    rows = {r["name"]: r for r in report["tensors"]}
+    got, wnew, wold = _salvaged(tmp_path / "out"), _flat(new), _flat(old)
+    assert set(got) == set(wnew) and report["filled"] == report["counts"]["lost"] > 0
+    for n, r in rows.items():
+        if r["source"]:
+            assert r["source"]["step"] == 20 and r["source"]["unit"].endswith("ckpt_000020.pt")
+            assert torch.equal(got[n], wold[n])
+        else:
+            assert torch.equal(got[n], wnew[n])
+
+
+def test_refused_inside_the_run_or_over_an_existing_folder(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    torch.save(_state(), run / "ckpt_000030.pt")
+    with pytest.raises(SalvageRefused, match="inside the run folder"):
+        salvage(run / "ckpt_000030.pt", run / "salvaged")
+    (tmp_path / "exists").mkdir()
+    with pytest.raises(SalvageRefused, match="already exists"):
+        salvage(run / "ckpt_000030.pt", tmp_path / "exists")
+    with pytest.raises(SalvageRefused, match="no such"):
+        salvage(run / "missing.pt", tmp_path / "o")
+    assert sorted(os.listdir(run)) == ["ckpt_000030.pt"]
+
+
+def test_cli_exit_codes_and_summary(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    sd = _state()
+    torch.save(sd, run / "ckpt_000030.pt")
+    raw = (run / "ckpt_000030.pt").read_bytes()
+    (run / "ckpt_000030.pt").write_bytes(raw[: len(raw) // 2])
+    cmd = [sys.executable, "-m", "ckptaudit.cli", "salvage", str(run / "ckpt_000030.pt")]
+    r = subprocess.run(cmd + ["--out", str(tmp_path / "out")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "proven intact" in r.stdout and "model.load_state_dict({k[6:]: v" in r.stdout
+    r = subprocess.run(cmd + ["--out", str(run / "x")], capture_output=True, text=True)
+    assert r.returncode == 3 and "inside the run folder" in r.stderr
+    (run / "empty.pt").write_bytes(raw[:100])  # not even data.pkl
+    r = subprocess.run([sys.executable, "-m", "ckptaudit.cli", "salvage", str(run / "empty.pt"), "--out",
+                        str(tmp_path / "none")], capture_output=True, text=True)
+    assert r.returncode == 1 and "nothing proven intact" in r.stdout, (r.stdout, r.stderr)
+
+
+@pytest.mark.slow
+def test_dcp_unit_missing_one_rank_keeps_the_tensors_without_a_chunk_there(tmp_path):
+    """FSDP2 + DCP on 2 gloo ranks (tests/frameworks/fw_fsdp_dcp), rank 1's __1_0.distcp of the newest save
+    deleted: every tensor with a chunk in that file is lost, every other one is recovered equal to what
+    torch's own dcp_to_torch_save reads from the untouched save."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    from tests.frameworks import fw_fsdp_dcp as D
+
+    run, _, _ = D._run(tmp_path / "gen")
+    unit = run / "checkpoint" / "step-30"
+    dcp_to_torch_save(str(unit), str(tmp_path / "whole.pt"))
+    whole = _flat(torch.load(tmp_path / "whole.pt", weights_only=False))
+    meta = FileSystemReader(str(unit)).read_metadata()
+    tensor_fqns = {k for k, v in meta.state_dict_metadata.items() if hasattr(v, "chunks")}
+    on_rank1 = {idx.fqn for idx, info in meta.storage_data.items() if info.relative_path == "__1_0.distcp"}
+    os.unlink(unit / "__1_0.distcp")
+    report = salvage(unit, tmp_path / "out")
+    rows = {r["name"]: r for r in report["tensors"]}
+    assert set(rows) == tensor_fqns
+    assert {n for n, r in rows.items() if r["status"] == "lost"} == tensor_fqns & on_rank1
+    assert report["counts"]["intact"] == len(tensor_fqns - on_rank1) > 0
+    assert any(f["file"] == "__1_0.distcp" and f["kind"] == "missing" for f in report["files"])
+    got = _salvaged(tmp_path / "out")
+    assert set(got) == tensor_fqns - on_rank1
+    for n, t in got.items():
+        assert torch.equal(t, whole[n]), n
+
+
+@pytest.mark.slow
+def test_deepspeed_tag_missing_one_partition_keeps_every_other_file(tmp_path):
+    """DeepSpeed ZeRO-2 on 2 gloo ranks (tests/frameworks/fw_deepspeed), rank 1's optimizer partition of the
+    newest tag deleted: the module weights and rank 0's partition are recovered bit-exact, and the report
+    names the missing partition as the audit's layout does (ds_rank_files_missing)."""
+    from tests.frameworks import fw_deepspeed as D
+
+    run, _, _ = D._run(tmp_path / "gen", 2)
+    unit = run / "global_step30"
+    gone = unit / "zero_pp_rank_1_mp_rank_00_optim_states.pt"
+    want = {}
+    for p in sorted(unit.glob("*.pt")):
+        if p != gone:
+            want.update({f"{p.name}:{k}": v for k, v in _flat(torch.load(p, weights_only=False)).items()})
+    os.unlink(gone)
+    report = salvage(unit, tmp_path / "out")
+    assert report["counts"]["lost"] == 0 and report["counts"]["intact"] == len(want)
+    missing = [f for f in report["files"] if f["kind"] == "missing"]
+    assert [f["file"] for f in missing] == [gone.name], report["files"]
+    got = {}
+    for f, out_name in report["outputs"].items():
+        got.update({f"{f}:{k}": v for k, v in load_file(str(tmp_path / "out" / out_name)).items()})
+    assert set(got) == set(want)
+    assert all(torch.equal(got[k], want[k].contiguous()) for k in got)
+    weights = [k for k in got if k.startswith("mp_rank_00_model_states.pt:module.")]
+    assert weights, sorted(got)[:5]
+
+
+def test_warm_start_from_a_salvaged_unit_is_closer_to_its_step_than_the_older_unit(tmp_path):
+    """A small regression trained 400 steps, saved at 100 and 400; the step-400 save cut short in its
+    optimizer state (torch.save writes the model first) and salvaged with --fill-from the step-100 save:
+    warm-started from the result, the loss is the step-400 model's, far below the step-100 model's."""
+    torch.manual_seed(0)
+    x = torch.randn(256, 16)
+    y = torch.sin(x @ torch.randn(16, 1))
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    run = tmp_path / "run"
+    run.mkdir()
+
+    def loss_of(m) -> float:
+        with torch.no_grad():
+            return float(torch.nn.functional.mse_loss(m(x), y))
+
+    for step in range(1, 401):
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        if step in (100, 400):
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step},
+                       run / f"ckpt_{step:06d}.pt")
+            if step == 100:
+                loss_100 = loss_of(model)
+    loss_400 = loss_of(model)
+    newest = run / "ckpt_000400.pt"
+    raw = newest.read_bytes()
+    newest.write_bytes(raw[: int(len(raw) * 0.6)])
+    report = salvage(newest, tmp_path / "out", fill_from=run / "ckpt_000100.pt")
+    sd = load_file(str(tmp_path / "out" / "ckpt_000400.pt.safetensors"))
+    fresh = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
+    res = fresh.load_state_dict({k[6:]: v for k, v in sd.items() if k.startswith("model.")}, strict=False)
+    assert not res.missing_keys and report["filled"] > 0
+    warm = loss_of(fresh)
+    assert abs(warm - loss_400) < abs(loss_100 - loss_400), (warm, loss_400, loss_100)
+    assert warm == pytest.approx(loss_400, rel=1e-6)
