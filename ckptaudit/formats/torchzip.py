@@ -276,14 +276,15 @@ def _storages_from_pkl(data_pkl: Optional[bytes]) -> Optional[Dict[str, int]]:
 
 def _check_without_cd(fh: ArchiveFile, display: str, rep: ZipReport, verify_crc: bool, chunk: int, buf: bytearray,
                       cd_problem: Optional[str], tensor_names: Optional[TensorNames]) -> None:
-    st = walk_local(fh, verify_crc, chunk, buf)
+    sizes = _storage_sizes(fh)
+    st = walk_local(fh, verify_crc, chunk, buf, expected_size=sizes)
     members: List[Member] = st["members"]
     rep.members = members
     first = members[0].name if members else (st["cut_member"] or "")
     rep.prefix = first.split("/", 1)[0] if "/" in first else ""
     rep.data_pkl = _walked_data_pkl(fh, members, rep.prefix)
     rep.intact_members = [m.name for m in members if m.complete and m.crc_ok is not False]
-    storages = _storages_from_pkl(rep.data_pkl)
+    storages = sizes.known[rep.prefix] if rep.prefix in sizes.known else _storages_from_pkl(rep.data_pkl)
     names = _names(rep, tensor_names)
     out = rep.findings
     for m in members:
@@ -291,6 +292,23 @@ def _check_without_cd(fh: ArchiveFile, display: str, rep: ZipReport, verify_crc:
             out.append(crc_mismatch(display, m.name, hex32(m.crc32), hex32(m.crc_actual), rep.prefix, names))
 
     _cut_findings(fh, display, rep, st, storages, cd_problem, chunk)
+
+
+def _storage_sizes(fh: ArchiveFile) -> Callable[[str, List[Member]], Optional[int]]:
+    """The ``expected_size`` of :func:`walk_local` for a torch zip: a ``<prefix>/data/<key>`` record holds the
+    bytes data.pkl declares for storage ``key`` (torch writes data.pkl first, so it is walked before them)."""
+    known: Dict[str, Optional[Dict[str, int]]] = {}
+
+    def expected(name: str, members: List[Member]) -> Optional[int]:
+        prefix, sep, key = ("", "data/", name[5:]) if name.startswith("data/") else name.partition("/data/")
+        if not sep or "/" in key:
+            return None
+        if prefix not in known:
+            known[prefix] = _storages_from_pkl(_walked_data_pkl(fh, members, prefix))
+        sizes = known[prefix]
+        return sizes.get(key) if sizes else None
+    expected.known = known  # type: ignore[attr-defined]  # the walks of data.pkl, for the caller to reuse
+    return expected
 
 
 def _walked_data_pkl(fh: ArchiveFile, members: List[Member], prefix: str) -> Optional[bytes]:

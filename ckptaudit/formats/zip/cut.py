@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import struct
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from ... import findings
 from ...findings import Finding
@@ -88,16 +88,22 @@ def trailing_zero_start(fh: ArchiveFile, chunk: int) -> int:
     return 0
 
 
-def walk_local(fh: ArchiveFile, verify_crc: bool, chunk: int, buf: bytearray) -> dict:
+def walk_local(fh: ArchiveFile, verify_crc: bool, chunk: int, buf: bytearray,
+               expected_size: Optional[Callable[[str, List[Member]], Optional[int]]] = None) -> dict:
     """Walk local headers from offset 0.  Returns what was found and where it stopped: ``members`` (the
     :class:`Member` records met, ``complete`` when whole), ``stop`` (why the walk ended: ``eof_between``,
     ``eof_in_header``, ``eof_in_data``, ``eof_in_descriptor``, ``bad_descriptor``, ``unsupported``,
     ``eof_in_end_records``, ``eocd_inconsistent``, ``nul``, ``garbage``), ``stop_at`` (byte), ``cut_member``
-    and ``cut_data_offset`` (the last record begun), ``cd_entries`` and ``reached_cd``."""
+    and ``cut_data_offset`` (the last record begun), ``cd_entries`` and ``reached_cd``.
+
+    ``expected_size(name, members so far)``: the size a record whose sizes only its data descriptor states
+    should have (a storage's bytes, from data.pkl, which torch writes first), or None.  With it, the
+    descriptor is looked for at that one place and the record's CRC-32 computed in one pass, instead of a
+    search for the descriptor's signature through every byte; where it is not there, the search runs."""
     size = fh.size
     pos = 0
     st = {"members": [], "stop": "eof_between", "stop_at": 0, "cut_member": None,
-          "cut_data_offset": None, "cd_entries": 0, "reached_cd": False}
+          "cut_data_offset": None, "cd_entries": 0, "reached_cd": False, "expected_size": expected_size}
     while True:
         st["stop_at"] = pos
         if pos >= size:
@@ -146,8 +152,34 @@ def _local_record(fh: ArchiveFile, pos: int, st: dict, verify_crc: bool, chunk: 
                crc32=crc, compressed_size_bytes=vals["csize"], method=method, flags=flags,
                complete=False)
     if bool(flags & 8) and vals["csize"] == 0:
+        hint = st["expected_size"](name, st["members"]) if st.get("expected_size") else None
+        if hint is not None and m.method == 0:
+            end = _predicted_record(fh, m, st, hint, chunk, buf)
+            if end is not None:
+                return end
         return _deferred_record(fh, m, st, chunk)
     return _sized_record(fh, m, st, vals, verify_crc, chunk, buf)
+
+
+def _predicted_record(fh: ArchiveFile, m: Member, st: dict, n: int, chunk: int, buf: bytearray) -> Optional[int]:
+    """A deferred record of ``n`` bytes when its descriptor is right after them (its CRC-32 computed); None
+    when it is not there (the caller searches)."""
+    dd = fh.pread(m.data_offset + n, 24)
+    if dd[:4] != SIG_DESCRIPTOR:
+        return None
+    dd_len = _descriptor_len(dd, n)
+    if not dd_len:
+        return None
+    crc, got = fh.crc(m.data_offset, n, chunk, buf)
+    if got != n:
+        return None
+    m.size_bytes = m.compressed_size_bytes = n
+    m.crc32 = struct.unpack_from("<I", dd, 4)[0]
+    m.crc_actual = crc
+    m.crc_ok = crc == m.crc32
+    m.complete = True
+    st["members"].append(m)
+    return m.data_offset + n + dd_len
 
 
 def _deferred_record(fh: ArchiveFile, m: Member, st: dict, chunk: int) -> Optional[int]:
