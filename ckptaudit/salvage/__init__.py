@@ -5,7 +5,7 @@
 
 Reads the unit without unpickling anything (the static walk of data.pkl names each tensor; its bytes are
 copied from the file as they are), proves each tensor intact, lost, unproven or suspect
-(:mod:`.proof`: the zip record's CRC-32, a ckptaudit manifest's chunk digests; finite values never count),
+(:mod:`ckptaudit.intact`: the zip record's CRC-32, a ckptaudit manifest's chunk digests; finite values never count),
 and publishes into ``out`` (a new folder, through :func:`ckptaudit.publish.publish`: sidecars, manifest,
 ``COMPLETE``) one safetensors file per data file of the unit holding its intact tensors, and
 ``salvage.json``, the report: each tensor's status and proof, where it came from and at which step.
@@ -20,90 +20,18 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
-from ..formats.sniff import sniff
-from ..manifest_entries import load_manifest
+from ..intact import INTACT, LOST, SAFETENSORS_DTYPE, SUSPECT, UNPROVEN, TensorBytes, counts, unit_tensors
 from ..units import step_from_name
-from . import dcp, safetensors_file, torch_zip
-from .missing import missing_files
-from .proof import INTACT, LOST, SAFETENSORS_DTYPE, SUSPECT, UNPROVEN, ChunkProof, TensorBytes, counts
 
-__all__ = ["salvage", "SalvageRefused", "unit_tensors"]
+__all__ = ["salvage", "SalvageRefused"]
 
 SCHEMA = "ckptaudit.salvage/1"
 REPORT_NAME = "salvage.json"
-#: names inside a unit that are not data: sidecars, manifests, markers, text
-_NOT_DATA = (".sha256", ".sha256sum", ".manifest.json", ".json", ".txt", ".md", ".yaml", ".yml")
-
-
 class SalvageRefused(ValueError):
     """The salvage was not started: a bad unit, or an output folder that is not allowed (inside the run
     folder or the unit, or already there)."""
-
-
-def unit_files(unit: Path) -> Tuple[List[Tuple[str, Path]], Dict[str, dict]]:
-    """``([(name in the unit, path)], {name: manifest entry})`` of a file or folder unit's data files."""
-    if unit.is_file():
-        return [(unit.name, unit)], load_manifest(unit.with_name(unit.name + ".manifest.json"))
-    out = []
-    for dirpath, dirnames, names in os.walk(unit):
-        dirnames.sort()
-        for n in sorted(names):
-            p = Path(dirpath) / n
-            if n.endswith(_NOT_DATA) or n in ("COMPLETE", "latest") or n.startswith(".ckptaudit-tmp-"):
-                continue
-            out.append((p.relative_to(unit).as_posix(), p))
-    return out, load_manifest(unit / "manifest.json")
-
-
-def unit_tensors(unit: str | os.PathLike, run_dir: Optional[str | os.PathLike] = None
-                 ) -> Tuple[List[TensorBytes], List[dict]]:
-    """``(tensors, files)``: every tensor the data files of ``unit`` name, with its status and proof, and
-    per file ``{"file", "kind", "problem", "counts"}`` (files the manifest lists, or the unit's layout expects,
-    that are gone included).  ``run_dir``: the run folder (default: the unit's parent), whose inventory tells
-    the layout of a folder unit.  Raises :class:`SalvageRefused` when ``unit`` does not exist."""
-    from ..config import defaults
-
-    root = Path(unit)
-    if not root.exists():
-        raise SalvageRefused(f"{root}: no such file or folder")
-    cfg = defaults()
-    out: List[TensorBytes] = []
-    rows: List[dict] = []
-    gone: List[Tuple[str, str]] = []
-    if root.is_dir():
-        gone = missing_files(Path(run_dir) if run_dir else root.parent, root, cfg)
-    if root.is_dir() and dcp.is_dcp(root):
-        ts, problem, n_items = dcp.tensors(root, cfg)
-        rows.append({"file": dcp.FILE, "kind": "dcp", "problem": problem, "counts": counts(ts),
-                     "non_tensor_items": n_items})
-        rows += [{"file": f, "kind": "missing", "problem": why, "counts": counts([])} for f, why in gone]
-        return ts, rows
-    files, manifest = unit_files(root)
-    for name, path in files:
-        kind = sniff(path).kind
-        chunks = ChunkProof.of(str(path), manifest.get(name))
-        if kind == "torch_zip":
-            ts, problem = torch_zip.tensors(str(path), name, chunks)
-        elif kind == "safetensors" or path.suffix == ".safetensors":
-            ts, problem = safetensors_file.tensors(str(path), name, chunks)
-        else:
-            rows.append({"file": name, "kind": kind, "problem": f"not tensor data salvage reads ({kind})",
-                         "counts": counts([])})
-            continue
-        out.extend(ts)
-        rows.append({"file": name, "kind": kind, "problem": problem, "counts": counts(ts)})
-    present = {n for n, _ in files}
-    for name, e in sorted(manifest.items()):
-        if name not in present:
-            rows.append({"file": name, "kind": "missing", "counts": counts([]),
-                         "problem": f"listed in the manifest ({e.get('size_bytes')} bytes) but not in the unit: "
-                                    "every tensor it held is lost"})
-            present.add(name)
-    rows += [{"file": f, "kind": "missing", "problem": why, "counts": counts([])} for f, why in gone
-             if f not in present]
-    return out, rows
 
 
 def _check_out(unit: Path, out: Path, run_dir: Optional[Path]) -> None:
@@ -152,12 +80,18 @@ def salvage(unit: str | os.PathLike, out: str | os.PathLike, *, fill_from: Optio
     src, dest = Path(unit), Path(out)
     _check_out(src, dest, Path(run_dir) if run_dir else None)
     step = step_from_name(src.name)
-    tensors, files = unit_tensors(src, run_dir)
+    try:
+        tensors, files = unit_tensors(src, run_dir)
+    except FileNotFoundError as e:
+        raise SalvageRefused(str(e)) from None
     own = counts(tensors)
     keep_status = (INTACT, UNPROVEN) if include_unproven else (INTACT,)
     filled = 0
     if fill_from is not None:
-        older, _ = unit_tensors(fill_from, run_dir)
+        try:
+            older, _ = unit_tensors(fill_from, run_dir)
+        except FileNotFoundError as e:
+            raise SalvageRefused(f"--fill-from: {e}") from None
         filled = _fill(tensors, older, str(Path(fill_from)), step_from_name(Path(fill_from).name))
     chosen = [t for t in tensors if t.status in keep_status and t.dtype in SAFETENSORS_DTYPE]
     by_file: Dict[str, List[TensorBytes]] = {}

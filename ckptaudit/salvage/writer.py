@@ -16,7 +16,7 @@ import os
 import struct
 from typing import Dict, List
 
-from .proof import SAFETENSORS_DTYPE, TensorBytes
+from ..intact.proof import SAFETENSORS_DTYPE, TensorBytes
 
 _PIECE = 4 << 20
 

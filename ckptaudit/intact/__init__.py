@@ -1,0 +1,93 @@
+"""Which tensors of a checkpoint unit are proven intact: the proofs behind ``ckptaudit salvage`` and the
+verdict's salvage offer.
+
+:func:`unit_tensors` names every tensor of a file or folder unit without unpickling anything (a torch zip's
+data.pkl and a DCP ``.metadata`` by the static walk, a safetensors header as JSON) and gives each a status:
+``intact`` when a record made at save time checks its very bytes (the zip record's CRC-32, a ckptaudit
+manifest's chunk digests), ``lost`` when its bytes are missing or proven changed, ``unproven`` when they are
+there and nothing checks them, ``suspect`` when, unchecked, they hold an all-zero page (:mod:`.proof`).  One
+module per format (:mod:`.torch_zip`, :mod:`.safetensors_file`, :mod:`.dcp`); the files a folder's layout
+expects and lacks come from the audit's own scan (:mod:`.missing`).  Reads only.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+from ..formats.sniff import sniff
+from ..manifest_entries import load_manifest
+from . import dcp, safetensors_file, torch_zip
+from .missing import missing_files
+from .proof import INTACT, LOST, SAFETENSORS_DTYPE, SUSPECT, UNPROVEN, ChunkProof, TensorBytes, counts
+
+__all__ = ["unit_tensors", "unit_files", "TensorBytes", "counts", "INTACT", "LOST", "UNPROVEN", "SUSPECT",
+           "SAFETENSORS_DTYPE"]
+
+#: names inside a unit that are not data: sidecars, manifests, markers, text
+_NOT_DATA = (".sha256", ".sha256sum", ".manifest.json", ".json", ".txt", ".md", ".yaml", ".yml")
+
+
+def unit_files(unit: Path) -> Tuple[List[Tuple[str, Path]], Dict[str, dict]]:
+    """``([(name in the unit, path)], {name: manifest entry})`` of a file or folder unit's data files."""
+    if unit.is_file():
+        return [(unit.name, unit)], load_manifest(unit.with_name(unit.name + ".manifest.json"))
+    out = []
+    for dirpath, dirnames, names in os.walk(unit):
+        dirnames.sort()
+        for n in sorted(names):
+            p = Path(dirpath) / n
+            if n.endswith(_NOT_DATA) or n in ("COMPLETE", "latest") or n.startswith(".ckptaudit-tmp-"):
+                continue
+            out.append((p.relative_to(unit).as_posix(), p))
+    return out, load_manifest(unit / "manifest.json")
+
+
+def unit_tensors(unit: str | os.PathLike, run_dir: Optional[str | os.PathLike] = None
+                 ) -> Tuple[List[TensorBytes], List[dict]]:
+    """``(tensors, files)``: every tensor the data files of ``unit`` name, with its status and proof, and
+    per file ``{"file", "kind", "problem", "counts"}`` (files the manifest lists, or the unit's layout expects,
+    that are gone included).  ``run_dir``: the run folder (default: the unit's parent), whose inventory tells
+    the layout of a folder unit.  Raises ``FileNotFoundError`` when ``unit`` does not exist."""
+    from ..config import defaults
+
+    root = Path(unit)
+    if not root.exists():
+        raise FileNotFoundError(f"{root}: no such file or folder")
+    cfg = defaults()
+    out: List[TensorBytes] = []
+    rows: List[dict] = []
+    gone: List[Tuple[str, str]] = []
+    if root.is_dir():
+        gone = missing_files(Path(run_dir) if run_dir else root.parent, root, cfg)
+    if root.is_dir() and dcp.is_dcp(root):
+        ts, problem, n_items = dcp.tensors(root, cfg)
+        rows.append({"file": dcp.FILE, "kind": "dcp", "problem": problem, "counts": counts(ts),
+                     "non_tensor_items": n_items})
+        rows += [{"file": f, "kind": "missing", "problem": why, "counts": counts([])} for f, why in gone]
+        return ts, rows
+    files, manifest = unit_files(root)
+    for name, path in files:
+        kind = sniff(path).kind
+        chunks = ChunkProof.of(str(path), manifest.get(name))
+        if kind == "torch_zip":
+            ts, problem = torch_zip.tensors(str(path), name, chunks)
+        elif kind == "safetensors" or path.suffix == ".safetensors":
+            ts, problem = safetensors_file.tensors(str(path), name, chunks)
+        else:
+            rows.append({"file": name, "kind": kind, "problem": f"not tensor data salvage reads ({kind})",
+                         "counts": counts([])})
+            continue
+        out.extend(ts)
+        rows.append({"file": name, "kind": kind, "problem": problem, "counts": counts(ts)})
+    present = {n for n, _ in files}
+    for name, e in sorted(manifest.items()):
+        if name not in present:
+            rows.append({"file": name, "kind": "missing", "counts": counts([]),
+                         "problem": f"listed in the manifest ({e.get('size_bytes')} bytes) but not in the unit: "
+                                    "every tensor it held is lost"})
+            present.add(name)
+    rows += [{"file": f, "kind": "missing", "problem": why, "counts": counts([])} for f, why in gone
+             if f not in present]
+    return out, rows
