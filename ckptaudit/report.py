@@ -92,6 +92,11 @@ def run_report(inventory_json: str, parts: Dict[str, List[str]], cfg: dict, out_
             inv["changed_during_audit"][u["unit"]] = [liveness.changed_finding(u["unit"], changed, root).to_dict()]
     v = verdict.build(inv, all_tables, cfg)
     _add_reverified(v, all_tables.get("hash", []), audit_id, reuse)
+    from .salvage_option import offer
+
+    v["salvage"] = offer(v, root, out, cfg)
+    if v["salvage"]:
+        v["reasons"].append(v["salvage"]["sentence"])
     sizes = {u["unit"]: u["size_bytes"] for u in inv["units"]}
     tables.write("units", verdict.units_rows(v, sizes), tdir / "units.parquet")
     ptr_rows = []

@@ -98,6 +98,8 @@ def summary(v: Dict, out_dir: str | Path) -> str:
     if hint:
         lines.append(f"  {hint}")
     lines += unit_lines(v)
+    if v.get("salvage"):
+        lines.append(f"  {v['salvage']['sentence']}")
     for e in v.get("resume_entries") or []:
         if not e.get("ok") and e.get("finding"):
             repair = e["finding"].get("repair")

@@ -357,3 +357,53 @@ def test_warm_start_from_a_salvaged_unit_is_closer_to_its_step_than_the_older_un
     warm = loss_of(fresh)
     assert abs(warm - loss_400) < abs(loss_100 - loss_400), (warm, loss_400, loss_100)
     assert warm == pytest.approx(loss_400, rel=1e-6)
+
+
+def _run_with_cut_newest(run: Path, fraction: float) -> None:
+    run.mkdir(parents=True)
+    for step in (100, 200, 300):
+        sd = _state(seed=step)
+        sd["iter_num"] = step
+        torch.save(sd, run / f"ckpt_{step:06d}.pt")
+    p = run / "ckpt_000300.pt"
+    raw = p.read_bytes()
+    p.write_bytes(raw[: int(len(raw) * fraction)])
+
+
+def test_verdict_offers_salvage_with_a_command_that_runs_as_printed(tmp_path):
+    """The newest unit cut after its weights (torch.save writes the model first): the verdict rolls back to
+    step 200 and offers a salvage of step 300 with --fill-from step 200; the printed command runs."""
+    import shlex
+
+    from ckptaudit.pipeline import audit_in_process
+
+    run = tmp_path / "run"
+    _run_with_cut_newest(run, 0.45)
+    v = audit_in_process(run, out_dir=tmp_path / "audit")
+    assert v["rollback"]["unit"] == "ckpt_000200.pt"
+    s = v["salvage"]
+    assert s["unit"] == "ckpt_000300.pt" and s["weights_share"] == 1.0 and s["steps_kept"] == 100
+    assert s["sentence"] in v["reasons"] and "--fill-from" in s["command"]
+    r = subprocess.run([sys.executable, "-m", "ckptaudit.cli"] + shlex.split(s["command"])[1:], capture_output=True,
+                       text=True)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads((Path(shlex.split(s["command"])[4]) / "salvage.json").read_text())
+    assert rep["counts"]["intact"] + rep["filled"] == len(rep["tensors"])
+    assert list(run.iterdir()) and sorted(p.name for p in run.iterdir()) == [
+        "ckpt_000100.pt", "ckpt_000200.pt", "ckpt_000300.pt"]
+
+
+def test_verdict_offers_no_salvage_when_the_weights_are_lost_or_below_the_share(tmp_path):
+    from ckptaudit.pipeline import audit_in_process
+
+    run = tmp_path / "run"
+    _run_with_cut_newest(run, 0.10)  # inside the first weights: most of them lost
+    assert audit_in_process(run, out_dir=tmp_path / "a")["salvage"] is None
+    run2 = tmp_path / "run2"
+    _run_with_cut_newest(run2, 0.45)
+    v = audit_in_process(run2, {"salvage": {"min_weights_share": 1.0}}, out_dir=tmp_path / "b")
+    assert v["salvage"] is not None  # every weight intact: 1.0 is met
+    healthy = tmp_path / "healthy"
+    healthy.mkdir()
+    torch.save(_state(), healthy / "ckpt_000100.pt")
+    assert audit_in_process(healthy, out_dir=tmp_path / "c")["salvage"] is None

@@ -1,0 +1,78 @@
+"""Whether the verdict offers a salvage of the damaged newest unit, and the command that does it.
+
+When the newest unit cannot be resumed from and the rollback point is older, every step between them is
+lost, unless much of the newest unit is intact.  The report job asks :func:`ckptaudit.salvage.unit_tensors`
+(the same proofs ``ckptaudit salvage`` uses: each storage record's CRC-32, a manifest's chunk digests; one
+read of the unit) which of its tensors are proven intact.  The weights are its tensors outside an optimizer
+state_dict (recognised by its shape on the path: ``….state.<parameter index>.…``), weighed by bytes.  With
+at least ``salvage.min_weights_share`` of them intact, ``verdict["salvage"]`` names the unit, the share, the
+steps a warm start from it would keep over the rollback point, and the command (``--fill-from`` the rollback
+unit, so the lost tensors come from there); the verdict's reasons get one sentence.  Local runs only.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import List, Optional
+
+
+def is_optimizer_state(name: str) -> bool:
+    """Whether a tensor path lies in an optimizer state_dict's ``state`` (``optimizer.state.3.exp_avg``,
+    ``state.0.exp_avg_sq``): the component ``state`` followed by a parameter index."""
+    parts = name.split(".")
+    return any(p == "state" and i + 1 < len(parts) and parts[i + 1].isdigit() for i, p in enumerate(parts))
+
+
+def weights_share(tensors: List) -> tuple:
+    """``(intact weight bytes, weight bytes)`` of salvage's ``TensorBytes`` list."""
+    total = intact = 0
+    for t in tensors:
+        if is_optimizer_state(t.name):
+            continue
+        total += t.nbytes
+        if t.status == "intact":
+            intact += t.nbytes
+    return intact, total
+
+
+def offer(v: dict, run_root, out_dir, cfg: dict) -> Optional[dict]:
+    """``{"unit", "step", "weights_share", "steps_kept", "command", "sentence"}`` when verdict ``v`` should
+    offer salvage of its newest unit (local run ``run_root``; the command writes under ``out_dir``), else
+    None.  Never raises for a unit it cannot read: no offer then."""
+    from .intact import unit_tensors
+
+    newest, rollback = v.get("newest"), v.get("rollback")
+    if not newest or "://" in str(run_root):
+        return None
+    unit = next((u for u in v.get("units", []) if u["unit"] == newest["unit"]), None)
+    if unit is None or unit["usable_for"] == "resume" or (rollback and rollback["unit"] == unit["unit"]):
+        return None
+    path = Path(run_root) / unit["unit"]
+    try:
+        tensors, _ = unit_tensors(path, run_root)
+    except (OSError, ValueError):
+        return None
+    intact, total = weights_share(tensors)
+    share = intact / total if total else 0.0
+    if not intact or share < float((cfg.get("salvage") or {}).get("min_weights_share", 0.5)):
+        return None
+    step = unit.get("step") if unit.get("step") is not None else _name_step(unit["unit"])
+    kept = step - rollback["step"] if rollback and step is not None and rollback.get("step") is not None else None
+    dest = Path(out_dir).resolve() / "salvage" / (unit["unit"].replace("/", "_") + "-salvaged")
+    cmd = ["ckptaudit", "salvage", str(path.resolve()), "--out", str(dest)]
+    if rollback:
+        cmd += ["--fill-from", str((Path(run_root) / rollback["unit"]).resolve())]
+    command = " ".join(shlex.quote(c) for c in cmd)
+    keeps = f"keeps up to {kept} steps over the rollback point" if kept else "may keep steps over the rollback point"
+    sentence = (f"Salvage: {100 * share:.0f} % of the weights of {unit['unit']} are proven intact (zip record "
+                f"CRC-32 or manifest digests); a warm start from them {keeps}, without its optimizer state "
+                f"where that is lost: {command}")
+    return {"unit": unit["unit"], "step": step, "weights_share": round(share, 4), "steps_kept": kept,
+            "command": command, "sentence": sentence}
+
+
+def _name_step(unit: str) -> Optional[int]:
+    from .units import step_from_name
+
+    return step_from_name(Path(unit).name)
