@@ -17,14 +17,15 @@ import errno
 import hashlib
 import logging
 import os
+import re
 import secrets
 import socket
 from contextlib import nullcontext
 from pathlib import Path
 from typing import BinaryIO, Callable, ContextManager, Optional, Union
 
-__all__ = ["TMP_PREFIX", "atomic_symlink", "atomic_write", "fsync_dir", "host_tag", "tmp_name", "unlink_quiet",
-           "write_all"]
+__all__ = ["TMP_PREFIX", "atomic_symlink", "atomic_write", "dead_writer", "fsync_dir", "host_tag", "tmp_name",
+           "unlink_quiet", "write_all"]
 
 log = logging.getLogger("ckptaudit.publish")  # the writer side's logger, where this warning has always been
 
@@ -46,6 +47,26 @@ def host_tag() -> str:
 def tmp_name(final_name: str) -> str:
     """A temporary name for ``final_name``: ``.ckptaudit-tmp-<host8>-<pid>-<rand8>-<final_name>``."""
     return f"{TMP_PREFIX}{host_tag()}-{os.getpid()}-{secrets.token_hex(4)}-{final_name}"
+
+
+_TMP_RE = re.compile(r"^\.ckptaudit-tmp-([0-9a-f]{8})-(\d+)-([0-9a-f]{8})-(.+)$")
+
+
+def dead_writer(name: str) -> Optional[int]:
+    """The pid of the writer of temp name ``name`` (:func:`tmp_name`) when it ran on this host and is gone; None
+    for any other name, another host's temp name (its liveness cannot be seen from here), a live process, or
+    one of another user (``kill(pid, 0)`` refused)."""
+    m = _TMP_RE.match(name)
+    if not m or m.group(1) != host_tag():
+        return None
+    pid = int(m.group(2))
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return pid
+    except (PermissionError, OverflowError):
+        return None
+    return None
 
 
 def write_all(fd: int, data) -> None:

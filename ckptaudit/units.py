@@ -12,6 +12,9 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Dict, List, Optional
 
+from . import producers
+from ._io import dead_writer
+
 # Names that are in-progress leftovers of a save, never a rollback point.
 # Sources: HF Trainer writes tmp-checkpoint-N then renames (transformers PR 28364);
 # Orbax uses *.orbax-checkpoint-tmp-*; many writers use *.tmp / *.partial.
@@ -23,7 +26,8 @@ IN_PROGRESS_PATTERNS = [
     # empty marker FILE beside the checkpoint: ckptaudit.producers.nemo, applied by the inventory); kept so such a
     # folder is never a rollback point
     (re.compile(r"-unfinished$"), "folder marked unfinished"),
-    (re.compile(r"\.dirty"), "dirty copy (*.dirty*)"),
+    # a producer's own names of a save under way come first (ckptaudit.producers.in_progress_name: NVRx's
+    # iter_<N>_<rank>_local.dirty.pt, with its source); a bare ".dirty" had no source and is no longer one
     (re.compile(r"\.orbax-checkpoint-tmp"), "Orbax temporary folder"),
     (re.compile(r"^\.ckptaudit-tmp-"), "ckptaudit.publish temporary file or folder"),
 ]
@@ -48,6 +52,9 @@ def step_from_name(name: str) -> Optional[int]:
     Shard counters (``model-00001-of-00002``) and epochs are not steps.
     """
     base = _SHARD_NAME.sub("", name)
+    own = producers.name_step(base)  # a producer's own naming (Composer's ep3-ba30-rank0.pt: batch 30)
+    if own is not None:
+        return own
     for pat in _STEP_PATTERNS:
         m = pat.search(base)
         if m:
@@ -62,10 +69,21 @@ def names_a_save(name: str) -> bool:
     """Whether ``name`` says it is a save by a step pattern (``checkpoint-500``, ``global_step300``,
     ``step-6``, ``iter_0000300``, ``ckpt_10``), not only by holding digits (``run_0001``)."""
     base = _SHARD_NAME.sub("", name)
-    return any(pat.search(base) for pat in _STEP_PATTERNS)
+    return producers.name_step(base) is not None or any(pat.search(base) for pat in _STEP_PATTERNS)
+
+
+#: the in-progress reason of a ckptaudit.publish temp whose writer is gone (the summary collapses these)
+DEAD_WRITER_WORDS = "leftover of a ckptaudit.publish save whose process is gone"
 
 
 def in_progress_reason(name: str) -> Optional[str]:
+    pid = dead_writer(name)
+    if pid is not None:
+        return (f"{DEAD_WRITER_WORDS} (pid {pid} on this host); the next publish into this folder, or "
+                "`ckptaudit prune RUN --sweep-stale`, removes it")
+    own = producers.in_progress_name(name)
+    if own is not None:
+        return own
     for pat, why in IN_PROGRESS_PATTERNS:
         if pat.search(name):
             return why

@@ -21,7 +21,8 @@ from .. import fs
 from ..units import step_from_name
 from .clock import Clock
 from .files import fsync_dir, remove_tree_quiet, rename_nfs_safe, unlink_quiet
-from .names import TMP_RE, SCHEMAS_READ, SIDECAR_SUFFIX, host_tag, tmp_name
+from .._io import dead_writer
+from .names import TMP_RE, SCHEMAS_READ, SIDECAR_SUFFIX, tmp_name
 
 log = logging.getLogger("ckptaudit.publish")
 
@@ -98,26 +99,31 @@ def _metric_of(run_dir: Path, unit: Dict[str, Any], metric: str) -> Optional[flo
         return None
 
 
-def _stale_leftovers(run_dir: Path) -> List[Tuple[str, str]]:
-    """(name, why) of temp leftovers in ``run_dir`` whose writer on this host is gone."""
-    host = host_tag()
-    out = []
+def stale_leftovers(run_dir: Path) -> List[Tuple[str, str]]:
+    """(name, why) of temp leftovers in ``run_dir`` whose writer on this host is gone
+    (:func:`ckptaudit._io.dead_writer`)."""
     try:
         names = sorted(os.listdir(run_dir))
     except OSError:
-        return out
+        return []
+    out = []
     for n in names:
-        m = TMP_RE.match(n)
-        if not m or m.group(1) != host:
-            continue
-        pid = int(m.group(2))
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        pid = dead_writer(n)
+        if pid is not None:
             out.append((n, f"leftover of process {pid} on this host, which is gone"))
-        except PermissionError:
-            continue  # a live process of another user
     return out
+
+
+def sweep_dead_writers(run_dir: Path) -> List[str]:
+    """Remove the temp leftovers of ``run_dir`` whose writer on this host is gone (never another host's, never a
+    live process's); returns their names.  :func:`ckptaudit.publish.publish` calls it before each save, so a
+    run killed mid-save keeps at most one leftover: the last killed save's, until the next save."""
+    gone = []
+    for n, why in stale_leftovers(run_dir):
+        remove_tree_quiet(run_dir / n)
+        log.info("%s: removed %s (%s)", run_dir, n, why)
+        gone.append(n)
+    return gone
 
 
 def _ours(p: Path, target: str, what: str) -> Optional[os.stat_result]:
@@ -228,7 +234,7 @@ def prune(run_dir: str | os.PathLike, *, keep_last: Optional[int] = None, keep_e
     by_name = {u.unit: u.to_dict() for u in units}
     stepped = sorted((u for u in by_name.values() if u["step_from_name"] is not None and u["unit"] != "."),
                      key=lambda u: (u["step_from_name"], u["mtime_ns"]), reverse=True)
-    stale = dict(_stale_leftovers(root)) if sweep_stale else {}
+    stale = dict(stale_leftovers(root)) if sweep_stale else {}
     orphans = _orphan_integrity_files(root) if sweep_stale else {}
     verified: Dict[str, Tuple[bool, str]] = {}
 

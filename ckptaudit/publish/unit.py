@@ -24,7 +24,7 @@ from .files import remove_tree_quiet
 from .manifest import ROLES, FileRecord, fsync_and_hash, jsonable, environment_versions, object_role
 from .names import DEFAULT_CHUNK_BYTES, SCHEMA, TMP_PREFIX, Preempted, PublishError, check_name, tmp_name
 from .phases import EXIT_CODES, PHASES
-from .retention import Retention
+from .retention import Retention, sweep_dead_writers
 from .writer import HashingWriter, cpu_storage_ranges
 
 
@@ -105,7 +105,7 @@ class _Publish(Commit):
     then the commit steps of :class:`~.commit.Commit`)."""
 
     def __init__(self, run_dir, step, *, name, folder, config, metrics, rank, world_size, group, chunk_bytes,
-                 update_latest, latest_symlink, verify, retention, replace=False):
+                 update_latest, latest_symlink, verify, retention, replace=False, sweep_stale=True):
         if not isinstance(step, int) or step < 0:
             raise ValueError(f"step must be an int >= 0, got {step!r}")
         if chunk_bytes < 1:
@@ -126,7 +126,7 @@ class _Publish(Commit):
             raise ValueError("a multi-rank publish writes a folder unit (folder=True): each rank writes its own files")
         if replace and folder:
             raise ValueError("replace=True publishes file units: a folder cannot be swapped in one rename")
-        self.replace = replace
+        self.replace, self.sweep_stale = replace, sweep_stale
         self.run_dir = Path(run_dir)
         self.step, self.folder, self.rank, self.world_size = step, folder, rank, world_size
         self.name = name or (f"checkpoint-{step}" if folder else f"ckpt_{step:06d}.pt")
@@ -158,6 +158,8 @@ class _Publish(Commit):
         if self.rank == 0:
             try:
                 self.run_dir.mkdir(parents=True, exist_ok=True)
+                if self.sweep_stale:
+                    sweep_dead_writers(self.run_dir)
                 if os.path.lexists(self.final) and not self.replace:
                     raise FileExistsError(f"{self.final}: a unit with this name already exists; publish never "
                                           "replaces a unit (delete or prune it first)")
@@ -278,7 +280,7 @@ def publish(run_dir: str | os.PathLike, step: int, *, name: Optional[str] = None
             config: Any = None, metrics: Optional[Dict[str, float]] = None, rank: Optional[int] = None,
             world_size: Optional[int] = None, group: Any = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
             update_latest: bool = True, latest_symlink: Optional[str] = None, verify: Optional[bool] = None,
-            retention: Optional[Retention] = None, replace: bool = False):
+            retention: Optional[Retention] = None, replace: bool = False, sweep_stale: bool = True):
     """Context manager that publishes one checkpoint unit of ``step`` into ``run_dir``.
 
     ``with publish(run_dir, step) as pub: pub.save(obj)`` — the unit becomes visible, with
@@ -301,7 +303,9 @@ def publish(run_dir: str | os.PathLike, step: int, *, name: Optional[str] = None
     of that name.  ``retention``: :func:`prune` after the commit.  ``replace``: a file unit may replace one of
     the same name (a framework's ``last.ckpt``, saved again at every save): its sidecar and manifest are
     removed first, the new file renamed over it, its sidecar and manifest written after, so that a crash
-    at any point leaves the old or the new bytes, never beside the other's digest.
+    at any point leaves the old or the new bytes, never beside the other's digest.  ``sweep_stale``: first
+    remove the temp files and folders in ``run_dir`` of earlier publishes on this host whose process is gone
+    (a save killed mid-way; never another host's, never a live process's), so that kills do not pile them up.
 
     Raises ``ValueError`` for bad arguments, :class:`PublishError` when the unit exists or
     could not be published (``causes`` per rank), and re-raises the block's exception.  An
@@ -313,7 +317,8 @@ def publish(run_dir: str | os.PathLike, step: int, *, name: Optional[str] = None
     """
     return _Publish(run_dir, step, name=name, folder=folder, config=config, metrics=metrics, rank=rank,
                     world_size=world_size, group=group, chunk_bytes=chunk_bytes, update_latest=update_latest,
-                    latest_symlink=latest_symlink, verify=verify, retention=retention, replace=replace)
+                    latest_symlink=latest_symlink, verify=verify, retention=retention, replace=replace,
+                    sweep_stale=sweep_stale)
 
 
 def save(obj: Any, run_dir: str | os.PathLike, step: int, *, background: bool = False,

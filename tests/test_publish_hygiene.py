@@ -1,0 +1,87 @@
+"""publish cleans up after itself: the temp files of saves killed mid-way do not pile up, and the audit
+puts the leftovers of dead writers on one line of its summary."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import torch
+
+from ckptaudit import publish as P
+from ckptaudit._io import TMP_PREFIX
+from ckptaudit.pipeline import audit_in_process
+from ckptaudit.summary import summary
+
+
+def _state(step: int) -> dict:
+    torch.manual_seed(step)
+    m = torch.nn.Linear(256, 256)
+    opt = torch.optim.AdamW(m.parameters())
+    m(torch.randn(2, 256)).sum().backward()
+    opt.step()
+    return {"model": m.state_dict(), "optimizer": opt.state_dict(), "iter_num": step}
+
+
+def _killed_save(run: Path, step: int) -> None:
+    """A forked child runs the documented loop's save and is SIGKILLed halfway through its bytes.  The state is
+    built before the fork (torch's OpenMP pool is not usable in a forked child)."""
+    state = _state(step)
+    pid = os.fork()
+    if pid == 0:  # child
+        try:
+            from ckptaudit.publish import writer
+
+            real = writer.HashingWriter.write
+
+            def write(self, b):
+                if self.written > 100_000:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return real(self, b)
+
+            writer.HashingWriter.write = write
+            P.save(state, run, step, retention=P.Retention(keep_last=3))
+        finally:
+            os._exit(3)  # never reached: the kill comes first
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+
+
+def _leftovers(run: Path) -> list:
+    return sorted(n for n in os.listdir(run) if n.startswith(TMP_PREFIX))
+
+
+def test_twenty_kills_leave_at_most_one_temp_and_one_summary_line(tmp_path):
+    run = tmp_path / "run"
+    P.save(_state(10), run, 10, retention=P.Retention(keep_last=3))
+    for i in range(20):
+        _killed_save(run, 20 + i)
+        left = _leftovers(run)
+        assert len(left) == 1 and left[0].endswith(f"ckpt_{20 + i:06d}.pt"), (i, left)
+    v = audit_in_process(run, out_dir=tmp_path / "audit")
+    assert v["rollback"]["unit"] == "ckpt_000010.pt"
+    lines = summary(v, tmp_path / "audit").splitlines()
+    about = [line for line in lines if "leftover" in line]
+    assert len(about) == 1 and about[0].strip().startswith("1 leftover of ckptaudit.publish saves"), lines
+    assert f"ckptaudit prune {run} --sweep-stale" in about[0]
+    P.save(_state(50), run, 50, retention=P.Retention(keep_last=3))
+    assert _leftovers(run) == []  # the next save removed the dead writer's temp
+
+
+def test_many_old_leftovers_are_one_line_and_another_hosts_temp_is_kept(tmp_path):
+    """Leftovers written before publish swept them (or by sweep_stale=False): one summary line for all of
+    them; a temp name of another host is never removed (its writer may be alive there)."""
+    run = tmp_path / "run"
+    P.save(_state(10), run, 10)
+    dead = [f"{TMP_PREFIX}{P.names.host_tag()}-{999_000 + i}-0000000{i}-ckpt_0000{20 + i}.pt" for i in range(5)]
+    for n in dead:
+        (run / n).write_bytes(b"PK\x03\x04 partial")
+    other = f"{TMP_PREFIX}00000000-1-00000000-ckpt_000099.pt"
+    (run / other).write_bytes(b"PK\x03\x04 partial")
+    v = audit_in_process(run, out_dir=tmp_path / "audit")
+    lines = summary(v, tmp_path / "audit").splitlines()
+    assert [line for line in lines if "leftovers of ckptaudit.publish saves" in line][0].strip().startswith("5 ")
+    assert any(other in line for line in lines)  # another host's temp stays a unit line of its own
+    P.save(_state(30), run, 30)
+    assert _leftovers(run) == [other]
