@@ -17,15 +17,10 @@ from pathlib import Path
 from typing import List, Optional
 
 
-def is_optimizer_state(name: str) -> bool:
-    """Whether a tensor path lies in an optimizer state_dict's ``state`` (``optimizer.state.3.exp_avg``,
-    ``state.0.exp_avg_sq``): the component ``state`` followed by a parameter index."""
-    parts = name.split(".")
-    return any(p == "state" and i + 1 < len(parts) and parts[i + 1].isdigit() for i, p in enumerate(parts))
-
-
 def weights_share(tensors: List) -> tuple:
     """``(intact weight bytes, weight bytes)`` of salvage's ``TensorBytes`` list."""
+    from .intact import is_optimizer_state
+
     total = intact = 0
     for t in tensors:
         if is_optimizer_state(t.name):
@@ -59,12 +54,16 @@ def offer(v: dict, run_root, out_dir, cfg: dict) -> Optional[dict]:
         return None
     step = unit.get("step") if unit.get("step") is not None else _name_step(unit["unit"])
     kept = step - rollback["step"] if rollback and step is not None and rollback.get("step") is not None else None
+    if kept is not None and kept <= 0:
+        return None  # the rollback point is as new: nothing to keep
     dest = Path(out_dir).resolve() / "salvage" / (unit["unit"].replace("/", "_") + "-salvaged")
     cmd = ["ckptaudit", "salvage", str(path.resolve()), "--out", str(dest)]
     if rollback:
         cmd += ["--fill-from", str((Path(run_root) / rollback["unit"]).resolve())]
     command = " ".join(shlex.quote(c) for c in cmd)
-    keeps = f"keeps up to {kept} steps over the rollback point" if kept else "may keep steps over the rollback point"
+    keeps = (f"keeps up to {kept} steps over the rollback point" if kept else
+             "may keep steps over the rollback point" if rollback else
+             "is all that is left of the run's training (no other unit can be resumed or warm-started from)")
     sentence = (f"Salvage: {100 * share:.0f} % of the weights of {unit['unit']} are proven intact (zip record "
                 f"CRC-32 or manifest digests); a warm start from them {keeps}, without its optimizer state "
                 f"where that is lost: {command}")

@@ -259,7 +259,7 @@ def test_cli_exit_codes_and_summary(tmp_path):
     (run / "empty.pt").write_bytes(raw[:100])  # not even data.pkl
     r = subprocess.run([sys.executable, "-m", "ckptaudit.cli", "salvage", str(run / "empty.pt"), "--out",
                         str(tmp_path / "none")], capture_output=True, text=True)
-    assert r.returncode == 1 and "nothing proven intact" in r.stdout, (r.stdout, r.stderr)
+    assert r.returncode == 1 and "nothing of the unit itself is proven intact" in r.stdout, (r.stdout, r.stderr)
 
 
 @pytest.mark.slow
@@ -407,3 +407,69 @@ def test_verdict_offers_no_salvage_when_the_weights_are_lost_or_below_the_share(
     healthy.mkdir()
     torch.save(_state(), healthy / "ckpt_000100.pt")
     assert audit_in_process(healthy, out_dir=tmp_path / "c")["salvage"] is None
+
+
+def test_what_a_new_user_tried(tmp_path):
+    """Cases from a new user's trial: a unit through a symbolic link, a run folder given as the unit, a
+    manifest listing text files, a complex64 tensor, --fill-from that cannot fill, the load hint of a
+    Lightning-shaped dict, and the exit code when nothing of the unit itself is intact."""
+    from ckptaudit.cli.salvage import load_hint
+
+    run = tmp_path / "run"
+    run.mkdir()
+    sd = _state()
+    torch.save(sd, run / "ckpt_000300.pt")
+    links = tmp_path / "links"
+    links.mkdir()
+    (links / "ck.pt").symlink_to(run / "ckpt_000300.pt")
+    with pytest.raises(SalvageRefused, match="inside the run folder"):
+        salvage(links / "ck.pt", run / "via-link")  # the link's target decides the run folder
+    rep = salvage(links / "ck.pt", tmp_path / "o1")
+    assert rep["step"] == 300 and rep["unit"] == str((run / "ckpt_000300.pt").resolve())
+    with pytest.raises(SalvageRefused, match="not a checkpoint unit: it holds 1 units"):
+        salvage(run, tmp_path / "o2")
+
+    with P.publish(tmp_path / "pub", 5, folder=True) as pub:  # a sealed folder with text files beside the data
+        pub.save({"model": {"w": torch.ones(3)}}, "model.pt")
+        pub.open("config.json").write(b"{}")
+    rep = salvage(tmp_path / "pub" / "checkpoint-5", tmp_path / "o3")
+    assert [f for f in rep["files"] if f["kind"] == "missing"] == []
+
+    odd = tmp_path / "odd"
+    odd.mkdir()
+    torch.save({"model": {"z": torch.ones(4, dtype=torch.complex64), "w": torch.ones(2)}}, odd / "ckpt_000001.pt")
+    rep = salvage(odd / "ckpt_000001.pt", tmp_path / "o4")
+    z = _salvaged(tmp_path / "o4")["model.z"]
+    assert rep["written"] == 2 and torch.equal(z, torch.ones(4, dtype=torch.complex64))
+
+    other = tmp_path / "other"
+    other.mkdir()
+    torch.save({"net": {"x": torch.ones(2)}}, other / "ckpt_000100.pt")
+    raw = (run / "ckpt_000300.pt").read_bytes()
+    first = min(a for a, _ in _records(run / "ckpt_000300.pt").values())
+    (run / "ckpt_000300.pt").write_bytes(raw[:first + 10])  # data.pkl whole, no storage: nothing of its own intact
+    rep = salvage(run / "ckpt_000300.pt", tmp_path / "o5", fill_from=other / "ckpt_000100.pt")
+    assert rep["filled"] == 0 and rep["not_filled"]["absent"] == len(rep["tensors"]) == len(_flat(sd))
+    torch.save(sd, run / "ckpt_000200.pt")
+    r = subprocess.run([sys.executable, "-m", "ckptaudit.cli", "salvage", str(run / "ckpt_000300.pt"), "--out",
+                        str(tmp_path / "o6"), "--fill-from", str(run / "ckpt_000200.pt")],
+                       capture_output=True, text=True)
+    assert r.returncode == 1 and "filled from" in r.stdout, r.stdout  # all filled, none of its own: exit 1
+    rows = json.loads((tmp_path / "o6" / "salvage.json").read_text())["tensors"]
+    assert {x["status"] for x in rows} == {"filled"} and all(x["source"]["step"] == 200 for x in rows)
+
+    light = tmp_path / "light"
+    light.mkdir()
+    m = torch.nn.Linear(4, 4)
+    opt = torch.optim.Adam(m.parameters())
+    m(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    torch.save({"state_dict": m.state_dict(), "optimizer_states": [opt.state_dict()], "global_step": 30},
+               light / "epoch=2-step=30.ckpt")
+    rep = salvage(light / "epoch=2-step=30.ckpt", tmp_path / "o7")
+    hint = load_hint(rep, str(tmp_path / "o7"))
+    assert "k.startswith('state_dict.')" in hint and "{k[11:]: v" in hint
+    sd7 = load_file(str(tmp_path / "o7" / "epoch=2-step=30.ckpt.safetensors"))
+    fresh = torch.nn.Linear(4, 4)
+    res = fresh.load_state_dict({k[11:]: v for k, v in sd7.items() if k.startswith("state_dict.")}, strict=False)
+    assert not res.missing_keys and torch.equal(fresh.weight, m.weight)

@@ -1,8 +1,9 @@
 """``ckptaudit salvage UNIT --out DIR``: every proven-intact tensor of a damaged unit, as a warm start.
 
-Exit codes: 0 — tensors were salvaged (``--out`` holds them and ``salvage.json``); 1 — none could be proven
-intact (``--out`` holds the report alone); 3 — refused or failed (a missing unit, an ``--out`` inside the run
-folder or the unit, or one that exists), one line on stderr.
+Exit codes: 0 — tensors of the unit itself were salvaged (``--out`` holds them and ``salvage.json``); 1 — none
+of its own could be proven intact (``--out`` holds the report, and what ``--fill-from`` gave, if anything);
+3 — refused or failed (a missing unit, a path that is no checkpoint unit, an ``--out`` inside the run folder or
+the unit, or one that exists), one line on stderr.
 """
 
 from __future__ import annotations
@@ -45,45 +46,51 @@ def salvage_command(unit, out_dir, fill_from, run_dir, include_unproven, as_json
         click.echo(json.dumps(report, indent=1))
     else:
         click.echo(summary(report, out_dir))
-    sys.exit(0 if report["written"] else 1)
+    sys.exit(0 if report["counts"]["intact"] and report["written"] else 1)
 
 
 def summary(report: dict, out_dir: str) -> str:
     """The lines printed for a salvage ``report`` written into ``out_dir``."""
     c = report["counts"]
     named = sum(c.values())
-    lines = [f"salvage of {shown(report['unit'])} (step {report['step']}): {c['intact']} of {named} tensors proven "
+    step = "step unknown" if report["step"] is None else f"step {report['step']}"
+    lines = [f"salvage of {shown(report['unit'])} ({step}): {c['intact']} of {named} tensors proven "
              f"intact ({100 * report['intact_share']:.1f} % of their bytes), {c['lost']} lost, "
              f"{c['unproven']} unproven, {c['suspect']} suspect"]
     if report["fill_from"]:
-        lines.append(f"  {report['filled']} filled from {shown(report['fill_from'])}")
+        nf = report.get("not_filled") or {}
+        why = [f"{nf[k]} {w}" for k, w in (("absent", "have no tensor of that name there"),
+                                           ("not_intact", "are not proven intact there"),
+                                           ("different", "differ there in dtype or shape")) if nf.get(k)]
+        lines.append(f"  {report['filled']} filled from {shown(report['fill_from'])}"
+                     + (f"; not filled: {', '.join(why)}" if why else ""))
     for f in report["files"]:
         if f["problem"]:
             lines.append(f"  {shown(f['file'])}: {shown(f['problem'])}")
     if report["written"]:
         outs = ", ".join(shown(v) for v in report["outputs"].values())
         lines.append(f"  wrote {report['written']} tensors to {shown(out_dir)}/ ({outs}); report: salvage.json")
-        first = _top_key(report)
-        take = (f"{{k[{len(first) + 1}:]: v for k, v in sd.items() if k.startswith({first + '.'!r})}}" if first
-                else "sd")
-        lines.append("  a warm start, not a resume: keys are the tensors' paths in the saved object; "
-                     f"sd = safetensors.torch.load_file(path); model.load_state_dict({take}, strict=False), "
-                     "and check the missing keys it returns")
-    else:
-        lines.append(f"  nothing proven intact; the report is in {shown(out_dir)}/salvage.json")
+        lines.append("  a warm start, not a resume: " + load_hint(report, out_dir))
+    if not c["intact"]:
+        lines.append(f"  nothing of the unit itself is proven intact; the report is in {shown(out_dir)}/salvage.json")
     return "\n".join(lines)
 
 
-def _top_key(report: dict) -> str:
-    """The first path component under which most tensor bytes lie (``model`` of ``model.fc.weight``), leaving
-    out an optimizer state_dict (its tensors sit under ``<key>.state.<n>``), or "" when there is one."""
-    if all(f["kind"] != "torch_zip" for f in report["files"]):  # safetensors: already a flat state_dict
-        return ""
-    tops: dict = {}
-    every = set()
+def load_hint(report: dict, out_dir: str) -> str:
+    """How to load the model weights: the written file holding the most weight bytes, and the key of the saved
+    dict its state_dict sits under (``weights_prefix`` of the file, from the structure of what was saved)."""
+    from pathlib import Path
+
+    from ..intact import is_optimizer_state
+
+    weight_bytes: dict = {}
     for t in report["tensors"]:
-        parts = t["name"].split(".")
-        every.add(parts[0])
-        if len(parts) > 1 and parts[1] != "state":
-            tops[parts[0]] = tops.get(parts[0], 0) + t["nbytes"]
-    return max(tops, key=tops.get) if tops and len(every) > 1 else ""
+        if t["status"] in ("intact", "filled") and not is_optimizer_state(t["name"]):
+            weight_bytes[t["file"]] = weight_bytes.get(t["file"], 0) + t["nbytes"]
+    written = [f for f in report["outputs"] if f in weight_bytes] or list(report["outputs"])
+    best = max(written, key=lambda f: weight_bytes.get(f, 0))
+    prefix = next((f.get("weights_prefix") or "" for f in report["files"] if f["file"] == best), "")
+    path = Path(out_dir) / report["outputs"][best]
+    take = f"{{k[{len(prefix) + 1}:]: v for k, v in sd.items() if k.startswith({prefix + '.'!r})}}" if prefix else "sd"
+    return (f"sd = safetensors.torch.load_file({str(path)!r}); missing, unexpected = "
+            f"model.load_state_dict({take}, strict=False) (keys are the tensors' paths in the saved object)")

@@ -20,10 +20,11 @@ from ..formats.sniff import sniff
 from ..manifest_entries import load_manifest
 from . import dcp, safetensors_file, torch_zip
 from .missing import missing_files
-from .proof import INTACT, LOST, SAFETENSORS_DTYPE, SUSPECT, UNPROVEN, ChunkProof, TensorBytes, counts
+from .proof import (FILLED, INTACT, LOST, SAFETENSORS_DTYPE, SUSPECT, UNPROVEN, ChunkProof, TensorBytes, counts,
+                    is_optimizer_state)
 
-__all__ = ["unit_tensors", "unit_files", "TensorBytes", "counts", "INTACT", "LOST", "UNPROVEN", "SUSPECT",
-           "SAFETENSORS_DTYPE"]
+__all__ = ["unit_tensors", "unit_files", "TensorBytes", "counts", "INTACT", "LOST", "UNPROVEN", "SUSPECT", "FILLED",
+           "SAFETENSORS_DTYPE", "is_optimizer_state", "first_component"]
 
 #: names inside a unit that are not data: sidecars, manifests, markers, text
 _NOT_DATA = (".sha256", ".sha256sum", ".manifest.json", ".json", ".txt", ".md", ".yaml", ".yml")
@@ -64,15 +65,16 @@ def unit_tensors(unit: str | os.PathLike, run_dir: Optional[str | os.PathLike] =
     if root.is_dir() and dcp.is_dcp(root):
         ts, problem, n_items = dcp.tensors(root, cfg)
         rows.append({"file": dcp.FILE, "kind": "dcp", "problem": problem, "counts": counts(ts),
-                     "non_tensor_items": n_items})
+                     "non_tensor_items": n_items, "weights_prefix": first_component(ts)})
         rows += [{"file": f, "kind": "missing", "problem": why, "counts": counts([])} for f, why in gone]
         return ts, rows
     files, manifest = unit_files(root)
     for name, path in files:
         kind = sniff(path).kind
         chunks = ChunkProof.of(str(path), manifest.get(name))
+        prefix = ""
         if kind == "torch_zip":
-            ts, problem = torch_zip.tensors(str(path), name, chunks)
+            ts, problem, prefix = torch_zip.tensors(str(path), name, chunks)
         elif kind == "safetensors" or path.suffix == ".safetensors":
             ts, problem = safetensors_file.tensors(str(path), name, chunks)
         else:
@@ -80,10 +82,10 @@ def unit_tensors(unit: str | os.PathLike, run_dir: Optional[str | os.PathLike] =
                          "counts": counts([])})
             continue
         out.extend(ts)
-        rows.append({"file": name, "kind": kind, "problem": problem, "counts": counts(ts)})
+        rows.append({"file": name, "kind": kind, "problem": problem, "counts": counts(ts), "weights_prefix": prefix})
     present = {n for n, _ in files}
     for name, e in sorted(manifest.items()):
-        if name not in present:
+        if name not in present and not (root if root.is_dir() else root.parent).joinpath(name).exists():
             rows.append({"file": name, "kind": "missing", "counts": counts([]),
                          "problem": f"listed in the manifest ({e.get('size_bytes')} bytes) but not in the unit: "
                                     "every tensor it held is lost"})
@@ -91,3 +93,14 @@ def unit_tensors(unit: str | os.PathLike, run_dir: Optional[str | os.PathLike] =
     rows += [{"file": f, "kind": "missing", "problem": why, "counts": counts([])} for f, why in gone
              if f not in present]
     return out, rows
+
+
+def first_component(tensors: List[TensorBytes]) -> str:
+    """The first dotted component under which most non-optimizer tensor bytes lie (DCP's ``model`` of
+    ``model.fc.weight``: its fqns are the saved dict's keys joined), or "" when the names have none."""
+    by: Dict[str, int] = {}
+    for t in tensors:
+        head, sep, _ = t.name.partition(".")
+        if sep and not is_optimizer_state(t.name):
+            by[head] = by.get(head, 0) + t.nbytes
+    return max(by, key=by.get) if by else ""

@@ -22,10 +22,12 @@ from ..chunk_digest import FIELDS, digest_range
 SAFETENSORS_DTYPE = {
     "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64", "int32": "I32",
     "int16": "I16", "int8": "I8", "uint8": "U8", "bool": "BOOL", "float8_e4m3fn": "F8_E4M3",
-    "float8_e5m2": "F8_E5M2", "uint16": "U16", "uint32": "U32", "uint64": "U64",
+    "float8_e5m2": "F8_E5M2", "uint16": "U16", "uint32": "U32", "uint64": "U64", "complex64": "C64",
 }
 
 INTACT, LOST, UNPROVEN, SUSPECT = "intact", "lost", "unproven", "suspect"
+#: a tensor of the damaged unit replaced by the intact one of an older unit (``--fill-from``)
+FILLED = "filled"
 
 
 @dataclass
@@ -143,8 +145,16 @@ class ChunkProof:
 
 
 def counts(tensors: List[TensorBytes]) -> Dict[str, int]:
-    """``{status: number of tensors}`` over the four statuses."""
+    """``{status: number of tensors}`` over the four statuses of the unit's own tensors."""
     out = {INTACT: 0, LOST: 0, UNPROVEN: 0, SUSPECT: 0}
     for t in tensors:
-        out[t.status] += 1
+        out[t.status] = out.get(t.status, 0) + 1
     return out
+
+
+def is_optimizer_state(name: str) -> bool:
+    """Whether a tensor path lies in an optimizer state_dict's ``state`` (``optimizer.state.3.exp_avg``,
+    ``optimizer_states.0.state.0.exp_avg_sq``): the component ``state`` followed by a parameter index, the
+    shape ``torch.optim.Optimizer.state_dict`` gives it."""
+    parts = name.split(".")
+    return any(p == "state" and i + 1 < len(parts) and parts[i + 1].isdigit() for i, p in enumerate(parts))

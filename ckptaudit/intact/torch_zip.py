@@ -18,19 +18,21 @@ from typing import List, Optional, Tuple
 from ..formats.torchzip import check_zip
 from ..pickle_walk import walk
 from ..pickle_walk.dtypes import dtype_itemsize
-from .proof import INTACT, LOST, ChunkProof, TensorBytes, view_span
+from ..pickle_walk.model import TensorMeta
+from .proof import INTACT, LOST, ChunkProof, TensorBytes, is_optimizer_state, view_span
 
 
-def tensors(path: str, file: str, chunks: Optional[ChunkProof]) -> Tuple[List[TensorBytes], str]:
-    """``(tensors, problem)``: every tensor data.pkl names, with ``status`` and ``proof`` set; ``problem`` is
-    why none can be named ("" when data.pkl was read).  ``file``: the name the report gives ``path``.
+def tensors(path: str, file: str, chunks: Optional[ChunkProof]) -> Tuple[List[TensorBytes], str, str]:
+    """``(tensors, problem, weights prefix)``: every tensor data.pkl names, with ``status`` and ``proof`` set;
+    ``problem`` is why none can be named ("" when data.pkl was read); the prefix is the key of the saved dict
+    that holds the model's state_dict (:func:`weights_prefix`).  ``file``: the name the report gives ``path``.
     Reads every byte of ``path`` once (the CRC pass) and data.pkl's again."""
     rep = check_zip(path, display=file, verify_crc=True)
     if rep.data_pkl is None:
-        return [], "data.pkl is missing or damaged: no tensor of this file can be named"
+        return [], "data.pkl is missing or damaged: no tensor of this file can be named", ""
     res = walk(rep.data_pkl)
     if res.error and not res.tensors:
-        return [], f"data.pkl could not be walked: {res.error}"
+        return [], f"data.pkl could not be walked: {res.error}", ""
     prefix = f"{rep.prefix}/" if rep.prefix else ""
     records = {m.name[len(prefix) + len("data/"):]: m for m in rep.members
                if m.name.startswith(prefix + "data/")}
@@ -45,7 +47,23 @@ def tensors(path: str, file: str, chunks: Optional[ChunkProof]) -> Tuple[List[Te
                                                           itemsize))
         t.status, t.proof = _judge(t, m, meta.storage.nbytes, chunks)
         out.append(t)
-    return out, ""
+    return out, "", weights_prefix(res.obj, out)
+
+
+def weights_prefix(root, tensors: List[TensorBytes]) -> str:
+    """The key of the saved dict ``root`` (the walked object) under which the model's state_dict lies, by shape:
+    "" for a flat state_dict (tensors at the top); else the dict-valued key, not an optimizer state_dict
+    (``state`` and ``param_groups``), holding the most tensor bytes outside optimizer state."""
+    if not isinstance(root, dict) or any(type(v) is TensorMeta for v in root.values()):
+        return ""
+    best, most = "", 0
+    for k, v in root.items():
+        if not isinstance(k, str) or not isinstance(v, dict) or ("state" in v and "param_groups" in v):
+            continue
+        n = sum(t.nbytes for t in tensors if t.name.startswith(k + ".") and not is_optimizer_state(t.name))
+        if n > most:
+            best, most = k, n
+    return best
 
 
 def _judge(t: TensorBytes, m, storage_nbytes: Optional[int], chunks: Optional[ChunkProof]) -> Tuple[str, str]:

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
-from ..intact import INTACT, LOST, SAFETENSORS_DTYPE, SUSPECT, UNPROVEN, TensorBytes, counts, unit_tensors
+from ..intact import FILLED, INTACT, LOST, SAFETENSORS_DTYPE, SUSPECT, UNPROVEN, TensorBytes, counts, unit_tensors
 from ..units import step_from_name
 
 __all__ = ["salvage", "SalvageRefused"]
@@ -34,35 +34,66 @@ class SalvageRefused(ValueError):
     folder or the unit, or already there)."""
 
 
-def _check_out(unit: Path, out: Path, run_dir: Optional[Path]) -> None:
-    run = (run_dir or (unit.parent if unit.is_file() else unit.parent)).resolve()
+def _check_unit(given: Path, run_dir: Optional[Path]) -> Tuple[Path, Path]:
+    """``(unit, run folder)``, both resolved (a unit given through a symbolic link is the file it names); raises
+    :class:`SalvageRefused` for a missing unit, a unit outside ``run_dir``, or a path that is no checkpoint unit
+    of its folder (a run folder, a folder of other files): the inventory of the folder above decides."""
+    from ..inventory import discover
+
+    if not os.path.exists(given):
+        raise SalvageRefused(f"{given}: no such file or folder")
+    unit = given.resolve()
+    run = run_dir.resolve() if run_dir else unit.parent
+    if run_dir and not run.is_dir():
+        raise SalvageRefused(f"--run {run_dir}: no such folder")
+    if run != unit.parent and run not in unit.parents:
+        raise SalvageRefused(f"{given}: not inside the run folder {run}")
+    units = {u.unit for u in discover(unit.parent)[0]}
+    if unit.name not in units:
+        inside = sorted(u for u in discover(unit)[0] if u.unit != ".") if unit.is_dir() else []
+        hint = (f": it holds {len(inside)} units ({', '.join(u.unit for u in inside[:3])}"
+                f"{', …' if len(inside) > 3 else ''}); give one of them") if inside else ""
+        raise SalvageRefused(f"{given}: not a checkpoint unit{hint}")
+    return unit, run
+
+
+def _check_out(unit: Path, out: Path, run: Path, given: Path) -> None:
     o = out.resolve()
-    for inside, what in ((unit.resolve(), "the unit"), (run, "the run folder")):
+    for inside, what in ((unit, "the unit"), (run, "the run folder"), (given.parent.resolve(), "the unit's folder")):
         if o == inside or inside in o.parents:
             raise SalvageRefused(f"{out}: inside {what} ({inside}); salvage never writes into what it audits, "
                                  "give an --out outside it")
     if os.path.lexists(out):
-        raise SalvageRefused(f"{out}: already exists; salvage writes a new folder")
+        link = " (a symbolic link)" if os.path.islink(out) else ""
+        raise SalvageRefused(f"{out}: already exists{link}; salvage writes a new folder")
 
 
-def _fill(tensors: List[TensorBytes], older: List[TensorBytes], older_unit: str, older_step) -> int:
-    """Replace each tensor not intact by the same-named intact tensor of ``older`` (same dtype, shape);
-    returns how many were filled."""
-    by_name = {(t.file, t.name): t for t in older if t.status == INTACT}
-    by_bare = {t.name: t for t in older if t.status == INTACT}
-    n = 0
+def _fill(tensors: List[TensorBytes], older: List[TensorBytes], older_unit: str, older_step) -> Dict[str, int]:
+    """Replace each tensor not intact by the same-named intact tensor of ``older`` (same dtype, shape), marked
+    ``filled`` with its source; returns ``{"filled", "absent", "not_intact", "different"}``: how many were
+    filled, and why the others were not (no tensor of that name there, not proven intact there, another
+    dtype or shape)."""
+    by_name = {(t.file, t.name): t for t in older}
+    by_bare = {t.name: t for t in older}
+    why = {"filled": 0, "absent": 0, "not_intact": 0, "different": 0}
     for i, t in enumerate(tensors):
         if t.status == INTACT:
             continue
         o = by_name.get((t.file, t.name)) or by_bare.get(t.name)
-        if o is None or o.dtype != t.dtype or o.shape != t.shape:
-            continue
-        filled = TensorBytes(**{**o.__dict__, "file": t.file, "name": t.name})
-        filled.source = {"unit": older_unit, "step": older_step, "file": o.file, "was": t.status,
-                         "why_not_own": t.proof}
-        tensors[i] = filled
-        n += 1
-    return n
+        if o is None:
+            why["absent"] += 1
+        elif o.status != INTACT:
+            why["not_intact"] += 1
+        elif o.dtype != t.dtype or o.shape != t.shape:
+            why["different"] += 1
+        else:
+            filled = TensorBytes(**{**o.__dict__, "file": t.file, "name": t.name})
+            filled.status, filled.proof = FILLED, f"from {older_unit} (step {older_step}): {o.proof}"
+            filled.source = {"unit": older_unit, "step": older_step, "file": o.file, "was": t.status,
+                             "why_not_own": t.proof}
+            tensors[i] = filled
+            why["filled"] += 1
+    return why
 
 
 def salvage(unit: str | os.PathLike, out: str | os.PathLike, *, fill_from: Optional[str | os.PathLike] = None,
@@ -77,33 +108,36 @@ def salvage(unit: str | os.PathLike, out: str | os.PathLike, *, fill_from: Optio
     from ..publish import publish
     from . import writer
 
-    src, dest = Path(unit), Path(out)
-    _check_out(src, dest, Path(run_dir) if run_dir else None)
+    given, dest = Path(unit), Path(out)
+    src, run = _check_unit(given, Path(run_dir) if run_dir else None)
+    _check_out(src, dest, run, given)
     step = step_from_name(src.name)
-    try:
-        tensors, files = unit_tensors(src, run_dir)
-    except FileNotFoundError as e:
-        raise SalvageRefused(str(e)) from None
+    tensors, files = unit_tensors(src, run)
     own = counts(tensors)
-    keep_status = (INTACT, UNPROVEN) if include_unproven else (INTACT,)
-    filled = 0
+    keep_status = (INTACT, FILLED, UNPROVEN) if include_unproven else (INTACT, FILLED)
+    filled = {"filled": 0}
     if fill_from is not None:
-        try:
-            older, _ = unit_tensors(fill_from, run_dir)
-        except FileNotFoundError as e:
-            raise SalvageRefused(f"--fill-from: {e}") from None
-        filled = _fill(tensors, older, str(Path(fill_from)), step_from_name(Path(fill_from).name))
+        older_unit, older_run = _check_unit(Path(fill_from), Path(run_dir) if run_dir else None)
+        older, _ = unit_tensors(older_unit, older_run)
+        filled = _fill(tensors, older, str(older_unit), step_from_name(older_unit.name))
     chosen = [t for t in tensors if t.status in keep_status and t.dtype in SAFETENSORS_DTYPE]
+    dropped = [t for t in tensors if t.status in keep_status and t.dtype not in SAFETENSORS_DTYPE]
+    for t in dropped:
+        files.append({"file": t.file, "kind": "not written", "counts": {},
+                      "problem": f"{t.name}: {t.dtype} is no dtype safetensors holds; not written"})
     by_file: Dict[str, List[TensorBytes]] = {}
     for t in chosen:
         by_file.setdefault(t.file, []).append(t)
     report = _report(src, step, tensors, files, own, filled, fill_from, by_file, include_unproven)
+    fill_step = step_from_name(Path(fill_from).resolve().name) if fill_from else None
     dest.parent.mkdir(parents=True, exist_ok=True)
     with publish(dest.parent, step or 0, name=dest.name, folder=True, rank=0, world_size=1,
-                 update_latest=False, config={"salvaged_from": str(src.resolve())}) as pub:
+                 update_latest=False, config={"salvaged_from": str(src)}) as pub:
         for file, ts in by_file.items():
-            meta = {"ckptaudit": SCHEMA, "source_unit": str(src.resolve()), "source_file": file,
-                    "source_step": str(step)}
+            meta = {"ckptaudit": SCHEMA, "source_unit": str(src), "source_file": file, "source_step": str(step)}
+            if any(t.status == FILLED for t in ts):
+                meta.update(filled_from=report["fill_from"], filled_from_step=str(fill_step),
+                            filled=str(sum(t.status == FILLED for t in ts)))
             writer.write(pub.open(report["outputs"][file]), ts, meta)
         import json
 
@@ -121,10 +155,10 @@ def _report(src: Path, step, tensors, files, own, filled, fill_from, by_file, in
     written = sum(t.nbytes for ts in by_file.values() for t in ts)
     intact_own = sum(t.nbytes for t in tensors if t.status == INTACT and not t.source)
     return {
-        "schema": SCHEMA, "unit": str(src.resolve()), "step": step,
+        "schema": SCHEMA, "unit": str(src), "step": step,
         "fill_from": str(Path(fill_from).resolve()) if fill_from else None,
         "include_unproven": include_unproven,
-        "counts": own, "filled": filled,
+        "counts": own, "filled": filled["filled"], "not_filled": {k: v for k, v in filled.items() if k != "filled"},
         "written": sum(len(v) for v in by_file.values()),
         "bytes": {"named": total, "written": written, "intact_own": intact_own},
         "intact_share": round(intact_own / total, 6) if total else 0.0,
@@ -133,5 +167,6 @@ def _report(src: Path, step, tensors, files, own, filled, fill_from, by_file, in
         "usable_for": "warm start",
         "tensors": [t.row() for t in tensors],
         "statuses": {INTACT: "bytes checked by a record made at save time", LOST: "bytes missing or changed",
-                     UNPROVEN: "bytes present, nothing checks them", SUSPECT: "unchecked and holds an all-zero page"},
+                     UNPROVEN: "bytes present, nothing checks them", SUSPECT: "unchecked and holds an all-zero page",
+                     FILLED: "not intact here; the intact tensor of the same name, dtype and shape from --fill-from"},
     }
