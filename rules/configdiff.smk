@@ -27,5 +27,5 @@ rule configdiff:
     group:
         PART_GROUP
     shell:
-        "{params.python} -m ckptaudit.stages configdiff --inventory {params.inventory} --part {wildcards.part} "
-        "--config {input.config} --scan {input.scan} --out {output} > {log} 2>&1"
+        "{params.python:q} -m ckptaudit.stages configdiff --inventory {params.inventory:q} --part {wildcards.part} "
+        "--config {input.config:q} --scan {input.scan:q} --out {output:q} > {log:q} 2>&1"

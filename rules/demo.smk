@@ -17,5 +17,5 @@ rule demo:
     benchmark:
         f"{BENCH}/demo/demo.tsv"
     shell:
-        "{params.python} -m ckptaudit.demo {output} --max-steps {params.max_steps} "
-        "--save-every {params.save_every} --seed {params.seed} > {log} 2>&1"
+        "{params.python:q} -m ckptaudit.demo {output:q} --max-steps {params.max_steps} "
+        "--save-every {params.save_every} --seed {params.seed} > {log:q} 2>&1"

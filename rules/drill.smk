@@ -36,8 +36,8 @@ rule drill:
         mem_mb=dr.rule_mem_mb(config),
         runtime=dr.rule_runtime_minutes(config),
     shell:
-        "{params.python} -m ckptaudit.drill run --verdict {input.verdict} --config-json {params.cfg:q} "
-        "--out-parquet {output.parquet} --exit-zero > {log} 2>&1"
+        "{params.python:q} -m ckptaudit.drill run --verdict {input.verdict:q} --config-json {params.cfg:q} "
+        "--out-parquet {output.parquet:q} --exit-zero > {log:q} 2>&1"
 
 
 rule drill_dated:
@@ -60,8 +60,8 @@ rule drill_dated:
     benchmark:
         f"{BENCH}/drill_dated/{{date}}.tsv"
     shell:
-        "{params.python} -m ckptaudit.drill dated --date {wildcards.date} --summary {output.summary} "
-        "--drill-json {input.drill_json} {input.drill_json} {input.reports} > {log} 2>&1"
+        "{params.python:q} -m ckptaudit.drill dated --date {wildcards.date} --summary {output.summary:q} "
+        "--drill-json {input.drill_json:q} {input.drill_json:q} {input.reports:q} > {log:q} 2>&1"
 
 
 rule drill_nightly:

@@ -26,5 +26,5 @@ rule hash:
     group:
         PART_GROUP
     shell:
-        "{params.python} -m ckptaudit.stages hash --inventory {params.inventory} --part {wildcards.part} "
-        "--out {output.hash} --out-facts {output.facts} > {log} 2>&1"
+        "{params.python:q} -m ckptaudit.stages hash --inventory {params.inventory:q} --part {wildcards.part} "
+        "--out {output.hash:q} --out-facts {output.facts:q} > {log:q} 2>&1"

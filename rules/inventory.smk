@@ -19,7 +19,7 @@ rule stage_config:
     log:
         f"{LOGS}/stage_config/stage_config.log",
     shell:
-        "{params.python} -m ckptaudit.workflow_support write-config {params.cfg:q} {output} > {log} 2>&1"
+        "{params.python:q} -m ckptaudit.workflow_support write-config {params.cfg:q} {output:q} > {log:q} 2>&1"
 
 
 checkpoint inventory:
@@ -46,6 +46,6 @@ checkpoint inventory:
         mem_mb=get_inventory_mem_mb,
         runtime=get_inventory_runtime,
     shell:
-        "{params.python} -m ckptaudit.stages inventory --run-dir {params.run_dir:q} "
-        "--units-per-job {params.units_per_job} --part-bytes {params.part_bytes} --out {output.parquet} --out-json {output.json} "
-        "--out-pointers {output.pointers} > {log} 2>&1"
+        "{params.python:q} -m ckptaudit.stages inventory --run-dir {params.run_dir:q} "
+        "--units-per-job {params.units_per_job} --part-bytes {params.part_bytes} --out {output.parquet:q} --out-json {output.json:q} "
+        "--out-pointers {output.pointers:q} > {log:q} 2>&1"

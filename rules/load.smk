@@ -33,9 +33,9 @@ rule load:
     group:
         PART_GROUP
     shell:
-        "{params.python} -m ckptaudit.stages load --inventory {params.inventory} --part {wildcards.part} "
-        "--config {input.config} --scan {input.scan} --facts {input.facts} "
-        "--load-server {params.server} --out {output} > {log} 2>&1"
+        "{params.python:q} -m ckptaudit.stages load --inventory {params.inventory:q} --part {wildcards.part} "
+        "--config {input.config:q} --scan {input.scan:q} --facts {input.facts:q} "
+        "--load-server {params.server:q} --out {output:q} > {log:q} 2>&1"
 
 
 # The load server's work ends with the last load job: asked to exit then, it does not hold torch's ~230 MiB
@@ -54,4 +54,4 @@ rule load_server_done:
         f"{LOGS}/load_server_done.log",
     localrule: True
     shell:
-        "{params.python} -m ckptaudit.load_server done {params.server} > {log} 2>&1 && touch {output}"
+        "{params.python:q} -m ckptaudit.load_server done {params.server:q} > {log:q} 2>&1 && touch {output:q}"

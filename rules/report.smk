@@ -33,8 +33,8 @@ rule report:
         mem_mb=get_report_mem_mb,
         runtime=get_report_runtime,
     shell:
-        "{params.python} -m ckptaudit.report --inventory {input.inventory} --config {input.config} "
-        "--out-dir {params.out} --bench-dir {params.bench} --hash {input.hash} --scan {input.scan} "
-        "--tensors {input.tensors} --imports {input.imports} --load {input.load} "
-        "--structure {input.structure} --configdiff {input.configdiff} --state {input.state} "
-        "{params.reuse} > {log} 2>&1"
+        "{params.python:q} -m ckptaudit.report --inventory {input.inventory:q} --config {input.config:q} "
+        "--out-dir {params.out:q} --bench-dir {params.bench:q} --hash {input.hash:q} --scan {input.scan:q} "
+        "--tensors {input.tensors:q} --imports {input.imports:q} --load {input.load:q} "
+        "--structure {input.structure:q} --configdiff {input.configdiff:q} --state {input.state:q} "
+        "{params.reuse} > {log:q} 2>&1"

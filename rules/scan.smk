@@ -30,6 +30,6 @@ rule scan:
     group:
         PART_GROUP
     shell:
-        "{params.python} -m ckptaudit.stages scan --inventory {params.inventory} --part {wildcards.part} "
-        "--config {input.config} --out {output.scan} --out-tensors {output.tensors} "
-        "--out-imports {output.imports} --facts {input.facts} > {log} 2>&1"
+        "{params.python:q} -m ckptaudit.stages scan --inventory {params.inventory:q} --part {wildcards.part} "
+        "--config {input.config:q} --out {output.scan:q} --out-tensors {output.tensors:q} "
+        "--out-imports {output.imports:q} --facts {input.facts:q} > {log:q} 2>&1"

@@ -29,5 +29,5 @@ rule state:
     group:
         PART_GROUP
     shell:
-        "{params.python} -m ckptaudit.stages state --inventory {params.inventory} --part {wildcards.part} "
-        "--config {input.config} --scan {input.scan} --tensors {input.tensors} --facts {input.facts} --out {output} > {log} 2>&1"
+        "{params.python:q} -m ckptaudit.stages state --inventory {params.inventory:q} --part {wildcards.part} "
+        "--config {input.config:q} --scan {input.scan:q} --tensors {input.tensors:q} --facts {input.facts:q} --out {output:q} > {log:q} 2>&1"

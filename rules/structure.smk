@@ -22,7 +22,7 @@ rule target:
     benchmark:
         f"{BENCH}/target/target.tsv"
     shell:
-        "{params.python} -m ckptaudit.target write {input.config} {output} > {log} 2>&1"
+        "{params.python:q} -m ckptaudit.target write {input.config:q} {output:q} > {log:q} 2>&1"
 
 
 rule structure:
@@ -52,5 +52,5 @@ rule structure:
     group:
         PART_GROUP
     shell:
-        "{params.python} -m ckptaudit.stages structure --inventory {params.inventory} --part {wildcards.part} "
-        "--config {input.config} --scan {input.scan} --tensors {input.tensors} --target {input.target} --out {output} > {log} 2>&1"
+        "{params.python:q} -m ckptaudit.stages structure --inventory {params.inventory:q} --part {wildcards.part} "
+        "--config {input.config:q} --scan {input.scan:q} --tensors {input.tensors:q} --target {input.target:q} --out {output:q} > {log:q} 2>&1"

@@ -152,6 +152,19 @@ def test_unit_beyond_path_max_is_a_finding_and_the_good_unit_the_rollback_point(
     assert units["ckpt_000050.pt"]["usable_for"] == "resume"
 
 
+def test_paths_with_spaces_and_quotes(demo_run, tmp_path):
+    """A run folder and an output folder whose names hold spaces and a quote: every rule's shell command quotes
+    the paths it is given (a new user's ``--out "/tmp/sp audit"`` failed in stage_config with an empty log)."""
+    run = tmp_path / "my run's ckpts"
+    run.mkdir()
+    shutil.copy(demo_run.run_dir / "ckpt_000050.pt", run / "ckpt_000050.pt")
+    out = tmp_path / "audit out" / "it's here"
+    p = run_cli("audit", str(run), "--out", str(out), "--cores", "2")
+    assert p.returncode == 0, p.stdout + p.stderr
+    v = json.loads((out / "verdict.json").read_text())
+    assert v["rollback"] == {"unit": "ckpt_000050.pt", "step": 50} and (out / "report.html").is_file()
+
+
 def test_bad_arguments_exit_3(tmp_path):
     p = run_cli("audit", str(tmp_path / "missing"), "--out", str(tmp_path / "o"))
     assert p.returncode == 3
