@@ -24,6 +24,9 @@ from .units import DEAD_WRITER_WORDS
 WHAT_CHARS = 100
 _HEX = re.compile(r"\b[0-9a-f]{32,}\b")  # digests are said by their first 12 digits
 _USE_WORDS = {"none": "not usable", "warm-start": "warm-start only"}
+#: first words of a repair that is a shell command (its paths are relative to the run folder); others are code
+_SHELL_WORDS = {"cp", "mv", "ln", "rm", "printf", "echo", "ckptaudit", "python", "python3", "cd", "truncate", "cat",
+                "mkdir", "sha256sum"}
 
 
 def headline(v: Dict) -> str:
@@ -59,12 +62,44 @@ def _what(unit: Dict, cap: str) -> str:
     return msg + (f" (+{more} more)" if more > 0 else "")
 
 
+def severity_counts(findings: List[Dict]) -> str:
+    """``1 error, 2 warnings`` over the errors and warnings of ``findings`` ("" when there are none)."""
+    n = {sev: sum(1 for f in findings if f.get("severity") == sev) for sev in ("error", "warning")}
+    return ", ".join(f"{k} {sev}{'s' * (k != 1)}" for sev, k in n.items() if k)
+
+
 def _healthy_run(run: List[Dict]) -> str:
-    warned = sum(1 for u in run for f in u["findings"] if f.get("severity") == "warning")
-    state = "intact" if not warned else f"usable for resume, {warned} warning{'s' * (warned != 1)} (see the report)"
+    counted = severity_counts([f for u in run for f in u["findings"]])
+    state = "intact" if not counted else f"usable for resume, {counted} (see the report)"
     if len(run) == 1:
         return f"  {run[0]['unit']} ({step_text(run[0]['step'])}): {state}"
     return f"  {run[0]['unit']} .. {run[-1]['unit']}: {len(run)} units {state}"
+
+
+def _to_act_on(u: Dict) -> List[Dict]:
+    """The findings of ``u`` a resume from it must act on: each error, and each finding with a repair."""
+    return [f for f in u["findings"] if f.get("severity") == "error" or f.get("repair")]
+
+
+def _rollback_lines(u: Dict, v: Dict) -> List[str]:
+    """The rollback unit's line with what to do before resuming from it, one line per finding (repairs run in
+    the run folder, which is said, since the summary is read where ``snakemake`` or ``ckptaudit`` ran)."""
+    use = _USE_WORDS.get(u["usable_for"], f"usable for {u['usable_for']}")
+    counted = severity_counts(u["findings"])
+    out = [f"  {u['unit']} ({step_text(u['step'])}): the rollback point, {use}"
+           + (f", {counted}" if counted else "") + "; before resuming from it:"]
+    run_dir = v.get("run_dir") or "the run folder"
+    for f in _to_act_on(u):
+        msg = clip(" ".join(str(f.get("message") or f["kind"]).split()), 2 * WHAT_CHARS)
+        line = f"    {f.get('severity', 'info')}: {msg}"
+        if f.get("repair"):
+            repair = " ".join(str(f["repair"]).split())
+            where = f"run in {run_dir}" if repair.split(" ", 1)[0] in _SHELL_WORDS else "in the resume script"
+            line += f" Repair ({where}): {repair}"
+        elif f.get("next_step"):
+            line += f" {' '.join(str(f['next_step']).split())}"
+        out.append(line)
+    return out
 
 
 def _dead_writer_leftover(u: Dict) -> bool:
@@ -80,7 +115,14 @@ def unit_lines(v: Dict) -> List[str]:
     run: List[Dict] = []
     dead = [u for u in units if _dead_writer_leftover(u)]
     units = [u for u in units if not _dead_writer_leftover(u)]
+    rollback = (v.get("rollback") or {}).get("unit")
     for u in units:
+        if u["unit"] == rollback and _to_act_on(u):
+            if run:
+                out.append(_healthy_run(run))
+                run = []
+            out += _rollback_lines(u, v)
+            continue
         if u["usable_for"] == "resume":
             run.append(u)
             continue

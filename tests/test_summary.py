@@ -195,3 +195,24 @@ def test_drill_summary_line_is_cut_at_a_word_boundary():
     assert line == ("ckptaudit drill: DRILL FAILED checkpoint-20 (step 20): restore_hook@cpu: the restore hook "
                     "could not be used: set drill.hook to your job's restore function (\"package.module:function\", "
                     "see docs/drill.md)…")
+
+
+def test_the_rollback_units_line_says_what_to_act_on_and_counts_severities_as_they_are():
+    """A repair the resume needs is on the rollback unit's line, not '1 warning (see the report)'; an error
+    is counted as an error; a shell repair says the folder it runs in, a code repair says where it goes."""
+    sched = dict(_f("missing_scheduler_state", "warning", "resume", "ckpt_000500.pt has no LR-scheduler state."),
+                 repair="for _ in range(500): scheduler.step()")
+    entry = dict(_f("resume_entry_damaged", "error", "resume", "last.ckpt is damaged."),
+                 repair="cp -p ckpt_000500.pt last.ckpt.tmp && mv last.ckpt.tmp last.ckpt")
+    v = dict(VERDICT, run_dir="/runs/a", units=[_u("ckpt_000400.pt", 400, "resume", [
+        _f("norm_jump", "error", "resume", "x"), _f("w", "warning", "resume", "y")]),
+        _u("ckpt_000500.pt", 500, "resume", [sched, entry])])
+    lines = summary.summary(v, "/out").splitlines()
+    assert "  ckpt_000400.pt (step 400): usable for resume, 1 error, 1 warning (see the report)" in lines
+    i = lines.index("  ckpt_000500.pt (step 500): the rollback point, usable for resume, 1 error, 1 warning; "
+                    "before resuming from it:")
+    assert lines[i + 1] == ("    warning: ckpt_000500.pt has no LR-scheduler state. Repair (in the resume script): "
+                            "for _ in range(500): scheduler.step()")
+    assert lines[i + 2] == ("    error: last.ckpt is damaged. Repair (run in /runs/a): cp -p ckpt_000500.pt "
+                            "last.ckpt.tmp && mv last.ckpt.tmp last.ckpt")
+    assert summary.severity_counts([_f("a", "error", "", ""), _f("b", "info", "", "")]) == "1 error"
