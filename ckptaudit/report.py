@@ -94,6 +94,9 @@ def run_report(inventory_json: str, parts: Dict[str, List[str]], cfg: dict, out_
     _add_reverified(v, all_tables.get("hash", []), audit_id, reuse)
     from .salvage_option import offer
 
+    mtimes = {u["unit"]: u.get("mtime_ns") for u in inv["units"]}
+    for u in v["units"]:  # when the unit was written: its files' newest mtime (for --metrics' unit age)
+        u["mtime_unix"] = mtimes[u["unit"]] / 1e9 if mtimes.get(u["unit"]) is not None else None
     v["salvage"] = offer(v, root, out, cfg)
     if v["salvage"]:
         v["reasons"].append(v["salvage"]["sentence"])

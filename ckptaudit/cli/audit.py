@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import click
 
 from ..config import load_user_config
 from ..summary import summary
-from .common import ExitThreeOnUsageError, check_paths, failures_exit_3
+from .common import EXIT_FAILED, ExitThreeOnUsageError, check_paths, failures_exit_3
 from .snakemake import run_snakemake_cli, run_workflow
 
 
@@ -32,9 +33,12 @@ from .snakemake import run_snakemake_cli, run_workflow
 @click.option("--json", "as_json", is_flag=True, help="Print verdict.json instead of the summary.")
 @click.option("--sarif", "sarif_path", default=None, metavar="PATH",
               help="Also write the findings as SARIF 2.1.0 (GitHub code scanning) to PATH.")
+@click.option("--metrics", "metrics_path", default=None, metavar="PATH",
+              help="Also write the result as Prometheus metrics to PATH (atomically, for node_exporter's textfile "
+                   "collector), also when the audit fails: see docs/operations.md.")
 @click.option("--verbose", is_flag=True, help="Show Snakemake's own output.")
 def audit_command(run_dir, snakemake_args, out_dir, config_file, cores, profile, executor, reuse, as_json, sarif_path,
-                  verbose):
+                  metrics_path, verbose):
     """Audit RUN_DIR; write verdict.json, report.html and tables/ into --out.
 
     With --profile or --executor, or Snakemake arguments after `--` (e.g.
@@ -55,6 +59,33 @@ def audit_command(run_dir, snakemake_args, out_dir, config_file, cores, profile,
       3  the audit itself failed (bad arguments or config, missing, empty or
          checkpoint-less folder, workflow error); stderr says why
     """
+    import time
+
+    from ..verdict import exit_code
+
+    start = time.time()
+    try:
+        v, out = _audit(run_dir, snakemake_args, out_dir, config_file, cores, profile, executor, reuse, sarif_path,
+                        metrics_path, verbose, start)
+    except SystemExit as e:
+        if metrics_path and e.code == EXIT_FAILED:  # a failed audit is a result too: alerts fire on it
+            from .. import metrics
+
+            run = run_dir if "://" in run_dir else str(Path(run_dir).resolve())
+            try:
+                metrics.write(metrics_path, run, verdict=None, exit_code=EXIT_FAILED, duration_s=time.time() - start)
+            except OSError as err:
+                click.echo(f"ckptaudit: --metrics {metrics_path}: {err}", err=True)
+        raise
+    click.echo(json.dumps(v, indent=2) if as_json else summary(v, out))
+    sys.exit(exit_code(v))
+
+
+def _audit(run_dir, snakemake_args, out_dir, config_file, cores, profile, executor, reuse, sarif_path, metrics_path,
+           verbose, start):
+    """The audit itself: ``(verdict, output folder)``; exits 3 (``SystemExit``) when it fails."""
+    import time
+
     from ..verdict import exit_code
 
     with failures_exit_3("ckptaudit", "the audit"):
@@ -73,5 +104,8 @@ def audit_command(run_dir, snakemake_args, out_dir, config_file, cores, profile,
             from ..sarif import write
 
             write(v, sarif_path)
-    click.echo(json.dumps(v, indent=2) if as_json else summary(v, out))
-    sys.exit(exit_code(v))
+        if metrics_path:
+            from .. import metrics
+
+            metrics.write(metrics_path, rd, verdict=v, exit_code=exit_code(v), duration_s=time.time() - start)
+    return v, out
