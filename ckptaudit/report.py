@@ -112,6 +112,9 @@ def run_report(inventory_json: str, parts: Dict[str, List[str]], cfg: dict, out_
                          "is_symlink": src.get("is_symlink"), "ok": p["ok"], "finding_kind": p["kind"],
                          "findings_json": json.dumps([f] if f else [])})
     tables.write("pointers", ptr_rows, tdir / "pointers.parquet")
+    from .schemas import check_verdict
+
+    check_verdict(v)
     _write_json(out / "verdict.json", v)
     run_name = cfg.get("run_name") or Path(inv["run_dir"].rstrip("/")).name
     html = render_html(v, all_tables, run_name, stage_costs(bench_dir) if bench_dir else [], inv["units"])

@@ -7,6 +7,8 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 CASES = Path(os.environ.get("CKPTAUDIT_CASES", REPO.parent / "shared" / "cases"))
 PAYLOAD = "CKPTAUDIT_PAYLOAD_RAN"
+# every verdict any test writes (in this process or an audit it starts) is checked against its JSON Schema
+os.environ["CKPTAUDIT_CHECK_VERDICT_SCHEMA"] = "1"
 
 
 def tree_digest(root: Path) -> dict:
