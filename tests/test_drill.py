@@ -65,7 +65,8 @@ def test_drill_passes_on_rollback_point(demo_run, tmp_path):
         assert by[name]["status"] == "pass", (name, by[name])
     assert by["global_step"]["actual"] == "step 250; optimizer per-parameter step [250.0]"
     assert by["rng_stream"]["expected"] == "live RNG == saved for ['torch', 'numpy', 'python']"
-    assert by["lr_continuity"]["message"] == "the LR continues the schedule from step 250 (no re-warm-up)"
+    assert by["lr_continuity"]["message"] == ("the LR continues the schedule from step 250 (no re-warm-up), "
+                                              "through its next change")
     # the newest unit is truncated: nothing later to compare with; no sampler or scaler in the demo
     assert {k: by[k]["status"] for k in ("next_unit_match", "data_sampler", "loss_scale")} == {
         "next_unit_match": "skip", "data_sampler": "skip", "loss_scale": "skip"}

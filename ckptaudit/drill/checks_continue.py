@@ -100,9 +100,15 @@ class ContinueChecks:
                             + (" — the learning rate re-warms" if rewarm else "")
                             + (f"; scheduler last_epoch was {self.sched_epoch_at_restore} at restore, step {s0}"
                                if self.sched_epoch_at_restore is not None else "") + "." + note)
+            ahead = self._lr_ahead(lr_at, tr, note)
+            if ahead is not None:
+                return ahead
+            from .lr_horizon import per_step
+
+            far = ", through its next change" if self.r.scheduler is not None and per_step(tr) else ""
             return ("pass", f"schedule LR for steps {tr[0]['step']}…{tr[-1]['step']}",
                     f"LR {tr[0]['lr']} … {tr[-1]['lr']}",
-                    f"the LR continues the schedule from step {s0} (no re-warm-up)")
+                    f"the LR continues the schedule from step {s0} (no re-warm-up){far}")
         want = [float(g["lr"]) for g in (self.r.saved.get("optimizer") or {}).get("param_groups", [])]
         first = tr[0]["lr"]
         if want and any(not math.isclose(a, b, rel_tol=1e-6) for a, b in zip(first, want)):
@@ -121,6 +127,23 @@ class ContinueChecks:
                     "the unit holds no scheduler state and the hook gives no lr_at(step) to prove the schedule "
                     "continues; a rebuilt scheduler starts from step 0 (re-warm-up)." + note)
         return "pass", f"saved LR {want}", f"LR {first}", "constant LR (no scheduler) continues"
+
+    def _lr_ahead(self, lr_at, tr, note: str):
+        """A failing result when the restored scheduler, stepped ahead past the trace, departs from ``lr_at``
+        before or at the schedule's next change (:mod:`.lr_horizon`); None when it follows it."""
+        from . import lr_horizon
+
+        sch = self.r.scheduler
+        if sch is None or not lr_horizon.per_step(tr):
+            return None
+        got = lr_horizon.mismatch(sch, self.r.optimizer, lr_at, tr[-1]["step"] + 1)
+        if got is None:
+            return None
+        step, want, have = got
+        return ("fail", f"LR {want} at step {step} (the schedule)", f"LR {have} from the restored scheduler",
+                f"the LRs of the continuation match, but stepped ahead the restored scheduler gives {have} at step "
+                f"{step} where the schedule gives {want}: its counter was {self.sched_epoch_at_restore} at restore, "
+                f"step {int(self.r.step)}, so it changes the LR at the wrong steps." + note)
 
     def c_next(self):
         sp = self.spec
