@@ -4,6 +4,7 @@ Snakemake).  Imports nothing heavy."""
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -39,9 +40,20 @@ def rule_python(deployment_settings: Any, executable: Optional[str] = None) -> s
 
 
 def run_name(run_dir: str) -> str:
-    """Report folder name for a run: the run folder's base name."""
+    """A run's name in the report: the run folder's base name."""
     name = Path(str(run_dir).rstrip("/")).name
     return name or "run"
+
+
+def report_folder(run_dir: str, configured_name: str = "") -> str:
+    """The folder under ``reports/`` of a run's audit when no ``out_dir`` is given: the configured
+    ``run_name`` as it is, else the run folder's base name and 8 hex digits of the SHA-256 of its absolute
+    path (an ``s3://`` URL as written), so that ``A/run`` and ``B/run``, or a local run and an S3 one of the
+    same name, never share a report (``demo_run-1f0c9a2e``)."""
+    if configured_name:
+        return configured_name
+    where = str(run_dir).rstrip("/") if fs.is_remote(run_dir) else str(Path(run_dir).resolve())
+    return f"{run_name(run_dir)}-{hashlib.sha256(where.encode()).hexdigest()[:8]}"
 
 
 def stage_config(config: dict, run_dir: str, name: str) -> dict:

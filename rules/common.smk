@@ -37,7 +37,7 @@ VERSION = ckptaudit.__version__
 DEMO_DIR = "demo_run"
 RUN_DIR = config["run_dir"] or DEMO_DIR
 RUN_NAME = config["run_name"] or ws.run_name(RUN_DIR)
-OUT = (config["out_dir"] or os.path.join("reports", RUN_NAME)).rstrip("/")
+OUT = (config["out_dir"] or os.path.join("reports", ws.report_folder(RUN_DIR, config["run_name"]))).rstrip("/")
 try:
     check_out_dir(RUN_DIR, OUT, state_dir=os.getcwd())  # Snakemake keeps .snakemake/ in its working directory
     if config["run_dir"]:  # a missing path or a file stops here, in one line (not in the inventory job)

@@ -144,7 +144,10 @@ def test_snakemake_audit_on_the_demo_prints_the_summary(tmp_path):
                        capture_output=True, text=True, timeout=900)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     out = p.stdout + p.stderr
-    report = tmp_path / "reports" / "demo_run" / "report.html"
+    from ckptaudit.workflow_support import report_folder
+
+    report = tmp_path / "reports" / report_folder(str(tmp_path / "demo_run")) / "report.html"
+    assert report.parent.name.startswith("demo_run-") and len(report.parent.name) == len("demo_run-") + 8
     expected = [
         "ckptaudit: RESUME from ckpt_000250.pt (step 250), 50 steps lost",
         "  ckpt_000050.pt .. ckpt_000100.pt: 2 units intact",
