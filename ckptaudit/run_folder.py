@@ -19,8 +19,17 @@ LISTED = 8
 def check_run_dir(run_dir: str | Path) -> None:
     """Raise ``ValueError`` with a one-line reason when a local ``run_dir`` does not exist or is not a folder.
 
-    ``s3://`` runs are checked by the inventory stage."""
+    An ``s3://`` run is listed once (:func:`ckptaudit.fs.reach.remote_problem`, with the ``s3:`` settings
+    already applied): no credentials or an endpoint that does not answer is one line here, not a traceback
+    in the first job; the rest is the inventory stage's to say."""
     if "://" in str(run_dir):
+        import os
+
+        from .fs.reach import remote_problem
+
+        problem = remote_problem(str(run_dir), endpoint=os.environ.get("CKPTAUDIT_S3_ENDPOINT_URL", ""))
+        if problem:
+            raise ValueError(problem)
         return
     p = Path(run_dir)
     if not p.exists():

@@ -94,6 +94,7 @@ def normalised(v, *roots: str):
         doc.pop(k, None)
     for u in doc.get("units", []):
         u.pop("last_hashed_utc", None)  # when this audit hashed the unit: never equal across two audits
+        u.pop("mtime_unix", None)  # a file's mtime here, the object's upload time there
     return doc
 
 
@@ -310,3 +311,24 @@ def test_object_rewritten_with_the_same_size_drops_its_facts_and_changes_its_uni
     assert liveness.changed_files(root, snap) == ["ckpt_000007.pt"]  # listed again: a new ETag
     again = facts.load(rows, root)
     assert len(again) == 0 and not again.kept.has(fs.fspath(root / "ckpt_000007.pt"))
+
+
+def test_no_credentials_and_an_unreachable_endpoint_are_one_line_each(tmp_path):
+    """Both stopped in the first job with a 27-line chained traceback of botocore frames (issue 28)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    env.update(AWS_SHARED_CREDENTIALS_FILE=str(tmp_path / "none"), AWS_CONFIG_FILE=str(tmp_path / "none"),
+               AWS_EC2_METADATA_DISABLED="true")
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = tmp_path / "s3.yaml"
+    cfg.write_text(f"s3:\n  endpoint_url: http://127.0.0.1:{port}\n")
+    cmd = [sys.executable, "-m", "ckptaudit.cli", "audit", "s3://bucket/run", "--config", str(cfg)]
+    p = subprocess.run(cmd + ["--out", str(tmp_path / "a")], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 3 and p.stderr.count("\n") == 1, p.stderr
+    assert p.stderr.startswith("ckptaudit: error: no AWS credentials for s3://bucket/run: set AWS_ACCESS_KEY_ID")
+    env.update(AWS_ACCESS_KEY_ID="k", AWS_SECRET_ACCESS_KEY="s")
+    p = subprocess.run(cmd + ["--out", str(tmp_path / "b")], capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 3 and p.stderr.count("\n") == 1, p.stderr
+    assert p.stderr.startswith(f"ckptaudit: error: cannot reach the S3 endpoint at http://127.0.0.1:{port} for "
+                               "s3://bucket/run: EndpointConnectionError"), p.stderr

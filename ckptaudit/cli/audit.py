@@ -92,6 +92,15 @@ def _audit(run_dir, snakemake_args, out_dir, config_file, cores, profile, execut
         rd, out = check_paths(run_dir, out_dir)
         cfg = load_user_config(config_file)
         cfg.update(run_dir=rd, out_dir=str(out))
+        if "://" in rd:  # one line for no credentials or an endpoint that does not answer, before any job
+            from ..run_folder import check_run_dir
+            from ..workflow_support import configure_storage
+
+            configure_storage(cfg)
+            try:
+                check_run_dir(rd)
+            except ValueError as e:
+                raise click.ClickException(str(e)) from None
         if reuse:
             cfg["reuse"] = True
         if profile or executor or snakemake_args:
