@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Tuple
 from ..layouts.dcp import dtype_name, item_fqn, read_metadata, state_fields
 from ..pickle_walk import walk
 from ..pickle_walk.dtypes import dtype_itemsize
-from .proof import INTACT, LOST, SAFETENSORS_DTYPE, TensorBytes
+from .proof import INTACT, LOST, SAFETENSORS_DTYPE, TensorBytes, row_major
 
 #: the file name the report gives the tensors of a DCP folder (their bytes span every rank's file)
 FILE = "dcp"
@@ -54,7 +54,7 @@ def tensors(folder: Path, cfg: dict) -> Tuple[List[TensorBytes], str, int]:
         chunks = [state_fields(c) for c in st.get("chunks") or []]
         itemsize = dtype_itemsize(dtype, 0)
         t = TensorBytes(name=str(fqn), file=FILE, path=str(folder), dtype=dtype, shape=shape,
-                        stride=tuple(_row_major(shape)), offset=0, storage_offset=0, itemsize=itemsize, span=(0, 0))
+                        stride=tuple(row_major(shape)), offset=0, storage_offset=0, itemsize=itemsize, span=(0, 0))
         parts = []
         for c in chunks:
             offsets = tuple(c.get("offsets") or ())
@@ -64,14 +64,6 @@ def tensors(folder: Path, cfg: dict) -> Tuple[List[TensorBytes], str, int]:
             t.load = _loader(folder, shape, dtype, parts)
         out.append(t)
     return out, "", n_bytes_items
-
-
-def _row_major(shape) -> List[int]:
-    out, acc = [], 1
-    for d in reversed(shape):
-        out.append(acc)
-        acc *= d
-    return list(reversed(out))
 
 
 def _judge(folder: Path, parts, dtype: str) -> Tuple[str, str]:
@@ -115,7 +107,7 @@ def _chunk(folder: Path, place: dict, sizes, dtype: str) -> Tuple[Optional[bytes
         return None, f"the blob holds {meta.dtype} {list(meta.shape)}, .metadata says {dtype} {list(sizes)}"
     item = dtype_itemsize(dtype, 0)
     n = math.prod(sizes)
-    want = _row_major(sizes)
+    want = row_major(sizes)
     if all(s == w or d == 1 for s, w, d in zip(meta.stride, want, sizes)):
         start = meta.storage_offset * item
         piece = data[start:start + n * item]

@@ -81,6 +81,15 @@ class TensorBytes:
         return d
 
 
+def row_major(shape) -> List[int]:
+    """The strides (in elements) of a contiguous row-major tensor of ``shape``."""
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.append(acc)
+        acc *= d
+    return list(reversed(out))
+
+
 def view_span(offset: int, storage_offset: int, shape, stride, itemsize: int) -> Tuple[int, int]:
     """Bytes ``[first, end)`` of a file that a strided view over a storage starting at byte ``offset`` touches."""
     if any(d == 0 for d in shape):

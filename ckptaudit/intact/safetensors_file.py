@@ -16,7 +16,7 @@ import struct
 from typing import List, Optional, Tuple
 
 from ..formats.safetensors_check import DTYPE_BITS, MAX_HEADER_BYTES, ST_DTYPES, valid_entries
-from .proof import INTACT, LOST, SUSPECT, UNPROVEN, ChunkProof, TensorBytes
+from .proof import INTACT, LOST, SUSPECT, UNPROVEN, ChunkProof, TensorBytes, row_major
 
 #: a NUL run this long, aligned to it, inside an unproven tensor makes it suspect (one page / block)
 ZERO_PAGE_BYTES = 4096
@@ -48,20 +48,12 @@ def tensors(path: str, file: str, chunks: Optional[ChunkProof]) -> Tuple[List[Te
             b, en = e["data_offsets"]
             itemsize = DTYPE_BITS[e["dtype"]] // 8
             shape = tuple(e["shape"])
-            stride = tuple(_row_major(shape))
+            stride = tuple(row_major(shape))
             t = TensorBytes(name=name, file=file, path=path, dtype=dtype, shape=shape, stride=stride,
                             offset=base + b, storage_offset=0, itemsize=itemsize, span=(base + b, base + en))
             t.status, t.proof = _judge(t, size, chunks, fh)
             out.append(t)
     return out, ""
-
-
-def _row_major(shape) -> List[int]:
-    out, acc = [], 1
-    for d in reversed(shape):
-        out.append(acc)
-        acc *= d
-    return list(reversed(out))
 
 
 def _judge(t: TensorBytes, size: int, chunks: Optional[ChunkProof], fh) -> Tuple[str, str]:
