@@ -64,6 +64,7 @@ def discover(run_dir: str | os.PathLike) -> tuple[List[Unit], List[Pointer], Lis
     stray: List[str] = []
     _walk(root, root, units, pointers, stray)
     _unfinished_markers(units, stray)
+    _incomplete_saves(units)
     names = {u.unit for u in units}
     for p in pointers:
         p.resolved = _resolve_pointer(root, p, names)
@@ -89,6 +90,16 @@ def _unfinished_markers(units: List[Unit], stray: List[str]) -> None:
             u.in_progress = hit[1]
     if taken:
         stray[:] = [s for s in stray if s not in taken]
+
+
+def _incomplete_saves(units: List[Unit]) -> None:
+    """A unit of a save that another of its ranks has not finished (NVRx's per-rank file of an iteration some rank
+    holds only as ``.dirty`` or not at all: :func:`ckptaudit.producers.incomplete_saves`) is a save in progress:
+    the producer's resume never takes it."""
+    why = producers.incomplete_saves([u.unit for u in units])
+    for u in units:
+        if u.unit in why and not u.in_progress:
+            u.in_progress = why[u.unit]
 
 
 def _rel(root: Path, p: Path) -> str:

@@ -114,7 +114,7 @@ def analyse_unit(unit: dict, scan_row: dict, tensors: Iterable[dict], cfg: dict,
         row["findings_json"] = json.dumps([f.to_dict() for f in fl])
         return row
     row.update(weights_component=c.weights_source, n_weight_keys=len(w), structure_hash=structure_hash(w))
-    prefix, bare = _wrapper_prefix(p, c, w, reference, row, fl)
+    prefix, bare = _wrapper_prefix(p, c, w, reference, row, fl, producer.model_prefixes if producer else ())
     shape_bad: List[str] = []  # "name: saved …, expected …", against the reference or the expected model args
     vocab_text = ""
     if reference:
@@ -136,13 +136,14 @@ def analyse_unit(unit: dict, scan_row: dict, tensors: Iterable[dict], cfg: dict,
 
 
 def _wrapper_prefix(p: str, c: C.Components, w: Dict[str, dict], reference: Optional[Dict[str, dict]], row: dict,
-                    fl: List[F.Finding]) -> Tuple[str, Dict[str, dict]]:
+                    fl: List[F.Finding], expected: Tuple[str, ...] = ()) -> Tuple[str, Dict[str, dict]]:
     """(the wrapper prefix every weight key carries, e.g. ``module.`` of DDP, and the weights without it); a
-    prefix the reference does not share is ``key_prefix_mismatch`` (added to ``fl``, and ``row["prefix"]``)."""
+    prefix the reference does not share is ``key_prefix_mismatch`` (added to ``fl``, and ``row["prefix"]``),
+    unless it is one the producer's own resume expects (``expected``: its model wrapper's, Composer's ``module.``)."""
     keys = sorted(w)
     ref_keys = sorted(reference) if reference else None
     prefix = strip_prefix(keys)
-    if prefix and not (ref_keys and strip_prefix(ref_keys) == prefix):
+    if prefix and prefix not in expected and not (ref_keys and strip_prefix(ref_keys) == prefix):
         wrappers = " + ".join(WRAPPER_PREFIXES[x + "."] for x in prefix.rstrip(".").split(".") if x + "." in WRAPPER_PREFIXES)
         comp = c.weights_source.split(":")[-1] or "the weights"
         fl.append(F.make("key_prefix_mismatch", path=p, component=repr(comp), prefix=prefix, wrapper=wrappers))

@@ -1,7 +1,8 @@
 """Producers as data: one module per framework holds what its save writes and what its resume reads.
 
 Each module of this package (:mod:`.hf_trainer`, :mod:`.accelerate`, :mod:`.lightning`, :mod:`.deepspeed`,
-:mod:`.dcp`, :mod:`.megatron`, :mod:`.nanogpt`, :mod:`.torch_tutorial`, :mod:`.nemo`) defines one
+:mod:`.dcp`, :mod:`.megatron`, :mod:`.nanogpt`, :mod:`.torch_tutorial`, :mod:`.nemo`, :mod:`.composer`,
+:mod:`.nvrx`) defines one
 :class:`~.contract.Producer`: its :class:`~.contract.Contract` per version range (which files form a
 unit, the role of each, how the resume loads it, where the step lives, what it always or never saves),
 the base-name patterns of its files' roles, how its resume unpickles each role, its resume call and the
@@ -21,22 +22,24 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import re
 from types import MappingProxyType
-from typing import List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from . import accelerate, dcp, deepspeed, hf_trainer, lightning, megatron, nanogpt, nemo, torch_tutorial
+from . import (accelerate, composer, dcp, deepspeed, hf_trainer, lightning, megatron, nanogpt, nemo, nvrx,
+               torch_tutorial)
 from .contract import UNSAFE, WO, Contract, FileRole, PointerFile, Producer, ResumeLoad, UnfinishedMarker
 
 __all__ = ["Contract", "FileRole", "PointerFile", "Producer", "ResumeLoad", "PRODUCERS", "CONTRACTS", "WO", "UNSAFE",
            "POINTER_FILES", "VERSION_KEYS", "VERSION_DISTS", "PIP_NAMES",
            "enabled", "identify", "pointer_file", "reader_layouts", "STEP_FILES", "NOT_STATE_FILES", "by_key",
            "LOSS_LOGS", "CLAIM_FILES", "role_of", "metadata_files", "for_layout", "for_unit", "with_entry",
-           "UnfinishedMarker", "unfinished_marker"]
+           "UnfinishedMarker", "unfinished_marker", "in_progress_name", "incomplete_saves", "zip_layout", "name_step"]
 
 #: Every producer, in the order a unit's contract is looked for.
 PRODUCERS: Tuple[Producer, ...] = (hf_trainer.PRODUCER, accelerate.PRODUCER, lightning.PRODUCER,
                                    deepspeed.PRODUCER, dcp.PRODUCER, nanogpt.PRODUCER, torch_tutorial.PRODUCER,
-                                   megatron.PRODUCER, nemo.PRODUCER)
+                                   megatron.PRODUCER, nemo.PRODUCER, composer.PRODUCER, nvrx.PRODUCER)
 #: Every contract, in that order.
 CONTRACTS: Tuple[Contract, ...] = tuple(c for p in PRODUCERS for c in p.contracts)
 #: The producers' folder adapters (``"module:ATTR"`` in :mod:`ckptaudit.layouts`), in claim order.
@@ -118,6 +121,42 @@ def unfinished_marker(unit: str, present) -> Optional[Tuple[str, str]]:
         if m is not None and (path := m.path_of(unit)) in present:
             return path, m.why.format(marker=_base(path))
     return None
+
+
+#: ``(pattern, why)`` of the names the producers save under until a save is complete (``in_progress_names``)
+_IN_PROGRESS = tuple((re.compile(pat), why) for p in PRODUCERS for pat, why in p.in_progress_names)
+#: the producers' step patterns of their units' names (``name_step``)
+_NAME_STEPS = tuple(re.compile(p.name_step) for p in PRODUCERS if p.name_step)
+#: ``(full-match pattern of a zip file's base name, layout)`` of the producers' own file units (``unit_names``)
+_UNIT_NAMES = tuple((re.compile(p.unit_names), p.layouts[0]) for p in PRODUCERS if p.unit_names and p.layouts)
+
+
+def in_progress_name(name: str) -> Optional[str]:
+    """Why a base name is a producer's save in progress (NVRx's ``*.dirty.pt``, :mod:`.nvrx`), or None."""
+    return next((why for pat, why in _IN_PROGRESS if pat.search(name)), None)
+
+
+def name_step(name: str) -> Optional[int]:
+    """The step a producer's own naming puts in a base name (Composer's ``ba30``, :mod:`.composer`), or None."""
+    return next((int(m.group(1)) for pat in _NAME_STEPS if (m := pat.search(name))), None)
+
+
+def zip_layout(name: str) -> Optional[str]:
+    """The layout of a zip file unit named ``name`` (a base name) when a producer names its units so: by its
+    ``unit_names`` or ``unit_suffix`` (Lightning's ``.ckpt``); None for a plain ``torch-zip``."""
+    low = name.lower()
+    return next((lay for pat, lay in _UNIT_NAMES if pat.fullmatch(name)), None) or next(
+        (p.layouts[0] for p in PRODUCERS if p.unit_suffix and p.layouts and low.endswith(p.unit_suffix)), None)
+
+
+def incomplete_saves(units: Sequence[str]) -> Dict[str, str]:
+    """``{unit: why}``: of a run's units (run-relative paths), those of a save that another of its ranks has not
+    finished, so that the producer's resume never takes it (NVRx's ``find_latest``, :mod:`.nvrx`)."""
+    out: Dict[str, str] = {}
+    for p in PRODUCERS:
+        if p.incomplete_saves is not None:
+            out.update(p.incomplete_saves(units))
+    return out
 
 
 def enabled() -> bool:

@@ -16,7 +16,7 @@ framework themselves.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Dict, FrozenSet, Optional, Tuple
+from typing import Callable, Dict, FrozenSet, Optional, Sequence, Tuple
 
 __all__ = ["FileRole", "Contract", "RestoreRule", "CountRule", "ResumeLoad", "PointerFile", "UnfinishedMarker",
            "Producer", "WO", "UNSAFE"]
@@ -165,6 +165,21 @@ class Producer:
     #: a marker file it keeps beside a unit while that unit's save or deletion runs: with it there, the unit is a
     #: save in progress and the marker no unit (:func:`ckptaudit.producers.unfinished_marker`)
     unfinished_marker: Optional[UnfinishedMarker] = None
+    #: ``(regular expression searched in a base name, why)``: the names it saves under and renames once the save
+    #: is complete; a unit so named is a save in progress (:func:`ckptaudit.producers.in_progress_name`)
+    in_progress_names: Tuple[Tuple[str, str], ...] = ()
+    #: ``unit paths -> {unit: why}``: of a run's units (run-relative), those of a save that another of its ranks
+    #: has not finished, which its resume never takes (:func:`ckptaudit.producers.incomplete_saves`)
+    incomplete_saves: Optional[Callable[[Sequence[str]], Dict[str, str]]] = None
+    #: a regular expression (full match) on a zip file's base name that makes the file this producer's own unit,
+    #: of its first layout, as :attr:`unit_suffix` does by the name's ending
+    unit_names: str = ""
+    #: a regular expression whose group 1 is the step in its units' names, tried before the generic step patterns
+    #: (:func:`ckptaudit.units.step_from_name`)
+    name_step: str = ""
+    #: the prefixes its resume's own model wrapper puts on every weight key, which its load expects: such a prefix
+    #: is no ``key_prefix_mismatch``
+    model_prefixes: Tuple[str, ...] = ()
     #: pointer files it writes beside its units
     pointers: Tuple[PointerFile, ...] = ()
     #: keys at a checkpoint's root that record the version of this framework (key -> package)
