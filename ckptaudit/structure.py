@@ -144,7 +144,8 @@ def _wrapper_prefix(p: str, c: C.Components, w: Dict[str, dict], reference: Opti
     ref_keys = sorted(reference) if reference else None
     prefix = strip_prefix(keys)
     if prefix and prefix not in expected and not (ref_keys and strip_prefix(ref_keys) == prefix):
-        wrappers = " + ".join(WRAPPER_PREFIXES[x + "."] for x in prefix.rstrip(".").split(".") if x + "." in WRAPPER_PREFIXES)
+        wrappers = " + ".join(WRAPPER_PREFIXES[x + "."] for x in prefix.rstrip(".").split(".")
+                              if x + "." in WRAPPER_PREFIXES)
         comp = c.weights_source.split(":")[-1] or "the weights"
         fl.append(F.make("key_prefix_mismatch", path=p, component=repr(comp), prefix=prefix, wrapper=wrappers))
         row["prefix"] = prefix
@@ -266,5 +267,6 @@ def _optimizer_checks(p: str, c: C.Components, tensors: Iterable[dict], bare: Di
     if moment_shapes and sum(moment_shapes.values()) == len(params) and moment_shapes != param_shapes:
         diff = list((moment_shapes - param_shapes).items())[:3]
         out.append(F.make("optimizer_state_shape_mismatch", path=p,
-                          examples=", ".join(f"{n} moment(s) of shape {s} with no parameter of that shape" for s, n in diff)))
+                          examples=", ".join(f"{n} moment(s) of shape {s} with no parameter of that shape"
+                                             for s, n in diff)))
     return out
