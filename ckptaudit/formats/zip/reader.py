@@ -150,17 +150,24 @@ class ArchiveFile:
         done = 0
         view = memoryview(buf)
         f = self.f
+        b0, blk = getattr(self, "_last", (0, b""))
+        if self.fd is not None and b0 <= off < b0 + len(blk):  # the bytes a record walk already read
+            part = memoryview(blk)[off - b0: off - b0 + n]
+            crc, done = crc32(part, 0), len(part)
         if self.fd is None:  # remote: stream with large ranged GETs, not the small readahead
             if getattr(self, "_stream", None) is None:
                 self._stream = fs.open_binary(self.path, block_size=fs.STREAM_BLOCK_BYTES)
             f = self._stream
-        f.seek(off)
+        f.seek(off + done)
+        k = 0
         while done < n:
             k = f.readinto(view[: min(len(buf), n - done)])
             if not k:
                 break
             crc = crc32(view[:k], crc)
             done += k
+        if self.fd is not None and k >= (64 << 10):  # the last piece stays at hand, as _local_read keeps it
+            self._last = (off + done - k, bytes(view[:k]))
         return crc, done
 
     def close(self) -> None:
