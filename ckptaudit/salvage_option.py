@@ -44,6 +44,10 @@ def offer(v: dict, run_root, out_dir, cfg: dict) -> Optional[dict]:
     if unit is None or unit["usable_for"] == "resume" or (rollback and rollback["unit"] == unit["unit"]):
         return None
     path = Path(run_root) / unit["unit"]
+    from .confine import resolved_outside
+
+    if resolved_outside(Path(run_root), unit["unit"]) or any(f["kind"] == "path_outside_run" for f in unit["findings"]):
+        return None  # never read what lies outside the run
     try:
         tensors, _ = unit_tensors(path, run_root)
     except (OSError, ValueError):

@@ -473,3 +473,21 @@ def test_what_a_new_user_tried(tmp_path):
     fresh = torch.nn.Linear(4, 4)
     res = fresh.load_state_dict({k[11:]: v for k, v in sd7.items() if k.startswith("state_dict.")}, strict=False)
     assert not res.missing_keys and torch.equal(fresh.weight, m.weight)
+
+
+def test_a_symbolic_link_in_a_folder_unit_is_never_opened(tmp_path):
+    """The trust boundary: a link inside a folder unit may lead out of the run; salvage names it, never reads
+    it (its target's atime, set in the past, stays)."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    torch.save({"secret": torch.ones(3)}, outside / "secret.pt")
+    os.utime(outside / "secret.pt", ns=(1_577_836_800 * 10**9, (outside / "secret.pt").stat().st_mtime_ns))
+    atime = (outside / "secret.pt").stat().st_atime_ns
+    unit = tmp_path / "run" / "checkpoint-5"
+    unit.mkdir(parents=True)
+    torch.save({"model": {"w": torch.ones(2)}}, unit / "model.pt")
+    (unit / "optimizer.pt").symlink_to(outside / "secret.pt")
+    rep = salvage(unit, tmp_path / "out")
+    assert [(f["file"], f["kind"]) for f in rep["files"] if f["kind"] == "not read"] == [("optimizer.pt", "not read")]
+    assert [t["name"] for t in rep["tensors"]] == ["model.w"]
+    assert (outside / "secret.pt").stat().st_atime_ns == atime

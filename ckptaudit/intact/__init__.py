@@ -13,6 +13,7 @@ expects and lacks come from the audit's own scan (:mod:`.missing`).  Reads only.
 from __future__ import annotations
 
 import os
+import stat
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -24,14 +25,18 @@ from .proof import (FILLED, INTACT, LOST, SAFETENSORS_DTYPE, SUSPECT, UNPROVEN, 
                     is_optimizer_state)
 
 __all__ = ["unit_tensors", "unit_files", "TensorBytes", "counts", "INTACT", "LOST", "UNPROVEN", "SUSPECT", "FILLED",
-           "SAFETENSORS_DTYPE", "is_optimizer_state", "first_component"]
+           "SAFETENSORS_DTYPE", "is_optimizer_state", "first_component", "regular_file"]
 
 #: names inside a unit that are not data: sidecars, manifests, markers, text
 _NOT_DATA = (".sha256", ".sha256sum", ".manifest.json", ".json", ".txt", ".md", ".yaml", ".yml")
 
 
-def unit_files(unit: Path) -> Tuple[List[Tuple[str, Path]], Dict[str, dict]]:
-    """``([(name in the unit, path)], {name: manifest entry})`` of a file or folder unit's data files."""
+def unit_files(unit: Path, skipped: Optional[List[Tuple[str, str]]] = None
+               ) -> Tuple[List[Tuple[str, Path]], Dict[str, dict]]:
+    """``([(name in the unit, path)], {name: manifest entry})`` of a file or folder unit's data files.  Inside a
+    folder, a symbolic link or anything that is no regular file is never opened (a link may lead out of the
+    run: the trust boundary the audit keeps, :mod:`ckptaudit.confine`); each is appended to ``skipped`` as
+    ``(name, why)``.  Folders are walked without following links."""
     if unit.is_file():
         return [(unit.name, unit)], load_manifest(unit.with_name(unit.name + ".manifest.json"))
     out = []
@@ -41,8 +46,22 @@ def unit_files(unit: Path) -> Tuple[List[Tuple[str, Path]], Dict[str, dict]]:
             p = Path(dirpath) / n
             if n.endswith(_NOT_DATA) or n in ("COMPLETE", "latest") or n.startswith(".ckptaudit-tmp-"):
                 continue
-            out.append((p.relative_to(unit).as_posix(), p))
+            rel = p.relative_to(unit).as_posix()
+            if not regular_file(p):
+                if skipped is not None:
+                    skipped.append((rel, "a symbolic link or no regular file: never opened (it may lead out of "
+                                         "the run)"))
+                continue
+            out.append((rel, p))
     return out, load_manifest(unit / "manifest.json")
+
+
+def regular_file(p: Path) -> bool:
+    """Whether ``p`` itself (not what a link names) is a regular file."""
+    try:
+        return stat.S_ISREG(os.lstat(p).st_mode)
+    except OSError:
+        return False
 
 
 def unit_tensors(unit: str | os.PathLike, run_dir: Optional[str | os.PathLike] = None
@@ -68,7 +87,9 @@ def unit_tensors(unit: str | os.PathLike, run_dir: Optional[str | os.PathLike] =
                      "non_tensor_items": n_items, "weights_prefix": first_component(ts)})
         rows += [{"file": f, "kind": "missing", "problem": why, "counts": counts([])} for f, why in gone]
         return ts, rows
-    files, manifest = unit_files(root)
+    skipped: List[Tuple[str, str]] = []
+    files, manifest = unit_files(root, skipped)
+    rows += [{"file": f, "kind": "not read", "problem": why, "counts": counts([])} for f, why in skipped]
     for name, path in files:
         kind = sniff(path).kind
         chunks = ChunkProof.of(str(path), manifest.get(name))
@@ -83,7 +104,7 @@ def unit_tensors(unit: str | os.PathLike, run_dir: Optional[str | os.PathLike] =
             continue
         out.extend(ts)
         rows.append({"file": name, "kind": kind, "problem": problem, "counts": counts(ts), "weights_prefix": prefix})
-    present = {n for n, _ in files}
+    present = {n for n, _ in files} | {n for n, _ in skipped}
     for name, e in sorted(manifest.items()):
         if name not in present and not (root if root.is_dir() else root.parent).joinpath(name).exists():
             rows.append({"file": name, "kind": "missing", "counts": counts([]),

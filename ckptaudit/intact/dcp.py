@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import stat
 import zipfile
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -86,6 +87,8 @@ def _chunk(folder: Path, place: dict, sizes, dtype: str) -> Tuple[Optional[bytes
         return None, "its storage place is not a file of the folder with an offset and a length"
     if not path.is_file():
         return None, f"{relp} is missing (that rank's file was never written or was removed)"
+    if not stat.S_ISREG(os.lstat(path).st_mode):
+        return None, f"{relp} is a symbolic link or no regular file: never opened (it may lead out of the run)"
     with open(path, "rb") as f:
         f.seek(off)
         blob = f.read(length)
