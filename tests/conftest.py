@@ -99,3 +99,17 @@ def pytest_make_collect_report(collector):
     if rep.skipped and _in_ci():  # a module-level importorskip
         rep.outcome = "failed"
         rep.longrepr = f"CI=true: {collector.nodeid} would have been skipped ({rep.longrepr}); under CI a skip is a failure"
+
+
+def copy_producer_run(name: str, dest: Path) -> Path:
+    """A copy (links kept as links) of the run ``tests/producer_runs/<name>`` that a framework wrote itself."""
+    import shutil
+
+    run = dest / name
+    shutil.copytree(REPO / "tests" / "producer_runs" / name, run, symlinks=True)
+    return run
+
+
+def unit_rows(v: dict) -> dict:
+    """``{unit: (layout, step, usable_for)}`` of a verdict."""
+    return {u["unit"]: (u["layout"], u["step"], u["usable_for"]) for u in v["units"]}

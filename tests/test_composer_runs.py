@@ -17,27 +17,15 @@ project's environment, so the tests read those files and never import it.
 from __future__ import annotations
 
 import os
-import shutil
 
 from ckptaudit import producers
 from ckptaudit.pipeline import audit_in_process
 from ckptaudit.producers import composer
 from ckptaudit.units import step_from_name
 
-from .conftest import REPO
+from .conftest import copy_producer_run, unit_rows
 
-RUNS = REPO / "tests" / "producer_runs"
 CK = "checkpoints"
-
-
-def _copy(name, tmp_path):
-    run = tmp_path / name
-    shutil.copytree(RUNS / name, run, symlinks=True)
-    return run
-
-
-def _rows(v):
-    return {u["unit"]: (u["layout"], u["step"], u["usable_for"]) for u in v["units"]}
 
 
 def _kinds(v, unit):
@@ -51,8 +39,8 @@ def test_the_batch_in_the_name_is_the_step():
 
 
 def test_clean_run(tmp_path):
-    v = audit_in_process(_copy("composer_clean", tmp_path), out_dir=tmp_path / "out")
-    assert _rows(v) == {f"{CK}/ep1-ba10-rank0.pt": ("composer", 10, "resume"),
+    v = audit_in_process(copy_producer_run("composer_clean", tmp_path), out_dir=tmp_path / "out")
+    assert unit_rows(v) == {f"{CK}/ep1-ba10-rank0.pt": ("composer", 10, "resume"),
                         f"{CK}/ep2-ba20-rank0.pt": ("composer", 20, "resume"),
                         f"{CK}/ep3-ba30-rank0.pt": ("composer", 30, "resume")}
     assert v["rollback"] == {"unit": f"{CK}/ep3-ba30-rank0.pt", "step": 30}
@@ -65,8 +53,8 @@ def test_clean_run(tmp_path):
 
 def test_killed_inside_the_third_save(tmp_path):
     """SIGKILL inside the save of batch 30: the file is cut under its own name, the link still on batch 20."""
-    v = audit_in_process(_copy("composer_killed", tmp_path), out_dir=tmp_path / "out")
-    assert _rows(v)[f"{CK}/ep3-ba30-rank0.pt"] == ("composer", 30, "none")
+    v = audit_in_process(copy_producer_run("composer_killed", tmp_path), out_dir=tmp_path / "out")
+    assert unit_rows(v)[f"{CK}/ep3-ba30-rank0.pt"] == ("composer", 30, "none")
     assert "truncated_zip_no_central_directory" in _kinds(v, f"{CK}/ep3-ba30-rank0.pt")
     assert v["rollback"] == {"unit": f"{CK}/ep2-ba20-rank0.pt", "step": 20}
     assert v["pointers"] == [{"path": f"{CK}/latest-rank0.pt", "target": "ep2-ba20-rank0.pt", "ok": True, "kind": ""}]
@@ -75,7 +63,7 @@ def test_killed_inside_the_third_save(tmp_path):
 
 def test_link_to_a_cut_newest_file(tmp_path):
     """The newest file cut after its save (a copy, a full disk): autoresume follows the link into it and fails."""
-    run = _copy("composer_clean", tmp_path)
+    run = copy_producer_run("composer_clean", tmp_path)
     os.truncate(run / CK / "ep3-ba30-rank0.pt", 9000)
     v = audit_in_process(run, out_dir=tmp_path / "out")
     assert v["rollback"] == {"unit": f"{CK}/ep2-ba20-rank0.pt", "step": 20}

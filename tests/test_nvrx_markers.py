@@ -15,26 +15,14 @@ is not in the project's environment, so the tests read those files and never imp
 
 from __future__ import annotations
 
-import shutil
 
 from ckptaudit import inventory
 from ckptaudit.pipeline import audit_in_process
 from ckptaudit.producers import nvrx
 from ckptaudit.units import in_progress_reason, step_from_name
 
-from .conftest import REPO
+from .conftest import copy_producer_run, unit_rows
 
-RUNS = REPO / "tests" / "producer_runs"
-
-
-def _copy(name, tmp_path):
-    run = tmp_path / name
-    shutil.copytree(RUNS / name, run, symlinks=True)
-    return run
-
-
-def _rows(v):
-    return {u["unit"]: (u["layout"], u["step"], u["usable_for"]) for u in v["units"]}
 
 
 def _why(v, unit):
@@ -52,8 +40,8 @@ def test_the_dirty_name_is_nvrxs_save_under_way():
 
 def test_rank_killed_before_its_rename_rolls_back_to_the_iteration_every_rank_holds(tmp_path):
     """Rank 0 died between torch.save and the rename of iteration 30; rank 1 finished its file of 30."""
-    v = audit_in_process(_copy("nvrx_killed", tmp_path), out_dir=tmp_path / "out")
-    assert _rows(v) == {
+    v = audit_in_process(copy_producer_run("nvrx_killed", tmp_path), out_dir=tmp_path / "out")
+    assert unit_rows(v) == {
         "run1/0/iter_0000020_0_local.pt": ("nvrx-local", 20, "resume"),
         "run1/1/iter_0000020_1_local.pt": ("nvrx-local", 20, "resume"),
         "run1/0/iter_0000030_0_local.dirty.pt": ("nvrx-local", 30, "none"),
@@ -66,8 +54,8 @@ def test_rank_killed_before_its_rename_rolls_back_to_the_iteration_every_rank_ho
 
 
 def test_clean_run_resumes_from_its_one_iteration(tmp_path):
-    v = audit_in_process(_copy("nvrx_clean", tmp_path), out_dir=tmp_path / "out")
-    assert _rows(v) == {"run1/0/iter_0000030_0_local.pt": ("nvrx-local", 30, "resume"),
+    v = audit_in_process(copy_producer_run("nvrx_clean", tmp_path), out_dir=tmp_path / "out")
+    assert unit_rows(v) == {"run1/0/iter_0000030_0_local.pt": ("nvrx-local", 30, "resume"),
                         "run1/1/iter_0000030_1_local.pt": ("nvrx-local", 30, "resume")}
     assert v["rollback"]["step"] == 30
     kinds = {f["kind"] for u in v["units"] for f in u["findings"]}
@@ -77,7 +65,7 @@ def test_clean_run_resumes_from_its_one_iteration(tmp_path):
 
 def test_rank_killed_before_it_opened_its_file(tmp_path):
     """No file of iteration 30 at all on rank 0 (killed before ``open(…, "bx")``): rank 1's is still skipped."""
-    run = _copy("nvrx_killed", tmp_path)
+    run = copy_producer_run("nvrx_killed", tmp_path)
     (run / "run1" / "0" / "iter_0000030_0_local.dirty.pt").unlink()
     units, _, _ = inventory.discover(run)
     assert {u.unit: bool(u.in_progress) for u in units} == {
