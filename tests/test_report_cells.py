@@ -45,3 +45,13 @@ def test_no_weights_is_the_reason():
     cells = T.layer_cells({"units": [u]}, tables, ("file", "structure", "state", "security"))["d.pt"]
     assert (cells["structure"]["status"], cells["structure"]["why"]) == ("not-checked", "no model weights found")
     assert cells["state"]["status"] == "error" and cells["file"]["status"] == "ok"
+
+
+def test_stage_costs_leave_out_the_demo_training(tmp_path):
+    """The demo rule trains the run the audit reads: not a cost of the audit (issue 28)."""
+    from ckptaudit.report import stage_costs
+
+    for stage, secs in (("demo", "61.5"), ("hash", "1.25"), ("scan", "0.5")):
+        (tmp_path / stage).mkdir()
+        (tmp_path / stage / f"{stage}.tsv").write_text(f"s\th:m:s\tmax_rss\n{secs}\t0:00:01\t120.5\n")
+    assert [(c["stage"], c["seconds"]) for c in stage_costs(str(tmp_path))] == [("hash", 1.25), ("scan", 0.5)]
