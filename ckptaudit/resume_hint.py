@@ -13,6 +13,7 @@ rollback point (or there is nothing to resume).
 
 from __future__ import annotations
 
+import os
 from typing import Dict, Optional, Tuple
 
 from . import producers
@@ -74,6 +75,8 @@ def instruction(v: Dict) -> Optional[str]:
     p = _resumer(unit)
     fw = p.key if p is not None else ""
     run_dir = str(v.get("run_dir") or "")
+    if run_dir and "://" not in run_dir:  # printed where someone will paste it: never relative to another folder
+        run_dir = os.path.abspath(run_dir)
     how = call(fw, run_dir, rb["unit"])
     pick, has_default = default_pick(v, fw, rb["unit"])
     if has_default and p is not None:

@@ -156,3 +156,13 @@ def test_save_last_link_is_repointed_not_overwritten(tmp_path):
                           out_dir=tmp_path / "out2")
     assert [(p["path"], p["ok"]) for p in v2["pointers"]] == [("checkpoints/last.ckpt", True)]
     assert v2["resume_hint"] is None
+
+
+def test_a_relative_run_folder_is_printed_absolute(tmp_path, monkeypatch):
+    """``snakemake audit --config run_dir=demo_run`` records the run folder as given; the hint is pasted into a
+    resume script somewhere else, so it names the folder absolutely (issue 28)."""
+    acc = CASES / "fw_accelerate_optimizer_truncated"
+    v = _audit(acc.name, tmp_path)
+    monkeypatch.chdir(acc.parent)
+    v["run_dir"] = acc.name
+    assert f'accelerator.load_state("{acc}/checkpoints/checkpoint_10")' in resume_hint.instruction(v)
