@@ -49,14 +49,15 @@ def tmp_name(final_name: str) -> str:
     return f"{TMP_PREFIX}{host_tag()}-{os.getpid()}-{secrets.token_hex(4)}-{final_name}"
 
 
-_TMP_RE = re.compile(r"^\.ckptaudit-tmp-([0-9a-f]{8})-(\d+)-([0-9a-f]{8})-(.+)$")
+#: A temp name of :func:`tmp_name`: host tag, pid, random tag, final name.
+TMP_RE = re.compile(r"^\.ckptaudit-tmp-([0-9a-f]{8})-(\d+)-([0-9a-f]{8})-(.+)$")
 
 
 def dead_writer(name: str) -> Optional[int]:
     """The pid of the writer of temp name ``name`` (:func:`tmp_name`) when it ran on this host and is gone; None
     for any other name, another host's temp name (its liveness cannot be seen from here), a live process, or
     one of another user (``kill(pid, 0)`` refused)."""
-    m = _TMP_RE.match(name)
+    m = TMP_RE.match(name)
     if not m or m.group(1) != host_tag():
         return None
     pid = int(m.group(2))

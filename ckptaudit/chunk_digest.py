@@ -31,6 +31,8 @@ from . import fs
 WRITTEN = "blake3"
 #: {hash name: the manifest entry key of its chunk digests}, in the order :func:`entry_chunks` looks.
 FIELDS = {"blake3": "chunk_blake3_hex", "sha256": "chunk_sha256_hex"}
+#: each algorithm as a sentence names it
+SAID = {"blake3": "BLAKE3", "sha256": "SHA-256"}
 
 _READ_BYTES = 4 << 20  # read buffer of one chunk-hashing task (bytes)
 

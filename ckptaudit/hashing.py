@@ -36,7 +36,7 @@ from . import confine
 from . import findings as F
 from . import fs
 from . import progress as _progress
-from .chunk_digest import entry_chunks
+from .chunk_digest import SAID, entry_chunks
 from .manifest_entries import load_manifest  # noqa: F401 - re-exported
 
 _LINE = re.compile(r"^\\?([0-9a-fA-F]{64}) [ *](.+)$")
@@ -319,7 +319,7 @@ def _file_row(run_dir: Path, unit: dict, rel: str, ff, me: Optional[dict], sidec
             fl.append(F.make("chunk_checksum_mismatch", path=rel, start=start, last=end - 1, n_bytes=end - start,
                              chunks=", ".join(map(str, idx)), n_chunks=-(-size // me["chunk_bytes"]),
                              chunk_bytes=me["chunk_bytes"], source="manifest",
-                             algorithm={"blake3": "BLAKE3"}.get(algorithm, "SHA-256"),
+                             algorithm=SAID.get(algorithm, "SHA-256"),
                              where_text=_where(run_dir, rel, unit["unit"], start, end)))
         if not verified and not bad_chunks:
             fl.append(F.make("checksum_mismatch", path=rel, actual=digest, expected=expected, source=source))

@@ -16,7 +16,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
 
-from ..chunk_digest import FIELDS, digest_range
+from ..chunk_digest import FIELDS, SAID, digest_range
 
 #: torch dtype name -> safetensors dtype (safetensors ``Dtype``; ``safetensors.torch._TYPES``)
 SAFETENSORS_DTYPE = {
@@ -144,7 +144,7 @@ class ChunkProof:
             return True, "empty"
         idx = range(first // self.chunk_bytes, (end - 1) // self.chunk_bytes + 1)
         got = [self.chunk(i) for i in idx]
-        name = {"blake3": "BLAKE3", "sha256": "SHA-256"}[self.algorithm]
+        name = SAID[self.algorithm]
         if any(g is False for g in got):
             bad = [i for i, g in zip(idx, got) if g is False]
             return False, f"manifest {name} chunk digest differs (chunk {', '.join(map(str, bad[:5]))})"

@@ -9,12 +9,11 @@ name means on disk.
 from __future__ import annotations
 
 import os
-import re
 import signal
 from pathlib import Path
 from typing import Dict
 
-from .._io import TMP_PREFIX, tmp_name
+from .._io import TMP_PREFIX, TMP_RE, tmp_name  # noqa: F401 - TMP_RE re-exported
 from .._io import host_tag
 
 __all__ = ["SCHEMA", "SCHEMAS_READ", "MANIFEST_NAME", "COMPLETE_MARKER", "TMP_PREFIX", "LATEST_NAME", "SIDECAR_SUFFIX",
@@ -30,8 +29,6 @@ COMPLETE_MARKER = "COMPLETE"
 LATEST_NAME = "latest"
 SIDECAR_SUFFIX = ".sha256"
 DEFAULT_CHUNK_BYTES = 64 << 20
-#: A temp name of this protocol: host tag, pid, random tag, final name (see :func:`ckptaudit._io.tmp_name`).
-TMP_RE = re.compile(r"^\.ckptaudit-tmp-([0-9a-f]{8})-(\d+)-([0-9a-f]{8})-(.+)$")
 #: Names inside a unit that only the protocol writes.
 RESERVED = (MANIFEST_NAME, COMPLETE_MARKER, "ckptaudit.manifest.json")
 #: ``os.O_CLOEXEC`` where the platform has it (0 elsewhere).

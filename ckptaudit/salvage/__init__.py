@@ -18,6 +18,7 @@ The unit is only read; ``out`` may not lie inside the run folder or the unit.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -139,8 +140,6 @@ def salvage(unit: str | os.PathLike, out: str | os.PathLike, *, fill_from: Optio
                 meta.update(filled_from=report["fill_from"], filled_from_step=str(fill_step),
                             filled=str(sum(t.status == FILLED for t in ts)))
             writer.write(pub.open(report["outputs"][file]), ts, meta)
-        import json
-
         w = pub.open(REPORT_NAME)
         w.write(json.dumps(report, indent=1).encode())
     return report
