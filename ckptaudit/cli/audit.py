@@ -36,9 +36,12 @@ from .snakemake import run_snakemake_cli, run_workflow
 @click.option("--metrics", "metrics_path", default=None, metavar="PATH",
               help="Also write the result as Prometheus metrics to PATH (atomically, for node_exporter's textfile "
                    "collector), also when the audit fails: see docs/operations.md.")
+@click.option("--junit", "junit_path", default=None, metavar="PATH",
+              help="Also write the result as JUnit XML to PATH (one test case per unit; for CI test reports), also "
+                   "when the audit fails.")
 @click.option("--verbose", is_flag=True, help="Show Snakemake's own output.")
 def audit_command(run_dir, snakemake_args, out_dir, config_file, cores, profile, executor, reuse, as_json, sarif_path,
-                  metrics_path, verbose):
+                  metrics_path, junit_path, verbose):
     """Audit RUN_DIR; write verdict.json, report.html and tables/ into --out.
 
     With --profile or --executor, or Snakemake arguments after `--` (e.g.
@@ -66,23 +69,38 @@ def audit_command(run_dir, snakemake_args, out_dir, config_file, cores, profile,
     start = time.time()
     try:
         v, out = _audit(run_dir, snakemake_args, out_dir, config_file, cores, profile, executor, reuse, sarif_path,
-                        metrics_path, verbose, start)
+                        metrics_path, junit_path, verbose, start)
     except SystemExit as e:
-        if metrics_path and e.code == EXIT_FAILED:  # a failed audit is a result too: alerts fire on it
-            from .. import metrics
-
+        if e.code == EXIT_FAILED:  # a failed audit is a result too: alerts fire on it, CI shows it
             run = run_dir if "://" in run_dir else str(Path(run_dir).resolve())
-            try:
-                metrics.write(metrics_path, run, verdict=None, exit_code=EXIT_FAILED, duration_s=time.time() - start)
-            except OSError as err:
-                click.echo(f"ckptaudit: --metrics {metrics_path}: {err}", err=True)
+            failed_outputs(run, metrics_path, junit_path, time.time() - start,
+                           f"ckptaudit audit {run} failed (exit 3); its stderr says why")
         raise
     click.echo(json.dumps(v, indent=2) if as_json else summary(v, out))
     sys.exit(exit_code(v))
 
 
+def failed_outputs(run: str, metrics_path, junit_path, seconds: float, why: str) -> None:
+    """The --metrics and --junit files of an audit that failed (exit 3); a file that cannot be written is said
+    on stderr."""
+    for path, what in ((metrics_path, "metrics"), (junit_path, "junit")):
+        if not path:
+            continue
+        try:
+            if what == "metrics":
+                from .. import metrics
+
+                metrics.write(path, run, verdict=None, exit_code=EXIT_FAILED, duration_s=seconds)
+            else:
+                from .. import junit
+
+                junit.write(path, None, audit_seconds=seconds, error=why)
+        except OSError as err:
+            click.echo(f"ckptaudit: --{what} {path}: {err}", err=True)
+
+
 def _audit(run_dir, snakemake_args, out_dir, config_file, cores, profile, executor, reuse, sarif_path, metrics_path,
-           verbose, start):
+           junit_path, verbose, start):
     """The audit itself: ``(verdict, output folder)``; exits 3 (``SystemExit``) when it fails."""
     import time
 
@@ -117,4 +135,8 @@ def _audit(run_dir, snakemake_args, out_dir, config_file, cores, profile, execut
             from .. import metrics
 
             metrics.write(metrics_path, rd, verdict=v, exit_code=exit_code(v), duration_s=time.time() - start)
+        if junit_path:
+            from .. import junit
+
+            junit.write(junit_path, v, audit_seconds=time.time() - start)
     return v, out
