@@ -30,3 +30,27 @@ def test_schema_is_valid_and_the_demo_verdict_matches(demo_run, tmp_path):
     with pytest.raises(ValueError, match="does not match"):
         check_verdict(broken)
     assert v["recommendation"] == written["recommendation"]
+
+
+def test_drill_schema_is_valid_and_names_what_a_broken_drill_json_lacks(tmp_path):
+    """drill.json of a real drill (here one that finds nothing restorable: no child, fast) matches
+    ckptaudit/schemas/drill.schema.json; the drill itself refuses to write one that does not (env set)."""
+    from ckptaudit import drill as dr
+    from ckptaudit.schemas import check_drill, drill_problems, schema
+
+    jsonschema.Draft202012Validator.check_schema(schema("drill"))
+    run = tmp_path / "run"
+    run.mkdir()
+    v = {"schema": "ckptaudit.verdict/1", "run_dir": str(run), "recommendation": "retrain", "rollback": None,
+         "units": [], "reasons": ["nothing usable"]}
+    rows, code = dr.run_drill(run, tmp_path / "drill", {}, verdict=v)
+    assert code == dr.EXIT_NO_UNIT
+    doc = json.loads((tmp_path / "drill" / "drill.json").read_text())
+    assert drill_problems(doc) == [] and doc["schema"] == "ckptaudit.drill/1" and doc["result"] == "NO RESTORABLE UNIT"
+    broken = copy.deepcopy(doc)
+    broken["rows"][0]["status"] = "ok"
+    del broken["summary"]
+    found = drill_problems(broken)
+    assert any(p.startswith("/rows/0/status:") for p in found) and any("'summary' is a required" in p for p in found)
+    with pytest.raises(ValueError, match="drill.json does not match"):
+        check_drill(broken)

@@ -41,7 +41,9 @@ def write_outputs(out: Path, doc: Mapping[str, Any], rows: Sequence[Mapping[str,
     """``drill.parquet`` (table ``drill`` of :mod:`ckptaudit.tables`), ``drill.json`` and a self-contained
     ``drill.html`` in ``out``."""
     from .. import tables  # pyarrow: imported when a drill writes, not when the package is imported
+    from ..schemas import check_drill
 
+    check_drill(json.loads(json.dumps(doc, default=str)))  # as it will be read back
     tables.write("drill", [dict(r) for r in rows], out / "drill.parquet")
     atomic_write(out / "drill.json", (json.dumps(doc, indent=2, default=str) + "\n").encode())
     atomic_write(out / "drill.html", render_html(doc, rows).encode())
