@@ -19,7 +19,16 @@ run folder, absolute).  Units: seconds and steps; timestamps are Unix seconds.
 ``ckptaudit_findings{layer,severity}``                    findings by layer and severity
 ``ckptaudit_newest_usable_unit_age_seconds``              seconds since the newest unit usable for resume
                                                           was written (its files' newest mtime)
+``ckptaudit_drill_success``                               1 when the restore drill passed (exit 0), else 0
+``ckptaudit_drill_exit_code``                             the ``ckptaudit drill`` exit code (0–3)
+``ckptaudit_drill_duration_seconds``                      wall time of the drill (its children), after the audit
+``ckptaudit_drill_last_success_timestamp_seconds``        end of the last drill that passed (kept from the
+                                                          previous file otherwise)
+``ckptaudit_drill_step``                                  step of the unit the drill restored
+``ckptaudit_drill_checks{status}``                        the drill's checks by status (pass, warn, fail, skip)
 ========================================================  ==============================================
+
+``ckptaudit drill --metrics PATH`` writes the audit's series and the drill's into one file.
 """
 
 from __future__ import annotations
@@ -34,8 +43,12 @@ USES = ("resume", "warm-start", "none")
 RECOMMENDATIONS = ("resume", "warm-start", "retrain")
 
 
-def previous_success(path: str | os.PathLike, run: str) -> Optional[float]:
-    """``ckptaudit_audit_last_success_timestamp_seconds`` of ``run`` in an earlier metrics file, or None."""
+DRILL_STATUSES = ("pass", "warn", "fail", "skip")
+
+
+def previous_success(path: str | os.PathLike, run: str,
+                     name: str = "ckptaudit_audit_last_success_timestamp_seconds") -> Optional[float]:
+    """The value of series ``name`` (a last-success timestamp) of ``run`` in an earlier metrics file, or None."""
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
@@ -46,7 +59,7 @@ def previous_success(path: str | os.PathLike, run: str) -> Optional[float]:
     try:
         for fam in text_string_to_metric_families(text):
             for s in fam.samples:
-                if s.name == "ckptaudit_audit_last_success_timestamp_seconds" and s.labels.get("run") == run:
+                if s.name == name and s.labels.get("run") == run:
                     return float(s.value)
     except ValueError:
         return None
@@ -54,9 +67,10 @@ def previous_success(path: str | os.PathLike, run: str) -> Optional[float]:
 
 
 def write(path: str | os.PathLike, run: str, *, verdict: Optional[dict], exit_code: int, duration_s: float,
-          finished_unix: Optional[float] = None) -> None:
+          finished_unix: Optional[float] = None, drill: Optional[dict] = None) -> None:
     """Write the metrics of one audit of ``run`` (its folder) to ``path``; ``verdict`` None for an audit that
-    failed (exit 3): then only the audit's own series, and the last success carried over.  Raises ``OSError``."""
+    failed (exit 3): then only the audit's own series, and the last success carried over.  ``drill``: a parsed
+    ``drill.json`` (with its ``rows``) whose series are added.  Raises ``OSError``."""
     from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
 
     now = time.time() if finished_unix is None else finished_unix
@@ -75,7 +89,26 @@ def write(path: str | os.PathLike, run: str, *, verdict: Optional[dict], exit_co
             run).set(last)
     if verdict is not None:
         _verdict_series(gauge, run, verdict, now)
+    if drill is not None:
+        _drill_series(gauge, run, drill, now, path)
     write_to_textfile(str(path), reg)
+
+
+def _drill_series(gauge, run: str, d: dict, now: float, path) -> None:
+    code = int(d.get("exit_code", 3))
+    gauge("ckptaudit_drill_success", "1 when the restore drill passed").labels(run).set(int(code == 0))
+    gauge("ckptaudit_drill_exit_code", "exit code of ckptaudit drill").labels(run).set(code)
+    gauge("ckptaudit_drill_duration_seconds", "wall time of the drill").labels(run).set(float(d.get("wall_seconds")
+                                                                                              or 0.0))
+    name = "ckptaudit_drill_last_success_timestamp_seconds"
+    last = now if code == 0 else previous_success(path, run, name)
+    if last is not None:
+        gauge(name, "end of the last drill that passed").labels(run).set(last)
+    if d.get("step") is not None:
+        gauge("ckptaudit_drill_step", "step of the unit the drill restored").labels(run).set(d["step"])
+    checks = gauge("ckptaudit_drill_checks", "the drill's checks by status", ("status",))
+    for st in DRILL_STATUSES:
+        checks.labels(run, st).set(sum(r.get("status") == st for r in d.get("rows") or []))
 
 
 def _verdict_series(gauge, run: str, v: dict, now: float) -> None:

@@ -49,8 +49,10 @@ def test_drill_passes_on_rollback_point(demo_run, tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("units_per_job: 64\n")  # one part: fewer Snakemake jobs, same checks
     out = tmp_path / "out"
+    xml, prom = tmp_path / "drill.xml", tmp_path / "drill.prom"
     p = subprocess.run([sys.executable, "-m", "ckptaudit.cli", "drill", str(demo_run.run_dir), "--out", str(out),
-                        "--config", str(cfg)], capture_output=True, text=True, timeout=600)
+                        "--config", str(cfg), "--junit", str(xml), "--metrics", str(prom)],
+                       capture_output=True, text=True, timeout=600)
     assert p.returncode == dr.EXIT_PASSED, p.stdout + p.stderr
     assert p.stdout.startswith(f"ckptaudit drill: PASSED {ROLLBACK} (step 250) on cpu: 11 checks passed")
     import pyarrow.parquet as pq
@@ -83,6 +85,35 @@ def test_drill_passes_on_rollback_point(demo_run, tmp_path):
     html = (out / "drill" / "drill.html").read_text()
     assert "<script" not in html and "PASSED (exit 0)" in html and "lr_continuity" in html
     assert (out / "benchmarks" / "drill" / "drill.tsv").exists()
+    _check_watched_outputs(xml, prom, doc, rows, demo_run.run_dir)
+
+
+def _check_watched_outputs(xml, prom, doc, rows, run_dir):
+    """--junit: one case per drill check and device, valid junit-10.xsd; --metrics: the drill's series."""
+    import xml.etree.ElementTree as ET
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from ckptaudit.schemas import drill_problems
+
+    from .junit_schema import junit_schema
+
+    assert drill_problems(doc) == []
+    junit_schema().validate(str(xml))
+    suites = {s.get("name"): s for s in ET.parse(xml).getroot().findall("testsuite")}
+    cases = [(c.get("classname"), c.get("name")) for c in suites["drill"].findall("testcase")]
+    assert cases == [(f"ckptaudit.drill.{r['device'] or 'run'}", r["check"]) for r in rows]
+    assert suites["drill"].get("failures") == suites["drill"].get("errors") == "0"
+    assert int(suites["drill"].get("skipped")) == sum(r["status"] == "skip" for r in rows) >= 3
+    assert suites["audit"].get("tests") == str(1 + len(json.loads((xml.parent / "out" / "verdict.json").read_text())
+                                                       ["units"]))
+    val = {(s.name, s.labels.get("status")): s.value for f in text_string_to_metric_families(prom.read_text())
+           for s in f.samples if s.labels.get("run") == str(run_dir.resolve())}
+    assert val[("ckptaudit_drill_success", None)] == 1 and val[("ckptaudit_drill_exit_code", None)] == 0
+    assert val[("ckptaudit_drill_step", None)] == doc["step"] == 250
+    assert val[("ckptaudit_drill_duration_seconds", None)] == doc["wall_seconds"] > 0
+    assert val[("ckptaudit_drill_checks", "pass")] == sum(r["status"] == "pass" for r in rows) == 11
+    assert val[("ckptaudit_rollback_step", None)] == 250  # the audit's series are in the same file
 
 
 def test_continuation_reproduces_next_unit_bit_for_bit(demo_run, verdict, tmp_path):

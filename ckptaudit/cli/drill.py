@@ -8,7 +8,7 @@ import sys
 import click
 
 from ..config import load_user_config
-from .common import ExitThreeOnUsageError, check_paths, failures_exit_3
+from .common import EXIT_FAILED, ExitThreeOnUsageError, check_paths, failures_exit_3
 from ..drill.contract import EXIT_NO_UNIT
 from ..drill.select import unknown_unit
 from .snakemake import run_workflow
@@ -55,13 +55,67 @@ def _check_hook(cfg: dict) -> None:
                    "most 1 MiB).")
 @click.option("--cores", default=2, show_default=True, type=click.IntRange(1), help="Snakemake cores.")
 @click.option("--json", "as_json", is_flag=True, help="Print drill.json instead of the summary line.")
+@click.option("--metrics", "metrics_path", default=None, metavar="PATH",
+              help="Also write the audit's and the drill's result as Prometheus metrics to PATH (atomically, for "
+                   "node_exporter's textfile collector): see docs/operations.md.")
+@click.option("--junit", "junit_path", default=None, metavar="PATH",
+              help="Also write JUnit XML to PATH: one test case per unit and per drill check and device.")
 @click.option("--verbose", is_flag=True, help="Show Snakemake's own output.")
-def drill_command(run_dir, out_dir, unit, devices, config_file, cores, as_json, verbose):
+def drill_command(run_dir, out_dir, unit, devices, config_file, cores, as_json, metrics_path, junit_path, verbose):
     """Audit RUN_DIR, then restore its rollback point in a fresh process and continue training.
 
     Writes DIR/drill/drill.parquet, drill.json and drill.html next to the audit's report.  Exit codes:
     0 drill passed, 1 drill found a problem, 2 no restorable unit, 3 the drill itself failed (bad
     arguments or config included: one line on stderr says why)."""
+    import time
+
+    start = time.time()
+    try:
+        doc, out = _drill(run_dir, out_dir, unit, devices, config_file, cores, verbose)
+    except SystemExit as e:
+        if e.code == EXIT_FAILED:
+            from pathlib import Path
+
+            from .audit import failed_outputs
+
+            run = str(Path(run_dir).resolve()) if "://" not in run_dir else run_dir
+            failed_outputs(run, metrics_path, junit_path, time.time() - start,
+                           f"ckptaudit drill {run} failed (exit 3); its stderr says why")
+        raise
+    _watched_outputs(doc, out, metrics_path, junit_path, time.time() - start)
+    click.echo(json.dumps(doc, indent=2) if as_json else shown_lines(doc["summary"].split("\n")))
+    if not as_json:
+        click.echo(f"report: {out / 'drill' / 'drill.html'}")
+    sys.exit(int(doc["exit_code"]))
+
+
+def _watched_outputs(doc: dict, out, metrics_path, junit_path, seconds: float) -> None:
+    """--metrics and --junit of a drill that ran: the audit's verdict (when it was written) and the drill."""
+    if not (metrics_path or junit_path):
+        return
+    try:
+        v = json.loads((out / "verdict.json").read_text())
+    except (OSError, ValueError):
+        v = None
+    audit_s = max(0.0, seconds - float(doc.get("wall_seconds") or 0.0))
+    try:
+        if metrics_path:
+            from .. import metrics
+            from ..verdict import exit_code
+
+            metrics.write(metrics_path, doc.get("run_dir") or "", verdict=v, drill=doc, duration_s=audit_s,
+                          exit_code=exit_code(v) if v is not None else EXIT_FAILED)
+        if junit_path:
+            from .. import junit
+
+            junit.write(junit_path, v, audit_seconds=audit_s, drill=doc,
+                        error="the drill's audit wrote no verdict.json")
+    except OSError as err:
+        raise click.ClickException(f"--metrics/--junit: {err}")
+
+
+def _drill(run_dir, out_dir, unit, devices, config_file, cores, verbose):
+    """Run the workflow's drill target: ``(drill.json as a dict, output folder)``; exits 3 when it fails."""
     with failures_exit_3("ckptaudit drill", "the drill"):
         rd, out = check_paths(run_dir, out_dir)
         if "://" in rd:
@@ -89,7 +143,4 @@ def drill_command(run_dir, out_dir, unit, devices, config_file, cores, as_json, 
                 and unknown_unit(json.loads((out / "verdict.json").read_text()), unit):
             raise click.ClickException(f"--unit {unit}: not a unit of the audited run; "
                                        f"{doc.get('summary', '').split(': ', 2)[-1]}")
-    click.echo(json.dumps(doc, indent=2) if as_json else shown_lines(doc["summary"].split("\n")))
-    if not as_json:
-        click.echo(f"report: {out / 'drill' / 'drill.html'}")
-    sys.exit(int(doc["exit_code"]))
+    return doc, out
