@@ -135,6 +135,9 @@ def _verdict_series(gauge, run: str, v: dict, now: float) -> None:
             by_kind[key] = by_kind.get(key, 0) + 1
         if u["usable_for"] == "resume" and u.get("mtime_unix") is not None:
             newest_ok = max(newest_ok or 0.0, float(u["mtime_unix"]))
+    for f in v.get("run_findings") or []:
+        key = (f.get("layer"), f.get("severity"))
+        by_kind[key] = by_kind.get(key, 0) + 1
     for use, n in by_use.items():
         units.labels(run, use).set(n)
     for (layer, sev), n in by_kind.items():

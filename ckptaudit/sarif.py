@@ -53,6 +53,7 @@ def from_verdict(v: dict) -> dict:
 
     found: List[tuple] = [(f, u["unit"], u["usable_for"]) for u in v.get("units") or [] for f in u["findings"]]
     found += [(f, f.get("path") or "", "") for f in v.get("pointer_findings") or [] if f]
+    found += [(f, f.get("path") or "", "") for f in v.get("run_findings") or [] if f]
     first_of: Dict[str, dict] = {}
     for f, _, _ in found:  # one pass: each kind's first finding describes its rule
         first_of.setdefault(f["kind"], f)

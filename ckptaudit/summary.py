@@ -18,7 +18,6 @@ from typing import Dict, List
 from .resume_hint import instruction
 from .terminal_text import shown_lines
 from .text import clip, step_text
-from .units import DEAD_WRITER_WORDS
 
 #: longest "what is wrong" text on a unit's line (the report has the rest)
 WHAT_CHARS = 100
@@ -102,19 +101,11 @@ def _rollback_lines(u: Dict, v: Dict) -> List[str]:
     return out
 
 
-def _dead_writer_leftover(u: Dict) -> bool:
-    """A unit that is only a ckptaudit.publish temp of a process that is gone (:data:`units.DEAD_WRITER_WORDS`)."""
-    return any(f.get("kind") == "unit_in_progress" and DEAD_WRITER_WORDS in str(f.get("message"))
-               for f in u["findings"])
-
-
 def unit_lines(v: Dict) -> List[str]:
     """One line per damaged unit, healthy neighbours (by step; units without a step last) collapsed."""
     units = sorted(v.get("units") or [], key=lambda u: (u["step"] is None, u["step"] or 0, u["unit"]))
     out: List[str] = []
     run: List[Dict] = []
-    dead = [u for u in units if _dead_writer_leftover(u)]
-    units = [u for u in units if not _dead_writer_leftover(u)]
     rollback = (v.get("rollback") or {}).get("unit")
     for u in units:
         if u["unit"] == rollback and _to_act_on(u):
@@ -133,10 +124,9 @@ def unit_lines(v: Dict) -> List[str]:
                    f"{_what(u, u['usable_for'])}")
     if run:
         out.append(_healthy_run(run))
-    if dead:
-        out.append(f"  {len(dead)} leftover{'s' * (len(dead) != 1)} of ckptaudit.publish saves whose process is gone "
-                   f"(never a rollback point; the next publish removes them, or now: "
-                   f"ckptaudit prune {v.get('run_dir', 'RUN')} --sweep-stale)")
+    for f in v.get("run_findings") or []:  # one line each: dead writers' leftovers
+        out.append(f"  {' '.join(str(f.get('message')).split())} Repair (run anywhere): {f['repair']}"
+                   if f.get("repair") else f"  {' '.join(str(f.get('message')).split())}")
     for f in v.get("pointer_findings") or []:
         if f.get("severity") == "error":
             out.append(f"  pointer {f.get('path')}: {clip(' '.join(str(f.get('message')).split()), WHAT_CHARS)}")

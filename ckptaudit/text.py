@@ -22,3 +22,15 @@ def clip(text: str, limit: int) -> str:
     if space > limit // 2:
         cut = cut[:space]
     return cut.rstrip(" ,;:([{'\"") + "…"
+
+
+def size_text(n: int) -> str:
+    """``n`` bytes in binary units with three significant figures: ``0 bytes``, ``512 bytes``, ``132 MiB``,
+    ``1.25 GiB``."""
+    if n < 1024:
+        return f"{n} byte{'s' * (n != 1)}"
+    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        n /= 1024
+        if n < 1024 or unit == "PiB":
+            return f"{n:.3g} {unit}" if n < 1000 else f"{n:.0f} {unit}"
+    raise AssertionError("unreachable")

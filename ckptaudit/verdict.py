@@ -13,6 +13,7 @@
                 "last_hashed_utc": "2026-12-03T15:46:38+00:00" | null, "reverified": true}],
      "pointers": [{"path", "target", "ok", "kind"}],
      "pointer_findings": [{finding}, ...],
+     "run_findings": [{finding}, ...],      # about the run, no unit's: leftovers of dead writers
      "resume_entries": [{"unit", "framework", "call", "ok", "finding"}],
      "resume_hint": "Resume from … explicitly: trainer.train(resume_from_checkpoint=…); …" | null,
      "bytes_verified": {"audit_started_utc", "reuse": false, "units_reverified": 6, "units_reused": 0}}
@@ -45,7 +46,7 @@ import json
 from typing import Dict, List, Optional
 
 from . import findings as F
-from . import confine, cut_walk, producers, resume_entry, resume_hint, roles
+from . import confine, cut_walk, dead_writers, producers, resume_entry, resume_hint, roles
 from .layouts import leftovers
 from .run_findings import unit_step, name_counts_saves, run_findings  # noqa: F401 - re-exported
 from .text import step_text
@@ -193,6 +194,7 @@ def build(inv: dict, tables: Dict[str, List[dict]], cfg: dict) -> dict:
             "layout": u["layout"],
             "size_bytes": u["size_bytes"], "usable_for": F.usable_for(fl), "findings": fl,
         })
+    units_out, leftovers = dead_writers.split(units_out)  # one run finding, not a unit each
     if name_counts_saves(units_out):
         for u in units_out:
             u["findings"] = [f for f in u["findings"] if f["kind"] != "step_name_disagrees"]
@@ -202,7 +204,10 @@ def build(inv: dict, tables: Dict[str, List[dict]], cfg: dict) -> dict:
     for u in units_out:  # pointer findings may have lowered a unit
         u["usable_for"] = F.usable_for(u["findings"])
     entries = resume_entry.entry_findings(units_out, inv["run_dir"])
-    return decide(inv["run_dir"], units_out, pointers, entries)
+    doc = decide(inv["run_dir"], units_out, pointers, entries)
+    left = dead_writers.finding(leftovers, inv["run_dir"])
+    doc["run_findings"] = [left] if left else []
+    return doc
 
 
 def _order(u: dict) -> int:
@@ -292,8 +297,8 @@ def _reasons(ordered, rollback, rec, alternatives, lost, pointers) -> List[str]:
     r = [why for u in reversed(newer) for why in [_passed_over(u)] if why]
     poisoned = [u for u in ordered if any(f["kind"] == "nan_in_weights" for f in u["findings"])]
     if poisoned:
-        r.append(f"The first checkpoint with non-finite weights is {poisoned[0]['unit']} ({step_text(poisoned[0]['step'])}); "
-                 "every later one inherits the divergence.")
+        r.append(f"The first checkpoint with non-finite weights is {poisoned[0]['unit']} "
+                 f"({step_text(poisoned[0]['step'])}); every later one inherits the divergence.")
     if rollback:
         r[:0] = [_rollback_line(rollback, rec, lost)]
         repairs = [f["repair"] for f in rollback["findings"] if f.get("repair")]

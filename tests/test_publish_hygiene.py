@@ -63,8 +63,16 @@ def test_twenty_kills_leave_at_most_one_temp_and_one_summary_line(tmp_path):
     assert v["rollback"]["unit"] == "ckpt_000010.pt"
     lines = summary(v, tmp_path / "audit").splitlines()
     about = [line for line in lines if "leftover" in line]
-    assert len(about) == 1 and about[0].strip().startswith("1 leftover of ckptaudit.publish saves"), lines
-    assert f"ckptaudit prune {run} --sweep-stale" in about[0]
+    assert len(about) == 1 and about[0].strip().startswith("1 leftover(s) of ckptaudit.publish saves"), lines
+    assert about[0].endswith(f"Repair (run anywhere): ckptaudit prune {run} --sweep-stale")
+    [f] = v["run_findings"]  # one finding for the run, no unit of its own
+    assert (f["kind"], f["severity"], f["detail"]["count"]) == ("dead_writer_leftovers", "warning", 1)
+    assert f["detail"]["units"] == _leftovers(run) and f["detail"]["size_bytes"] == (run / _leftovers(run)[0]).stat(
+        ).st_size > 0
+    assert [u["unit"] for u in v["units"]] == ["ckpt_000010.pt"] and v["recommendation"] == "resume"
+    html = (tmp_path / "audit" / "report.html").read_text()  # the report says it once, with the repair
+    assert html.count("dead_writer_leftovers") == 1 and f"ckptaudit prune {run} --sweep-stale" in html
+    assert _leftovers(run)[0] not in html.split('id="findings"')[0]  # not in the timeline nor the units table
     P.save(_state(50), run, 50, retention=P.Retention(keep_last=3))
     assert _leftovers(run) == []  # the next save removed the dead writer's temp
 
@@ -81,7 +89,10 @@ def test_many_old_leftovers_are_one_line_and_another_hosts_temp_is_kept(tmp_path
     (run / other).write_bytes(b"PK\x03\x04 partial")
     v = audit_in_process(run, out_dir=tmp_path / "audit")
     lines = summary(v, tmp_path / "audit").splitlines()
-    assert [line for line in lines if "leftovers of ckptaudit.publish saves" in line][0].strip().startswith("5 ")
+    assert [line for line in lines if "leftover(s) of ckptaudit.publish saves" in line][0].strip().startswith("5 ")
+    [f] = v["run_findings"]
+    assert f["detail"]["units"] == dead and f["detail"]["size_bytes"] == 5 * len(b"PK\x03\x04 partial")
+    assert f"{dead[0]}, {dead[1]}, {dead[2]} and 2 more" in f["message"]
     assert any(other in line for line in lines)  # another host's temp stays a unit line of its own
     P.save(_state(30), run, 30)
     assert _leftovers(run) == [other]

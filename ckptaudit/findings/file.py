@@ -233,6 +233,13 @@ ENTRIES: List[_k] = [
        "{path} is an in-progress save ({why}): it was never published.",
        "Never resume from it; it can be deleted once no training job is writing to it.",
        stage="scan", detector="ckptaudit.layouts.leftovers:in_progress"),
+    _k("dead_writer_leftovers", "file", "warning", "resume",
+       "{count} leftover(s) of ckptaudit.publish saves whose process is gone on this host ({size}; {examples}): "
+       "never a rollback point, but they fill the disk until removed.",
+       "The next ckptaudit.publish into the folder removes them (sweep_stale, the default); to remove them now, "
+       "run the repair (it removes only temps of dead writers on this host).",
+       "{repair}",
+       stage="report", detector="ckptaudit.dead_writers:finding"),
     _k("unit_changed_during_audit", "file", "error", "none",
        "{path} changed while it was audited: {what} between the inventory and the report (a writer or a "
        "retention job is working on the run), so what was checked is no longer what is there.",
