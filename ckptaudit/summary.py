@@ -1,6 +1,7 @@
 """The summary printed at the end of every audit (``ckptaudit audit`` and ``snakemake … audit``), from verdict.json.
 
-One headline (recommendation, rollback point and its step, steps lost), the verdict's first
+One headline (recommendation, rollback point and its step, steps lost), the run folder that every unit name
+and shell repair below is relative to (other paths are printed absolute), the verdict's first
 reason when it is not a plain resume, one line per damaged unit or pointer (what is wrong, in
 the finding's own words), runs of healthy units collapsed into one line
 (``ckpt_000100.pt .. ckpt_000400.pt: 4 units intact``), and where report.html is.  The CLI
@@ -136,6 +137,8 @@ def unit_lines(v: Dict) -> List[str]:
 def summary(v: Dict, out_dir: str | Path) -> str:
     """The whole summary of verdict ``v`` whose report is in ``out_dir``."""
     lines = [headline(v)]
+    if v.get("run_dir"):  # unit names and shell repairs below are relative to the run folder: say which
+        lines.append(f"  run folder {v['run_dir']} (unit names below are relative to it)")
     reasons = v.get("reasons") or []
     if reasons and v.get("recommendation") != "resume":
         lines.append(f"  {reasons[0]}")
@@ -149,7 +152,7 @@ def summary(v: Dict, out_dir: str | Path) -> str:
         if not e.get("ok") and e.get("finding"):
             repair = e["finding"].get("repair")
             lines.append(f"  resume entry {e['unit']}: damaged, {e['call']} would fail"
-                         + (f"; repair: {repair}" if repair else ""))
+                         + (f"; repair (run in {v.get('run_dir') or 'the run folder'}): {repair}" if repair else ""))
     lines.append(f"report: {Path(out_dir) / 'report.html'}")
     return shown_lines(lines)  # names from the run never steer the terminal nor start a line
 

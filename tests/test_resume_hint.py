@@ -64,7 +64,9 @@ def test_truncated_last_ckpt_is_a_damaged_resume_entry(tmp_path):
                                 'default trainer.fit(model, ckpt_path="last") would take checkpoints/last.ckpt.')
     for text in _outputs(v, tmp_path):
         assert want in text
-    assert f"resume entry checkpoints/last.ckpt: damaged" in summary.summary(v, tmp_path / "out")
+    said = summary.summary(v, tmp_path / "out")
+    assert "resume entry checkpoints/last.ckpt: damaged" in said
+    assert f"; repair (run in {v['run_dir']}): {f['repair']}" in said  # the folder the repair's paths start from
     # the repair, run as printed in the run folder, gives a run whose ckpt_path="last" resume is intact
     copy = tmp_path / "run"
     shutil.copytree(case, copy)
@@ -129,7 +131,8 @@ def test_plain_torch_hint_is_the_file_path(tmp_path):
     (run / "ckpt_20.pt").write_bytes(data[: len(data) // 2])
     v = audit_in_process(run, {}, out_dir=tmp_path / "out")
     assert v["rollback"]["unit"] == "ckpt_10.pt"
-    assert v["resume_hint"] == f'To resume, load "{run}/ckpt_10.pt" in the resume script, not the newest unit ckpt_20.pt.'
+    assert v["resume_hint"] == (f'To resume, load "{run}/ckpt_10.pt" in the resume script, not the newest unit '
+                                "ckpt_20.pt.")
 
 
 def test_save_last_link_is_repointed_not_overwritten(tmp_path):

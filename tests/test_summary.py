@@ -211,6 +211,7 @@ def test_the_rollback_units_line_says_what_to_act_on_and_counts_severities_as_th
         _f("norm_jump", "error", "resume", "x"), _f("w", "warning", "resume", "y")]),
         _u("ckpt_000500.pt", 500, "resume", [sched, entry])])
     lines = summary.summary(v, "/out").splitlines()
+    assert lines[1] == "  run folder /runs/a (unit names below are relative to it)"
     assert "  ckpt_000400.pt (step 400): usable for resume, 1 error, 1 warning (see the report)" in lines
     i = lines.index("  ckpt_000500.pt (step 500): the rollback point, usable for resume, 1 error, 1 warning; "
                     "before resuming from it:")
