@@ -205,6 +205,18 @@ def _tied_aliases(bare: Dict[str, dict], reference: Dict[str, dict]) -> set:
     return out
 
 
+def is_buffer(name: str, shape) -> bool:
+    """Whether state_dict entry ``name`` of ``shape`` is a known buffer (no optimizer state), not a parameter.
+    ``….attn.bias`` is GPT-2's and nanoGPT's causal mask only when it is a square mask (``(1, 1, T, T)``, at least
+    2-D, last two sides equal); the bias of an ``nn.Linear`` named ``attn`` (1-D) is a parameter."""
+    if not BUFFER_RE.search(name):
+        return False
+    if name.endswith(".attn.bias") and shape is not None:
+        dims = list(shape)
+        return len(dims) >= 2 and dims[-1] == dims[-2]
+    return True
+
+
 def _parameters(wsrc: str, tensors: Iterable[dict], bare: Dict[str, dict], prefix: str) -> List[str]:
     """The model's parameters in ``bare`` (weights without the wrapper ``prefix``), in insertion order: buffers
     left out, and one name per (file, storage, offset, shape) of the weights component ``wsrc`` — tied weights
@@ -218,7 +230,7 @@ def _parameters(wsrc: str, tensors: Iterable[dict], bare: Dict[str, dict], prefi
     params = []
     seen = set()
     for k in bare:  # insertion order (was sorted by list(bare).index: quadratic in the tensors)
-        if BUFFER_RE.search(k):
+        if is_buffer(k, bare[k].get("shape")):
             continue
         sk = storage_of.get(prefix + k)
         if sk is not None and sk in seen:

@@ -99,3 +99,40 @@ def test_optimizer_counts_past_the_pruned_tree(tmp_path):
     scan = next(iter(tables.read_rows(next((tmp_path / "out").rglob("scan*.parquet")))))
     (tree,) = json.loads(scan["tree_json"]).values()
     assert tree["model"]["__truncated__"] == 4100 and len(tree["model"]) == 4097
+
+
+def test_a_linear_named_attn_has_a_parameter_bias_and_gpt2s_mask_is_a_buffer(tmp_path):
+    """``….attn.bias`` was always taken for GPT-2's causal-mask buffer: the bias of an ``nn.Linear`` called
+    ``attn`` (a 1-D parameter with Adam state) then gave "optimizer state for 4 parameters, model has 3" and a
+    WARM-START on a whole checkpoint.  A square mask stays a buffer."""
+    import torch
+
+    from ckptaudit import tables
+
+    torch.manual_seed(0)
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = torch.nn.Linear(8, 8)
+            self.proj = torch.nn.Linear(8, 8, bias=False)
+            self.register_buffer("mask", torch.tril(torch.ones(1, 1, 4, 4)))  # stored as a second key below
+
+        def forward(self, x):
+            return self.proj(torch.relu(self.attn(x)))
+
+    model = torch.nn.Sequential(Block(), Block())
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for _ in range(3):
+        opt.zero_grad()
+        model(torch.randn(5, 8)).pow(2).mean().backward()
+        opt.step()
+    sd = model.state_dict()
+    sd["0.causal.attn.bias"] = torch.tril(torch.ones(1, 1, 4, 4))  # GPT-2's mask, named as HF names it
+    (tmp_path / "run").mkdir()
+    torch.save({"model": sd, "optimizer": opt.state_dict(), "iter_num": 3}, tmp_path / "run" / "ckpt_3.pt")
+    v = audit_in_process(tmp_path / "run", out_dir=tmp_path / "out")
+    assert v["recommendation"] == "resume" and kinds(v, "ckpt_3.pt") == {"sidecar_missing"}
+    row = next(iter(tables.read_rows(next((tmp_path / "out").rglob("structure*.parquet")))))
+    assert (row["model_params"], row["optimizer_params"]) == (6, 6)  # 2 × (attn.weight, attn.bias, proj.weight)
+    assert structure.is_buffer("h.0.attn.bias", [1, 1, 1024, 1024]) and not structure.is_buffer("x.attn.bias", [8])
