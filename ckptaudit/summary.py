@@ -53,13 +53,27 @@ def _what(unit: Dict, cap: str) -> str:
     for prefix in (f"{first.get('path')}: ", f"{unit['unit']}: "):
         if prefix.strip(": ") and msg.startswith(prefix):
             msg = msg[len(prefix):]
-    msg = msg.split(". ")[0].rstrip(".")
-    head, sep, _ = msg.partition(": ")
-    if sep and len(head) >= 20:  # "ckpt_000300.pt is a torch.save zip cut short: it is 722283 bytes …"
+    msg = _top_level_cut(msg, ". ").rstrip(".")
+    head = _top_level_cut(msg, ": ")
+    if head != msg and len(head) >= 20:  # "ckpt_000300.pt is a torch.save zip cut short: it is 722283 bytes …"
         msg = head
     msg = clip(msg, WHAT_CHARS)
     more = len({f["kind"] for f in limiting}) - 1
     return msg + (f" (+{more} more)" if more > 0 else "")
+
+
+def _top_level_cut(text: str, sep: str) -> str:
+    """``text`` up to the first ``sep`` outside parentheses (``text`` when there is none): a sentence or clause
+    is never cut inside "(122920 bytes: chunk(s) 0 of 1)"."""
+    depth = 0
+    for i, ch in enumerate(text):
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth = max(0, depth - 1)
+        elif depth == 0 and text.startswith(sep, i):
+            return text[:i]
+    return text
 
 
 def severity_counts(findings: List[Dict]) -> str:

@@ -220,3 +220,16 @@ def test_the_rollback_units_line_says_what_to_act_on_and_counts_severities_as_th
     assert lines[i + 2] == ("    error: last.ckpt is damaged. Repair (run in /runs/a): cp -p ckpt_000500.pt "
                             "last.ckpt.tmp && mv last.ckpt.tmp last.ckpt")
     assert summary.severity_counts([_f("a", "error", "", ""), _f("b", "info", "", "")]) == "1 error"
+
+
+def test_a_damaged_units_line_is_never_cut_inside_parentheses():
+    """A sealed HF copy's chunk_checksum_mismatch printed "bytes 0 to 122919 (122920 bytes (+2 more)": the
+    clause was cut at the ": " inside the parentheses."""
+    msg = ("model.safetensors: bytes 0 to 122919 (122920 bytes: chunk(s) 0 of 1, 122920 bytes each) do not match "
+           "the BLAKE3 chunk digest(s) recorded in the manifest; tensor x. More.")
+    v = {"recommendation": "resume", "rollback": {"unit": "checkpoint-20", "step": 20}, "steps_lost": 10,
+         "units": [_u("checkpoint-20", 20), _u("checkpoint-30", 30, "none", [
+             _f("chunk_checksum_mismatch", "error", "none", msg, "checkpoint-30/model.safetensors")])]}
+    line = summary.summary(v, "/o").splitlines()[2]
+    assert line == ("  checkpoint-30 (step 30): not usable: model.safetensors: bytes 0 to 122919 (122920 bytes: "
+                    "chunk(s) 0 of 1, 122920 bytes each) do not…"), line
