@@ -229,6 +229,24 @@ def test_fill_from_an_older_unit_names_the_source_and_step(tmp_path):
             assert torch.equal(got[n], wnew[n])
 
 
+def test_the_step_comes_from_the_saved_dict_when_the_name_has_none(tmp_path):
+    """nanoGPT's ``ckpt.pt`` and Lightning's ``last.ckpt`` carry no step in their names: the salvage report said
+    "step unknown" although ``iter_num`` / ``global_step`` sit in data.pkl, before any cut."""
+    run = tmp_path / "run"
+    run.mkdir()
+    torch.save({"model": _state(seed=1), "iter_num": 400}, run / "ckpt.pt")
+    torch.save({"state_dict": _state(seed=2), "global_step": 30, "epoch": 2}, run / "last.ckpt")
+    for name in ("ckpt.pt", "last.ckpt"):
+        raw = (run / name).read_bytes()
+        (run / name).write_bytes(raw[: len(raw) * 9 // 10])
+    report = salvage(run / "ckpt.pt", tmp_path / "a", fill_from=run / "last.ckpt")
+    assert report["step"] == 400 and report["counts"]["intact"] > 0
+    assert {r["source"]["step"] for r in report["tensors"] if r["source"]} <= {30}
+    r = subprocess.run([sys.executable, "-m", "ckptaudit.cli", "salvage", str(run / "last.ckpt"), "--out",
+                        str(tmp_path / "b")], capture_output=True, text=True)
+    assert r.returncode == 0 and "step 30" in r.stdout and "step unknown" not in r.stdout, (r.stdout, r.stderr)
+
+
 def test_refused_inside_the_run_or_over_an_existing_folder(tmp_path):
     run = tmp_path / "run"
     run.mkdir()

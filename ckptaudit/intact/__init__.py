@@ -93,9 +93,9 @@ def unit_tensors(unit: str | os.PathLike, run_dir: Optional[str | os.PathLike] =
     for name, path in files:
         kind = sniff(path).kind
         chunks = ChunkProof.of(str(path), manifest.get(name))
-        prefix = ""
+        prefix, step = "", None
         if kind == "torch_zip":
-            ts, problem, prefix = torch_zip.tensors(str(path), name, chunks)
+            ts, problem, prefix, step = torch_zip.tensors(str(path), name, chunks)
         elif kind == "safetensors" or path.suffix == ".safetensors":
             ts, problem = safetensors_file.tensors(str(path), name, chunks)
         else:
@@ -103,7 +103,8 @@ def unit_tensors(unit: str | os.PathLike, run_dir: Optional[str | os.PathLike] =
                          "counts": counts([])})
             continue
         out.extend(ts)
-        rows.append({"file": name, "kind": kind, "problem": problem, "counts": counts(ts), "weights_prefix": prefix})
+        rows.append({"file": name, "kind": kind, "problem": problem, "counts": counts(ts), "weights_prefix": prefix,
+                     "step": step})
     present = {n for n, _ in files} | {n for n, _ in skipped}
     for name, e in sorted(manifest.items()):
         if name not in present and not (root if root.is_dir() else root.parent).joinpath(name).exists():

@@ -22,17 +22,19 @@ from ..pickle_walk.model import TensorMeta
 from .proof import INTACT, LOST, ChunkProof, TensorBytes, is_optimizer_state, view_span
 
 
-def tensors(path: str, file: str, chunks: Optional[ChunkProof]) -> Tuple[List[TensorBytes], str, str]:
-    """``(tensors, problem, weights prefix)``: every tensor data.pkl names, with ``status`` and ``proof`` set;
-    ``problem`` is why none can be named ("" when data.pkl was read); the prefix is the key of the saved dict
-    that holds the model's state_dict (:func:`weights_prefix`).  ``file``: the name the report gives ``path``.
-    Reads every byte of ``path`` once (the CRC pass) and data.pkl's again."""
+def tensors(path: str, file: str, chunks: Optional[ChunkProof]
+            ) -> Tuple[List[TensorBytes], str, str, Optional[int]]:
+    """``(tensors, problem, weights prefix, step)``: every tensor data.pkl names, with ``status`` and ``proof``
+    set; ``problem`` is why none can be named ("" when data.pkl was read); the prefix is the key of the saved
+    dict that holds the model's state_dict (:func:`weights_prefix`); the step is :func:`saved_step` of the
+    saved dict.  ``file``: the name the report gives ``path``.  Reads every byte of ``path`` once (the CRC pass)
+    and data.pkl's again."""
     rep = check_zip(path, display=file, verify_crc=True)
     if rep.data_pkl is None:
-        return [], "data.pkl is missing or damaged: no tensor of this file can be named", ""
+        return [], "data.pkl is missing or damaged: no tensor of this file can be named", "", None
     res = walk(rep.data_pkl)
     if res.error and not res.tensors:
-        return [], f"data.pkl could not be walked: {res.error}", ""
+        return [], f"data.pkl could not be walked: {res.error}", "", None
     prefix = f"{rep.prefix}/" if rep.prefix else ""
     records = {m.name[len(prefix) + len("data/"):]: m for m in rep.members
                if m.name.startswith(prefix + "data/")}
@@ -47,7 +49,21 @@ def tensors(path: str, file: str, chunks: Optional[ChunkProof]) -> Tuple[List[Te
                                                           itemsize))
         t.status, t.proof = _judge(t, m, meta.storage.nbytes, chunks)
         out.append(t)
-    return out, "", weights_prefix(res.obj, out)
+    return out, "", weights_prefix(res.obj, out), saved_step(res.obj)
+
+
+def saved_step(root) -> Optional[int]:
+    """The step a saved dict records at its top level under one of the usual step keys
+    (:data:`ckptaudit.components.STEP_KEYS`: nanoGPT's ``iter_num``, Lightning's ``global_step``, …), or None."""
+    from ..components import STEP_KEYS
+
+    if not isinstance(root, dict):
+        return None
+    for k in STEP_KEYS:
+        v = root.get(k)
+        if isinstance(v, int) and not isinstance(v, bool) and v >= 0:
+            return v
+    return None
 
 
 def weights_prefix(root, tensors: List[TensorBytes]) -> str:

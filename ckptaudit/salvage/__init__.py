@@ -97,6 +97,15 @@ def _fill(tensors: List[TensorBytes], older: List[TensorBytes], older_unit: str,
     return why
 
 
+def _step(unit: Path, files: List[dict]):
+    """The unit's step: from its name (``ckpt_000300.pt``), else the one its torch.save dict records (nanoGPT's
+    ``iter_num`` in ``ckpt.pt``, Lightning's ``global_step`` in ``last.ckpt``), else None."""
+    named = step_from_name(unit.name)
+    if named is not None:
+        return named
+    return next((f["step"] for f in files if f.get("step") is not None), None)
+
+
 def salvage(unit: str | os.PathLike, out: str | os.PathLike, *, fill_from: Optional[str | os.PathLike] = None,
             run_dir: Optional[str | os.PathLike] = None, include_unproven: bool = False) -> dict:
     """Salvage ``unit`` into the new folder ``out``; returns the report (also written as ``out/salvage.json``).
@@ -112,15 +121,16 @@ def salvage(unit: str | os.PathLike, out: str | os.PathLike, *, fill_from: Optio
     given, dest = Path(unit), Path(out)
     src, run = _check_unit(given, Path(run_dir) if run_dir else None)
     _check_out(src, dest, run, given)
-    step = step_from_name(src.name)
     tensors, files = unit_tensors(src, run)
+    step = _step(src, files)
     own = counts(tensors)
     keep_status = (INTACT, FILLED, UNPROVEN) if include_unproven else (INTACT, FILLED)
-    filled = {"filled": 0}
+    filled, fill_step = {"filled": 0}, None
     if fill_from is not None:
         older_unit, older_run = _check_unit(Path(fill_from), Path(run_dir) if run_dir else None)
-        older, _ = unit_tensors(older_unit, older_run)
-        filled = _fill(tensors, older, str(older_unit), step_from_name(older_unit.name))
+        older, older_files = unit_tensors(older_unit, older_run)
+        fill_step = _step(older_unit, older_files)
+        filled = _fill(tensors, older, str(older_unit), fill_step)
     chosen = [t for t in tensors if t.status in keep_status and t.dtype in SAFETENSORS_DTYPE]
     dropped = [t for t in tensors if t.status in keep_status and t.dtype not in SAFETENSORS_DTYPE]
     for t in dropped:
@@ -130,7 +140,6 @@ def salvage(unit: str | os.PathLike, out: str | os.PathLike, *, fill_from: Optio
     for t in chosen:
         by_file.setdefault(t.file, []).append(t)
     report = _report(src, step, tensors, files, own, filled, fill_from, by_file, include_unproven)
-    fill_step = step_from_name(Path(fill_from).resolve().name) if fill_from else None
     dest.parent.mkdir(parents=True, exist_ok=True)
     with publish(dest.parent, step or 0, name=dest.name, folder=True, rank=0, world_size=1,
                  update_latest=False, config={"salvaged_from": str(src)}) as pub:
