@@ -41,9 +41,11 @@ def test_values_skip_non_finite_and_say_why_missing():
 
 
 def test_ticks_are_round():
-    assert svg.ticks(0, 1, 5) == [0, 0.2, 0.4, 0.6, 0.8, 1.0]
-    assert svg.ticks(47.5, 302.5, 8) == [50, 100, 150, 200, 250, 300]
-    assert svg.num(250.0) == "250" and svg.num(0.000482) == "0.000482"
+    assert svg.nice_ticks(0, 1) == [0, 0.2, 0.4, 0.6, 0.8, 1.0]
+    assert svg.nice_ticks(0, 1, most=5) == [0, 0.5, 1.0]
+    assert svg.nice_ticks(47.5, 302.5, outer=False, integer=True) == [50, 100, 150, 200, 250, 300]
+    assert svg.tick_labels([0, 0.25, 0.5]) == ["0.00", "0.25", "0.50"]
+    assert svg.value_label(250.0) == "250" and svg.value_label(0.000482) == "4.82e-4"
 
 
 def test_tiny_weight_norm_change_has_distinct_ticks_and_says_how_small_it_is():
@@ -52,9 +54,8 @@ def test_tiny_weight_norm_change_has_distinct_ticks_and_says_how_small_it_is():
     rows = [{"unit": "checkpoint-5", "weight_norm": 9.072378}, {"unit": "checkpoint-10", "weight_norm": 9.072326},
             {"unit": "checkpoint-15", "weight_norm": 9.072304}]
     c = values.build(units, rows, {})
-    ticks = [m["text"] for m in c["marks"] if m["attrs"].get("class") == "tick" and m["attrs"].get("text-anchor") == "end"]
-    assert ticks == ["9.07230", "9.07235"]
+    ticks = [m["text"] for m in _classes(c, "tick") if m["attrs"].get("text-anchor") == "end"]
+    assert ticks == ["9.07230", "9.07232", "9.07234", "9.07236", "9.07238"]
     assert [m["text"] for m in _classes(c, "value-spread")] == ["varies by 0.00082 % (9.072304 to 9.072378)"]
     assert svg.relative_spread(3.0, 3.5) is None  # a visible change gets no note
-    fmt = svg.tick_format([0, 100, 200])
-    assert [fmt(v) for v in (0, 100, 200)] == ["0", "100", "200"]
+    assert svg.tick_labels([0, 100, 200]) == ["0", "100", "200"]

@@ -31,7 +31,9 @@ def from_tables(all_tables: Dict[str, List[dict]]) -> List[Tuple[str, float]]:
 
 
 def build(bench_costs: List[dict], all_tables: Dict[str, List[dict]]) -> Optional[dict]:
-    """The chart from :func:`ckptaudit.report.stage_costs` rows, or from the tables when there are none."""
+    """The chart from :func:`ckptaudit.report.stage_costs` rows (stage, seconds), else from ``all_tables``.
+
+    None when neither gives a time.  Each bar's seconds are printed beside it."""
     if bench_costs:
         rows = [(c["stage"], float(c["seconds"])) for c in bench_costs]
         source = "Snakemake benchmark files (wall seconds summed over each stage's jobs)"
@@ -41,16 +43,16 @@ def build(bench_costs: List[dict], all_tables: Dict[str, List[dict]]) -> Optiona
     if not rows:
         return None
     rows.sort(key=lambda r: -r[1])
-    x = svg.Scale(0.0, max(max(s for _, s in rows), 1e-3) * 1.12, LEFT, WIDTH - RIGHT - 60)
-    marks: List[dict] = []
+    tv = svg.nice_ticks(0.0, max(max(s for _, s in rows), 1e-3))
+    x = svg.Scale(tv[0], tv[-1], LEFT, WIDTH - RIGHT - 60)
     top = 10
+    bottom = top + len(rows) * ROW + 4
+    marks = svg.x_axis(x, bottom, tv, "seconds", top=top)  # first, so the grid lies under the bars
     for i, (stage, sec) in enumerate(rows):
         y = top + i * ROW
         marks.append(svg.label(LEFT - 8, y + 15, stage, 12, "end", cls="cost-stage"))
         marks.append(mark("rect", "cost-bar", title=f"{stage}: {sec:.3f} s", x=LEFT, y=y + 3,
                           width=max(x(sec) - LEFT, 1.0), height=ROW - 8, fill=BAR, data_stage=stage))
-        marks.append(svg.label(max(x(sec), LEFT + 1) + 6, y + 15, f"{sec:.2f} s", 11, fill=svg.MUTED,
+        marks.append(svg.label(max(x(sec), LEFT + 1) + 6, y + 15, f"{sec:.2f} s" if sec >= 0.1 else f"{sec:.2g} s", 11,
                                cls="cost-value"))
-    bottom = top + len(rows) * ROW + 4
-    marks += svg.x_axis(x, bottom, svg.ticks(0.0, x.d1, 6), "seconds")
     return svg.chart("chart-cost", "Cost of each stage", f"Seconds per stage, from {source}.", bottom + 40, marks)
