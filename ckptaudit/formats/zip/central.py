@@ -17,23 +17,27 @@ from .reader import (CENTRAL_SIZE, EOCD_SIZE, LOCAL_SIZE, SIG_CENTRAL, SIG_DESCR
                      SIG_ZIP64_EOCD, SIG_ZIP64_LOCATOR, Member, ArchiveFile, hex32, zip64_extra)
 
 
-def find_central_directory(fh: ArchiveFile):
+def find_central_directory(fh: ArchiveFile, first_tail: Optional[int] = None):
     """Locate and parse the end records.
 
     Returns a dict ``{cd_offset, cd_size, n_entries, end_offset, eocd_offset}``
     when a consistent EOCD (and ZIP64 end record where needed) is found;
     otherwise a string saying what is wrong with an EOCD that was found but is
-    inconsistent, or None when there is no EOCD signature at all.
+    inconsistent, or None when there is no EOCD signature at all.  ``first_tail``:
+    bytes before the end record's fixed part read in the first look (default
+    :data:`_FIRST_TAIL_BYTES`; 0: the record alone, for a zip known to end with
+    it, as each blob of a DCP data file does).
     """
     size = fh.size
     if size < EOCD_SIZE:
         return None
+    first_tail = _FIRST_TAIL_BYTES if first_tail is None else first_tail
     # The end record sits in the last 22 + 65,535 bytes (its comment is at most 65,535 bytes; APPNOTE 4.3.16).
     # torch.save writes no comment, so the last 4 KiB are read first: the search runs from the end backwards,
     # so a consistent record found there is the one the whole window would give.  Only without one is the
     # whole window read (on a remote object those are the tail bytes of the last tensor's record).
-    if size > EOCD_SIZE + _FIRST_TAIL_BYTES:
-        found = _search_end_records(fh, size, EOCD_SIZE + _FIRST_TAIL_BYTES)
+    if size > EOCD_SIZE + first_tail:
+        found = _search_end_records(fh, size, EOCD_SIZE + first_tail)
         if isinstance(found, dict):
             return found
     return _search_end_records(fh, size, min(size, EOCD_SIZE + 0xFFFF))
@@ -297,8 +301,8 @@ def overlapping_records(members: List[Member]) -> Optional[Tuple[Member, Member]
 
 def cd_corrupted(display: str, offset: int, why: str, *, cd_bytes: Optional[int] = None) -> Finding:
     """``zip_central_directory_corrupted``: the central directory or end records from ``offset`` are damaged
-    (``why``: :func:`parse_central`'s problem, two :func:`overlapping_records` records, or an inconsistent end record met
-    by the local walk of a cut archive, :mod:`.cut`).  ``cd_bytes``: the directory's size, when the end
+    (``why``: :func:`parse_central`'s problem, two :func:`overlapping_records` records, or an inconsistent end
+    record met by the local walk of a cut archive, :mod:`.cut`).  ``cd_bytes``: the directory's size, when the end
     record states one."""
     if cd_bytes is None:
         return findings.make("zip_central_directory_corrupted", path=display, offset=offset, why=why)
