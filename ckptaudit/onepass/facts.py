@@ -122,7 +122,8 @@ def load(rows, run_dir) -> "ByteFacts":
     time, a ``pyarrow`` table, or a list of row dicts; files relative to ``run_dir``) as a :class:`ByteFacts`
     (``len()``: the facts kept).  Rows of a file whose size or version changed since the pass are dropped.  Kept
     bytes of remote objects go to its ``kept`` (:class:`ckptaudit.fs.kept.KeptBytes`), which the stage serves
-    to its remote reads with ``with fs.kept.serving(facts.kept):``.  Memory: the kept columns (a few int64 per fact) and one batch, not the table."""
+    to its remote reads with ``with fs.kept.serving(facts.kept):``.  Memory: the kept columns (a few int64 per fact)
+    and one batch, not the table."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -270,6 +271,11 @@ class ByteFacts:
                 return cols, i
             i += 1
         return None
+
+    def knows(self, path: str, kind: str) -> bool:
+        """Whether the pass left facts of ``kind`` ("crc", "values", "tensor_data", "nul_run") for ``path``
+        (``fs.fspath``): a check that would read bytes only to find no fact can skip the file."""
+        return kind in self._files.get(path, {})
 
     def crc_of(self, path: str, offset: int, length: int) -> Optional[Tuple[int, int]]:
         """``(crc32, bytes seen)`` of ``length`` bytes of ``path`` (``fs.fspath``) from ``offset``, or None."""

@@ -78,8 +78,14 @@ class Plan:
 
 def plan_file(path, data: Optional[bytes] = None) -> Plan:
     """The plan of ``path`` (empty when its format is neither a readable torch zip nor safetensors); ``data``:
-    the whole file's bytes when the caller holds them already (a small remote object), so nothing is read."""
+    the whole file's bytes when the caller holds them already (a small remote object), so nothing is read.  A DCP
+    data file (``__<rank>_<n>.distcp``: many ``torch.save`` zips back to back) is planned blob by blob from its
+    folder's ``.metadata`` (:func:`ckptaudit.onepass.plan_dcp.distcp_ranges`); a remote one is not (yet) planned."""
     try:
+        from . import plan_dcp
+
+        if plan_dcp.is_distcp(path):  # a remote one is not planned: .metadata and the headers would be fetched again
+            return Plan() if fs.is_remote(path) else _plan_distcp(path, data)
         if data is not None:
             head = bytes(data[:16])
         elif fs.is_remote(path):
@@ -144,6 +150,23 @@ def _plan_zip(path, data: Optional[bytes]) -> Plan:
         fh.close()
     _plan_values(plan, rec, pkl_bytes)
     return plan
+
+
+def _plan_distcp(path, data: Optional[bytes]) -> Plan:
+    """The CRC ranges and tensor-data runs of every ``torch.save`` blob of a DCP data file (:mod:`.plan_dcp`)."""
+    from ..formats import torchzip
+    from ..formats.zip.reader import ArchiveFile
+    from .plan_dcp import distcp_ranges
+
+    fh = _mem_file(path, data) if data is not None else ArchiveFile(
+        fs.fspath(path), window=torchzip.REMOTE_WINDOW_BYTES, prefetch=torchzip.REMOTE_PREFETCH)
+    try:
+        cols = distcp_ranges(fh, path)
+    finally:
+        fh.close()
+    if cols is None:
+        return Plan()
+    return Plan(crc_member=cols[0], crc_range=cols[1], tensor_data_range=cols[2])
 
 
 @dataclass
