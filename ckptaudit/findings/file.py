@@ -178,6 +178,12 @@ ENTRIES: List[_k] = [
        "{path}: {file} is {actual} bytes but .metadata needs at least {expected} (item {item}).",
        "The file was cut short; roll back to the rollback point the verdict names.",
        stage="scan", detector="ckptaudit.layouts.dcp:check_shards"),
+    _k("dcp_chunk_crc_mismatch", "file", "error", "none",
+       "{path}: the bytes of {what} changed after the save: record {member} of its torch.save blob (bytes "
+       "{blob_start}..{blob_end} of the file) stores CRC32 {expected}, its data (bytes {data_start}..{data_end}) "
+       "gives {actual}; dcp.load and dcp_to_torch_save would raise or load the changed values.",
+       "Treat this save as corrupt; roll back to the rollback point the verdict names (an older save).",
+       stage="scan", detector="ckptaudit.layouts.dcp_crc:chunk_crc_mismatch"),
     _k("dcp_metadata_unreadable", "file", "error", "none",
        "{path}: .metadata could not be walked ({why}).",
        "Treat it as corrupt; roll back to the rollback point the verdict names.",

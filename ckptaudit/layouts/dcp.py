@@ -21,7 +21,7 @@ from typing import Dict, Optional, Tuple
 from .. import confine
 from .. import findings as F
 from .. import fs
-from . import dcp_bytes, leftovers
+from . import dcp_bytes, dcp_crc, leftovers
 from .adapter import folder_names
 from .base import UnitScan, prune, walk_problem
 
@@ -109,9 +109,9 @@ class DCP:
         return ".metadata" in names or ".metadata.tmp" in names or any(DISTCP.match(n) for n in names)
 
     def reads_records(self, rel: str) -> bool:
-        """Whether the scan reads ``rel`` by zip record or tensor value (so the hash stage's pass plans it):
-        not a data file, whose items are only checked against ``.metadata``'s offsets and lengths."""
-        return not DISTCP.match(rel.rpartition("/")[2])
+        """Whether the scan reads ``rel`` by zip record (so the hash stage's pass plans it): every file, a data
+        file too (the CRC-32 of each record of each item's ``torch.save`` blob: :mod:`.dcp_crc`)."""
+        return True
 
     def scan(self, run_dir: Path, unit: dict, cfg: dict, byte_facts=None) -> UnitScan:
         scan = UnitScan(unit["unit"], self.name)
@@ -165,6 +165,8 @@ class DCP:
                                 f"not a path inside the checkpoint folder and two non-negative integers"))
             return scan
         check_shards(folder, unit["unit"], need, scan, rel)
+        # each item's torch.save blob: its records' CRC-32s, computed by the hash stage's one pass
+        dcp_crc.check_chunk_crcs(folder, storage, scan, byte_facts, rel, state_fields, item_fqn, _count, _inside)
         if ".metadata.tmp" in names:
             scan.add(leftovers.in_progress(rel(".metadata.tmp"),
                                            "a .metadata.tmp is left over from a save that did not finish"))
