@@ -46,7 +46,7 @@ import json
 from typing import Dict, List, Optional
 
 from . import findings as F
-from . import confine, cut_walk, dead_writers, producers, resume_entry, resume_hint, roles
+from . import confine, cut_walk, dead_writers, producers, resume_entry, resume_hint, roles, save_groups
 from .layouts import leftovers
 from .run_findings import unit_step, name_counts_saves, run_findings  # noqa: F401 - re-exported
 from .text import step_text
@@ -195,6 +195,11 @@ def build(inv: dict, tables: Dict[str, List[dict]], cfg: dict) -> dict:
             "size_bytes": u["size_bytes"], "usable_for": F.usable_for(fl), "findings": fl,
         })
     units_out, leftovers = dead_writers.split(units_out)  # one run finding, not a unit each
+    spoiled = save_groups.findings(units_out)  # a rank's file is no rollback point when its save's other is damaged
+    for u in units_out:
+        if u["unit"] in spoiled:
+            u["findings"] = u["findings"] + spoiled[u["unit"]]
+            u["usable_for"] = F.usable_for(u["findings"])
     if name_counts_saves(units_out):
         for u in units_out:
             u["findings"] = [f for f in u["findings"] if f["kind"] != "step_name_disagrees"]

@@ -81,3 +81,42 @@ def test_the_rank_rule():
     got = nvrx.incomplete(done + ["s/2/iter_0000030_2_local.dirty.pt", "t/0/iter_0000010_0_local.pt"])
     assert sorted(got) == done and "(rank 2 holds no iter_0000030_<rank>_local.pt)" in got[done[0]]
     assert nvrx.incomplete(["flat/iter_0000030_0_local.pt", "iter_0000030_1_local.pt"]) == {}  # no rank folder
+
+
+def test_a_damaged_rank_file_spoils_its_iteration_for_every_rank(tmp_path):
+    """Rank 1's finished file of iteration 30 cut short (a disk full after the rename): NVRx's find_latest still
+    picks 30 (both ranks hold it) and rank 1's load fails, so rank 0's intact file of 30 is no rollback point
+    either.  Before, the audit said RESUME from rank 0's file."""
+    import torch
+
+    run = copy_producer_run("nvrx_killed", tmp_path)
+    (run / "run1" / "0" / "iter_0000030_0_local.dirty.pt").rename(run / "run1" / "0" / "iter_0000030_0_local.pt")
+    cut = run / "run1" / "1" / "iter_0000030_1_local.pt"
+    raw = cut.read_bytes()
+    cut.write_bytes(raw[: len(raw) // 2])
+    try:
+        torch.load(cut, weights_only=True)  # NVRx's _load is torch.load: the archive itself does not open
+        raise AssertionError("a cut zip loaded")
+    except RuntimeError as e:
+        assert "zip archive" in str(e) or "central directory" in str(e)
+    v = audit_in_process(run, out_dir=tmp_path / "out")
+    rows = unit_rows(v)
+    assert rows["run1/0/iter_0000030_0_local.pt"] == ("nvrx-local", 30, "none")
+    assert rows["run1/1/iter_0000030_1_local.pt"][2] == "none"
+    u = next(u for u in v["units"] if u["unit"] == "run1/0/iter_0000030_0_local.pt")
+    [f] = [f for f in u["findings"] if f["kind"] == "save_spoiled_by_another_rank"]
+    assert "rank 1 file (iter_0000030_1_local.pt) is not usable" in f["message"]
+    assert v["rollback"]["step"] == 20 and v["recommendation"] == "resume"
+
+
+def test_the_spoiled_rule_counts_a_replica_as_a_copy():
+    ok, bad = "resume", "none"
+    assert nvrx.spoiled({"s/0/iter_0000030_0_local.pt": ok, "s/1/iter_0000030_1_local.pt": ok}) == {}
+    got = nvrx.spoiled({"s/0/iter_0000030_0_local.pt": ok, "s/1/iter_0000030_1_local.pt": bad})
+    assert list(got) == ["s/0/iter_0000030_0_local.pt"]
+    # rank 1's file damaged in its own folder but intact as a replica in rank 0's: NVRx can still load rank 1
+    assert nvrx.spoiled({"s/0/iter_0000030_0_local.pt": ok, "s/1/iter_0000030_1_local.pt": bad,
+                         "s/0/iter_0000030_1_local.pt": ok}) == {}
+    # another iteration, or another session, is not touched
+    assert nvrx.spoiled({"s/0/iter_0000020_0_local.pt": ok, "s/1/iter_0000030_1_local.pt": bad,
+                         "t/0/iter_0000030_0_local.pt": ok}) == {}

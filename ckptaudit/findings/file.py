@@ -246,6 +246,11 @@ ENTRIES: List[_k] = [
        "run the repair (it removes only temps of dead writers on this host).",
        "{repair}",
        stage="report", detector="ckptaudit.dead_writers:finding"),
+    _k("save_spoiled_by_another_rank", "file", "error", "none",
+       "{path} is intact alone, but it cannot be resumed: {why}.",
+       "Roll back to an older save whose every rank file is intact (the verdict's rollback point); when there is "
+       "none (NVRx keeps one iteration), resume from the job's persistent checkpoint.",
+       stage="report", detector="ckptaudit.save_groups:findings"),
     _k("unit_changed_during_audit", "file", "error", "none",
        "{path} changed while it was audited: {what} between the inventory and the report (a writer or a "
        "retention job is working on the run), so what was checked is no longer what is there.",

@@ -34,7 +34,8 @@ __all__ = ["Contract", "FileRole", "PointerFile", "Producer", "ResumeLoad", "PRO
            "POINTER_FILES", "VERSION_KEYS", "VERSION_DISTS", "PIP_NAMES",
            "enabled", "identify", "pointer_file", "reader_layouts", "STEP_FILES", "NOT_STATE_FILES", "by_key",
            "LOSS_LOGS", "CLAIM_FILES", "role_of", "metadata_files", "for_layout", "for_unit", "with_entry",
-           "UnfinishedMarker", "unfinished_marker", "in_progress_name", "incomplete_saves", "zip_layout", "name_step"]
+           "UnfinishedMarker", "unfinished_marker", "in_progress_name", "incomplete_saves", "spoiled_saves",
+           "zip_layout", "name_step"]
 
 #: Every producer, in the order a unit's contract is looked for.
 PRODUCERS: Tuple[Producer, ...] = (hf_trainer.PRODUCER, accelerate.PRODUCER, lightning.PRODUCER,
@@ -156,6 +157,17 @@ def incomplete_saves(units: Sequence[str]) -> Dict[str, str]:
     for p in PRODUCERS:
         if p.incomplete_saves is not None:
             out.update(p.incomplete_saves(units))
+    return out
+
+
+def spoiled_saves(usable: Dict[str, str]) -> Dict[str, str]:
+    """``{unit: why}``: of a run's units (``{run-relative path: usable_for}``, as the verdict judged each alone),
+    the usable ones whose save another file of that the producer's resume loads with them is not usable (NVRx:
+    one rank's file of an iteration is damaged, :mod:`.nvrx`)."""
+    out: Dict[str, str] = {}
+    for p in PRODUCERS:
+        if p.spoiled_saves is not None:
+            out.update(p.spoiled_saves(usable))
     return out
 
 

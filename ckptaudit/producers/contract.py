@@ -171,6 +171,9 @@ class Producer:
     #: ``unit paths -> {unit: why}``: of a run's units (run-relative), those of a save that another of its ranks
     #: has not finished, which its resume never takes (:func:`ckptaudit.producers.incomplete_saves`)
     incomplete_saves: Optional[Callable[[Sequence[str]], Dict[str, str]]] = None
+    #: ``{unit: usable_for} -> {unit: why}``: units its resume cannot take because a file of the same save that
+    #: its resume loads with them (another rank's) is not usable (:func:`ckptaudit.producers.spoiled_saves`)
+    spoiled_saves: Optional[Callable[[Dict[str, str]], Dict[str, str]]] = None
     #: a regular expression (full match) on a zip file's base name that makes the file this producer's own unit,
     #: of its first layout, as :attr:`unit_suffix` does by the name's ending
     unit_names: str = ""

@@ -68,11 +68,38 @@ def incomplete(units: Sequence[str]) -> Dict[str, str]:
     return out
 
 
+WHY_SPOILED = ("NVRx local checkpoint of iteration {it}, whose rank {rank} file ({files}) is not usable: "
+               "find_latest takes an iteration every rank holds, so NVRx resumes every rank from iteration {it} "
+               "and rank {rank}'s load fails or restores damaged state")
+
+
+def spoiled(usable: Dict[str, str]) -> Dict[str, str]:
+    """``{unit: why}`` for the usable files of an iteration one of whose ranks has no usable copy (its file, or
+    any replica of it in another rank's folder): NVRx would still pick that iteration (every rank *holds* it)
+    and the damaged rank's load fails.  ``usable``: ``{unit: usable_for}`` of the run's units."""
+    saves: Dict[tuple, Dict[int, list]] = {}
+    for u, use in usable.items():
+        m, folder = _NAME.match(base(u)), parent(u)
+        if m is None or m.group(3) or not base(folder).isdigit():
+            continue
+        saves.setdefault((parent(folder), int(m.group(1))), {}).setdefault(int(m.group(2)), []).append((u, use))
+    out: Dict[str, str] = {}
+    for (_session, it), ranks in saves.items():
+        bad = sorted(r for r, copies in ranks.items() if not any(use != "none" for _, use in copies))
+        if not bad:
+            continue
+        files = ", ".join(base(u) for u, _ in ranks[bad[0]])
+        why = WHY_SPOILED.format(it=it, rank=bad[0], files=files)
+        out.update({u: why for copies in ranks.values() for u, use in copies if use != "none"})
+    return out
+
+
 PRODUCER = Producer(
     key="nvrx", name="NVRx local checkpointing", layouts=("nvrx-local",),
     unit_names=r"iter_\d+_\d+_local(\.dirty)?\.pt",
     in_progress_names=((DIRTY, WHY_DIRTY),),
     incomplete_saves=incomplete,
+    spoiled_saves=spoiled,
     resume_loads={"mixed": ResumeLoad("NVRx LocalCheckpointManager._load: torch.load(weights_only=False)",
                                       weights_only=False)},
     pip_names={"nvidia_resiliency_ext": "nvidia-resiliency-ext"},
