@@ -70,6 +70,15 @@ def test_twenty_kills_leave_at_most_one_temp_and_one_summary_line(tmp_path):
     assert f["detail"]["units"] == _leftovers(run) and f["detail"]["size_bytes"] == (run / _leftovers(run)[0]).stat(
         ).st_size > 0
     assert [u["unit"] for u in v["units"]] == ["ckpt_000010.pt"] and v["recommendation"] == "resume"
+    import subprocess
+    import sys
+
+    shown = _leftovers(run)
+    done = subprocess.run(f["repair"], shell=True, cwd=tmp_path, capture_output=True, text=True,
+                          env={**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"})
+    assert done.returncode == 0, done.stderr  # the repair runs as printed, from anywhere: only the temp goes
+    assert f"deleted {shown[0]}" in done.stdout and _leftovers(run) == [] and (run / "ckpt_000010.pt").exists()
+    (run / shown[0]).write_bytes(b"PK\x03\x04 partial")  # put it back for the checks below
     html = (tmp_path / "audit" / "report.html").read_text()  # the report says it once, with the repair
     assert html.count("dead_writer_leftovers") == 1 and f"ckptaudit prune {run} --sweep-stale" in html
     assert _leftovers(run)[0] not in html.split('id="findings"')[0]  # not in the timeline nor the units table

@@ -60,6 +60,8 @@ def seal_command(run_dir, chunk_mib, dry_run):
 def prune_command(run_dir, keep_last, keep_every, keep_best, metric, mode, sweep_stale, dry_run):
     """Delete old verified checkpoints of RUN_DIR; never the newest verified one.
 
+    With --sweep-stale and no --keep-* rule, only remove the leftovers of dead writers (every unit is kept).
+
     Exit 0 on success, 3 on bad arguments or an unreadable, missing, empty or checkpoint-less folder."""
     _require_units("prune", run_dir)
     try:
@@ -68,7 +70,10 @@ def prune_command(run_dir, keep_last, keep_every, keep_best, metric, mode, sweep
     except (ValueError, OSError) as e:
         click.echo(f"ckptaudit prune: error: {e}", err=True)
         sys.exit(3)
-    click.echo(f"rollback point: {plan.rollback or 'none (no unit verifies)'}")
+    if sweep_stale and keep_last is None and keep_every is None and keep_best is None:
+        click.echo("rollback point: not looked for (--sweep-stale alone reads no unit)")
+    else:
+        click.echo(f"rollback point: {plan.rollback or 'none (no unit verifies)'}")
     for d in sorted(plan.decisions, key=lambda d: d.action != "keep"):  # keeps first, then deletions
         step = f" (step {d.step})" if d.step is not None else ""
         if d.action == "keep":

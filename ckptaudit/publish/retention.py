@@ -219,15 +219,20 @@ def prune(run_dir: str | os.PathLike, *, keep_last: Optional[int] = None, keep_e
     the rollback point and kept by no rule; anything in progress or without a step is
     kept.  ``sweep_stale``: also remove ``.ckptaudit-tmp-*`` leftovers whose writer
     process on this host is gone, and sidecars/manifests of file units that no longer
-    exist and are not being written (:func:`_orphan_integrity_files`).  ``dry_run``: delete nothing, and ``echo`` each line
-    of what would be deleted (``echo=None`` prints nothing).
+    exist and are not being written (:func:`_orphan_integrity_files`).  ``dry_run``: delete nothing, and
+    ``echo`` each line of what would be deleted (``echo=None`` prints nothing).
 
-    Raises ``ValueError`` without any keep rule or with a bad value, and
+    With ``sweep_stale`` and no keep rule, only the leftovers are removed: every unit is kept, and none is
+    verified (nothing of a unit is read).
+
+    Raises ``ValueError`` without any keep rule (and no ``sweep_stale``) or with a bad value, and
     ``FileNotFoundError`` for a missing ``run_dir``.
     """
     from ..inventory import discover
 
-    _check_rules(keep_last, keep_every, keep_best, metric, mode)
+    sweep_only = sweep_stale and keep_last is None and keep_every is None and keep_best is None
+    if not sweep_only:
+        _check_rules(keep_last, keep_every, keep_best, metric, mode)
     root = Path(run_dir)
     units, pointers, _ = discover(root)
     trusted = set(_verified or ())
@@ -244,10 +249,15 @@ def prune(run_dir: str | os.PathLike, *, keep_last: Optional[int] = None, keep_e
                 verify_unit(root, u)
         return verified[u["unit"]]
 
-    rollback = next((u for u in stepped if not u["in_progress"] and check(u)[0]), None)
-    keep = _kept_by_rules(root, stepped, by_name, pointers, rollback, check, keep_last=keep_last,
-                          keep_every=keep_every, keep_best=keep_best, metric=metric, mode=mode)
-    decisions = [_decision(u, keep, rollback, check) for u in stepped if u["unit"] not in stale]
+    if sweep_only:
+        rollback = None
+        decisions = [PruneDecision(u["unit"], u["step_from_name"], "keep", "no keep rule: --sweep-stale alone "
+                                   "removes only leftovers") for u in stepped if u["unit"] not in stale]
+    else:
+        rollback = next((u for u in stepped if not u["in_progress"] and check(u)[0]), None)
+        keep = _kept_by_rules(root, stepped, by_name, pointers, rollback, check, keep_last=keep_last,
+                              keep_every=keep_every, keep_best=keep_best, metric=metric, mode=mode)
+        decisions = [_decision(u, keep, rollback, check) for u in stepped if u["unit"] not in stale]
     for u in by_name.values():
         if (u["step_from_name"] is None or u["unit"] == ".") and u["unit"] not in stale:
             decisions.append(PruneDecision(u["unit"], None, "keep", "no step in its name"))
