@@ -200,9 +200,13 @@ def document(verdict: Optional[Mapping], *, audit_seconds: float = 0.0, drill: O
 
 
 def write(path: str | os.PathLike, verdict: Optional[Mapping], **kw) -> None:
-    """Write :func:`document` to ``path`` atomically (temp file, fsync, rename).  Raises ``OSError``."""
+    """Write :func:`document` to ``path`` atomically (temp file, fsync, rename), creating its folder when
+    missing.  Raises ``OSError``."""
+    from pathlib import Path
+
     from ._io import atomic_write
 
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
     tree = document(verdict, **kw)
     ET.indent(tree)
     atomic_write(path, ET.tostring(tree.getroot(), encoding="utf-8", xml_declaration=True) + b"\n")

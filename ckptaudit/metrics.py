@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import Dict, Optional
 
 LAYERS = ("file", "structure", "state", "security")
@@ -70,7 +71,8 @@ def write(path: str | os.PathLike, run: str, *, verdict: Optional[dict], exit_co
           finished_unix: Optional[float] = None, drill: Optional[dict] = None) -> None:
     """Write the metrics of one audit of ``run`` (its folder) to ``path``; ``verdict`` None for an audit that
     failed (exit 3): then only the audit's own series, and the last success carried over.  ``drill``: a parsed
-    ``drill.json`` (with its ``rows``) whose series are added.  Raises ``OSError``."""
+    ``drill.json`` (with its ``rows``) whose series are added.  ``path``'s folder is created when missing.
+    Raises ``OSError``."""
     from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
 
     now = time.time() if finished_unix is None else finished_unix
@@ -91,6 +93,7 @@ def write(path: str | os.PathLike, run: str, *, verdict: Optional[dict], exit_co
         _verdict_series(gauge, run, verdict, now)
     if drill is not None:
         _drill_series(gauge, run, drill, now, path)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)  # the first night's failure must reach the collector
     write_to_textfile(str(path), reg)
 
 

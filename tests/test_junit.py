@@ -57,6 +57,7 @@ def test_junit_of_the_demo_audit_validates_and_says_each_finding(demo_run, tmp_p
 
     bad_cfg = tmp_path / "bad.yaml"
     bad_cfg.write_text("laod: {enabled: false}\n")  # a config error: the audit itself fails (exit 3)
+    xml = tmp_path / "o2" / "first-night" / "ckptaudit.xml"  # its folder does not exist yet: it is made
     p = subprocess.run(CLI + ["audit", str(demo_run.run_dir), "--out", str(tmp_path / "o2"), "--config",
                               str(bad_cfg), "--junit", str(xml)], capture_output=True, text=True, timeout=600)
     assert p.returncode == 3, p.stderr

@@ -52,6 +52,11 @@ def test_metrics_of_the_demo_audit_and_of_a_failed_one(demo_run, tmp_path):
     bad.write_text("laod: {enabled: false}\n")  # a config error: the same run's audit fails (exit 3)
     p = subprocess.run(CLI + ["audit", str(demo_run.run_dir), "--out", str(tmp_path / "o2"), "--config", str(bad),
                               "--metrics", str(prom)], capture_output=True, text=True, timeout=600)
+    assert not (tmp_path / "o3").exists()
+    first = tmp_path / "o3" / "textfile" / "ckptaudit.prom"  # the first night fails: its folder is made too
+    q = subprocess.run(CLI + ["audit", str(tmp_path / "no-such-run"), "--out", str(tmp_path / "o3"), "--metrics",
+                              str(first)], capture_output=True, text=True, timeout=600)
+    assert q.returncode == 3 and "ckptaudit_audit_success" in first.read_text(), q.stderr
     assert p.returncode == 3, p.stderr
     m = _samples(prom)
     val = {k: x for k, (x, _) in m.items()}
