@@ -247,6 +247,33 @@ def test_the_step_comes_from_the_saved_dict_when_the_name_has_none(tmp_path):
     assert r.returncode == 0 and "step 30" in r.stdout and "step unknown" not in r.stdout, (r.stdout, r.stderr)
 
 
+def test_an_rng_tensor_beside_the_model_dict_keeps_the_load_hint_stripping_model(tmp_path):
+    """A new user's loop saved ``{"model": sd, "optimizer": …, "rng": torch.get_rng_state()}``: the top-level
+    ``rng`` tensor made the weights prefix "" and the printed hint loaded nothing (strict=False, every key
+    unexpected).  The hint, run as printed, now fills the model."""
+    run = tmp_path / "run"
+    run.mkdir()
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(3, 64)).sum().backward()
+    opt.step()
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "rng": torch.get_rng_state(),
+                "step": 140}, run / "ckpt_000140.pt")
+    raw = (run / "ckpt_000140.pt").read_bytes()
+    (run / "ckpt_000140.pt").write_bytes(raw[: len(raw) * 95 // 100])
+    r = subprocess.run([sys.executable, "-m", "ckptaudit.cli", "salvage", str(run / "ckpt_000140.pt"), "--out",
+                        str(tmp_path / "out")], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    hint = r.stdout.split("a warm start, not a resume: ", 1)[1].split(" (keys are", 1)[0]
+    fresh = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    scope = {"model": fresh, "safetensors": __import__("safetensors.torch")}
+    exec(hint, scope)  # the hint as printed
+    assert scope["unexpected"] == [] and len(scope["missing"]) < 4
+    for k, v in fresh.state_dict().items():
+        if k not in scope["missing"]:
+            assert torch.equal(v, model.state_dict()[k])
+
+
 def test_refused_inside_the_run_or_over_an_existing_folder(tmp_path):
     run = tmp_path / "run"
     run.mkdir()

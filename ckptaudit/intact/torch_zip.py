@@ -69,10 +69,13 @@ def saved_step(root) -> Optional[int]:
 def weights_prefix(root, tensors: List[TensorBytes]) -> str:
     """The key of the saved dict ``root`` (the walked object) under which the model's state_dict lies, by shape:
     "" for a flat state_dict (tensors at the top); else the dict-valued key, not an optimizer state_dict
-    (``state`` and ``param_groups``), holding the most tensor bytes outside optimizer state."""
-    if not isinstance(root, dict) or any(type(v) is TensorMeta for v in root.values()):
+    (``state`` and ``param_groups``), holding the most tensor bytes outside optimizer state.  Tensors at the top
+    level (a flat state_dict, or an RNG state saved beside the model's dict) count for "" by their bytes: a
+    top-level ``rng`` tensor does not make a nested model state_dict flat."""
+    if not isinstance(root, dict):
         return ""
-    best, most = "", 0
+    top = {k for k, v in root.items() if type(v) is TensorMeta}
+    best, most = "", sum(t.nbytes for t in tensors if t.name in top)
     for k, v in root.items():
         if not isinstance(k, str) or not isinstance(v, dict) or ("state" in v and "param_groups" in v):
             continue
