@@ -30,6 +30,9 @@ __all__ = ["TMP_PREFIX", "atomic_symlink", "atomic_write", "dead_writer", "fsync
 log = logging.getLogger("ckptaudit.publish")  # the writer side's logger, where this warning has always been
 
 TMP_PREFIX = ".ckptaudit-tmp-"
+#: The folder of a run that holds units a publish of the same name moved aside (:mod:`ckptaudit.publish.supersede`);
+#: the inventory never walks it, so nothing in it is a unit or a rollback point.
+SUPERSEDED_DIR = ".ckptaudit-superseded"
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 

@@ -25,7 +25,7 @@ from typing import Dict, List, Optional
 from . import confine, fs, layouts, producers
 # reasons that file_unreadable, path_too_long and a pointer that is not read are made of
 from .layouts.leftovers import POINTER_NOT_READ
-from ._io import atomic_write
+from ._io import SUPERSEDED_DIR, atomic_write
 from .parts import SMALL_PART_BYTES, assign_parts, auto_units_per_job, listing_fingerprint  # noqa: F401 - re-exported
 from .unit_objects import SMALL_OBJECT_BYTES, unit_objects  # noqa: F401 - re-exported
 from .folder_unit import folder_unit, lstat_of as _lstat_of, stat_or_none
@@ -154,6 +154,8 @@ def _entry(root: Path, d: Path, e, pre: str, local: bool, name_set, units, point
                                 path.exists(), True))
     elif e.name in POINTER_NAMES and e.is_file():
         _pointer_file(root, e.name, path, rel if local else None, lst, name_set, units, pointers, rel)
+    elif e.name == SUPERSEDED_DIR and e.is_dir():  # units a publish moved aside: never a unit, never walked
+        stray.append(rel)
     elif e.is_dir():
         try:
             _folder(root, path, units, pointers, stray)

@@ -108,10 +108,39 @@ def test_existing_unit_is_never_replaced(tmp_path):
     P.save(state(1), tmp_path, 1)
     digest = sha(tmp_path / "ckpt_000001.pt")
     with pytest.raises(P.PublishError) as ei:
-        P.save(state(99), tmp_path, 1)
+        P.save(state(99), tmp_path, 1, supersede=False)
     assert "FileExistsError" in ei.value.causes["rank 0 (start)"]
     assert "a unit with this name already exists" in str(ei.value)
     assert sha(tmp_path / "ckpt_000001.pt") == digest
+
+
+def test_a_resume_from_an_earlier_step_moves_the_old_unit_aside_and_goes_on(tmp_path, caplog):
+    """A new user's trial: safe_load_checkpoint resumed at step 100 past a damaged ckpt_000120.pt, and the
+    loop's save of step 120 raised 'a unit with this name already exists' at every restart.  The old unit
+    (bytes, sidecar, manifest) now moves to .ckptaudit-superseded/ untouched; the audit never takes it."""
+    import logging
+
+    from ckptaudit import safe_load_checkpoint
+    from ckptaudit.pipeline import audit_in_process
+
+    run = tmp_path / "run"
+    for step in (100, 120):
+        P.save(state(step), run, step)
+    raw = bytearray((run / "ckpt_000120.pt").read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # bit rot after the save
+    (run / "ckpt_000120.pt").write_bytes(bytes(raw))
+    old = {n: (run / n).read_bytes() for n in ("ckpt_000120.pt", "ckpt_000120.pt.sha256",
+                                               "ckpt_000120.pt.manifest.json")}
+    assert safe_load_checkpoint(run).step == 100
+    with caplog.at_level(logging.WARNING, logger="ckptaudit.publish"):
+        assert P.save(state(121), run, 120).unit == "ckpt_000120.pt"  # the resumed loop's next save
+    [aside] = (run / ".ckptaudit-superseded").iterdir()
+    assert aside.name.endswith("-ckpt_000120.pt") and {n: (aside / n).read_bytes() for n in old} == old
+    assert any(str(aside) in r.getMessage() for r in caplog.records)
+    assert safe_load_checkpoint(run).step == 121
+    v = audit_in_process(run, out_dir=tmp_path / "out")
+    assert [u["unit"] for u in v["units"]] == ["ckpt_000100.pt", "ckpt_000120.pt"]
+    assert v["rollback"]["unit"] == "ckpt_000120.pt" and v["recommendation"] == "resume"
 
 
 def test_verify_rejects_a_file_changed_before_the_commit(tmp_path):
@@ -629,7 +658,7 @@ def test_replace_swaps_a_file_unit_and_its_digests(tmp_path, monkeypatch):
     with P.publish(tmp_path, 10, name="last.ckpt") as pub:
         pub.save(state(10))
     with pytest.raises(P.PublishError):
-        with P.publish(tmp_path, 20, name="last.ckpt") as pub:
+        with P.publish(tmp_path, 20, name="last.ckpt", supersede=False) as pub:
             pub.save(state(20))
     with pytest.raises(ValueError, match="file units"):
         P.publish(tmp_path, 20, name="x", folder=True, replace=True)

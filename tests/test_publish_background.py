@@ -70,7 +70,7 @@ def test_background_error_is_raised_once_by_the_next_save(tmp_path, caplog):
     """A failed background commit must not be lost: logged at once, raised by the next save."""
     P.save(state(1), tmp_path, 1)
     with caplog.at_level(logging.ERROR, logger="ckptaudit.publish"):
-        pending = P.save(state(1), tmp_path, 1, background=True)  # the unit exists: fails
+        pending = P.save(state(1), tmp_path, 1, background=True, supersede=False)  # the unit exists: fails
         with pytest.raises(P.PublishError) as ei:
             P.save(state(2), tmp_path, 2)
     assert pending.done() and ei.value.unit == "ckpt_000001.pt"
@@ -83,7 +83,7 @@ def test_background_error_is_raised_once_by_the_next_save(tmp_path, caplog):
 
 def test_wait_raises_the_commit_error_and_the_next_save_does_not_repeat_it(tmp_path):
     P.save(state(1), tmp_path, 1)
-    pending = P.save(state(1), tmp_path, 1, background=True)
+    pending = P.save(state(1), tmp_path, 1, background=True, supersede=False)
     with pytest.raises(P.PublishError, match="already exists"):
         pending.wait()
     assert P.save(state(3), tmp_path, 3).unit == "ckpt_000003.pt"

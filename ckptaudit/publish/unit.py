@@ -105,7 +105,8 @@ class _Publish(Commit):
     then the commit steps of :class:`~.commit.Commit`)."""
 
     def __init__(self, run_dir, step, *, name, folder, config, metrics, rank, world_size, group, chunk_bytes,
-                 update_latest, latest_symlink, verify, retention, replace=False, sweep_stale=True):
+                 update_latest, latest_symlink, verify, retention, replace=False, sweep_stale=True,
+                 supersede=True):
         if not isinstance(step, int) or step < 0:
             raise ValueError(f"step must be an int >= 0, got {step!r}")
         if chunk_bytes < 1:
@@ -126,7 +127,7 @@ class _Publish(Commit):
             raise ValueError("a multi-rank publish writes a folder unit (folder=True): each rank writes its own files")
         if replace and folder:
             raise ValueError("replace=True publishes file units: a folder cannot be swapped in one rename")
-        self.replace, self.sweep_stale = replace, sweep_stale
+        self.replace, self.sweep_stale, self.supersede = replace, sweep_stale, supersede
         self.run_dir = Path(run_dir)
         self.step, self.folder, self.rank, self.world_size = step, folder, rank, world_size
         self.name = name or (f"checkpoint-{step}" if folder else f"ckpt_{step:06d}.pt")
@@ -161,8 +162,12 @@ class _Publish(Commit):
                 if self.sweep_stale:
                     sweep_dead_writers(self.run_dir)
                 if os.path.lexists(self.final) and not self.replace:
-                    raise FileExistsError(f"{self.final}: a unit with this name already exists; publish never "
-                                          "replaces a unit (delete or prune it first)")
+                    if not self.supersede:
+                        raise FileExistsError(f"{self.final}: a unit with this name already exists; publish "
+                                              "never replaces a unit (delete or prune it first)")
+                    from .supersede import supersede
+
+                    supersede(self.run_dir, self.name)  # the run resumed from an earlier step: keep it aside
                 self.tmp_path = self.run_dir / tmp_name(self.name)
                 if self.folder:
                     os.mkdir(self.tmp_path)
@@ -280,7 +285,8 @@ def publish(run_dir: str | os.PathLike, step: int, *, name: Optional[str] = None
             config: Any = None, metrics: Optional[Dict[str, float]] = None, rank: Optional[int] = None,
             world_size: Optional[int] = None, group: Any = None, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
             update_latest: bool = True, latest_symlink: Optional[str] = None, verify: Optional[bool] = None,
-            retention: Optional[Retention] = None, replace: bool = False, sweep_stale: bool = True):
+            retention: Optional[Retention] = None, replace: bool = False, sweep_stale: bool = True,
+            supersede: bool = True):
     """Context manager that publishes one checkpoint unit of ``step`` into ``run_dir``.
 
     ``with publish(run_dir, step) as pub: pub.save(obj)`` — the unit becomes visible, with
@@ -306,9 +312,12 @@ def publish(run_dir: str | os.PathLike, step: int, *, name: Optional[str] = None
     at any point leaves the old or the new bytes, never beside the other's digest.  ``sweep_stale``: first
     remove the temp files and folders in ``run_dir`` of earlier publishes on this host whose process is gone
     (a save killed mid-way; never another host's, never a live process's), so that kills do not pile them up.
+    ``supersede``: a unit already of this name (not ``replace``) is moved with its digests into
+    ``run_dir/.ckptaudit-superseded/`` first (:func:`ckptaudit.publish.supersede.supersede`: a run resumed from
+    an earlier step meets its old units again); False: :class:`PublishError` instead.
 
-    Raises ``ValueError`` for bad arguments, :class:`PublishError` when the unit exists or
-    could not be published (``causes`` per rank), and re-raises the block's exception.  An
+    Raises ``ValueError`` for bad arguments, :class:`PublishError` when the unit exists (``supersede=False``)
+    or could not be published (``causes`` per rank), and re-raises the block's exception.  An
     ``OSError`` after the commit (fsync of the run folder, moving ``latest``) is raised as
     is: the unit is then published, its durability or ``latest`` not assured.  After the
     block, ``pub.result`` is a :class:`PublishResult`.  Entering the block first waits for
@@ -318,7 +327,7 @@ def publish(run_dir: str | os.PathLike, step: int, *, name: Optional[str] = None
     return _Publish(run_dir, step, name=name, folder=folder, config=config, metrics=metrics, rank=rank,
                     world_size=world_size, group=group, chunk_bytes=chunk_bytes, update_latest=update_latest,
                     latest_symlink=latest_symlink, verify=verify, retention=retention, replace=replace,
-                    sweep_stale=sweep_stale)
+                    sweep_stale=sweep_stale, supersede=supersede)
 
 
 def save(obj: Any, run_dir: str | os.PathLike, step: int, *, background: bool = False,
