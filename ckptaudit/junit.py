@@ -45,12 +45,14 @@ def _text(s: object) -> str:
     return "\n".join(shown(ln) for ln in str(s).split("\n"))
 
 
-def _finding_text(f: Mapping) -> str:
+def _finding_text(f: Mapping, run_dir: str) -> str:
+    from .summary import repair_where
+
     lines = [f"[{f.get('layer')}/{f.get('severity')}] {f.get('kind')}: {' '.join(str(f.get('message', '')).split())}"]
     if f.get("next_step"):
         lines.append(f"  next step: {' '.join(str(f['next_step']).split())}")
     if f.get("repair"):
-        lines.append(f"  repair: {f['repair']}")
+        lines.append(f"  repair ({repair_where(str(f['repair']), run_dir)}): {f['repair']}")
     if f.get("path"):
         lines.append(f"  file: {f['path']}")
     return "\n".join(lines)
@@ -88,8 +90,8 @@ def _unit_case(suite: ET.Element, u: Mapping, run_dir: str) -> None:
         head = "usable for warm-start only" if use == "warm-start" else (
             "not usable" if use == "none" else "usable for resume, with errors")
         _outcome(case, "failure", f"{head}: {first.get('message', '')}", str(first.get("kind", use)),
-                 "\n".join(_finding_text(f) for f in bad) + f"\n(paths are relative to {run_dir})")
-    _out(case, [_finding_text(f) for f in findings if f not in bad and f.get("severity") == "warning"])
+                 "\n".join(_finding_text(f, run_dir) for f in bad) + f"\n(paths are relative to {run_dir})")
+    _out(case, [_finding_text(f, run_dir) for f in findings if f not in bad and f.get("severity") == "warning"])
 
 
 def _verdict_case(suite: ET.Element, v: Mapping, seconds: float) -> None:
@@ -109,14 +111,15 @@ def _verdict_case(suite: ET.Element, v: Mapping, seconds: float) -> None:
 
 
 def _run_cases(suite: ET.Element, v: Mapping) -> None:
+    run_dir = str(v.get("run_dir") or "the run folder")
     for f in list(v.get("run_findings") or []) + list(v.get("pointer_findings") or []):
         if not f:
             continue
         case = _case(suite, "ckptaudit.audit.run", f"{f.get('kind')} {f.get('path') or ''}".strip())
         if f.get("severity") == "error":
-            _outcome(case, "failure", str(f.get("message", "")), str(f.get("kind")), _finding_text(f))
+            _outcome(case, "failure", str(f.get("message", "")), str(f.get("kind")), _finding_text(f, run_dir))
         else:
-            _out(case, [_finding_text(f)])
+            _out(case, [_finding_text(f, run_dir)])
 
 
 def _props(suite: ET.Element, pairs: Iterable[tuple]) -> None:

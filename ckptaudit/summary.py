@@ -62,6 +62,12 @@ def _what(unit: Dict, cap: str) -> str:
     return msg + (f" (+{more} more)" if more > 0 else "")
 
 
+def repair_where(repair: str, run_dir: str) -> str:
+    """Where a finding's ``repair`` runs: ``run in <run_dir>`` for a shell command (its paths are relative to the
+    run folder, and a ``ckptaudit`` command's are absolute), ``in the resume script`` for Python code."""
+    return f"run in {run_dir}" if repair.split(" ", 1)[0] in _SHELL_WORDS else "in the resume script"
+
+
 def _top_level_cut(text: str, sep: str) -> str:
     """``text`` up to the first ``sep`` outside parentheses (``text`` when there is none): a sentence or clause
     is never cut inside "(122920 bytes: chunk(s) 0 of 1)"."""
@@ -108,7 +114,7 @@ def _rollback_lines(u: Dict, v: Dict) -> List[str]:
         line = f"    {f.get('severity', 'info')}: {msg}"
         if f.get("repair"):
             repair = " ".join(str(f["repair"]).split())
-            where = f"run in {run_dir}" if repair.split(" ", 1)[0] in _SHELL_WORDS else "in the resume script"
+            where = repair_where(repair, run_dir)
             line += f" Repair ({where}): {repair}"
         elif f.get("next_step"):
             line += f" {' '.join(str(f['next_step']).split())}"

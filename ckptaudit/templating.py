@@ -28,6 +28,9 @@ def environment():
     )
     env.filters["step_text"] = step_text
     env.filters["mib"] = mib
+    from .summary import repair_where
+
+    env.globals["repair_where"] = repair_where
     return env
 
 

@@ -44,6 +44,9 @@ def test_junit_of_the_demo_audit_validates_and_says_each_finding(demo_run, tmp_p
                 assert " ".join(f["message"].split()) in fail.text and f["next_step"] in fail.text
         assert fail.get("type") in {f["kind"] for f in u["findings"]}
         assert f"(paths are relative to {v['run_dir']})" in fail.text
+        for f in u["findings"]:
+            if f.get("repair") and f["severity"] == "error":
+                assert f"  repair (run in {v['run_dir']}): {f['repair']}" in fail.text
     verdict_fail = cases["verdict"].find("failure")
     assert verdict_fail.get("type") == "exit 1"
     assert verdict_fail.get("message").startswith(f"RESUME from {v['rollback']['unit']} (step {v['rollback']['step']})")

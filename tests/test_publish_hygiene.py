@@ -81,6 +81,7 @@ def test_twenty_kills_leave_at_most_one_temp_and_one_summary_line(tmp_path):
     (run / shown[0]).write_bytes(b"PK\x03\x04 partial")  # put it back for the checks below
     html = (tmp_path / "audit" / "report.html").read_text()  # the report says it once, with the repair
     assert html.count("dead_writer_leftovers") == 1 and f"ckptaudit prune {run} --sweep-stale" in html
+    assert f"<b>Repair</b> (run in {run}):" in html  # a repair's folder is said in the report too
     assert _leftovers(run)[0] not in html.split('id="findings"')[0]  # not in the timeline nor the units table
     P.save(_state(50), run, 50, retention=P.Retention(keep_last=3))
     assert _leftovers(run) == []  # the next save removed the dead writer's temp
