@@ -373,3 +373,20 @@ def test_readme_documents_the_drill():
         assert code in sec
     for check in dr.CHECKS:
         assert f"`{check}`" in sec, check
+
+
+@pytest.mark.slow
+def test_a_hook_module_beside_the_user_is_found_by_the_children_too(demo_run, tmp_path):
+    """A new user's trial: ``drill.hook: "myhook:restore"`` with myhook.py in the folder they ran
+    ``ckptaudit drill`` from passed the import check, then every child failed with ModuleNotFoundError
+    (exit 3).  The children now import it from that folder as the check did."""
+    user = tmp_path / "me"
+    user.mkdir()
+    (user / "myhook.py").write_text("from ckptaudit.demo import restore_hook as restore  # noqa: F401\n")
+    (user / "drill.yaml").write_text('units_per_job: 64\ndrill: {hook: "myhook:restore", devices: [cpu]}\n')
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    p = subprocess.run([sys.executable, "-m", "ckptaudit.cli", "drill", str(demo_run.run_dir), "--out",
+                        str(tmp_path / "out"), "--config", "drill.yaml"], cwd=user, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == dr.EXIT_PASSED, p.stdout + p.stderr
+    assert p.stdout.startswith(f"ckptaudit drill: PASSED {ROLLBACK} (step 250) on cpu"), p.stdout

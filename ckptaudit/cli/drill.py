@@ -45,6 +45,18 @@ def _check_hook(cfg: dict) -> None:
                                    "your job's restore function, \"package.module:function\", see docs/drill.md)")
 
 
+def _hook_path_for_children() -> None:
+    """Put the folder ``ckptaudit drill`` runs in on ``PYTHONPATH`` (first), as :func:`_check_hook` imported the
+    hook from there: the workflow's jobs and the drill's children run elsewhere, and a hook module beside the
+    user (``drill.hook: "myhook:restore"``) passed the check and then failed in the child (a new user's trial)."""
+    import os
+
+    here = os.getcwd()
+    parts = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if here not in parts:
+        os.environ["PYTHONPATH"] = os.pathsep.join([here, *parts])
+
+
 @click.command("drill", cls=ExitThreeOnUsageError)
 @click.argument("run_dir")
 @click.option("--out", "out_dir", required=True, metavar="DIR", help="Output folder (created when missing).")
@@ -137,6 +149,7 @@ def _drill(run_dir, out_dir, unit, devices, config_file, cores, verbose):
             raise click.ClickException(f"--unit {unit}: no such file or folder in {rd} (give the unit's path "
                                        "relative to RUN_DIR, e.g. checkpoint-20)")
         _check_hook(cfg)
+        _hook_path_for_children()
         run_workflow(cfg, out, cores, targets=("drill",), quiet=not verbose)
         doc = json.loads((out / "drill" / "drill.json").read_text())
         if unit and doc.get("exit_code") == EXIT_NO_UNIT and (out / "verdict.json").exists() \
