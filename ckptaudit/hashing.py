@@ -320,7 +320,10 @@ def _file_row(run_dir: Path, unit: dict, rel: str, ff, me: Optional[dict], sidec
                              chunks=", ".join(map(str, idx)), n_chunks=-(-size // me["chunk_bytes"]),
                              chunk_bytes=me["chunk_bytes"], source="manifest",
                              algorithm=SAID.get(algorithm, "SHA-256"),
-                             where_text=_where(run_dir, rel, unit["unit"], start, end)))
+                             where_text=_where(run_dir, rel, unit["unit"], start, end),
+                             range_note="" if (start, end) == (0, size) else (
+                                 " Only that byte range changed: an intact copy of the file can be compared or "
+                                 "repaired over that range alone.")))
         if not verified and not bad_chunks:
             fl.append(F.make("checksum_mismatch", path=rel, actual=digest, expected=expected, source=source))
     return {"unit": unit["unit"], "file": rel, "size_bytes": size, "sha256_hex": digest,

@@ -24,6 +24,8 @@ from .text import clip, step_text
 WHAT_CHARS = 100
 _HEX = re.compile(r"\b[0-9a-f]{32,}\b")  # digests are said by their first 12 digits
 _USE_WORDS = {"none": "not usable", "warm-start": "warm-start only"}
+#: digest findings over a whole file or a 64 MiB chunk: shown after a finding that names the changed record
+_BROAD = {"checksum_mismatch", "chunk_checksum_mismatch"}
 #: first words of a repair that is a shell command (its paths are relative to the run folder); others are code
 _SHELL_WORDS = {"cp", "mv", "ln", "rm", "printf", "echo", "ckptaudit", "python", "python3", "cd", "truncate", "cat",
                 "mkdir", "sha256sum"}
@@ -47,7 +49,8 @@ def _what(unit: Dict, cap: str) -> str:
         [f for f in unit["findings"] if f.get("severity") == "error"]
     if not limiting:
         return "see the report"
-    limiting.sort(key=lambda f: order.get(f.get("severity"), 3))
+    # of equal severity, a finding that names the record or tensor goes before a digest over a whole chunk
+    limiting.sort(key=lambda f: (order.get(f.get("severity"), 3), f.get("kind") in _BROAD))
     first = limiting[0]
     msg = _HEX.sub(lambda m: m.group(0)[:12] + "…", " ".join(str(first.get("message") or first["kind"]).split()))
     for prefix in (f"{first.get('path')}: ", f"{unit['unit']}: "):

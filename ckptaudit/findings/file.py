@@ -332,8 +332,7 @@ ENTRIES: List[_k] = [
     _k("chunk_checksum_mismatch", "file", "error", "none",
        "{path}: bytes {start} to {last} ({n_bytes} bytes: chunk(s) {chunks} of {n_chunks}, {chunk_bytes} bytes "
        "each) do not match the {algorithm} chunk digest(s) recorded in the {source}; {where_text}.",
-       "Do not use it; roll back to the newest checkpoint whose checksums verify. Only that byte range changed: "
-       "an intact copy of the file can be compared or repaired over that range alone.",
+       "Do not use it; roll back to the newest checkpoint whose checksums verify.{range_note}",
        stage="hash", detector="ckptaudit.hashing:_file_row"),
     _k("manifest_file_missing", "file", "error", "none",
        "{path} is listed in {manifest} ({size_bytes} bytes, SHA-256 {sha256_hex}) but is not in the unit: it "
