@@ -119,6 +119,8 @@ def headline(verdict: dict, late: Dict[str, dict]) -> List[str]:
     out += [pointer_sentence(p) for p in verdict.get("pointers", []) if not p.get("ok")]
     out += [f"{e['unit']} is damaged, so {e['call']} would fail: replace it or resume with an explicit path."
             for e in verdict.get("resume_entries", []) if not e.get("ok")]
+    if verdict.get("salvage"):  # the salvage offer and its command, as the terminal summary gives it
+        out.append(verdict["salvage"]["sentence"])
     return out
 
 

@@ -52,8 +52,10 @@ def from_verdict(v: dict) -> dict:
     from .findings import CATALOGUE
 
     found: List[tuple] = [(f, u["unit"], u["usable_for"]) for u in v.get("units") or [] for f in u["findings"]]
-    found += [(f, f.get("path") or "", "") for f in v.get("pointer_findings") or [] if f]
-    found += [(f, f.get("path") or "", "") for f in v.get("run_findings") or [] if f]
+    on_units = {json.dumps(f, sort_keys=True) for f, _, _ in found}  # a pointer's finding may be a unit's too
+    found += [(f, f.get("path") or "", "") for f in v.get("pointer_findings") or []
+              if f and json.dumps(f, sort_keys=True) not in on_units]
+    found += [(f, f.get("path") or ".", "") for f in v.get("run_findings") or [] if f]
     first_of: Dict[str, dict] = {}
     for f, _, _ in found:  # one pass: each kind's first finding describes its rule
         first_of.setdefault(f["kind"], f)

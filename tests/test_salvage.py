@@ -429,6 +429,9 @@ def test_verdict_offers_salvage_with_a_command_that_runs_as_printed(tmp_path):
     s = v["salvage"]
     assert s["unit"] == "ckpt_000300.pt" and s["weights_share"] == 1.0 and s["steps_kept"] == 100
     assert s["sentence"] in v["reasons"] and "--fill-from" in s["command"]
+    import html
+
+    assert html.escape(s["command"], quote=False) in (tmp_path / "audit" / "report.html").read_text()  # postmortem
     r = subprocess.run([sys.executable, "-m", "ckptaudit.cli"] + shlex.split(s["command"])[1:], capture_output=True,
                        text=True)
     assert r.returncode == 0, r.stderr

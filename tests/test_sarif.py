@@ -49,3 +49,27 @@ def test_sarif_of_a_malicious_case_through_the_cli(tmp_path):
     assert hit["properties"]["unit_usable_for"] == "none"
     rule = log["runs"][0]["tool"]["driver"]["rules"][hit["ruleIndex"]]
     assert rule["id"] == "malicious_pickle_code_exec" and rule["properties"]["detector"] == "ckptaudit.security:_scan_findings"
+
+
+def test_a_pointers_finding_that_is_also_a_units_is_one_result(tmp_path):
+    """``latest`` naming a cut unit: the verdict keeps its finding on the unit and in pointer_findings; SARIF
+    listed it twice (a new user's trial).  A dead writer's leftover, a run finding, is located at the run root."""
+    import torch
+
+    from ckptaudit import publish as P
+
+    run = tmp_path / "run"
+    for step in (10, 20):
+        P.save({"w": torch.full((256, 256), float(step))}, run, step)
+    raw = (run / "ckpt_000020.pt").read_bytes()
+    (run / "ckpt_000020.pt").write_bytes(raw[: len(raw) // 2])
+    (run / f"{P.names.TMP_PREFIX}{P.names.host_tag()}-999999-00000000-ckpt_000030.pt").write_bytes(b"PK\x03\x04")
+    v = audit_in_process(run, {}, out_dir=tmp_path / "out")
+    kinds = [f["kind"] for f in v["pointer_findings"] if f]
+    assert kinds == ["latest_pointer_incomplete"]
+    log = sarif.from_verdict(v)
+    _valid(log)
+    results = log["runs"][0]["results"]
+    assert [r["ruleId"] for r in results].count("latest_pointer_incomplete") == 1
+    (left,) = [r for r in results if r["ruleId"] == "dead_writer_leftovers"]
+    assert left["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] == "."
