@@ -15,7 +15,7 @@ from .text import step_text
 
 #: kind -> the cause in a few plain words
 PHRASES = {
-    "checksum_mismatch": "its bytes changed after it was saved (SHA-256 differs from its sidecar)",
+    "checksum_mismatch": "its bytes changed after it was saved (its SHA-256 differs from the recorded one)",
     "chunk_checksum_mismatch": "part of its bytes changed after it was saved (chunk checksum differs)",
     "zip_crc_mismatch": "a member fails its CRC check (its bytes changed after the save)",
     "size_mismatch_vs_manifest": "its size differs from the manifest",
