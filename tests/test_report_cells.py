@@ -51,7 +51,11 @@ def test_stage_costs_leave_out_the_demo_training(tmp_path):
     """The demo rule trains the run the audit reads: not a cost of the audit (issue 28)."""
     from ckptaudit.report import stage_costs
 
-    for stage, secs in (("demo", "61.5"), ("hash", "1.25"), ("scan", "0.5")):
+    for stage, secs in (("demo", "61.5"), ("hash", "1.25"), ("scan", "0.5"), ("structure", "0.25"),
+                        ("target", "0.5")):
         (tmp_path / stage).mkdir()
         (tmp_path / stage / f"{stage}.tsv").write_text(f"s\th:m:s\tmax_rss\n{secs}\t0:00:01\t120.5\n")
-    assert [(c["stage"], c["seconds"]) for c in stage_costs(str(tmp_path))] == [("hash", 1.25), ("scan", 0.5)]
+    # the target rule (the resuming job's layout, for the structure stage) counts in structure, as the README
+    # lists stages
+    assert [(c["stage"], c["seconds"], c["jobs"]) for c in stage_costs(str(tmp_path))] == [
+        ("hash", 1.25, 1), ("scan", 0.5, 1), ("structure", 0.75, 2)]
