@@ -176,3 +176,37 @@ def test_without_the_pass_facts_the_scan_judges_as_before(saved, tmp_path):
     for facts in (None, ByteFacts()):
         scan = ADAPTER.scan(bad, {"unit": "step-20"}, {}, facts)
         assert not [f for f in scan.findings if f.kind == "dcp_chunk_crc_mismatch"]
+
+
+def test_the_plain_reader_agrees_with_the_general_parser_and_hands_over_what_it_does_not_know(saved, tmp_path):
+    """``blob_records`` reads a torch.save blob's records with struct alone (the plan of a 100,000-tensor rank
+    file is one such parse per chunk); anything off the shape torch writes goes to the general parser, which
+    leaves a record whose local header disagrees out."""
+    from ckptaudit.formats.zip import blob as B
+    from ckptaudit.formats.zip.reader import ArchiveFile
+
+    unit = saved / "step-20"
+    places = sorted(set(_blobs(unit).values()), key=lambda p: p[1])
+    path = unit / places[0][0]
+    fh = ArchiveFile(str(path), window=0, prefetch=False)
+    try:
+        for _, off, n in places:
+            fast = B._plain_records(fh, off, n)
+            assert fast is not None and len(fast) > 0
+            want = [(name, at, size, crc) for name, at, size, crc in _records(unit, (places[0][0], off, n))]
+            assert list(zip(fast.names, fast.data_offset, fast.length, fast.crc)) == want
+    finally:
+        fh.close()
+    data = bytearray(path.read_bytes())
+    _, off, n = places[0]
+    lho = data.index(b"PK\x03\x04", off + 1)  # the blob's second local header
+    data[lho + 10] ^= 0x01  # its modification time: no longer the central directory's
+    bad = tmp_path / "bad.distcp"
+    bad.write_bytes(bytes(data))
+    fh = ArchiveFile(str(bad), window=0, prefetch=False)
+    try:
+        assert B._plain_records(fh, off, n) is None
+        got = B.blob_records(fh, off, n)  # the general parser: that record left out, the others kept
+        assert got is not None and len(got) == len(_records(unit, places[0])) - 1
+    finally:
+        fh.close()

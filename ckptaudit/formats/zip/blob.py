@@ -12,6 +12,7 @@ header offsets are relative to the blob's first byte, and the blob ends with its
 
 from __future__ import annotations
 
+import struct
 from array import array
 from dataclasses import dataclass
 from typing import Optional
@@ -61,7 +62,11 @@ def blob_records(fh, base: int, length: int) -> Optional[BlobRecords]:
     when those bytes are no consistent zip (no end record at the blob's end, a central directory that does not
     end where it begins: a blob written in another format, or a damaged one).  Records whose local header
     disagrees with their entry, or that are compressed, are left out (nothing to compare a CRC over).
-    Reads: the end record (22 bytes, 20 more for a ZIP64 locator), the central directory, each local header."""
+    Reads: the blob's first and last :data:`EDGE_BYTES` (:func:`_plain_records`, the shape torch.save writes),
+    else the end record, the central directory and each local header through the file layer's parser."""
+    fast = _plain_records(fh, base, length)
+    if fast is not None:
+        return fast
     view = BlobView(fh, base, length)
     cd = find_central_directory(view, first_tail=0)
     if not isinstance(cd, dict):
@@ -79,3 +84,58 @@ def blob_records(fh, base: int, length: int) -> Optional[BlobRecords]:
         out.length.append(e["csize"])
         out.crc.append(e["crc"])
     return out
+
+
+_CD = struct.Struct("<4sHHHHHHIIIHHHHHII")  # a central-directory entry's 46 fixed bytes (APPNOTE 4.3.12)
+_LOCAL = struct.Struct("<4sHHHHHIIIHH")  # a local header's 30 fixed bytes (APPNOTE 4.3.7)
+_FULL = 0xFFFFFFFF
+_ENDS = 22 + 20 + 56  # the end record, the ZIP64 locator and the ZIP64 end record before it
+
+
+def _plain_records(fh, base: int, length: int) -> Optional[BlobRecords]:
+    """:func:`blob_records` of a blob as ``torch.save`` writes it, reading only its end records, its central
+    directory and each local header (no tensor byte), without the general parser's per-field diagnosis: an end
+    record with no comment and no saturated field, a central directory that ends where the end records begin,
+    entries without ZIP64 sizes, local headers that agree with their entries in name, method, version, flags,
+    time and date, and data that ends before the central directory.  None for anything else: the caller then
+    takes the general parser, which says what is wrong (c10 ``PyTorchStreamWriter`` writes the ZIP64 end
+    record and locator too; their values equal the plain record's while nothing exceeds 32 bits)."""
+    if length < 22:
+        return None
+    k = min(length, _ENDS)
+    tail = fh.pread(base + length - k, k)
+    if len(tail) != k:
+        return None
+    sig, disk, cd_disk, n_here, n, cd_size, cd_off, comment = struct.unpack_from("<4sHHHHIIH", tail, k - 22)
+    if sig != b"PK\x05\x06" or comment or disk or cd_disk or n != n_here or n == 0xFFFF or \
+            _FULL in (cd_size, cd_off) or cd_off + cd_size not in (length - 22, length - _ENDS):
+        return None
+    cd = fh.pread(base + cd_off, cd_size)
+    if len(cd) != cd_size:
+        return None
+    out = BlobRecords(names=[], data_offset=array("q"), length=array("q"), crc=array("q"))
+    at = 0
+    for _ in range(n):
+        if at + 46 > cd_size:
+            return None
+        (csig, _made, need, flags, method, tm, dt, crc, csize, usize, nlen, xlen, clen, _d, _ia, _ea,
+         lho) = _CD.unpack_from(cd, at)
+        name = cd[at + 46:at + 46 + nlen]
+        at += 46 + nlen + xlen + clen
+        if csig != b"PK\x01\x02" or _FULL in (csize, usize, lho) or lho + 30 > cd_off:
+            return None
+        lh = fh.pread(base + lho, 30)
+        if len(lh) != 30:
+            return None
+        (lsig, lneed, lflags, lmethod, ltm, ldt, _lc, _ls, _lu, lnlen, lxlen) = _LOCAL.unpack(lh)
+        data = lho + 30 + lnlen + lxlen
+        if lsig != b"PK\x03\x04" or (lneed, lflags, lmethod, ltm, ldt) != (need, flags, method, tm, dt) or \
+                data + csize > cd_off or fh.pread(base + lho + 30, lnlen) != name:
+            return None
+        if method != 0 or csize != usize:
+            continue
+        out.names.append(name.decode("utf-8", "replace"))
+        out.data_offset.append(base + data)
+        out.length.append(csize)
+        out.crc.append(crc)
+    return out if at == cd_size else None
