@@ -45,4 +45,4 @@ def finding(leftovers: List[Dict], run_dir: str) -> Optional[Dict]:
     examples = ", ".join(names[:EXAMPLES]) + (f" and {len(names) - EXAMPLES} more" if len(names) > EXAMPLES else "")
     return F.make("dead_writer_leftovers", path="", count=len(names), size=size_text(size), size_bytes=size,
                   examples=examples, units=names[:100],
-                  repair=f"ckptaudit prune {shlex.quote(run_dir)} --sweep-stale").to_dict()
+                  run_quoted=shlex.quote(run_dir)).to_dict()

@@ -24,14 +24,15 @@ from ckptaudit import findings as F
 from ckptaudit import run_findings, state
 from ckptaudit.components import Components
 
-SHELL = {"cp", "echo", "ln", "truncate", "mv"}
+SHELL = {"cp", "echo", "ln", "truncate", "mv", "ckptaudit"}
 LIBRARIES = {"torch", "numpy", "safetensors", "transformers", "lightning", "pytorch_lightning", "accelerate",
              "deepspeed"}
 RESUME_OBJECTS = {"ckpt", "state_dict", "model", "optimizer", "scheduler"}
 KNOWN = set(dir(builtins)) | set(sys.stdlib_module_names) | LIBRARIES | RESUME_OBJECTS
 
 SAMPLE = {"path": "ckpt_000100.pt", "expected_bytes": 1234, "suggestion": "ckpt_000090.pt", "pointer": "latest",
-          "prefix": "module.", "add_safe": "argparse.Namespace, numpy.dtype", "step": 100}
+          "prefix": "module.", "add_safe": "argparse.Namespace, numpy.dtype", "step": 100,
+          "run_quoted": "'/runs/a b'"}
 
 
 def _fields(template: str) -> set:

@@ -92,17 +92,17 @@ def near(img: np.ndarray, rgb, tol: int = 8) -> int:
     return int(np.count_nonzero(np.all(np.abs(img.astype(np.int16) - np.array(rgb)) <= tol, axis=2)))
 
 
-def shoot(exe: str, html: Path, png: Path, width: int, tmp: Path) -> np.ndarray:
+def shoot(exe: str, html: Path, png: Path, width: int, tmp: Path, height: int = 2000) -> np.ndarray:
     png.parent.mkdir(parents=True, exist_ok=True)
     if png.exists():
         png.unlink()
     p = subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
                         f"--user-data-dir={tmp / 'chromium-profile'}", f"--screenshot={png}",
-                        f"--window-size={width},2000", html.resolve().as_uri()],
+                        f"--window-size={width},{height}", html.resolve().as_uri()],
                        capture_output=True, text=True, timeout=180)
     assert png.exists(), p.stdout + p.stderr
     img = read_png(png)
-    assert img.shape == (2000, width, 3)
+    assert img.shape == (height, width, 3)
     white = np.all(img >= 250, axis=2)
     assert white.mean() < 0.97, f"{png} is (almost) blank"
     return img
@@ -150,13 +150,19 @@ def test_report_charts_and_headline(reports):
                         "(the save did not finish).")
     assert items[3].startswith("ckpt_000150.pt (step 150) is unusable: silent corruption of an older unit")
     assert items[3].endswith("it was modified after ckpt_000300.pt (step 300), a newer unit, was written.")
-    assert len(items) == 4
+    assert items[4].startswith("Salvage: ") and "of the weights of ckpt_000300.pt are proven intact" in items[4]
+    assert len(items) == 5
     assert not re.search(r"\bbytes? \d|\d+ bytes|[0-9a-f]{16}|data/\d", box)  # no byte counts, offsets or hashes
     # layers that were not checked say so, and why
     assert html.count("not checked (not loaded: file errors)") == 6  # structure + state of 2 units, 2 state rows
+    # the colours are counted over the headline and the charts alone: the page cut before the units table
+    # (whose coloured cells would count too), shot whole, however tall the headline and the notes grow
+    head = tmp / "report-head.html"
+    assert html.count("<h2>Units × layers</h2>") == 1
+    head.write_text(html.split("<h2>Units × layers</h2>", 1)[0] + "</body></html>\n")
     for width in (1400, 800):
         img = shoot(_chromium(), report, SHOTS / f"report-{width}.png", width, tmp)
-        top = img[:1500]
+        top = shoot(_chromium(), head, tmp / f"report-head-{width}.png", width, tmp, height=3200)
         assert near(img[:500], VERDICT_BG, 2) > 20000, "headline box not drawn"
         # each colour's legend swatch alone is ~200 px at 1400 and ~70 px at 800 (measured: the demo's
         # warm-start amber, drawn only there); the marks must add clearly more than that

@@ -244,7 +244,7 @@ ENTRIES: List[_k] = [
        "never a rollback point, but they fill the disk until removed.",
        "The next ckptaudit.publish into the folder removes them (sweep_stale, the default); to remove them now, "
        "run the repair (it removes only temps of dead writers on this host).",
-       "{repair}",
+       "ckptaudit prune {run_quoted} --sweep-stale",
        stage="report", detector="ckptaudit.dead_writers:finding"),
     _k("save_spoiled_by_another_rank", "file", "error", "none",
        "{path} is intact alone, but it cannot be resumed: {why}.",
