@@ -176,7 +176,14 @@ def from_columns(name: str, cols: Dict[str, list]) -> pa.Table:
 class BatchWriter:
     """Table ``name`` written to ``path`` (Parquet) a ``pyarrow`` table at a time, as its rows are produced, so
     the writer holds one batch, not the whole table; the file appears whole at :meth:`close` (a temp file
-    beside it, renamed), or not at all.  :meth:`write` is safe to call from threads."""
+    beside it, renamed), or not at all.  :meth:`write` is safe to call from threads.
+
+    Small tables are gathered into row groups of at least :data:`ROW_GROUP_ROWS` rows: the hash stage writes a
+    few facts per file, and 49,200 rank files made as many row groups of 7 rows, which every reader then
+    filtered one by one (the state stage took 48 s instead of 2.5 on the 50,000-file run)."""
+
+    #: rows gathered before a row group is written (memory: that many rows of this table)
+    ROW_GROUP_ROWS = 1 << 16
 
     def __init__(self, name: str, path: str | Path) -> None:
         import threading
@@ -189,21 +196,35 @@ class BatchWriter:
         self._tmp = self.path.with_name(tmp_name(self.path.name))
         self._writer = pq.ParquetWriter(self._tmp, self.schema)
         self._lock = threading.Lock()
+        self._buf: list = []
+        self._rows = 0
 
     def write(self, table: pa.Table) -> None:
         """Append ``table`` (of this table's schema)."""
+        t = table.cast(self.schema)
         with self._lock:
-            self._writer.write_table(table.cast(self.schema))
+            self._buf.append(t)
+            self._rows += t.num_rows
+            if self._rows >= self.ROW_GROUP_ROWS:
+                self._flush()
+
+    def _flush(self) -> None:
+        if self._buf:
+            self._writer.write_table(pa.concat_tables(self._buf).unify_dictionaries().combine_chunks())
+        self._buf, self._rows = [], 0
 
     def close(self) -> None:
         """Finish the file and put it at ``path``."""
         import os
 
+        with self._lock:
+            self._flush()
         self._writer.close()
         os.replace(self._tmp, self.path)
 
     def abort(self) -> None:
         """Drop what was written: no file at ``path``, no temp file left beside it."""
+        self._buf, self._rows = [], 0
         self._writer.close()
         self._tmp.unlink(missing_ok=True)
 
