@@ -276,7 +276,8 @@ def run_inventory(run_dir: str, units_per_job="auto", part_bytes: Optional[int] 
     parts = assign_parts(units, units_per_job, part_bytes)
     return {
         "object_store": object_store,
-        "run_dir": str(run_dir),
+        # absolute: the verdict, the report and the summary name it, and repairs run in it, wherever read
+        "run_dir": str(run_dir) if fs.is_remote(run_dir) else os.path.abspath(run_dir),
         "units": [u.to_dict() for u in units],
         "pointers": [asdict(p) for p in pointers],
         "stray_files": stray,

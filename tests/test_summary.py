@@ -149,6 +149,7 @@ def test_snakemake_audit_on_the_demo_prints_the_summary(tmp_path):
     assert report.parent.name.startswith("demo_run-") and len(report.parent.name) == len("demo_run-") + 8
     expected = [
         "ckptaudit: RESUME from ckpt_000250.pt (step 250), 50 steps lost",
+        f"  run folder {tmp_path / 'demo_run'} (unit names below are relative to it)",  # absolute, not 'demo_run'
         "  ckpt_000050.pt .. ckpt_000100.pt: 2 units intact",
         "  ckpt_000200.pt .. ckpt_000250.pt: 2 units intact",
         "  ckpt_000300.pt (step 300): not usable: ckpt_000300.pt is a torch.save zip cut short",
