@@ -284,19 +284,11 @@ def item_fqn(idx) -> str:
 
 
 def state_fields(obj):
-    """The attribute dict of a walked dataclass instance (or the object itself)."""
-    from ..pickle_walk import Instance
+    """The attribute dict of a walked dataclass instance (or the object itself):
+    :func:`ckptaudit.pickle_walk.model.instance_fields`."""
+    from ..pickle_walk.model import instance_fields
 
-    if isinstance(obj, Instance):
-        st = obj.state
-        if isinstance(st, tuple) and len(st) == 2 and isinstance(st[1], dict):  # (dict, slots)
-            st = {**(st[0] or {}), **st[1]}
-        if isinstance(st, dict):
-            return st
-        if obj.args:
-            return {"args": list(obj.args)}
-        return {}
-    return obj
+    return instance_fields(obj)
 
 
 def _nest(flat: dict) -> dict:

@@ -61,6 +61,7 @@ def _places(folder: str, size: int, version: str) -> Dict[str, "object"]:
     import numpy as np
 
     from ..pickle_walk import walk
+    from ..pickle_walk.model import instance_fields
 
     if size > MAX_METADATA_BYTES:
         return {}
@@ -68,13 +69,13 @@ def _places(folder: str, size: int, version: str) -> Dict[str, "object"]:
         res = walk(fs.read_bounded(fs.path(folder) / ".metadata", MAX_METADATA_BYTES))
     except OSError:
         return {}
-    meta = _fields(res.obj) if res.error is None and not res.budget_exhausted else None
+    meta = instance_fields(res.obj) if res.error is None and not res.budget_exhausted else None
     storage = meta.get("storage_data") if isinstance(meta, dict) else None
     if not isinstance(storage, dict):
         return {}
     cols: Dict[str, array] = {}
     for info in storage.values():
-        s = _fields(info)
+        s = instance_fields(info)
         if not isinstance(s, dict):
             continue
         relp, off, n = s.get("relative_path"), s.get("offset"), s.get("length")
@@ -82,19 +83,6 @@ def _places(folder: str, size: int, version: str) -> Dict[str, "object"]:
             cols.setdefault(relp, array("q")).extend((off, n))
     del res, meta, storage
     return {relp: np.unique(np.frombuffer(a, np.int64).reshape(-1, 2), axis=0) for relp, a in cols.items()}
-
-
-def _fields(obj):
-    """The attribute dict of a walked dataclass instance (or the object itself): what
-    :func:`ckptaudit.layouts.dcp.state_fields` gives, here because a package imports downward only."""
-    from ..pickle_walk import Instance
-
-    if isinstance(obj, Instance):
-        st = obj.state
-        if isinstance(st, tuple) and len(st) == 2 and isinstance(st[1], dict):  # (dict, slots)
-            st = {**(st[0] or {}), **st[1]}
-        return st if isinstance(st, dict) else {}
-    return obj
 
 
 def distcp_ranges(fh, path) -> Optional[Tuple["object", "object", "object"]]:

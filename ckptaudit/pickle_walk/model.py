@@ -189,3 +189,19 @@ class WalkResult:
             out.extend(sub.all_tricks())
         return out
 
+
+
+def instance_fields(obj):
+    """The attribute dict of a walked dataclass instance (its ``BUILD`` state, a ``(dict, slots)`` pair merged;
+    ``{"args": [...]}`` when it was built from arguments alone; ``{}`` otherwise), or ``obj`` itself when it is
+    no :class:`Instance`: how DCP's ``Metadata`` and ``_StorageInfo`` read without unpickling."""
+    if isinstance(obj, Instance):
+        st = obj.state
+        if isinstance(st, tuple) and len(st) == 2 and isinstance(st[1], dict):  # (dict, slots)
+            st = {**(st[0] or {}), **st[1]}
+        if isinstance(st, dict):
+            return st
+        if obj.args:
+            return {"args": list(obj.args)}
+        return {}
+    return obj
