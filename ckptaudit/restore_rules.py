@@ -1,12 +1,15 @@
 """A producer's resume rules about combinations of components: what its resume starts fresh, silently.
 
-A framework's resume does not read a checkpoint file by file: the HF Trainer loads ``optimizer.pt`` only when
+A framework's resume does not read a checkpoint file by file, and reads some keys of every file it loads: the HF
+Trainer loads ``optimizer.pt`` only when
 ``scheduler.pt`` is there too, and otherwise continues with a fresh optimizer and schedule without a word.
 Accelerate's ``load_state`` raises when a folder's ``custom_checkpoint_<i>.pkl`` files are not as many as the
 objects the job registered.  The rules are data on each producer (:class:`ckptaudit.producers.contract.RestoreRule`
 and :class:`~ckptaudit.producers.contract.CountRule`, with where in the framework's code each one is),
 applied to the units of its layouts (with the contracts off too: the layout is recognised by structure);
-:func:`broken` judges one unit's components, :func:`count_mismatches` the run's units against each other.
+:func:`broken` judges one unit's components, :func:`count_mismatches` the run's units against each other and
+:func:`missing_keys` the root keys of a unit's files (:class:`~ckptaudit.producers.contract.RequiredKeys`: Lightning's
+``trainer.fit`` raises ``KeyError`` on a ``.ckpt`` without ``pytorch-lightning_version``).
 """
 
 from __future__ import annotations
@@ -79,3 +82,47 @@ def count_mismatches(units: List[dict]) -> List[tuple]:
                                                   pattern=rule.pattern, counted=rule.counted, framework=p.name,
                                                   call=call, source=rule.source)))
     return out
+
+
+def missing_keys(unit: dict, tree: dict) -> List[F.Finding]:
+    """``resume_key_missing`` for each file of ``unit`` (an inventory row: ``unit``, ``layout``) whose root (in
+    ``tree``, the scan's ``{file key: pruned object}``) is in a producer's checkpoint format but lacks a key the
+    producer's resume reads from every file (:class:`~ckptaudit.producers.contract.RequiredKeys`).
+
+    The producer is the one whose layout the unit has or that claims it (Lightning: a ``.ckpt`` file), or any
+    producer whose format the root shows by structure (``min_format_keys`` of its ``format_keys``); the root must
+    show the format either way, so a plain ``.ckpt`` of a custom loop is never judged by Lightning's rule."""
+    claimed = producers.for_unit(unit)
+    out = []
+    for fkey, root in tree.items():
+        if not isinstance(root, dict):
+            continue
+        keys = set(root)
+        for p in producers.PRODUCERS:
+            rule = p.required_keys
+            if rule is None or len(rule.format_keys & keys) < rule.min_format_keys - (p is claimed):
+                continue
+            lacking = [k for k in rule.keys if k not in keys]
+            if rule.weights_only_without and not (rule.weights_only_without & keys):
+                lacking = [k for k in lacking if k not in rule.weights_only_without]  # a weights-only save
+            if lacking:
+                out.append(_missing_keys_finding(unit["unit"], fkey, p, rule, lacking))
+    return out
+
+
+def _missing_keys_finding(unit: str, fkey: str, p, rule, lacking: List[str]) -> F.Finding:
+    """The ``resume_key_missing`` finding of one file (``fkey``: its key in the scan tree, ``root`` for a file
+    unit) lacking ``lacking`` under producer ``p``'s rule; the repair writes a copy beside it with the keys added."""
+    path = unit if fkey == "root" else fkey
+    stem, dot, ext = path.rpartition(".")
+    fixed = f"{stem}.repaired.{ext}" if dot and "/" not in ext else f"{path}.repaired"
+    codes = [rule.repair[k].format(file=path, fixed=fixed, key=k) for k in lacking if k in rule.repair]
+    call = _resume_call(p, unit)
+    return F.make("resume_key_missing", path=path, framework=p.name, call=call,
+                  keys=" and ".join(repr(k) for k in lacking), them="it" if len(lacking) == 1 else "them",
+                  consequences="; ".join(f"{rule.keys[k]} (no {k!r})" if len(lacking) > 1 else rule.keys[k]
+                                         for k in lacking),
+                  source=rule.source,
+                  repair_text=(f", or resume from the copy {fixed!r} the repair writes" if codes and
+                               len(codes) == len(lacking) else ""),
+                  repair_code="\n".join(codes) if len(codes) == len(lacking) else "")

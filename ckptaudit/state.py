@@ -151,7 +151,10 @@ def analyse_unit(unit: dict, scan_row: dict, tensors: Iterable[dict], run_dir: P
         epoch=c.epoch, best_metric=c.best_metric, loss=c.loss,
     )
     if not cut:  # a partial tree cannot show what is missing (the scan's pickle_too_complex says so)
+        from .restore_rules import missing_keys
+
         fl.extend(_completeness(p, c, step, name_step))
+        fl.extend(missing_keys(unit, tree))  # keys the producer's resume reads from every file
     fl.extend(_counter_findings(p, c, step, name_step))
     if scfg.get("nan_scan", True) and c.weights:
         fl.extend(_value_findings(p, c, tensors, run_dir, scfg, row, byte_facts))

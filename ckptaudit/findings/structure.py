@@ -17,6 +17,12 @@ ENTRIES: List[_k] = [
        "Strip the prefix when loading; the weights themselves are intact.",
        "state_dict = {{k.removeprefix({prefix!r}): v for k, v in state_dict.items()}}",
        stage="structure", detector="ckptaudit.structure:_wrapper_prefix"),
+    _k("resume_key_missing", "structure", "error", "warm-start",
+       "{path} is in {framework}'s checkpoint format but lacks {keys}, which {call} reads from every checkpoint it "
+       "resumes; lacking {them}, the resume {consequences} ({source}). Its weights are not affected.",
+       "Resume from another checkpoint that has {them}, or warm-start from these weights{repair_text}.",
+       "{repair_code}",
+       stage="state", detector="ckptaudit.restore_rules:_missing_keys_finding"),
     _k("size_mismatch", "structure", "error", "none",
        "{path}: {n} tensor(s) differ in shape from the job that will resume: {examples}{vocab_text}.",
        "Resume with the model configuration the checkpoint was saved with, or convert the checkpoint.",

@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Dict, FrozenSet, Optional, Sequence, Tuple
 
-__all__ = ["FileRole", "Contract", "RestoreRule", "CountRule", "ResumeLoad", "PointerFile", "UnfinishedMarker",
-           "Producer", "WO", "UNSAFE"]
+__all__ = ["FileRole", "Contract", "RestoreRule", "CountRule", "RequiredKeys", "ResumeLoad", "PointerFile",
+           "UnfinishedMarker", "Producer", "WO", "UNSAFE"]
 
 #: How a file is loaded, in words: torch's restricted unpickler, or full unpickling.
 WO = "torch.load(weights_only=True)"
@@ -82,6 +82,25 @@ class CountRule:
     pattern: str
     counted: str
     source: str
+
+
+@dataclass(frozen=True)
+class RequiredKeys:
+    """A rule of the producer's resume about the keys at the root of a file it loads: every one of ``keys``
+    (``key -> what the resume does without it``, in words) is read unconditionally, so a file in the producer's
+    format that lacks one cannot be resumed, whatever else it holds.  A file is in that format when its root holds
+    at least ``min_format_keys`` of ``format_keys`` (the key names only that format uses together).  ``repair``:
+    Python that writes a resumable copy (``{file}``: the file's run-relative path, ``{fixed}``: the copy's;
+    ``{key}``: a missing key), run in the run folder; ``source``: where the resume reads the keys.  A file
+    lacking every one of ``weights_only_without`` is the producer's weights-only save: its missing training
+    state is told as such (``weights_only_checkpoint``), and only the other missing keys by this rule."""
+
+    keys: Dict[str, str]
+    format_keys: FrozenSet[str]
+    min_format_keys: int
+    source: str
+    weights_only_without: FrozenSet[str] = frozenset()
+    repair: Dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -206,3 +225,5 @@ class Producer:
     restores_together: Tuple[RestoreRule, ...] = ()
     #: its resume's rules about how many files of a kind a unit must hold (:class:`CountRule`)
     file_counts: Tuple[CountRule, ...] = ()
+    #: the keys its resume reads from every file it loads (:class:`RequiredKeys`), for files in its format
+    required_keys: Optional[RequiredKeys] = None

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Optional, Tuple
 
-from .contract import Contract, FileRole, PointerFile, Producer
+from .contract import Contract, FileRole, PointerFile, Producer, RequiredKeys
 from .paths import base, join, parent
 
 CONTRACT = Contract(
@@ -36,6 +36,32 @@ _ATTRIBUTE_DICT = ("Lightning hparams container, a dict subclass with attribute 
 BENIGN_GLOBALS = {n: (f'(dict, "{n}")', _ATTRIBUTE_DICT) for n in (
     "pytorch_lightning.utilities.parsing.AttributeDict", "lightning.fabric.utilities.data.AttributeDict",
     "lightning.pytorch.utilities.parsing.AttributeDict")}
+
+#: What ``trainer.fit(model, ckpt_path=...)`` reads from the file before it trains (lightning 2.6.6, trainer/
+#: connectors/checkpoint_connector.py): ``resume_start`` (:84) passes it to ``_pl_migrate_checkpoint``, whose
+#: ``_get_version`` indexes ``checkpoint["pytorch-lightning_version"]`` (utilities/migration/utils.py:164);
+#: ``restore_optimizers_and_schedulers`` raises ``KeyError`` without ``optimizer_states`` (:374, under the default
+#: ``strategy.lightning_restore_optimizer``) or ``lr_schedulers`` (:381, an empty list when the job has none).
+#: ``dump_checkpoint`` (:415-470) always writes ``epoch``, ``global_step``, the version, ``state_dict`` and
+#: ``loops``, and leaves ``callbacks``, ``optimizer_states`` and ``lr_schedulers`` out of a ``weights_only`` save.
+REQUIRED_KEYS = RequiredKeys(
+    keys={"pytorch-lightning_version": "raises KeyError in _pl_migrate_checkpoint before any state is restored",
+          "optimizer_states": "raises KeyError ('Trying to restore optimizer state but checkpoint contains only "
+                              "the model')",
+          "lr_schedulers": "raises KeyError ('Trying to restore learning rate scheduler state but checkpoint "
+                           "contains only the model')"},
+    format_keys=frozenset({"pytorch-lightning_version", "state_dict", "loops", "optimizer_states", "lr_schedulers",
+                           "callbacks", "epoch", "global_step", "hparams_name", "hyper_parameters"}),
+    min_format_keys=3,
+    weights_only_without=frozenset({"callbacks", "optimizer_states", "lr_schedulers"}),
+    source="lightning 2.6.6 trainer/connectors/checkpoint_connector.py :84, :374, :381 and "
+           "utilities/migration/utils.py:164",
+    repair={"pytorch-lightning_version":
+            "import torch, lightning\n"
+            "ckpt = torch.load({file!r}, map_location=\"cpu\", weights_only=True)\n"
+            "ckpt[\"pytorch-lightning_version\"] = lightning.__version__  # no migration\n"
+            "torch.save(ckpt, {fixed!r})"},
+)
 
 _LAST = re.compile(r"^last(-v\d+)?\.ckpt$")
 #: The call that loads the resume entry.
@@ -77,4 +103,5 @@ PRODUCER = Producer(
     version_dists={"lightning": "pytorch-lightning"},
     pip_names={"lightning": "lightning", "pytorch_lightning": "pytorch-lightning"},
     benign_globals=BENIGN_GLOBALS,
+    required_keys=REQUIRED_KEYS,
 )
