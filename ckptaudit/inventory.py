@@ -74,12 +74,11 @@ def discover(run_dir: str | os.PathLike) -> tuple[List[Unit], List[Pointer], Lis
 
 def _unfinished_markers(units: List[Unit], stray: List[str]) -> None:
     """A unit with its producer's unfinished marker beside it (NeMo's empty ``<name>-unfinished`` file, also for
-    the ``-EMA`` copy and a checkpoint folder: :func:`ckptaudit.producers.unfinished_marker`) is a save or deletion
-    in progress, never a rollback point; the marker is then no stray.  A marker beside no unit stays a stray: a
-    file that is no checkpoint (the producer deletes those too)."""
-    if not stray:
-        return
-    present = set(stray)
+    the ``-EMA`` copy and a checkpoint folder) or inside its checkpoint folder (NeMo Automodel's ``.incomplete``:
+    :func:`ckptaudit.producers.unfinished_marker`) is a save or deletion in progress, never a rollback point; the
+    marker is then no stray.  A marker beside no unit stays a stray: a file that is no checkpoint (the producer
+    deletes those too)."""
+    present = set(stray).union(*(u.files for u in units))
     taken = set()
     for u in units:
         hit = producers.unfinished_marker(u.unit, present)

@@ -2,7 +2,7 @@
 
 Each module of this package (:mod:`.hf_trainer`, :mod:`.accelerate`, :mod:`.lightning`, :mod:`.deepspeed`,
 :mod:`.dcp`, :mod:`.megatron`, :mod:`.nanogpt`, :mod:`.torch_tutorial`, :mod:`.nemo`, :mod:`.composer`,
-:mod:`.nvrx`) defines one
+:mod:`.nvrx`, :mod:`.nemo_automodel`, :mod:`.training_hub`) defines one
 :class:`~.contract.Producer`: its :class:`~.contract.Contract` per version range (which files form a
 unit, the role of each, how the resume loads it, where the step lives, what it always or never saves),
 the base-name patterns of its files' roles, how its resume unpickles each role, its resume call and the
@@ -26,8 +26,8 @@ import re
 from types import MappingProxyType
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
-from . import (accelerate, composer, dcp, deepspeed, hf_trainer, lightning, megatron, nanogpt, nemo, nvrx,
-               torch_tutorial)
+from . import (accelerate, composer, dcp, deepspeed, hf_trainer, lightning, megatron, nanogpt, nemo, nemo_automodel,
+               nvrx, torch_tutorial, training_hub)
 from .contract import UNSAFE, WO, Contract, FileRole, PointerFile, Producer, ResumeLoad, UnfinishedMarker
 
 __all__ = ["Contract", "FileRole", "PointerFile", "Producer", "ResumeLoad", "PRODUCERS", "CONTRACTS", "WO", "UNSAFE",
@@ -40,7 +40,8 @@ __all__ = ["Contract", "FileRole", "PointerFile", "Producer", "ResumeLoad", "PRO
 #: Every producer, in the order a unit's contract is looked for.
 PRODUCERS: Tuple[Producer, ...] = (hf_trainer.PRODUCER, accelerate.PRODUCER, lightning.PRODUCER,
                                    deepspeed.PRODUCER, dcp.PRODUCER, nanogpt.PRODUCER, torch_tutorial.PRODUCER,
-                                   megatron.PRODUCER, nemo.PRODUCER, composer.PRODUCER, nvrx.PRODUCER)
+                                   megatron.PRODUCER, nemo.PRODUCER, composer.PRODUCER, nvrx.PRODUCER,
+                                   nemo_automodel.PRODUCER, training_hub.PRODUCER)
 #: Every contract, in that order.
 CONTRACTS: Tuple[Contract, ...] = tuple(c for p in PRODUCERS for c in p.contracts)
 #: The producers' folder adapters (``"module:ATTR"`` in :mod:`ckptaudit.layouts`), in claim order.
@@ -115,12 +116,15 @@ def pointer_file(pointer: dict) -> Optional[PointerFile]:
 
 def unfinished_marker(unit: str, present) -> Optional[Tuple[str, str]]:
     """``(marker, why)`` when a producer's unfinished marker of ``unit`` (run-relative) is in ``present`` (a set of
-    run-relative paths of files that are no unit), else None: the unit is a save (or deletion) in progress that
-    the producer's own resume skips (NeMo's ``-unfinished`` file, :mod:`.nemo`)."""
+    run-relative paths of the run's files), else None: the unit is a save (or deletion) in progress that the
+    producer's own resume skips (NeMo's ``-unfinished`` file, :mod:`.nemo`; NeMo Automodel's ``.incomplete`` inside
+    the checkpoint folder, :mod:`.nemo_automodel`; training_hub's ``.incomplete-checkpoint-<step>`` beside it,
+    :mod:`.training_hub`)."""
     for p in PRODUCERS:
-        m = p.unfinished_marker
-        if m is not None and (path := m.path_of(unit)) in present:
-            return path, m.why.format(marker=_base(path))
+        for m in p.unfinished_markers:
+            for path in m.paths(unit):
+                if path in present:
+                    return path, m.why.format(marker=_base(path), marker_path=path)
     return None
 
 

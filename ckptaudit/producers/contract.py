@@ -16,7 +16,7 @@ framework themselves.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Dict, FrozenSet, Optional, Sequence, Tuple
+from typing import Callable, Dict, FrozenSet, Optional, Sequence, Tuple, Union
 
 __all__ = ["FileRole", "Contract", "RestoreRule", "CountRule", "RequiredKeys", "ResumeLoad", "PointerFile",
            "UnfinishedMarker", "Producer", "WO", "UNSAFE"]
@@ -130,12 +130,19 @@ class PointerFile:
 
 @dataclass(frozen=True)
 class UnfinishedMarker:
-    """A file a producer puts beside a unit before it saves (or deletes) it and removes once every rank is done, so
-    that its own resume skips the unit while the file is there: ``path_of(unit)`` is the marker's run-relative path
-    for a unit's run-relative path; ``why`` the unit's in-progress reason (``{marker}``: the marker's base name)."""
+    """A file a producer puts beside (or inside) a unit's folder before it saves (or deletes) it and removes once
+    every rank is done, so that its own resume skips the unit while the file is there: ``path_of(unit)`` is the
+    marker's run-relative path for a unit's run-relative path, or the paths where one would mark it (a marker inside
+    a checkpoint folder marks every unit under that folder); ``why`` the unit's in-progress reason (``{marker}``:
+    the marker's base name, ``{marker_path}`` its run-relative path)."""
 
-    path_of: Callable[[str], str]
+    path_of: Callable[[str], Union[str, Tuple[str, ...]]]
     why: str
+
+    def paths(self, unit: str) -> Tuple[str, ...]:
+        """Where a marker of run-relative ``unit`` would be, run-relative."""
+        got = self.path_of(unit)
+        return (got,) if isinstance(got, str) else tuple(got)
 
 
 #: ``default_pick(verdict, folder) -> (unit or None, whether the framework has a default resume)``
@@ -181,9 +188,9 @@ class Producer:
     loss_log: Optional[Tuple[str, str]] = None
     #: a file it writes into every unit as the save ends: a unit holding it is the producer's own full save
     complete_marker: str = ""
-    #: a marker file it keeps beside a unit while that unit's save or deletion runs: with it there, the unit is a
-    #: save in progress and the marker no unit (:func:`ckptaudit.producers.unfinished_marker`)
-    unfinished_marker: Optional[UnfinishedMarker] = None
+    #: the marker files it keeps beside or inside a unit while that unit's save or deletion runs: with one there, the
+    #: unit is a save in progress and the marker no unit (:func:`ckptaudit.producers.unfinished_marker`)
+    unfinished_markers: Tuple[UnfinishedMarker, ...] = ()
     #: ``(regular expression searched in a base name, why)``: the names it saves under and renames once the save
     #: is complete; a unit so named is a save in progress (:func:`ckptaudit.producers.in_progress_name`)
     in_progress_names: Tuple[Tuple[str, str], ...] = ()

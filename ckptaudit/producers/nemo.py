@@ -52,4 +52,4 @@ MARKER = UnfinishedMarker(
         "and deletes it",
 )
 
-PRODUCER = Producer(key="nemo", name="NeMo", layouts=(), unfinished_marker=MARKER)
+PRODUCER = Producer(key="nemo", name="NeMo", layouts=(), unfinished_markers=(MARKER,))
