@@ -130,7 +130,7 @@ def analyse_unit(unit: dict, scan_row: dict, tensors: Iterable[dict], run_dir: P
     tree = json.loads(scan_row.get("tree_json") or "{}")
     scan_findings = json.loads(scan_row.get("findings_json") or "[]")
     cut = any(f.get("kind") == "pickle_too_complex" for f in scan_findings)  # the walk gave up: the tree is partial
-    if not roles.weights_intact(scan_row) or not scan_row.get("security_ok") or not tree:
+    if not roles.weights_intact(scan_row) or not tree:
         row.update(step=unit.get("step_from_name"), step_source="name" if unit.get("step_from_name") is not None else "")
         scan_errors = [f for f in scan_findings if f.get("severity") == "error"]
         if not tree and not scan_errors and not cut:  # an empty folder, or one with only metadata: nothing to resume from

@@ -99,7 +99,7 @@ def analyse_unit(unit: dict, scan_row: dict, tensors: Iterable[dict], cfg: dict,
     iterated more than once (:class:`ckptaudit.tables.UnitView`)."""
     p = unit["unit"]
     row = {"unit": p, "findings_json": "[]"}
-    if not roles.weights_intact(scan_row) or not scan_row.get("security_ok"):
+    if not roles.weights_intact(scan_row):
         return row
     c, tree, facts = C.of_scan_row(scan_row)
     fl: List[F.Finding] = []
