@@ -162,6 +162,8 @@ def test_an_intact_run_is_verified_by_its_integrity_json(sealed, tmp_path):
     for it in ITERS:
         assert not [f for f in u[it]["findings"] if f["severity"] == "error"], u[it]["findings"]
         assert "sidecar_missing" not in _kinds(u[it])
+        assert not [f for f in u[it]["findings"] if f["path"].endswith(IJ.NAME)]  # no unit, leftover or unknown file
+    assert set(u) == set(ITERS)
     mine = {r["file"]: r for r in rows if r["unit"] == "iter_0000030"}
     assert set(mine) == {"iter_0000030/.metadata", "iter_0000030/__0_0.distcp"}  # integrity.json: no row of its own
     listed = json.loads((sealed / "iter_0000030" / IJ.NAME).read_text())["files"]

@@ -98,8 +98,8 @@ def parse(raw: bytes) -> Parsed:
     64 lowercase hex digits (Megatron compares it as a string with ``hexdigest()``: a mismatch, so it raises), an
     entry that is not a bare file name (the format lists the folder's top level only)."""
     if not raw.strip():
-        return Parsed(problems=[f"it is empty ({len(raw)} bytes): a save stopped while rank 0 wrote it"],
-                      raises="json.JSONDecodeError")
+        what = "empty (0 bytes)" if not raw else f"only whitespace ({len(raw)} bytes)"
+        return Parsed(problems=[f"it is {what}: a save stopped while rank 0 wrote it"], raises="json.JSONDecodeError")
     try:
         doc = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as e:
@@ -117,9 +117,9 @@ def parse(raw: bytes) -> Parsed:
         out.raises = "CheckpointingException (unsupported hash algorithm)"
     files = doc.get("files")
     if not isinstance(files, dict):
-        out.problems.append("it has no \"files\" object" if files is None else
-                            f"its \"files\" is a JSON {type(files).__name__}, not an object")
-        out.raises = out.raises or ("KeyError: 'files'" if files is None else "AttributeError")
+        out.problems.append("it has no \"files\" object" if "files" not in doc else
+                            f"its \"files\" is JSON {json.dumps(files)[:12]}, not an object")
+        out.raises = out.raises or ("KeyError: 'files'" if "files" not in doc else "AttributeError")
         return out
     out.listed = list(files)
     for name, hex_ in files.items():
@@ -184,13 +184,15 @@ class UnitManifest:
         read (a link, a FIFO: ``unit["irregular"]``) has its own finding already."""
         by_file = {r["file"]: r for r in rows}
         present = set(unit["files"]) | set(unit.get("irregular") or {})
+        remote = fs.is_remote(run_dir)
+        known = set(unit.get("sidecars") or ()) | {unit.get("manifest") or "", self.rel[: -len(NAME)] + "COMPLETE"}
         for rel, want in sorted(self.expected.items()):
-            if rel in present:
+            if rel in present or remote and rel in known:  # an object store's sidecars: not hashed here
                 continue
             row = {"unit": unit["unit"], "file": rel, "size_bytes": None, "sha256_hex": "", "hash_seconds": 0.0,
                    "expected_sha256_hex": want, "expected_source": NAME, "verified": False}
             p, why = run_dir / rel, "is not in the folder: it was deleted, or the folder was copied only in part"
-            if not fs.is_remote(run_dir) and _regular(p):
+            if not remote and _regular(p):
                 try:
                     got, size = _sha256(p), os.lstat(p).st_size
                 except OSError as e:
