@@ -100,12 +100,13 @@ def _where(run_dir: Path, rel: str, unit: str, start: int, end: int) -> str:
     return "it holds tensor(s) " + ", ".join(hit[:5]) + more
 
 
-def _file_passes(run_dir: Path, unit: dict, manifest_entries: Dict[str, dict], sidecars: Dict[str, object], prog,
+def _file_passes(run_dir: Path, unit: dict, manifest_entries: Dict[str, dict], sidecars, prog,
                  planned: Callable[[str], bool]) -> Dict[str, object]:
     """{file: its one pass (:class:`ckptaudit.onepass.filepass.FileFacts`) or the ``OSError`` that stopped it},
     files passed in parallel (at most :data:`FILES_AT_ONCE`).  A file whose manifest entry has usable chunk
     digests gets those instead of the whole-file SHA-256 (which they imply when all match); a file with neither
-    those nor a digest in ``sidecars`` gets no SHA-256 inside :func:`ckptaudit.read_depth.checked_digests_only`.
+    those nor a recorded digest (``sidecars``: the files a sidecar or an ``integrity.json`` gives one) gets no
+    SHA-256 inside :func:`ckptaudit.read_depth.checked_digests_only`.
     A file for which ``planned`` is false gets no plan (no record or value facts: no later stage asks for
     them)."""
     from . import read_depth
@@ -197,25 +198,38 @@ def hash_unit(run_dir: Path, unit: dict, facts: Optional[list] = None,
     the internal ``bytefacts`` table per file, :func:`ckptaudit.onepass.facts.table_of`) when given, for the
     scan and state stages; ``planned(file)`` false (the layout never reads that file by record:
     :func:`ckptaudit.layouts.reads_records`) skips them for that file.
+
+    A DCP folder's ``integrity.json`` (Megatron-Core's manifest, :mod:`ckptaudit.formats.integrity_json`) is read
+    first, not passed: each file it lists is checked against it in the same pass (``integrity_mismatch``), the
+    listed files that are no data file of the unit are added (:meth:`~ckptaudit.formats.integrity_json.UnitManifest.
+    add_rows`); its own row comes only with a finding or a sidecar or manifest entry that checks it.
     """
+    from .formats import integrity_json
+
     row_findings: Dict[str, List[F.Finding]] = {}
     sidecar_map, unreadable = _sidecar_digests(run_dir, unit, row_findings)
     manifest_entries: Dict[str, dict] = {}
     manifest_rows: List[dict] = []  # findings about the manifest itself, one row each
     if unit.get("manifest"):
         manifest_entries = _manifest_entries(run_dir, unit, manifest_rows)
+    integ = integrity_json.read_unit(run_dir, unit)
+    listed = integ.expected if integ else {}
+    passed = [f for f in unit["files"] if integ is None or f != integ.rel]
+    if integ and (found := integ.unlisted_finding()):
+        row_findings.setdefault(found.path, []).append(found)
     rows = []
     covered = 0  # files with a digest to check against
     prog = _progress.for_unit(unit)  # bytes hashed, for the CLI's progress line ($CKPTAUDIT_PROGRESS_DIR)
-    passes = _file_passes(run_dir, unit, manifest_entries, sidecar_map, prog, planned or (lambda rel: True))
-    for rel in unit["files"]:
+    passes = _file_passes(run_dir, {**unit, "files": passed}, manifest_entries, sidecar_map.keys() | listed.keys(),
+                          prog, planned or (lambda rel: True))
+    for rel in passed:
         ff = passes[rel]
         if isinstance(ff, OSError):
             rows.append(_unreadable_row(unit, rel, ff))
             continue
         try:
             row = _file_row(run_dir, unit, rel, ff, manifest_entries.get(rel), sidecar_map.get(rel),
-                            row_findings.get(rel, []))
+                            row_findings.get(rel, []), (listed[rel], integ.rel) if rel in listed else None)
         except OSError as e:  # the whole-file re-read of a file whose chunks failed
             rows.append(_unreadable_row(unit, rel, e))
             continue
@@ -229,7 +243,18 @@ def hash_unit(run_dir: Path, unit: dict, facts: Optional[list] = None,
     prog.close()
     rows.extend(_missing_file_rows(unit, manifest_entries))
     rows.extend(manifest_rows)
-    if rows and covered == 0 and not unreadable:
+    if integ is not None:
+        integ.add_rows(run_dir, unit, rows)
+        if integ.size_bytes is not None:  # its own row: when checked by a sidecar or manifest, or it has findings
+            from .onepass.filepass import FileFacts
+
+            row = _file_row(run_dir, unit, integ.rel, FileFacts(integ.size_bytes, sha256_hex=integ.sha256_hex),
+                            manifest_entries.get(integ.rel), sidecar_map.get(integ.rel), integ.findings)
+            rows.extend([row] if row["expected_sha256_hex"] or integ.findings else [])
+        elif integ.findings:  # it could not be read: its finding says so
+            rows.append({**_unreadable_row(unit, integ.rel, OSError()),
+                         "findings_json": json.dumps([f.to_dict() for f in integ.findings])})
+    if rows and covered == 0 and not unreadable and integ is None:
         extra = json.loads(rows[0]["findings_json"])
         extra.append(F.make("sidecar_missing", path=unit["unit"]).to_dict())
         rows[0]["findings_json"] = json.dumps(extra)
@@ -289,9 +314,10 @@ def _unreadable_row(unit: dict, rel: str, e: OSError) -> dict:
 
 
 def _file_row(run_dir: Path, unit: dict, rel: str, ff, me: Optional[dict], sidecar: Optional[Tuple[str, str]],
-              findings_before: List[F.Finding]) -> dict:
+              findings_before: List[F.Finding], integ: Optional[Tuple[str, str]] = None) -> dict:
     """The ``hash`` row of a file the pass read (``ff``) against its manifest entry ``me`` or else its sidecar
-    digest; raises ``OSError`` when a file whose chunks failed cannot be re-read whole."""
+    digest, and against ``integ`` (the digest its folder's ``integrity.json`` lists, that manifest's path); raises
+    ``OSError`` when a file whose chunks failed cannot be re-read whole."""
     fl = list(findings_before)
     size = ff.size_bytes
     bad_chunks: List[int] = []
@@ -326,6 +352,8 @@ def _file_row(run_dir: Path, unit: dict, rel: str, ff, me: Optional[dict], sidec
                                  "repaired over that range alone.")))
         if not verified and not bad_chunks:
             fl.append(F.make("checksum_mismatch", path=rel, actual=digest, expected=expected, source=source))
+    if integ is not None:
+        expected, source, verified = _with_integrity(rel, digest, integ, expected, source, verified, fl)
     return {"unit": unit["unit"], "file": rel, "size_bytes": size, "sha256_hex": digest,
             "hash_seconds": ff.seconds, "expected_sha256_hex": expected, "expected_source": source,
             "verified": verified, "findings_json": json.dumps([f.to_dict() for f in fl])}
@@ -344,3 +372,18 @@ def _missing_file_rows(unit: dict, manifest_entries: Dict[str, dict]) -> List[di
                      "expected_sha256_hex": str(me.get("sha256_hex", "")).lower(), "expected_source": "manifest",
                      "verified": False, "findings_json": json.dumps([f.to_dict()])})
     return rows
+
+
+def _with_integrity(rel: str, digest: str, integ: Tuple[str, str], expected: str, source: str,
+                    verified: Optional[bool], fl: List[F.Finding]) -> Tuple[str, str, Optional[bool]]:
+    """``(expected, source, verified)`` of a row once ``digest`` is checked against ``integ`` (the digest an
+    ``integrity.json`` lists, its path): ``integrity.json`` named as a source (beside a sidecar or manifest that
+    agrees), ``integrity_mismatch`` appended to ``fl`` when they differ."""
+    from .formats import integrity_json
+
+    want, manifest = integ
+    if want != digest:
+        fl.append(integrity_json.mismatch(rel, digest, want, manifest))
+        return want, integrity_json.NAME, False
+    return want, f"{source}, {integrity_json.NAME}" if source else integrity_json.NAME, verified is not False
+

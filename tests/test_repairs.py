@@ -32,7 +32,8 @@ KNOWN = set(dir(builtins)) | set(sys.stdlib_module_names) | LIBRARIES | RESUME_O
 
 SAMPLE = {"path": "ckpt_000100.pt", "expected_bytes": 1234, "suggestion": "ckpt_000090.pt", "pointer": "latest",
           "prefix": "module.", "add_safe": "argparse.Namespace, numpy.dtype", "step": 100,
-          "run_quoted": "'/runs/a b'"}
+          "run_quoted": "'/runs/a b'", "manifest_quoted": "'/runs/a b/iter_0000030/integrity.json'",
+          "aside_quoted": "'/runs/a b/iter_0000030/integrity.json.unusable'"}
 
 
 def _fields(template: str) -> set:

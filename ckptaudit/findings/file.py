@@ -340,6 +340,36 @@ ENTRIES: List[_k] = [
        "Do not use the unit; restore the file from a copy whose SHA-256 matches, or roll back to the previous "
        "checkpoint.",
        stage="hash", detector="ckptaudit.hashing:_missing_file_rows"),
+    # ------------------------------------- file (Megatron-Core's integrity.json: ckptaudit.formats.integrity_json)
+    _k("integrity_mismatch", "file", "error", "none",
+       "{path}: SHA-256 is {actual} but {manifest} records {expected}: the file changed after the save sealed it (a "
+       "copy from another iteration keeps its size and every CRC-32; silent corruption; a partial overwrite). "
+       "Megatron-Core's load with --verify-integrity refuses this iteration (hash mismatch); a load without it "
+       "takes these bytes as they are.",
+       "Do not resume from it; roll back to the newest iteration whose integrity.json verifies, or restore {path} "
+       "from a copy whose SHA-256 is {expected}.",
+       stage="hash", detector="ckptaudit.formats.integrity_json:mismatch"),
+    _k("integrity_file_missing", "file", "error", "none",
+       "{path} is listed in {manifest} (SHA-256 {expected}) but {why}. Megatron-Core's load with --verify-integrity "
+       "raises (file missing or unreadable).",
+       "Do not resume from it; restore {path} from a copy whose SHA-256 matches, or roll back to the previous "
+       "iteration.",
+       stage="hash", detector="ckptaudit.formats.integrity_json:missing"),
+    _k("integrity_manifest_unusable", "file", "error", "none",
+       "{path} is not a usable integrity manifest: {why}. Megatron-Core's load with --verify-integrity raises on it "
+       "({raises}) before it reads any tensor, so this iteration does not resume with --verify-integrity; nothing it "
+       "records checks the folder's bytes.",
+       "If the folder's bytes are proven intact another way (every CRC-32 and check of this audit passes, or they "
+       "match a copy), move the manifest aside and seal the run again, which writes a new one (the repair); "
+       "otherwise roll back to the previous iteration.",
+       "mv {manifest_quoted} {aside_quoted} && ckptaudit seal {run_quoted}",
+       stage="hash", detector="ckptaudit.formats.integrity_json:read_unit"),
+    _k("integrity_unlisted", "file", "info", "resume",
+       "{manifest} does not list {n_files} data file(s) of its folder ({files}): Megatron-Core's verification "
+       "ignores files it does not list, so nothing recorded checks their bytes.",
+       "A Megatron-Core save lists every file of the folder: find where the file came from. Once the bytes are "
+       "proven intact, move the manifest aside and seal the run again (`ckptaudit seal RUN_DIR`) to cover it.",
+       stage="hash", detector="ckptaudit.formats.integrity_json:UnitManifest.unlisted_finding"),
     # ------------------------------------- file (object storage: ckptaudit.fs, s3:// runs only)
     _k("incomplete_multipart_upload", "file", "error", "none",
        "{path}: a multipart upload started at {initiated} was never completed (S3 ListMultipartUploads, upload id "

@@ -8,6 +8,11 @@ so its record carries a CRC-32 (checked by ``zipfile``, which raises on a mismat
 every chunk's blob is there and verifies; a missing rank file, a cut one or a changed chunk loses the tensors
 with a chunk there.  An intact tensor is assembled from its chunks when it is written (memory: one tensor and
 one chunk).  Non-tensor items (``torch.save`` of any object) are never unpickled and not salvaged.
+
+A folder with Megatron-Core's ``integrity.json`` (:mod:`ckptaudit.formats.integrity_json`) has a SHA-256 of each whole
+rank file: a tensor with a chunk in a file whose digest differs is lost (the CRC-32 of each record cannot tell a file
+copied from another iteration, whose records all verify, from the one saved), and a tensor all of whose files verify
+names that digest in its proof.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ import zipfile
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+from ..formats.integrity_json import NAME, verify_folder
 from ..layouts.dcp import dtype_name, item_fqn, read_metadata, state_fields
 from ..pickle_walk import walk
 from ..pickle_walk.dtypes import dtype_itemsize
@@ -43,6 +49,7 @@ def tensors(folder: Path, cfg: dict) -> Tuple[List[TensorBytes], str, int]:
         i, s = state_fields(idx), state_fields(info)
         if isinstance(i, dict) and isinstance(s, dict):
             places[(item_fqn(idx), tuple(i.get("offset") or ()))] = s
+    sealed, _problem = verify_folder(folder)  # {rank file: True / False / None}, {} without integrity.json
     out: List[TensorBytes] = []
     n_bytes_items = 0
     for fqn, md in sdm.items():
@@ -60,23 +67,32 @@ def tensors(folder: Path, cfg: dict) -> Tuple[List[TensorBytes], str, int]:
         for c in chunks:
             offsets = tuple(c.get("offsets") or ())
             parts.append((offsets, tuple(c.get("sizes") or ()), places.get((str(fqn), offsets))))
-        t.status, t.proof = _judge(folder, parts, dtype)
+        t.status, t.proof = _judge(folder, parts, dtype, sealed)
         if t.status == INTACT and dtype in SAFETENSORS_DTYPE:
             t.load = _loader(folder, shape, dtype, parts)
         out.append(t)
     return out, "", n_bytes_items
 
 
-def _judge(folder: Path, parts, dtype: str) -> Tuple[str, str]:
+def _judge(folder: Path, parts, dtype: str, sealed: Dict[str, Optional[bool]]) -> Tuple[str, str]:
+    """``(status, proof)`` of a tensor from its chunks ``parts``; ``sealed``: the rank files' ``integrity.json``
+    verdicts (:func:`ckptaudit.formats.integrity_json.verify_folder`)."""
     if not parts:
         return LOST, ".metadata lists no chunk of it"
+    files = set()
     for offsets, sizes, place in parts:
         if place is None:
             return LOST, f"no storage item for its chunk at {list(offsets)}"
+        relp = str(place.get("relative_path"))
+        if sealed.get(relp) is False:
+            return LOST, (f"chunk at {list(offsets)} in {relp}: the file's SHA-256 differs from the one {NAME} records "
+                          "(changed after the save; a copy from another iteration keeps every CRC-32)")
         _, why = _chunk(folder, place, sizes, dtype)
         if why:
-            return LOST, f"chunk at {list(offsets)} in {place.get('relative_path')}: {why}"
-    return INTACT, f"zip record CRC-32 of each of its {len(parts)} chunk blob(s)"
+            return LOST, f"chunk at {list(offsets)} in {relp}: {why}"
+        files.add(relp)
+    also = f"; SHA-256 of {', '.join(sorted(files))} as {NAME} records" if all(sealed.get(f) for f in files) else ""
+    return INTACT, f"zip record CRC-32 of each of its {len(parts)} chunk blob(s){also}"
 
 
 def _chunk(folder: Path, place: dict, sizes, dtype: str) -> Tuple[Optional[bytes], str]:

@@ -30,7 +30,9 @@ def _require_units(cmd: str, run_dir: str) -> None:
 def seal_command(run_dir, chunk_mib, dry_run):
     """Write SHA-256 sidecars and manifests for the checkpoints of RUN_DIR that pass the audit.
 
-    Never touches data files.  Exit 0 when every unit is sealed (or already was), 1 when
+    A Megatron-Core torch_dist iteration folder also gets integrity.json, in Megatron's format (for
+    --verify-integrity); one already there that disagrees with the bytes is never overwritten.  Never touches
+    data files.  Exit 0 when every unit is sealed (or already was), 1 when
     some unit was refused (the reason is printed), 3 when the audit itself failed (a missing, empty or
     checkpoint-less folder included)."""
     _require_units("seal", run_dir)

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from ..formats import integrity_json
 from .files import durable_write, fsync_dir, remove_tree_quiet, rename_nfs_safe, unlink_quiet
 from .latest import update_latest
 from .manifest import FileRecord, fsync_and_hash, manifest_bytes, sidecar_text
@@ -166,7 +167,10 @@ class Commit:
 
     def _seal_tmp(self, recs: List[FileRecord], seen: Dict[str, int]) -> bytes:
         """Before the rename: verify what the ranks wrote (``recs``), hash and sidecar the files no rank
-        registered (``seen``: path -> rank), write the manifest and fsync every folder of the temp unit.
+        registered (``seen``: path -> rank), write Megatron-Core's ``integrity.json`` into a ``torch_dist``
+        iteration folder (:func:`ckptaudit.formats.integrity_json.iteration_folder`: the unit's name or the run's
+        tracker; from the records' digests, every top-level file but itself listed, the sidecars written so far
+        included), write the manifest and fsync every folder of the temp unit.
         Returns the manifest's bytes; raises :class:`PublishError` when nothing was written or a file does
         not verify."""
         if not recs and not any(self._unregistered(seen)):
@@ -175,11 +179,14 @@ class Commit:
         if problems:
             raise PublishError(self.name, {f"verify {i}": p for i, p in enumerate(problems)})
         for rel in self._unregistered(seen):  # e.g. torch.distributed.checkpoint's .metadata
-            p = self.tmp_path / rel
-            r = fsync_and_hash(p, rel, self.chunk_bytes, -1, self.clock)
-            durable_write(p.with_name(p.name + SIDECAR_SUFFIX), sidecar_text(r.sha256_hex, p.name).encode(),
-                          self.clock)
-            recs.append(r)
+            recs.append(self._hash_and_sidecar(rel))
+        if integrity_json.iteration_folder(self.tmp_path, self.name, self.run_dir):  # Megatron-Core's manifest
+            top = {r.path: r.sha256_hex for r in recs if "/" not in r.path}
+            try:
+                if integrity_json.write_folder(self.tmp_path, known=top, clock=self.clock) == "written":
+                    recs.append(self._hash_and_sidecar(integrity_json.NAME))
+            except integrity_json.IntegrityConflict as e:
+                raise PublishError(self.name, {"rank 0 (integrity.json)": str(e)}) from e
         manifest = self._manifest(recs)
         mbytes = manifest_bytes(manifest)
         durable_write(self.tmp_path / MANIFEST_NAME, mbytes, self.clock)
@@ -187,6 +194,13 @@ class Commit:
             fsync_dir(d, self.clock)
         fsync_dir(self.tmp_path, self.clock)
         return mbytes
+
+    def _hash_and_sidecar(self, rel: str) -> FileRecord:
+        """The record of a file of the temp unit no rank registered, fsynced and hashed, its sidecar written."""
+        p = self.tmp_path / rel
+        r = fsync_and_hash(p, rel, self.chunk_bytes, -1, self.clock)
+        durable_write(p.with_name(p.name + SIDECAR_SUFFIX), sidecar_text(r.sha256_hex, p.name).encode(), self.clock)
+        return r
 
     def _unregistered(self, registered: Dict[str, int]) -> List[str]:
         out = []

@@ -1,4 +1,10 @@
-"""Seal: write sidecars and manifests for existing checkpoints that pass the audit, never touching data."""
+"""Seal: write sidecars and manifests for existing checkpoints that pass the audit, never touching data.
+
+A ``torch_dist`` iteration folder (:func:`ckptaudit.formats.integrity_json.iteration_folder`) also gets Megatron-Core's
+``integrity.json`` (its exact bytes, written atomically: :func:`ckptaudit.formats.integrity_json.write_folder`), so
+that stock Megatron-Core with ``--verify-integrity`` accepts a checkpoint sealed after the fact; one that is there
+and disagrees with the bytes is evidence and is never overwritten.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +18,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from .._version import __version__
+from ..formats import integrity_json
 from .clock import Clock
 from .files import durable_write, fsync_dir
 from .manifest import hash_file, manifest_bytes, sidecar_text
@@ -40,7 +47,9 @@ def seal(run_dir: str | os.PathLike, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES, 
     rewritten), then the manifest: ``<file>.manifest.json`` for a file unit; for a folder
     unit ``COMPLETE`` first and ``manifest.json`` last, so a crash mid-seal never makes a
     good folder look in progress.  Index units get sidecars only (the inventory reads no
-    manifest for them).  Data files are never opened for writing.  Raises
+    manifest for them).  A ``torch_dist`` iteration folder without ``integrity.json`` gets one first (listing its
+    files as Megatron's save would: before any sidecar; then covered by the sidecars and manifest like any file),
+    also when it was sealed before; its action then says so.  Data files are never opened for writing.  Raises
     ``FileNotFoundError``/``NotADirectoryError`` for a bad ``run_dir``.
     """
     root = Path(run_dir)
@@ -55,7 +64,8 @@ def seal(run_dir: str | os.PathLike, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES, 
         folder = u["kind"] == "folder"
         base = root / u["unit"] if folder else (root / u["unit"]).parent
         refused = _not_to_seal(vu, u, base)
-        if refused is not None:
+        integrity = folder and integrity_json.iteration_folder(base) and not (base / integrity_json.NAME).exists()
+        if refused is not None and not (refused.action == "already sealed" and integrity):
             out.append(refused)
             continue
         try:
@@ -64,9 +74,19 @@ def seal(run_dir: str | os.PathLike, *, chunk_bytes: int = DEFAULT_CHUNK_BYTES, 
             out.append(SealOutcome(u["unit"], "refused", f"{type(e).__name__}: {e}"))
             continue
         if dry_run:
-            out.append(SealOutcome(u["unit"], "sealed", "dry run: would write sidecars and a manifest"))
+            out.append(SealOutcome(u["unit"], "sealed", "dry run: would write " + (
+                f"{integrity_json.NAME}" if refused else "sidecars and a manifest" + (
+                    f" (and {integrity_json.NAME} first)" if integrity else ""))))
             continue
-        written = _write_seal(root, u, vu.get("step"), base, recs, clock)
+        try:
+            written = _write_integrity(root, u, base, recs, chunk_bytes, clock) if integrity else []
+        except (OSError, integrity_json.IntegrityConflict) as e:
+            out.append(SealOutcome(u["unit"], "refused", f"{type(e).__name__}: {e}"))
+            continue
+        if refused is not None:  # sealed before: the manifest stays as it was
+            out.append(SealOutcome(u["unit"], "sealed", f"{refused.reason}; wrote {integrity_json.NAME}", written))
+            continue
+        written += _write_seal(root, u, vu.get("step"), base, recs, clock)
         out.append(SealOutcome(u["unit"], "sealed", "passes the audit" + (" (index unit: sidecars only)"
                                                                           if u["kind"] == "index" else ""), written))
     return out
@@ -78,10 +98,13 @@ def seal_folder(run_dir: str | os.PathLike, unit: str, step: Optional[int], *,
     sidecar for each file that has none, then ``COMPLETE`` and last ``manifest.json`` (the order of
     :func:`seal`), each written atomically and fsynced.  For a framework's own saves that the caller knows are
     complete (the HF Trainer's ``on_save``, after ``trainer_state.json``): from then on the audit and the reader
-    check every file's bytes against these digests.  One read of every file of the unit (SHA-256 of the whole
+    check every file's bytes against these digests.  A ``torch_dist`` iteration folder without ``integrity.json``
+    gets one first, as :func:`seal` writes it.  One read of every file of the unit (SHA-256 of the whole
     file and BLAKE3 of each ``chunk_bytes`` chunk).  Returns what was written, relative to ``run_dir``; ``[]``
     when the unit already has a manifest.  Raises ``FileNotFoundError`` when the folder is gone (rotated away
-    meanwhile), ``OSError`` for one that cannot be read or written."""
+    meanwhile), ``OSError`` for one that cannot be read or written,
+    :class:`~ckptaudit.formats.integrity_json.IntegrityConflict` for an ``integrity.json`` that appeared meanwhile
+    and disagrees."""
     root = Path(run_dir)
     base = root / unit
     if not base.is_dir():
@@ -99,7 +122,10 @@ def seal_folder(run_dir: str | os.PathLike, unit: str, step: Optional[int], *,
                 files.append(rel)
     u = {"unit": unit, "kind": "folder", "files": files, "sidecars": sidecars}
     recs = _records(root, u, base, {}, chunk_bytes)
-    return _write_seal(root, u, step, base, recs, Clock(), sealed_by)
+    clock = Clock()
+    written = _write_integrity(root, u, base, recs, chunk_bytes, clock) if (
+        integrity_json.iteration_folder(base) and not (base / integrity_json.NAME).exists()) else []
+    return written + _write_seal(root, u, step, base, recs, clock, sealed_by)
 
 
 def _audit(root: Path, cfg: Optional[dict]) -> Tuple[dict, dict, Dict[str, str]]:
@@ -118,12 +144,16 @@ def _audit(root: Path, cfg: Optional[dict]) -> Tuple[dict, dict, Dict[str, str]]
 
 
 def _not_to_seal(vu: dict, u: dict, base: Path) -> Optional[SealOutcome]:
-    """Why verdict unit ``vu`` (inventory unit ``u``) is not sealed: an error finding, or a manifest already there."""
+    """Why verdict unit ``vu`` (inventory unit ``u``) is not sealed: an error finding, or a manifest already there.
+    An ``integrity.json`` that disagrees with the bytes or is unusable says it is left as it is."""
     errs = [f for f in vu["findings"] if f["severity"] == "error"]
     if errs:
         why = "; ".join(f"{f['kind']}: {f['message']}" for f in errs[:3])
         more = f" (and {len(errs) - 3} more)" if len(errs) > 3 else ""
-        return SealOutcome(u["unit"], "refused", f"{len(errs)} error finding(s): {why}{more}")
+        kept = "" if not any(f["kind"].startswith("integrity_") for f in errs) else (
+            f". Its {integrity_json.NAME} is not overwritten: it records what the save wrote and is the evidence that "
+            "the bytes changed (or, unusable, that the save did not finish it); roll back, or restore the files")
+        return SealOutcome(u["unit"], "refused", f"{len(errs)} error finding(s): {why}{more}".rstrip(".") + kept)
     folder = u["kind"] == "folder"
     if u["kind"] == "file" and u.get("manifest") or folder and u.get("manifest") and (base / COMPLETE_MARKER).exists():
         return SealOutcome(u["unit"], "already sealed", f"has {u['manifest']}")
@@ -141,6 +171,19 @@ def _records(root: Path, u: dict, base: Path, audited: Dict[str, str], chunk_byt
             raise ValueError(f"{rel} changed since the audit hashed it ({audited[rel][:12]}… → {r.sha256_hex[:12]}…)")
         recs.append((rel, r))
     return recs
+
+
+def _write_integrity(root: Path, u: dict, base: Path, recs: list, chunk_bytes: int, clock: Clock) -> List[str]:
+    """Write ``integrity.json`` into folder unit ``base`` from ``recs`` (its files, just hashed) and add its own
+    record to ``recs`` (so its sidecar and manifest entry follow); returns what was written, run-relative.
+    Raises :class:`~ckptaudit.formats.integrity_json.IntegrityConflict` when one appeared meanwhile and disagrees,
+    ``OSError``."""
+    top = {Path(rel).name: r.sha256_hex for rel, r in recs if (root / rel).parent == base}
+    if integrity_json.write_folder(base, known=top, clock=clock) != "written":
+        return []
+    rel = (base / integrity_json.NAME).relative_to(root).as_posix()
+    recs.append((rel, hash_file(root / rel, integrity_json.NAME, chunk_bytes)))
+    return [rel]
 
 
 def _write_seal(root: Path, u: dict, step, base: Path, recs: list, clock: Clock,
