@@ -72,6 +72,44 @@ def discover(run_dir: str | os.PathLike) -> tuple[List[Unit], List[Pointer], Lis
     return units, pointers, stray
 
 
+def given_unit(run_dir: str | os.PathLike) -> Optional[tuple]:
+    """``(its folder, [unit], [], [])`` when the local path ``run_dir`` is itself one unit — a checkpoint file, or a
+    folder a layout claims (the HF Trainer's ``checkpoint-40/``, a DCP folder, a DeepSpeed tag) — else None.
+
+    A user who points the audit (or :func:`ckptaudit.safe_load_checkpoint`, or an integration's ``last_good``) at
+    one checkpoint means that checkpoint: walking inside it would judge its ``optimizer.pt`` and
+    ``rng_state.pth`` as units of their own ("no model weights").  The unit is named as in its folder's audit
+    (``checkpoint-40``), with its sidecars and its producer's markers beside it taken into account; the folder's
+    other units and pointers are not looked at."""
+    if fs.is_remote(run_dir):
+        return None
+    path = Path(os.path.abspath(run_dir))
+    parent = path.parent
+    if path == parent:
+        return None
+    if path.is_file():
+        if not layouts.is_checkpoint_file(path.name):
+            return None
+        try:
+            names = set(os.listdir(parent))
+        except OSError:
+            names = {path.name}
+        unit = _file_unit(parent, path, names, stat_or_none(path), path.name)
+    elif path.is_dir():
+        adapter, why = layouts.claim_dir(path), in_progress_reason(path.name)
+        if adapter is None and not why:
+            return None
+        unit = folder_unit(parent, path, adapter, why)
+    else:
+        return None
+    try:  # a producer's marker beside it (training_hub's .incomplete-checkpoint-<step>)
+        beside = sorted(n for n in os.listdir(parent) if n != path.name and (parent / n).is_file())
+    except OSError:
+        beside = []
+    _unfinished_markers([unit], beside)
+    return str(parent), [unit], [], []
+
+
 def _unfinished_markers(units: List[Unit], stray: List[str]) -> None:
     """A unit with its producer's unfinished marker beside it (NeMo's empty ``<name>-unfinished`` file, also for
     the ``-EMA`` copy and a checkpoint folder) or inside its checkpoint folder (NeMo Automodel's ``.incomplete``:
@@ -267,7 +305,11 @@ def run_inventory(run_dir: str, units_per_job="auto", part_bytes: Optional[int] 
     :func:`assign_parts`: ``part_bytes`` None on one machine, packing by count only)."""
     from . import liveness
 
-    units, pointers, stray = discover(run_dir)
+    given = given_unit(run_dir)
+    if given is not None:  # the path is one unit (a checkpoint-40/ folder, a file): audited as that unit
+        run_dir, units, pointers, stray = given
+    else:
+        units, pointers, stray = discover(run_dir)
     object_store = unit_objects(run_dir, units) if fs.is_remote(run_dir) else {}
     for u in units:
         if set(u.snapshot) != set(u.files):  # the walk's lstat of each file, else taken now

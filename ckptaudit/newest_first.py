@@ -223,13 +223,15 @@ def search(run_dir: str | Path, cfg: dict, out: Path, audit: str | Path | None =
     units it covered that have not changed since (:func:`prior_rows`) are judged by its rows instead of
     their metadata; the unit returned is still examined byte by byte.  ``loads``: the load stage's loader for
     the examined units (:class:`ckptaudit.reader_load.ReaderLoads`: the reader's load test is its final load).
-    Raises what the inventory raises for a missing or unreadable run folder, and what :func:`prior_rows`
-    raises."""
+    Raises what the inventory raises for a missing or unreadable run folder, ``ValueError`` for a folder of
+    several runs (:func:`ckptaudit.run_folder.check_one_run`), and what :func:`prior_rows` raises."""
     from . import stages, target
+    from .run_folder import check_one_run
 
     work = out / "work"
     inv = stages.stage_inventory(str(run_dir), "auto", str(out / "tables" / "inventory.parquet"),
                                  str(work / "inventory.json"), str(work / "pointers.parquet"))
+    check_one_run(inv)  # a folder of several runs has no one rollback point
     target_path = str(work / "target.json")
     target.write(cfg, target_path)
     prior = prior_rows(audit, inv) if audit is not None else {}

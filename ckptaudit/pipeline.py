@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from .config import SCHEMA_PATH, non_finite, check_config, config_problems  # noqa: F401 - re-exported
-from .run_folder import check_run_dir  # noqa: F401 - re-exported
+from .run_folder import check_one_run, check_run_dir  # noqa: F401 - check_run_dir re-exported
 
 
 def check_out_dir(run_dir: str | Path, out_dir: str | Path, state_dir: Optional[str | Path] = None) -> None:
@@ -65,7 +65,8 @@ def audit_in_process(run_dir: str | Path, cfg: Optional[dict] = None, out_dir: O
 
     Raises ``FileNotFoundError``/``NotADirectoryError`` for a missing run folder and
     ``ValueError`` (naming the key and the bound, :func:`check_config`) for a config
-    outside ``config/schema.yaml``.
+    outside ``config/schema.yaml``, and for a folder holding several runs
+    (:func:`ckptaudit.run_folder.check_one_run`).
     """
     import json
 
@@ -84,6 +85,7 @@ def audit_in_process(run_dir: str | Path, cfg: Optional[dict] = None, out_dir: O
     try:
         inv = stages.stage_inventory(str(run_dir), "auto", str(out / "tables" / "inventory.parquet"),
                                      str(work / "inventory.json"), str(work / "pointers.parquet"))
+        check_one_run(inv)
         (work / "config.json").write_text(json.dumps(c))
         from . import target
 

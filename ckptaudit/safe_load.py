@@ -197,7 +197,8 @@ def safe_load_checkpoint(ckpt_dir: str | Path, *, map_location: Any = "cpu",
     ``global_step``, else the step the audit found.  Raises :class:`NoUsableCheckpointError`
     (listing every unit newer than the rollback point, or every unit, and why) when the
     audit says retrain, when the rollback unit's layout needs ``load=False``, or when it
-    fails to load here; ``FileNotFoundError`` when ``ckpt_dir`` does not exist.
+    fails to load here; ``FileNotFoundError`` when ``ckpt_dir`` does not exist.  ``ckpt_dir`` may be one unit
+    (a checkpoint file, or a folder such as the HF Trainer's ``checkpoint-40/``): that unit is judged and returned.
     ``allow_globals`` lists extra ``"package.module.Name"`` types the caller trusts.
 
     ``audit``: the output folder of a finished audit of this run (``ckptaudit audit run --out
@@ -215,8 +216,8 @@ def safe_load_checkpoint(ckpt_dir: str | Path, *, map_location: Any = "cpu",
 
     lg = logger or log
     root = Path(ckpt_dir)
-    if not root.is_dir():
-        raise FileNotFoundError(f"{ckpt_dir}: no such checkpoint folder")
+    if not root.exists():
+        raise FileNotFoundError(f"{ckpt_dir}: no such checkpoint folder or file")
     cfg = _reader_config(audit_config, allow_globals)
     from .reader_load import ReaderLoads
 
@@ -245,6 +246,7 @@ def safe_load_checkpoint(ckpt_dir: str | Path, *, map_location: Any = "cpu",
                                "it with torch.load(ckpt.path, weights_only=False) where it and its classes' code are "
                                "trusted")
         raise NoUsableCheckpointError(str(ckpt_dir), reasons)
+    root = Path(inv["run_dir"])  # the run folder: ckpt_dir's own folder when ckpt_dir is one unit
     path = root / (ud["files"][0] if ud["kind"] == "file" else ud["unit"])
     state, not_loaded = None, {}
     if loads is not None:

@@ -21,6 +21,7 @@ person, not for a restart loop).  No framework is imported here.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Optional
@@ -29,17 +30,29 @@ from ..safe_load import LoadedCheckpoint, NoUsableCheckpointError
 
 __all__ = ["last_good_unit", "NoUsableCheckpointError"]
 
+_log = logging.getLogger("ckptaudit")
 
-def last_good_unit(run_dir: str | os.PathLike, audit: Optional[str | os.PathLike] = None
-                   ) -> Optional[LoadedCheckpoint]:
+
+def last_good_unit(run_dir: str | os.PathLike, audit: Optional[str | os.PathLike] = None,
+                   must_exist: bool = False) -> Optional[LoadedCheckpoint]:
     """The rollback unit of ``run_dir`` for a resume (``usable_for == "resume"``), as the reader finds it with
-    ``load=False``; None when ``run_dir`` is missing or holds no checkpoint unit.  ``audit``: a finished audit
+    ``load=False``; None when ``run_dir`` is missing or holds no checkpoint unit.  ``run_dir`` may also be one
+    unit (a ``checkpoint-40/`` folder, a checkpoint file): that unit, judged alone.  ``audit``: a finished audit
     of the run to start from (:func:`ckptaudit.safe_load_checkpoint`).  Raises ``NoUsableCheckpointError``
-    when units exist but none can be resumed from."""
+    when units exist but none can be resumed from.
+
+    A missing ``run_dir`` is a first start only if the path is right: a mistyped one would start training from
+    step 0 without a word, so it is logged as a warning with its absolute path, and ``must_exist=True`` raises
+    ``FileNotFoundError`` instead (for jobs that always resume)."""
     from ..safe_load import safe_load_checkpoint
 
     root = Path(run_dir)
-    if not root.is_dir():
+    if not root.exists():
+        where = os.path.abspath(root)
+        if must_exist:
+            raise FileNotFoundError(f"{where}: no such checkpoint folder (must_exist=True)")
+        _log.warning("ckptaudit: %s does not exist: no checkpoint to resume from, the job starts from step 0 "
+                     "(a first start, or a wrong path: pass must_exist=True to make a wrong path an error)", where)
         return None
     try:
         ckpt = safe_load_checkpoint(root, load=False, audit=audit)

@@ -12,9 +12,10 @@ from typing import Optional
 from . import last_good_unit
 
 
-def last_good(folder: str | os.PathLike, audit: Optional[str | os.PathLike] = None) -> Optional[str]:
+def last_good(folder: str | os.PathLike, audit: Optional[str | os.PathLike] = None,
+              must_exist: bool = False) -> Optional[str]:
     """The DCP checkpoint folder to pass as ``checkpoint_id``: the newest under ``folder`` that passes every
     check; None when there is none yet.  Raises :class:`ckptaudit.safe_load.NoUsableCheckpointError` when there
     are checkpoints and none can be resumed from."""
-    ckpt = last_good_unit(folder, audit=audit)
+    ckpt = last_good_unit(folder, audit=audit, must_exist=must_exist)
     return str(ckpt.path) if ckpt is not None else None

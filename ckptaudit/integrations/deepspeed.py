@@ -13,9 +13,10 @@ from typing import Optional
 from . import last_good_unit
 
 
-def last_good_tag(save_dir: str | os.PathLike, audit: Optional[str | os.PathLike] = None) -> Optional[str]:
+def last_good_tag(save_dir: str | os.PathLike, audit: Optional[str | os.PathLike] = None,
+                  must_exist: bool = False) -> Optional[str]:
     """The tag (``global_step<N>``) to pass to ``load_checkpoint``: the newest tag folder under ``save_dir``
     that passes every check; None when there is none yet.  Raises
     :class:`ckptaudit.safe_load.NoUsableCheckpointError` when there are tags and none can be resumed from."""
-    ckpt = last_good_unit(save_dir, audit=audit)
+    ckpt = last_good_unit(save_dir, audit=audit, must_exist=must_exist)
     return ckpt.path.name if ckpt is not None else None

@@ -19,12 +19,13 @@ from . import last_good_unit
 __all__ = ["last_good", "SealCallback"]  # noqa: F822 - SealCallback is built by __getattr__
 
 
-def last_good(output_dir: str | os.PathLike, audit: Optional[str | os.PathLike] = None) -> Optional[str]:
+def last_good(output_dir: str | os.PathLike, audit: Optional[str | os.PathLike] = None,
+              must_exist: bool = False) -> Optional[str]:
     """The path of the ``checkpoint-<N>`` folder to pass as ``resume_from_checkpoint``: the newest that passes
     every check and resumes the run faithfully; None when ``output_dir`` holds no checkpoint yet (the
     Trainer then starts fresh).  Raises :class:`ckptaudit.safe_load.NoUsableCheckpointError` when it holds
     checkpoints and none can be resumed from."""
-    ckpt = last_good_unit(output_dir, audit=audit)
+    ckpt = last_good_unit(output_dir, audit=audit, must_exist=must_exist)
     return str(ckpt.path) if ckpt is not None else None
 
 

@@ -20,12 +20,13 @@ from . import last_good_unit
 __all__ = ["last_good", "PublishCheckpointIO"]  # noqa: F822 - PublishCheckpointIO is built by __getattr__
 
 
-def last_good(dirpath: str | os.PathLike, audit: Optional[str | os.PathLike] = None) -> Optional[str]:
+def last_good(dirpath: str | os.PathLike, audit: Optional[str | os.PathLike] = None,
+              must_exist: bool = False) -> Optional[str]:
     """The ``.ckpt`` path to pass as ``ckpt_path``: the newest that passes every check and resumes the run
     faithfully; None when ``dirpath`` holds no checkpoint yet.  Raises
     :class:`ckptaudit.safe_load.NoUsableCheckpointError` when it holds checkpoints and none can be resumed
     from."""
-    ckpt = last_good_unit(dirpath, audit=audit)
+    ckpt = last_good_unit(dirpath, audit=audit, must_exist=must_exist)
     return str(ckpt.path) if ckpt is not None else None
 
 
