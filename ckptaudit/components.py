@@ -242,9 +242,7 @@ def _numel(node: Any) -> int:
 
 
 # ---------------------------------------------------------------- optimizer
-def _optimizer(c: Components, found: R.Found, params: frozenset = frozenset()) -> None:
-    """The optimizer state of the unit, merged over its nodes, into ``c``; ``params`` (the weights' names) tell a
-    flat state's parameter names from its state names (:func:`ckptaudit.recognise.flat_state_table`)."""
+def _optimizer(c: Components, found: R.Found, params: frozenset = frozenset()) -> None:  # params: weight names
     zero_paths = [(n.file, n.path) for n in found.of("zero")]
     for n in found.of("optimizer"):
         d = R._fields(n.node) or {}
@@ -290,18 +288,8 @@ def merge_optimizer(c: Components, opt: dict, source: str) -> None:
 # ------------------------------------------------------------------ scalars
 def _inside(found: R.Found, fkey: str, path: str) -> bool:
     """True when ``path`` lies inside a recognised component (its internals are not run counters)."""
-    for n in found.nodes:
-        if n.file != fkey or n.kind == "zero":
-            continue
-        if not n.path:
-            rel = path
-        elif path == n.path or path.startswith(n.path + "."):
-            rel = path[len(n.path) + 1:]
-        else:
-            continue
-        if not rel or n.covers(rel):
-            return True
-    return False
+    return any(n.file == fkey and n.kind != "zero" and (not n.path or path == n.path or path.startswith(n.path + "."))
+               and n.covers(path[len(n.path) + 1:] if n.path else path) for n in found.nodes)
 
 
 def _search(tree: Dict[str, Any], found: R.Found, keys: List[str], max_depth: int = MAX_SCALAR_DEPTH):

@@ -6,19 +6,15 @@ is called.  The shapes come from the code that writes them:
 * optimizer state_dict — ``torch.optim.Optimizer.state_dict()`` (torch/optim/optimizer.py):
   ``{"state": {param_id: {...}}, "param_groups": [{"params": [ids], "lr": ..., ...}]}``;
   DCP flattens it to ``state.<fqn>.<leaf>`` / ``param_groups.<fqn>.<leaf>`` keys
-  (torch/distributed/checkpoint/state_dict.py ``_flatten_optim_state_dict``; torchtitan 0.3.0
-  ``components/optimizer/utils.py`` ``get_flat_optim_state_dict`` :77-96 writes the same keys).  The
-  per-parameter moments may also come state name first, ``state.<leaf>.<fqn>`` (Megatron-Core 0.16.1
-  ``optimizer/distrib_optimizer.py`` :1745, ``optimizer.state.exp_avg.<param>`` with ``param_groups`` in
-  ``common.pt``): which of the two orderings a mapping uses is read from its shape
-  (:func:`flat_state_table`), and a mapping of such moments alone is an optimizer state too;
+  (torch/distributed/checkpoint/state_dict.py ``_flatten_optim_state_dict``; torchtitan's too), or state
+  name first, ``state.<leaf>.<fqn>`` (Megatron-Core): the order is read from the shape
+  (:func:`flat_state_table`), and such per-parameter moments alone are an optimizer state too;
 * ZeRO optimizer wrapper — DeepSpeed ``DeepSpeedZeroOptimizer.state_dict()``
   (deepspeed/runtime/zero/stage_1_and_2.py): ``base_optimizer_state`` plus
   ``partition_count`` / ``zero_stage``; stage 3 keeps ``fp32_flat_groups``;
 * LR scheduler — ``torch.optim.lr_scheduler.LRScheduler.state_dict()``: its ``__dict__``
-  less the optimizer (``last_epoch``, ``base_lrs``, ``_step_count``, ``_last_lr``); a mapping of
-  ``last_epoch`` alone is a scheduler's position saved without the rest (torchtitan 0.3.0
-  ``components/optimizer/lr_scheduler.py`` :226-231, ``LRSchedulersContainer.state_dict``);
+  less the optimizer (``last_epoch``, ``base_lrs``, ``_step_count``, ``_last_lr``), or its
+  ``last_epoch`` alone (torchtitan 0.3.0 ``lr_scheduler.py`` :226-231);
   Megatron's ``OptimizerParamScheduler`` (``num_steps``, ``max_lr``, ``warmup_steps``);
 * gradient scaler — ``torch.amp.GradScaler.state_dict()`` (``scale``, ``growth_factor``,
   ``backoff_factor``, ``growth_interval``, ``_growth_tracker``); DeepSpeed's ``LossScaler``;
@@ -33,11 +29,8 @@ is called.  The shapes come from the code that writes them:
   (accelerate 1.15 ``checkpointing.py`` ``save_accelerator_state``, ``accelerator.py``
   ``_do_sync``), not the training step;
 * model weights — a mapping whose values are mostly tensors, outside every
-  component above; an EMA copy has the same keys and shapes as the weights.  A mapping that holds
-  tensors of its own beside components (a state dict whose model entries sit at its root next to
-  ``optimizer`` and ``lr_scheduler``, as torchtitan 0.3.0 saves: ``components/checkpointer/dcp.py``
-  :692-713 ``_flattened_model_states_sd``) is weights by those tensors alone, and its components are
-  found beside them (:func:`beside_tensors`);
+  component above; an EMA copy has the same keys and shapes as the weights; a mapping holding
+  tensors beside components is weights by those tensors alone (:func:`beside_tensors`);
 * a whole ``torch.nn.Module`` pickled as an object (``torch.save(model)``, ultralytics' ``"model"``): an
   instance whose state holds the ``_parameters``, ``_buffers`` and ``_modules`` dicts that
   ``Module.__init__`` sets and ``Module.__getstate__`` returns (torch/nn/modules/module.py); it is the
@@ -144,17 +137,14 @@ def is_flat_optimizer(x: Any) -> bool:
 
 
 def flat_state_table(d: dict, params=()) -> Optional[Tuple[Dict[str, Dict[str, str]], bool, bool]]:
-    """``({parameter: {state name: flat key}}, rectangular, same shapes)`` of the ``state.…`` keys of a flat
-    optimizer mapping, None when it has none.
-
-    A key is ``state.<fqn>.<name>`` (torch's ``_flatten_optim_state_dict``, torchtitan's
-    ``get_flat_optim_state_dict``) or ``state.<name>.<fqn>`` (Megatron-Core's ``distrib_optimizer.py``
-    :1745, ``f'{prefix}.{state_key}.{sharded_metadata.key}'``).  Both splits are tried and the one that
-    fits is kept, by, in order: how many of its parameters are in ``params`` (the unit's weight names); how
-    many parameters hold their tensor moments at one shape (``exp_avg`` and ``exp_avg_sq`` have the
-    parameter's shape, a ``step`` is a scalar; the wrong split puts a weight and a bias, or two modules'
-    moments, under one name); whether every parameter has the same state names (``rectangular``); the
-    parameter-first order on a tie.  ``same shapes``: every parameter's tensor moments share one shape."""
+    """``({parameter: {state name: flat key}}, rectangular, same shapes)`` of a flat optimizer mapping's
+    ``state.…`` keys (None: it has none).  A key is ``state.<fqn>.<name>`` (torch's
+    ``_flatten_optim_state_dict``, torchtitan 0.3.0 ``components/optimizer/utils.py`` :77-96) or
+    ``state.<name>.<fqn>`` (Megatron-Core 0.16.1 ``optimizer/distrib_optimizer.py`` :1745).  Of the two splits
+    the one kept has, in order: more parameters in ``params`` (the unit's weight names); more parameters whose
+    tensor moments share one shape (``exp_avg``, ``exp_avg_sq`` have the parameter's, ``step`` is a scalar; the
+    wrong split puts a weight and a bias, or two modules, under one name); the same state names for every
+    parameter (``rectangular``); the parameter-first order on a tie."""
     rests = [k[len("state."):] for k in d if isinstance(k, str) and k.startswith("state.") and "." in k[6:]]
     if not rests:
         return None
@@ -183,16 +173,12 @@ def unflatten_optimizer(d: dict, params=()) -> dict:
     parameter of the group with its hyper-parameters).  The per-parameter state may come state
     name first (:func:`flat_state_table`, which ``params``, the unit's weight names, helps decide).
     """
-    state: Dict[str, dict] = {}
     groups: Dict[str, dict] = {}
     by_index = any(k.startswith("param_groups.") and k.endswith(".params") for k in d)
     table = flat_state_table(d, params)
-    for fqn, leaves in (table[0] if table else {}).items():
-        state[fqn] = {leaf: d[k] for leaf, k in leaves.items()}
+    state = {fqn: {leaf: d[k] for leaf, k in leaves.items()} for fqn, leaves in (table[0] if table else {}).items()}
     for k, v in d.items():
-        if k.startswith("state."):
-            continue
-        elif k.startswith("param_groups."):
+        if k.startswith("param_groups."):
             rest = k[len("param_groups."):]
             gid, _, leaf = rest.partition(".") if by_index else rest.rpartition(".")
             groups.setdefault(gid, {})[leaf] = v
@@ -315,11 +301,8 @@ class Node:
 
     def covers(self, rel: str) -> bool:
         """Whether ``rel`` (a dotted path relative to :attr:`path`) lies inside the component."""
-        if self.keys is None:
-            return True
-        if rel in self.keys:
-            return True
-        return any(rel[:i] in self.keys for i, ch in enumerate(rel) if ch == ".")
+        return self.keys is None or not rel or rel in self.keys or any(
+            rel[:i] in self.keys for i, ch in enumerate(rel) if ch == ".")
 
     @property
     def where(self) -> str:
@@ -367,13 +350,10 @@ def _kind(x: Any) -> Optional[str]:
 
 
 def beside_tensors(x: Any) -> Optional[Tuple[dict, List[str]]]:
-    """``(its tensors, the keys of the rest)`` of a plain mapping that holds tensors of its own beside at
-    least one component (optimizer, ZeRO wrapper, scheduler, scaler, RNG state), else None.
-
-    Such a mapping is a whole training state with the model's entries at its root (torchtitan 0.3.0
-    ``CheckpointManager._flattened_model_states_sd``, ``components/checkpointer/dcp.py`` :692-713: ``sd =
-    {k: v for k, v in states.items() if k != MODEL}; sd.update(states[MODEL].state_dict())``); taken whole as
-    weights it would hide its optimizer and scheduler and count their tensors as the model's."""
+    """``(its tensors, the keys of the rest)`` of a plain mapping holding tensors of its own beside at least one
+    component (optimizer, ZeRO wrapper, scheduler, scaler, RNG state), else None: a training state with the
+    model's entries at its root (torchtitan 0.3.0 ``components/checkpointer/dcp.py`` :692-713
+    ``_flattened_model_states_sd``), which taken whole as weights would hide its other components."""
     if not isinstance(x, dict) or any(k in x for k in ("__tensor__", "__instance__", "__call__", "__list__",
                                                            "__bytes__", "__global__", "__safetensors__")):
         return None
