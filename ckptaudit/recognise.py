@@ -123,7 +123,7 @@ def is_optimizer(x: Any) -> bool:
 def is_flat_optimizer(x: Any) -> bool:
     """A flattened optimizer state_dict: ``state.…`` and ``param_groups.…`` keys only, or per-parameter
     moments alone (``state.…`` keys only) whose keys split into a table of parameters by state names in which
-    every parameter has the same state names and each parameter's moments one shape (:func:`flat_state_table`)."""
+    every parameter has the same two or more state names and its moments one shape (:func:`flat_state_table`)."""
     d = _fields(x)
     if not d or "state" in d:
         return False
@@ -132,8 +132,8 @@ def is_flat_optimizer(x: Any) -> bool:
         return True
     if len(keys) < 2 or not all(k.startswith("state.") for k in keys):
         return False
-    table = flat_state_table(d)
-    return bool(table) and len(table[0]) >= 2 and table[1] and table[2]
+    table = flat_state_table(d)  # moments alone: >= 2 parameters, each with the same >= 2 state names, one shape
+    return bool(table) and len(table[0]) >= 2 and table[1] and table[2] and len(next(iter(table[0].values()))) >= 2
 
 
 def flat_state_table(d: dict, params=()) -> Optional[Tuple[Dict[str, Dict[str, str]], bool, bool]]:
@@ -141,8 +141,8 @@ def flat_state_table(d: dict, params=()) -> Optional[Tuple[Dict[str, Dict[str, s
     ``state.…`` keys (None: it has none).  A key is ``state.<fqn>.<name>`` (torch's
     ``_flatten_optim_state_dict``, torchtitan 0.3.0 ``components/optimizer/utils.py`` :77-96) or
     ``state.<name>.<fqn>`` (Megatron-Core 0.16.1 ``optimizer/distrib_optimizer.py`` :1745).  Of the two splits
-    the one kept has, in order: more parameters in ``params`` (the unit's weight names); more parameters whose
-    tensor moments share one shape (``exp_avg``, ``exp_avg_sq`` have the parameter's, ``step`` is a scalar; the
+    the one kept has, in order: more parameters in ``params`` (the unit's weight names); every parameter's
+    tensor moments at one shape (``exp_avg``, ``exp_avg_sq`` have the parameter's, ``step`` is a scalar; the
     wrong split puts a weight and a bias, or two modules, under one name); the same state names for every
     parameter (``rectangular``); the parameter-first order on a tie."""
     rests = [k[len("state."):] for k in d if isinstance(k, str) and k.startswith("state.") and "." in k[6:]]
@@ -157,7 +157,7 @@ def flat_state_table(d: dict, params=()) -> Optional[Tuple[Dict[str, Dict[str, s
         same = sum(len({tuple(v["shape"]) for leaf, k in t.items() if is_tensor(v := d[k])
                         and isinstance(v.get("shape"), list) and v["shape"]}) <= 1 for t in table.values())
         rect = len({frozenset(t) for t in table.values()}) == 1
-        score = (sum(f in params for f in table), same, rect, rank)
+        score = (sum(f in params for f in table), same == len(table), rect, rank)
         if best is None or score > best[0]:
             best = (score, table, rect, same == len(table))
     return best[1], best[2], best[3]

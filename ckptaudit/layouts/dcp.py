@@ -309,14 +309,14 @@ def _nest(flat: dict, paths: dict) -> dict:
     from which DCP itself rebuilds the nested dict (``_EmptyStateDictLoadPlanner.set_up_planner``, :469-470:
     ``set_element(state_dict, metadata.planner_data[k], v)``; an int in a path is a list index).  So
     ``train_state.step`` saved as ``{"train_state": {"step": …}}`` comes back nested, while a key that itself
-    holds dots (a module's ``layers.0.w1.weight`` at the root) stays one key.  An fqn without a usable path (a
-    writer that flattened its state itself, ``flatten_state_dict=False``) is split on its first dot when it
-    starts with a usual component name, ``{"model.wte.weight": x} -> {"model": {"wte.weight": x}}``, else kept
+    holds dots (a module's ``layers.0.w1.weight`` at the root) stays one key.  An fqn without a nesting path (a
+    writer that flattened its state itself: ``flatten_state_dict=False``, or flat keys given to DCP) is split on
+    its first dot when it starts with a usual component name, ``{"model.wte.weight": x} -> {"model": {"wte.weight": x}}``, else kept
     whole; so is an item whose path meets a value where it needs a container."""
     out: dict = {}
     for k, v in flat.items():
         path = paths.get(k)
-        if isinstance(path, (list, tuple)) and path and isinstance(path[0], str) \
+        if isinstance(path, (list, tuple)) and len(path) > 1 and isinstance(path[0], str) \
                 and all(type(p) in (str, int) for p in path) and ".".join(map(str, path)) == k \
                 and _set_path(out, list(path), v):
             continue
