@@ -168,7 +168,7 @@ def collect(layout: str, tree: Dict[str, Any], facts: Dict[str, Any]) -> Compone
             c.top_keys = sorted(set(c.top_keys) | {str(k) for k in sub if not str(k).startswith("__")})
     found = R.find(tree)
     _weights(c, found, contract, facts.get("weights_files") or ())
-    _optimizer(c, found)
+    _optimizer(c, found, frozenset(c.weights or ()))
     for n in found.of("scheduler"):
         c.schedulers.append(R._fields(n.node) or {})
     if c.schedulers:
@@ -242,12 +242,12 @@ def _numel(node: Any) -> int:
 
 
 # ---------------------------------------------------------------- optimizer
-def _optimizer(c: Components, found: R.Found) -> None:
+def _optimizer(c: Components, found: R.Found, params: frozenset = frozenset()) -> None:  # params: weight names
     zero_paths = [(n.file, n.path) for n in found.of("zero")]
     for n in found.of("optimizer"):
         d = R._fields(n.node) or {}
         if R.is_flat_optimizer(n.node):
-            d = R.unflatten_optimizer(d)
+            d = R.unflatten_optimizer(d, params)
         merge_optimizer(c, d, n.where)
         c.optimizer_at.append((n.file, f"{n.path}.state" if n.path else "state"))
         if any(f == n.file and (p == "" or n.path.startswith(p + ".")) for f, p in zero_paths):
@@ -289,7 +289,7 @@ def merge_optimizer(c: Components, opt: dict, source: str) -> None:
 def _inside(found: R.Found, fkey: str, path: str) -> bool:
     """True when ``path`` lies inside a recognised component (its internals are not run counters)."""
     return any(n.file == fkey and n.kind != "zero" and (not n.path or path == n.path or path.startswith(n.path + "."))
-               for n in found.nodes)
+               and n.covers(path[len(n.path) + 1:] if n.path else path) for n in found.nodes)
 
 
 def _search(tree: Dict[str, Any], found: R.Found, keys: List[str], max_depth: int = MAX_SCALAR_DEPTH):

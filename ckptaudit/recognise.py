@@ -6,12 +6,15 @@ is called.  The shapes come from the code that writes them:
 * optimizer state_dict — ``torch.optim.Optimizer.state_dict()`` (torch/optim/optimizer.py):
   ``{"state": {param_id: {...}}, "param_groups": [{"params": [ids], "lr": ..., ...}]}``;
   DCP flattens it to ``state.<fqn>.<leaf>`` / ``param_groups.<fqn>.<leaf>`` keys
-  (torch/distributed/checkpoint/state_dict.py ``_flatten_optim_state_dict``);
+  (torch/distributed/checkpoint/state_dict.py ``_flatten_optim_state_dict``; torchtitan's too), or state
+  name first, ``state.<leaf>.<fqn>`` (Megatron-Core): the order is read from the shape
+  (:func:`flat_state_table`), and such per-parameter moments alone are an optimizer state too;
 * ZeRO optimizer wrapper — DeepSpeed ``DeepSpeedZeroOptimizer.state_dict()``
   (deepspeed/runtime/zero/stage_1_and_2.py): ``base_optimizer_state`` plus
   ``partition_count`` / ``zero_stage``; stage 3 keeps ``fp32_flat_groups``;
 * LR scheduler — ``torch.optim.lr_scheduler.LRScheduler.state_dict()``: its ``__dict__``
-  less the optimizer (``last_epoch``, ``base_lrs``, ``_step_count``, ``_last_lr``);
+  less the optimizer (``last_epoch``, ``base_lrs``, ``_step_count``, ``_last_lr``), or its
+  ``last_epoch`` alone (torchtitan 0.3.0 ``lr_scheduler.py`` :226-231);
   Megatron's ``OptimizerParamScheduler`` (``num_steps``, ``max_lr``, ``warmup_steps``);
 * gradient scaler — ``torch.amp.GradScaler.state_dict()`` (``scale``, ``growth_factor``,
   ``backoff_factor``, ``growth_interval``, ``_growth_tracker``); DeepSpeed's ``LossScaler``;
@@ -26,7 +29,8 @@ is called.  The shapes come from the code that writes them:
   (accelerate 1.15 ``checkpointing.py`` ``save_accelerator_state``, ``accelerator.py``
   ``_do_sync``), not the training step;
 * model weights — a mapping whose values are mostly tensors, outside every
-  component above; an EMA copy has the same keys and shapes as the weights;
+  component above; an EMA copy has the same keys and shapes as the weights; a mapping holding
+  tensors beside components is weights by those tensors alone (:func:`beside_tensors`);
 * a whole ``torch.nn.Module`` pickled as an object (``torch.save(model)``, ultralytics' ``"model"``): an
   instance whose state holds the ``_parameters``, ``_buffers`` and ``_modules`` dicts that
   ``Module.__init__`` sets and ``Module.__getstate__`` returns (torch/nn/modules/module.py); it is the
@@ -45,7 +49,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-__all__ = ["Node", "Found", "find", "is_tensor", "is_module", "module_classes", "children", "unflatten_optimizer"]
+__all__ = ["Node", "Found", "find", "is_tensor", "is_module", "module_classes", "children", "unflatten_optimizer",
+           "flat_state_table", "beside_tensors"]
 
 SCHEDULER_FIELDS = {"base_lrs", "_step_count", "_last_lr", "_get_lr_called_within_step", "lr_lambdas",
                     "T_max", "eta_min", "step_size", "gamma", "milestones", "total_steps", "_schedulers"}
@@ -116,31 +121,64 @@ def is_optimizer(x: Any) -> bool:
 
 
 def is_flat_optimizer(x: Any) -> bool:
+    """A flattened optimizer state_dict: ``state.…`` and ``param_groups.…`` keys only, or per-parameter
+    moments alone (``state.…`` keys only) whose keys split into a table of parameters by state names in which
+    every parameter has the same two or more state names and its moments one shape (:func:`flat_state_table`)."""
     d = _fields(x)
     if not d or "state" in d:
         return False
-    keys = list(d)
-    return any(k.startswith("param_groups.") for k in keys) and all(
-        k.startswith(("state.", "param_groups.")) for k in keys)
+    keys = [k for k in d if k != "__truncated__"]
+    if any(k.startswith("param_groups.") for k in keys) and all(k.startswith(("state.", "param_groups.")) for k in keys):
+        return True
+    if len(keys) < 2 or not all(k.startswith("state.") for k in keys):
+        return False
+    table = flat_state_table(d)  # moments alone: >= 2 parameters, each with the same >= 2 state names, one shape
+    return bool(table) and len(table[0]) >= 2 and table[1] and table[2] and len(next(iter(table[0].values()))) >= 2
 
 
-def unflatten_optimizer(d: dict) -> dict:
+def flat_state_table(d: dict, params=()) -> Optional[Tuple[Dict[str, Dict[str, str]], bool, bool]]:
+    """``({parameter: {state name: flat key}}, rectangular, same shapes)`` of a flat optimizer mapping's
+    ``state.…`` keys (None: it has none).  A key is ``state.<fqn>.<name>`` (torch's
+    ``_flatten_optim_state_dict``, torchtitan 0.3.0 ``components/optimizer/utils.py`` :77-96) or
+    ``state.<name>.<fqn>`` (Megatron-Core 0.16.1 ``optimizer/distrib_optimizer.py`` :1745).  Of the two splits
+    the one kept has, in order: more parameters in ``params`` (the unit's weight names); every parameter's
+    tensor moments at one shape (``exp_avg``, ``exp_avg_sq`` have the parameter's, ``step`` is a scalar; the
+    wrong split puts a weight and a bias, or two modules, under one name); the same state names for every
+    parameter (``rectangular``); the parameter-first order on a tie."""
+    rests = [k[len("state."):] for k in d if isinstance(k, str) and k.startswith("state.") and "." in k[6:]]
+    if not rests:
+        return None
+    best = None
+    for rank, split in ((1, lambda r: r.rpartition(".")[::2]), (0, lambda r: r.partition(".")[::-2])):
+        table: Dict[str, Dict[str, str]] = {}
+        for r in rests:
+            fqn, leaf = split(r)
+            table.setdefault(fqn, {})[leaf] = "state." + r
+        same = sum(len({tuple(v["shape"]) for leaf, k in t.items() if is_tensor(v := d[k])
+                        and isinstance(v.get("shape"), list) and v["shape"]}) <= 1 for t in table.values())
+        rect = len({frozenset(t) for t in table.values()}) == 1
+        score = (sum(f in params for f in table), same == len(table), rect, rank)
+        if best is None or score > best[0]:
+            best = (score, table, rect, same == len(table))
+    return best[1], best[2], best[3]
+
+
+def unflatten_optimizer(d: dict, params=()) -> dict:
     """A flattened optimizer state_dict as a nested one.
 
     Two flat forms exist: a plain flatten of ``Optimizer.state_dict()``
     (``param_groups.<index>.<leaf>``, with a ``params`` leaf) and the per-parameter
     form of ``torch.distributed.checkpoint.state_dict.get_state_dict``
     (``state.<fqn>.<leaf>``, ``param_groups.<fqn>.<leaf>``, no ``params``; each fqn is one
-    parameter of the group with its hyper-parameters).
+    parameter of the group with its hyper-parameters).  The per-parameter state may come state
+    name first (:func:`flat_state_table`, which ``params``, the unit's weight names, helps decide).
     """
-    state: Dict[str, dict] = {}
     groups: Dict[str, dict] = {}
     by_index = any(k.startswith("param_groups.") and k.endswith(".params") for k in d)
+    table = flat_state_table(d, params)
+    state = {fqn: {leaf: d[k] for leaf, k in leaves.items()} for fqn, leaves in (table[0] if table else {}).items()}
     for k, v in d.items():
-        if k.startswith("state."):
-            fqn, _, leaf = k[len("state."):].rpartition(".")
-            state.setdefault(fqn, {})[leaf] = v
-        elif k.startswith("param_groups."):
+        if k.startswith("param_groups."):
             rest = k[len("param_groups."):]
             gid, _, leaf = rest.partition(".") if by_index else rest.rpartition(".")
             groups.setdefault(gid, {})[leaf] = v
@@ -168,6 +206,9 @@ def is_scheduler(x: Any) -> bool:
         return True
     if "last_batch_iteration" in d and all(isinstance(v, (int, float, list, type(None))) for v in d.values()):
         return True  # DeepSpeed lr_schedules (WarmupLR, OneCycle, LRRangeTest) state_dict
+    if [k for k in d if k != "__truncated__"] == ["last_epoch"]:
+        v = d["last_epoch"]  # the position alone (torchtitan LRSchedulersContainer), or a DCP item not read
+        return (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, dict) and "__bytes_item__" in v)
     return PARAM_SCHEDULER_FIELDS <= set(d)
 
 
@@ -254,6 +295,14 @@ class Node:
     path: str  # dotted, as tensor names ("" = the file's root)
     node: Any
     key: str = ""  # the last key of the path (its name in the checkpoint)
+    #: the keys of the mapping at ``path`` that the component is made of, when it is not all of them (weights
+    #: beside components in one mapping: :func:`beside_tensors`); None: everything under ``path``
+    keys: Optional[frozenset] = None
+
+    def covers(self, rel: str) -> bool:
+        """Whether ``rel`` (a dotted path relative to :attr:`path`) lies inside the component."""
+        return self.keys is None or not rel or rel in self.keys or any(
+            rel[:i] in self.keys for i, ch in enumerate(rel) if ch == ".")
 
     @property
     def where(self) -> str:
@@ -296,11 +345,47 @@ _KINDS = (
 )
 
 
+def _kind(x: Any) -> Optional[str]:
+    return next((k for k, tests in _KINDS if any(t(x) for t in tests)), None)
+
+
+def beside_tensors(x: Any) -> Optional[Tuple[dict, List[str]]]:
+    """``(its tensors, the keys of the rest)`` of a plain mapping holding tensors of its own beside at least one
+    component (optimizer, ZeRO wrapper, scheduler, scaler, RNG state), else None: a training state with the
+    model's entries at its root (torchtitan 0.3.0 ``components/checkpointer/dcp.py`` :692-713
+    ``_flattened_model_states_sd``), which taken whole as weights would hide its other components."""
+    if not isinstance(x, dict) or any(k in x for k in ("__tensor__", "__instance__", "__call__", "__list__",
+                                                           "__bytes__", "__global__", "__safetensors__")):
+        return None
+    own = {k: v for k, v in x.items() if is_tensor(v) and not is_rng(v)}
+    if not own:
+        return None
+    rest = [k for k in x if k not in own and k != "__truncated__"]
+    if not any(is_rng(x[k]) or (isinstance(x[k], (dict, list)) and _kind(x[k]) not in (None, "weights"))
+               for k in rest):
+        return None
+    if "__truncated__" in x:
+        own["__truncated__"] = x["__truncated__"]
+    return own, rest
+
+
 def _visit(fkey: str, x: Any, path: str, key: str, out: Found, budget: List[int], depth: int) -> None:
     budget[0] -= 1
     if budget[0] < 0 or depth > 40:
         return
-    kind = next((k for k, tests in _KINDS if any(t(x) for t in tests)), None)
+    kind = _kind(x)
+    split = beside_tensors(x) if kind in (None, "weights") else None
+    if split is not None:
+        own, rest = split
+        if is_weights(own):
+            out.nodes.append(Node("weights", fkey, path, own, key, keys=frozenset(k for k in own if k != "__truncated__")))
+        for k in rest:
+            v, p = x[k], f"{path}.{k}" if path else k
+            if isinstance(v, (dict, list)) and not is_tensor(v):
+                _visit(fkey, v, p, k, out, budget, depth + 1)
+            elif is_rng(v):
+                out.nodes.append(Node("rng", fkey, p, v, k))
+        return
     if kind:
         out.nodes.append(Node(kind, fkey, path, x, key))
         if kind != "zero":

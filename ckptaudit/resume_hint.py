@@ -38,10 +38,14 @@ def framework_of(unit: dict) -> str:
 
 
 def call(framework: str, run_dir: str, unit: str) -> str:
-    """The framework's own resume call for ``unit`` (run-relative) of the run at ``run_dir``."""
+    """The framework's own resume call for ``unit`` (run-relative) of the run at ``run_dir``: its template's
+    ``{path}``, ``{dir}``, ``{tag}`` (the unit's base name) and ``{step}`` (the step its producer's naming puts
+    in that name, :func:`ckptaudit.producers.name_step`; the name itself when none)."""
     p = producers.by_key(framework)
     template = p.resume_call if p is not None and p.resume_call else PLAIN_CALL
-    return template.format(path=join(run_dir, unit), dir=join(run_dir, parent(unit)), tag=base(unit))
+    step = producers.name_step(base(unit))
+    return template.format(path=join(run_dir, unit), dir=join(run_dir, parent(unit)), tag=base(unit),
+                           step=step if step is not None else base(unit))
 
 
 def default_pick(v: dict, framework: str, rollback: str) -> Tuple[Optional[str], bool]:

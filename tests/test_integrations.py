@@ -115,6 +115,28 @@ def test_dcp_restarts_with_last_good_when_the_newest_misses_a_rank_file(fixture_
 
 
 @pytest.mark.slow
+def test_torchtitan_resumes_the_full_state_at_last_good_step(fixture_cache, tmp_path):  # noqa: F811
+    """torchtitan 0.3.0 on 2 gloo ranks, the newest step-30 missing rank 1's file: CheckpointManager.load() takes
+    step-30 and raises; --checkpoint.load_step torchtitan.last_good_step(folder) (20) restores the train state,
+    the scheduler, the optimizer and the dataloader of step 20, as the truth's own probe did."""
+    from ckptaudit.integrations.torchtitan import last_good_step, main
+    from tests.frameworks import fw_torchtitan as T
+
+    run = _copy(fixture_cache, "torchtitan_missing_rank_file", tmp_path)
+    truth = json.loads((fixture_cache / "torchtitan_missing_rank_file" / "truth.json").read_text())
+    assert truth["details"]["torchtitan_resume"]["probes"][0]["ok"] is False
+    step = last_good_step(run / "checkpoint")
+    assert step == 20 and main([str(run / "checkpoint")]) == 0
+    out = tmp_path / "probe.json"
+    T._launch("_probe", {"run": str(run), "steps": 40, "out": str(out), "load_step": step}, tmp_path / "logs")
+    got = json.loads(out.read_text())
+    saved = next(s for s in truth["details"]["saves"] if s["step"] == 20)
+    assert got["ok"] and (got["train_state_step"], got["last_epoch"], got["optimizer_step"]) == (
+        20, saved["last_epoch"], saved["optimizer_step"]), got
+    assert last_good_step(tmp_path / "no-such-folder") is None and main([str(tmp_path / "no-such-folder")]) == 0
+
+
+@pytest.mark.slow
 def test_deepspeed_loads_last_good_tag_where_latest_fails(fixture_cache, tmp_path):  # noqa: F811
     """ZeRO-2 on 2 gloo ranks, rank 1's optimizer partition of the newest tag deleted: load_checkpoint(run)
     (the tag `latest` names) raises; tag=deepspeed.last_good_tag(run) resumes global_step20 in full."""

@@ -11,7 +11,9 @@ byte by byte; nothing is unpickled or loaded here), in each framework's own term
 - Accelerate: ``accelerate.load_last_good(accelerator)`` (``load_state`` of ``accelerate.last_good``, and the
   next save's number past every folder there);
 - DeepSpeed: ``engine.load_checkpoint(save_dir, tag=deepspeed.last_good_tag(save_dir))``;
-- DCP: ``dcp.load(state_dict, checkpoint_id=dcp.last_good(folder))``.
+- DCP: ``dcp.load(state_dict, checkpoint_id=dcp.last_good(folder))``;
+- torchtitan: ``--checkpoint.load_step $(python -m ckptaudit.integrations.torchtitan <dump>/checkpoint)``
+  (``torchtitan.last_good_step(folder)``; ``-1`` when the folder holds no save yet).
 
 Each returns None when the folder holds no checkpoint yet (a first start: the framework starts fresh), and
 raises :class:`ckptaudit.safe_load.NoUsableCheckpointError` when it holds checkpoints but none the framework

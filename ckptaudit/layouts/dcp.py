@@ -99,9 +99,17 @@ def read_metadata(folder: Path, shown: str, cfg: dict) -> Tuple[Optional[dict], 
 
 
 class DCP:
-    name = "dcp"
+    """A DCP folder as one unit, of layout ``name``; with ``folder_name`` (a regular expression, full match),
+    only a folder so named: a producer that saves DCP folders under a naming of its own gets its own layout
+    (its producer module says which), scanned the same way."""
+
+    def __init__(self, name: str = "dcp", folder_name: Optional[str] = None):
+        self.name = name
+        self._folder = re.compile(folder_name) if folder_name else None
 
     def claim_dir(self, path: Path) -> bool:
+        if self._folder is not None and not self._folder.fullmatch(path.name):
+            return False
         return self.claims_names(folder_names(path) or [])
 
     def claims_names(self, names) -> bool:
@@ -151,10 +159,11 @@ class DCP:
         if outside:
             return scan
         tree = _tensor_tree(sdm)
+        paths = meta.get("planner_data") if isinstance(meta, dict) else None
         # every non-tensor item is a torch.save blob that dcp.load unpickles with weights_only=False
         dcp_bytes.scan_bytes_items(folder, storage, tree, scan, list(cfg.get("security", {}).get("allow_globals", [])),
                                    rel, state_fields, item_fqn, _count, _inside)
-        scan.tree["root"] = _nest(tree)
+        scan.tree["root"] = _nest(tree, paths if isinstance(paths, dict) else {})
         need, bad = _shard_ends(storage)
         if bad is not None:
             idx, sinfo = bad
@@ -291,16 +300,69 @@ def state_fields(obj):
     return instance_fields(obj)
 
 
-def _nest(flat: dict) -> dict:
-    """{"model.wte.weight": x} -> {"model": {"wte.weight": x}} on the first dot only."""
+def _nest(flat: dict, paths: dict) -> dict:
+    """The saved state dict's nesting, rebuilt from its flat items (``{fqn: tree node}``).
+
+    ``paths`` is the Metadata's ``planner_data``: ``{fqn: the key path it was flattened from}``, which
+    ``DefaultSavePlanner`` records when it flattens the state dict (torch 2.13
+    ``distributed/checkpoint/default_planner.py`` :110 and :150-152, ``_nested_dict.flatten_state_dict``) and
+    from which DCP itself rebuilds the nested dict (``_EmptyStateDictLoadPlanner.set_up_planner``, :469-470:
+    ``set_element(state_dict, metadata.planner_data[k], v)``; an int in a path is a list index).  So
+    ``train_state.step`` saved as ``{"train_state": {"step": …}}`` comes back nested, while a key that itself
+    holds dots (a module's ``layers.0.w1.weight`` at the root) stays one key.  An fqn without a nesting path (a
+    writer that flattened its state itself: ``flatten_state_dict=False``, or flat keys given to DCP) is split on
+    its first dot when it starts with a usual component name, ``{"model.wte.weight": x} -> {"model": {"wte.weight": x}}``, else kept
+    whole; so is an item whose path meets a value where it needs a container."""
     out: dict = {}
     for k, v in flat.items():
+        path = paths.get(k)
+        if isinstance(path, (list, tuple)) and len(path) > 1 and isinstance(path[0], str) \
+                and all(type(p) in (str, int) for p in path) and ".".join(map(str, path)) == k \
+                and _set_path(out, list(path), v):
+            continue
         head, _, rest = k.partition(".")
-        if rest and head in ("model", "optim", "optimizer", "scheduler", "lr_scheduler"):
-            out.setdefault(head, {})[rest] = v
-        else:
-            out[k] = v
+        if rest and head in ("model", "optim", "optimizer", "scheduler", "lr_scheduler") \
+                and isinstance(out.setdefault(head, {}), dict) and _set_path(out, [head, rest], v):
+            continue
+        out[k] = v
     return out
+
+
+def _set_path(out: dict, path: list, v) -> bool:
+    """Put ``v`` at ``path`` (str keys, int list indices) in ``out``, creating the containers on the way as DCP's
+    ``set_element`` does (torch ``distributed/checkpoint/_traverse.py`` :120-150); False, ``v`` not placed (the
+    containers made on the way stay), when the path meets a value of another kind, a list index beyond
+    :data:`MAX_LIST_INDEX`, or a taken leaf."""
+    node = out
+    for part, nxt in zip(path, path[1:]):
+        want = dict if type(nxt) is str else list
+        if type(nxt) is int and not 0 <= nxt < MAX_LIST_INDEX:
+            return False
+        if isinstance(node, dict):
+            child = node.setdefault(str(part), want())
+        else:
+            if type(part) is not int or not 0 <= part < MAX_LIST_INDEX:
+                return False
+            node.extend([None] * (part + 1 - len(node)))
+            child = node[part] = node[part] if node[part] is not None else want()
+        if not isinstance(child, want) or (want is dict and ("__tensor__" in child or "__bytes_item__" in child)):
+            return False
+        node = child
+    last = path[-1]
+    if isinstance(node, dict):
+        if str(last) in node:
+            return False
+        node[str(last)] = v
+        return True
+    if type(last) is not int or not 0 <= last < MAX_LIST_INDEX:
+        return False
+    node.extend([None] * (last + 1 - len(node)))
+    node[last] = v
+    return True
+
+
+#: Largest list index a ``planner_data`` path may hold (a hostile ``.metadata`` cannot make the tree huge).
+MAX_LIST_INDEX = 1 << 16
 
 
 ADAPTER = DCP()

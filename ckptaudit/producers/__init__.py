@@ -1,8 +1,8 @@
 """Producers as data: one module per framework holds what its save writes and what its resume reads.
 
 Each module of this package (:mod:`.hf_trainer`, :mod:`.accelerate`, :mod:`.lightning`, :mod:`.deepspeed`,
-:mod:`.dcp`, :mod:`.megatron`, :mod:`.nanogpt`, :mod:`.torch_tutorial`, :mod:`.nemo`, :mod:`.composer`,
-:mod:`.nvrx`, :mod:`.nemo_automodel`, :mod:`.training_hub`) defines one
+:mod:`.torchtitan`, :mod:`.dcp`, :mod:`.megatron`, :mod:`.nanogpt`, :mod:`.torch_tutorial`, :mod:`.nemo`,
+:mod:`.composer`, :mod:`.nvrx`, :mod:`.nemo_automodel`, :mod:`.training_hub`) defines one
 :class:`~.contract.Producer`: its :class:`~.contract.Contract` per version range (which files form a
 unit, the role of each, how the resume loads it, where the step lives, what it always or never saves),
 the base-name patterns of its files' roles, how its resume unpickles each role, its resume call and the
@@ -27,7 +27,7 @@ from types import MappingProxyType
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import (accelerate, composer, dcp, deepspeed, hf_trainer, lightning, megatron, nanogpt, nemo, nemo_automodel,
-               nvrx, torch_tutorial, training_hub)
+               nvrx, torch_tutorial, torchtitan, training_hub)
 from .contract import UNSAFE, WO, Contract, FileRole, PointerFile, Producer, ResumeLoad, UnfinishedMarker
 
 __all__ = ["Contract", "FileRole", "PointerFile", "Producer", "ResumeLoad", "PRODUCERS", "CONTRACTS", "WO", "UNSAFE",
@@ -39,9 +39,9 @@ __all__ = ["Contract", "FileRole", "PointerFile", "Producer", "ResumeLoad", "PRO
 
 #: Every producer, in the order a unit's contract is looked for.
 PRODUCERS: Tuple[Producer, ...] = (hf_trainer.PRODUCER, accelerate.PRODUCER, lightning.PRODUCER,
-                                   deepspeed.PRODUCER, dcp.PRODUCER, nanogpt.PRODUCER, torch_tutorial.PRODUCER,
-                                   megatron.PRODUCER, nemo.PRODUCER, composer.PRODUCER, nvrx.PRODUCER,
-                                   nemo_automodel.PRODUCER, training_hub.PRODUCER)
+                                   deepspeed.PRODUCER, torchtitan.PRODUCER, dcp.PRODUCER, nanogpt.PRODUCER,
+                                   torch_tutorial.PRODUCER, megatron.PRODUCER, nemo.PRODUCER, composer.PRODUCER,
+                                   nvrx.PRODUCER, nemo_automodel.PRODUCER, training_hub.PRODUCER)
 #: Every contract, in that order.
 CONTRACTS: Tuple[Contract, ...] = tuple(c for p in PRODUCERS for c in p.contracts)
 #: The producers' folder adapters (``"module:ATTR"`` in :mod:`ckptaudit.layouts`), in claim order.
@@ -69,10 +69,11 @@ def by_key(key: str) -> Optional[Producer]:
 
 
 def for_unit(unit: dict) -> Optional[Producer]:
-    """The producer whose resume reads ``unit`` (a verdict's unit row: ``unit``, ``layout``): by its layout,
-    else the producer that claims it (a plain ``.ckpt`` file is Lightning's); None for a plain file."""
-    p = for_layout(unit.get("layout") or "")
-    return p or next((q for q in PRODUCERS if q.claims is not None and q.claims(unit)), None)
+    """The producer whose resume reads ``unit`` (a verdict's unit row: ``unit``, ``layout``): the producer that
+    claims it (a DCP folder named ``step-<N>`` is torchtitan's, a plain ``.ckpt`` file Lightning's), else by
+    its layout; None for a plain file."""
+    claimed = next((q for q in PRODUCERS if q.claims is not None and q.claims(unit)), None)
+    return claimed or for_layout(unit.get("layout") or "")
 
 
 def with_entry() -> Tuple[Producer, ...]:

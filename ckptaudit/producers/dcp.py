@@ -1,8 +1,13 @@
-"""torch.distributed.checkpoint (DCP) folders, as torchtitan writes them (``step-N``).
+"""torch.distributed.checkpoint (DCP) folders written by a plain ``dcp.save``: a ``.metadata`` and ``*.distcp`` rank files.
 
-Sources: torch 2.13 ``torch/distributed/checkpoint`` (a ``.metadata`` pickle read with ``pickle.load``, and
-``*.distcp`` data files per rank); torchtitan ``components/checkpoint.py`` (``step-N`` folders whose state
-holds ``train_state.step``).  Resume: ``torch.distributed.checkpoint.load(state_dict, checkpoint_id=…)``.
+Sources: torch 2.13 ``torch/distributed/checkpoint`` (``filesystem.py``: a ``.metadata`` pickle read with
+``pickle.load`` by ``FileSystemReader.read_metadata`` :926, ``__<rank>_<n>.distcp`` data files written by
+``_write_item`` :320; ``.metadata`` is written last, through ``.metadata.tmp`` and a rename).  What a plain
+DCP state dict holds is the caller's choice: no key is required and none has a fixed meaning, so this
+producer identifies every DCP unit that no framework's contract claims (torchtitan's ``train_state``, its
+``step-<N>`` folders: :mod:`.torchtitan`), and its components are found by their shape alone.  Resume:
+``torch.distributed.checkpoint.load(state_dict, checkpoint_id=…)``, whose default planner is strict (an item
+the state dict asks for and ``.metadata`` lacks raises).
 """
 
 from __future__ import annotations
@@ -10,14 +15,10 @@ from __future__ import annotations
 from .contract import Contract, FileRole, Producer
 
 CONTRACT = Contract(
-    producer="torchtitan", framework="torch.distributed.checkpoint", versions="torch>=2.4 (tested 2.13.0)",
-    layouts=("dcp",), match_keys=("train_state",),
+    producer="torch.distributed.checkpoint", framework="torch.distributed.checkpoint",
+    versions="torch>=2.4 (tested 2.13.0)", layouts=("dcp",), match_files=(".metadata", "*.distcp"),
     files=(FileRole(".metadata", "metadata", "torch.distributed.checkpoint.load"),
            FileRole("*.distcp", "mixed", "torch.distributed.checkpoint.load")),
-    keys={"weights": ("model",), "optimizer": ("optimizer",), "scheduler": ("lr_scheduler",),
-          "sampler": ("dataloader",)},
-    step_at=("*:train_state.step",),
-    saves=frozenset({"weights", "optimizer", "step"}),
 )
 
 PRODUCER = Producer(
