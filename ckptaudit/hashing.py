@@ -219,6 +219,7 @@ def hash_unit(run_dir: Path, unit: dict, facts: Optional[list] = None,
         row_findings.setdefault(found.path, []).append(found)
     rows = []
     covered = 0  # files with a digest to check against
+    no_crc: List[str] = []  # files without a digest whose bytes no per-record CRC-32 covers either
     prog = _progress.for_unit(unit)  # bytes hashed, for the CLI's progress line ($CKPTAUDIT_PROGRESS_DIR)
     passes = _file_passes(run_dir, {**unit, "files": passed}, manifest_entries, sidecar_map.keys() | listed.keys(),
                           prog, planned or (lambda rel: True))
@@ -234,6 +235,8 @@ def hash_unit(run_dir: Path, unit: dict, facts: Optional[list] = None,
             rows.append(_unreadable_row(unit, rel, e))
             continue
         covered += bool(row["expected_sha256_hex"])
+        if not row["expected_sha256_hex"] and not len(ff.plan.crc_range):
+            no_crc.append(rel)
         rows.append(row)
         if facts is not None:
             from .onepass.facts import table_of
@@ -256,9 +259,18 @@ def hash_unit(run_dir: Path, unit: dict, facts: Optional[list] = None,
                          "findings_json": json.dumps([f.to_dict() for f in integ.findings])})
     if rows and covered == 0 and not unreadable and integ is None:
         extra = json.loads(rows[0]["findings_json"])
-        extra.append(F.make("sidecar_missing", path=unit["unit"]).to_dict())
+        extra.append(_sidecar_missing(unit["unit"], no_crc).to_dict())
         rows[0]["findings_json"] = json.dumps(extra)
     return rows
+
+
+def _sidecar_missing(unit: str, no_crc: List[str]) -> F.Finding:
+    """``sidecar_missing`` of a unit no digest covers; ``no_crc``: its files whose bytes no zip record CRC-32
+    covers either (a safetensors file, a JSON state, a legacy pickle): for those "no damage found" is all the
+    audit can say, never "intact" (``detail["unverified_files"]``, eight named, ``n_unverified`` all)."""
+    f = F.make("sidecar_missing", path=unit)
+    f.detail.update(unverified_files=no_crc[:8], n_unverified=len(no_crc))
+    return f
 
 
 def _sidecar_digests(run_dir: Path, unit: dict, row_findings: Dict[str, List[F.Finding]]

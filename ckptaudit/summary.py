@@ -4,7 +4,8 @@ One headline (recommendation, rollback point and its step, steps lost), the run 
 and shell repair below is relative to (other paths are printed absolute), the verdict's first
 reason when it is not a plain resume, one line per damaged unit or pointer (what is wrong, in
 the finding's own words), runs of healthy units collapsed into one line
-(``ckpt_000100.pt .. ckpt_000400.pt: 4 units intact``), and where report.html is.  The CLI
+(``ckpt_000100.pt .. ckpt_000400.pt: 4 units intact`` where a digest or zip CRC-32 proved every byte, "no
+damage found, not verifiable without a checksum" where a file had neither), and where report.html is.  The CLI
 prints it itself; the Snakefile's ``onsuccess:`` handler prints it for ``snakemake … audit``.
 """
 
@@ -91,9 +92,21 @@ def severity_counts(findings: List[Dict]) -> str:
     return ", ".join(f"{k} {sev}{'s' * (k != 1)}" for sev, k in n.items() if k)
 
 
+def unverified(u: Dict) -> int:
+    """How many files of unit ``u`` (a verdict unit) neither a recorded digest nor a zip record CRC-32 covered:
+    for those the audit found no damage but could not prove the bytes (``sidecar_missing``'s detail)."""
+    return sum(int((f.get("detail") or {}).get("n_unverified") or 0) for f in u["findings"]
+               if f.get("kind") == "sidecar_missing")
+
+
+#: a healthy unit whose every byte a digest or CRC proved, and one with bytes nothing could check
+INTACT, NO_DAMAGE_FOUND = "intact", "no damage found, not verifiable without a checksum (ckptaudit seal)"
+
+
 def _healthy_run(run: List[Dict]) -> str:
     counted = severity_counts([f for u in run for f in u["findings"]])
-    state = "intact" if not counted else f"usable for resume, {counted} (see the report)"
+    proven = INTACT if not any(unverified(u) for u in run) else NO_DAMAGE_FOUND
+    state = proven if not counted else f"usable for resume, {counted} (see the report)"
     if len(run) == 1:
         return f"  {run[0]['unit']} ({step_text(run[0]['step'])}): {state}"
     return f"  {run[0]['unit']} .. {run[-1]['unit']}: {len(run)} units {state}"

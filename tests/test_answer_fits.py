@@ -107,3 +107,63 @@ def test_last_good_of_a_missing_path_warns_and_must_exist_raises(tmp_path, caplo
     assert os.path.abspath(typo) in caplog.text and "step 0" in caplog.text
     with pytest.raises(FileNotFoundError, match=str(typo)):
         hf.last_good(typo, must_exist=True)
+
+
+def test_an_unsealed_trainer_run_is_never_called_intact(tmp_path):
+    """A bit flipped inside an unsealed ``model.safetensors`` passes every check (the format has no checksum):
+    the summary says no damage was found and that it cannot be verified, never "intact"; a torch.save run,
+    whose every record a CRC-32 covers, is intact."""
+    from ckptaudit.summary import NO_DAMAGE_FOUND, summary, unverified
+
+    run = tmp_path / "out"
+    shutil.copytree(HF_CASE / "checkpoint-20", run / "checkpoint-20")
+    st = run / "checkpoint-20" / "model.safetensors"
+    data = bytearray(st.read_bytes())
+    data[-100] ^= 0x01  # inside the last tensor's bytes
+    st.write_bytes(bytes(data))
+    v = audit_in_process(run, {}, out_dir=tmp_path / "o")
+    text = summary(v, tmp_path / "o")
+    assert v["units"][0]["usable_for"] == "resume"
+    assert f"checkpoint-20 (step 20): {NO_DAMAGE_FOUND}" in text, text
+    assert "intact" not in text.replace(NO_DAMAGE_FOUND, "")
+
+    root = _two_runs(tmp_path / "zips")
+    v = audit_in_process(root / "runA", {}, out_dir=tmp_path / "o2")
+    assert [unverified(u) for u in v["units"]] == [0, 0, 0]  # each record's CRC-32 proved its bytes
+
+
+def test_one_flipped_byte_is_told_by_its_crc_not_by_genuine_zeros(tmp_path):
+    """An embedding whose rows no batch touched keeps zero AdamW moments in every checkpoint; one flipped byte in
+    that moment's record made the summary lead with "NUL bytes … a lost or unflushed block"."""
+    import torch
+    import zipfile
+
+    from ckptaudit.summary import summary
+
+    run = tmp_path / "run"
+    run.mkdir()
+    emb = torch.nn.Embedding(4096, 8)
+    opt = torch.optim.AdamW(emb.parameters())
+    for step in (1, 2):
+        emb(torch.tensor([0, 1, 2])).sum().backward()  # rows 3.. never seen: their moments stay 0
+        opt.step()
+        opt.zero_grad()
+        torch.save({"model": emb.state_dict(), "optimizer": opt.state_dict(), "step": step},
+                   run / f"ckpt_{step:06d}.pt")
+    p = run / "ckpt_000002.pt"
+    names = {i.filename: i for i in zipfile.ZipFile(p).infolist()}
+    moments = sorted((i for n, i in names.items() if "/data/" in n and not n.endswith("/data/0")),
+                     key=lambda i: -i.file_size)
+    rec = moments[0]  # exp_avg (or exp_avg_sq) of the embedding: zero on every row no batch touched
+    with open(p, "r+b") as fh:
+        fh.seek(rec.header_offset + 26)
+        n_name, n_extra = int.from_bytes(fh.read(2), "little"), int.from_bytes(fh.read(2), "little")
+        fh.seek(rec.header_offset + 30 + n_name + n_extra + 100)  # a byte of the record's data
+        b = fh.read(1)
+        fh.seek(-1, 1)
+        fh.write(bytes([b[0] ^ 0x40]))
+    v = audit_in_process(run, {}, out_dir=tmp_path / "o")
+    kinds = [f["kind"] for f in next(u for u in v["units"] if u["unit"] == p.name)["findings"]]
+    assert "zip_crc_mismatch" in kinds and "zero_filled_span" not in kinds
+    line = next(ln for ln in summary(v, tmp_path / "o").splitlines() if ln.startswith(f"  {p.name}"))
+    assert "CRC32" in line and "NUL" not in line and "lost" not in line, line

@@ -79,7 +79,7 @@ ENTRIES: List[_k] = [
        stage="scan", detector="ckptaudit.formats.zip.central:missing_record"),
     _k("zip_crc_mismatch", "file", "error", "none",
        "{path}: member {member} fails its CRC32 check (stored {expected}, computed {actual}): its bytes "
-       "changed after the save{tensor_text}.",
+       "changed after the save{tensor_text}{zeros_text}.",
        "Treat it as corrupt even though torch.load may accept it; roll back to an older checkpoint.",
        stage="scan", detector="ckptaudit.formats.zip.crc_finding:crc_mismatch"),
     _k("zip_storage_missing", "file", "error", "none",
@@ -111,7 +111,7 @@ ENTRIES: List[_k] = [
        "{path} has no SHA-256 sidecar or manifest entry: silent corruption inside tensor data cannot be ruled out "
        "for members without their own CRC.",
        "Publish checkpoints with sidecars (ckptaudit.publish) or seal this run: `ckptaudit seal RUN_DIR`.",
-       stage="hash", detector="ckptaudit.hashing:hash_unit"),
+       stage="hash", detector="ckptaudit.hashing:_sidecar_missing"),
     _k("sidecar_malformed", "file", "warning", "resume",
        "{sidecar} is not in sha256sum format ({why}).",
        "Regenerate it with `sha256sum FILE > FILE.sha256` from a copy you trust.",

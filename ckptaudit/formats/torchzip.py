@@ -220,8 +220,8 @@ def _check_entries(fh: ArchiveFile, entries, rep: ZipReport, cd_start: int, veri
 
 
 def _member_findings(display: str, checked: list, prefix: str, names: Mapping[str, Sequence[str]]) -> List:
-    """Findings of the damaged records, in archive order: a damaged local header (the first 20 named), a
-    zeroed span inside a record and its CRC mismatch."""
+    """Findings of the damaged records, in archive order: a damaged local header (the first 20 named) and a
+    record's CRC mismatch (with its longest NUL run as a fact to compare: zeros may be genuine values)."""
     out = []
     n_hdr_findings = 0
     for m, why, crc in checked:
@@ -230,10 +230,9 @@ def _member_findings(display: str, checked: list, prefix: str, names: Mapping[st
                 out.append(member_header_corrupted(display, m.name, m.header_offset, why))
             n_hdr_findings += 1
         if crc is not None:
-            actual, span = crc
-            if span and span[1] >= MIN_ZERO_SPAN_BYTES:
-                out.append(zeros.span(display, span[1], span[0], m.name))
-            out.append(crc_mismatch(display, m.name, hex32(m.crc32), actual, prefix, names))
+            actual, span = crc  # a zero run inside a record whose CRC fails is told with the CRC, not as a cause
+            nul = span if span and span[1] >= MIN_ZERO_SPAN_BYTES else None
+            out.append(crc_mismatch(display, m.name, hex32(m.crc32), actual, prefix, names, nul))
     return out
 
 
