@@ -107,7 +107,9 @@ class RequiredKeys:
 class ResumeLoad:
     """How a producer's resume unpickles one file: ``loader`` in words, the names its loader adds to torch's
     weights-only allowlist (``allows``, as torch matches them), or no allowlist at all (``weights_only``
-    False), or ``never`` (the resume does not unpickle the file)."""
+    False), or ``never`` (the resume does not unpickle the file).  Names in ``allows`` are judged as that
+    loader's own in its files (:func:`ckptaudit.security.scan`), also where it loads without an allowlist
+    (ultralytics' model classes, which its opt-in weights-only loader admits by name)."""
 
     loader: str
     allows: FrozenSet[str] = frozenset()

@@ -32,8 +32,9 @@ Sources: the ultralytics 8.4.190 wheel (which wrote the tests' runs); line numbe
 The audit: a unit's step is the epoch the resume starts at (``epoch`` + 1; none for a finished, stripped file,
 which only a new training can start from); the classes of its whole pickled model are judged by what that
 resume loads: :data:`MODEL_CLASSES`, the ``nn.Module`` subclasses ``_SafeLoad`` admits, listed from the
-installed ultralytics 8.4.190 and torch 2.13, are known data (``NEWOBJ`` of the class and ``BUILD`` of its
-``__dict__``, ``Module.__setstate__``), so only a name outside them is an unknown import.
+installed ultralytics 8.4.190 and torch 2.13 (``NEWOBJ`` of the class and ``BUILD`` of its ``__dict__``,
+``Module.__setstate__``), are what its resume admits (:data:`ADMITS`, the resume load's ``allows``), so in its
+files only a name outside them is an unknown import; the same class in a file no such resume reads stays unknown.
 """
 
 from __future__ import annotations
@@ -134,20 +135,13 @@ MODEL_CLASSES: Dict[str, str] = {
         "YOLOESegModel"
     ),
 }
-_CLASS_WHY = ("an nn.Module subclass of {module}: ultralytics pickles its model whole (save_model's \"ema\", "
-              "strip_optimizer's \"model\"), NEWOBJ of the class and BUILD of its __dict__ (Module.__setstate__); "
-              "ultralytics' own weights-only loader admits exactly these (_SafeLoad, ultralytics/nn/tasks.py "
-              ":1744-1754, 8.4.190) and its default resume loads them with weights_only=False")
 _NAMESPACE = "ultralytics.utils.IterableSimpleNamespace"
 
 
-def _benign() -> Dict[str, Tuple[str, str]]:
-    out = {f"{m}.{n}": (f"{m}.{n}", _CLASS_WHY.format(module=m)) for m, names in MODEL_CLASSES.items()
-           for n in names.split()}
-    out[_NAMESPACE] = (_NAMESPACE, "the model's args, a types.SimpleNamespace subclass with no __setstate__ of its "
-                                   "own (ultralytics/utils/__init__.py :332), rebuilt from a dict of values; "
-                                   "_SafeLoad allows it (ultralytics/nn/tasks.py :1843-1844, 8.4.190)")
-    return out
+#: what its resume admits by name (:attr:`ResumeLoad.allows`): :data:`MODEL_CLASSES` and the model's args, an
+#: ``IterableSimpleNamespace`` (a ``types.SimpleNamespace`` subclass with no ``__setstate__`` of its own,
+#: ``ultralytics/utils/__init__.py`` :332, that ``_SafeLoad`` allows, :1843-1844)
+ADMITS = frozenset([f"{m}.{n}" for m, names in MODEL_CLASSES.items() for n in names.split()] + [_NAMESPACE])
 
 
 CONTRACT = Contract(
@@ -188,12 +182,12 @@ PRODUCER = Producer(
     key="ultralytics", name="ultralytics", layouts=("ultralytics",), contracts=(CONTRACT,),
     unit_names=UNIT_NAMES, unit_folder=UNIT_FOLDER, resume_step=resume_step,
     resume_loads={"mixed": ResumeLoad("ultralytics torch_safe_load: torch.load(weights_only=False) "
-                                      "(ultralytics 8.4.190 nn/tasks.py :1925, utils/patches.py :216-217)",
-                                      weights_only=False)},
+                                      "(ultralytics 8.4.190 nn/tasks.py :1925, utils/patches.py :216-217); its "
+                                      "model classes are those its weights-only _SafeLoad admits (:1744-1754)",
+                                      allows=ADMITS, weights_only=False)},
     resume_call='YOLO("{path}").train(resume=True)',
     default_call='YOLO("<run>/weights/last.pt").train(resume=True)',
     default_pick=default_pick,
     entry=is_entry, entry_call='YOLO("<run>/weights/last.pt").train(resume=True)',
     pip_names={"ultralytics": "ultralytics"},
-    benign_globals=_benign(),
 )
