@@ -10,8 +10,10 @@ unchanged), and restores both afterwards (the recipe of ``shared/formats/torchvi
 checkpoint bytes the frameworks then write are their own.
 
 :func:`install` puts that import in place of the plain one for the whole process, without importing anything
-itself: a fixture module calls it at its top, so that ``import timm`` (generate.py imports each REQUIRES name
-before a fixture runs) and the training children that import the fixture module get a working torchvision.
+itself.  It is needed beyond timm and ultralytics: once torchvision is installed (their dependency, so the
+``frameworks`` extra brings it), torchmetrics imports it, and ``import lightning`` imports torchmetrics.  So the
+test session (tests/conftest.py) and every child the fixtures start (generate.py's ``_child``, ``_util._main``,
+``_dist.main``) install it first; the timm and ultralytics modules call it at their top as well.
 
 Where a framework calls ``torchvision.ops.nms`` (ultralytics' validation, ``ultralytics/utils/nms.py``
 ``non_max_suppression``), :func:`use_nms` puts a pure-torch NMS in its place: ultralytics' own ``TorchNMS.nms``,
