@@ -65,6 +65,7 @@ class Components:
     ema: bool = False
     step: Optional[int] = None
     step_source: str = ""
+    step_counts: str = "steps"  # or "epochs": where an epoch-based resume continues (producers.resume_step)
     epoch: Optional[float] = None
     best_metric: Optional[float] = None
     loss: Optional[float] = None
@@ -80,14 +81,8 @@ class Components:
     @property
     def optimizer_step(self) -> Optional[float]:
         st = (self.optimizer or {}).get("state")
-        if not isinstance(st, dict):
-            return None
-        vals = []
-        for v in st.values():
-            if isinstance(v, dict):
-                s = scalar(v.get("step"))
-                if s is not None:
-                    vals.append(s)
+        vals = [s for v in (st.values() if isinstance(st, dict) else ()) if isinstance(v, dict)
+                and (s := scalar(v.get("step"))) is not None]
         return max(vals) if vals else None
 
     @property
@@ -336,13 +331,17 @@ def _scalars(c: Components, tree, found, contract, facts, layout) -> None:
 
 
 def _step(c: Components, tree, found, contract, facts, layout) -> Tuple[Optional[int], str]:
-    """``(step, where it was read)``, first found of: the producer contract's places, a step key in the tree,
+    """``(step, where it was read)``, first found of: the producer contract's places, the step the producer's
+    resume continues at (by layout: :func:`ckptaudit.producers.resume_step`), a step key in the tree,
     the layout's own step (DeepSpeed global_steps, Megatron iteration), a safetensors ``__metadata__`` step,
     the optimizer's own update count; ``(c.step, c.step_source)`` when none has one."""
     for spec in (contract.step_at if contract else ()):
         v, where = lookup(tree, spec)
         if scalar(v) is not None:
             return int(scalar(v)), where
+    if (own := producers.resume_step(layout, tree)) is not None:  # an epoch-based resume: where it continues
+        c.step_counts = "epochs"
+        return own
     v, where = _search(tree, found, STEP_KEYS)
     if v is not None:
         return int(v), where

@@ -37,6 +37,14 @@ def _why(u: dict) -> str:
     return ", ".join(dict.fromkeys(errs)) or f"usable for {u['usable_for']} only"
 
 
+def _outcome(u: dict) -> str:
+    """What the configured resume does with the damaged entry ``u``: its load fails on damaged bytes, or it
+    restores state the audit judged unusable (non-finite weights) and carries on."""
+    layers = {f["layer"] for f in u["findings"] if f["severity"] == "error" and f["kind"] != "resume_entry_damaged"}
+    return "restore that damaged state and train on from it" if layers and layers <= {"state"} else \
+        "fail in the load"
+
+
 def entry_findings(units_out: List[dict], run_dir: str) -> List[dict]:
     """The resume entries among ``units_out`` ({"unit", "framework", "ok", "finding"}); a damaged entry
     (not usable for resume) gets a ``resume_entry_damaged`` finding added to its own findings."""
@@ -45,14 +53,16 @@ def entry_findings(units_out: List[dict], run_dir: str) -> List[dict]:
         p = _entry_of(u)
         if p is None:
             continue
-        ok = u["usable_for"] == "resume"
         f = None
+        folder = parent(u["unit"])
+        good = [x for x in units_out if x["usable_for"] == "resume" and not p.entry(x["unit"])
+                and parent(x["unit"]) == folder and x["unit"].endswith(p.unit_suffix)]
+        best = max(good, key=lambda x: (x["step"] if x["step"] is not None else -1,
+                                        x.get("name_step") is not None, x["unit"]), default=None)
+        # an intact entry that is no resume point, with none beside it (a finished run's stripped weights) is not
+        # damaged: there is nothing to copy over it, and its resume's refusal is the framework's own design
+        ok = u["usable_for"] == "resume" or (best is None and u["usable_for"] != "none")
         if not ok:
-            folder = parent(u["unit"])
-            good = [x for x in units_out if x["usable_for"] == "resume" and not p.entry(x["unit"])
-                    and parent(x["unit"]) == folder and x["unit"].endswith(p.unit_suffix)]
-            best = max(good, key=lambda x: (x["step"] if x["step"] is not None else -1,
-                                            x.get("name_step") is not None, x["unit"]), default=None)
             dst = shlex.quote(u["unit"])
             if best:
                 src = shlex.quote(best["unit"])
@@ -63,6 +73,7 @@ def entry_findings(units_out: List[dict], run_dir: str) -> List[dict]:
                 repair = ""
                 instead = f"No intact {p.name} checkpoint is beside it to copy over it; see the verdict's rollback point."
             f = F.make("resume_entry_damaged", path=u["unit"], why=_why(u), next_text=instead, repair_code=repair,
+                       framework=p.name, entry_call=p.entry_call, outcome=_outcome(u),
                        intact_text=f" although {best['unit']} is intact" if best else "").to_dict()
             u["findings"].append(f)
             u["usable_for"] = F.usable_for(u["findings"])

@@ -226,6 +226,8 @@ def scan(result: WalkResult, *, path: str, member: str, extra_allowed: Sequence[
     if loader == "auto":
         loader = "pickle.load" if member.replace("\\", "/").rsplit("/", 1)[-1] == ".metadata" else "torch.load"
     verdicts = _import_verdicts(result, extra_allowed)
+    if resume is not None and resume.allows:
+        _allowed_by_resume(verdicts, resume)
     if any(v.category in ("benign", "unknown") for v in verdicts):
         judge_usage(result, verdicts, _UNKNOWN_SRC)
     return verdicts, _scan_findings(result, verdicts, path, member, loader, resume)
@@ -248,6 +250,16 @@ def _import_verdicts(result: WalkResult, extra_allowed: Sequence[str]) -> List[I
         else:
             verdicts.append(classify_import(g.module, g.name, extra_allowed))
     return verdicts
+
+
+def _allowed_by_resume(verdicts: List[ImportVerdict], resume) -> None:
+    """Unknown names that the producer's resume loader admits by name (``resume.allows``: ultralytics' model
+    classes) become benign for this file, in place: judged by what that resume loads, not by the global tables
+    (the same class in a file no such resume reads stays unknown)."""
+    for v in verdicts:
+        if v.category == "unknown" and v.source == _UNKNOWN_SRC and torch_name(v.module, v.name) in resume.allows:
+            v.category, v.source = "benign", f"admitted by the resume's own loader ({resume.loader})"
+            v.add_safe = _spelling(v.module, v.name)
 
 
 def _scan_findings(result: WalkResult, verdicts: List[ImportVerdict], path: str, member: str, loader: str,

@@ -270,7 +270,7 @@ def _counter_findings(p: str, c: C.Components, step: Optional[int], name_step: O
     per accumulation cycle) is learnt across the run (:mod:`ckptaudit.verdict`).
     """
     out: List[F.Finding] = []
-    opt_step = c.optimizer_step
+    opt_step = c.optimizer_step if c.step_counts == "steps" else None  # epochs and updates are not comparable
     evidence = []
     if opt_step is not None and step is not None and opt_step > 0 and step < 0.5 * opt_step:
         evidence.append(f"the optimizer's per-parameter step is {opt_step:g}")

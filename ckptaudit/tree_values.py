@@ -27,13 +27,18 @@ def state_of(x: Any) -> Any:
 
 
 def tensor_map(d: Any, prefix: str = "") -> Dict[str, dict]:
-    """Flatten nested mappings of tensors into {"a.b.c": tensor-desc}."""
+    """Flatten nested mappings of tensors into {"a.b.c": tensor-desc}.
+
+    Of a whole ``torch.nn.Module`` pickled as an object (:func:`ckptaudit.recognise.is_module`) only the fields
+    its ``state_dict()`` is made of (``_parameters``, ``_buffers``, ``_modules``): a tensor kept as a plain
+    attribute (ultralytics' ``Detect.anchors``, ``DetectionModel.stride``) is neither a parameter nor a buffer."""
     out: Dict[str, dict] = {}
+    module = R.is_module(d)
     d = R._fields(d) if isinstance(d, dict) else None
     if not d:
         return out
     for k, v in d.items():
-        if k == "__truncated__":
+        if k == "__truncated__" or (module and k not in R.MODULE_FIELDS):
             continue
         name = f"{prefix}{k}"
         if R.is_tensor(v):

@@ -4,6 +4,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.frameworks import _torchvision
+
+# timm and ultralytics (the frameworks extra) install torchvision, whose CUDA wheel cannot be imported with the CPU
+# torch; torchmetrics imports it when installed, and so does every `import lightning`: import it the fixtures' way
+_torchvision.install()
+
 REPO = Path(__file__).resolve().parent.parent
 CASES = Path(os.environ.get("CKPTAUDIT_CASES", REPO.parent / "shared" / "cases"))
 PAYLOAD = "CKPTAUDIT_PAYLOAD_RAN"

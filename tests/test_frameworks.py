@@ -125,6 +125,10 @@ def test_framework_fixture(name, contracts, fixture_cache, tmp_path, monkeypatch
     got_rollback = (v.get("rollback") or {}).get("unit")
     assert (v["recommendation"], got_rollback) == (exp["recommendation"], exp["rollback"]), \
         f"expected {exp['recommendation']} / rollback {exp['rollback']}\n{s}"
+    if "rollback_step" in exp:  # where the framework's own resume continues (timm's, ultralytics' epoch)
+        assert (v.get("rollback") or {}).get("step") == exp["rollback_step"], \
+            f"rollback step {(v.get('rollback') or {}).get('step')}, the framework resumes at " \
+            f"{exp['rollback_step']}\n{s}"
     units = {u["unit"]: u for u in v["units"]}
     if exp["clean"]:
         errors = [(u["unit"], f["kind"], f["message"].splitlines()[0]) for u in v["units"] for f in u["findings"]

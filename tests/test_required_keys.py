@@ -9,6 +9,7 @@ what Lightning's own resume does with the file, run in a child process.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -67,8 +68,16 @@ _RESUME = _MODULE + textwrap.dedent("""
 """)
 
 
+#: torchvision (installed with the frameworks extra) importable with the CPU torch: lightning imports torchmetrics,
+#: which imports torchvision (tests/frameworks/_torchvision.py)
+_PRELUDE = "from tests.frameworks import _torchvision; _torchvision.install()\n"
+_REPO = Path(__file__).resolve().parent.parent
+
+
 def _py(code: str, *args: str, cwd: Path) -> str:
-    r = subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(_REPO), os.environ.get("PYTHONPATH")) if p)}
+    r = subprocess.run([sys.executable, "-c", _PRELUDE + code, *args], cwd=cwd, capture_output=True, text=True,
+                       timeout=300, env=env)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     return r.stdout
 

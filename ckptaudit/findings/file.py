@@ -204,8 +204,8 @@ ENTRIES: List[_k] = [
        "echo -n {suggestion} > {pointer}.tmp && mv {pointer}.tmp {pointer}",
        stage="report", detector="ckptaudit.verdict:pointer_to_unit_finding"),
     _k("resume_entry_damaged", "file", "error", "none",
-       "{path} is the checkpoint Lightning's trainer.fit(model, ckpt_path=\"last\") resumes from, and it is "
-       "damaged ({why}): a job resuming as configured would fail in the load{intact_text}.",
+       "{path} is the checkpoint {framework}'s {entry_call} resumes from, and it is "
+       "damaged ({why}): a job resuming as configured would {outcome}{intact_text}.",
        "{next_text}", "{repair_code}", stage="report", detector="ckptaudit.resume_entry:entry_findings"),
     _k("latest_pointer_not_newest", "file", "info", "resume",
        "{pointer} names {target!r} but a newer usable checkpoint exists ({suggestion}).",

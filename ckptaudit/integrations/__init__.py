@@ -13,7 +13,9 @@ byte by byte; nothing is unpickled or loaded here), in each framework's own term
 - DeepSpeed: ``engine.load_checkpoint(save_dir, tag=deepspeed.last_good_tag(save_dir))``;
 - DCP: ``dcp.load(state_dict, checkpoint_id=dcp.last_good(folder))``;
 - torchtitan: ``--checkpoint.load_step $(python -m ckptaudit.integrations.torchtitan <dump>/checkpoint)``
-  (``torchtitan.last_good_step(folder)``; ``-1`` when the folder holds no save yet).
+  (``torchtitan.last_good_step(folder)``; ``-1`` when the folder holds no save yet);
+- timm: ``python train.py ... --resume <timm.last_good(output_dir)>``;
+- ultralytics: ``YOLO(ultralytics.last_good(run_dir)).train(resume=True)``.
 
 Each returns None when the folder holds no checkpoint yet (a first start: the framework starts fresh), and
 raises :class:`ckptaudit.safe_load.NoUsableCheckpointError` when it holds checkpoints but none the framework

@@ -26,9 +26,9 @@ def layout_of(path: Path) -> str:
         return "file"
     name = path.name.lower()
     if head.startswith(b"PK\x03\x04") or head.startswith(b"PK\x05\x06"):
-        # a zip named as a producer's file unit (Lightning's .ckpt, Composer's ep1-ba10-rank0.pt) comes as that
-        # producer's layout
-        return producers.zip_layout(path.name) or "torch-zip"
+        # a zip named as a producer's file unit (Lightning's .ckpt, Composer's ep1-ba10-rank0.pt, ultralytics'
+        # weights/last.pt) comes as that producer's layout
+        return producers.zip_layout(path.name, path.parent.name) or "torch-zip"
     if head.startswith(b"\x80\x02\x8a\x0a\x6c\xfc\x9c\x46\xf9\x20\x6a\xa8"):
         return "torch-legacy"
     if len(head) >= 9 and name.endswith(".safetensors"):

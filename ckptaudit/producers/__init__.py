@@ -2,8 +2,8 @@
 
 Each module of this package (:mod:`.hf_trainer`, :mod:`.accelerate`, :mod:`.lightning`, :mod:`.deepspeed`,
 :mod:`.torchtitan`, :mod:`.dcp`, :mod:`.megatron`, :mod:`.nanogpt`, :mod:`.torch_tutorial`, :mod:`.nemo`,
-:mod:`.composer`, :mod:`.nvrx`, :mod:`.nemo_automodel`, :mod:`.training_hub`) defines one
-:class:`~.contract.Producer`: its :class:`~.contract.Contract` per version range (which files form a
+:mod:`.composer`, :mod:`.nvrx`, :mod:`.nemo_automodel`, :mod:`.training_hub`, :mod:`.timm`,
+:mod:`.ultralytics`) defines one :class:`~.contract.Producer`: its :class:`~.contract.Contract` per version range (which files form a
 unit, the role of each, how the resume loads it, where the step lives, what it always or never saves),
 the base-name patterns of its files' roles, how its resume unpickles each role, its resume call and the
 unit its default resume takes.  Its module docstring cites the framework source each fact was read from.
@@ -27,7 +27,7 @@ from types import MappingProxyType
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from . import (accelerate, composer, dcp, deepspeed, hf_trainer, lightning, megatron, nanogpt, nemo, nemo_automodel,
-               nvrx, torch_tutorial, torchtitan, training_hub)
+               nvrx, timm, torch_tutorial, torchtitan, training_hub, ultralytics)
 from .contract import UNSAFE, WO, Contract, FileRole, PointerFile, Producer, ResumeLoad, UnfinishedMarker
 
 __all__ = ["Contract", "FileRole", "PointerFile", "Producer", "ResumeLoad", "PRODUCERS", "CONTRACTS", "WO", "UNSAFE",
@@ -35,13 +35,14 @@ __all__ = ["Contract", "FileRole", "PointerFile", "Producer", "ResumeLoad", "PRO
            "enabled", "identify", "pointer_file", "reader_layouts", "STEP_FILES", "NOT_STATE_FILES", "by_key",
            "LOSS_LOGS", "CLAIM_FILES", "role_of", "metadata_files", "for_layout", "for_unit", "with_entry",
            "UnfinishedMarker", "unfinished_marker", "in_progress_name", "incomplete_saves", "spoiled_saves",
-           "zip_layout", "name_step"]
+           "zip_layout", "name_step", "resume_step"]
 
 #: Every producer, in the order a unit's contract is looked for.
 PRODUCERS: Tuple[Producer, ...] = (hf_trainer.PRODUCER, accelerate.PRODUCER, lightning.PRODUCER,
                                    deepspeed.PRODUCER, torchtitan.PRODUCER, dcp.PRODUCER, nanogpt.PRODUCER,
                                    torch_tutorial.PRODUCER, megatron.PRODUCER, nemo.PRODUCER, composer.PRODUCER,
-                                   nvrx.PRODUCER, nemo_automodel.PRODUCER, training_hub.PRODUCER)
+                                   nvrx.PRODUCER, nemo_automodel.PRODUCER, training_hub.PRODUCER, timm.PRODUCER,
+                                   ultralytics.PRODUCER)
 #: Every contract, in that order.
 CONTRACTS: Tuple[Contract, ...] = tuple(c for p in PRODUCERS for c in p.contracts)
 #: The producers' folder adapters (``"module:ATTR"`` in :mod:`ckptaudit.layouts`), in claim order.
@@ -131,10 +132,12 @@ def unfinished_marker(unit: str, present) -> Optional[Tuple[str, str]]:
 
 #: ``(pattern, why)`` of the names the producers save under until a save is complete (``in_progress_names``)
 _IN_PROGRESS = tuple((re.compile(pat), why) for p in PRODUCERS for pat, why in p.in_progress_names)
-#: the producers' step patterns of their units' names (``name_step``)
-_NAME_STEPS = tuple(re.compile(p.name_step) for p in PRODUCERS if p.name_step)
-#: ``(full-match pattern of a zip file's base name, layout)`` of the producers' own file units (``unit_names``)
-_UNIT_NAMES = tuple((re.compile(p.unit_names), p.layouts[0]) for p in PRODUCERS if p.unit_names and p.layouts)
+#: the producers' step patterns of their units' names (``name_step``), each with what its resume adds to it
+_NAME_STEPS = tuple((re.compile(p.name_step), p.name_step_offset) for p in PRODUCERS if p.name_step)
+#: ``(full-match pattern of a zip file's base name, folder name or "", layout)`` of the producers' own file units
+#: (``unit_names``, ``unit_folder``)
+_UNIT_NAMES = tuple((re.compile(p.unit_names), p.unit_folder, p.layouts[0]) for p in PRODUCERS
+                    if p.unit_names and p.layouts)
 
 
 def in_progress_name(name: str) -> Optional[str]:
@@ -143,16 +146,32 @@ def in_progress_name(name: str) -> Optional[str]:
 
 
 def name_step(name: str) -> Optional[int]:
-    """The step a producer's own naming puts in a base name (Composer's ``ba30``, :mod:`.composer`), or None."""
-    return next((int(m.group(1)) for pat in _NAME_STEPS if (m := pat.search(name))), None)
+    """The step a producer's own naming puts in a base name (Composer's ``ba30``, :mod:`.composer`; timm's
+    ``checkpoint-4.pth.tar``, resumed at epoch 5, :mod:`.timm`), or None."""
+    return next((int(m.group(1)) + off for pat, off in _NAME_STEPS if (m := pat.search(name))), None)
 
 
-def zip_layout(name: str) -> Optional[str]:
-    """The layout of a zip file unit named ``name`` (a base name) when a producer names its units so: by its
-    ``unit_names`` or ``unit_suffix`` (Lightning's ``.ckpt``); None for a plain ``torch-zip``."""
+def zip_layout(name: str, folder: str = "") -> Optional[str]:
+    """The layout of a zip file unit named ``name`` (a base name) in a folder named ``folder`` when a producer
+    names its units so: by its ``unit_names`` (inside its ``unit_folder`` where it has one: ultralytics'
+    ``weights/last.pt``) or ``unit_suffix`` (Lightning's ``.ckpt``); None for a plain ``torch-zip``."""
     low = name.lower()
-    return next((lay for pat, lay in _UNIT_NAMES if pat.fullmatch(name)), None) or next(
-        (p.layouts[0] for p in PRODUCERS if p.unit_suffix and p.layouts and low.endswith(p.unit_suffix)), None)
+    return next((lay for pat, where, lay in _UNIT_NAMES if pat.fullmatch(name) and where in ("", folder)), None) or \
+        next((p.layouts[0] for p in PRODUCERS if p.unit_suffix and p.layouts and low.endswith(p.unit_suffix)), None)
+
+
+def resume_step(layout: str, tree: Optional[dict]) -> Optional[Tuple[int, str]]:
+    """``(step, where)``: the step the resume of a ``layout`` unit continues at, by its producer's ``resume_step``
+    read from the first file of ``tree`` (``{file key: pruned object}``) that says it; None when no producer of
+    that layout has one or no file says it.  By layout: the same with the contracts off."""
+    p = for_layout(layout)
+    if p is None or p.resume_step is None or not tree:
+        return None
+    for fkey, sub in tree.items():
+        got = p.resume_step(sub)
+        if got is not None:
+            return got[0], f"{fkey}:{got[1]}"
+    return None
 
 
 def incomplete_saves(units: Sequence[str]) -> Dict[str, str]:

@@ -107,7 +107,9 @@ class RequiredKeys:
 class ResumeLoad:
     """How a producer's resume unpickles one file: ``loader`` in words, the names its loader adds to torch's
     weights-only allowlist (``allows``, as torch matches them), or no allowlist at all (``weights_only``
-    False), or ``never`` (the resume does not unpickle the file)."""
+    False), or ``never`` (the resume does not unpickle the file).  Names in ``allows`` are judged as that
+    loader's own in its files (:func:`ckptaudit.security.scan`), also where it loads without an allowlist
+    (ultralytics' model classes, which its opt-in weights-only loader admits by name)."""
 
     loader: str
     allows: FrozenSet[str] = frozenset()
@@ -206,6 +208,16 @@ class Producer:
     #: a regular expression whose group 1 is the step in its units' names, tried before the generic step patterns
     #: (:func:`ckptaudit.units.step_from_name`)
     name_step: str = ""
+    #: what its resume adds to the number :attr:`name_step` reads (timm names a file by the epoch just trained and
+    #: resumes at the next one: 1), so that a unit's name step and recorded step count the same thing
+    name_step_offset: int = 0
+    #: the name of the folder its file units sit in (ultralytics' ``weights/``); with it, :attr:`unit_names` makes a
+    #: file this producer's unit only inside such a folder
+    unit_folder: str = ""
+    #: ``tree -> (step, where) or None``: the step its resume continues at, read from one file's scan tree (the
+    #: pruned object of :mod:`ckptaudit.layouts.tree`), where no generic step key says it (an epoch-based resume:
+    #: the saved epoch and what the resume adds to it); by layout, so it holds with the contracts off too
+    resume_step: Optional[Callable[[dict], Optional[Tuple[int, str]]]] = None
     #: the prefixes its resume's own model wrapper puts on every weight key, which its load expects: such a prefix
     #: is no ``key_prefix_mismatch``
     model_prefixes: Tuple[str, ...] = ()

@@ -221,6 +221,9 @@ def main(argv=None) -> int:
     ap.add_argument("--fn", required=True)
     ap.add_argument("--kwargs", default="{}")
     a = ap.parse_args(argv)
+    from . import _torchvision
+
+    _torchvision.install()  # lightning imports torchmetrics, which imports torchvision when it is installed
     import torch
 
     torch.set_num_threads(1)

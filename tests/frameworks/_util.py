@@ -170,6 +170,10 @@ def clean_expect(newest: str) -> dict:
 def _main(argv):
     import importlib
 
+    from . import _torchvision
+
+    _torchvision.install()  # as generate.py's children: torchvision importable with the CPU torch
+
     mod, fn = argv[0].split(":")
     getattr(importlib.import_module(mod), fn)(**json.loads(argv[1]))
 

@@ -186,6 +186,9 @@ def child_env() -> dict:
 
 def _child(module: str, name: str, dest: str) -> int:
     """In the fresh subprocess: import REQUIRES, run make_fn, write truth.json."""
+    from . import _torchvision
+
+    _torchvision.install()  # torchvision (timm's and ultralytics' dependency, torchmetrics' import) with the CPU torch
     mod = importlib.import_module(module)
     requires = list(getattr(mod, "REQUIRES", []))
     spec = Spec(name, module, tuple(requires), getattr(mod, "PYTHON", None), getattr(mod, "PYTHON_SETUP", ""))
