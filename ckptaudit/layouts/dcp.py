@@ -123,6 +123,10 @@ class DCP:
         """A folder holding ``names`` is a DCP save (committed or not)."""
         return ".metadata" in names or ".metadata.tmp" in names or any(DISTCP.match(n) for n in names)
 
+    def state_tree(self, flat: dict, paths: dict) -> dict:
+        """The unit's tree from its items ``{fqn: description}`` and their nesting ``paths`` (:func:`_nest`)."""
+        return _nest(flat, paths)
+
     def reads_records(self, rel: str) -> bool:
         """Whether the scan reads ``rel`` by zip record (so the hash stage's pass plans it): every file, a data
         file too (the CRC-32 of each record of each item's ``torch.save`` blob: :mod:`.dcp_crc`)."""
@@ -172,7 +176,7 @@ class DCP:
         # every non-tensor item is a torch.save blob that dcp.load unpickles with weights_only=False
         dcp_bytes.scan_bytes_items(folder, storage, tree, scan, list(cfg.get("security", {}).get("allow_globals", [])),
                                    rel, state_fields, item_fqn, _count, _inside)
-        scan.tree["root"] = _nest(tree, paths if isinstance(paths, dict) else {})
+        scan.tree["root"] = self.state_tree(tree, paths if isinstance(paths, dict) else {})
         need, bad = _shard_ends(storage)
         if bad is not None:
             idx, sinfo = bad
