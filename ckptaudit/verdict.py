@@ -175,7 +175,8 @@ def pointer_to_unit_finding(p: dict, u: dict, best: Optional[dict], suggestion: 
             u["findings"].append(f.to_dict())
         return f
     if best and u["step"] is not None and best["step"] is not None and best["step"] > u["step"]:
-        if pf is not None and pf.behind is not None and best["usable_for"] == "resume":
+        rank = {"none": 0, "warm-start": 1, "resume": 2}
+        if pf is not None and pf.behind is not None and rank[best["usable_for"]] >= rank[u["usable_for"]]:
             return pf.behind(p, suggestion, text)
         return F.make("latest_pointer_not_newest", path=p["path"], pointer=p["path"], target=p["target"],
                       suggestion=suggestion)
