@@ -81,7 +81,7 @@ def _common_item(folder: Path, shown: str, cfg: dict, scan: UnitScan):
     when ``.metadata`` lists no such item, ``(None, item)`` when it cannot be read."""
     from ..pickle_walk import walk
     from .dcp import item_fqn, state_fields
-    from .dcp_bytes import _pickle_of, _read_item
+    from .dcp_bytes import pickle_of, read_item
 
     sdm, storage, _ = read_metadata(folder, shown, cfg)
     if storage is None:
@@ -94,8 +94,8 @@ def _common_item(folder: Path, shown: str, cfg: dict, scan: UnitScan):
         if type(off) is not int or type(n) is not int or not isinstance(relp, str) or "/" in relp \
                 or n > MAX_METADATA_BYTES:
             return None, M.COMMON_STATE_ITEM
-        blob = _read_item(folder / relp, off, n)
-        data = _pickle_of(blob) if blob else b""
+        blob = read_item(folder / relp, off, n)
+        data = pickle_of(blob) if blob else b""
         res = walk(data) if data else None
         if res is None or res.error or res.budget_exhausted:
             return None, M.COMMON_STATE_ITEM
