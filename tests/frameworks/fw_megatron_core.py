@@ -595,7 +595,7 @@ def make_clean(dest: Path) -> dict:
 
 
 def _broken_30(dest: Path, run: Path, saves: list, name: str, description: str, details: dict,
-               integrity: bool = False, expect_tracker_fails: bool = True) -> dict:
+               integrity: bool = False, expect_tracker_fails: bool = True, damaged: dict | None = None) -> dict:
     """Truth of a run whose iteration 30 Megatron cannot resume: what the tracker's resume does, and a full resume
     of iteration 20 (``--ckpt-step 20``, the rollback point)."""
     kw = {"integrity": True} if integrity else {}
@@ -603,7 +603,8 @@ def _broken_30(dest: Path, run: Path, saves: list, name: str, description: str, 
     if expect_tracker_fails:
         _need(not (probes["full"]["ok"] and probes["full"].get("exact")), "iteration 30 cannot be resumed", probes)
     probes["rollback"] = _rollback_check(dest, run, saves, 20, **kw)
-    return _truth(name, description, "resume", _it(20), {_it(30): {"layer": "file", "usable_for": "none"}},
+    damaged = {_it(30): {"layer": "file", "usable_for": "none"}} if damaged is None else damaged
+    return _truth(name, description, "resume", _it(20), damaged,
                   {"files": _files(run), "saves": saves, "probes": probes, **details})
 
 
@@ -643,7 +644,8 @@ def make_tracker_dangling(dest: Path) -> dict:
     return _broken_30(dest, run, saves, "megatron_core_tracker_dangling",
                       f"Clean Megatron-Core run, then {_it(30)} removed (a retention script or a quota purge) while "
                       f"the tracker still names 30: load_checkpoint fails listing the missing folder; --ckpt-step 20 "
-                      f"resumes iteration 20.", {"removed": _it(30)})
+                      f"resumes iteration 20 (no unit is damaged: the tracker is the finding).", {"removed": _it(30)},
+                      damaged={})
 
 
 def make_tracker_incomplete(dest: Path) -> dict:
