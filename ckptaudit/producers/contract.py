@@ -161,8 +161,8 @@ class Producer:
 
     ``roles``: ``(role, regular expression on a file's base name)`` in the order a file takes the first
     that matches (``mixed`` when none does); ``resume_loads``: role → :class:`ResumeLoad`;
-    ``resume_call``: the framework's own resume call for one unit (``{path}``, ``{dir}``, ``{tag}``; ``{num}``: the
-    number ending the unit's name);
+    ``resume_call``: the framework's own resume call for one unit (``{path}``, ``{dir}``, ``{tag}``, ``{step}``:
+    :func:`ckptaudit.resume_hint.call`);
     ``default_call``: the call whose pick :attr:`default_pick` computes; ``contracts``: its version ranges;
     the producers with a ``resume_call`` are the frameworks whose resume the verdict words (the others are
     resumed by a script that names the file)."""
