@@ -54,8 +54,7 @@ __all__ = ["Node", "Found", "find", "is_tensor", "is_module", "module_classes", 
 
 SCHEDULER_FIELDS = {"base_lrs", "_step_count", "_last_lr", "_get_lr_called_within_step", "lr_lambdas",
                     "T_max", "eta_min", "step_size", "gamma", "milestones", "total_steps", "_schedulers"}
-#: OptimizerParamScheduler.state_dict() fields (Megatron-LM megatron/core/optimizer_param_scheduler.py; the warmup
-#: field is ``lr_warmup_steps`` in megatron-core 0.16.1, ``warmup_steps`` before)
+#: OptimizerParamScheduler.state_dict() fields (Megatron-LM megatron/core/optimizer_param_scheduler.py; 0.16.1: lr_…)
 PARAM_SCHEDULER_FIELDS = {"num_steps", "max_lr", "warmup_steps"}
 PARAM_SCHEDULER_FIELDS_CORE = {"num_steps", "max_lr", "lr_warmup_steps"}
 SCALER_FIELDS = {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"}
@@ -118,8 +117,7 @@ def is_optimizer(x: Any) -> bool:
     if not d:
         return False
     groups = d.get("param_groups")
-    # each group lists its params; Megatron-Core saves them as LocalNonpersistentObject, i.e. not at all
-    # (dist_checkpointing/optimizer.py:147-149), leaving the hyper-parameters (``lr``)
+    # each group lists its params, or not at all (Megatron-Core: LocalNonpersistentObject, its optimizer.py:147-149)
     return isinstance(d.get("state"), dict) and isinstance(groups, list) and all(
         isinstance(g, dict) and ("params" in g or "lr" in g) for g in groups)
 

@@ -1,8 +1,9 @@
 """Megatron-Core ``torch_dist`` iteration folders: a DCP save plus Megatron's common state, judged as one unit.
 
 An ``iter_<N:07d>`` (or ``release``) folder holding a DCP save (``.metadata``, ``__<rank>_<n>.distcp``) beside
-Megatron-Core's own files (``common.pt`` and/or ``metadata.json``), or beside the run's tracker
-``latest_checkpointed_iteration.txt``, is claimed here before the plain DCP adapter.  The DCP checks run as for
+Megatron-Core's own files (``common.pt`` and/or ``metadata.json``) is claimed here before the plain DCP
+adapter (a save of the newer layout killed before both markers is judged as a plain DCP folder: it has no
+``.metadata`` either).  The DCP checks run as for
 every DCP folder (:class:`ckptaudit.layouts.dcp.DCP`); then the common state is read statically (``common.pt``
 by the shared file scanner, or the ``common_state/shard_0_1`` item of the DCP files, walked, never unpickled),
 its absence is ``megatron_common_state_missing``, and the unit's tree is the state ``dist_checkpointing.load``
@@ -27,7 +28,8 @@ MAX_CONFIG_BYTES = 1 << 16
 
 
 class MegatronDist(DCP):
-    name = "megatron-dist"
+    def __init__(self) -> None:
+        super().__init__("megatron-dist")
 
     def claim_dir(self, path: Path) -> bool:
         if not ITER_RE.match(path.name):
@@ -35,7 +37,7 @@ class MegatronDist(DCP):
         names = folder_names(path) or []
         if not self.claims_names(names):
             return False
-        return any(n in names for n in M.CORE_MARKERS) or fs.exists(path.parent / M.TRACKER)
+        return any(n in names for n in M.CORE_MARKERS)
 
     def state_tree(self, flat: dict, paths: dict) -> dict:
         """The DCP items as they are stored, by their sharded keys (merged with the common state in :meth:`scan`)."""
