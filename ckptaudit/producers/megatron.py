@@ -119,8 +119,8 @@ CORE_CONTRACT = Contract(
     files=(FileRole(".metadata", "metadata", "pickle.load (FileSystemReader.read_metadata)"),
            FileRole("*.distcp", "mixed", "dist_checkpointing.load"),
            FileRole("common.pt", "mixed", "torch.load(map_location='cpu'), weights-only with SAFE_GLOBALS"),
-           FileRole("metadata.json", "metadata", "json (check_is_distributed_checkpoint)"),
-           FileRole("integrity.json", "metadata", "never")),
+           FileRole("metadata.json", "mixed", "json (check_is_distributed_checkpoint)"),
+           FileRole("integrity.json", "mixed", "json, by load(verify_integrity=True) (>= 0.17.1)")),
     keys={"weights": ("model",), "optimizer": ("optimizer",), "scheduler": ("opt_param_scheduler",),
           "rng": ("rng_state",), "metadata": ("args", "checkpoint_version", "content_metadata")},
     step_at=("*:iteration",),
@@ -197,7 +197,9 @@ def merged_state(flat: dict, common) -> dict:
 CORE_PRODUCER = Producer(
     key="megatron-core", name="Megatron-Core", layouts=("megatron-dist",), contracts=(CORE_CONTRACT,),
     folder_adapters=((25, "megatron_dist:ADAPTER"),),
-    roles=(("metadata", r"metadata\.json|integrity\.json"), ("mixed", r"\.metadata|common\.pt")),
+    # every file is read by the resume: metadata.json by _get_checkpoint_format, integrity.json by a verified load
+    # (>= 0.17.1, --verify-integrity), which fails on either; none is metadata the resume can do without
+    roles=(("mixed", r"\.metadata|common\.pt|metadata\.json|integrity\.json"),),
     resume_loads={"mixed": _COMMON_LOAD},
     resume_call='pretrain_gpt.py … --ckpt-format torch_dist --load "{dir}" --ckpt-step {step}',
     name_step=r"^iter_(\d{7})$",
