@@ -54,8 +54,9 @@ __all__ = ["Node", "Found", "find", "is_tensor", "is_module", "module_classes", 
 
 SCHEDULER_FIELDS = {"base_lrs", "_step_count", "_last_lr", "_get_lr_called_within_step", "lr_lambdas",
                     "T_max", "eta_min", "step_size", "gamma", "milestones", "total_steps", "_schedulers"}
-#: OptimizerParamScheduler.state_dict() fields (Megatron-LM megatron/core/optimizer_param_scheduler.py)
+#: OptimizerParamScheduler.state_dict() fields (Megatron-LM megatron/core/optimizer_param_scheduler.py; 0.16.1: lr_…)
 PARAM_SCHEDULER_FIELDS = {"num_steps", "max_lr", "warmup_steps"}
+PARAM_SCHEDULER_FIELDS_CORE = {"num_steps", "max_lr", "lr_warmup_steps"}
 SCALER_FIELDS = {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"}
 TORCH_CPU_RNG_BYTES = 5056  # torch/csrc/CPUGeneratorImpl.cpp: sizeof(CPUGeneratorImplState)
 TORCH_CUDA_RNG_BYTES = 16  # seed + offset (CUDAGeneratorImpl get_state)
@@ -116,8 +117,9 @@ def is_optimizer(x: Any) -> bool:
     if not d:
         return False
     groups = d.get("param_groups")
+    # each group lists its params, or not at all (Megatron-Core: LocalNonpersistentObject, its optimizer.py:147-149)
     return isinstance(d.get("state"), dict) and isinstance(groups, list) and all(
-        isinstance(g, dict) and "params" in g for g in groups)
+        isinstance(g, dict) and ("params" in g or "lr" in g) for g in groups)
 
 
 def is_flat_optimizer(x: Any) -> bool:
@@ -209,7 +211,7 @@ def is_scheduler(x: Any) -> bool:
     if [k for k in d if k != "__truncated__"] == ["last_epoch"]:
         v = d["last_epoch"]  # the position alone (torchtitan LRSchedulersContainer), or a DCP item not read
         return (isinstance(v, int) and not isinstance(v, bool)) or (isinstance(v, dict) and "__bytes_item__" in v)
-    return PARAM_SCHEDULER_FIELDS <= set(d)
+    return PARAM_SCHEDULER_FIELDS <= set(d) or PARAM_SCHEDULER_FIELDS_CORE <= set(d)
 
 
 def is_scaler(x: Any) -> bool:

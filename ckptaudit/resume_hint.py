@@ -14,6 +14,7 @@ rollback point (or there is nothing to resume).
 from __future__ import annotations
 
 import os
+import re
 from typing import Dict, Optional, Tuple
 
 from . import producers

@@ -125,6 +125,13 @@ _NUMPY_SRC = ("numpy scalar/array/dtype reconstruction from bytes and a dtype co
 _DCP_SRC = ("torch.distributed.checkpoint dataclass/enum that FileSystemWriter pickles into .metadata "
             "(torch/distributed/checkpoint/metadata.py, filesystem.py); its fields are sizes, offsets, dtypes, "
             "names")
+_DCP_PLAN_SRC = ("torch.distributed.checkpoint save-plan dataclass/enum (torch 2.13 torch/distributed/checkpoint/"
+                 "planner.py:34 WriteItemType, :46 BytesIOWriteData, :51 TensorWriteData, :58 WriteItem, :105 "
+                 "SavePlan): frozen dataclasses without __reduce__/__setstate__, so pickle rebuilds them with NEWOBJ "
+                 "(cls.__new__) and BUILD (their __dict__ filled with the saved fields: indices, chunk offsets and "
+                 "sizes, dtypes); the enum is rebuilt by value; no code of theirs runs.  Megatron-Core stores its "
+                 "cached save plans in .metadata as global_metadata.all_local_plans (megatron-core 0.16.1 "
+                 "dist_checkpointing/strategies/state_dict_saver.py:144), so every torch_dist .metadata pickles them")
 _OMEGACONF_SRC = ("omegaconf config node (DictConfig/ListConfig/value node and their metadata), rebuilt with "
                   "NEWOBJ + BUILD of its state; holds config values only")
 _BUILTIN_SRC = "Python built-in data type; calling it builds a value and runs no code named by the pickle"
@@ -192,6 +199,8 @@ BENIGN: Dict[str, _Benign] = {
     **{f"torch.distributed.checkpoint.filesystem.{t}": _plain(f"torch.distributed.checkpoint.filesystem.{t}",
                                                               _DCP_SRC)
        for t in ("_StorageInfo", "_StoragePrefix")},
+    **{f"torch.distributed.checkpoint.planner.{t}": _plain(f"torch.distributed.checkpoint.planner.{t}", _DCP_PLAN_SRC)
+       for t in ("SavePlan", "WriteItem", "WriteItemType", "TensorWriteData", "BytesIOWriteData")},
     **{name: _plain(name.replace("_io.", "io.", 1), src) for name, src in IN_MEMORY_BUFFERS.items()},
 }
 

@@ -113,7 +113,8 @@ def pointer_verdicts(pointers: List[dict], units_out: List[dict], inv_units: Lis
         res = p.get("resolved") or ""
         f = pointer_finding(p, units_out, by_unit)
         kind = f.kind if f is not None else ""
-        ok = f is None or f.kind == "latest_pointer_not_newest"  # a newer checkpoint exists: the pointer still works
+        # a newer checkpoint exists: the pointer still works (its resume takes an older unit)
+        ok = f is None or f.kind == "latest_pointer_not_newest" or F.CATALOGUE[f.kind].caps == "resume"
         out.append({"path": p["path"], "target": p["target"], "resolved": res, "ok": ok, "kind": kind,
                     "finding": f.to_dict() if f else None})
     return out
@@ -130,8 +131,9 @@ def pointer_finding(p: dict, units_out: List[dict], by_unit: Dict[str, dict]) ->
     kind = p["kind"]
     if leftovers.POINTER_NOT_READ in kind:  # a FIFO or device named as a pointer: never opened
         return leftovers.irregular(p["path"], kind.split(leftovers.POINTER_NOT_READ, 1)[1])
-    if (pf := producers.pointer_file(p)) is not None and pf.check is not None \
-            and (bad := pf.check(p, suggestion)) is not None:
+    pf = producers.pointer_file(p)
+    text = pf.text_of(suggestion) if pf is not None and pf.text_of is not None and best else suggestion
+    if pf is not None and pf.check is not None and (bad := pf.check(p, suggestion)) is not None:
         return bad
     if confine.POINTER_OUTSIDE in kind or (kind.startswith("symbolic link, refused") and confine.OUTSIDE_WORDS in kind):
         where = (kind.split(confine.POINTER_OUTSIDE, 1)[1] if confine.POINTER_OUTSIDE in kind
@@ -144,17 +146,20 @@ def pointer_finding(p: dict, units_out: List[dict], by_unit: Dict[str, dict]) ->
     if p["is_symlink"] and not p["exists"]:
         return F.make("dangling_symlink", path=p["path"], pointer=p["path"], target=p["target"], suggestion=suggestion)
     if res and res in by_unit:
-        return pointer_to_unit_finding(p, by_unit[res], best, suggestion)
+        return pointer_to_unit_finding(p, by_unit[res], best, suggestion, text, pf)
     if res and p["exists"]:
         return None  # names something that is not a unit (e.g. a plain file): nothing to judge
     ctext = f"; the newest complete checkpoint is {suggestion}" if best else "; no complete checkpoint exists"
     return F.make("latest_pointer_dangling", path=p["path"], pointer=p["path"], target=p["target"],
-                  suggestion=suggestion, complete_text=ctext)
+                  suggestion=suggestion, suggestion_text=text, complete_text=ctext)
 
 
-def pointer_to_unit_finding(p: dict, u: dict, best: Optional[dict], suggestion: str) -> Optional[F.Finding]:
+def pointer_to_unit_finding(p: dict, u: dict, best: Optional[dict], suggestion: str, text: str = "",
+                            pf=None) -> Optional[F.Finding]:
     """A pointer that names unit ``u``: the unit's bytes are damaged (the finding also joins an unusable unit's
-    own), or a newer usable unit ``best`` exists; None when it names the right unit."""
+    own), or a newer usable unit ``best`` exists (the producer's own finding when its pointer file has one,
+    ``pf.behind``); None when it names the right unit.  ``text``: what the pointer must hold to name ``best``."""
+    text = text or suggestion
     file_errs = [x["kind"] for x in u["findings"] if x["severity"] == "error" and x["layer"] == "file"]
     if file_errs:
         # a resume through this pointer reads damaged or missing bytes; a unit that is unusable for
@@ -165,11 +170,14 @@ def pointer_to_unit_finding(p: dict, u: dict, best: Optional[dict], suggestion: 
                        suggestion=suggestion, why=why)
         else:  # a text pointer (DeepSpeed latest, Megatron tracker): rewrite the name it holds
             f = F.make("latest_pointer_incomplete", path=p["path"], pointer=p["path"], target=p["target"],
-                       suggestion=suggestion, why=why)
+                       suggestion=suggestion, suggestion_text=text, why=why)
         if u["usable_for"] == "none":
             u["findings"].append(f.to_dict())
         return f
     if best and u["step"] is not None and best["step"] is not None and best["step"] > u["step"]:
+        rank = {"none": 0, "warm-start": 1, "resume": 2}
+        if pf is not None and pf.behind is not None and rank[best["usable_for"]] >= rank[u["usable_for"]]:
+            return pf.behind(p, suggestion, text)
         return F.make("latest_pointer_not_newest", path=p["path"], pointer=p["path"], target=p["target"],
                       suggestion=suggestion)
     return None
@@ -314,7 +322,7 @@ def _reasons(ordered, rollback, rec, alternatives, lost, pointers) -> List[str]:
     else:
         r.insert(0, "Retrain: no checkpoint of this run has usable weights.")
     r.extend(p["finding"]["message"] + " " + p["finding"]["next_step"] for p in pointers
-             if not p["ok"] and p.get("finding"))
+             if p.get("finding") and (not p["ok"] or p["finding"].get("repair")))
     return r
 
 

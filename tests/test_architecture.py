@@ -215,7 +215,7 @@ FRAMEWORK_WORDS = re.compile(r"deepspeed|lightning|megatron|accelerate|transform
                              re.IGNORECASE)
 #: A producer's modules: its own in ckptaudit/producers/ and its layout adapter (the scan of its units' files).
 PRODUCER_MODULES = re.compile(r"^ckptaudit\.producers(\..*)?$|"
-                              r"^ckptaudit\.layouts\.(hf|accelerate|deepspeed|megatron|dcp|dcp_bytes)$")
+                              r"^ckptaudit\.layouts\.(hf|accelerate|deepspeed|megatron|megatron_dist|dcp|dcp_bytes)$")
 #: The data files outside the producers that name a framework (the acceptance's allowlist), each with its reason.
 NAMES_A_FRAMEWORK: Dict[str, str] = {
     "ckptaudit.findings.file": "data: finding texts name the framework the user runs (its repair commands)",

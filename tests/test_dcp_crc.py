@@ -210,3 +210,54 @@ def test_the_plain_reader_agrees_with_the_general_parser_and_hands_over_what_it_
         assert got is not None and len(got) == len(_records(unit, places[0])) - 1
     finally:
         fh.close()
+
+
+class _Payload:
+    """What public advisories on DCP ``.metadata`` describe: an object whose ``__reduce__`` names ``os.system``, so
+    that ``pickle.load`` (``FileSystemReader.read_metadata``) runs a command."""
+
+    def __reduce__(self):
+        import os
+
+        return os.system, ("touch CKPTAUDIT_PAYLOAD_RAN",)
+
+
+def test_a_unit_refused_for_security_still_gets_its_file_layer_checks(saved, tmp_path):
+    """A .metadata that imports os.system used to stop the DCP scan at the refusal: a truncated shard and a
+    flipped byte of the same unit got no file finding.  The refusal decides usability; the static walk's storage
+    facts still drive the shard and CRC checks, and nothing is executed."""
+    import pickle
+
+    from torch.distributed.checkpoint import FileSystemReader
+
+    bad = tmp_path / "bad"
+    shutil.copytree(saved, bad)
+    unit = bad / "step-20"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        meta = FileSystemReader(str(unit)).read_metadata()  # the test's own file: trusted
+    relp, at, n = _tensor_data(unit, "model.0.weight")  # read before .metadata is made hostile
+    meta.planner_data = _Payload()  # a real Metadata that also carries a REDUCE of os.system
+    meta.storage_meta = None
+    (unit / ".metadata").write_bytes(pickle.dumps(meta, protocol=2))
+    with open(unit / relp, "r+b") as f:  # one bit of one float (torch's reader takes it silently)
+        f.seek(at + n // 2)
+        b = f.read(1)
+        f.seek(at + n // 2)
+        f.write(bytes([b[0] ^ 0x10]))
+    data = unit / "__0_0.distcp"
+    size = data.stat().st_size
+    with open(data, "r+b") as f:  # the end of the rank file never reached the disk
+        f.truncate(size - 1000)
+
+    v = audit_in_process(bad, {}, out_dir=tmp_path / "out")
+    u = {x["unit"]: x for x in v["units"]}["step-20"]
+    kinds = {(f["layer"], f["kind"], f["severity"]) for f in u["findings"]}
+    assert ("security", "malicious_pickle_code_exec", "error") in kinds, kinds
+    short = [f for f in u["findings"] if f["kind"] == "dcp_shard_too_short"]
+    assert len(short) == 1 and short[0]["layer"] == "file" and short[0]["severity"] == "error"
+    assert f"found {size - 1000}" in short[0]["message"] or str(size - 1000) in short[0]["message"]
+    crc = [f for f in u["findings"] if f["kind"] == "dcp_chunk_crc_mismatch"]
+    assert {f["detail"]["item"] for f in crc} == {"model.0.weight"}
+    assert u["usable_for"] == "none" and v["rollback"]["unit"] == "step-10"
+    assert not list(tmp_path.rglob("CKPTAUDIT_PAYLOAD_RAN")) and not list(bad.rglob("CKPTAUDIT_PAYLOAD_RAN"))

@@ -137,4 +137,4 @@ def test_every_registered_adapter_satisfies_its_protocol():
     assert [a.name for a in every if not isinstance(a, LayoutAdapter)] == []
     assert [a.name for a in layouts.INDEX_ADAPTERS if not isinstance(a, IndexAdapter)] == []
     assert sorted(layouts.BY_NAME) == ["accelerate", "ckptaudit-publish", "dcp", "deepspeed", "hf-sharded",
-                                   "hf-trainer", "megatron"]
+                                   "hf-trainer", "megatron", "megatron-dist"]

@@ -196,12 +196,12 @@ ENTRIES: List[_k] = [
     _k("latest_pointer_dangling", "file", "error", "none",
        "{pointer} names {target!r}, which does not exist{complete_text}.",
        "Resume from the newest complete checkpoint instead ({suggestion}); rewrite {pointer} atomically to name it.",
-       "echo -n {suggestion} > {pointer}.tmp && mv {pointer}.tmp {pointer}",
+       "echo -n {suggestion_text} > {pointer}.tmp && mv {pointer}.tmp {pointer}",
        stage="report", detector="ckptaudit.verdict:pointer_finding"),
     _k("latest_pointer_incomplete", "file", "error", "none",
        "{pointer} names {target!r}, which exists but is not usable ({why}).",
        "Resume from the newest usable checkpoint instead ({suggestion}); rewrite {pointer} atomically to name it.",
-       "echo -n {suggestion} > {pointer}.tmp && mv {pointer}.tmp {pointer}",
+       "echo -n {suggestion_text} > {pointer}.tmp && mv {pointer}.tmp {pointer}",
        stage="report", detector="ckptaudit.verdict:pointer_to_unit_finding"),
     _k("resume_entry_damaged", "file", "error", "none",
        "{path} is the checkpoint {framework}'s {entry_call} resumes from, and it is "
@@ -226,6 +226,18 @@ ENTRIES: List[_k] = [
        "{pointer} does not hold an iteration number or 'release' (it holds {content!r}).",
        "Rewrite it with the newest complete iteration ({suggestion}).",
        stage="report", detector="ckptaudit.producers.megatron:tracker_check"),
+    _k("megatron_tracker_behind", "file", "warning", "resume",
+       "{pointer} names iteration {iteration} but a newer complete iteration is usable ({suggestion}): Megatron's "
+       "load_checkpoint resumes iteration {iteration} and repeats the iterations after it (a job that died between "
+       "its save and the tracker write, or a tracker write that failed on a full quota: NeMo Automodel #3390).",
+       "Point the tracker at {suggestion} before resuming (run in the run folder), or resume with --ckpt-step.",
+       "echo -n {suggestion_text} > {pointer}.tmp && mv {pointer}.tmp {pointer}",
+       stage="report", detector="ckptaudit.producers.megatron:tracker_behind"),
+    _k("megatron_common_state_missing", "file", "error", "none",
+       "{path}: the Megatron-Core save has no common state (neither common.pt nor a common_state item in "
+       ".metadata): load_common_state_dict, which dist_checkpointing.load calls first, fails.",
+       "Roll back to the previous complete iteration.",
+       stage="scan", detector="ckptaudit.layouts.megatron_dist:MegatronDist.scan"),
     _k("mixed_step_shards", "file", "error", "none",
        "{path}: model-parallel shards record different iterations ({iterations}): some ranks' files are stale "
        "copies from an earlier save.",

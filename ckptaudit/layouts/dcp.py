@@ -44,6 +44,11 @@ DCP_METADATA_GLOBALS = [
     "torch.distributed.checkpoint.filesystem._StorageInfo",
     "torch.distributed.checkpoint.planner.LoadItemType",
     "torch.distributed.checkpoint.planner.WriteItemType",
+    # Megatron-Core's cached save plans (``all_local_plans``): torch's planner.py dataclasses, data (security_tiers)
+    "torch.distributed.checkpoint.planner.SavePlan",
+    "torch.distributed.checkpoint.planner.WriteItem",
+    "torch.distributed.checkpoint.planner.TensorWriteData",
+    "torch.distributed.checkpoint.planner.BytesIOWriteData",
     "torch.serialization._get_layout",
     "torch.Size",
     "torch.strided",
@@ -53,8 +58,10 @@ DCP_METADATA_GLOBALS = [
 
 def _judged_metadata(data: bytes, shown: str, cfg: dict, scan: UnitScan):
     """The static walk of ``.metadata`` (``shown``: its path in the run), its imports judged into ``scan``
-    (every stream: ``read_metadata`` unpickles one, a loop would run them all); None, with the finding
-    added, when it must not be interpreted: an import it should not make, a walk over budget, a bad pickle."""
+    (every stream: ``read_metadata`` unpickles one, a loop would run them all): ``(walk, refused)``.  The walk is
+    None, with the finding added, when it cannot be read (a walk over budget, a bad pickle); ``refused`` is True
+    when the pickle imports something it should not: the unit is then unusable for security, and the walk's
+    storage facts (names, offsets, lengths: read statically, nothing executed) still serve the file-layer checks."""
     from .. import security
     from ..pickle_walk import walk
 
@@ -67,15 +74,15 @@ def _judged_metadata(data: bytes, shown: str, cfg: dict, scan: UnitScan):
                                   extra_allowed=allowed)
     scan.add(sec)
     scan.imports.extend({"file": shown, "member": ".metadata", **asdict(v)} for v in verdicts)
-    if any(f.severity == "error" for f in sec):
-        return None  # never interpret a pickle that imports something it should not
+    refused = any(f.severity == "error" for f in sec)
     if res.budget_exhausted:
         scan.add(walk_problem(res, shown, ".metadata"))
-        return None
+        return None, refused
     if res.error:
-        scan.add(F.make("dcp_metadata_unreadable", path=shown, why=res.error))
-        return None
-    return res
+        if not refused:  # a refused pickle is reported as such; its shape says nothing more
+            scan.add(F.make("dcp_metadata_unreadable", path=shown, why=res.error))
+        return None, refused
+    return res, refused
 
 
 def read_metadata(folder: Path, shown: str, cfg: dict) -> Tuple[Optional[dict], Optional[dict], str]:
@@ -87,8 +94,8 @@ def read_metadata(folder: Path, shown: str, cfg: dict) -> Tuple[Optional[dict], 
     except OSError as e:
         return None, None, f".metadata cannot be read: {type(e).__name__}: {e}"
     scan = UnitScan(shown, "dcp")
-    res = _judged_metadata(data, shown, cfg, scan)
-    if res is None:
+    res, refused = _judged_metadata(data, shown, cfg, scan)
+    if res is None or refused:  # never interpreted for a load: a refused .metadata is not read back
         return None, None, "; ".join(f.message for f in scan.findings[:3]) or ".metadata cannot be interpreted"
     meta = state_fields(res.obj)
     sdm = state_fields(meta.get("state_dict_metadata")) if isinstance(meta, dict) else None
@@ -116,6 +123,10 @@ class DCP:
         """A folder holding ``names`` is a DCP save (committed or not)."""
         return ".metadata" in names or ".metadata.tmp" in names or any(DISTCP.match(n) for n in names)
 
+    def state_tree(self, flat: dict, paths: dict) -> dict:
+        """The unit's tree from its items ``{fqn: description}`` and their nesting ``paths`` (:func:`_nest`)."""
+        return _nest(flat, paths)
+
     def reads_records(self, rel: str) -> bool:
         """Whether the scan reads ``rel`` by zip record (so the hash stage's pass plans it): every file, a data
         file too (the CRC-32 of each record of each item's ``torch.save`` blob: :mod:`.dcp_crc`)."""
@@ -140,15 +151,17 @@ class DCP:
         except OSError as e:
             scan.add(F.make("dcp_metadata_unreadable", path=rel(".metadata"), why=f"{type(e).__name__}: {e}"))
             return scan
-        res = _judged_metadata(data, rel(".metadata"), cfg, scan)
+        # a refused .metadata (security) still gives the file layer its facts: every layer runs on every unit
+        res, refused = _judged_metadata(data, rel(".metadata"), cfg, scan)
         if res is None:
             return scan
         meta = state_fields(res.obj)
         sdm = state_fields(meta.get("state_dict_metadata")) if isinstance(meta, dict) else {}
         storage = meta.get("storage_data") if isinstance(meta, dict) else None
         if not isinstance(sdm, dict) or not isinstance(storage, dict):
-            scan.add(F.make("dcp_metadata_unreadable", path=rel(".metadata"),
-                            why="no state_dict_metadata/storage_data in the Metadata object"))
+            if not refused:  # a pickle that is only a payload has no storage facts to check
+                scan.add(F.make("dcp_metadata_unreadable", path=rel(".metadata"),
+                                why="no state_dict_metadata/storage_data in the Metadata object"))
             return scan
         # every storage path must stay inside the run (``..``, absolute, through a linked folder): dcp.load
         # joins it to the checkpoint folder; one that leaves the run is named and never opened
@@ -163,7 +176,7 @@ class DCP:
         # every non-tensor item is a torch.save blob that dcp.load unpickles with weights_only=False
         dcp_bytes.scan_bytes_items(folder, storage, tree, scan, list(cfg.get("security", {}).get("allow_globals", [])),
                                    rel, state_fields, item_fqn, _count, _inside)
-        scan.tree["root"] = _nest(tree, paths if isinstance(paths, dict) else {})
+        scan.tree["root"] = self.state_tree(tree, paths if isinstance(paths, dict) else {})
         need, bad = _shard_ends(storage)
         if bad is not None:
             idx, sinfo = bad

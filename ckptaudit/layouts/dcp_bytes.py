@@ -29,7 +29,7 @@ from .. import fs
 from ..security_resume import ResumeLoad
 from .result import UnitScan
 
-__all__ = ["DCP_LOAD_BYTES", "MAX_ITEMS", "VALUE_BYTES", "scan_bytes_items"]
+__all__ = ["DCP_LOAD_BYTES", "MAX_ITEMS", "VALUE_BYTES", "scan_bytes_items", "read_item", "pickle_of"]
 
 DCP_LOAD_BYTES = ResumeLoad("torch.distributed.checkpoint DefaultLoadPlanner.load_bytes: "
                             "torch.load(weights_only=False)", weights_only=False)
@@ -65,11 +65,11 @@ def scan_bytes_items(folder: Path, storage: dict, tree: dict, scan: UnitScan, al
         if n > MAX_ITEMS or length > budget:
             skipped.append(fqn)
             continue
-        blob = _read_item(folder / relp, offset, length)
+        blob = read_item(folder / relp, offset, length)
         if blob is None:
             continue
         budget -= len(blob)
-        data = _pickle_of(blob)
+        data = pickle_of(blob)
         if not data:
             continue
         res = walk(data)
@@ -88,7 +88,7 @@ def scan_bytes_items(folder: Path, storage: dict, tree: dict, scan: UnitScan, al
                         max_mib=SWEEP_BYTES >> 20))
 
 
-def _read_item(path: Path, offset: int, length: int) -> Optional[bytes]:
+def read_item(path: Path, offset: int, length: int) -> Optional[bytes]:
     """``length`` bytes of the rank file ``path`` from ``offset``; None when it is gone (``dcp_shard_missing``)
     or no regular file (a FIFO would block the open: its size check names it; a link leaving the run was
     refused before)."""
@@ -102,7 +102,7 @@ def _read_item(path: Path, offset: int, length: int) -> Optional[bytes]:
         return None
 
 
-def _pickle_of(blob: bytes) -> bytes:
+def pickle_of(blob: bytes) -> bytes:
     """The pickle ``torch.load`` would unpickle from ``blob``: its zip's ``data.pkl`` (stored, as ``torch.save``
     writes it; else read with :mod:`zipfile`), or the blob itself when it is no zip (a legacy file)."""
     if not blob.startswith(b"PK\x03\x04"):

@@ -57,7 +57,8 @@ def _places(folder: str, size: int, version: str) -> Dict[str, "object"]:
     """:func:`folder_places` of ``folder`` whose ``.metadata`` has this ``size`` and ``version``.  The pickle is
     walked statically (:func:`ckptaudit.pickle_walk.walk`), never unpickled; only ``storage_data``'s offsets
     and lengths are taken, to read ranges of the data file they name: whether its imports are allowed is the
-    scan's judgement (:func:`ckptaudit.layouts.dcp._judged_metadata`), which compares no CRC when they are not."""
+    scan's judgement (:func:`ckptaudit.layouts.dcp._judged_metadata`); a folder refused for security is planned
+    the same, so that its records' CRC-32s are still compared (a refusal never hides the file layer)."""
     import numpy as np
 
     from ..pickle_walk import walk

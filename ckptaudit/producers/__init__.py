@@ -40,9 +40,9 @@ __all__ = ["Contract", "FileRole", "PointerFile", "Producer", "ResumeLoad", "PRO
 #: Every producer, in the order a unit's contract is looked for.
 PRODUCERS: Tuple[Producer, ...] = (hf_trainer.PRODUCER, accelerate.PRODUCER, lightning.PRODUCER,
                                    deepspeed.PRODUCER, torchtitan.PRODUCER, dcp.PRODUCER, nanogpt.PRODUCER,
-                                   torch_tutorial.PRODUCER, megatron.PRODUCER, nemo.PRODUCER, composer.PRODUCER,
-                                   nvrx.PRODUCER, nemo_automodel.PRODUCER, training_hub.PRODUCER, timm.PRODUCER,
-                                   ultralytics.PRODUCER)
+                                   torch_tutorial.PRODUCER, megatron.PRODUCER, megatron.CORE_PRODUCER, nemo.PRODUCER,
+                                   composer.PRODUCER, nvrx.PRODUCER, nemo_automodel.PRODUCER, training_hub.PRODUCER,
+                                   timm.PRODUCER, ultralytics.PRODUCER)
 #: Every contract, in that order.
 CONTRACTS: Tuple[Contract, ...] = tuple(c for p in PRODUCERS for c in p.contracts)
 #: The producers' folder adapters (``"module:ATTR"`` in :mod:`ckptaudit.layouts`), in claim order.

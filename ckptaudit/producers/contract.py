@@ -128,6 +128,12 @@ class PointerFile:
     kind: str
     target_unit: Optional[Callable[[str], str]] = None
     check: Optional[Callable[[dict, str], object]] = None
+    #: the text that names a unit (the inverse of ``target_unit``: Megatron's tracker holds ``30`` for
+    #: ``iter_0000030``), for the repairs that rewrite the pointer; None: the unit's base name
+    text_of: Optional[Callable[[str], str]] = None
+    #: ``(pointer row, suggestion, its text) -> finding`` when the pointer names a usable unit older than the newest
+    #: usable one and the producer's resume follows it (Megatron's tracker); None: ``latest_pointer_not_newest``
+    behind: Optional[Callable[[dict, str, str], object]] = None
 
 
 @dataclass(frozen=True)
@@ -157,7 +163,8 @@ class Producer:
 
     ``roles``: ``(role, regular expression on a file's base name)`` in the order a file takes the first
     that matches (``mixed`` when none does); ``resume_loads``: role → :class:`ResumeLoad`;
-    ``resume_call``: the framework's own resume call for one unit (``{path}``, ``{dir}``, ``{tag}``);
+    ``resume_call``: the framework's own resume call for one unit (``{path}``, ``{dir}``, ``{tag}``, ``{step}``:
+    :func:`ckptaudit.resume_hint.call`);
     ``default_call``: the call whose pick :attr:`default_pick` computes; ``contracts``: its version ranges;
     the producers with a ``resume_call`` are the frameworks whose resume the verdict words (the others are
     resumed by a script that names the file)."""
