@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 from .checks_restore import as_float, same_values
 from .contract import import_hook
+from .handover import counter
 
 
 class ContinueChecks:
@@ -20,6 +21,9 @@ class ContinueChecks:
     result: Dict[str, Any]
     rng_ok: bool
     sched_epoch_at_restore: Optional[int]
+    #: the hook's optimizer and scheduler as handed over (:func:`.handover.take`); None: not taken, the
+    #: scheduler's state is then not compared with the unit's
+    handed: Any = None
 
     def flush(self) -> None:  # the child's
         raise NotImplementedError
@@ -51,7 +55,7 @@ class ContinueChecks:
         opt = self.r.optimizer
         lr = [float(g["lr"]) for g in opt.param_groups]
         sch = self.r.scheduler
-        epoch = getattr(sch, "last_epoch", None) if sch is not None else None
+        epoch = counter(sch) if sch is not None else None
         batch = next(self.r.batches)
         loss, gn = self.r.train_step(batch)
         e = {"step": gstep, "lr": lr, "loss": as_float(loss), "grad_norm": as_float(gn), "scheduler_last_epoch": epoch}
@@ -82,46 +86,114 @@ class ContinueChecks:
         return "pass", exp, act, f"{k} updates from step {s0} ran"
 
     def c_lr(self):
+        """The LR the job trains with: the continuation's LRs against the schedule (``lr_at``), the scheduler's
+        state as handed over against the unit's (:mod:`.handover`), and the restored scheduler stepped ahead
+        through the schedule's next change (:mod:`.lr_horizon`).  ``skip`` where none of these can judge."""
         tr = self.result["trace"]
         lr_at = getattr(self.r, "lr_at", None)
         s0 = int(self.r.step)
         saved_sched = self.r.saved.get("scheduler")
+        sch = self.r.scheduler
         note = ""
-        if saved_sched is None and self.r.scheduler is not None:
+        if saved_sched is None and sch is not None:
             note = " The unit holds no scheduler state, so the resume code built a fresh scheduler."
         if callable(lr_at):
-            for e in tr:
-                want = [float(x) for x in lr_at(e["step"])]
-                if len(want) != len(e["lr"]) or any(not math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-15)
-                                                    for a, b in zip(e["lr"], want)):
-                    rewarm = all(a < b for a, b in zip(e["lr"], want))
-                    return ("fail", f"LR {want} at step {e['step']} (the schedule)", f"LR {e['lr']}",
-                            f"the update after step {e['step']} used LR {e['lr']} but the schedule gives {want}"
-                            + (" — the learning rate re-warms" if rewarm else "")
-                            + (f"; scheduler last_epoch was {self.sched_epoch_at_restore} at restore, step {s0}"
-                               if self.sched_epoch_at_restore is not None else "") + "." + note)
-            ahead = self._lr_ahead(lr_at, tr, note)
-            if ahead is not None:
-                return ahead
-            from .lr_horizon import per_step
+            bad = self._lr_trace_mismatch(lr_at, tr, s0, note)
+            if bad is not None:
+                return bad
+        state = self._sched_state(saved_sched)
+        if state[0] == "fail":
+            return state
+        if not callable(lr_at):
+            return self._lr_without_schedule(tr, s0, saved_sched, state, note)
+        ahead, horizon = self._lr_ahead(lr_at, tr, note)
+        if ahead is not None:
+            return ahead
+        exp = f"schedule LR for steps {tr[0]['step']}…{tr[-1]['step']}"
+        act = f"LR {tr[0]['lr']} … {tr[-1]['lr']}"
+        base = f"the LR continues the schedule from step {s0} (no re-warm-up)"
+        if sch is None:
+            return "pass", exp, act, base
+        if horizon is not None:
+            far = ", through its next change" if horizon.why.startswith("through its next change") else \
+                f", {horizon.why}"
+            return "pass", exp, act, base + far
+        if state[0] == "pass":
+            return "pass", exp, act, f"{base}; {state[1]}; {self._why_no_look_ahead(tr)}"
+        return ("skip", exp, act, f"the {len(tr)} continuation LRs follow the schedule, but nothing shows the scheduler "
+                f"continues past them: {self._why_no_look_ahead(tr)}, and {state[1]}." + note)
 
-            far = ", through its next change" if self.r.scheduler is not None and per_step(tr) else ""
-            return ("pass", f"schedule LR for steps {tr[0]['step']}…{tr[-1]['step']}",
-                    f"LR {tr[0]['lr']} … {tr[-1]['lr']}",
-                    f"the LR continues the schedule from step {s0} (no re-warm-up){far}")
+    def _lr_trace_mismatch(self, lr_at, tr, s0: int, note: str):
+        """A failing result at the first continuation update whose LR is not ``lr_at``'s; None when all match."""
+        for e in tr:
+            want = [float(x) for x in lr_at(e["step"])]
+            if len(want) != len(e["lr"]) or any(not math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-15)
+                                                for a, b in zip(e["lr"], want)):
+                rewarm = all(a < b for a, b in zip(e["lr"], want))
+                return ("fail", f"LR {want} at step {e['step']} (the schedule)", f"LR {e['lr']}",
+                        f"the update after step {e['step']} used LR {e['lr']} but the schedule gives {want}"
+                        + (" — the learning rate re-warms" if rewarm else "")
+                        + (f"; scheduler last_epoch was {self.sched_epoch_at_restore} at restore, step {s0}"
+                           if self.sched_epoch_at_restore is not None else "") + "." + note)
+        return None
+
+    def _sched_state(self, saved_sched) -> Tuple[str, str, str, str]:
+        """The scheduler's state as the hook handed it over against the unit's: ``("fail", expected, actual,
+        message)`` when a counter (or another numeric entry) differs or the job dropped the unit's scheduler;
+        ``("pass", what was compared, "", "")`` when they agree; ``("skip", why not compared, "", "")``."""
+        from . import handover
+
+        sch, h = self.r.scheduler, self.handed
+        if saved_sched is None:
+            return "skip", "the unit holds no scheduler state to compare the counters with", "", ""
+        if sch is None:
+            return ("fail", "a scheduler continuing the unit's", "no scheduler",
+                    "the unit holds scheduler state but the restored job has no scheduler: the LR stays where it "
+                    "was saved instead of following the schedule")
+        if h is None:
+            return "skip", "no snapshot of the scheduler as handed over", "", ""
+        if h.scheduler_state is None:
+            return "skip", h.scheduler_error or "the scheduler gives no state_dict", "", ""
+        if not isinstance(saved_sched, Mapping) or not handover.counters_in(saved_sched):
+            return "skip", f"the unit's scheduler state ({type(saved_sched).__name__}) holds no counter to compare", \
+                "", ""
+        diffs = handover.state_differences(h.scheduler_state, saved_sched)
+        if diffs:
+            return ("fail", "the scheduler's state as saved", f"{len(diffs)} entr{'y' if len(diffs) == 1 else 'ies'} "
+                    "differ", f"the scheduler the resume code hands over does not continue the unit's: "
+                    f"{'; '.join(diffs[:4])}{' …' if len(diffs) > 4 else ''} — it was rebuilt or not loaded, so "
+                    f"it changes the LR at other steps than the run did (and saves that counter onward)")
+        return "pass", f"its state equals the unit's ({type(sch).__name__}: counters and base LRs)", "", ""
+
+    def _why_no_look_ahead(self, tr) -> str:
+        """Why the restored scheduler was not stepped ahead (:meth:`_lr_ahead` returned no horizon)."""
+        from .handover import counter
+
+        if counter(self.r.scheduler) is None:
+            return (f"the look-ahead needs a step counter and {type(self.r.scheduler).__name__} keeps none "
+                    "(last_epoch, _step_count, or its children's)")
+        epochs = [e.get("scheduler_last_epoch") for e in tr]
+        return (f"its counter went {epochs[0]}…{epochs[-1]} over {len(tr)} updates, not one step per update "
+                "(stepped per epoch?), so it was judged by its counters, not stepped ahead")
+
+    def _lr_without_schedule(self, tr, s0: int, saved_sched, state, note: str):
+        """``lr_continuity`` when the hook gives no ``lr_at``: the first LR against the saved one, and the
+        scheduler's state against the unit's."""
         want = [float(g["lr"]) for g in (self.r.saved.get("optimizer") or {}).get("param_groups", [])]
         first = tr[0]["lr"]
         if want and any(not math.isclose(a, b, rel_tol=1e-6) for a, b in zip(first, want)):
             return ("fail", f"saved LR {want}", f"LR {first}",
                     f"the first update after restore used LR {first} but the run saved {want}." + note)
         if saved_sched is not None and self.r.scheduler is not None:
+            if state[0] == "skip" and self.handed is None:  # no snapshot: the counter at restore, as recorded
+                sv = saved_sched.get("last_epoch") if isinstance(saved_sched, Mapping) else None
+                if sv is not None and self.sched_epoch_at_restore != sv:
+                    return ("fail", f"scheduler last_epoch {sv}", f"last_epoch {self.sched_epoch_at_restore}",
+                            "the scheduler's counter does not continue from the saved one")
             cur = getattr(self.r.scheduler, "last_epoch", None)
-            sv = saved_sched.get("last_epoch") if isinstance(saved_sched, Mapping) else None
-            if sv is not None and self.sched_epoch_at_restore != sv:
-                return ("fail", f"scheduler last_epoch {sv}", f"last_epoch {self.sched_epoch_at_restore}",
-                        "the scheduler's counter does not continue from the saved one")
             return ("warn", f"saved LR {want}", f"LR {first}, scheduler last_epoch {cur}",
-                    "the hook gives no lr_at(step); only the first LR and the scheduler counter were compared")
+                    "the hook gives no lr_at(step); only the first LR and the scheduler's state were compared"
+                    + ("" if state[0] == "pass" else f" ({state[1]})"))
         if saved_sched is None and self.r.scheduler is not None:
             return ("fail", f"scheduler state at step {s0}", "a fresh scheduler",
                     "the unit holds no scheduler state and the hook gives no lr_at(step) to prove the schedule "
@@ -129,21 +201,23 @@ class ContinueChecks:
         return "pass", f"saved LR {want}", f"LR {first}", "constant LR (no scheduler) continues"
 
     def _lr_ahead(self, lr_at, tr, note: str):
-        """A failing result when the restored scheduler, stepped ahead past the trace, departs from ``lr_at``
-        before or at the schedule's next change (:mod:`.lr_horizon`); None when it follows it."""
+        """``(failing result, None)`` when the restored scheduler, stepped ahead past the trace, departs from
+        ``lr_at`` before or at the schedule's next change (:mod:`.lr_horizon`); ``(None, Horizon)`` when it
+        follows it; ``(None, None)`` when it cannot be stepped ahead (no scheduler, or not one step per update)."""
         from . import lr_horizon
 
         sch = self.r.scheduler
         if sch is None or not lr_horizon.per_step(tr):
-            return None
-        got = lr_horizon.mismatch(sch, self.r.optimizer, lr_at, tr[-1]["step"] + 1)
+            return None, None
+        seen: list = []
+        got = lr_horizon.mismatch(sch, self.r.optimizer, lr_at, tr[-1]["step"] + 1, seen)
         if got is None:
-            return None
-        step, want, have = got
-        return ("fail", f"LR {want} at step {step} (the schedule)", f"LR {have} from the restored scheduler",
+            return None, (seen[0] if seen else None)
+        have = f"LR {got.got}" if isinstance(got.got, list) else f"step() raised {got.got}"
+        return ("fail", f"LR {got.want} at step {got.step} (the schedule)", f"{have} from the restored scheduler",
                 f"the LRs of the continuation match, but stepped ahead the restored scheduler gives {have} at step "
-                f"{step} where the schedule gives {want}: its counter was {self.sched_epoch_at_restore} at restore, "
-                f"step {int(self.r.step)}, so it changes the LR at the wrong steps." + note)
+                f"{got.step} where the schedule gives {got.want}: its counter was {self.sched_epoch_at_restore} at "
+                f"restore, step {int(self.r.step)}, so it changes the LR at the wrong steps." + note), None
 
     def c_next(self):
         sp = self.spec

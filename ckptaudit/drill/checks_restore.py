@@ -132,16 +132,23 @@ class RestoreChecks:
                 f"{k!r} (model {tuple(cur[k].shape)}, unit {tuple(saved[k].shape)})" for k in shape[:4]))
         if differ:
             problems.append(f"the hook's restored values differ from the unit's for {quoted(differ)}")
-        try:
-            self.r.model.load_state_dict(saved, strict=True)
-        except Exception as e:  # noqa: BLE001 - strict load's own message names the keys
-            problems.append(f"load_state_dict(strict=True) raised: {str(e).splitlines()[0][:300]}")
+        if not problems:  # equal values: the strict load changes nothing the continuation trains with
+            try:
+                self.r.model.load_state_dict(saved, strict=True)
+            except Exception as e:  # noqa: BLE001 - strict load's own message names the keys
+                problems.append(f"load_state_dict(strict=True) raised: {str(e).splitlines()[0][:300]}")
         exp = f"{len(saved)} tensors: same keys, shapes and values; strict load accepted"
         if problems:
             return "fail", exp, f"{len(cur)} tensors in the model", "; ".join(problems)
         return "pass", exp, f"{len(cur)} tensors equal", "model restored exactly; strict load_state_dict accepted it"
 
     def c_optimizer(self):
+        """The optimizer as handed over against the unit's: parameters per group, every group's hyperparameters
+        (lr, initial_lr, betas, momentum, weight_decay, eps, ...: :func:`.handover.group_differences`), the
+        per-parameter state, moment shapes, and ``load_state_dict(saved)`` tried on a copy
+        (:func:`.handover.load_on_copy`), so that the hook's own optimizer is what the continuation trains."""
+        from . import handover
+
         saved = self.r.saved.get("optimizer")
         if saved is None:
             return ("fail", "an optimizer state_dict in the unit", "none",
@@ -152,6 +159,13 @@ class RestoreChecks:
         if [len(g["params"]) for g in sg] != [len(g["params"]) for g in cg]:
             problems.append(f"param groups hold {[len(g['params']) for g in cg]} parameters in the optimizer but "
                             f"{[len(g['params']) for g in sg]} in the unit")
+        handed = self.handed.groups if getattr(self, "handed", None) is not None else cg
+        hyper = handover.group_differences(handed, sg)
+        if hyper:
+            problems.append("the job would train with other hyperparameters than the unit saved: "
+                            + "; ".join(hyper[:4]) + (f" … (+{len(hyper) - 4})" if len(hyper) > 4 else "")
+                            + " (a scheduler built after optimizer.load_state_dict, or a config value set after "
+                              "loading, overrides the restored groups)")
         sst, cst = saved.get("state", {}), cur.get("state", {})
         if set(sst) != set(cst):
             problems.append(f"the hook's optimizer has state for {len(cst)} parameters, the unit for {len(sst)}")
@@ -162,14 +176,14 @@ class RestoreChecks:
         bad_shape = _misshapen_moments(self._params(), sst)
         if bad_shape:
             problems.append("moments do not match their parameters: " + "; ".join(bad_shape[:4]))
-        try:
-            self.r.optimizer.load_state_dict(saved)
-        except Exception as e:  # noqa: BLE001 - torch's message names the mismatch
-            problems.append(f"optimizer.load_state_dict raised: {str(e).splitlines()[0][:300]}")
-        exp = f"{len(sg)} param group(s), state for {len(sst)} parameters, equal to the hook's"
+        err = handover.load_on_copy(self.r.optimizer, saved)
+        if err:
+            problems.append(err)
+        exp = (f"{len(sg)} param group(s) with the unit's hyperparameters, state for {len(sst)} parameters, equal "
+               "to the hook's")
         if problems:
             return "fail", exp, f"{len(cg)} group(s), state for {len(cst)} parameters", "; ".join(problems)
-        return "pass", exp, "equal", "optimizer restored exactly; load_state_dict accepted it"
+        return "pass", exp, "equal", "optimizer restored exactly (groups and state); load_state_dict accepted it"
 
     def c_moments(self):
         step = int(self.r.step)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, Mapping, Optional, Tuple
 
 from .._io import atomic_write
+from . import handover
 from .checks_continue import ContinueChecks
 from .checks_restore import quoted, RestoreChecks
 from .contract import REQUIRED_MEMBERS, WEIGHTS_ONLY_REFUSAL, check_row, import_hook
@@ -53,6 +54,7 @@ class Child(RestoreChecks, ContinueChecks):
         self.rng_at_restore: Any = None
         self.rng_ok = False
         self.sched_epoch_at_restore: Optional[int] = None
+        self.handed: Optional[handover.Handover] = None
 
     def flush(self) -> None:
         atomic_write(self.out_path, json.dumps(self.result, default=str).encode())
@@ -115,8 +117,9 @@ class Child(RestoreChecks, ContinueChecks):
                                f"{type(self.r).__name__} without {quoted(missing)} (see ckptaudit.drill.Restored)")
             return
         self.rng_at_restore = self._live_rng()  # first thing: nothing below may draw before this
-        sch = self.r.scheduler
-        self.sched_epoch_at_restore = getattr(sch, "last_epoch", None) if sch is not None else None
+        # then the optimizer and scheduler as the job will train with them, before any check touches them
+        self.handed = handover.take(self.r.optimizer, self.r.scheduler)
+        self.sched_epoch_at_restore = self.handed.counter
         self.add(check_row("restore_hook", "pass", "a Restored", type(self.r).__name__,
                       f"{spec['hook']} restored {spec['unit']} on {dev}", time.perf_counter() - t))
         self.check("model_load_strict", self.c_model)
