@@ -68,11 +68,14 @@ def previous_success(path: str | os.PathLike, run: str,
 
 
 def write(path: str | os.PathLike, run: str, *, verdict: Optional[dict], exit_code: int, duration_s: float,
-          finished_unix: Optional[float] = None, drill: Optional[dict] = None) -> None:
+          finished_unix: Optional[float] = None, drill: Optional[dict] = None, audit_ran: bool = True) -> None:
     """Write the metrics of one audit of ``run`` (its folder) to ``path``; ``verdict`` None for an audit that
     failed (exit 3): then only the audit's own series, and the last success carried over.  ``drill``: a parsed
-    ``drill.json`` (with its ``rows``) whose series are added.  ``path``'s folder is created when missing.
-    Raises ``OSError``."""
+    ``drill.json`` (with its ``rows``) whose series are added; a drill that could not start (exit 3) passes
+    ``{"exit_code": 3, "wall_seconds": 0.0}``.  ``audit_ran`` False (``ckptaudit drill`` stopped before its audit:
+    hook not importable, bad config): no audit series but the last success carried over, so that neither the
+    audit's failure alert fires for an audit that never ran nor its staleness alert loses its timestamp.
+    ``path``'s folder is created when missing.  Raises ``OSError``."""
     from prometheus_client import CollectorRegistry, Gauge, write_to_textfile
 
     now = time.time() if finished_unix is None else finished_unix
@@ -81,15 +84,16 @@ def write(path: str | os.PathLike, run: str, *, verdict: Optional[dict], exit_co
     def gauge(name: str, doc: str, labels=()):
         return Gauge(name, doc, ["run", *labels], registry=reg)
 
-    ok = int(verdict is not None)
-    gauge("ckptaudit_audit_success", "1 when the audit finished with a verdict").labels(run).set(ok)
-    gauge("ckptaudit_audit_exit_code", "exit code of ckptaudit audit").labels(run).set(exit_code)
-    gauge("ckptaudit_audit_duration_seconds", "wall time of the audit").labels(run).set(duration_s)
-    last = now if verdict is not None else previous_success(path, run)
+    if audit_ran:
+        ok = int(verdict is not None)
+        gauge("ckptaudit_audit_success", "1 when the audit finished with a verdict").labels(run).set(ok)
+        gauge("ckptaudit_audit_exit_code", "exit code of ckptaudit audit").labels(run).set(exit_code)
+        gauge("ckptaudit_audit_duration_seconds", "wall time of the audit").labels(run).set(duration_s)
+    last = now if verdict is not None and audit_ran else previous_success(path, run)
     if last is not None:
         gauge("ckptaudit_audit_last_success_timestamp_seconds", "end of the last audit that finished").labels(
             run).set(last)
-    if verdict is not None:
+    if verdict is not None and audit_ran:
         _verdict_series(gauge, run, verdict, now)
     if drill is not None:
         _drill_series(gauge, run, drill, now, path)

@@ -82,17 +82,12 @@ def drill_command(run_dir, out_dir, unit, devices, config_file, cores, as_json, 
     import time
 
     start = time.time()
+    reached: dict = {}
     try:
-        doc, out = _drill(run_dir, out_dir, unit, devices, config_file, cores, verbose)
+        doc, out = _drill(run_dir, out_dir, unit, devices, config_file, cores, verbose, reached)
     except SystemExit as e:
         if e.code == EXIT_FAILED:
-            from pathlib import Path
-
-            from .audit import failed_outputs
-
-            run = str(Path(run_dir).resolve()) if "://" not in run_dir else run_dir
-            failed_outputs(run, metrics_path, junit_path, time.time() - start,
-                           f"ckptaudit drill {run} failed (exit 3); its stderr says why")
+            _failed_outputs(run_dir, out_dir, metrics_path, junit_path, start, reached)
         raise
     _watched_outputs(doc, out, metrics_path, junit_path, time.time() - start)
     click.echo(json.dumps(doc, indent=2) if as_json else shown_lines(doc["summary"].split("\n")))
@@ -126,8 +121,42 @@ def _watched_outputs(doc: dict, out, metrics_path, junit_path, seconds: float) -
         raise click.ClickException(f"--metrics/--junit: {err}")
 
 
-def _drill(run_dir, out_dir, unit, devices, config_file, cores, verbose):
-    """Run the workflow's drill target: ``(drill.json as a dict, output folder)``; exits 3 when it fails."""
+def _failed_outputs(run_dir: str, out_dir: str, metrics_path, junit_path, start: float, reached: dict) -> None:
+    """--metrics and --junit of a drill that could not run (exit 3): the drill's series say so (success 0, exit
+    code 3, the last success kept from the previous file, so that ``RestoreDrillNotPassing`` fires while the hook
+    stays broken); the audit's say what the audit did: nothing when the drill stopped before it (``reached``
+    has no ``"workflow"``), its verdict when it wrote one during this command, else a failed audit."""
+    import time
+    from pathlib import Path
+
+    from .audit import failed_outputs
+
+    run = str(Path(run_dir).resolve()) if "://" not in run_dir else run_dir
+    seconds = time.time() - start
+    if metrics_path:
+        from .. import metrics
+        from ..verdict import exit_code
+
+        v = None
+        if reached.get("workflow"):
+            vp = Path(out_dir).resolve() / "verdict.json"
+            try:
+                if vp.stat().st_mtime >= start:
+                    v = json.loads(vp.read_text())
+            except (OSError, ValueError):
+                v = None
+        try:
+            metrics.write(metrics_path, run, verdict=v, exit_code=exit_code(v) if v is not None else EXIT_FAILED,
+                          duration_s=seconds, drill={"exit_code": EXIT_FAILED, "wall_seconds": 0.0},
+                          audit_ran=bool(reached.get("workflow")))
+        except OSError as err:
+            click.echo(f"ckptaudit: --metrics {metrics_path}: {err}", err=True)
+    failed_outputs(run, None, junit_path, seconds, f"ckptaudit drill {run} failed (exit 3); its stderr says why")
+
+
+def _drill(run_dir, out_dir, unit, devices, config_file, cores, verbose, reached: dict):
+    """Run the workflow's drill target: ``(drill.json as a dict, output folder)``; exits 3 when it fails.
+    ``reached["workflow"]`` is set once the workflow (the audit, then the drill) is started."""
     with failures_exit_3("ckptaudit drill", "the drill"):
         rd, out = check_paths(run_dir, out_dir)
         if "://" in rd:
@@ -150,6 +179,7 @@ def _drill(run_dir, out_dir, unit, devices, config_file, cores, verbose):
                                        "relative to RUN_DIR, e.g. checkpoint-20)")
         _check_hook(cfg)
         _hook_path_for_children()
+        reached["workflow"] = True
         run_workflow(cfg, out, cores, targets=("drill",), quiet=not verbose)
         doc = json.loads((out / "drill" / "drill.json").read_text())
         if unit and doc.get("exit_code") == EXIT_NO_UNIT and (out / "verdict.json").exists() \
