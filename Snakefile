@@ -38,12 +38,15 @@ onstart:
 
 # The end of every run says what happened: the verdict's summary (ckptaudit/summary.py), or each
 # failed job's own error line from its log (ckptaudit/job_errors.py).  `ckptaudit audit` prints both itself.
+# Then `snakemake … audit` / `snakemake … drill` exit with the codes `ckptaudit audit` / `ckptaudit drill` give
+# (the verdict's or the drill's; 3 when a job failed), so that cron and CI see the same answer.
 onsuccess:
     from ckptaudit import summary as _summary
 
     load_server.stop(WORK)
     _summary.on_success(workflow, OUT)
     outlock.release(OUT)
+    _summary.exit_as_ckptaudit(workflow, OUT)
 
 
 onerror:
@@ -52,3 +55,4 @@ onerror:
     load_server.stop(WORK)
     _job_errors.on_error(workflow, OUT)
     outlock.release(OUT)
+    _job_errors.exit_as_ckptaudit()

@@ -96,6 +96,16 @@ def on_error(workflow, out_dir: str) -> List[str]:
     return lines
 
 
+def exit_as_ckptaudit() -> None:
+    """The last step of the Snakefile's ``onerror:`` handler: exit 3, as ``ckptaudit audit`` and ``ckptaudit
+    drill`` do when the workflow fails (Snakemake's own code, 1, means "roll back" to a cron job reading
+    ``ckptaudit``'s codes).  Nothing when ``ckptaudit`` runs the workflow: it turns the failure into its own
+    one-line error and exit 3."""
+    if not os.environ.get(CLI_ENV):
+        sys.stderr.flush()
+        sys.exit(3)
+
+
 def read_failed(out_dir: str | Path) -> List[str]:
     """The lines :func:`on_error` wrote for the last failed run in ``out_dir`` ([] when there are none)."""
     try:

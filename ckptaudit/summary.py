@@ -213,10 +213,7 @@ def on_success(workflow, out_dir: str | Path) -> bool:
 
     if os.environ.get(CLI_ENV):
         return False
-    try:
-        rules = {j.rule.name for j in workflow.dag.jobs}
-    except AttributeError:  # another Snakemake's internals: say it whenever there is a verdict
-        rules = {"report"}
+    rules = _rules(workflow)
     said = "report" in rules and print_summary(out_dir)
     if "drill" in rules:  # `snakemake drill`: the drill's own line after the audit's summary
         try:
@@ -224,3 +221,48 @@ def on_success(workflow, out_dir: str | Path) -> bool:
         except (OSError, ValueError, KeyError):
             pass
     return said
+
+
+def run_exit_code(workflow, out_dir: str | Path) -> int:
+    """The exit code a successful ``snakemake …`` run ends with: the one ``ckptaudit`` gives for the same work,
+    so cron and CI see the same answer.  With the drill in the run (``snakemake drill``, ``drill_nightly``):
+    ``drill.json``'s ``exit_code`` (0 passed, 1 a problem, 2 nothing restorable, 3 the drill failed; the drill
+    job itself exits 0 once its outputs are written: rules/drill.smk); else with the report in it
+    (``snakemake audit``): :func:`ckptaudit.verdict.exit_code` of ``verdict.json`` (0 resume from the newest, 1
+    roll back, 2 retrain).  3 when that file cannot be read; 0 for other targets (the demo run, a single stage)
+    and when ``ckptaudit`` started the workflow (it exits with the code itself)."""
+    import os
+
+    from .job_errors import CLI_ENV
+
+    if os.environ.get(CLI_ENV):
+        return 0
+    rules = _rules(workflow)
+    try:
+        if "drill" in rules:
+            return int(json.loads((Path(out_dir) / "drill" / "drill.json").read_text())["exit_code"])
+        if "report" in rules:
+            from .verdict import exit_code
+
+            return exit_code(json.loads((Path(out_dir) / "verdict.json").read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return 3
+    return 0
+
+
+def exit_as_ckptaudit(workflow, out_dir: str | Path) -> None:
+    """The last step of the Snakefile's ``onsuccess:`` handler: end the process with :func:`run_exit_code` when
+    it is not 0 (Snakemake's own ``main`` lets ``SystemExit`` through; its exit would be 0)."""
+    code = run_exit_code(workflow, out_dir)
+    if code:
+        sys.stdout.flush()
+        sys.exit(code)
+
+
+def _rules(workflow) -> set:
+    """Names of the rules in the run's DAG (``{"report"}`` under another Snakemake's internals: then the
+    verdict is read whenever there is one)."""
+    try:
+        return {j.rule.name for j in workflow.dag.jobs}
+    except AttributeError:
+        return {"report"}

@@ -135,13 +135,14 @@ def test_progress_line_is_quiet_when_stderr_is_not_a_terminal(tmp_path, monkeypa
 
 def test_snakemake_audit_on_the_demo_prints_the_summary(tmp_path):
     """``snakemake --cores 2 audit`` (the README's main command, here in a scratch working folder) ends with
-    the summary, printed by the Snakefile's onsuccess handler."""
+    the summary, printed by the Snakefile's onsuccess handler, and exits 1 as ``ckptaudit audit`` does (roll back
+    needed and possible; it exited 0, issue 43)."""
     cfg = tmp_path / "small.yaml"
     cfg.write_text("demo:\n  max_steps: 300\n  save_every: 50\n")  # the demo's incident, fewer steps
     p = subprocess.run([sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(tmp_path),
                         "audit", "--cores", "2", "--configfile", str(cfg)],
                        capture_output=True, text=True, timeout=900)
-    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
     out = p.stdout + p.stderr
     from ckptaudit.workflow_support import report_folder
 
