@@ -154,3 +154,99 @@ def test_drill_judges_the_job_as_it_will_run(sched, opt, tmp_path, tmp_path_fact
             if how == "config_lr":
                 assert f"group 0 'lr': {J.CONFIG_LR:g} (the hook's) vs" in msg, msg
             assert lr["message"].startswith(f"the update after step {S} used LR ["), lr["message"]
+
+
+# ------------------------------------------------------------------ what the drill cannot judge, and the look-ahead
+class _LrFromStep:
+    """A user's scheduler without a counter of its own: it sets the LR from the loop's step (nanoGPT's style)."""
+
+    def __init__(self, optimizer, step_ref):
+        self.optimizer, self.step_ref = optimizer, step_ref
+
+    def step(self):
+        for g in self.optimizer.param_groups:
+            g["lr"] = 0.1 * 0.99 ** self.step_ref[0]
+
+    def state_dict(self):
+        return {"kind": "exponential"}
+
+    def load_state_dict(self, state):
+        pass
+
+
+def _continued(model, opt, sched, step: int, saved: dict, lr_at, advance=None):
+    """A ContinueChecks with the hook's objects snapshotted as handed over, after 5 continuation updates."""
+    import types
+
+    from ckptaudit.drill import handover
+    from ckptaudit.drill.checks_continue import ContinueChecks
+
+    class C(ContinueChecks):
+        pass
+
+    c = C()
+    c.r = types.SimpleNamespace(model=model, optimizer=opt, scheduler=sched, step=step, saved=saved, lr_at=lr_at)
+    c.handed = handover.take(opt, sched)
+    c.sched_epoch_at_restore = c.handed.counter
+    c.result = {"trace": []}
+    for i in range(5):
+        c.result["trace"].append({"step": step + i, "lr": [g["lr"] for g in opt.param_groups],
+                                  "scheduler_last_epoch": handover.counter(sched)})
+        opt.step()
+        (advance or sched.step)()
+    return c
+
+
+def test_a_scheduler_nothing_can_judge_is_a_skip_not_a_pass():
+    """Its 5 LRs follow the schedule, but it keeps no counter and saves none: the drill cannot say it continues."""
+    model, opt = J.build("StepLR", "sgd")
+    step = [40]
+    sched = _LrFromStep(opt, step)
+    sched.step()
+
+    def advance():
+        step[0] += 1
+        sched.step()
+
+    c = _continued(model, opt, sched, 40, {"scheduler": sched.state_dict()}, lambda s: [0.1 * 0.99 ** s] * 2,
+                   advance)
+    status, _, _, msg = c.c_lr()
+    assert status == "skip", msg
+    assert "the look-ahead needs a step counter and _LrFromStep keeps none" in msg, msg
+    assert "the unit's scheduler state (dict) holds no counter to compare" in msg, msg
+
+
+def test_a_per_epoch_scheduler_without_saved_state_is_a_skip():
+    """Stepped once per epoch: the 5 updates sit inside one epoch, the look-ahead cannot run, no counter saved."""
+    model, opt = J.build("per_epoch_StepLR", "sgd")
+    sched = J.SCHEDULERS["per_epoch_StepLR"](opt)
+    for _ in range(4):
+        opt.step()
+        sched.step()
+    table = J.schedule("per_epoch_StepLR", "sgd")
+    c = _continued(model, opt, sched, 40, {"scheduler": None}, lambda s: list(table[s]), advance=lambda: None)
+    status, _, _, msg = c.c_lr()
+    assert status == "skip", msg
+    assert "its counter went 4…4 over 5 updates, not one step per update (stepped per epoch?)" in msg, msg
+
+
+@pytest.mark.parametrize("sched", ["OneCycleLR", "CyclicLR", "SequentialLR", "ChainedScheduler"])
+def test_the_look_ahead_puts_back_whole_groups_and_scheduler_state(sched):
+    """Regression: the look-ahead put back each group's LR only, so OneCycleLR's beta1 (momentum with SGD) stayed
+    two steps ahead and the faithful resume failed next_unit_match."""
+    import copy
+
+    from ckptaudit.drill import lr_horizon
+
+    for opt_name in J.OPTIMIZERS:
+        model, opt = J.build(sched, opt_name)
+        s = J.SCHEDULERS[sched](opt)
+        for _ in range(S):
+            opt.step()
+            s.step()
+        before = (copy.deepcopy(J.hyper(opt)), copy.deepcopy(s.state_dict()))
+        table = J.schedule(sched, opt_name)
+        seen: list = []
+        assert lr_horizon.mismatch(s, opt, lambda k: list(table[k]), S, seen) is None
+        assert seen and seen[0].why.startswith(("through its next change", "to the end of the schedule")), seen
+        assert _close(J.hyper(opt), before[0]) and _close(s.state_dict(), before[1])

@@ -51,7 +51,9 @@ Importing this package is cheap (no torch, no pyarrow, no click): ``rules/drill.
 imports it.  The package: :mod:`.contract` (hook Protocol, checks, exit codes),
 :mod:`.settings` (config), :mod:`.select` (which unit), :mod:`.parent` (children,
 verdict), :mod:`.outputs` (files, summary), :mod:`.child` with :mod:`.checks_restore`
-and :mod:`.checks_continue`, and ``__main__`` (``python -m ckptaudit.drill``).
+and :mod:`.checks_continue`, :mod:`.handover` (the hook's optimizer and scheduler as handed over, compared with
+the unit's), :mod:`.lr_horizon` (the schedule past the continuation), and ``__main__``
+(``python -m ckptaudit.drill``).
 """
 
 from __future__ import annotations

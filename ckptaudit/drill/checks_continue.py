@@ -191,9 +191,12 @@ class ContinueChecks:
                     return ("fail", f"scheduler last_epoch {sv}", f"last_epoch {self.sched_epoch_at_restore}",
                             "the scheduler's counter does not continue from the saved one")
             cur = getattr(self.r.scheduler, "last_epoch", None)
+            if state[0] == "skip" and self.handed is not None:
+                return ("skip", f"saved LR {want}", f"LR {first}, scheduler {type(self.r.scheduler).__name__}",
+                        f"the first LR is the saved one, but nothing shows the scheduler continues: the hook gives "
+                        f"no lr_at(step) and {state[1]}")
             return ("warn", f"saved LR {want}", f"LR {first}, scheduler last_epoch {cur}",
-                    "the hook gives no lr_at(step); only the first LR and the scheduler's state were compared"
-                    + ("" if state[0] == "pass" else f" ({state[1]})"))
+                    "the hook gives no lr_at(step); only the first LR and the scheduler's state were compared")
         if saved_sched is None and self.r.scheduler is not None:
             return ("fail", f"scheduler state at step {s0}", "a fresh scheduler",
                     "the unit holds no scheduler state and the hook gives no lr_at(step) to prove the schedule "

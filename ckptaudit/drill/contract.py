@@ -24,8 +24,10 @@ CHECKS: Dict[str, str] = {
     "restore_hook": "the hook imported, returned every Restored member and did not raise while restoring",
     "model_load_strict": "restored model keys, shapes and values equal the unit's model state_dict, and "
                          "load_state_dict(strict=True) accepts it",
-    "optimizer_load_strict": "restored optimizer param groups and per-parameter state equal the unit's, moments "
-                             "have their parameters' shapes, and optimizer.load_state_dict accepts it",
+    "optimizer_load_strict": "the optimizer as the hook handed it over has the unit's param groups (parameters per "
+                             "group and every hyperparameter: lr, initial_lr, betas, momentum, weight_decay, eps, "
+                             "...) and per-parameter state, moments have their parameters' shapes, and "
+                             "optimizer.load_state_dict accepts the unit's state (tried on a copy)",
     "optimizer_moments": "every parameter's optimizer moments are finite and, once step > 0, not all zero",
     "global_step": "the step the loop continues from equals the unit's step in the verdict; per-parameter "
                    "optimizer steps agree",
@@ -36,7 +38,9 @@ CHECKS: Dict[str, str] = {
                        "drill.loss_tolerance (relative)",
     "continuation_steps": "drill.steps further updates give a finite loss and gradient norm",
     "lr_continuity": "each continuation update uses the schedule's LR for its step (Restored.lr_at; else the "
-                     "saved LR and scheduler counter): no re-warm-up",
+                     "saved LR): no re-warm-up; the scheduler as handed over has the unit's counters (last_epoch, "
+                     "_step_count, its children's) and base LRs; stepped ahead alone it follows lr_at through the "
+                     "schedule's next change (per-update schedulers); skip when none of these can judge",
     "next_unit_match": "continuing to the next intact unit's step reproduces its weights bit for bit "
                        "(deterministic hook with RNG restored), else after drill.steps updates the weights are "
                        "finite and within drill.norm_tolerance of its weight norm",
