@@ -123,10 +123,11 @@ def counters_in(state: Mapping[str, Any]) -> bool:
     return False
 
 
-def load_on_copy(optimizer: Any, saved: Mapping[str, Any]) -> Optional[str]:
-    """Call ``load_state_dict(saved)`` on a copy of ``optimizer``; None when it accepts it, else torch's first
-    line.  The copy shares the optimizer's tensors (parameters and state: ``load_state_dict`` replaces the
-    copy's state and groups wholesale and writes into no tensor), so it costs no tensor memory and the hook's
+def load_on_copy(optimizer: Any, saved: Mapping[str, Any]) -> Tuple[str, str]:
+    """Call ``load_state_dict(saved)`` on a copy of ``optimizer``: ``("accepted", "")``, ``("refused", torch's
+    first line)``, or ``("untried", why)`` when the optimizer cannot be copied (a wrapper holding process
+    groups, say).  The copy shares the optimizer's tensors (parameters and state: ``load_state_dict`` replaces
+    the copy's state and groups wholesale and writes into no tensor), so it costs no tensor memory and the hook's
     optimizer keeps its own groups and state."""
     import torch
 
@@ -140,13 +141,14 @@ def load_on_copy(optimizer: Any, saved: Mapping[str, Any]) -> Optional[str]:
                 memo[id(v)] = v
     try:
         clone = copy.deepcopy(optimizer, memo)
-    except Exception as e:  # noqa: BLE001 - an optimizer that cannot be copied: said, the load is not tried
-        return f"the optimizer could not be copied to test load_state_dict ({type(e).__name__}: {str(e)[:200]})"
+    except Exception as e:  # noqa: BLE001 - an optimizer that cannot be copied: the load is not tried
+        return "untried", f"the optimizer could not be copied to try load_state_dict ({type(e).__name__}: {str(e)[:200]})"
     try:
         clone.load_state_dict(saved)
     except Exception as e:  # noqa: BLE001 - torch's message names the mismatch
-        return f"optimizer.load_state_dict raised: {str(e).splitlines()[0][:300] if str(e) else type(e).__name__}"
-    return None
+        first = str(e).splitlines()[0][:300] if str(e) else type(e).__name__
+        return "refused", f"optimizer.load_state_dict raised: {first}"
+    return "accepted", ""
 
 
 def _first(key: Any, leading: Sequence[str]) -> tuple:
