@@ -120,8 +120,8 @@ class ContinueChecks:
             return "pass", exp, act, base + far
         if state[0] == "pass":
             return "pass", exp, act, f"{base}; {state[1]}; {self._why_no_look_ahead(tr)}"
-        return ("skip", exp, act, f"the {len(tr)} continuation LRs follow the schedule, but nothing shows the scheduler "
-                f"continues past them: {self._why_no_look_ahead(tr)}, and {state[1]}." + note)
+        return ("skip", exp, act, f"the {len(tr)} continuation LRs follow the schedule, but nothing shows the "
+                f"scheduler continues past them: {self._why_no_look_ahead(tr)}, and {state[1]}." + note)
 
     def _lr_trace_mismatch(self, lr_at, tr, s0: int, note: str):
         """A failing result at the first continuation update whose LR is not ``lr_at``'s; None when all match."""

@@ -142,7 +142,8 @@ def load_on_copy(optimizer: Any, saved: Mapping[str, Any]) -> Tuple[str, str]:
     try:
         clone = copy.deepcopy(optimizer, memo)
     except Exception as e:  # noqa: BLE001 - an optimizer that cannot be copied: the load is not tried
-        return "untried", f"the optimizer could not be copied to try load_state_dict ({type(e).__name__}: {str(e)[:200]})"
+        return "untried", (f"the optimizer could not be copied to try load_state_dict "
+                           f"({type(e).__name__}: {str(e)[:200]})")
     try:
         clone.load_state_dict(saved)
     except Exception as e:  # noqa: BLE001 - torch's message names the mismatch
