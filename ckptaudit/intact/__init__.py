@@ -21,11 +21,11 @@ from ..formats.sniff import sniff
 from ..manifest_entries import load_manifest
 from . import dcp, safetensors_file, torch_zip
 from .missing import missing_files
-from .proof import (FILLED, INTACT, LOST, SAFETENSORS_DTYPE, SUSPECT, UNPROVEN, ChunkProof, TensorBytes, counts,
-                    is_optimizer_state)
+from .proof import (FILLED, INTACT, LOST, PROOFS, SAFETENSORS_DTYPE, SUSPECT, UNPROVEN, ChunkProof, FileProof,
+                    TensorBytes, WholeDigest, counts, is_optimizer_state)
 
-__all__ = ["unit_tensors", "unit_files", "TensorBytes", "counts", "INTACT", "LOST", "UNPROVEN", "SUSPECT", "FILLED",
-           "SAFETENSORS_DTYPE", "is_optimizer_state", "first_component", "regular_file"]
+__all__ = ["unit_tensors", "unit_files", "file_proof", "TensorBytes", "counts", "INTACT", "LOST", "UNPROVEN", "SUSPECT",
+           "FILLED", "PROOFS", "SAFETENSORS_DTYPE", "is_optimizer_state", "first_component", "regular_file"]
 
 #: names inside a unit that are not data: sidecars, manifests, markers, text
 _NOT_DATA = (".sha256", ".sha256sum", ".manifest.json", ".json", ".txt", ".md", ".yaml", ".yml")
@@ -90,14 +90,15 @@ def unit_tensors(unit: str | os.PathLike, run_dir: Optional[str | os.PathLike] =
     skipped: List[Tuple[str, str]] = []
     files, manifest = unit_files(root, skipped)
     rows += [{"file": f, "kind": "not read", "problem": why, "counts": counts([])} for f, why in skipped]
+    sealed = _integrity_digests(root) if root.is_dir() else {}
     for name, path in files:
         kind = sniff(path).kind
-        chunks = ChunkProof.of(str(path), manifest.get(name))
+        proof = file_proof(path, manifest.get(name), sealed.get(name))
         prefix, step = "", None
         if kind == "torch_zip":
-            ts, problem, prefix, step = torch_zip.tensors(str(path), name, chunks)
+            ts, problem, prefix, step = torch_zip.tensors(str(path), name, proof)
         elif kind == "safetensors" or path.suffix == ".safetensors":
-            ts, problem = safetensors_file.tensors(str(path), name, chunks)
+            ts, problem = safetensors_file.tensors(str(path), name, proof)
         else:
             rows.append({"file": name, "kind": kind, "problem": f"not tensor data salvage reads ({kind})",
                          "counts": counts([])})
@@ -115,6 +116,44 @@ def unit_tensors(unit: str | os.PathLike, run_dir: Optional[str | os.PathLike] =
     rows += [{"file": f, "kind": "missing", "problem": why, "counts": counts([])} for f, why in gone
              if f not in present]
     return out, rows
+
+
+def file_proof(path: Path, entry: Optional[dict], integrity_sha256: Optional[str] = None) -> FileProof:
+    """What recorded at save time checks the data file ``path``: the chunk digests of its manifest ``entry``,
+    and the whole-file SHA-256 of that entry (``sha256_hex``), of its ``<name>.sha256`` sidecar (the first
+    word of its first line, as ``sha256sum -c`` reads it; a link is never followed) and of ``integrity.json``
+    (``integrity_sha256``)."""
+    recorded = []
+    if entry and isinstance(entry.get("sha256_hex"), str):
+        recorded.append(("sha256_manifest", entry["sha256_hex"]))
+    side = path.with_name(path.name + ".sha256")
+    if regular_file(side):
+        try:
+            with open(side, "rb") as f:
+                word = f.read(4096).split(b"\n", 1)[0].split()[:1]
+            if word and len(word[0]) == 64:
+                recorded.append(("sha256_sidecar", word[0].decode("ascii", "replace")))
+        except OSError:
+            pass
+    if integrity_sha256:
+        recorded.append(("sha256_integrity_json", integrity_sha256))
+    return FileProof(chunks=ChunkProof.of(str(path), entry),
+                     whole=WholeDigest(str(path), recorded) if recorded else None)
+
+
+def _integrity_digests(folder: Path) -> Dict[str, str]:
+    """{bare name: SHA-256 hex} that the folder's Megatron ``integrity.json`` records ({} without one)."""
+    from ..formats.integrity_json import NAME, parse
+
+    p = folder / NAME
+    if not regular_file(p):
+        return {}
+    try:
+        from .. import fs
+
+        return parse(fs.read_bounded(p, fs.SMALL_FILE_BYTES)).digests
+    except OSError:
+        return {}
 
 
 def first_component(tensors: List[TensorBytes]) -> str:
