@@ -115,6 +115,25 @@ class TensorBytes:
         return d
 
 
+def strided_bytes(raw: bytes, shape, stride, itemsize: int) -> bytes:
+    """The elements of the strided view ``shape``/``stride`` (in elements) whose element 0 is at byte 0 of
+    ``raw``, in row-major order, as bytes; any dtype (elements are copied as ``itemsize``-byte units).  Raises
+    ``ValueError`` when the view reaches past ``raw``."""
+    import numpy as np
+
+    n = 1
+    for d in shape:
+        n *= d
+    if n == 0:
+        return b""
+    last = sum((d - 1) * s for d, s in zip(shape, stride))
+    if (last + 1) * itemsize > len(raw) or any(s < 0 for s in stride):
+        raise ValueError(f"a view {list(shape)} with strides {list(stride)} reaches past its {len(raw)} bytes")
+    base = np.frombuffer(raw, dtype=np.dtype(f"V{itemsize}"), count=last + 1)
+    view = np.lib.stride_tricks.as_strided(base, shape=tuple(shape), strides=tuple(s * itemsize for s in stride))
+    return np.ascontiguousarray(view).tobytes()
+
+
 def row_major(shape) -> List[int]:
     """The strides (in elements) of a contiguous row-major tensor of ``shape``."""
     out, acc = [], 1

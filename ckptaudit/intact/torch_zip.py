@@ -15,9 +15,12 @@ the manifest chunks that hold it; a record's name by the chunks that hold its lo
 header and central-directory entry agreeing (a walk without the central directory requires each name to occur
 once).  The bytes are proven by the manifest chunks they touch, else by the record's CRC-32: per record the
 strongest proof that verifies decides, so a record whose CRC-32 verifies inside a chunk whose digest differs
-is still intact (the change lies elsewhere in that chunk), and a view whose own bytes lie in verified chunks
-is intact although its storage's CRC-32 fails (the change lies elsewhere in the storage).  Without chunk
-digests, a whole-file SHA-256 that verifies proves every byte.
+is still intact when the change there is *located* (another record of that chunk fails its CRC-32, or its
+local header disagrees with the central directory: :class:`_Located`); a chunk that differs with no such
+record may hold a change in the bytes no CRC-32 covers (names, offsets), and nothing in it is proven by
+CRC-32.  A view whose own bytes lie in verified chunks is intact although its storage's CRC-32 fails (the
+change lies elsewhere in the storage).  Without chunk digests, a whole-file SHA-256 that verifies proves every
+byte.
 """
 
 from __future__ import annotations
@@ -56,7 +59,8 @@ def tensors(path: str, file: str, proof: FileProof
             if key in records and not rep.has_central_directory:
                 twice.add(key)  # read from local headers alone, a name met twice names neither record
             records[key] = m
-    pkl = _pkl_proof(rep, prefix, proof)
+    located = _Located(rep, proof)
+    pkl = _pkl_proof(rep, prefix, proof, located)
     order = _byte_order(path, rep, prefix, proof)
     parts = [p for p, _ in tensor_key_paths(res.obj, [meta for _, meta in res.tensors])]
     if len(parts) != len(res.tensors) or any(".".join(map(str, q)) != n for q, (n, _) in zip(parts, res.tensors)):
@@ -75,15 +79,42 @@ def tensors(path: str, file: str, proof: FileProof
         elif str(meta.storage.key) in twice:
             t.status, t.proof = LOST, (f"two records are named data/{meta.storage.key} and the central directory "
                                        "that would tell them apart is gone")
-        elif order is not None:
-            t.status, t.proof = UNPROVEN, order
         else:
-            t.status, t.proof, t.proven_by = _judge(t, m, meta.storage.nbytes, proof, pkl)
+            t.status, t.proof, t.proven_by = _judge(t, m, meta.storage.nbytes, proof, pkl, located)
+            if order is not None and t.status == INTACT:
+                t.status, t.proof, t.proven_by = UNPROVEN, order, None
         out.append(t)
     return out, "", weights_prefix(res.obj, out), saved_step(res.obj)
 
 
-def _pkl_proof(rep, prefix: str, proof: FileProof) -> Verdict:
+class _Located:
+    """Which manifest chunks that differ have their change located by the zip's own checks: a chunk holding a
+    record whose CRC-32 fails, or a local header that disagrees with the central directory.  Inside a chunk
+    that differs, a record's CRC-32 stands as proof only when the chunk is located (:meth:`unlocated`)."""
+
+    def __init__(self, rep, proof: FileProof):
+        self.chunks = proof.chunks
+        self.at = set()
+        if self.chunks is None:
+            return
+        cb = self.chunks.chunk_bytes
+        for m in rep.members:
+            if m.crc_ok is False and m.data_offset >= 0:
+                end = m.data_offset + max(m.compressed_size_bytes, 1)
+                self.at.update(range(m.data_offset // cb, (end - 1) // cb + 1))
+            if not m.header_ok:
+                self.at.add(m.header_offset // cb)
+
+    def unlocated(self, first: int, end: int) -> List[int]:
+        """The chunks touching ``[first, end)`` whose digest differs and whose change is not located."""
+        if self.chunks is None or end <= first:
+            return []
+        cb = self.chunks.chunk_bytes
+        return [i for i in range(first // cb, (end - 1) // cb + 1)
+                if self.chunks.chunk(i) is False and i not in self.at]
+
+
+def _pkl_proof(rep, prefix: str, proof: FileProof, located: _Located) -> Verdict:
     """How data.pkl (every tensor's name, dtype, shape, stride, storage and offset) is proven: its record's bytes
     by the manifest chunks, else by its CRC-32 (``check_zip`` keeps data.pkl only when that did not fail)."""
     m = next((m for m in rep.members if m.name == prefix + "data.pkl"), None)
@@ -92,8 +123,12 @@ def _pkl_proof(rep, prefix: str, proof: FileProof) -> Verdict:
     ok, words, kind = proof.region(m.data_offset, m.data_offset + m.compressed_size_bytes)
     if ok:
         return True, f"data.pkl by {words}", kind
-    if m.crc_ok is True and m.header_ok:
+    bad = located.unlocated(m.header_offset, m.data_offset + m.compressed_size_bytes)
+    if m.crc_ok is True and m.header_ok and not bad:
         return True, f"data.pkl by its zip record CRC-32 {m.crc32:08x}", "zip_crc32"
+    if bad:
+        return False, (f"data.pkl: manifest chunk {bad[0]} differs and no record's CRC-32 there says where "
+                       "(the change may be in what its CRC-32 does not cover)"), ""
     return (False if ok is False else None), (f"data.pkl: {words}" if words else
                                               "data.pkl's CRC-32 was not recorded and nothing else checks it"), ""
 
@@ -148,20 +183,24 @@ def weights_prefix(root, tensors: List[TensorBytes]) -> str:
     return best
 
 
-def _judge(t: TensorBytes, m, storage_nbytes: Optional[int], proof: FileProof, pkl: Verdict
+def _judge(t: TensorBytes, m, storage_nbytes: Optional[int], proof: FileProof, pkl: Verdict, located: _Located
            ) -> Tuple[str, str, Optional[dict]]:
     """``(status, words, proven_by)`` of tensor ``t`` whose storage is record ``m`` (None: no complete record);
-    ``pkl``: how data.pkl is proven (:func:`_pkl_proof`)."""
+    ``pkl``: how data.pkl is proven (:func:`_pkl_proof`); ``located``: where the changes of differing chunks
+    are known to lie."""
     if m is None or not m.complete:
         return LOST, "its storage record was never completely written (the file ends before it)", None
     if m.method != 0:
         return LOST, f"its storage record is compressed (method {m.method}): torch writes stored records", None
     if t.span[1] > m.data_offset + m.size_bytes or (storage_nbytes is not None and storage_nbytes > m.size_bytes):
         return LOST, "its storage record is shorter than the storage data.pkl declares", None
-    name_ok, name_words, _ = proof.region(m.header_offset, m.data_offset)
-    if not name_ok and not m.header_ok:
+    if not m.header_ok or m.data_offset < 0:  # the entry leads to a record of another name, or to none
         return LOST, "its record's local header disagrees with the central directory: which storage it holds is " \
                      "not proven", None
+    name_ok = proof.region(m.header_offset, m.data_offset)[0]  # the local header: the record's name
+    if not name_ok and located.unlocated(m.header_offset, m.data_offset):
+        return LOST, ("the manifest chunk holding its record's name differs and no record's CRC-32 there says where: "
+                      "which storage it holds is not proven"), None
     if not pkl[0]:
         why = f"what names it is not proven: {pkl[1]}"
         return (LOST, why, None) if pkl[0] is False else (UNPROVEN, why, None)
@@ -169,8 +208,12 @@ def _judge(t: TensorBytes, m, storage_nbytes: Optional[int], proof: FileProof, p
     record = f"data/{m.name.rsplit('/', 1)[-1]}"
     if ok:
         return INTACT, f"{words}; {pkl[1]}", {"identity": pkl[2], "bytes": kind}
+    bad = located.unlocated(m.header_offset, m.data_offset + m.compressed_size_bytes)
+    if bad:
+        return LOST, (f"manifest chunk {bad[0]} differs and no record's CRC-32 there says where: the change may be "
+                      "in the bytes that name its record, which no CRC-32 covers"), None
     if m.crc_ok is True and m.header_ok:
-        also = f" ({words}: the change lies elsewhere in that chunk)" if ok is False else ""
+        also = (f" ({words}; the change there lies in a record whose CRC-32 fails)") if ok is False else ""
         return INTACT, f"zip record CRC-32 {m.crc32:08x} of {record}{also}; {pkl[1]}", \
             {"identity": pkl[2], "bytes": "zip_crc32"}
     if ok is False:

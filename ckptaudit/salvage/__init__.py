@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -73,17 +74,24 @@ def _check_out(unit: Path, out: Path, run: Path, given: Path) -> None:
 
 
 def _fill(tensors: List[TensorBytes], older: List[TensorBytes], older_unit: str, older_step) -> Dict[str, int]:
-    """Replace each tensor not intact by the same-named intact tensor of ``older`` (same dtype, shape), marked
-    ``filled`` with its source; returns ``{"filled", "absent", "not_intact", "different"}``: how many were
-    filled, and why the others were not (no tensor of that name there, not proven intact there, another
-    dtype or shape)."""
-    by_name = {(t.file, t.name): t for t in older}
-    by_bare = {t.name: t for t in older}
+    """Replace each tensor not intact by the same tensor of ``older`` when it is intact there with the same dtype
+    and shape, marked ``filled`` with its source; returns ``{"filled", "absent", "not_intact", "different"}``:
+    how many were filled, and why the others were not (no such tensor there, not proven intact there, another
+    dtype or shape).  "The same tensor": the same path (its components) in the same file, else the same path in
+    one file, else the same joined name where that name is one tensor's in both units (``{"a.b": t}`` and
+    ``{"a": {"b": t}}`` join alike and are never taken for each other)."""
+    by_path = {(t.file, t.parts or (t.name,)): t for t in older}
+    bare = Counter(t.parts or (t.name,) for t in older)
+    by_bare = {t.parts or (t.name,): t for t in older if bare[t.parts or (t.name,)] == 1}
+    names_old, names_new = Counter(t.name for t in older), Counter(t.name for t in tensors)
+    by_name = {t.name: t for t in older if names_old[t.name] == 1}
     why = {"filled": 0, "absent": 0, "not_intact": 0, "different": 0}
     for i, t in enumerate(tensors):
         if t.status == INTACT:
             continue
-        o = by_name.get((t.file, t.name)) or by_bare.get(t.name)
+        parts = t.parts or (t.name,)
+        o = by_path.get((t.file, parts)) or by_bare.get(parts) or \
+            (by_name.get(t.name) if names_new[t.name] == 1 else None)
         if o is None:
             why["absent"] += 1
         elif o.status != INTACT:
@@ -91,8 +99,7 @@ def _fill(tensors: List[TensorBytes], older: List[TensorBytes], older_unit: str,
         elif o.dtype != t.dtype or o.shape != t.shape:
             why["different"] += 1
         else:
-            filled = TensorBytes(**{**o.__dict__, "file": t.file, "name": t.name, "parts": t.parts,
-                                    "key": None})
+            filled = TensorBytes(**{**o.__dict__, "file": t.file, "name": t.name, "parts": t.parts, "key": None})
             filled.status, filled.proof = FILLED, f"from {older_unit} (step {older_step}): {o.proof}"
             filled.source = {"unit": older_unit, "step": older_step, "file": o.file, "was": t.status,
                              "why_not_own": t.proof}

@@ -20,7 +20,7 @@ import struct
 from pathlib import Path
 from typing import Dict, List
 
-from ..intact.proof import SAFETENSORS_DTYPE, TensorBytes
+from ..intact.proof import SAFETENSORS_DTYPE, TensorBytes, strided_bytes
 
 _PIECE = 4 << 20
 
@@ -75,7 +75,8 @@ def check(path: Path, tensors: List[TensorBytes], digests: Dict[str, str]) -> No
                 if str(x.dtype).removeprefix("torch.") != t.dtype or tuple(x.shape) != tuple(t.shape):
                     raise WrittenFileDiffers(f"{path.name}: {k!r} reads back as {x.dtype} {list(x.shape)}, written "
                                              f"as {t.dtype} {list(t.shape)}")
-                raw = x.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if x.numel() else b""
+                flat = torch.empty(x.numel(), dtype=x.dtype).copy_(x.reshape(-1))  # stride 1, whatever x's were
+                raw = flat.view(torch.uint8).numpy().tobytes() if x.numel() else b""
                 if hashlib.blake2b(raw, digest_size=16).hexdigest() != digests[k]:
                     raise WrittenFileDiffers(f"{path.name}: the bytes of {k!r} read back differ from those written")
     except WrittenFileDiffers:
@@ -104,6 +105,8 @@ def _copy(w, t: TensorBytes) -> int:
             raise ValueError(f"{t.file}: tensor {t.name!r} assembled to {len(data)} bytes, not {t.nbytes}")
         w.write(data)
         return len(data)
+    if t.span[0] < 0 or t.span[1] < t.span[0]:
+        raise ValueError(f"{t.file}: tensor {t.name!r} has no place in the file (bytes {list(t.span)})")
     fd = os.open(t.path, os.O_RDONLY)
     try:
         if t.contiguous():
@@ -120,25 +123,6 @@ def _copy(w, t: TensorBytes) -> int:
         os.close(fd)
     if len(raw) != t.span[1] - t.span[0]:
         raise ValueError(f"{t.file}: ends inside tensor {t.name!r}")
-    data = gather(raw, t.shape, t.stride, t.itemsize)
+    data = strided_bytes(raw, t.shape, t.stride, t.itemsize)
     w.write(data)
     return len(data)
-
-
-def gather(raw: bytes, shape, stride, itemsize: int) -> bytes:
-    """The elements of the strided view ``shape``/``stride`` (in elements) whose element 0 is at byte 0 of
-    ``raw``, in row-major order, as bytes; any dtype (elements are copied as ``itemsize``-byte units).  Raises
-    ``ValueError`` when the view reaches past ``raw``."""
-    import numpy as np
-
-    n = 1
-    for d in shape:
-        n *= d
-    if n == 0:
-        return b""
-    last = sum((d - 1) * s for d, s in zip(shape, stride))
-    if (last + 1) * itemsize > len(raw) or any(s < 0 for s in stride):
-        raise ValueError(f"a view {list(shape)} with strides {list(stride)} reaches past its {len(raw)} bytes")
-    base = np.frombuffer(raw, dtype=np.dtype(f"V{itemsize}"), count=last + 1)
-    view = np.lib.stride_tricks.as_strided(base, shape=tuple(shape), strides=tuple(s * itemsize for s in stride))
-    return np.ascontiguousarray(view).tobytes()
