@@ -31,9 +31,10 @@ from .common import EXIT_FAILED, ExitThreeOnUsageError
               help="Also write tensors whose bytes are all there but nothing checks (safetensors without manifest).")
 @click.option("--json", "as_json", is_flag=True, help="Print salvage.json instead of the summary.")
 def salvage_command(unit, out_dir, fill_from, run_dir, include_unproven, as_json):
-    """Write every tensor of UNIT whose bytes are proven intact (zip record CRC-32, manifest chunk digests)
-    into a new folder, with a report of each tensor: intact, lost, unproven or suspect.  Nothing is
-    unpickled; UNIT is only read.  The result is a warm start, never a resume."""
+    """Write every tensor of UNIT proven intact (its bytes and the bytes that name it: zip record CRC-32,
+    manifest chunk digests, whole-file SHA-256) into a new folder, with a report of each tensor: intact, lost,
+    unproven or suspect, and what proved it.  Nothing is unpickled; UNIT is only read.  The result is a warm
+    start, never a resume."""
     from ..salvage import SalvageRefused, salvage
 
     try:

@@ -3,9 +3,11 @@ verdict's salvage offer.
 
 :func:`unit_tensors` names every tensor of a file or folder unit without unpickling anything (a torch zip's
 data.pkl and a DCP ``.metadata`` by the static walk, a safetensors header as JSON) and gives each a status:
-``intact`` when a record made at save time checks its very bytes (the zip record's CRC-32, a ckptaudit
-manifest's chunk digests), ``lost`` when its bytes are missing or proven changed, ``unproven`` when they are
-there and nothing checks them, ``suspect`` when, unchecked, they hold an all-zero page (:mod:`.proof`).  One
+``intact`` when records made at save time check its bytes and the bytes that name it (the zip record's CRC-32,
+a ckptaudit manifest's chunk digests, a whole-file SHA-256 of a manifest entry, ``.sha256`` sidecar or
+``integrity.json``: :func:`file_proof`), ``lost`` when its bytes are missing or they or its identity are
+proven changed, ``unproven`` when they are there and nothing checks them, ``suspect`` when, unchecked, they
+hold an all-zero page (:mod:`.proof`).  One
 module per format (:mod:`.torch_zip`, :mod:`.safetensors_file`, :mod:`.dcp`); the files a folder's layout
 expects and lacks come from the audit's own scan (:mod:`.missing`).  Reads only.
 """
@@ -13,7 +15,6 @@ expects and lacks come from the audit's own scan (:mod:`.missing`).  Reads only.
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -21,8 +22,8 @@ from ..formats.sniff import sniff
 from ..manifest_entries import load_manifest
 from . import dcp, safetensors_file, torch_zip
 from .missing import missing_files
-from .proof import (FILLED, INTACT, LOST, PROOFS, SAFETENSORS_DTYPE, SUSPECT, UNPROVEN, ChunkProof, FileProof,
-                    TensorBytes, WholeDigest, counts, is_optimizer_state)
+from .proof import (FILLED, INTACT, LOST, PROOFS, SAFETENSORS_DTYPE, SUSPECT, UNPROVEN, TensorBytes, counts,
+                    file_proof, integrity_digests, is_optimizer_state, regular_file)
 
 __all__ = ["unit_tensors", "unit_files", "file_proof", "TensorBytes", "counts", "INTACT", "LOST", "UNPROVEN", "SUSPECT",
            "FILLED", "PROOFS", "SAFETENSORS_DTYPE", "is_optimizer_state", "first_component", "regular_file"]
@@ -56,14 +57,6 @@ def unit_files(unit: Path, skipped: Optional[List[Tuple[str, str]]] = None
     return out, load_manifest(unit / "manifest.json")
 
 
-def regular_file(p: Path) -> bool:
-    """Whether ``p`` itself (not what a link names) is a regular file."""
-    try:
-        return stat.S_ISREG(os.lstat(p).st_mode)
-    except OSError:
-        return False
-
-
 def unit_tensors(unit: str | os.PathLike, run_dir: Optional[str | os.PathLike] = None
                  ) -> Tuple[List[TensorBytes], List[dict]]:
     """``(tensors, files)``: every tensor the data files of ``unit`` name, with its status and proof, and
@@ -90,7 +83,7 @@ def unit_tensors(unit: str | os.PathLike, run_dir: Optional[str | os.PathLike] =
     skipped: List[Tuple[str, str]] = []
     files, manifest = unit_files(root, skipped)
     rows += [{"file": f, "kind": "not read", "problem": why, "counts": counts([])} for f, why in skipped]
-    sealed = _integrity_digests(root) if root.is_dir() else {}
+    sealed = integrity_digests(root) if root.is_dir() else {}
     for name, path in files:
         kind = sniff(path).kind
         proof = file_proof(path, manifest.get(name), sealed.get(name))
@@ -116,44 +109,6 @@ def unit_tensors(unit: str | os.PathLike, run_dir: Optional[str | os.PathLike] =
     rows += [{"file": f, "kind": "missing", "problem": why, "counts": counts([])} for f, why in gone
              if f not in present]
     return out, rows
-
-
-def file_proof(path: Path, entry: Optional[dict], integrity_sha256: Optional[str] = None) -> FileProof:
-    """What recorded at save time checks the data file ``path``: the chunk digests of its manifest ``entry``,
-    and the whole-file SHA-256 of that entry (``sha256_hex``), of its ``<name>.sha256`` sidecar (the first
-    word of its first line, as ``sha256sum -c`` reads it; a link is never followed) and of ``integrity.json``
-    (``integrity_sha256``)."""
-    recorded = []
-    if entry and isinstance(entry.get("sha256_hex"), str):
-        recorded.append(("sha256_manifest", entry["sha256_hex"]))
-    side = path.with_name(path.name + ".sha256")
-    if regular_file(side):
-        try:
-            with open(side, "rb") as f:
-                word = f.read(4096).split(b"\n", 1)[0].split()[:1]
-            if word and len(word[0]) == 64:
-                recorded.append(("sha256_sidecar", word[0].decode("ascii", "replace")))
-        except OSError:
-            pass
-    if integrity_sha256:
-        recorded.append(("sha256_integrity_json", integrity_sha256))
-    return FileProof(chunks=ChunkProof.of(str(path), entry),
-                     whole=WholeDigest(str(path), recorded) if recorded else None)
-
-
-def _integrity_digests(folder: Path) -> Dict[str, str]:
-    """{bare name: SHA-256 hex} that the folder's Megatron ``integrity.json`` records ({} without one)."""
-    from ..formats.integrity_json import NAME, parse
-
-    p = folder / NAME
-    if not regular_file(p):
-        return {}
-    try:
-        from .. import fs
-
-        return parse(fs.read_bounded(p, fs.SMALL_FILE_BYTES)).digests
-    except OSError:
-        return {}
 
 
 def first_component(tensors: List[TensorBytes]) -> str:

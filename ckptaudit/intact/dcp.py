@@ -29,7 +29,7 @@ from ..formats.integrity_json import NAME, verify_folder
 from ..layouts.dcp import dtype_name, item_fqn, read_metadata, state_fields
 from ..pickle_walk import walk
 from ..pickle_walk.dtypes import dtype_itemsize
-from .proof import INTACT, LOST, SAFETENSORS_DTYPE, FileProof, TensorBytes, row_major, strided_bytes
+from .proof import INTACT, LOST, SAFETENSORS_DTYPE, FileProof, TensorBytes, file_proof, row_major, strided_bytes
 
 #: the file name the report gives the tensors of a DCP folder (their bytes span every rank's file)
 FILE = "dcp"
@@ -87,7 +87,6 @@ def _metadata_proof(folder: Path, sealed: Dict[str, Optional[bool]]) -> Tuple[Op
     ckptaudit manifest's digests of it; without either it has no checksum, and each chunk is only cross-checked
     (its blob's own CRC-checked data.pkl must agree on dtype and shape: :func:`_chunk`)."""
     from ..manifest_entries import load_manifest
-    from . import file_proof
 
     if sealed.get(".metadata") is not None:
         ok = bool(sealed[".metadata"])

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
 from ..chunk_digest import FIELDS, SAID, digest_range
@@ -43,7 +45,7 @@ PROOFS = {
     "manifest_sha256": "the SHA-256 digests of a ckptaudit manifest's chunks (manifest/1)",
     "sha256_manifest": "the whole file's SHA-256 in its ckptaudit manifest entry",
     "sha256_sidecar": "the whole file's SHA-256 in its .sha256 sidecar",
-    "sha256_integrity_json": "the whole file's SHA-256 in Megatron-Core's integrity.json",
+    "sha256_integrity_json": "the whole file's SHA-256 in the folder's integrity.json",
     "dcp_blob_crosscheck": "each chunk blob's own CRC-checked data.pkl agrees with .metadata on dtype and shape "
                            "(.metadata itself has no checksum)",
     "empty": "zero bytes: nothing to check",
@@ -276,6 +278,52 @@ class FileProof:
             ok, words, kind = self.whole.check()
             return (True if ok else None), words, kind
         return None, "", ""
+
+
+def regular_file(p: Path) -> bool:
+    """Whether ``p`` itself (not what a link names) is a regular file."""
+    try:
+        return stat.S_ISREG(os.lstat(p).st_mode)
+    except OSError:
+        return False
+
+
+def file_proof(path: Path, entry: Optional[dict], integrity_sha256: Optional[str] = None) -> FileProof:
+    """What recorded at save time checks the data file ``path``: the chunk digests of its manifest ``entry``,
+    and the whole-file SHA-256 of that entry (``sha256_hex``), of its ``<name>.sha256`` sidecar (the first
+    word of its first line, as ``sha256sum -c`` reads it; a link is never followed) and of ``integrity.json``
+    (``integrity_sha256``)."""
+    recorded = []
+    if entry and isinstance(entry.get("sha256_hex"), str):
+        recorded.append(("sha256_manifest", entry["sha256_hex"]))
+    side = path.with_name(path.name + ".sha256")
+    if regular_file(side):
+        try:
+            with open(side, "rb") as f:
+                word = f.read(4096).split(b"\n", 1)[0].split()[:1]
+            if word and len(word[0]) == 64:
+                recorded.append(("sha256_sidecar", word[0].decode("ascii", "replace")))
+        except OSError:
+            pass
+    if integrity_sha256:
+        recorded.append(("sha256_integrity_json", integrity_sha256))
+    return FileProof(chunks=ChunkProof.of(str(path), entry),
+                     whole=WholeDigest(str(path), recorded) if recorded else None)
+
+
+def integrity_digests(folder: Path) -> Dict[str, str]:
+    """{bare name: SHA-256 hex} that the folder's Megatron ``integrity.json`` records ({} without one)."""
+    from ..formats.integrity_json import NAME, parse
+
+    p = folder / NAME
+    if not regular_file(p):
+        return {}
+    try:
+        from .. import fs
+
+        return parse(fs.read_bounded(p, fs.SMALL_FILE_BYTES)).digests
+    except OSError:
+        return {}
 
 
 def counts(tensors: List[TensorBytes]) -> Dict[str, int]:

@@ -1,17 +1,19 @@
-"""Salvage: every tensor of a damaged checkpoint unit whose bytes are proven intact, as safetensors.
+"""Salvage: every tensor of a damaged checkpoint unit proven intact, as safetensors.
 
     from ckptaudit.salvage import salvage
     report = salvage("run/ckpt_000300.pt", "/scratch/salvaged-300", fill_from="run/ckpt_000200.pt")
 
 Reads the unit without unpickling anything (the static walk of data.pkl names each tensor; its bytes are
-copied from the file as they are), proves each tensor intact, lost, unproven or suspect
-(:mod:`ckptaudit.intact`: the zip record's CRC-32, a ckptaudit manifest's chunk digests; finite values never count),
-and publishes into ``out`` (a new folder, through :func:`ckptaudit.publish.publish`: sidecars, manifest,
-``COMPLETE``) one safetensors file per data file of the unit holding its intact tensors, and
-``salvage.json``, the report: each tensor's status and proof, where it came from and at which step.
-``fill_from``: an older unit of the same structure; each tensor not salvaged is taken from it when it is
-intact there with the same dtype and shape.  The result is a warm start, never a resume: the optimizer,
-scheduler and RNG state it holds, if any, are a mix of two steps or incomplete.
+copied from the file as they are), proves each tensor intact, lost, unproven or suspect (:mod:`ckptaudit.intact`:
+its identity, the bytes that name it, and its bytes, by the zip record's CRC-32, a ckptaudit manifest's chunk
+digests, a whole-file SHA-256; finite values never count as proof), and publishes into ``out`` (a new folder,
+through :func:`ckptaudit.publish.publish`: sidecars, manifest, ``COMPLETE``) one safetensors file per data file
+of the unit holding its tensors to write, under unique keys (:mod:`.keys`), each file reopened and checked
+(:func:`.writer.check`) before the folder is published, and ``salvage.json``, the report: each tensor's path,
+key, status and proof, where it came from and at which step.  ``fill_from``: an older unit of the same
+structure; each tensor not salvaged is taken from it when it is intact there with the same path, dtype and
+shape.  The result is a warm start, never a resume: the optimizer, scheduler and RNG state it holds, if any,
+are a mix of two steps or incomplete.
 
 The unit is only read; ``out`` may not lie inside the run folder or the unit.
 """
