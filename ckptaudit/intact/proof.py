@@ -182,7 +182,7 @@ class ChunkProof:
     def chunk(self, i: int) -> Optional[bool]:
         if i not in self._known:
             start, end = i * self.chunk_bytes, min((i + 1) * self.chunk_bytes, self.size)
-            if end > self.have:
+            if i < 0 or i >= len(self.digests) or end > self.have:  # past the file, or past what was recorded
                 self._known[i] = None
             else:
                 fd = os.open(self.path, os.O_RDONLY)
@@ -209,7 +209,7 @@ class ChunkProof:
             bad = [i for i, g in zip(idx, got) if g is False]
             return False, f"manifest {name} chunk digest differs (chunk {', '.join(map(str, bad[:5]))})"
         if any(g is None for g in got):
-            return None, "the file ends inside the manifest chunk(s) that hold it"
+            return None, "the file ends inside the manifest chunk(s) that hold it, or they lie past what it records"
         return True, f"manifest {name} chunk digest ({len(got)} chunk(s) of {self.chunk_bytes} bytes)"
 
     def failed(self) -> List[int]:
