@@ -290,3 +290,19 @@ def test_a_dcp_metadata_its_integrity_json_refuses_proves_no_tensor(tmp_path):
     report = salvage(run / "iter_0000020", tmp_path / "out2")
     assert report["counts"]["intact"] == 0 and all(".metadata" in r["proof"] for r in report["tensors"])
     assert os.listdir(run / "iter_0000020")  # only read
+
+
+def test_a_written_file_that_is_not_what_was_written_is_never_published(tmp_path, monkeypatch):
+    """The check before publishing: a header whose offsets do not place each tensor where its bytes were written
+    (here: the header lists the tensors in reverse) stops the publish; nothing appears under --out."""
+    from ckptaudit.salvage import WrittenFileDiffers
+    from ckptaudit.salvage import writer
+
+    run = tmp_path / "run"
+    run.mkdir()
+    torch.save({"a": torch.ones(3), "b": torch.zeros(5)}, run / "ckpt_000001.pt")
+    real = writer.header_bytes
+    monkeypatch.setattr(writer, "header_bytes", lambda ts, meta: real(list(reversed(ts)), meta))
+    with pytest.raises(WrittenFileDiffers, match="its bytes were written at"):
+        salvage(run / "ckpt_000001.pt", tmp_path / "out")
+    assert not (tmp_path / "out").exists() and sorted(os.listdir(tmp_path)) == ["run"]

@@ -171,12 +171,13 @@ def _plan(chosen: List[TensorBytes], files: List[dict]) -> Dict[str, List[Tensor
 
 def _publish(dest: Path, src: Path, step, fill_step, report: dict, by_file: Dict[str, List[TensorBytes]]) -> None:
     """Write each output file and ``salvage.json`` into ``dest`` through :func:`ckptaudit.publish.publish`; each
-    file is reopened and checked (:func:`.writer.check`) before the folder is published."""
+    file is reopened and checked (:func:`.writer.check`: keys, dtypes, shapes, offsets) and every written byte
+    re-read against the chunk digests of what was written (``verify=True``) before the folder is published."""
     from ..publish import publish
     from . import writer
 
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with publish(dest.parent, step or 0, name=dest.name, folder=True, rank=0, world_size=1,
+    with publish(dest.parent, step or 0, name=dest.name, folder=True, rank=0, world_size=1, verify=True,
                  update_latest=False, config={"salvaged_from": str(src)}) as pub:
         for file, ts in by_file.items():
             meta = {"ckptaudit": SCHEMA, "source_unit": _text(src), "source_file": _text(file),
@@ -186,8 +187,8 @@ def _publish(dest: Path, src: Path, step, fill_step, report: dict, by_file: Dict
                             filled=str(sum(t.status == FILLED for t in ts)))
             name = report["outputs"][file]
             with pub.open(name) as w:
-                digests = writer.write(w, ts, meta)
-            writer.check(pub.tmp_path / name, ts, digests)
+                placed = writer.write(w, ts, meta)
+            writer.check(pub.tmp_path / name, ts, placed)
         with pub.open(REPORT_NAME) as w:
             w.write(json.dumps(report, indent=1).encode())
 
