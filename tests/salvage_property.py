@@ -274,6 +274,10 @@ def check(c: Dict[str, Any], tmp: Path) -> dict:
 
 
 def _bytes(t: torch.Tensor) -> bytes:
+    """The raw bytes of ``t``'s elements in row-major order (a bool's byte as stored, never normalised)."""
     if not t.numel():
         return b""
-    return torch.empty(t.numel(), dtype=t.dtype).copy_(t.reshape(-1)).view(torch.uint8).numpy().tobytes()
+    flat = t.contiguous().reshape(-1)
+    if flat.stride(0) != 1:  # a one-element expanded view: its one element, repeated
+        flat = flat[:1].clone().expand(t.numel()).contiguous()
+    return flat.view(torch.uint8).numpy().tobytes()
