@@ -8,13 +8,23 @@ state_dict (recognised by its shape on the path: ``â€¦.state.<parameter index>.â
 at least ``salvage.min_weights_share`` of them intact, ``verdict["salvage"]`` names the unit, the share, the
 steps a warm start from it would keep over the rollback point, and the command (``--fill-from`` the rollback
 unit, so the lost tensors come from there); the verdict's reasons get one sentence.  Local runs only.
+
+The verdict's sentence and ``ckptaudit salvage``'s summary state the same two measured shares in the same words
+(:func:`shares`, :func:`share_words`): the proven-intact part of the *model weights'* bytes (the tensors outside
+an optimizer state) and of *all tensors'* bytes.  A cut in the optimizer state leaves the first near 100 % and
+the second near half; either alone read beside the other looked like a contradiction.
 """
 
 from __future__ import annotations
 
+import math
 import shlex
 from pathlib import Path
 from typing import List, Optional
+
+#: the words for the two shares, everywhere they are printed
+WEIGHTS_WORDS = "the bytes of the model weights"
+ALL_WORDS = "the bytes of all tensors"
 
 
 def weights_share(tensors: List) -> tuple:
@@ -29,6 +39,34 @@ def weights_share(tensors: List) -> tuple:
         if t.status == "intact":
             intact += t.nbytes
     return intact, total
+
+
+def shares(tensors: List) -> dict:
+    """``{"model_weights", "all_tensors"}``: the proven-intact (status ``intact``) share of the bytes of the
+    tensors outside an optimizer state, and of every tensor, each in [0, 1] rounded to 6 places (None when
+    there are no such bytes); ``tensors``: salvage's ``TensorBytes`` of one unit."""
+    wi, wt = weights_share(tensors)
+    ai = sum(t.nbytes for t in tensors if t.status == "intact")
+    at = sum(t.nbytes for t in tensors)
+    return {"model_weights": round(wi / wt, 6) if wt else None, "all_tensors": round(ai / at, 6) if at else None}
+
+
+def share_words(sh: dict) -> str:
+    """``"98.0 % of the bytes of the model weights and 52.3 % of the bytes of all tensors"`` for :func:`shares`' dict;
+    a share is shown rounded down to 0.1 % (never 100.0 % unless all, never 0.0 % unless none)."""
+    w, a = sh.get("model_weights"), sh.get("all_tensors")
+    if w is None:
+        return f"no model weights (tensors outside an optimizer state); {_pct(a)} of {ALL_WORDS}"
+    return f"{_pct(w)} of {WEIGHTS_WORDS} and {_pct(a)} of {ALL_WORDS}"
+
+
+def _pct(x: Optional[float]) -> str:
+    if not x:
+        return "0 %"
+    if x >= 1:
+        return "100 %"
+    v = math.floor(x * 1000) / 10
+    return f"{v:.1f} %" if v > 0 else "< 0.1 %"
 
 
 def offer(v: dict, run_root, out_dir, cfg: dict) -> Optional[dict]:
@@ -54,6 +92,7 @@ def offer(v: dict, run_root, out_dir, cfg: dict) -> Optional[dict]:
         return None
     intact, total = weights_share(tensors)
     share = intact / total if total else 0.0
+    measured = shares(tensors)
     if not intact or share < float((cfg.get("salvage") or {}).get("min_weights_share", 0.5)):
         return None
     step = unit.get("step") if unit.get("step") is not None else _name_step(unit["unit"])
@@ -68,11 +107,11 @@ def offer(v: dict, run_root, out_dir, cfg: dict) -> Optional[dict]:
     keeps = (f"keeps up to {kept} steps over the rollback point" if kept else
              "may keep steps over the rollback point" if rollback else
              "is all that is left of the run's training (no other unit can be resumed or warm-started from)")
-    sentence = (f"Salvage: {100 * share:.0f} % of the weights of {unit['unit']} are proven intact (zip record "
-                f"CRC-32 or manifest digests); a warm start from them {keeps}, without its optimizer state "
-                f"where that is lost: {command}")
-    return {"unit": unit["unit"], "step": step, "weights_share": round(share, 4), "steps_kept": kept,
-            "command": command, "sentence": sentence}
+    sentence = (f"Salvage: {share_words(measured)} of {unit['unit']} are proven intact (zip record CRC-32, "
+                f"manifest or file digests); a warm start from them {keeps}, without its optimizer state where "
+                f"that is lost: {command}")
+    return {"unit": unit["unit"], "step": step, "weights_share": round(share, 4), "shares": measured,
+            "steps_kept": kept, "command": command, "sentence": sentence}
 
 
 def _name_step(unit: str) -> Optional[int]:

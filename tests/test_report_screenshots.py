@@ -150,7 +150,7 @@ def test_report_charts_and_headline(reports):
                         "(the save did not finish).")
     assert items[3].startswith("ckpt_000150.pt (step 150) is unusable: silent corruption of an older unit")
     assert items[3].endswith("it was modified after ckpt_000300.pt (step 300), a newer unit, was written.")
-    assert items[4].startswith("Salvage: ") and "of the weights of ckpt_000300.pt are proven intact" in items[4]
+    assert items[4].startswith("Salvage: ") and "of the bytes of all tensors of ckpt_000300.pt are proven intact" in items[4]
     assert len(items) == 5
     assert not re.search(r"\bbytes? \d|\d+ bytes|[0-9a-f]{16}|data/\d", box)  # no byte counts, offsets or hashes
     # layers that were not checked say so, and why

@@ -3,12 +3,14 @@
 Exit codes: 0 — tensors of the unit itself were salvaged (``--out`` holds them and ``salvage.json``); 1 — none
 of its own could be proven intact (``--out`` holds the report, and what ``--fill-from`` gave, if anything);
 3 — refused or failed (a missing unit, a path that is no checkpoint unit, an ``--out`` inside the run folder or
-the unit, or one that exists), one line on stderr.
+the unit, or one that exists; a file that cannot be read; any unexpected error, whose traceback is written to a
+log file the line names), one line on stderr, and nothing published under ``--out``.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 import click
@@ -29,9 +31,10 @@ from .common import EXIT_FAILED, ExitThreeOnUsageError
               help="Also write tensors whose bytes are all there but nothing checks (safetensors without manifest).")
 @click.option("--json", "as_json", is_flag=True, help="Print salvage.json instead of the summary.")
 def salvage_command(unit, out_dir, fill_from, run_dir, include_unproven, as_json):
-    """Write every tensor of UNIT whose bytes are proven intact (zip record CRC-32, manifest chunk digests)
-    into a new folder, with a report of each tensor: intact, lost, unproven or suspect.  Nothing is
-    unpickled; UNIT is only read.  The result is a warm start, never a resume."""
+    """Write every tensor of UNIT proven intact (its bytes and the bytes that name it: zip record CRC-32,
+    manifest chunk digests, whole-file SHA-256) into a new folder, with a report of each tensor: intact, lost,
+    unproven or suspect, and what proved it.  Nothing is unpickled; UNIT is only read.  The result is a warm
+    start, never a resume."""
     from ..salvage import SalvageRefused, salvage
 
     try:
@@ -42,6 +45,10 @@ def salvage_command(unit, out_dir, fill_from, run_dir, include_unproven, as_json
     except OSError as e:
         click.echo(f"ckptaudit salvage: {type(e).__name__}: {shown(e)}", err=True)
         sys.exit(EXIT_FAILED)
+    except Exception as e:  # noqa: BLE001 - never exit 1 (that means "nothing proven"): 3, one line, the log
+        click.echo(f"ckptaudit salvage: failed: {type(e).__name__}: {shown(e)} (traceback: {_log_traceback()}); "
+                   f"nothing was published under {shown(out_dir)}", err=True)
+        sys.exit(EXIT_FAILED)
     if as_json:
         click.echo(json.dumps(report, indent=1))
     else:
@@ -49,14 +56,28 @@ def salvage_command(unit, out_dir, fill_from, run_dir, include_unproven, as_json
     sys.exit(0 if report["counts"]["intact"] and report["written"] else 1)
 
 
+def _log_traceback() -> str:
+    """Write the current exception's traceback to a new file in the temp folder; returns its path."""
+    import tempfile
+    import traceback
+
+    fd, path = tempfile.mkstemp(prefix="ckptaudit-salvage-", suffix=".log")
+    with os.fdopen(fd, "w") as f:
+        f.write(f"ckptaudit salvage {' '.join(sys.argv[1:])}\n")
+        traceback.print_exc(file=f)
+    return path
+
+
 def summary(report: dict, out_dir: str) -> str:
     """The lines printed for a salvage ``report`` written into ``out_dir``."""
+    from ..salvage_option import share_words
+
     c = report["counts"]
     named = sum(c.values())
     step = "step unknown" if report["step"] is None else f"step {report['step']}"
     lines = [f"salvage of {shown(report['unit'])} ({step}): {c['intact']} of {named} tensors proven "
-             f"intact ({100 * report['intact_share']:.1f} % of their bytes), {c['lost']} lost, "
-             f"{c['unproven']} unproven, {c['suspect']} suspect"]
+             f"intact, {c['lost']} lost, {c['unproven']} unproven, {c['suspect']} suspect",
+             f"  {share_words(report['shares'])} are proven intact"]
     if report["fill_from"]:
         nf = report.get("not_filled") or {}
         why = [f"{nf[k]} {w}" for k, w in (("absent", "have no tensor of that name there"),

@@ -3,9 +3,11 @@ verdict's salvage offer.
 
 :func:`unit_tensors` names every tensor of a file or folder unit without unpickling anything (a torch zip's
 data.pkl and a DCP ``.metadata`` by the static walk, a safetensors header as JSON) and gives each a status:
-``intact`` when a record made at save time checks its very bytes (the zip record's CRC-32, a ckptaudit
-manifest's chunk digests), ``lost`` when its bytes are missing or proven changed, ``unproven`` when they are
-there and nothing checks them, ``suspect`` when, unchecked, they hold an all-zero page (:mod:`.proof`).  One
+``intact`` when records made at save time check its bytes and the bytes that name it (the zip record's CRC-32,
+a ckptaudit manifest's chunk digests, a whole-file SHA-256 of a manifest entry, ``.sha256`` sidecar or
+``integrity.json``: :func:`file_proof`), ``lost`` when its bytes are missing or they or its identity are
+proven changed, ``unproven`` when they are there and nothing checks them, ``suspect`` when, unchecked, they
+hold an all-zero page (:mod:`.proof`).  One
 module per format (:mod:`.torch_zip`, :mod:`.safetensors_file`, :mod:`.dcp`); the files a folder's layout
 expects and lacks come from the audit's own scan (:mod:`.missing`).  Reads only.
 """
@@ -13,7 +15,6 @@ expects and lacks come from the audit's own scan (:mod:`.missing`).  Reads only.
 from __future__ import annotations
 
 import os
-import stat
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -21,11 +22,11 @@ from ..formats.sniff import sniff
 from ..manifest_entries import load_manifest
 from . import dcp, safetensors_file, torch_zip
 from .missing import missing_files
-from .proof import (FILLED, INTACT, LOST, SAFETENSORS_DTYPE, SUSPECT, UNPROVEN, ChunkProof, TensorBytes, counts,
-                    is_optimizer_state)
+from .proof import (FILLED, INTACT, LOST, PROOFS, SAFETENSORS_DTYPE, SUSPECT, UNPROVEN, TensorBytes, counts,
+                    file_proof, integrity_digests, is_optimizer_state, regular_file)
 
-__all__ = ["unit_tensors", "unit_files", "TensorBytes", "counts", "INTACT", "LOST", "UNPROVEN", "SUSPECT", "FILLED",
-           "SAFETENSORS_DTYPE", "is_optimizer_state", "first_component", "regular_file"]
+__all__ = ["unit_tensors", "unit_files", "file_proof", "TensorBytes", "counts", "INTACT", "LOST", "UNPROVEN", "SUSPECT",
+           "FILLED", "PROOFS", "SAFETENSORS_DTYPE", "is_optimizer_state", "first_component", "regular_file"]
 
 #: names inside a unit that are not data: sidecars, manifests, markers, text
 _NOT_DATA = (".sha256", ".sha256sum", ".manifest.json", ".json", ".txt", ".md", ".yaml", ".yml")
@@ -56,14 +57,6 @@ def unit_files(unit: Path, skipped: Optional[List[Tuple[str, str]]] = None
     return out, load_manifest(unit / "manifest.json")
 
 
-def regular_file(p: Path) -> bool:
-    """Whether ``p`` itself (not what a link names) is a regular file."""
-    try:
-        return stat.S_ISREG(os.lstat(p).st_mode)
-    except OSError:
-        return False
-
-
 def unit_tensors(unit: str | os.PathLike, run_dir: Optional[str | os.PathLike] = None
                  ) -> Tuple[List[TensorBytes], List[dict]]:
     """``(tensors, files)``: every tensor the data files of ``unit`` name, with its status and proof, and
@@ -90,14 +83,15 @@ def unit_tensors(unit: str | os.PathLike, run_dir: Optional[str | os.PathLike] =
     skipped: List[Tuple[str, str]] = []
     files, manifest = unit_files(root, skipped)
     rows += [{"file": f, "kind": "not read", "problem": why, "counts": counts([])} for f, why in skipped]
+    sealed = integrity_digests(root) if root.is_dir() else {}
     for name, path in files:
         kind = sniff(path).kind
-        chunks = ChunkProof.of(str(path), manifest.get(name))
+        proof = file_proof(path, manifest.get(name), sealed.get(name))
         prefix, step = "", None
         if kind == "torch_zip":
-            ts, problem, prefix, step = torch_zip.tensors(str(path), name, chunks)
+            ts, problem, prefix, step = torch_zip.tensors(str(path), name, proof)
         elif kind == "safetensors" or path.suffix == ".safetensors":
-            ts, problem = safetensors_file.tensors(str(path), name, chunks)
+            ts, problem = safetensors_file.tensors(str(path), name, proof)
         else:
             rows.append({"file": name, "kind": kind, "problem": f"not tensor data salvage reads ({kind})",
                          "counts": counts([])})

@@ -29,7 +29,7 @@ from ..formats.integrity_json import NAME, verify_folder
 from ..layouts.dcp import dtype_name, item_fqn, read_metadata, state_fields
 from ..pickle_walk import walk
 from ..pickle_walk.dtypes import dtype_itemsize
-from .proof import INTACT, LOST, SAFETENSORS_DTYPE, TensorBytes, row_major
+from .proof import INTACT, LOST, SAFETENSORS_DTYPE, FileProof, TensorBytes, file_proof, row_major, strided_bytes
 
 #: the file name the report gives the tensors of a DCP folder (their bytes span every rank's file)
 FILE = "dcp"
@@ -50,6 +50,7 @@ def tensors(folder: Path, cfg: dict) -> Tuple[List[TensorBytes], str, int]:
         if isinstance(i, dict) and isinstance(s, dict):
             places[(item_fqn(idx), tuple(i.get("offset") or ()))] = s
     sealed, _problem = verify_folder(folder)  # {rank file: True / False / None}, {} without integrity.json
+    names = _metadata_proof(folder, sealed)  # .metadata: every tensor's name, dtype, size, chunks and their places
     out: List[TensorBytes] = []
     n_bytes_items = 0
     for fqn, md in sdm.items():
@@ -67,11 +68,40 @@ def tensors(folder: Path, cfg: dict) -> Tuple[List[TensorBytes], str, int]:
         for c in chunks:
             offsets = tuple(c.get("offsets") or ())
             parts.append((offsets, tuple(c.get("sizes") or ()), places.get((str(fqn), offsets))))
-        t.status, t.proof = _judge(folder, parts, dtype, sealed)
+        if names[0] is False:
+            t.status, t.proof = LOST, f".metadata, which names every tensor and places its chunks, changed: {names[1]}"
+        else:
+            t.status, t.proof = _judge(folder, parts, dtype, sealed)
+        if t.status == INTACT:
+            t.proof += f"; .metadata: {names[1]}"
+            t.proven_by = {"identity": names[2], "bytes": "sha256_integrity_json" if "SHA-256 of" in t.proof
+                           else "zip_crc32"}
         if t.status == INTACT and dtype in SAFETENSORS_DTYPE:
             t.load = _loader(folder, shape, dtype, parts)
         out.append(t)
     return out, "", n_bytes_items
+
+
+def _metadata_proof(folder: Path, sealed: Dict[str, Optional[bool]]) -> Tuple[Optional[bool], str, str]:
+    """``(verdict, words, proof kind)`` of ``.metadata``: by ``integrity.json``'s SHA-256 (``sealed``), else by a
+    ckptaudit manifest's digests of it; without either it has no checksum, and each chunk is only cross-checked
+    (its blob's own CRC-checked data.pkl must agree on dtype and shape: :func:`_chunk`)."""
+    from ..manifest_entries import load_manifest
+
+    if sealed.get(".metadata") is not None:
+        ok = bool(sealed[".metadata"])
+        return ok, (f"its SHA-256 as {NAME} records" if ok else f"its SHA-256 differs from the one {NAME} records"), \
+            "sha256_integrity_json"
+    path = folder / ".metadata"
+    proof: FileProof = file_proof(path, load_manifest(folder / "manifest.json").get(".metadata"))
+    if proof.chunks is not None or proof.whole is not None:
+        ok, words, kind = proof.region(0, os.path.getsize(path))
+        if ok is None and proof.chunks is None:
+            ok, words, kind = proof.whole.check()  # a whole-file mismatch of .metadata: the names changed
+        if ok is not None:
+            return ok, words, kind
+    return None, ("no checksum covers it; each chunk's dtype and shape agree with its blob's CRC-checked data.pkl, "
+                  "its name and place in the tensor are unchecked"), "dcp_blob_crosscheck"
 
 
 def _judge(folder: Path, parts, dtype: str, sealed: Dict[str, Optional[bool]]) -> Tuple[str, str]:
@@ -131,11 +161,10 @@ def _chunk(folder: Path, place: dict, sizes, dtype: str) -> Tuple[Optional[bytes
         start = meta.storage_offset * item
         piece = data[start:start + n * item]
         return (piece, "") if len(piece) == n * item else (None, "the blob's storage is shorter than the chunk")
-    import torch
-
-    flat = torch.frombuffer(bytearray(data), dtype=getattr(torch, dtype))
-    view = flat.as_strided(sizes, meta.stride, meta.storage_offset).contiguous()
-    return view.reshape(-1).view(torch.uint8).numpy().tobytes(), ""
+    try:
+        return strided_bytes(data[meta.storage_offset * item:], sizes, meta.stride, item), ""
+    except ValueError as e:
+        return None, f"the blob's storage does not hold the chunk ({e})"
 
 
 def _loader(folder: Path, shape, dtype: str, parts):

@@ -88,7 +88,7 @@ def fold_unfinished(stack: List[Any], metastack: List[List[Any]], st: Any) -> An
 
 
 def tensor_paths(root: Any, built: List[TensorMeta], max_nodes: int = 5_000_000,
-                  max_depth: int = 1000) -> List[Tuple[str, TensorMeta]]:
+                 max_depth: int = 1000) -> List[Tuple[str, TensorMeta]]:
     """Dotted paths of every TensorMeta reachable from ``root``, depth-first in insertion order.
 
     A tensor reachable twice (tied weights) is listed under each path; a
@@ -97,10 +97,31 @@ def tensor_paths(root: Any, built: List[TensorMeta], max_nodes: int = 5_000_000,
     nesting deeper than ``max_depth`` containers) are listed as
     ``<unreached>.N``.
     """
-    out: List[Tuple[str, TensorMeta]] = []
+    return _paths(root, built, max_nodes, max_depth, _dotted)
+
+
+def tensor_key_paths(root: Any, built: List[TensorMeta], max_nodes: int = 5_000_000,
+                     max_depth: int = 1000) -> List[Tuple[Tuple[Any, ...], TensorMeta]]:
+    """What :func:`tensor_paths` lists, in the same order, each path as its components (a dict key as it is,
+    ``"a.b"`` one component; a list index as an int; ``"<arg0>"``, ``"<state>"`` for an object's parts): the
+    dotted path joins them with ``.`` and cannot tell ``{"a.b": t}`` from ``{"a": {"b": t}}``; these can."""
+    return _paths(root, built, max_nodes, max_depth, _tupled)
+
+
+def _dotted(path: str, k: Any) -> str:
+    return f"{path}.{k}" if path else str(k)
+
+
+def _tupled(path: tuple, k: Any) -> tuple:
+    return path + (k,)
+
+
+def _paths(root: Any, built: List[TensorMeta], max_nodes: int, max_depth: int, step) -> List[Tuple[Any, TensorMeta]]:
+    out: List[Tuple[Any, TensorMeta]] = []
     seen_containers = set()
     reached = set()
-    todo: List[Tuple[Any, str, int]] = [(root, "", 0)]
+    empty = "" if step is _dotted else ()
+    todo: List[Tuple[Any, Any, int]] = [(root, empty, 0)]
     visited = 0
     branch = _BRANCH
     while todo and visited < max_nodes:
@@ -114,41 +135,40 @@ def tensor_paths(root: Any, built: List[TensorMeta], max_nodes: int = 5_000_000,
         if t not in branch or id(obj) in seen_containers or depth >= max_depth:
             continue
         seen_containers.add(id(obj))
-        pre = path + "." if path else ""
         d = depth + 1
         if t is dict or t is AttrDict:
-            kids = [(v, pre + str(k), d) for k, v in obj.items() if type(v) in branch]
+            kids = [(v, step(path, k), d) for k, v in obj.items() if type(v) in branch]
         elif t is list or t is tuple:
-            kids = [(v, pre + str(i), d) for i, v in enumerate(obj) if type(v) in branch]
+            kids = [(v, step(path, i), d) for i, v in enumerate(obj) if type(v) in branch]
         else:  # Instance / Call
-            kids = _object_kids(obj, pre, d)
+            kids = _object_kids(obj, path, d, step)
         kids.reverse()
         todo.extend(kids)
     n = 0
     for t in built:
         if id(t) not in reached:
-            out.append((f"<unreached>.{n}", t))
+            out.append((step(step(empty, "<unreached>"), n), t))
             n += 1
     return out
 
 
-def _object_kids(obj: Any, pre: str, d: int) -> List[Tuple[Any, str, int]]:
+def _object_kids(obj: Any, path: Any, d: int, step) -> List[Tuple[Any, Any, int]]:
     """The children of an :class:`Instance` or :class:`Call` that may hold tensors, as ``(child, path,
     depth)``: its arguments, its state (a dict, or the first of a ``(dict, slots)`` pair) and its items."""
     branch = _BRANCH
-    kids = [(a, f"{pre}<arg{i}>", d) for i, a in enumerate(obj.args) if type(a) in branch]
+    kids = [(a, step(path, f"<arg{i}>"), d) for i, a in enumerate(obj.args) if type(a) in branch]
     s = obj.state
     if type(s) is tuple and len(s) == 2 and isinstance(s[0], dict):
         s = s[0]
     if isinstance(s, dict):
-        kids.extend((v, pre + str(k), d) for k, v in s.items() if type(v) in branch)
+        kids.extend((v, step(path, k), d) for k, v in s.items() if type(v) in branch)
     elif type(s) in branch:
-        kids.append((s, pre + "<state>", d))
+        kids.append((s, step(path, "<state>"), d))
     it = obj.items
     if isinstance(it, dict):
-        kids.extend((v, pre + str(k), d) for k, v in it.items() if type(v) in branch)
+        kids.extend((v, step(path, k), d) for k, v in it.items() if type(v) in branch)
     elif isinstance(it, list):
-        kids.extend((v, pre + str(i), d) for i, v in enumerate(it) if type(v) in branch)
+        kids.extend((v, step(path, i), d) for i, v in enumerate(it) if type(v) in branch)
     return kids
 
 

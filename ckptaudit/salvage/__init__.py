@@ -1,17 +1,19 @@
-"""Salvage: every tensor of a damaged checkpoint unit whose bytes are proven intact, as safetensors.
+"""Salvage: every tensor of a damaged checkpoint unit proven intact, as safetensors.
 
     from ckptaudit.salvage import salvage
     report = salvage("run/ckpt_000300.pt", "/scratch/salvaged-300", fill_from="run/ckpt_000200.pt")
 
 Reads the unit without unpickling anything (the static walk of data.pkl names each tensor; its bytes are
-copied from the file as they are), proves each tensor intact, lost, unproven or suspect
-(:mod:`ckptaudit.intact`: the zip record's CRC-32, a ckptaudit manifest's chunk digests; finite values never count),
-and publishes into ``out`` (a new folder, through :func:`ckptaudit.publish.publish`: sidecars, manifest,
-``COMPLETE``) one safetensors file per data file of the unit holding its intact tensors, and
-``salvage.json``, the report: each tensor's status and proof, where it came from and at which step.
-``fill_from``: an older unit of the same structure; each tensor not salvaged is taken from it when it is
-intact there with the same dtype and shape.  The result is a warm start, never a resume: the optimizer,
-scheduler and RNG state it holds, if any, are a mix of two steps or incomplete.
+copied from the file as they are), proves each tensor intact, lost, unproven or suspect (:mod:`ckptaudit.intact`:
+its identity, the bytes that name it, and its bytes, by the zip record's CRC-32, a ckptaudit manifest's chunk
+digests, a whole-file SHA-256; finite values never count as proof), and publishes into ``out`` (a new folder,
+through :func:`ckptaudit.publish.publish`: sidecars, manifest, ``COMPLETE``) one safetensors file per data file
+of the unit holding its tensors to write, under unique keys (:mod:`.keys`), each file reopened and checked
+(:func:`.writer.check`) before the folder is published, and ``salvage.json``, the report: each tensor's path,
+key, status and proof, where it came from and at which step.  ``fill_from``: an older unit of the same
+structure; each tensor not salvaged is taken from it when it is intact there with the same path, dtype and
+shape.  The result is a warm start, never a resume: the optimizer, scheduler and RNG state it holds, if any,
+are a mix of two steps or incomplete.
 
 The unit is only read; ``out`` may not lie inside the run folder or the unit.
 """
@@ -20,16 +22,20 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from ..intact import FILLED, INTACT, LOST, SAFETENSORS_DTYPE, SUSPECT, UNPROVEN, TensorBytes, counts, unit_tensors
+from .writer import WrittenFileDiffers
 from ..units import step_from_name
 
-__all__ = ["salvage", "SalvageRefused"]
+__all__ = ["salvage", "SalvageRefused", "WrittenFileDiffers"]
 
 SCHEMA = "ckptaudit.salvage/1"
 REPORT_NAME = "salvage.json"
+
+
 class SalvageRefused(ValueError):
     """The salvage was not started: a bad unit, or an output folder that is not allowed (inside the run
     folder or the unit, or already there)."""
@@ -70,17 +76,24 @@ def _check_out(unit: Path, out: Path, run: Path, given: Path) -> None:
 
 
 def _fill(tensors: List[TensorBytes], older: List[TensorBytes], older_unit: str, older_step) -> Dict[str, int]:
-    """Replace each tensor not intact by the same-named intact tensor of ``older`` (same dtype, shape), marked
-    ``filled`` with its source; returns ``{"filled", "absent", "not_intact", "different"}``: how many were
-    filled, and why the others were not (no tensor of that name there, not proven intact there, another
-    dtype or shape)."""
-    by_name = {(t.file, t.name): t for t in older}
-    by_bare = {t.name: t for t in older}
+    """Replace each tensor not intact by the same tensor of ``older`` when it is intact there with the same dtype
+    and shape, marked ``filled`` with its source; returns ``{"filled", "absent", "not_intact", "different"}``:
+    how many were filled, and why the others were not (no such tensor there, not proven intact there, another
+    dtype or shape).  "The same tensor": the same path (its components) in the same file, else the same path in
+    one file, else the same joined name where that name is one tensor's in both units (``{"a.b": t}`` and
+    ``{"a": {"b": t}}`` join alike and are never taken for each other)."""
+    by_path = {(t.file, t.parts or (t.name,)): t for t in older}
+    bare = Counter(t.parts or (t.name,) for t in older)
+    by_bare = {t.parts or (t.name,): t for t in older if bare[t.parts or (t.name,)] == 1}
+    names_old, names_new = Counter(t.name for t in older), Counter(t.name for t in tensors)
+    by_name = {t.name: t for t in older if names_old[t.name] == 1}
     why = {"filled": 0, "absent": 0, "not_intact": 0, "different": 0}
     for i, t in enumerate(tensors):
         if t.status == INTACT:
             continue
-        o = by_name.get((t.file, t.name)) or by_bare.get(t.name)
+        parts = t.parts or (t.name,)
+        o = by_path.get((t.file, parts)) or by_bare.get(parts) or \
+            (by_name.get(t.name) if names_new[t.name] == 1 else None)
         if o is None:
             why["absent"] += 1
         elif o.status != INTACT:
@@ -88,7 +101,7 @@ def _fill(tensors: List[TensorBytes], older: List[TensorBytes], older_unit: str,
         elif o.dtype != t.dtype or o.shape != t.shape:
             why["different"] += 1
         else:
-            filled = TensorBytes(**{**o.__dict__, "file": t.file, "name": t.name})
+            filled = TensorBytes(**{**o.__dict__, "file": t.file, "name": t.name, "parts": t.parts, "key": None})
             filled.status, filled.proof = FILLED, f"from {older_unit} (step {older_step}): {o.proof}"
             filled.source = {"unit": older_unit, "step": older_step, "file": o.file, "was": t.status,
                              "why_not_own": t.proof}
@@ -114,10 +127,8 @@ def salvage(unit: str | os.PathLike, out: str | os.PathLike, *, fill_from: Optio
     ``suspect`` or ``lost``).  ``run_dir``: the run folder ``out`` must stay out of (default: the unit's
     parent).  Raises :class:`SalvageRefused` before reading anything for a missing unit, an ``out`` inside
     the run folder or the unit, or one that exists; ``OSError`` when a file cannot be read; the publish
-    errors of :func:`ckptaudit.publish.publish`."""
-    from ..publish import publish
-    from . import writer
-
+    errors of :func:`ckptaudit.publish.publish`; :class:`~.writer.WrittenFileDiffers` when a written file,
+    reopened, is not what was written (nothing is published then)."""
     given, dest = Path(unit), Path(out)
     src, run = _check_unit(given, Path(run_dir) if run_dir else None)
     _check_out(src, dest, run, given)
@@ -131,34 +142,80 @@ def salvage(unit: str | os.PathLike, out: str | os.PathLike, *, fill_from: Optio
         older, older_files = unit_tensors(older_unit, older_run)
         fill_step = _step(older_unit, older_files)
         filled = _fill(tensors, older, str(older_unit), fill_step)
-    chosen = [t for t in tensors if t.status in keep_status and t.dtype in SAFETENSORS_DTYPE]
-    dropped = [t for t in tensors if t.status in keep_status and t.dtype not in SAFETENSORS_DTYPE]
-    for t in dropped:
-        files.append({"file": t.file, "kind": "not written", "counts": {},
-                      "problem": f"{t.name}: {t.dtype} is no dtype safetensors holds; not written"})
-    by_file: Dict[str, List[TensorBytes]] = {}
-    for t in chosen:
-        by_file.setdefault(t.file, []).append(t)
+    by_file = _plan([t for t in tensors if t.status in keep_status], files)
     report = _report(src, step, tensors, files, own, filled, fill_from, by_file, include_unproven)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with publish(dest.parent, step or 0, name=dest.name, folder=True, rank=0, world_size=1,
-                 update_latest=False, config={"salvaged_from": str(src)}) as pub:
-        for file, ts in by_file.items():
-            meta = {"ckptaudit": SCHEMA, "source_unit": str(src), "source_file": file, "source_step": str(step)}
-            if any(t.status == FILLED for t in ts):
-                meta.update(filled_from=report["fill_from"], filled_from_step=str(fill_step),
-                            filled=str(sum(t.status == FILLED for t in ts)))
-            writer.write(pub.open(report["outputs"][file]), ts, meta)
-        w = pub.open(REPORT_NAME)
-        w.write(json.dumps(report, indent=1).encode())
+    _publish(dest, src, step, fill_step, report, by_file)
     return report
 
 
-def _output_name(file: str) -> str:
-    return file if file.endswith(".safetensors") else f"{file}.safetensors"
+def _plan(chosen: List[TensorBytes], files: List[dict]) -> Dict[str, List[TensorBytes]]:
+    """``{source file: the tensors written for it}``, each with its ``key`` (:func:`.keys.assign`); a tensor of
+    a dtype no safetensors dtype holds, or whose key is refused, is left out and named in one ``files`` row
+    per source file (``kind`` "not written")."""
+    from . import keys
+
+    out: Dict[str, List[TensorBytes]] = {}
+    for file, ts in keys.by_file(chosen).items():
+        why = [(t, f"{t.dtype} is no dtype safetensors holds") for t in ts if t.dtype not in SAFETENSORS_DTYPE]
+        ok = [t for t in ts if t.dtype in SAFETENSORS_DTYPE]
+        why += keys.assign(ok)
+        kept = [t for t in ok if t.key is not None]
+        if why:
+            shown_ = "; ".join(f"{t.name!r}: {w}" for t, w in why[:5]) + ("; …" if len(why) > 5 else "")
+            files.append({"file": file, "kind": "not written", "counts": {},
+                          "problem": f"{len(why)} tensor(s) not written: {shown_}"})
+        if kept:
+            out[file] = kept
+    return out
+
+
+def _publish(dest: Path, src: Path, step, fill_step, report: dict, by_file: Dict[str, List[TensorBytes]]) -> None:
+    """Write each output file and ``salvage.json`` into ``dest`` through :func:`ckptaudit.publish.publish`; each
+    file is reopened and checked (:func:`.writer.check`: keys, dtypes, shapes, offsets) and every written byte
+    re-read against the chunk digests of what was written (``verify=True``) before the folder is published."""
+    from ..publish import publish
+    from . import writer
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with publish(dest.parent, step or 0, name=dest.name, folder=True, rank=0, world_size=1, verify=True,
+                 update_latest=False, config={"salvaged_from": str(src)}) as pub:
+        for file, ts in by_file.items():
+            meta = {"ckptaudit": SCHEMA, "source_unit": _text(src), "source_file": _text(file),
+                    "source_step": str(step)}
+            if any(t.status == FILLED for t in ts):
+                meta.update(filled_from=_text(report["fill_from"]), filled_from_step=str(fill_step),
+                            filled=str(sum(t.status == FILLED for t in ts)))
+            name = report["outputs"][file]
+            with pub.open(name) as w:
+                placed = writer.write(w, ts, meta)
+            writer.check(pub.tmp_path / name, ts, placed)
+        with pub.open(REPORT_NAME) as w:
+            w.write(json.dumps(report, indent=1).encode())
+
+
+def _text(x) -> str:
+    """``x`` as text a safetensors header holds (a path that is not UTF-8 keeps its bytes as ``\\x..``)."""
+    return str(x).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _outputs(files: List[str]) -> Dict[str, str]:
+    """``{source file: output name}``: ``<file>.safetensors`` (a ``.safetensors`` source keeps its name), made
+    unique (``<file>.2.safetensors``) where two sources would share one, and never ``salvage.json``."""
+    out: Dict[str, str] = {}
+    taken = {REPORT_NAME}
+    for f in files:
+        name = f if f.endswith(".safetensors") else f"{f}.safetensors"
+        stem, n = name[: -len(".safetensors")], 2
+        while name in taken:
+            name, n = f"{stem}.{n}.safetensors", n + 1
+        taken.add(name)
+        out[f] = name
+    return out
 
 
 def _report(src: Path, step, tensors, files, own, filled, fill_from, by_file, include_unproven) -> dict:
+    from ..salvage_option import shares
+
     total = sum(t.nbytes for t in tensors)
     written = sum(t.nbytes for ts in by_file.values() for t in ts)
     intact_own = sum(t.nbytes for t in tensors if t.status == INTACT and not t.source)
@@ -170,11 +227,17 @@ def _report(src: Path, step, tensors, files, own, filled, fill_from, by_file, in
         "written": sum(len(v) for v in by_file.values()),
         "bytes": {"named": total, "written": written, "intact_own": intact_own},
         "intact_share": round(intact_own / total, 6) if total else 0.0,
+        "shares": shares([t for t in tensors if not t.source]),
         "files": files,
-        "outputs": {f: _output_name(f) for f in by_file},
+        "outputs": _outputs(list(by_file)),
+        "keys": {"joined": "the tensor's path joined with '.'", "escaped": "where joined paths collide: in each "
+                 "component '%' is '%25' and '.' is '%2E' (path lists the components)"},
         "usable_for": "warm start",
         "tensors": [t.row() for t in tensors],
-        "statuses": {INTACT: "bytes checked by a record made at save time", LOST: "bytes missing or changed",
-                     UNPROVEN: "bytes present, nothing checks them", SUSPECT: "unchecked and holds an all-zero page",
+        "statuses": {INTACT: "its bytes and the bytes that name it (name, dtype, shape, offsets) checked by "
+                             "records made at save time (proven_by)",
+                     LOST: "bytes missing or changed, or what names it changed",
+                     UNPROVEN: "bytes present, nothing checks them or what names them",
+                     SUSPECT: "unchecked and holds an all-zero page",
                      FILLED: "not intact here; the intact tensor of the same name, dtype and shape from --fill-from"},
     }
