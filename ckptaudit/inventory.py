@@ -162,7 +162,9 @@ def _walk(root: Path, d: Path, units, pointers, stray):
     for adapter in layouts.INDEX_ADAPTERS:
         for u in adapter.claim_index(root, d, names):
             units.append(u)
-            claimed.update(Path(f).name for f in u.files if Path(f).parent == Path(drel) or drel == ".")
+            # its files and those it never opens (a FIFO shard): neither is a unit of its own
+            claimed.update(Path(f).name for f in [*u.files, *u.irregular]
+                           if Path(f).parent == Path(drel) or drel == ".")
     local = not fs.is_remote(root)
     limit = path_limit() if local else 0
     dir_bytes = path_bytes(os.path.abspath(d)) + 1 if local else 0  # the folder's path and a "/"

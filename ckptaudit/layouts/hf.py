@@ -33,17 +33,27 @@ class HFIndex:
         return False
 
     def claim_index(self, root: Path, d: Path, names: List[str]):
-        """Units for each ``*.index.json`` in folder ``d`` (with the shards it names)."""
+        """Units for each ``*.index.json`` in folder ``d`` (with the shards it names).
+
+        A shard or an index that is no regular file one may read (a FIFO blocks an ``open`` forever, a device
+        never ends: :func:`ckptaudit.irregular.irregular_reason`) is never opened: an index is then a unit of
+        layout ``irregular``, a shard goes into its index unit's ``irregular`` map (``not_a_regular_file``)
+        instead of its ``files``, so no stage reads it."""
+        from ..irregular import irregular_reason, irregular_unit
         from ..units import Unit, step_from_name
 
         units = []
         name_set = set(names)  # looked up once per shard: a set, so an index of many shards stays linear
         if (d / "trainer_state.json").exists() and d != root:
             return units  # part of a Trainer folder, which is its own unit
+        local = not fs.is_remote(root)
         for n in names:
             if not INDEX_RE.match(n):
                 continue
             p = d / n
+            if local and (why := irregular_reason(root, p)):
+                units.append(irregular_unit(root, p, why))  # a FIFO under an index's name: never read
+                continue
             shards: List[str] = []
             try:
                 doc = fs.loads_json(fs.read_bounded(p, fs.SMALL_FILE_BYTES))
@@ -54,13 +64,16 @@ class HFIndex:
                 pass
             files = [fs.relpath(p, root)]
             missing = []
+            irregular = {}
             size = p.stat().st_size
             mtime = p.stat().st_mtime_ns
             for s in shards:
                 sp = d / s
                 if confine.resolved_outside(root, s, fs.relpath(d, root)):
                     continue  # never looked at: check_index reports path_outside_run
-                if sp.exists():
+                if local and sp.exists() and not sp.is_dir() and (why := irregular_reason(root, sp)):
+                    irregular[fs.relpath(sp, root)] = why  # a FIFO or device as a shard: never opened
+                elif sp.exists():
                     files.append(fs.relpath(sp, root))
                     st = sp.stat()
                     size += st.st_size
@@ -71,7 +84,7 @@ class HFIndex:
                         if Path(f).name + ".sha256" in name_set]
             units.append(Unit(unit=fs.relpath(p, root), layout=self.name, kind="index", files=files, size_bytes=size,
                               mtime_ns=mtime, step_from_name=step_from_name(d.name) if d != root else None,
-                              sidecars=sidecars, missing_files=missing))
+                              sidecars=sidecars, missing_files=missing, irregular=irregular))
         return units
 
     def scan(self, run_dir: Path, unit: dict, cfg: dict, byte_facts=None) -> UnitScan:
@@ -98,9 +111,8 @@ def check_index(run_dir: Path, index_rel: str, scan: UnitScan, cfg: dict, unit_n
             by_shard.setdefault(s, []).append(t)
     missing = [s for s in sorted(by_shard) if not (run_dir / base / s).exists()]
     for s in sorted(by_shard):
-        if s not in missing and not (run_dir / base / s).is_file():  # a folder under a shard's name
-            scan.add(leftovers.irregular(str((base / s).as_posix()) if str(base) != "." else s,
-                                         "the index names it as a shard, but it is a folder, not a file"))
+        if s not in missing and (why := _not_a_shard_file(run_dir, base / s)):  # a folder, a FIFO, a device
+            scan.add(leftovers.irregular(str((base / s).as_posix()) if str(base) != "." else s, why))
             missing.append(s)
     for s in missing:
         scan.add(F.make("index_references_missing_shard", path=index_rel, shard=s, n_tensors=len(by_shard[s]),
@@ -112,6 +124,20 @@ def check_index(run_dir: Path, index_rel: str, scan: UnitScan, cfg: dict, unit_n
     scan.facts["index_total_size"] = meta.get("total_size") if isinstance(meta, dict) else None
     scan.facts["n_shards"] = len(by_shard)
     scan.tree["weights"] = {"__index__": index_rel, "n_tensors": len(wm)}
+
+
+def _not_a_shard_file(run_dir: Path, rel: Path) -> str:
+    """Why the shard at ``rel`` (in ``run_dir``, present) is never opened: a folder under a shard's name, or
+    what :func:`ckptaudit.irregular.irregular_reason` says of it (a FIFO would block the ``open``, a device
+    never ends); "" for a regular file.  Judged from ``stat`` alone: nothing is opened."""
+    from ..irregular import irregular_reason
+
+    p = run_dir / rel
+    if p.is_dir():
+        return "the index names it as a shard, but it is a folder, not a file"
+    if fs.is_remote(run_dir):
+        return ""
+    return irregular_reason(run_dir, p) or ""
 
 
 def read_index(run_dir: Path, index_rel: str, scan: UnitScan) -> Optional[tuple]:
