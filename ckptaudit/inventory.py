@@ -25,7 +25,7 @@ from typing import Dict, List, Optional
 from . import confine, fs, layouts, producers
 # reasons that file_unreadable, path_too_long and a pointer that is not read are made of
 from .layouts.leftovers import POINTER_NOT_READ
-from ._io import SUPERSEDED_DIR, atomic_write
+from ._io import SUPERSEDED_DIR, atomic_write, dead_writer
 from .parts import SMALL_PART_BYTES, assign_parts, auto_units_per_job, listing_fingerprint  # noqa: F401 - re-exported
 from .unit_objects import SMALL_OBJECT_BYTES, unit_objects  # noqa: F401 - re-exported
 from .folder_unit import folder_unit, lstat_of as _lstat_of, stat_or_none
@@ -202,12 +202,26 @@ def _entry(root: Path, d: Path, e, pre: str, local: bool, name_set, units, point
             if err.errno != errno.ENAMETOOLONG:
                 raise
             units.extend(deep_units(root, d, e, rel, path_limit() if local else 0, stray))
+    elif local and not layouts.is_checkpoint_file(e.name) and dead_writer(e.name) is not None:
+        units.append(_dead_writer_temp(path, rel, lst))
     elif e.name.endswith(SIDECAR_SUFFIXES) or e.name in MANIFEST_NAMES or e.name.endswith(".manifest.json"):
         return
     elif layouts.is_checkpoint_file(e.name):
         units.append(_file_unit(root, path, name_set, lst, rel if local else None))
     else:
         stray.append(rel)
+
+
+def _dead_writer_temp(path: Path, rel: str, lst) -> Unit:
+    """The unit of a ``ckptaudit.publish`` temp that is no checkpoint file (a manifest's, a sidecar's, a pointer's:
+    :func:`ckptaudit._io.atomic_write` beside the data temp) whose writer on this host is gone.  A save killed
+    inside its manifest write leaves one beside its data temp; as a unit in progress (never read: layout
+    ``in-progress``) it is one of :mod:`ckptaudit.dead_writers`' leftovers, listed with the data temp, not
+    dropped as a manifest would be."""
+    st = lst if lst is not None and st_mod.S_ISREG(lst.st_mode) else stat_or_none(path)
+    return Unit(unit=rel, layout="in-progress", kind="file", files=[rel], size_bytes=st.st_size if st else 0,
+                mtime_ns=st.st_mtime_ns if st else 0, step_from_name=None, in_progress=in_progress_reason(path.name),
+                snapshot={rel: [st.st_size, st.st_mtime_ns, st.st_ino]} if st else {})
 
 
 def _irregular_entry(root: Path, name: str, path: Path, rel: str, why: str, units, pointers, stray) -> None:
