@@ -145,6 +145,10 @@ def test_small_shared_containers_are_still_described_at_every_place():
     small = _dict_dag(10)  # 2**11 - 1 dicts when rebuilt
     tree, budget = _describe(small)
     assert tree == pickle.loads(small) and budget.shared_cut == 0 and not budget.exhausted
+    # EMPTY_TUPLE is one object however often a pickle pushes it: 200,000 of them are no sharing to bound
+    many = b"\x80\x02](" + (b"](" + b")" * 4000 + b"e") * 50 + b"e."
+    tree, budget = _describe(many)
+    assert tree == [[[]] * 4000] * 50 and budget.shared_cut == 0
 
 
 def test_a_long_string_shared_many_times_spends_the_budget_by_its_length():

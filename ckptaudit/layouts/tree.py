@@ -90,6 +90,8 @@ def prune(obj: Any, values: Dict[int, Any], depth: int = 0, max_items: int = TRE
     if budget.left < 0:  # a tree that re-expands shared containers (a list appended to itself) ends here
         budget.exhausted = True
         return OVER_BUDGET
+    if isinstance(obj, (dict, list, tuple)) and not obj:  # `()` is one object wherever it appears: never "shared"
+        return {} if isinstance(obj, dict) else []
     if isinstance(obj, (dict, list, tuple, Instance, Call)):
         key = id(obj)
         if key in budget.path:
