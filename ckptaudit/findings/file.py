@@ -207,11 +207,6 @@ ENTRIES: List[_k] = [
        "{path} is the checkpoint {framework}'s {entry_call} resumes from, and it is "
        "damaged ({why}): a job resuming as configured would {outcome}{intact_text}.",
        "{next_text}", "{repair_code}", stage="report", detector="ckptaudit.resume_entry:entry_findings"),
-    _k("resume_entry_weights_only", "file", "error", "warm-start",
-       "{path} is the checkpoint {framework}'s {entry_call} resumes from, and it holds intact weights but no usable "
-       "training state ({why}): a job resuming as configured would not get a faithful resume from it{intact_text}. "
-       "Its weights are still usable for a warm start.",
-       "{next_text}", "{repair_code}", stage="report", detector="ckptaudit.resume_entry:entry_findings"),
     _k("latest_pointer_not_newest", "file", "info", "resume",
        "{pointer} names {target!r} but a newer usable checkpoint exists ({suggestion}).",
        "Check whether the newer checkpoint should be resumed from.",

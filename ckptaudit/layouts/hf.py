@@ -12,6 +12,7 @@ sharded or not, or ``pytorch_model.bin``), ``optimizer.pt``, ``scheduler.pt``,
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import List, Optional
@@ -32,28 +33,23 @@ class HFIndex:
     def claim_dir(self, path: Path) -> bool:
         return False
 
-    def claim_index(self, root: Path, d: Path, names: List[str]):
-        """Units for each ``*.index.json`` in folder ``d`` (with the shards it names).
+    def is_index(self, name: str) -> bool:
+        return INDEX_RE.match(name) is not None
 
-        A shard or an index that is no regular file one may read (a FIFO blocks an ``open`` forever, a device
-        never ends: :func:`ckptaudit.irregular.irregular_reason`) is never opened: an index is then a unit of
-        layout ``irregular``, a shard goes into its index unit's ``irregular`` map (``not_a_regular_file``)
-        instead of its ``files``, so no stage reads it."""
-        from ..irregular import irregular_reason, irregular_unit
+    def claim_index(self, root: Path, d: Path, names: List[str]):
+        """Units for each ``*.index.json`` among ``names`` in folder ``d`` (with the shards it names).  The caller
+        passes only names it may open (:mod:`ckptaudit.inventory`: an index that is a FIFO is never read) and
+        sets aside the shards it must not (a FIFO shard: ``ckptaudit.inventory._set_aside``)."""
         from ..units import Unit, step_from_name
 
         units = []
         name_set = set(names)  # looked up once per shard: a set, so an index of many shards stays linear
         if (d / "trainer_state.json").exists() and d != root:
             return units  # part of a Trainer folder, which is its own unit
-        local = not fs.is_remote(root)
         for n in names:
             if not INDEX_RE.match(n):
                 continue
             p = d / n
-            if local and (why := irregular_reason(root, p)):
-                units.append(irregular_unit(root, p, why))  # a FIFO under an index's name: never read
-                continue
             shards: List[str] = []
             try:
                 doc = fs.loads_json(fs.read_bounded(p, fs.SMALL_FILE_BYTES))
@@ -64,16 +60,13 @@ class HFIndex:
                 pass
             files = [fs.relpath(p, root)]
             missing = []
-            irregular = {}
             size = p.stat().st_size
             mtime = p.stat().st_mtime_ns
             for s in shards:
                 sp = d / s
                 if confine.resolved_outside(root, s, fs.relpath(d, root)):
                     continue  # never looked at: check_index reports path_outside_run
-                if local and sp.exists() and not sp.is_dir() and (why := irregular_reason(root, sp)):
-                    irregular[fs.relpath(sp, root)] = why  # a FIFO or device as a shard: never opened
-                elif sp.exists():
+                if sp.exists():
                     files.append(fs.relpath(sp, root))
                     st = sp.stat()
                     size += st.st_size
@@ -84,7 +77,7 @@ class HFIndex:
                         if Path(f).name + ".sha256" in name_set]
             units.append(Unit(unit=fs.relpath(p, root), layout=self.name, kind="index", files=files, size_bytes=size,
                               mtime_ns=mtime, step_from_name=step_from_name(d.name) if d != root else None,
-                              sidecars=sidecars, missing_files=missing, irregular=irregular))
+                              sidecars=sidecars, missing_files=missing))
         return units
 
     def scan(self, run_dir: Path, unit: dict, cfg: dict, byte_facts=None) -> UnitScan:
@@ -127,17 +120,18 @@ def check_index(run_dir: Path, index_rel: str, scan: UnitScan, cfg: dict, unit_n
 
 
 def _not_a_shard_file(run_dir: Path, rel: Path) -> str:
-    """Why the shard at ``rel`` (in ``run_dir``, present) is never opened: a folder under a shard's name, or
-    what :func:`ckptaudit.irregular.irregular_reason` says of it (a FIFO would block the ``open``, a device
-    never ends); "" for a regular file.  Judged from ``stat`` alone: nothing is opened."""
-    from ..irregular import irregular_reason
-
+    """Why the shard at ``rel`` (in ``run_dir``, present) is never opened: a folder under a shard's name, or a
+    FIFO, device or socket (:func:`~ckptaudit.layouts.leftovers.mode_reason`: a FIFO would block the ``open``, a
+    device never ends); "" for a regular file.  Judged from ``stat`` alone: nothing is opened."""
     p = run_dir / rel
     if p.is_dir():
         return "the index names it as a shard, but it is a folder, not a file"
-    if fs.is_remote(run_dir):
+    if fs.is_remote(run_dir) or p.is_file():
         return ""
-    return irregular_reason(run_dir, p) or ""
+    try:
+        return leftovers.mode_reason(p, os.stat(p).st_mode) or ""
+    except OSError as e:
+        return f"it cannot be examined ({e.strerror})"
 
 
 def read_index(run_dir: Path, index_rel: str, scan: UnitScan) -> Optional[tuple]:
