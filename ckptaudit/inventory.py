@@ -25,7 +25,7 @@ from typing import Dict, List, Optional
 from . import confine, fs, layouts, producers
 # reasons that file_unreadable, path_too_long and a pointer that is not read are made of
 from .layouts.leftovers import POINTER_NOT_READ
-from ._io import SUPERSEDED_DIR, atomic_write
+from ._io import SUPERSEDED_DIR, atomic_write, dead_writer
 from .parts import SMALL_PART_BYTES, assign_parts, auto_units_per_job, listing_fingerprint  # noqa: F401 - re-exported
 from .unit_objects import SMALL_OBJECT_BYTES, unit_objects  # noqa: F401 - re-exported
 from .folder_unit import folder_unit, lstat_of as _lstat_of, stat_or_none
@@ -158,12 +158,19 @@ def _walk(root: Path, d: Path, units, pointers, stray):
     name_set = set(names)
     drel = _rel(root, d)
     claimed: set = set()
-    # 1. index files claim their shards (the folder stays a plain folder)
-    for adapter in layouts.INDEX_ADAPTERS:
-        for u in adapter.claim_index(root, d, names):
-            units.append(u)
-            claimed.update(Path(f).name for f in u.files if Path(f).parent == Path(drel) or drel == ".")
     local = not fs.is_remote(root)
+    # why each entry must never be opened (a FIFO, a device, a link out of the run…), judged once from its lstat
+    why_of = {e.name: irregular_reason(root, fs.path(e.path), _lstat_of(e)) for e in entries} if local else {}
+    # 1. index files claim their shards (the folder stays a plain folder); an index never opened claims nothing
+    readable = [n for n in names if not why_of.get(n)]
+    for adapter in layouts.INDEX_ADAPTERS:
+        for u in adapter.claim_index(root, d, readable):
+            if local:
+                _set_aside(root, u, why_of, drel)
+            units.append(u)
+            # its files and those it never opens (a FIFO shard): neither is a unit of its own
+            claimed.update(Path(f).name for f in [*u.files, *u.irregular]
+                           if Path(f).parent == Path(drel) or drel == ".")
     limit = path_limit() if local else 0
     dir_bytes = path_bytes(os.path.abspath(d)) + 1 if local else 0  # the folder's path and a "/"
     pre = "" if drel == "." else drel + "/"
@@ -173,16 +180,32 @@ def _walk(root: Path, d: Path, units, pointers, stray):
         if local and dir_bytes + path_bytes(e.name) >= limit:  # no stage could open it by name
             units.extend(deep_units(root, d, e, pre + e.name, limit, stray))
             continue
-        _entry(root, d, e, pre, local, name_set, units, pointers, stray)
+        _entry(root, d, e, pre, local, name_set, units, pointers, stray, why_of.get(e.name))
 
 
-def _entry(root: Path, d: Path, e, pre: str, local: bool, name_set, units, pointers, stray) -> None:
+def _set_aside(root: Path, u: Unit, why_of: Dict[str, Optional[str]], drel: str) -> None:
+    """Move the files of index unit ``u`` that must never be opened (a FIFO or device as a shard: a FIFO blocks
+    the hash job's ``open`` forever) from its ``files`` to its ``irregular`` map (``not_a_regular_file``, the
+    index's own unit still judged).  ``why_of``: the reasons of the entries of the index's folder ``drel``."""
+    keep = []
+    for f in u.files:
+        here = Path(f).parent == Path(drel)
+        why = why_of.get(Path(f).name) if here else irregular_reason(root, root / f)
+        if why:
+            u.irregular[f] = why
+        else:
+            keep.append(f)
+    u.files = keep
+
+
+def _entry(root: Path, d: Path, e, pre: str, local: bool, name_set, units, pointers, stray,
+           why: Optional[str]) -> None:
     """One entry ``e`` of folder ``d`` (``pre``: the folder's path in the run and a "/"): a unit, a pointer,
-    a folder walked, a sidecar or manifest (taken by its unit), or a stray."""
+    a folder walked, a sidecar or manifest (taken by its unit), or a stray.  ``why``: why it must never be
+    opened (:func:`irregular_reason`, local entries), else None."""
     path = fs.path(e.path)
     rel = pre + e.name if local else _rel(root, path)
     lst = _lstat_of(e) if local else None
-    why = irregular_reason(root, path, lst) if local else None
     if why and not e.is_symlink():
         _irregular_entry(root, e.name, path, rel, why, units, pointers, stray)
     elif e.is_symlink():
@@ -200,6 +223,8 @@ def _entry(root: Path, d: Path, e, pre: str, local: bool, name_set, units, point
             if err.errno != errno.ENAMETOOLONG:
                 raise
             units.extend(deep_units(root, d, e, rel, path_limit() if local else 0, stray))
+    elif local and not layouts.is_checkpoint_file(e.name) and dead_writer(e.name) is not None:
+        units.append(_dead_writer_temp(path, rel, lst))
     elif e.name.endswith(SIDECAR_SUFFIXES) or e.name in MANIFEST_NAMES or e.name.endswith(".manifest.json"):
         return
     elif layouts.is_checkpoint_file(e.name):
@@ -208,11 +233,23 @@ def _entry(root: Path, d: Path, e, pre: str, local: bool, name_set, units, point
         stray.append(rel)
 
 
+def _dead_writer_temp(path: Path, rel: str, lst) -> Unit:
+    """The unit of a ``ckptaudit.publish`` temp that is no checkpoint file (a manifest's, a sidecar's, a pointer's:
+    :func:`ckptaudit._io.atomic_write` beside the data temp) whose writer on this host is gone.  A save killed
+    inside its manifest write leaves one beside its data temp; as a unit in progress (never read: layout
+    ``in-progress``) it is one of :mod:`ckptaudit.dead_writers`' leftovers, listed with the data temp, not
+    dropped as a manifest would be."""
+    st = lst if lst is not None and st_mod.S_ISREG(lst.st_mode) else stat_or_none(path)
+    return Unit(unit=rel, layout="in-progress", kind="file", files=[rel], size_bytes=st.st_size if st else 0,
+                mtime_ns=st.st_mtime_ns if st else 0, step_from_name=None, in_progress=in_progress_reason(path.name),
+                snapshot={rel: [st.st_size, st.st_mtime_ns, st.st_ino]} if st else {})
+
+
 def _irregular_entry(root: Path, name: str, path: Path, rel: str, why: str, units, pointers, stray) -> None:
     """An entry that is no regular file or folder one may read (:func:`irregular_reason` says ``why``): a unit
-    never read when a checkpoint's name (or a name that is not UTF-8), a pointer never read when a pointer's
-    name, else a stray."""
-    if layouts.is_checkpoint_file(name) or "UTF-8" in why:
+    never read when a checkpoint's or an index's name (or a name that is not UTF-8), a pointer never read when a
+    pointer's name, else a stray."""
+    if layouts.is_checkpoint_file(name) or layouts.is_index_file(name) or "UTF-8" in why:
         units.append(irregular_unit(root, path, why))
     elif name in POINTER_NAMES:  # a FIFO or device named `latest`: a pointer never read
         pointers.append(Pointer(rel, f"{POINTER_NAMES[name]}{POINTER_NOT_READ}{why}", "", "", True, False))

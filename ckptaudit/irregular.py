@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from . import confine, fs, layouts
-from .layouts.leftovers import UNREADABLE, too_long
+from .layouts.leftovers import mode_reason, too_long
 from .units import MANIFEST_NAMES, SIDECAR_SUFFIXES, Unit, in_progress_reason, names_a_save, step_from_name
 
 __all__ = ["irregular_reason", "path_limit", "path_bytes", "deep_units", "DEEP_LEVELS"]
@@ -55,7 +55,7 @@ def irregular_reason(root: Path, path: Path, lst: Optional[os.stat_result] = Non
         why, mode = _link_target(root, path)
         if mode is None:
             return why
-    return _mode_reason(path, mode)
+    return mode_reason(path, mode)
 
 
 def _link_target(root: Path, path: Path) -> tuple:
@@ -69,19 +69,6 @@ def _link_target(root: Path, path: Path) -> tuple:
         return None, os.stat(path).st_mode
     except OSError:
         return None, None  # dangling: judged as a pointer
-
-
-def _mode_reason(path: Path, mode: int) -> Optional[str]:
-    """Why a file of ``mode`` cannot be read as a checkpoint (a FIFO, a device, a socket, unreadable), or None."""
-    if st_mod.S_ISFIFO(mode):
-        return "it is a FIFO (named pipe): opening it would block"
-    if st_mod.S_ISCHR(mode) or st_mod.S_ISBLK(mode):
-        return "it is a device, not a file"
-    if st_mod.S_ISSOCK(mode):
-        return "it is a socket, not a file"
-    if st_mod.S_ISREG(mode) and not os.access(path, os.R_OK):
-        return UNREADABLE
-    return None
 
 
 def irregular_unit(root: Path, path: Path, why: str) -> Unit:

@@ -111,7 +111,8 @@ def listing_fingerprint(run_dir: str) -> str:
                 st = os.lstat(fp)
             except OSError:
                 continue
-            h.update(f"{os.path.relpath(fp, root)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+            # the name's own bytes (os.fsencode): a name that is not UTF-8 is a finding, not a crash here
+            h.update(os.fsencode(os.path.relpath(fp, root)) + f"\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     return h.hexdigest()[:16]
 
 

@@ -117,11 +117,18 @@ def headline(verdict: dict, late: Dict[str, dict]) -> List[str]:
     if any(u["unit"] == rollback and any(f.get("repair") for f in u["findings"]) for u in verdict.get("units", [])):
         out.append(f"Before using {rollback}, apply the repair printed under its findings.")
     out += [pointer_sentence(p) for p in verdict.get("pointers", []) if not p.get("ok")]
-    out += [f"{e['unit']} is damaged, so {e['call']} would fail: replace it or resume with an explicit path."
+    out += [f"{e['unit']} {_entry_state(e)}: replace it or resume with an explicit path."
             for e in verdict.get("resume_entries", []) if not e.get("ok")]
     if verdict.get("salvage"):  # the salvage offer and its command, as the terminal summary gives it
         out.append(verdict["salvage"]["sentence"])
     return out
+
+
+def _entry_state(e: dict) -> str:
+    """What is wrong with resume entry ``e`` of the verdict and what its call would do, as a predicate."""
+    if (e.get("finding") or {}).get("kind") == "resume_entry_weights_only":
+        return f"holds weights only, so {e['call']} would not restore the training state"
+    return f"is damaged, so {e['call']} would fail"
 
 
 def pointer_sentence(p: dict) -> str:

@@ -11,6 +11,11 @@ weights-only unpickler's IndexError), so :func:`entry_findings` adds ``resume_en
 repair copies the rollback unit over it atomically, the next step also names the explicit call
 (:mod:`ckptaudit.resume_hint`).  The verdict reports the entries and exits 1 while one is damaged
 (:func:`ckptaudit.verdict.exit_code`).
+
+An entry whose bytes hold intact weights but no training state (``ModelCheckpoint(save_weights_only=True)``:
+usable for a warm start by its own findings) is no resume point either, but it is not damaged: it gets
+``resume_entry_weights_only``, whose cap is a warm start, so what the configured resume would do never makes
+intact weights unusable.
 """
 
 from __future__ import annotations
@@ -32,22 +37,35 @@ def _entry_of(u: dict) -> Optional[Producer]:
     return next((p for p in producers.with_entry() if p.entry(u["unit"])), None)
 
 
+#: The kinds :func:`entry_findings` adds; what they say of a unit is not the unit's own finding.
+ENTRY_KINDS = ("resume_entry_damaged", "resume_entry_weights_only")
+
+
 def _why(u: dict) -> str:
-    errs = [f["kind"] for f in u["findings"] if f["severity"] == "error" and f["kind"] != "resume_entry_damaged"]
+    """The unit's own findings that keep it from being a resume point: its errors, else (a unit usable for a warm
+    start by warnings alone: a weights-only save's ``missing_optimizer_state``) what caps it."""
+    own = [f for f in u["findings"] if f["kind"] not in ENTRY_KINDS]
+    errs = [f["kind"] for f in own if f["severity"] == "error"] or [f["kind"] for f in own if f["caps"] != "resume"]
     return ", ".join(dict.fromkeys(errs)) or f"usable for {u['usable_for']} only"
 
 
 def _outcome(u: dict) -> str:
     """What the configured resume does with the damaged entry ``u``: its load fails on damaged bytes, or it
     restores state the audit judged unusable (non-finite weights) and carries on."""
-    layers = {f["layer"] for f in u["findings"] if f["severity"] == "error" and f["kind"] != "resume_entry_damaged"}
+    layers = {f["layer"] for f in u["findings"] if f["severity"] == "error" and f["kind"] not in ENTRY_KINDS}
     return "restore that damaged state and train on from it" if layers and layers <= {"state"} else \
         "fail in the load"
 
 
+def _newer(u: dict, best: dict) -> bool:
+    """Whether unit row ``u`` records a later step than ``best`` (unknown steps: not newer)."""
+    return u["step"] is not None and best["step"] is not None and u["step"] > best["step"]
+
+
 def entry_findings(units_out: List[dict], run_dir: str) -> List[dict]:
-    """The resume entries among ``units_out`` ({"unit", "framework", "ok", "finding"}); a damaged entry
-    (not usable for resume) gets a ``resume_entry_damaged`` finding added to its own findings."""
+    """The resume entries among ``units_out`` ({"unit", "framework", "ok", "finding"}); an entry that is no resume
+    point while an intact one is beside it gets a finding added to its own findings: ``resume_entry_weights_only``
+    when its weights are intact (it stays usable for a warm start), else ``resume_entry_damaged``."""
     out = []
     for u in units_out:
         p = _entry_of(u)
@@ -63,16 +81,22 @@ def entry_findings(units_out: List[dict], run_dir: str) -> List[dict]:
         # damaged: there is nothing to copy over it, and its resume's refusal is the framework's own design
         ok = u["usable_for"] == "resume" or (best is None and u["usable_for"] != "none")
         if not ok:
+            # intact weights stay usable for a warm start whatever the configured resume would do with the file
+            kind = "resume_entry_weights_only" if u["usable_for"] == "warm-start" else "resume_entry_damaged"
             dst = shlex.quote(u["unit"])
-            if best:
+            if best and (kind == "resume_entry_damaged" or not _newer(u, best)):
                 src = shlex.quote(best["unit"])
                 repair = f"cp -p {src} {dst}.tmp && mv {dst}.tmp {dst}"
                 instead = (f"Replace it with a copy of {best['unit']} (the repair), or resume with an explicit path: "
                            f"{call(p.key, run_dir, best['unit'])}.")
+            elif best:  # intact weights newer than every resume point: never overwritten by a repair
+                repair = ""
+                instead = (f"Resume with an explicit path, {call(p.key, run_dir, best['unit'])}, or warm-start from "
+                           f"its newer weights; it is not overwritten, as no resume point holds its step.")
             else:
                 repair = ""
                 instead = f"No intact {p.name} checkpoint is beside it to copy over it; see the verdict's rollback point."
-            f = F.make("resume_entry_damaged", path=u["unit"], why=_why(u), next_text=instead, repair_code=repair,
+            f = F.make(kind, path=u["unit"], why=_why(u), next_text=instead, repair_code=repair,
                        framework=p.name, entry_call=p.entry_call, outcome=_outcome(u),
                        intact_text=f" although {best['unit']} is intact" if best else "").to_dict()
             u["findings"].append(f)

@@ -170,7 +170,7 @@ def _add_damaged_entries(v: dict, reasons: Dict[str, str]) -> None:
     load) among the units passed over, with its finding as the reason."""
     for e in v.get("resume_entries") or []:
         if not e.get("ok") and e.get("finding") and e["unit"] not in reasons:
-            reasons[e["unit"]] = f"resume_entry_damaged: {e['finding']['message']} {e['finding']['next_step']}"
+            reasons[e["unit"]] = f"{e['finding']['kind']}: {e['finding']['message']} {e['finding']['next_step']}"
 
 
 def safe_load_checkpoint(ckpt_dir: str | Path, *, map_location: Any = "cpu",

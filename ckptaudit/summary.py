@@ -187,7 +187,9 @@ def summary(v: Dict, out_dir: str | Path) -> str:
     for e in v.get("resume_entries") or []:
         if not e.get("ok") and e.get("finding"):
             repair = e["finding"].get("repair")
-            lines.append(f"  resume entry {e['unit']}: damaged, {e['call']} would fail"
+            what = ("weights only, {call} would not restore the training state"
+                    if e["finding"].get("kind") == "resume_entry_weights_only" else "damaged, {call} would fail")
+            lines.append(f"  resume entry {e['unit']}: " + what.format(call=e["call"])
                          + (f"; repair (run in {v.get('run_dir') or 'the run folder'}): {repair}" if repair else ""))
     lines.append(f"report: {Path(out_dir) / 'report.html'}")
     return shown_lines(lines)  # names from the run never steer the terminal nor start a line

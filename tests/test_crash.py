@@ -26,6 +26,7 @@ import os
 import random
 import resource
 import select
+import shutil
 import signal
 import sys
 import time
@@ -552,3 +553,88 @@ def test_abandon_signal_at_every_publish_line_leaves_no_torn_unit(tmp_path, fold
     # every point of the body abandons; every point once __exit__ has begun finishes
     assert outcomes["abandoned"] >= 20 and outcomes["delivered-late"] >= 20, outcomes
     assert outcomes["no-signal"] == 1, outcomes
+
+
+def _orphans(run: Path) -> list:
+    """Sidecars and manifests of a file unit that is not there (what a killed save or delete leaves)."""
+    names = set(os.listdir(run))
+    return sorted(n for n in names for suf in (".sha256", ".manifest.json")
+                  if n.endswith(suf) and n[: -len(suf)] not in names and not n.startswith(P.TMP_PREFIX))
+
+
+def test_one_sweep_after_a_kill_at_every_publish_call_leaves_no_temp_and_no_orphan(tmp_path):
+    """Guards against a save killed inside its manifest write needing `ckptaudit prune RUN --sweep-stale` twice:
+    the first sweep removed the temps, and only the second saw the sidecar of the never-finished unit as an
+    orphan.  The publish of step 2 is killed before each of its system calls in turn (every phase: writing,
+    closing, commit, latest, retention), and one prune with sweep_stale (what the printed repair runs) must
+    leave no temp and no orphan sidecar or manifest, with step 1 intact."""
+    base = tmp_path / "base"
+    h = CrashHarness(base)
+    h.calibrate()  # step 1, complete; the calls of one publish with retention
+    n_calls = len(h.calibration["order"])
+    landed = Counter()
+    for k in range(n_calls + 1):
+        run = tmp_path / f"k{k}"
+        shutil.copytree(base, run)
+        hk = CrashHarness(run)
+        hk.complete, hk.step, hk.states = 1, 1, h.states
+        pid, r, w = hk._fork(2, _Injector("syscall", k, "before"))
+        msg = hk._finish(pid, r, w, None)
+        if not msg.startswith(b"D"):
+            landed[msg[1:].decode()] += 1
+        P.prune(run, sweep_stale=True, echo=None)
+        left = [n for n in os.listdir(run) if n.startswith(P.TMP_PREFIX)]
+        assert not left and not _orphans(run), (k, msg[:40], left, _orphans(run))
+        units = {u.unit: u.to_dict() for u in inventory.discover(run)[0]}
+        for name, u in units.items():
+            assert P.verify_unit(run, u)[0], (k, name)
+        assert "ckpt_000001.pt" in units, (k, sorted(units))
+    assert sum(landed.values()) >= n_calls - 2 and landed["before open"] >= 3, landed
+
+
+def test_a_kill_inside_the_manifest_write_is_listed_and_swept_by_the_printed_repair_once(tmp_path):
+    """Regression: a save killed inside its manifest write left a manifest temp the audit did not list, and the
+    printed `ckptaudit prune RUN --sweep-stale` had to be run twice to remove the unit's sidecar."""
+    import subprocess
+    import sys
+
+    from ckptaudit.pipeline import audit_in_process
+
+    run = tmp_path / "run"
+    h = CrashHarness(run)
+    h.calibrate()
+    h.step += 1
+    state = h.state(h.step)
+    pid = os.fork()
+    if pid == 0:  # the child dies halfway through the manifest's bytes, after its temp was created
+        try:
+            from ckptaudit import _io as io
+
+            real = io.write_all
+
+            def write_all(fd, data):
+                if os.readlink(f"/proc/self/fd/{fd}").endswith(".manifest.json"):
+                    real(fd, memoryview(data)[: len(data) // 2])
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return real(fd, data)
+
+            io.write_all = write_all
+            P.save(state, run, h.step, retention=RETENTION, chunk_bytes=CHUNK_BYTES)
+        finally:
+            os._exit(3)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, status
+    temps = sorted(n for n in os.listdir(run) if n.startswith(P.TMP_PREFIX))
+    assert sorted(n.rsplit("-", 1)[-1] for n in temps) == ["ckpt_000002.pt", "ckpt_000002.pt.manifest.json"], temps
+    assert _orphans(run) == ["ckpt_000002.pt.sha256"]
+    v = audit_in_process(run, {}, out_dir=tmp_path / "out")
+    (f,) = [f for f in v["run_findings"] if f["kind"] == "dead_writer_leftovers"]
+    assert f["detail"]["count"] == 2 and sorted(f["detail"]["units"]) == temps, f
+    assert f["repair"].startswith("ckptaudit prune ")
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    argv = f["repair"].split()[1:]  # `ckptaudit prune RUN --sweep-stale`, as printed, through this interpreter
+    p = subprocess.run([sys.executable, "-m", "ckptaudit.cli", *argv], capture_output=True, text=True, env=env,
+                       timeout=120, cwd=run)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert sorted(os.listdir(run)) == ["ckpt_000001.pt", "ckpt_000001.pt.manifest.json",
+                                       "ckpt_000001.pt.sha256", "latest"], os.listdir(run)

@@ -4,14 +4,18 @@ One case each of the bombs, FIFOs, device symlinks, sparse giants, deep recursio
 non-UTF-8 names and unreadable files (vanishing files are in ``test_liveness.py`` and
 ``test_live_run.py``).  Each run holds two good units (steps 100 and 200) beside the hostile one,
 so the verdict must still be "resume from ckpt_000200.pt" (or step-6 for the DCP runs).  Each audit
-runs in a fresh child process whose own peak RSS and its load-test children's are measured.
+runs in a fresh child process whose own peak RSS and its load-test children's are measured, and whose
+process tree's memory (PSS, summed over the child and every process below it) is sampled while it runs.
 
 Regressions: a FIFO named like a checkpoint (as a unit, inside a folder unit, or as a sidecar)
 blocked forever; a symlink to /dev/zero inside a folder unit was hashed forever; a checkpoint-named
 symlink to /etc/passwd was an OK pointer; a folder named ckpt_000300.pt got no finding; a non-UTF-8
 name ended the audit; a 3 GiB sparse index and a 4 GiB sparse DCP ``.metadata`` were read whole; an
 8-byte data.pkl (a list appended to itself) or a DAG of shared lists made the tree description
-grow without bound (killed at 240 s and 3 GiB); a 20-million-opcode data.pkl took 1.5 GiB and
+grow without bound (killed at 240 s and 3 GiB); a DAG of shared dicts (d1 = {'a': d0, 'b': d0}, …)
+was described up to the million-node budget and read again by every stage (past 1 GiB over the
+process tree in 12 s); a FIFO as a shard of an HF index at the run's top (or as the index) blocked
+the hash job forever; a 20-million-opcode data.pkl took 1.5 GiB and
 58 s; safetensors offsets of 2**63 or a (2**40, 2**40) shape raised OverflowError writing Parquet;
 DCP ``offset="x"``, a 100,000-deep persistent id, deep JSON in trainer_state.json or an index, and a
 DCP value blob whose zip claims "version needed 7.0" ended the audit (exit 3).
@@ -24,6 +28,8 @@ import shutil
 import struct
 import subprocess
 import sys
+import threading
+import time
 import zipfile
 from pathlib import Path
 
@@ -54,6 +60,7 @@ print(json.dumps({
     "recommendation": v["recommendation"],
     "rollback": (v.get("rollback") or {}).get("unit"),
     "kinds": {u["unit"]: sorted({f["kind"] for f in u["findings"]}) for u in v["units"]},
+    "paths": {u["unit"]: sorted({f["path"] or "" for f in u["findings"]}) for u in v["units"]},
     "pointers": {p["path"]: sorted({f["kind"] for f in p.get("findings", [])} | {p.get("kind") or ""})
                  for p in v["pointers"]},
 }))
@@ -92,6 +99,29 @@ def _zip_pickle(path, pk, deflate=False):
 def _safetensors(path, header, data=b"\0" * 8):
     h = json.dumps(header).encode()
     path.write_bytes(struct.pack("<Q", len(h)) + h + data)
+
+
+def _hf_index(d, make_second_shard, index_maker=None):
+    """An HF sharded index at the run's top (a unit of its own, no Trainer folder around it) whose second
+    shard ``make_second_shard(path)`` makes; ``index_maker(path)`` makes the index itself instead of writing it."""
+    from safetensors.torch import save_file
+
+    save_file({"a": torch.ones(3)}, d / "model-00001-of-00002.safetensors")
+    make_second_shard(d / "model-00002-of-00002.safetensors")
+    index = d / "model.safetensors.index.json"
+    if index_maker:
+        index_maker(index)
+    else:
+        index.write_text(json.dumps({"metadata": {"total_size": 24}, "weight_map": {
+            "a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}))
+
+
+def _shared_dict_dag(levels=40):
+    """data.pkl of d0 = {}; d_{i+1} = {'a': d_i, 'b': d_i}, each dict memoised (BINPUT) and fetched (BINGET)
+    as pickle itself writes shared objects: a few hundred bytes, 2**levels paths when rebuilt."""
+    key = lambda c: b"X\x01\x00\x00\x00" + c  # noqa: E731 - BINUNICODE of one character
+    return b"\x80\x02}q\x00" + b"".join(b"}(" + key(b"a") + b"h" + bytes([i]) + key(b"b") + b"h" + bytes([i])
+                                       + b"uq" + bytes([i + 1]) for i in range(levels)) + b"."
 
 
 def _dcp_run(d):
@@ -149,11 +179,17 @@ def _make(kind, d):  # noqa: C901 - one branch per case, kept together so each c
         shutil.copy(d / "ckpt_000200.pt", os.path.join(os.fsencode(d), b"ckpt_000300\xff.pt"))
     elif kind == "fifo_sidecar":
         os.mkfifo(d / "ckpt_000200.pt.sha256")
+    elif kind == "fifo_index_shard":  # the index is read; the FIFO it names as a shard must never be opened
+        _hf_index(d, os.mkfifo)
+    elif kind == "fifo_index":
+        _hf_index(d, lambda p: shutil.copy(d / "model-00001-of-00002.safetensors", p), os.mkfifo)
     elif kind == "self_appended_list":  # 8 bytes of opcodes: a list appended to itself twice
         _zip_pickle(d / "ckpt_000300.pt", b"\x80\x02]q\x00h\x00ah\x00a.")
     elif kind == "shared_list_dag":  # L_{i+1} = [L_i, L_i], 35 levels: no cycle, 2**35 paths
         _zip_pickle(d / "ckpt_000300.pt", b"\x80\x02]q\x00" + b"".join(
             b"](h" + bytes([i]) + b"h" + bytes([i]) + b"eq" + bytes([i + 1]) for i in range(35)) + b".")
+    elif kind == "shared_dict_dag":  # the same DAG as shared_list_dag, of dicts: 2**40 paths
+        _zip_pickle(d / "ckpt_000300.pt", _shared_dict_dag(40))
     elif kind == "twenty_million_opcodes":  # 40 MB of BININT1 in one list, ~60 KB deflated
         _zip_pickle(d / "ckpt_000300.pt", b"\x80\x02](" + b"K\x01" * 20_000_000 + b"e.", deflate=True)
     elif kind == "ten_million_memoised_lists":
@@ -192,6 +228,9 @@ def _make(kind, d):  # noqa: C901 - one branch per case, kept together so each c
 
 # kind -> (unit or pointer carrying the finding, finding kind); unreadable_*: run without DAC override
 EXPECT = {
+    "fifo_index_shard": ("model.safetensors.index.json", "not_a_regular_file"),
+    "fifo_index": ("model.safetensors.index.json", "not_a_regular_file"),
+    "shared_dict_dag": ("ckpt_000300.pt", "pickle_too_complex"),
     "fifo_unit": ("ckpt_000300.pt", "not_a_regular_file"),
     "fifo_in_folder": ("checkpoint-300", "not_a_regular_file"),
     "devzero_in_folder": ("checkpoint-300", "path_outside_run"),  # a link to /dev/zero leaves the run
@@ -224,17 +263,77 @@ EXPECT = {
 }
 
 
+# kind -> the path its finding must name, where that is not the unit itself (a shard of an index unit)
+NAMED = {"fifo_index_shard": "model-00002-of-00002.safetensors"}
+
+
+def _tree_pss_bytes(pid: int) -> int:
+    """Memory of process ``pid`` and every process below it: the sum of their PSS (``smaps_rollup``; pages
+    shared by a forked child and its parent counted once between them), RSS where PSS cannot be read."""
+    kids = {}
+    for e in os.listdir("/proc"):
+        if e.isdigit():
+            try:
+                with open(f"/proc/{e}/stat") as f:
+                    kids.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(e))
+            except (OSError, IndexError, ValueError):
+                continue
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        todo.extend(kids.get(p, []))
+        try:
+            with open(f"/proc/{p}/smaps_rollup") as f:
+                total += next(int(line.split()[1]) * 1024 for line in f if line.startswith("Pss:"))
+        except (OSError, StopIteration):
+            try:
+                with open(f"/proc/{p}/statm") as f:
+                    total += int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+            except OSError:
+                pass
+    return total
+
+
+def run_measured(cmd, env, timeout=120, cwd=None):
+    """Run ``cmd``; ``(completed process, peak MiB of its process tree, seconds)``, its tree sampled every 0.1 s
+    (:func:`_tree_pss_bytes`).  Past ``timeout`` the process is killed and the test fails, naming the command."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
+                            start_new_session=True)
+    peak = [0]
+    done = threading.Event()
+
+    def sample():
+        while not done.is_set():
+            peak[0] = max(peak[0], _tree_pss_bytes(proc.pid))
+            done.wait(0.1)
+
+    t = threading.Thread(target=sample, daemon=True)
+    t.start()
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        out, err = proc.communicate()
+        pytest.fail(f"{cmd[-3:]} still running after {timeout} s: {err[-2000:]}")
+    finally:
+        done.set()
+        t.join()
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), peak[0] / 2**20, time.monotonic() - t0
+
+
 def _audit_in_child(run: Path, out: Path, prefix=()):
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
     env.pop("CKPTAUDIT_RAISE_AUDIT_ERRORS", None)
-    p = subprocess.run([*prefix, sys.executable, "-c", _CHILD, str(run), str(out)], capture_output=True, text=True,
-                       timeout=120, env=env)
+    p, tree_mib, _ = run_measured([*prefix, sys.executable, "-c", _CHILD, str(run), str(out)], env)
     assert p.returncode == 0, p.stderr[-3000:]
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return {**json.loads(p.stdout.strip().splitlines()[-1]), "tree_mib": tree_mib}
 
 
 @pytest.mark.parametrize("kind", sorted(EXPECT))
 def test_hostile_run_gets_a_verdict_and_a_named_finding(kind, tmp_path):
+    """Guards against one hostile file ending, hanging or swelling the audit so that the good units beside it
+    get no verdict (each case: the regression named in this module's docstring)."""
     run = tmp_path / "run"
     _make(kind, run)
     prefix = NO_DAC if kind.startswith("unreadable") else []
@@ -248,8 +347,34 @@ def test_hostile_run_gets_a_verdict_and_a_named_finding(kind, tmp_path):
     where, finding = EXPECT[kind]
     kinds = set(r["kinds"].get(where, [])) | set(r["pointers"].get(where, []))
     assert finding in kinds, (kinds, r["kinds"])
+    if kind in NAMED:
+        assert NAMED[kind] in r["paths"][where], r["paths"]
     assert not any("audit_error" in k for k in r["kinds"].values()), r["kinds"]
     good = "step-6" if kind.startswith("dcp_") else "ckpt_000200.pt"
     assert (r["recommendation"], r["rollback"]) == ("resume", good), r
     assert r["seconds"] <= 60, r
-    assert r["rss_mib"] <= 1024 and r["children_rss_mib"] <= 1024, r
+    assert r["rss_mib"] <= 1024 and r["children_rss_mib"] <= 1024 and r["tree_mib"] <= 1024, r
+
+
+@pytest.mark.parametrize("kind", ["non_utf8_name", "fifo_index_shard", "shared_dict_dag"])
+def test_hostile_run_through_the_snakemake_workflow(kind, tmp_path):
+    """Guards against the workflow's own code (its input functions, the hash job, every stage re-reading the
+    scan tree) ending, hanging or swelling on what ``audit_in_process`` survives: a name that is not UTF-8 was
+    exit 3 in an input function, a FIFO shard hung the hash job, a shared-dict DAG passed 1 GiB."""
+    run = tmp_path / "run"
+    _make(kind, run)
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env.pop("CKPTAUDIT_RAISE_AUDIT_ERRORS", None)
+    p, tree_mib, seconds = run_measured([sys.executable, "-m", "ckptaudit.cli", "audit", str(run), "--out", str(out),
+                                         "--cores", "2"], env, timeout=180)
+    assert p.returncode in (0, 1), p.stdout + p.stderr[-3000:]
+    v = json.loads((out / "verdict.json").read_text())
+    where, finding = EXPECT[kind]
+    units = {u["unit"]: u for u in v["units"]}
+    assert finding in {f["kind"] for f in units[where]["findings"]}, units[where]["findings"]
+    if kind in NAMED:
+        assert any(f["path"] == NAMED[kind] for f in units[where]["findings"]), units[where]["findings"]
+    assert (v["recommendation"], v["rollback"]["unit"]) == ("resume", "ckpt_000200.pt")
+    assert units["ckpt_000200.pt"]["usable_for"] == "resume"
+    assert seconds <= 60 and tree_mib <= 1024, (seconds, tree_mib)

@@ -10,6 +10,7 @@ import json
 import shutil
 import subprocess
 
+import pytest
 import torch
 
 from ckptaudit import report_headline, resume_hint, summary, verdict
@@ -17,6 +18,7 @@ from ckptaudit.pipeline import audit_in_process
 
 from .conftest import REPO
 from .test_cases import case_config
+from .test_frameworks import fixture_cache  # noqa: F401 - the session fixture that generates the runs
 
 CASES = REPO / "tests" / "cases"
 
@@ -169,3 +171,54 @@ def test_a_relative_run_folder_is_printed_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(acc.parent)
     v["run_dir"] = acc.name
     assert f'accelerator.load_state("{acc}/checkpoints/checkpoint_10")' in resume_hint.instruction(v)
+
+
+def _weights_only_run(fixture_cache, tmp_path):
+    """A copy of the framework fixture ``lightning_weights_only_last`` (full saves every 10 steps and a
+    ``save_weights_only=True, save_last=True`` callback; its truth: ``ckpt_path="last"`` raises KeyError, a strict
+    ``load_state_dict`` of last.ckpt warm-starts, the step-30 full save resumes)."""
+    d = fixture_cache / "lightning_weights_only_last"
+    if (d / "skipped.json").exists():
+        pytest.skip(json.loads((d / "skipped.json").read_text())["reason"])
+    run = tmp_path / "run"
+    shutil.copytree(d / "run", run)
+    return run, json.loads((d / "truth.json").read_text())
+
+
+def test_a_weights_only_last_ckpt_is_a_warm_start_whatever_its_entry_says(fixture_cache, tmp_path,  # noqa: F811
+                                                                          monkeypatch):
+    """Regression: a healthy last.ckpt saved with weights only (beside full saves) was usable_for none by
+    resume_entry_damaged, though its weights are intact for a warm start.  Every file is loaded alone here, as a
+    file over the load batch's 64 MiB (the reported 512 MiB one) is: the judgement must not depend on size."""
+    from ckptaudit import loadchild
+
+    monkeypatch.setattr(loadchild, "BATCH_FILE_BYTES", 0)
+    run, truth = _weights_only_run(fixture_cache, tmp_path)
+    assert truth["details"]["resume"]["last"]["ok"] is False and truth["details"]["resume"]["warm_start"]["ok"]
+    v = audit_in_process(run, {}, out_dir=tmp_path / "out")
+    last = next(u for u in v["units"] if u["unit"] == "checkpoints/last.ckpt")
+    kinds = {f["kind"] for f in last["findings"]}
+    assert last["usable_for"] == "warm-start" and "resume_entry_damaged" not in kinds
+    f = next(f for f in last["findings"] if f["kind"] == "resume_entry_weights_only")
+    assert (f["severity"], f["caps"]) == ("error", "warm-start") and "missing_optimizer_state" in f["message"]
+    assert f["repair"] == ("cp -p checkpoints/epoch=2-step=30.ckpt checkpoints/last.ckpt.tmp && "
+                           "mv checkpoints/last.ckpt.tmp checkpoints/last.ckpt")  # the same step, with its state
+    assert (v["recommendation"], v["rollback"]["unit"]) == ("resume", "checkpoints/epoch=2-step=30.ckpt")
+    assert [(e["unit"], e["ok"]) for e in v["resume_entries"]] == [("checkpoints/last.ckpt", False)]
+    reasons, summ, head = _outputs(v, tmp_path)
+    assert "resume entry checkpoints/last.ckpt: weights only" in summ and "damaged" not in summ
+    assert "checkpoints/last.ckpt holds weights only" in head
+
+
+def test_a_weights_only_entry_newer_than_every_resume_point_is_never_overwritten(fixture_cache,  # noqa: F811
+                                                                                 tmp_path):
+    """Guards against the entry's repair copying an older full save over newer intact weights: with the step-30
+    full save gone, last.ckpt (step-30 weights) is still a warm start, and no repair is printed."""
+    run, _ = _weights_only_run(fixture_cache, tmp_path)
+    (run / "checkpoints" / "epoch=2-step=30.ckpt").unlink()
+    v = audit_in_process(run, {}, out_dir=tmp_path / "out")
+    last = next(u for u in v["units"] if u["unit"] == "checkpoints/last.ckpt")
+    f = next(f for f in last["findings"] if f["kind"] == "resume_entry_weights_only")
+    assert last["usable_for"] == "warm-start" and f["repair"] == ""
+    assert 'ckpt_path="' + str(run) + '/checkpoints/epoch=1-step=20.ckpt"' in f["next_step"]
+    assert v["rollback"]["unit"] == "checkpoints/epoch=1-step=20.ckpt"

@@ -26,6 +26,11 @@ ENTRIES: List[_k] = [
        "Resume from an older checkpoint whose {name} is intact, or warm-start from these weights and set the step "
        "by hand from the training log.",
        stage="scan", detector="ckptaudit.layouts.hf:HFTrainer.read_trainer_state"),
+    _k("resume_entry_weights_only", "state", "error", "warm-start",
+       "{path} is the checkpoint {framework}'s {entry_call} resumes from, and it holds intact weights but no usable "
+       "training state ({why}): a job resuming as configured would not get a faithful resume from it{intact_text}. "
+       "Its weights are still usable for a warm start.",
+       "{next_text}", "{repair_code}", stage="report", detector="ckptaudit.resume_entry:entry_findings"),
     _k("missing_optimizer_state", "state", "warning", "warm-start",
        "{path} has model weights but no optimizer state: resuming re-initialises the AdamW moments (expect a loss "
        "spike); fine for a warm start, not a faithful resume point.",

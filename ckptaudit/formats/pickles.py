@@ -39,3 +39,15 @@ def tree_too_complex(display: str, node_budget: int) -> Finding:
                          why=f"its object tree expands past {node_budget} nodes, as shared containers "
                              f"re-expanded (a list appended to itself) do",
                          imports="every import was checked")
+
+
+def tree_shared_cut(display: str, n_cut: int, repeat_nodes: int) -> Finding:
+    """``pickle_too_complex`` for a walked object whose shared containers (memoised and referenced again: a DAG of
+    dicts or lists) would rebuild a tree larger than the ``repeat_nodes`` nodes
+    (``layouts.tree.SHARED_REPEAT_NODES``) the description spends on them: ``n_cut`` references were described
+    once only."""
+    return findings.make("pickle_too_complex", path=display,
+                         why=f"its containers are shared so often that rebuilding it would expand them past "
+                             f"{repeat_nodes:,} more nodes (a DAG of dicts or lists referencing each other); "
+                             f"{n_cut:,} shared references are described once only",
+                         imports="every import was checked")

@@ -45,6 +45,11 @@ def is_checkpoint_file(name: str) -> bool:
     return n.endswith(CHECKPOINT_SUFFIXES)
 
 
+def is_index_file(name: str) -> bool:
+    """True for the name of an index that claims shards (``model.safetensors.index.json``)."""
+    return any(a.is_index(name) for a in INDEX_ADAPTERS if hasattr(a, "is_index"))
+
+
 def claim_dir(path: Path) -> Optional[LayoutAdapter]:
     """The adapter that owns folder ``path`` as one unit, or None."""
     for a in DIR_ADAPTERS:

@@ -19,7 +19,7 @@ from . import archive_pickles, tar_pickles
 from .result import TensorRow, UnitScan
 from .scan_file import (SWEEP_BYTES, json_tree, safetensors_rows,  # noqa: F401 (face)
                         security_sweep, storages_needed, walk_data_pkl, zip_tensors)
-from .tree import (PRUNE_NODE_BUDGET, SMALL_TENSOR_NUMEL, PruneBudget, cut, decode_small, prune,  # noqa: F401 (face)
+from .tree import (PRUNE_NODE_BUDGET, SHARED_REPEAT_NODES, SMALL_TENSOR_NUMEL, PruneBudget, cut, decode_small, prune,  # noqa: F401 (face)
                    read_small, small_nbytes)
 
 
@@ -29,6 +29,8 @@ def describe(scan: "UnitScan", rel: str, obj: Any, values: Dict[int, Any]) -> An
     tree = prune(obj, values, budget=budget)
     if budget.exhausted:
         scan.add(pickles.tree_too_complex(rel, PRUNE_NODE_BUDGET))
+    elif budget.shared_cut:
+        scan.add(pickles.tree_shared_cut(rel, budget.shared_cut, SHARED_REPEAT_NODES))
     return tree
 
 

@@ -12,6 +12,7 @@ sharded or not, or ``pytorch_model.bin``), ``optimizer.pt``, ``scheduler.pt``,
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import List, Optional
@@ -32,8 +33,13 @@ class HFIndex:
     def claim_dir(self, path: Path) -> bool:
         return False
 
+    def is_index(self, name: str) -> bool:
+        return INDEX_RE.match(name) is not None
+
     def claim_index(self, root: Path, d: Path, names: List[str]):
-        """Units for each ``*.index.json`` in folder ``d`` (with the shards it names)."""
+        """Units for each ``*.index.json`` among ``names`` in folder ``d`` (with the shards it names).  The caller
+        passes only names it may open (:mod:`ckptaudit.inventory`: an index that is a FIFO is never read) and
+        sets aside the shards it must not (a FIFO shard: ``ckptaudit.inventory._set_aside``)."""
         from ..units import Unit, step_from_name
 
         units = []
@@ -98,9 +104,8 @@ def check_index(run_dir: Path, index_rel: str, scan: UnitScan, cfg: dict, unit_n
             by_shard.setdefault(s, []).append(t)
     missing = [s for s in sorted(by_shard) if not (run_dir / base / s).exists()]
     for s in sorted(by_shard):
-        if s not in missing and not (run_dir / base / s).is_file():  # a folder under a shard's name
-            scan.add(leftovers.irregular(str((base / s).as_posix()) if str(base) != "." else s,
-                                         "the index names it as a shard, but it is a folder, not a file"))
+        if s not in missing and (why := _not_a_shard_file(run_dir, base / s)):  # a folder, a FIFO, a device
+            scan.add(leftovers.irregular(str((base / s).as_posix()) if str(base) != "." else s, why))
             missing.append(s)
     for s in missing:
         scan.add(F.make("index_references_missing_shard", path=index_rel, shard=s, n_tensors=len(by_shard[s]),
@@ -112,6 +117,21 @@ def check_index(run_dir: Path, index_rel: str, scan: UnitScan, cfg: dict, unit_n
     scan.facts["index_total_size"] = meta.get("total_size") if isinstance(meta, dict) else None
     scan.facts["n_shards"] = len(by_shard)
     scan.tree["weights"] = {"__index__": index_rel, "n_tensors": len(wm)}
+
+
+def _not_a_shard_file(run_dir: Path, rel: Path) -> str:
+    """Why the shard at ``rel`` (in ``run_dir``, present) is never opened: a folder under a shard's name, or a
+    FIFO, device or socket (:func:`~ckptaudit.layouts.leftovers.mode_reason`: a FIFO would block the ``open``, a
+    device never ends); "" for a regular file.  Judged from ``stat`` alone: nothing is opened."""
+    p = run_dir / rel
+    if p.is_dir():
+        return "the index names it as a shard, but it is a folder, not a file"
+    if fs.is_remote(run_dir) or p.is_file():
+        return ""
+    try:
+        return leftovers.mode_reason(p, os.stat(p).st_mode) or ""
+    except OSError as e:
+        return f"it cannot be examined ({e.strerror})"
 
 
 def read_index(run_dir: Path, index_rel: str, scan: UnitScan) -> Optional[tuple]:

@@ -7,6 +7,10 @@ temp file, a ``tmp-checkpoint-*`` folder) and a folder under a shard's name.  Th
 
 from __future__ import annotations
 
+import os
+import stat as st_mod
+from typing import Optional
+
 from .. import confine
 from .. import findings as F
 from ..findings import Finding
@@ -27,6 +31,21 @@ def too_long(path_bytes: int, limit: int) -> str:
     folder under the limit is never read either when the paths of the files in it reach it)."""
     where = "over" if path_bytes >= limit else "and the paths of the files in it reach"
     return f"its path is {path_bytes:,} bytes, {where} this system's limit (PATH_MAX: a path of {limit:,} {_TOO_LONG})"
+
+
+def mode_reason(path, mode: int) -> Optional[str]:
+    """Why a file of ``mode`` (its ``stat`` mode: links followed) at ``path`` cannot be read as a checkpoint (a
+    FIFO blocks an ``open``, a device never ends, a socket cannot be read, a regular file this process may not
+    read), or None.  Judged from the mode and ``access`` alone: nothing is opened."""
+    if st_mod.S_ISFIFO(mode):
+        return "it is a FIFO (named pipe): opening it would block"
+    if st_mod.S_ISCHR(mode) or st_mod.S_ISBLK(mode):
+        return "it is a device, not a file"
+    if st_mod.S_ISSOCK(mode):
+        return "it is a socket, not a file"
+    if st_mod.S_ISREG(mode) and not os.access(path, os.R_OK):
+        return UNREADABLE
+    return None
 
 
 def in_progress(path: str, why: str) -> Finding:

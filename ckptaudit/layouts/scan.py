@@ -42,8 +42,11 @@ def iter_scans(run_dir: Path, units: List[dict], cfg: dict, facts=None
         for mf in u.get("missing_files", []):
             s.facts.setdefault("missing_files", []).append(mf)
         s.add(object_store_findings(u))
+        said = {(f.kind, f.path) for f in s.findings}  # an adapter that met the path itself (an index's shard)
         for rel, why in sorted((u.get("irregular") or {}).items()):
-            s.add(leftovers.irregular(rel, why))
+            f = leftovers.irregular(rel, why)
+            if (f.kind, f.path) not in said:
+                s.add(f)
         if u.get("in_progress") and u["kind"] != "file" and not any(f.kind == "unit_in_progress" for f in s.findings):
             s.add(leftovers.in_progress(u["unit"], u["in_progress"]))
         row = s.row()

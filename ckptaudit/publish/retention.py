@@ -149,9 +149,12 @@ def _ours(p: Path, target: str, what: str) -> Optional[os.stat_result]:
     return st if not err and list(entries) == [target] else None
 
 
-def _orphan_integrity_files(run_dir: Path) -> Dict[str, Tuple[str, Tuple[int, int]]]:
+def _orphan_integrity_files(run_dir: Path, swept: frozenset = frozenset()) -> Dict[str, Tuple[str, Tuple[int, int]]]:
     """{name: (why, (st_ino, st_mtime_ns))} of sidecars and manifests this module wrote for
-    a file unit that is not there and is not being written.
+    a file unit that is not there and is not being written.  ``swept``: temp names the same prune removes (their
+    writers are gone, :func:`stale_leftovers`): a temp of ``X`` among them is no write in flight, so ``X``'s
+    sidecar goes in the same sweep (a save killed inside its manifest write leaves ``X.sha256``, its data temp
+    and its manifest temp: one ``--sweep-stale`` removes all three).
 
     A file publish writes ``X.sha256`` and ``X.manifest.json`` before it renames its temp
     file to ``X`` (see :func:`publish`), and :func:`_delete_unit` removes them after the
@@ -164,7 +167,7 @@ def _orphan_integrity_files(run_dir: Path) -> Dict[str, Tuple[str, Tuple[int, in
         names = sorted(os.listdir(run_dir))
     except OSError:
         return {}
-    in_flight = {m.group(4) for n in names if (m := TMP_RE.match(n))}
+    in_flight = {m.group(4) for n in names if n not in swept and (m := TMP_RE.match(n))}
     present = set(names)
     out: Dict[str, Tuple[str, Tuple[int, int]]] = {}
     for n in names:
@@ -240,7 +243,7 @@ def prune(run_dir: str | os.PathLike, *, keep_last: Optional[int] = None, keep_e
     stepped = sorted((u for u in by_name.values() if u["step_from_name"] is not None and u["unit"] != "."),
                      key=lambda u: (u["step_from_name"], u["mtime_ns"]), reverse=True)
     stale = dict(stale_leftovers(root)) if sweep_stale else {}
-    orphans = _orphan_integrity_files(root) if sweep_stale else {}
+    orphans = _orphan_integrity_files(root, swept=set(stale)) if sweep_stale else {}
     verified: Dict[str, Tuple[bool, str]] = {}
 
     def check(u) -> Tuple[bool, str]:

@@ -199,9 +199,19 @@ def _default_callbacks(run: Path, link: bool = False):
     return [ModelCheckpoint(dirpath=run / CKPT, save_last=True)]
 
 
+def _weights_only_last_callbacks(run: Path):
+    """Full saves every 10 steps (``save_top_k=-1``) and a second ``ModelCheckpoint(save_weights_only=True,
+    save_last=True)`` (top-1 by the newest step, ``weights-{step}.ckpt``): its ``last.ckpt`` holds the weights
+    alone (``dump_checkpoint(weights_only=True)``: no ``optimizer_states``, ``lr_schedulers``, ``callbacks``)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    return [ModelCheckpoint(dirpath=run / CKPT, every_n_train_steps=10, save_top_k=-1),
+            ModelCheckpoint(dirpath=run / CKPT, filename="weights-{step}", save_weights_only=True, save_last=True)]
+
+
 def _train(run: str, making: str, lr: float = 1e-2, optimizer: str = "adamw", gamma: float = 0.9,
            kill: dict | None = None, tmpdir: str | None = None, default: bool = False, link: bool = False,
-           plugin: bool = False) -> None:
+           plugin: bool = False, weights_only_last: bool = False) -> None:
     import warnings
 
     import lightning as L
@@ -215,7 +225,11 @@ def _train(run: str, making: str, lr: float = 1e-2, optimizer: str = "adamw", ga
     L.seed_everything(0, verbose=False)
     model, data = _build(lr, optimizer, gamma)
     plugins = _plugins(plugin)
-    if default:
+    if weights_only_last:
+        trainer = L.Trainer(max_steps=30, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                            enable_model_summary=False, default_root_dir=run,
+                            callbacks=_weights_only_last_callbacks(Path(run)))
+    elif default:
         trainer = L.Trainer(max_epochs=3, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
                             enable_model_summary=False, default_root_dir=run,
                             callbacks=_default_callbacks(Path(run), link), plugins=plugins)
@@ -224,6 +238,40 @@ def _train(run: str, making: str, lr: float = 1e-2, optimizer: str = "adamw", ga
                             enable_model_summary=False, default_root_dir=run,
                             callbacks=_callbacks(Path(run), Path(making)), plugins=plugins)
     trainer.fit(model, data)
+
+
+def _resume_weights_only_last(run: str, out: str) -> None:
+    """What the job of :func:`_weights_only_last_callbacks` does on this run folder (written to ``out``), each
+    from the folder as it was (the probes run in the order below; only the last one saves past step 30):
+    ``trainer.fit(model, ckpt_path="last")``, a warm start (``model.load_state_dict(torch.load(last.ckpt,
+    weights_only=True)["state_dict"])``, strict) and ``trainer.fit`` from the newest full save, with the global
+    step each reached."""
+    import warnings
+
+    import lightning as L
+    import torch
+
+    warnings.filterwarnings("ignore")
+    res = {}
+    for how in ("last", "warm_start", "newest_full"):
+        L.seed_everything(0, verbose=False)
+        model, data = _build(1e-2, "adamw")
+        trainer = L.Trainer(max_steps=40, accelerator="cpu", devices=1, logger=False, enable_progress_bar=False,
+                            enable_model_summary=False, default_root_dir=run,
+                            callbacks=_weights_only_last_callbacks(Path(run)))  # the job's own: "last" is theirs
+        try:
+            if how == "warm_start":
+                sd = torch.load(Path(run) / CKPT / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
+                model.load_state_dict(sd)  # strict: every weight present, none unexpected
+                res[how] = {"ok": True, "n_tensors": len(sd)}
+                continue
+            path = "last" if how == "last" else str(Path(run) / _newest_periodic(_units(Path(run))))
+            trainer.fit(model, data, ckpt_path=path)
+            res[how] = {"ok": True, "ckpt_path": os.path.relpath(str(trainer.ckpt_path), run),
+                        "global_step": trainer.global_step}
+        except BaseException as e:  # noqa: BLE001 - the point is to record it
+            res[how] = {"ok": False, "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+    Path(out).write_text(json.dumps(res))
 
 
 def full_loss(ckpt: str | os.PathLike) -> float:
@@ -564,7 +612,39 @@ def make_nan_divergence(dest: Path) -> dict:
                   equivalent=set(eq))
 
 
+def make_weights_only_last(dest: Path) -> dict:
+    """Full saves every 10 steps beside a ``save_weights_only=True, save_last=True`` callback: ``last.ckpt`` is a
+    healthy weights-only save, which ``ckpt_path="last"`` cannot resume from and a warm start loads whole."""
+    from . import _dist
+
+    run, saves = _run(dest, weights_only_last=True)
+    names = _units(run)
+    newest = _newest_periodic(names)
+    probe_run = dest / "resume_probe" / "run"
+    shutil.copytree(run, probe_run)  # whatever the probes write stays out of the fixture
+    out = dest / "resume_probe" / "resume.json"
+    codes = _dist.launch("tests.frameworks.fw_lightning", "_resume_weights_only_last", 1,
+                         {"run": str(probe_run), "out": str(out)}, dest / "resume_probe" / "logs")
+    _dist.check_codes(codes, dest / "resume_probe" / "logs")
+    shutil.rmtree(probe_run)
+    resume = json.loads(out.read_text())
+    if resume["last"]["ok"] or not resume["warm_start"]["ok"] or not resume["newest_full"]["ok"]:
+        raise RuntimeError(f"the framework did not behave as this fixture records: {resume}")
+    eq = [f"{CKPT}/{n}" for n in names if _step_of(n) == _step_of(newest) and f"{CKPT}/{n}" != newest
+          and not n.startswith("weights-")]
+    return _truth("lightning_weights_only_last",
+                  f"Lightning run with full saves every 10 steps and a second ModelCheckpoint(save_weights_only="
+                  f"True, save_last=True): last.ckpt holds the step-30 weights alone. trainer.fit(ckpt_path='last') "
+                  f"fails ({resume['last']['error']}); load_state_dict of its state_dict (strict) warm-starts "
+                  f"({resume['warm_start']['n_tensors']} tensors); trainer.fit from {newest} resumes to step "
+                  f"{resume['newest_full']['global_step']}.",
+                  "resume", newest,
+                  {f"{CKPT}/last.ckpt": {"layer": "state", "usable_for": "warm-start"}},
+                  {"files": names, "saves": saves, "resume": resume}, equivalent=set(eq))
+
+
 FIXTURES = {
+    "lightning_weights_only_last": make_weights_only_last,
     "lightning_clean": make_clean,
     "lightning_truncated_last": make_truncated_last,
     "lightning_sigkill_save30": make_sigkill_save30,
