@@ -265,9 +265,8 @@ def hash_unit(run_dir: Path, unit: dict, facts: Optional[list] = None,
 
 
 def _sidecar_missing(unit: str, no_crc: List[str]) -> F.Finding:
-    """``sidecar_missing`` of a unit no digest covers; ``no_crc``: its files whose bytes no zip record CRC-32
-    covers either (a safetensors file, a JSON state, a legacy pickle): for those "no damage found" is all the
-    audit can say, never "intact" (``detail["unverified_files"]``, eight named, ``n_unverified`` all)."""
+    """``sidecar_missing`` of a unit no digest covers; ``no_crc``: its files no zip record CRC-32 covers either
+    (safetensors, JSON, a legacy pickle), of which no more than "no damage found" can be said (in the detail)."""
     f = F.make("sidecar_missing", path=unit)
     f.detail.update(unverified_files=no_crc[:8], n_unverified=len(no_crc))
     return f

@@ -96,9 +96,11 @@ def entry_findings(units_out: List[dict], run_dir: str) -> List[dict]:
             else:
                 repair = ""
                 instead = f"No intact {p.name} checkpoint is beside it to copy over it; see the verdict's rollback point."
-            f = F.make(kind, path=u["unit"], why=_why(u), next_text=instead, repair_code=repair,
-                       framework=p.name, entry_call=p.entry_call, outcome=_outcome(u),
-                       intact_text=f" although {best['unit']} is intact" if best else "").to_dict()
+            fields = dict(path=u["unit"], why=_why(u), next_text=instead, repair_code=repair, framework=p.name,
+                          entry_call=p.entry_call, outcome=_outcome(u),
+                          intact_text=f" although {best['unit']} is intact" if best else "")
+            f = (F.make("resume_entry_weights_only", **fields) if kind == "resume_entry_weights_only"
+                 else F.make("resume_entry_damaged", **fields)).to_dict()
             u["findings"].append(f)
             u["usable_for"] = F.usable_for(u["findings"])
         out.append({"unit": u["unit"], "framework": p.key, "call": p.entry_call, "ok": ok, "finding": f})

@@ -155,6 +155,17 @@ def _units(v) -> dict:
     return {u["unit"]: u for u in v["units"]}
 
 
+def _unverified(local: dict, remote: dict) -> None:
+    """Drop the unverified-files detail of both units' sidecar_missing after checking that the S3 one names the
+    local one's files and the DCP data files besides."""
+    fl = next(f for f in local["findings"] if f["kind"] == "sidecar_missing")
+    fr = next(f for f in remote["findings"] if f["kind"] == "sidecar_missing")
+    assert set(fl["detail"]["unverified_files"]) < set(fr["detail"]["unverified_files"])
+    assert all(x.endswith(".distcp") for x in set(fr["detail"]["unverified_files"]) - set(fl["detail"]["unverified_files"]))
+    for f in (fl, fr):
+        f["detail"] = {k: v for k, v in f["detail"].items() if k not in ("unverified_files", "n_unverified")}
+
+
 def test_s3_verdict_equals_local_apart_from_paths(audits, s3_run):
     """Same bytes, same verdict: the S3 audit of a mixed run equals the local one."""
     vl = normalised(audits["local"], str(s3_run["local"]))
@@ -164,6 +175,8 @@ def test_s3_verdict_equals_local_apart_from_paths(audits, s3_run):
     vl_rest = {k: v for k, v in vl.items() if k not in ("units",)}
     assert [u["unit"] for u in vs["units"]] == [u["unit"] for u in vl["units"]]
     for a, b in zip(vl["units"], vs["units"]):
+        if a["unit"].endswith("step-6"):  # a remote .distcp's records get no CRC-32 yet (BENCHMARKS, issue 28): the
+            _unverified(a, b)           # S3 audit rightly names it among the files no checksum covered
         assert a == b, a["unit"]
     assert set(vs_rest) == set(vl_rest)
 

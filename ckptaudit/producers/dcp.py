@@ -17,7 +17,7 @@ from .contract import Contract, FileRole, Producer
 CONTRACT = Contract(
     producer="torch.distributed.checkpoint", framework="torch.distributed.checkpoint",
     versions="torch>=2.4 (tested 2.13.0)", layouts=("dcp",), match_files=(".metadata", "*.distcp"),
-    files=(FileRole(".metadata", "metadata", "torch.distributed.checkpoint.load"),
+    files=(FileRole(".metadata", "mixed", "torch.distributed.checkpoint.load"),
            FileRole("*.distcp", "mixed", "torch.distributed.checkpoint.load")),
 )
 

@@ -116,7 +116,7 @@ CORE_CONTRACT = Contract(
     producer="megatron-core", framework="Megatron-Core torch_dist",
     versions="megatron-core 0.16.1 (tested); common state inside the DCP files after Megatron-LM 40b1fd37",
     layouts=("megatron-dist",), match_files=CORE_MARKERS,
-    files=(FileRole(".metadata", "metadata", "pickle.load (FileSystemReader.read_metadata)"),
+    files=(FileRole(".metadata", "mixed", "pickle.load (FileSystemReader.read_metadata)"),
            FileRole("*.distcp", "mixed", "dist_checkpointing.load"),
            FileRole("common.pt", "mixed", "torch.load(map_location='cpu'), weights-only with SAFE_GLOBALS"),
            FileRole("metadata.json", "mixed", "json (check_is_distributed_checkpoint)"),

@@ -63,7 +63,7 @@ COMMITTED = (".metadata", "model.safetensors.index.json")
 CONTRACT = Contract(
     producer="torchtitan", framework="torchtitan", versions="torchtitan>=0.1,<0.4 (tested 0.3.0)",
     layouts=("dcp",), match_keys=("train_state",),
-    files=(FileRole(".metadata", "metadata", "dcp.load (FileSystemReader.read_metadata: pickle.load)"),
+    files=(FileRole(".metadata", "mixed", "dcp.load (FileSystemReader.read_metadata: pickle.load)"),
            FileRole("*.distcp", "mixed", "dcp.load (DefaultLoadPlanner; non-tensor items torch.load(weights_only=False))")),
     keys={"weights": ("", "model"), "optimizer": ("optimizer",), "scheduler": ("lr_scheduler",),
           "sampler": ("dataloader",), "step": ("train_state",)},
