@@ -24,7 +24,7 @@ import re
 from typing import Tuple
 
 from .contract import Producer, UnfinishedMarker
-from .paths import base, join, parent
+from .paths import base, folders_up, join
 
 #: ``_CHECKPOINT_STEP_RE``: the names ``find_latest_checkpoint`` takes for checkpoint folders
 _CHECKPOINT_DIR = re.compile(r"step_\d+$")
@@ -35,12 +35,7 @@ MARKER_NAME = ".incomplete"
 def marker_paths(unit: str) -> Tuple[str, ...]:
     """Where the marker of run-relative ``unit`` would be: inside the unit itself or inside any folder above it,
     for each such folder named like an Automodel checkpoint (``…step_<N>``)."""
-    out, cur = [], unit
-    while cur and cur != ".":
-        if _CHECKPOINT_DIR.search(base(cur)):
-            out.append(join(cur, MARKER_NAME) if cur else MARKER_NAME)
-        cur = parent(cur)
-    return tuple(out)
+    return tuple(join(d, MARKER_NAME) for d in folders_up(unit) if _CHECKPOINT_DIR.search(base(d)))
 
 
 MARKER = UnfinishedMarker(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["parent", "base", "join"]
+__all__ = ["parent", "base", "join", "folders_up"]
 
 
 def parent(unit: str) -> str:
@@ -20,3 +20,11 @@ def join(run_dir: str, rel: str) -> str:
     if not rel or rel == ".":
         return run_dir.rstrip("/") or "."
     return f"{run_dir.rstrip('/')}/{rel}" if run_dir else rel
+
+
+def folders_up(unit: str):
+    """``unit`` and each folder above it inside the run, innermost first (``a/b/c`` → ``a/b/c``, ``a/b``, ``a``)."""
+    cur = unit
+    while cur and cur != ".":
+        yield cur
+        cur = parent(cur)

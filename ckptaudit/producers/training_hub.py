@@ -17,7 +17,7 @@ import re
 from typing import Tuple
 
 from .contract import Producer, UnfinishedMarker
-from .paths import base, join, parent
+from .paths import base, folders_up, join, parent
 
 #: the checkpoint folders ``find_latest_valid_checkpoint`` considers (``_HF_CHECKPOINT_RE``,
 #: ``_MINI_TRAINER_STEP_RE``, ``_INSTRUCTLAB_EPOCH_RE``)
@@ -30,14 +30,12 @@ SENTINEL = ".incomplete"
 def marker_paths(unit: str) -> Tuple[str, ...]:
     """Where a marker of run-relative ``unit`` would be: for each folder at or above it named ``checkpoint-<N>``,
     the sidecar beside that folder and the sentinel inside it; for ``step_<N>``/``epoch_<N>``, the sentinel."""
-    out, cur = [], unit
-    while cur and cur != ".":
-        name = base(cur)
-        if (m := _HF_DIR.match(name)) is not None:
-            out += [join(parent(cur), SIDECAR_PREFIX + m.group(1)), join(cur, SENTINEL)]
-        elif _NATIVE_DIR.match(name):
-            out.append(join(cur, SENTINEL))
-        cur = parent(cur)
+    out = []
+    for d in folders_up(unit):
+        if (m := _HF_DIR.match(base(d))) is not None:
+            out += [join(parent(d), SIDECAR_PREFIX + m.group(1)), join(d, SENTINEL)]
+        elif _NATIVE_DIR.match(base(d)):
+            out.append(join(d, SENTINEL))
     return tuple(out)
 
 
