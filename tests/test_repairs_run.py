@@ -342,7 +342,8 @@ def test_a_unit_without_a_step_gets_the_step_in_words(tmp_path):
     m = torch.nn.Linear(3, 2)
     o = torch.optim.SGD(m.parameters(), lr=0.1)
     s = torch.optim.lr_scheduler.StepLR(o, 2)
-    torch.save({"model": m.state_dict(), "optimizer": o.state_dict(), "scheduler": s.state_dict()}, tmp_path / "ckpt.pt")
+    torch.save({"model": m.state_dict(), "optimizer": o.state_dict(), "scheduler": s.state_dict()},
+               tmp_path / "ckpt.pt")
     v = audit_in_process(tmp_path, {}, out_dir=tmp_path.parent / "out")
     f = next(f for f in v["units"][0]["findings"] if f["kind"] == "missing_step")
     assert f["repair"] == "" and f["next_step"] == "Set the step when resuming; check it against the training log."
