@@ -29,7 +29,8 @@ from ckptaudit.findings.repair_imports import RESUME_OBJECTS
 SHELL = {"cp", "echo", "ln", "truncate", "mv", "ckptaudit"}
 KNOWN = set(dir(builtins)) | RESUME_OBJECTS
 
-SAMPLE = {"path": "ckpt_000100.pt", "expected_bytes": 1234, "suggestion": "ckpt_000090.pt", "pointer": "latest",
+SAMPLE = {"path": "ckpt_000100.pt", "expected_bytes": 1234, "suggestion": "ckpt_000090.pt",
+          "suggestion_text": "ckpt_000090.pt", "pointer": "latest",
           "prefix": "module.", "add_safe": "argparse.Namespace, numpy.dtype", "step": 100,
           "run_quoted": "'/runs/a b'", "manifest_quoted": "'/runs/a b/iter_0000030/integrity.json'",
           "aside_quoted": "'/runs/a b/iter_0000030/integrity.json.unusable'"}

@@ -137,7 +137,8 @@ def test_version_repairs_really_load_with_weights_only():
     from the file.
     """
     pytest.importorskip("torch")
-    repairs = {case: VERSION_REPAIRS[case][1] for case in VERSION_REPAIRS}
+    # the add_safe_globals line, after the imports it is printed with (run whole in tests/test_repairs_run.py)
+    repairs = {case: VERSION_REPAIRS[case][1].splitlines()[-1] for case in VERSION_REPAIRS}
     child = r"""
 import json, sys, warnings
 import argparse, numpy, numpy._core.multiarray, torch, torch.torch_version
