@@ -34,6 +34,7 @@ rule audit:
 onstart:
     hold_out_lock()
     start_load_server()
+    notice_sigint()  # Ctrl-C: "interrupted", exit 130 (ckptaudit/job_errors.py)
 
 
 # The end of every run says what happened: the verdict's summary (ckptaudit/summary.py), or each

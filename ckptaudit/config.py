@@ -50,6 +50,58 @@ def check_config(cfg: dict, schema_path: str | Path | None = None) -> None:
         raise ValueError(f"invalid config: {problems[0]}")
 
 
+def typed_cli_values(cfg: dict, schema_path: str | Path | None = None) -> dict:
+    """``cfg`` with each string the schema wants as a number, integer or boolean read as one.
+
+    ``snakemake --config 'load={timeout_seconds: 300}'`` is how Snakemake sets a nested key, and it reads the
+    mapping with YAML's BaseLoader (``snakemake/cli.py`` ``parse_config``), so every value in it arrives as a
+    string (``'300'``), which the schema refuses (``'300' is not of type 'number'``).  A string is read as
+    ``int``, ``float`` or ``True``/``False`` (Snakemake's own order for a top-level value) only where the
+    schema's type at that key has no ``string``; anything else is left for :func:`check_config` to judge.
+    Returns a new dict; ``cfg`` is not changed."""
+    path = Path(schema_path) if schema_path else SCHEMA_PATH
+    if not path.is_file():
+        return copy.deepcopy(cfg)
+    return _typed(copy.deepcopy(cfg), _schema(str(path), path.stat().st_mtime_ns))
+
+
+def _typed(value: Any, node: dict) -> Any:
+    if isinstance(value, dict):
+        props = node.get("properties") or {}
+        return {k: (_typed(v, props[k]) if k in props else v) for k, v in value.items()}
+    if not isinstance(value, str):
+        return value
+    types = node.get("type")
+    types = {types} if isinstance(types, str) else set(types or ())
+    types |= {t for alt in node.get("oneOf", ()) for t in ([alt.get("type")] if isinstance(alt.get("type"), str)
+                                                           else alt.get("type") or ())}
+    if not types or "string" in types:
+        return value
+    if "boolean" in types and value in ("True", "true", "False", "false"):
+        return value in ("True", "true")
+    for kind, read in (("integer", int), ("number", int), ("number", float)):
+        if kind in types:
+            try:
+                return read(value)
+            except ValueError:
+                pass
+    return value
+
+
+def dotted_key_form(entry: str) -> str:
+    """For a ``--config`` entry ``KEY=VALUE`` whose key has dots (``load.timeout_seconds=300``), the form that
+    sets it: ``load={timeout_seconds: 300}``; "" for any other entry.  Snakemake's parser refuses a dotted key
+    ("Config entry must start with a valid identifier") before the workflow is read."""
+    key, eq, value = entry.partition("=")
+    parts = key.strip().split(".")
+    if not eq or len(parts) < 2 or not all(p.strip() for p in parts):
+        return ""
+    inner = value.strip() or "null"
+    for p in reversed(parts[1:]):
+        inner = "{" + f"{p}: {inner}" + "}"
+    return f"{parts[0]}={inner}"
+
+
 @functools.lru_cache(maxsize=4)
 def _schema(path: str, mtime_ns: int) -> dict:
     """The parsed schema at ``path`` (~0.1 s of YAML), once per process and version of the file."""
@@ -177,6 +229,12 @@ def load_user_config(path: str | None) -> dict:
     workflow_dir()  # refuses an install without the workflow files, with its reason
     base = defaults()
     if path is not None:
+        form = dotted_key_form(path) if not Path(path).exists() else ""
+        if form or ("=" in path and not Path(path).exists()):
+            key, _, value = (form or path).partition("=")
+            raise click.ClickException(
+                f"--config {path}: ckptaudit audit's --config takes a YAML/JSON file; write `{key}: {value}` in it "
+                f"(with snakemake: --config '{form or path}')")
         text = read_config_file(path)
         try:
             # JSON first: YAML 1.1 reads a JSON number such as 1e13 as the string "1e13"

@@ -11,7 +11,9 @@ its one error (it sets :data:`CLI_ENV` so the handler does not print twice).
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Iterable, List, Tuple
 
@@ -20,6 +22,42 @@ from .terminal_text import shown
 #: set by ``ckptaudit audit``/``drill`` for the workflows they run: the CLI prints summaries and errors itself
 CLI_ENV = "CKPTAUDIT_CLI"
 FAILED_JOBS = "work/failed_jobs.txt"
+#: the exit code of a run stopped by SIGINT (Ctrl-C): 128 + 2, as a shell reports it
+EXIT_INTERRUPTED = 130
+INTERRUPTED = ("ckptaudit: interrupted (Ctrl-C): the workflow was stopped and wrote no verdict; run the same "
+               "command again (unfinished jobs are redone)")
+
+
+def notice_sigint() -> None:
+    """Note a SIGINT (Ctrl-C) during ``snakemake … audit``, so that :func:`on_error` tells it from a failed job.
+
+    Called from the Snakefile's ``onstart``.  Ctrl-C reaches the whole process group: the stage jobs die of it
+    and Snakemake cancels the rest, then calls ``onerror`` as for any failed job.  The handler set here notes
+    the signal and hands it on to the one it replaces (Python's, which raises the ``KeyboardInterrupt``
+    Snakemake's scheduler expects); the signals it saw are kept on the handler itself (``sigint_seen``), which
+    :func:`sigint_seen` reads back, so no module holds state.  Not under ``ckptaudit audit``/``drill``
+    (:data:`CLI_ENV`), whose own handler does this (:func:`ckptaudit.cli.snakemake._interrupts`), nor off the
+    main thread or where SIGINT is ignored (``nohup``)."""
+    if os.environ.get(CLI_ENV) or threading.current_thread() is not threading.main_thread():
+        return
+    prev = signal.getsignal(signal.SIGINT)
+    if prev in (signal.SIG_IGN, None):
+        return
+
+    def noted(signum, frame):
+        noted.sigint_seen.append(signum)
+        if callable(prev):
+            prev(signum, frame)
+        else:
+            raise KeyboardInterrupt
+
+    noted.sigint_seen = []
+    signal.signal(signal.SIGINT, noted)
+
+
+def sigint_seen() -> bool:
+    """True when the SIGINT handler :func:`notice_sigint` set is in place and has seen a SIGINT."""
+    return bool(getattr(signal.getsignal(signal.SIGINT), "sigint_seen", None))
 
 
 def last_error_line(text: str) -> str:
@@ -82,7 +120,14 @@ def job_lines(failed) -> List[str]:
 
 def on_error(workflow, out_dir: str) -> List[str]:
     """The ``onerror:`` handler's work: the failed jobs' lines, written to ``out_dir/work/failed_jobs.txt``
-    and printed on stderr unless ``ckptaudit`` runs the workflow (:data:`CLI_ENV`)."""
+    and printed on stderr unless ``ckptaudit`` runs the workflow (:data:`CLI_ENV`).
+
+    After a SIGINT noted by :func:`notice_sigint` the jobs did not fail, they were stopped: it prints
+    :data:`INTERRUPTED` instead and raises ``SystemExit(130)``, which ends ``snakemake`` with that code (the
+    output folder's lock goes with the process)."""
+    if sigint_seen() and not os.environ.get(CLI_ENV):
+        print(INTERRUPTED, file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_INTERRUPTED)
     failed = getattr(getattr(workflow, "scheduler", None), "failed", None) or []
     lines = job_lines(failed) or [f"a job failed; see the logs under {Path(out_dir) / 'logs'}"]
     try:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from pathlib import Path
 from typing import Dict, Iterable, Iterator, List, Optional, Tuple
@@ -132,6 +133,10 @@ def analyse_unit(unit: dict, scan_row: dict, tensors: Iterable[dict], run_dir: P
     cut = any(f.get("kind") == "pickle_too_complex" for f in scan_findings)  # the walk gave up: the tree is partial
     if not roles.weights_intact(scan_row) or not tree:
         row.update(step=unit.get("step_from_name"), step_source="name" if unit.get("step_from_name") is not None else "")
+        if tree and _pickle_proven(scan_findings):  # the damage lies in tensor bytes; the counters were read intact
+            c = C.of_scan_row(scan_row)[0]
+            if c.step is not None:
+                row.update(step=c.step, step_source=c.step_source)
         scan_errors = [f for f in scan_findings if f.get("severity") == "error"]
         if not tree and not scan_errors and not cut:  # an empty folder, or one with only metadata: nothing to resume from
             row.update(has_weights=False)
@@ -160,6 +165,23 @@ def analyse_unit(unit: dict, scan_row: dict, tensors: Iterable[dict], run_dir: P
         fl.extend(_value_findings(p, c, tensors, run_dir, scfg, row, byte_facts))
     row["findings_json"] = json.dumps([f.to_dict() for f in fl])
     return row
+
+
+#: File-layer errors confined to one record of a torch zip; with ``member`` a storage record (``…/data/<key>``),
+#: data.pkl (which holds the step and the other counters) was read from bytes its own CRC32 covers.
+_RECORD_DAMAGE = frozenset({"zip_crc_mismatch", "zip_member_header_corrupted", "zero_filled_span"})
+_STORAGE_RECORD = re.compile(r"(^|/)data/\w+$")
+
+
+def _pickle_proven(scan_findings: List[dict]) -> bool:
+    """True when every file-layer error of a unit names a tensor storage record of a torch zip (its CRC, its local
+    header, a zeroed span inside it), so the tree walked from data.pkl is the saved one: a unit whose weights are
+    damaged still shows the step it records (``ckpt.pt (step 40): not usable: …``, not ``(no step)``).  Any
+    other file error (a cut archive, a damaged data.pkl, a safetensors header) leaves the name's step alone."""
+    errors = [f for f in scan_findings if f.get("layer") == "file" and f.get("severity") == "error"]
+    return bool(errors) and all(f.get("kind") in _RECORD_DAMAGE
+                                and _STORAGE_RECORD.search(str((f.get("detail") or {}).get("member", "")))
+                                for f in errors)
 
 
 def missing_weights(path: str, keys: str) -> F.Finding:

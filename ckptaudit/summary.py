@@ -128,13 +128,18 @@ def _rollback_lines(u: Dict, v: Dict) -> List[str]:
     for f in _to_act_on(u):
         msg = clip(" ".join(str(f.get("message") or f["kind"]).split()), 2 * WHAT_CHARS)
         line = f"    {f.get('severity', 'info')}: {msg}"
+        code: List[str] = []
         if f.get("repair"):
-            repair = " ".join(str(f["repair"]).split())
-            where = repair_where(repair, run_dir)
-            line += f" Repair ({where}): {repair}"
+            code = [c for c in str(f["repair"]).splitlines() if c.strip()]
+            where = repair_where(code[0], run_dir)
+            # one line stays on the line; Python of several lines (imports, then the statement) is printed as
+            # a block, as it must be pasted: joined into one line it would not run
+            line += f" Repair ({where}): {code[0]}" if len(code) == 1 else f" Repair ({where}):"
         elif f.get("next_step"):
             line += f" {' '.join(str(f['next_step']).split())}"
         out.append(line)
+        if len(code) > 1:
+            out.extend("      " + c for c in code)
     return out
 
 

@@ -10,6 +10,7 @@ from snakemake.utils import validate
 import ckptaudit
 from ckptaudit import load_server, outlock, reverify
 from ckptaudit import workflow_support as ws
+from ckptaudit.config import typed_cli_values
 from ckptaudit.parts import SMALL_PART_BYTES
 from ckptaudit.pipeline import check_config, check_out_dir, check_run_dir
 
@@ -24,6 +25,9 @@ def usage_error(message):
     sys.exit(3)
 
 
+# `--config 'load={timeout_seconds: 300}'` (how Snakemake sets a nested key; a dotted key is refused by its own
+# parser before this file is read) gives '300': read as the number the schema wants
+config.update(typed_cli_values(config, SCHEMA))
 try:  # the schema's bounds plus finiteness (NaN passes every JSON Schema bound), in one line
     check_config(config, SCHEMA)
 except ValueError as e:
@@ -53,6 +57,13 @@ WORK = f"{OUT}/work"
 # inventory and of every part job, so a new audit re-runs them all.
 AUDIT_ID = reverify.audit_id(workflow.is_main_process)
 REVERIFY = None if config["reuse"] else AUDIT_ID
+
+
+def notice_sigint():
+    """Tell Ctrl-C from a failed job in `onerror` (ckptaudit/job_errors.py: "interrupted", exit 130)."""
+    from ckptaudit import job_errors
+
+    job_errors.notice_sigint()
 
 
 def hold_out_lock():

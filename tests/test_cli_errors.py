@@ -50,6 +50,13 @@ CASES = [
                                                         "top level: run_dir"),
     ("audit {t}/run --out {t}/o --config {t}/type.yaml", "load.timeout_seconds: 'abc' is not of type 'number'"),
     ("audit {t}/run --out {t}/o --config {t}/missing.yaml", "--config {t}/missing.yaml: cannot open"),
+    # a dotted key (Snakemake's parser refuses it with a traceback): one line with the form that works
+    ("audit {t}/run --out {t}/o --config load.timeout_seconds=300",
+     "--config load.timeout_seconds=300: ckptaudit audit's --config takes a YAML/JSON file; write "
+     "`load: {{timeout_seconds: 300}}` in it (with snakemake: --config 'load={{timeout_seconds: 300}}')"),
+    ("audit {t}/run --out {t}/o -- --config run_name=x load.timeout_seconds=300",
+     "--config load.timeout_seconds=300: Snakemake takes no dots in a config key; "
+     "write --config 'load={{timeout_seconds: 300}}'"),
     ("audit {t}/run --out {t}/o --cores 0", "Invalid value for '--cores': 0 is not in the range x>=1"),
     ("audit {t}/run --out {t}/o --cores many", "'many' is not a valid integer"),
     ("audit {t}/run --out {t}/o --bogus", "No such option '--bogus'"),
@@ -63,6 +70,8 @@ CASES = [
     ("drill {t}/junk --out {t}/o_drill_junk", "no checkpoint found; ignored 2 files"),
     ("drill {t}/run --out {t}/o --config {t}/key.yaml", "laod: unknown key"),
     ("drill {t}/run --out {t}/o --config {t}/type.yaml", "load.timeout_seconds: 'abc' is not of type 'number'"),
+    ("drill {t}/run --out {t}/o --config drill.timeout_seconds=60",
+     "write `drill: {{timeout_seconds: 60}}` in it (with snakemake: --config 'drill={{timeout_seconds: 60}}')"),
     ("drill {t}/run --out {t}/o --device tpu", "--device 'tpu': expected cpu, cuda or cuda:N"),
     ("drill {t}/run --out {t}/o --cores 0", "Invalid value for '--cores'"),
     # ckptaudit demo
@@ -160,3 +169,96 @@ def test_snakemake_usage_errors_exit_3_and_say_what_lands_in_the_run(where):
     assert ("the audit would write its tables, logs and report into what it audits; choose an output folder "
             "outside the run") in p.stderr
     assert not (run / "o").exists()
+
+
+def test_snakemake_takes_a_nested_key_in_the_form_the_errors_show(where):
+    """``--config 'load={timeout_seconds: 300}'`` is how Snakemake sets a nested key; its parser reads the mapping
+    with YAML's BaseLoader, so the value arrives as the string '300', which the schema refused ("'300' is not of
+    type 'number'"): rules/common.smk now reads it as the number the schema wants.  A dotted key never reaches
+    the workflow: Snakemake's own parser refuses it before the Snakefile is read (no hook of ours runs), so its
+    message is Snakemake's; the form that works is the one ``ckptaudit audit`` prints and the README shows."""
+    run = where / "nested_run"
+    run.mkdir(exist_ok=True)
+    (run / "ckpt.pt").write_bytes(b"x")
+    p = _snakemake(where, "-n", "audit", "--cores", "1", "--config", f"run_dir={run}", f"out_dir={where}/nested_o",
+                   "load={timeout_seconds: 300}")
+    assert p.returncode == 0, p.stdout + p.stderr
+    p = _snakemake(where, "-n", "audit", "--cores", "1", "--config", f"run_dir={run}", f"out_dir={where}/nested_o",
+                   "load={timeout_seconds: abc}")
+    assert p.returncode == 3 and "load.timeout_seconds: 'abc' is not of type 'number'" in p.stderr, p.stderr
+    p = _snakemake(where, "-n", "audit", "--cores", "1", "--config", f"run_dir={run}", "load.timeout_seconds=300")
+    assert p.returncode != 0 and "Config entry must start with a valid identifier" in p.stdout + p.stderr
+    readme = (REPO / "README.md").read_text()
+    assert "--config 'load={timeout_seconds: 300}'" in readme
+
+
+def _thirty_units(run: Path) -> Path:
+    """A run of 30 small torch.save units: an audit of it is mid-way (its hash jobs running) for seconds."""
+    import torch
+
+    run.mkdir()
+    model = torch.nn.Linear(64, 64)
+    opt = torch.optim.AdamW(model.parameters())
+    for s in range(1, 31):
+        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": 10 * s},
+                   run / f"ckpt_{10 * s:06d}.pt")
+    return run
+
+
+def _ctrl_c_mid_way(argv, out: Path) -> subprocess.CompletedProcess:
+    """Run ``argv`` in its own process group (as a terminal runs a command), send the group SIGINT once the
+    audit's hash jobs have started (Ctrl-C), and return how it ended."""
+    import os
+    import signal
+    import time
+
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    started = time.monotonic()
+    while not (out / "logs" / "hash").exists() and p.poll() is None and time.monotonic() - started < 300:
+        time.sleep(0.1)
+    assert p.poll() is None, "the audit ended before it could be interrupted"
+    os.killpg(p.pid, signal.SIGINT)
+    stdout, stderr = p.communicate(timeout=300)
+    return subprocess.CompletedProcess(argv, p.returncode, stdout, stderr)
+
+
+def test_ctrl_c_during_an_audit_says_interrupted_exits_130_and_leaves_no_lock(tmp_path):
+    """Ctrl-C during ``ckptaudit audit`` was reported as "the workflow failed: a job failed; see the logs" (exit 3):
+    the SIGINT that reaches the whole process group kills the stage jobs, and the CLI read that as failed jobs.
+    Now it says "interrupted" and exits 130 (128 + SIGINT, as a shell reports it); the lock on --out is released,
+    so the next audit into the same folder runs to its verdict."""
+    import json
+
+    run = _thirty_units(tmp_path / "run")
+    out = tmp_path / "out"
+    p = _ctrl_c_mid_way([CKPTAUDIT, "audit", str(run), "--out", str(out)], out)
+    assert p.returncode == 130, (p.returncode, p.stdout, p.stderr)
+    assert p.stderr.strip().splitlines() == [
+        f"ckptaudit: interrupted (Ctrl-C): the workflow was stopped and wrote no verdict; run the same command "
+        f"again (the lock on {out} is released; unfinished jobs are redone)"], p.stderr
+    assert not (out / "verdict.json").exists()
+
+    again = subprocess.run([CKPTAUDIT, "audit", str(run), "--out", str(out)], capture_output=True, text=True,
+                           timeout=600)
+    assert again.returncode in (0, 1), again.stderr
+    v = json.loads((out / "verdict.json").read_text())
+    assert len(v["units"]) == 30 and v["rollback"]["unit"] == "ckpt_000300.pt"
+
+
+def test_ctrl_c_during_snakemake_audit_says_interrupted_and_exits_130(tmp_path):
+    """The same through ``snakemake … audit``: its ``onerror`` said "the audit failed: a job failed; see the
+    logs" and Snakemake exited 1, which cron reads as "roll back needed"."""
+    run = _thirty_units(tmp_path / "run")
+    out = tmp_path / "out"
+    argv = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(tmp_path / "sm"), "--cores",
+            "2", "audit", "--config", f"run_dir={run}", f"out_dir={out}"]
+    p = _ctrl_c_mid_way(argv, out)
+    assert p.returncode == 130, (p.returncode, p.stderr[-3000:])
+    assert p.stderr.strip().splitlines()[-1] == (
+        "ckptaudit: interrupted (Ctrl-C): the workflow was stopped and wrote no verdict; run the same command "
+        "again (unfinished jobs are redone)")
+    assert "a job failed" not in p.stderr and not (out / "verdict.json").exists()
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    # 1 once snakemake exits with the verdict's code (this run's newest unit is a warm start)
+    assert again.returncode in (0, 1) and (out / "verdict.json").exists(), again.stderr[-3000:]

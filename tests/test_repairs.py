@@ -2,11 +2,12 @@
 
 Every ``repair`` template of the finding catalogue, rendered with sample values, and every repair the
 detectors compose in code (``{repair_code}``), is either a shell command (checked with ``bash -n``)
-or Python that compiles and uses only: names it defines itself, builtins, standard-library modules,
-the libraries whose names the audited checkpoint itself imports (``torch``, ``numpy``,
-``safetensors``, …), and the objects every resume script holds (``ckpt``, the loaded checkpoint;
-``state_dict``; ``model``; ``optimizer``; ``scheduler``).  A helper the user does not have, such as
-``make_scheduler``, fails this test.
+or Python that compiles and uses only: names it defines or imports itself, builtins, and the objects every
+resume script holds (:data:`ckptaudit.findings.repair_imports.RESUME_OBJECTS`: ``ckpt``, the loaded
+checkpoint; ``state_dict``; ``model``; ``optimizer``; ``scheduler``).  A module it uses by a dotted name
+(``numpy.dtypes.Float64DType``) it imports first (``NameError: numpy`` otherwise), and every import names a
+module installed here.  A helper the user does not have, such as ``make_scheduler``, fails this test.
+Each Python repair is also run, as printed, against a unit that needs it: ``tests/test_repairs_run.py``.
 """
 
 from __future__ import annotations
@@ -14,23 +15,22 @@ from __future__ import annotations
 import ast
 import builtins
 import importlib
+import importlib.util
 import string
 import subprocess
-import sys
 
 import pytest
 
 from ckptaudit import findings as F
 from ckptaudit import run_findings, state
 from ckptaudit.components import Components
+from ckptaudit.findings.repair_imports import RESUME_OBJECTS
 
 SHELL = {"cp", "echo", "ln", "truncate", "mv", "ckptaudit"}
-LIBRARIES = {"torch", "numpy", "safetensors", "transformers", "lightning", "pytorch_lightning", "accelerate",
-             "deepspeed"}
-RESUME_OBJECTS = {"ckpt", "state_dict", "model", "optimizer", "scheduler"}
-KNOWN = set(dir(builtins)) | set(sys.stdlib_module_names) | LIBRARIES | RESUME_OBJECTS
+KNOWN = set(dir(builtins)) | RESUME_OBJECTS
 
-SAMPLE = {"path": "ckpt_000100.pt", "expected_bytes": 1234, "suggestion": "ckpt_000090.pt", "pointer": "latest",
+SAMPLE = {"path": "ckpt_000100.pt", "expected_bytes": 1234, "suggestion": "ckpt_000090.pt",
+          "suggestion_text": "ckpt_000090.pt", "pointer": "latest",
           "prefix": "module.", "add_safe": "argparse.Namespace, numpy.dtype", "step": 100,
           "run_quoted": "'/runs/a b'", "manifest_quoted": "'/runs/a b/iter_0000030/integrity.json'",
           "aside_quoted": "'/runs/a b/iter_0000030/integrity.json.unusable'"}
@@ -58,6 +58,11 @@ def _undefined(code: str) -> set:
     return read - bound
 
 
+def _imported(code: str) -> list:
+    """The modules the code's ``import`` statements name (``import numpy.dtypes`` -> ``numpy.dtypes``)."""
+    return [a.name for n in ast.walk(ast.parse(code)) if isinstance(n, ast.Import) for a in n.names]
+
+
 def _library_attributes(code: str) -> list:
     """Dotted names rooted at torch or safetensors (``torch.serialization.add_safe_globals``)."""
     out = []
@@ -81,6 +86,8 @@ def check_repair(repair: str) -> None:
     compile(repair, "<repair>", "exec")
     unknown = _undefined(repair) - KNOWN
     assert not unknown, f"{repair!r} uses names no resume script has: {sorted(unknown)}"
+    for mod in _imported(repair):
+        assert importlib.util.find_spec(mod) is not None, f"{repair!r} imports {mod}, which is not a module"
     for dotted in _library_attributes(repair):
         root, *rest = dotted.split(".")
         obj = importlib.import_module(root)
@@ -129,3 +136,24 @@ def test_the_checker_refuses_helpers_nobody_has():
         check_repair("optimizer = build_optimizer(model)")
     with pytest.raises(SyntaxError):
         check_repair("ckpt['step'] = = 3")
+    # the repair printed before issue 43: numpy used without its import (NameError: numpy as printed)
+    with pytest.raises(AssertionError, match="numpy"):
+        check_repair("import torch\ntorch.serialization.add_safe_globals([numpy._core.multiarray._reconstruct])")
+    with pytest.raises(AssertionError, match="not a module"):
+        check_repair("import torch.nn.Module")
+
+
+def test_a_python_repair_is_printed_with_the_imports_its_names_need():
+    f = F.make("non_allowlisted_global_benign", path="rng_state.pth", member="rng_state/data.pkl", benign="",
+               allow="", add_safe="numpy._core.multiarray._reconstruct, numpy.dtype, numpy.dtypes.UInt32DType, "
+                                  "numpy.ndarray, (dict, \"pytorch_lightning.utilities.parsing.AttributeDict\")")
+    assert f.repair.splitlines()[:3] == ["import numpy._core.multiarray", "import numpy.dtypes",
+                                         "import torch.serialization"]
+    assert F.make("tied_weight_alias_missing", path="model.safetensors", alias="'a'", kept="'b'").repair == \
+        "import safetensors.torch\nsafetensors.torch.load_model(model, 'model.safetensors')"
+    # code that binds or may assume its names, and shell commands, are printed as they are
+    for kind, vals in (("key_prefix_mismatch", {"prefix": "module.", "component": "'model'", "wrapper": "DDP"}),
+                       ("dead_writer_leftovers", {"run_quoted": "'/runs/a'", "count": 1, "size": "1 B",
+                                                  "examples": "x"})):
+        f = F.make(kind, path="ckpt.pt", **vals)
+        assert not f.repair.startswith("import"), f.repair

@@ -98,16 +98,20 @@ def test_security_cases_are_code_exec(case, member):
 
 VERSION_REPAIRS = {
     "version_argparse_namespace": (
-        "'argparse.Namespace'", "torch.serialization.add_safe_globals([argparse.Namespace])"),
+        "'argparse.Namespace'", "import argparse\nimport torch.serialization\n"
+        "torch.serialization.add_safe_globals([argparse.Namespace])"),
     "version_lightning_hparams": (
         "'pytorch_lightning.utilities.parsing.AttributeDict'",
+        'import torch.serialization\n'  # the class is given by its name: no import
         'torch.serialization.add_safe_globals([(dict, "pytorch_lightning.utilities.parsing.AttributeDict")])'),
     "version_numpy_scalar": (
         "'numpy._core.multiarray.scalar', 'numpy.dtype'",
+        "import numpy._core.multiarray\nimport numpy.dtypes\nimport torch.serialization\n"
         "torch.serialization.add_safe_globals([numpy._core.multiarray.scalar, numpy.dtype, "
         "numpy.dtypes.Float64DType])"),
     "version_torch_version_object": (
         "'torch.torch_version.TorchVersion'",
+        "import torch.serialization\nimport torch.torch_version\n"
         "torch.serialization.add_safe_globals([torch.torch_version.TorchVersion])"),
 }
 
@@ -133,7 +137,8 @@ def test_version_repairs_really_load_with_weights_only():
     from the file.
     """
     pytest.importorskip("torch")
-    repairs = {case: VERSION_REPAIRS[case][1] for case in VERSION_REPAIRS}
+    # the add_safe_globals line, after the imports it is printed with (run whole in tests/test_repairs_run.py)
+    repairs = {case: VERSION_REPAIRS[case][1].splitlines()[-1] for case in VERSION_REPAIRS}
     child = r"""
 import json, sys, warnings
 import argparse, numpy, numpy._core.multiarray, torch, torch.torch_version
@@ -288,6 +293,7 @@ def test_one_finding_per_kind_naming_every_import_sorted_and_quoted():
         "it, and weights_only=False would run whatever code that name has where the file is loaded.")
     assert by["unknown_pickle_global"].severity == "warning"  # issue 12: unknown is a warning, not an error
     assert by["non_allowlisted_global_benign"].repair == \
+        "import argparse\nimport datetime\nimport torch.serialization\n" \
         "torch.serialization.add_safe_globals([argparse.Namespace, datetime.timedelta])"
     assert findings.usable_for(fs) == "none"
 
@@ -321,6 +327,7 @@ def test_numpy_arrays_get_their_dtype_class_in_the_repair():
     _, fs = scan(walk(blob), path="p", member="m")
     assert [f.kind for f in fs] == ["non_allowlisted_global_benign"]
     assert fs[0].repair == (
+        "import numpy._core.multiarray\nimport numpy.dtypes\nimport torch.serialization\n"
         "torch.serialization.add_safe_globals([numpy._core.multiarray._reconstruct, numpy._core.multiarray.scalar, "
         "numpy.dtype, numpy.dtypes.Float32DType, numpy.dtypes.Int64DType, numpy.ndarray])")
 

@@ -41,7 +41,8 @@ def test_hf_rng_file_with_a_global_outside_the_trainer_allowlist_keeps_a_warning
     assert [(f.kind, f.severity) for f in fs] == [("non_allowlisted_global_benign", "warning")]
     # message and repair list the same names: exactly what the Trainer's safe_globals() lacks
     assert fs[0].detail["allow"] == "'numpy._core.multiarray.scalar', 'numpy.dtypes.Float64DType'"
-    assert fs[0].repair == ("torch.serialization.add_safe_globals([numpy._core.multiarray.scalar, "
+    assert fs[0].repair == ("import numpy._core.multiarray\nimport numpy.dtypes\nimport torch.serialization\n"
+                            "torch.serialization.add_safe_globals([numpy._core.multiarray.scalar, "
                             "numpy.dtypes.Float64DType])")
     assert "needs exactly 'numpy._core.multiarray.scalar', 'numpy.dtypes.Float64DType' allowed" in fs[0].message
 
@@ -51,7 +52,8 @@ def test_without_a_resume_loader_message_and_repair_name_the_same_globals():
     assert fs[0].kind == "non_allowlisted_global_benign"
     assert fs[0].detail["allow"] == ("'numpy._core.multiarray._reconstruct', 'numpy.dtype', "
                                      "'numpy.dtypes.UInt32DType', 'numpy.ndarray'")
-    assert fs[0].repair == ("torch.serialization.add_safe_globals([numpy._core.multiarray._reconstruct, numpy.dtype, "
+    assert fs[0].repair == ("import numpy._core.multiarray\nimport numpy.dtypes\nimport torch.serialization\n"
+                            "torch.serialization.add_safe_globals([numpy._core.multiarray._reconstruct, numpy.dtype, "
                             "numpy.dtypes.UInt32DType, numpy.ndarray])")
 
 

@@ -232,6 +232,56 @@ def test_a_damaged_units_line_is_never_cut_inside_parentheses():
     v = {"recommendation": "resume", "rollback": {"unit": "checkpoint-20", "step": 20}, "steps_lost": 10,
          "units": [_u("checkpoint-20", 20), _u("checkpoint-30", 30, "none", [
              _f("chunk_checksum_mismatch", "error", "none", msg, "checkpoint-30/model.safetensors")])]}
-    line = summary.summary(v, "/o").splitlines()[2]
+    line = summary.summary(v, "/o").splitlines()[-2]
     assert line == ("  checkpoint-30 (step 30): not usable: model.safetensors: bytes 0 to 122919 (122920 bytes: "
                     "chunk(s) 0 of 1, 122920 bytes each) do not…"), line
+
+
+def _flip_in_member(path, member_suffix, find=b""):
+    """Flip one bit inside the stored bytes of the zip record whose name ends with ``member_suffix`` (at the
+    first occurrence of ``find`` in it, else 1000 bytes in), leaving every header and the central directory."""
+    import struct
+    import zipfile
+
+    info = next(i for i in zipfile.ZipFile(path).infolist() if i.filename.endswith(member_suffix))
+    b = bytearray(path.read_bytes())
+    n, e = struct.unpack("<HH", b[info.header_offset + 26:info.header_offset + 30])
+    start = info.header_offset + 30 + n + e
+    at = bytes(b[start:start + info.file_size]).index(find) if find else 1000
+    b[start + at] ^= 1
+    path.write_bytes(bytes(b))
+
+
+def test_a_complete_file_with_a_damaged_tensor_shows_the_step_its_data_pkl_records(tmp_path):
+    """A one-bit flip in a tensor record of a complete ``ckpt.pt`` left the summary saying ``ckpt.pt (no step)``
+    although data.pkl, which holds ``step`` at its root, passed its own CRC: the state stage read no counter from
+    a unit whose weights were damaged.  A flip inside data.pkl itself still shows no step (its bytes are not the
+    saved ones)."""
+    import torch
+
+    from ckptaudit.pipeline import audit_in_process
+
+    run = tmp_path / "run"
+    run.mkdir()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(300, 200)
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, 300)).sum().backward()
+    opt.step()
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": 40, "note": "x" * 64},
+               run / "ckpt.pt")
+    clean = (run / "ckpt.pt").read_bytes()
+    _flip_in_member(run / "ckpt.pt", "/data/0")  # model.weight's record
+    v = audit_in_process(run, {}, out_dir=tmp_path / "out")
+    (u,) = v["units"]
+    assert (u["unit"], u["step"], u["usable_for"]) == ("ckpt.pt", 40, "none")
+    assert [f["kind"] for f in u["findings"] if f["severity"] == "error"] == ["zip_crc_mismatch"]
+    line = summary.summary(v, "/o").splitlines()[-2]
+    assert line.startswith("  ckpt.pt (step 40): not usable: member ckpt/data/0 fails its CRC32 check"), line
+
+    (run / "ckpt.pt").write_bytes(clean)
+    _flip_in_member(run / "ckpt.pt", "data.pkl", find=b"xxxx")
+    v = audit_in_process(run, {}, out_dir=tmp_path / "out2")
+    (u,) = v["units"]
+    assert u["step"] is None and "ckpt.pt (no step): not usable: member ckpt/data.pkl fails its CRC32" in \
+        summary.summary(v, "/o")

@@ -13,6 +13,12 @@ from ..terminal_text import shown
 
 #: the command itself failed (bad arguments or config, unreadable folder, workflow error)
 EXIT_FAILED = 3
+#: stopped by SIGINT (Ctrl-C): 128 + the signal's number, as a shell reports a command a signal ended
+EXIT_INTERRUPTED = 130
+
+
+class Interrupted(click.ClickException):
+    """The command was stopped by SIGINT (Ctrl-C) while it ran; ``message`` says what was left undone."""
 
 
 class ExitThreeOnUsageError(click.Command):
@@ -80,9 +86,15 @@ def check_paths(run_dir: str, out_dir: str) -> tuple:
 @contextmanager
 def failures_exit_3(prog: str, what: str) -> Iterator[None]:
     """Run a command's body; a :class:`click.ClickException` or any other failure of the command itself
-    prints one line (``{prog}: error: …`` / ``{prog}: {what} itself failed: Type: …``) and exits 3."""
+    prints one line (``{prog}: error: …`` / ``{prog}: {what} itself failed: Type: …``) and exits 3; SIGINT
+    (:class:`Interrupted`, or a ``KeyboardInterrupt`` outside the workflow) prints ``{prog}: interrupted
+    (Ctrl-C): …`` and exits 130."""
     try:
         yield
+    except (Interrupted, KeyboardInterrupt) as e:
+        why = e.message if isinstance(e, Interrupted) else f"{what} did not finish"
+        click.echo(shown(f"{prog}: interrupted (Ctrl-C): {why}"), err=True)
+        sys.exit(EXIT_INTERRUPTED)
     except click.ClickException as e:
         click.echo(f"{prog}: error: " + "\n".join(shown(ln) for ln in e.message.split("\n")), err=True)
         sys.exit(EXIT_FAILED)

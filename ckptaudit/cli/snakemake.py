@@ -8,6 +8,8 @@ Snakemake's command line in this process (:func:`run_snakemake_cli`), which read
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -15,6 +17,7 @@ from typing import Iterator
 import click
 
 from ..config import workflow_dir
+from .common import Interrupted
 
 
 @contextmanager
@@ -32,6 +35,45 @@ def _out_locked(workdir: Path) -> Iterator[None]:
         yield
     finally:
         outlock.release(workdir)
+
+
+@contextmanager
+def _interrupts(workdir: Path) -> Iterator[None]:
+    """Tell SIGINT (Ctrl-C) from a failed job: a SIGINT while the workflow runs ends it as :class:`Interrupted`.
+
+    Ctrl-C reaches the whole process group: the stage jobs die of it and Snakemake cancels the rest, so what
+    comes out of the workflow is a failed job ("a job failed; see the logs"), or a ``KeyboardInterrupt``.  The
+    handler notes the signal and hands it on to the one it replaced (Python's, which raises
+    ``KeyboardInterrupt`` where Snakemake expects it); whatever the workflow then raises, or if it returns, the
+    run ends as :class:`Interrupted`.  Only the main thread can set a handler; elsewhere, or where SIGINT is
+    ignored (``nohup``), nothing changes."""
+    seen: list = []
+    prev = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or prev in (signal.SIG_IGN, None):
+        yield
+        return
+
+    def noted(signum, frame):
+        seen.append(signum)
+        if callable(prev):
+            prev(signum, frame)
+        else:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, noted)
+    why = (f"the workflow was stopped and wrote no verdict; run the same command again (the lock on {workdir} is "
+           "released; unfinished jobs are redone)")
+    try:
+        try:
+            yield
+        except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - after a SIGINT, any error is its consequence
+            if seen or isinstance(e, KeyboardInterrupt):
+                raise Interrupted(why) from None
+            raise
+        if seen:
+            raise Interrupted(why)
+    finally:
+        signal.signal(signal.SIGINT, prev)
 
 
 @contextmanager
@@ -74,7 +116,8 @@ def run_workflow(cfg: dict, workdir: Path, cores: int, targets=("audit",), quiet
 
     workdir.mkdir(parents=True, exist_ok=True)
     out = OutputSettings(quiet={Quietness.ALL} if quiet else set(), show_failed_logs=not quiet)
-    with _out_locked(workdir), _as_cli(workdir), progress_line(workdir), SnakemakeApi(out) as api:
+    with _out_locked(workdir), _interrupts(workdir), _as_cli(workdir), progress_line(workdir), \
+            SnakemakeApi(out) as api:
         wf = api.workflow(
             resource_settings=ResourceSettings(cores=cores),
             config_settings=ConfigSettings(config=cfg),
@@ -86,6 +129,27 @@ def run_workflow(cfg: dict, workdir: Path, cores: int, targets=("audit",), quiet
         dag.execute_workflow(executor=executor,
                              execution_settings=ExecutionSettings(keep_going=keep_going, lock=False))
     return True
+
+
+def _refuse_dotted_keys(args) -> None:
+    """One line for a ``--config KEY=VALUE`` among Snakemake arguments whose key has dots: Snakemake's parser
+    refuses it with a traceback ("Config entry must start with a valid identifier"); the line shows the form it
+    takes (:func:`ckptaudit.config.dotted_key_form`).  Raises :class:`click.ClickException`."""
+    from ..config import dotted_key_form
+
+    entries, taking = [], False
+    for a in args:
+        if a in ("--config", "-C"):
+            taking = True
+        elif a.startswith("-"):
+            taking = False
+        elif taking:
+            entries.append(a)
+    for e in entries:
+        form = dotted_key_form(e)
+        if form:
+            raise click.ClickException(f"--config {e}: Snakemake takes no dots in a config key; "
+                                       f"write --config '{form}'")
 
 
 def resolve_profile(name_or_path: str) -> str:
@@ -133,6 +197,7 @@ def run_snakemake_cli(cfg: dict, workdir: Path, *, profile: str | None = None, e
     import yaml
     from snakemake.cli import args_to_api, parse_args
 
+    _refuse_dotted_keys(extra_args)
     workdir.mkdir(parents=True, exist_ok=True)
     cfg_file = workdir / "work" / "audit_config.yaml"
     cfg_file.parent.mkdir(parents=True, exist_ok=True)
@@ -152,7 +217,7 @@ def run_snakemake_cli(cfg: dict, workdir: Path, *, profile: str | None = None, e
     argv += [*extra_args, "--", *targets]
     from .ticker import progress_line
 
-    with _out_locked(workdir), _as_cli(workdir), progress_line(workdir):
+    with _out_locked(workdir), _interrupts(workdir), _as_cli(workdir), progress_line(workdir):
         try:
             parser, args = parse_args(argv)
             ok = args_to_api(args, parser)

@@ -17,10 +17,10 @@ findings as its ``usable_for``; nothing else in the code decides usability.
 
 The package: :mod:`.model` (Kind, Finding, the vocabularies), one data file per
 layer (:mod:`.file`, :mod:`.structure`, :mod:`.state`, :mod:`.security`),
-:mod:`.catalogue` (assembly), :mod:`.build` (make, usable_for) and :mod:`.docs`
-(the README table and ``docs/findings.md``).  It imports nothing heavy (no
-torch, no pandas) and nothing else of ckptaudit: the Snakefile and every rule
-may import it.
+:mod:`.catalogue` (assembly), :mod:`.build` (make, usable_for), :mod:`.repair_imports`
+(the imports a printed Python repair needs) and :mod:`.docs` (the README table and
+``docs/findings.md``).  It imports nothing heavy (no torch, no pandas) and nothing
+else of ckptaudit: the Snakefile and every rule may import it.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ from typing import Any, Dict, Iterable
 
 from .catalogue import CATALOGUE
 from .model import USES, Finding
+from .repair_imports import with_imports
 
 _USE_RANK = {u: i for i, u in enumerate(USES)}
 #: The layer each stage checks: a kind of stage ``"any"`` (``audit_error``) raised by a stage is on that layer.
@@ -30,6 +31,8 @@ def make(kind: str, path: str = "", **values: Any) -> Finding:
 
     ``values`` fill the kind's templates and are kept in ``detail``.  Raises
     ``KeyError`` for a kind not in :data:`CATALOGUE` (a programming error).
+    A Python ``repair`` gets the import lines it needs put before it
+    (:func:`ckptaudit.findings.repair_imports.with_imports`), so it runs as printed.
     The kind's ``stage`` and ``detector`` are copied in; a kind of stage
     ``"any"`` takes the ``stage`` value it is given (the stage that raised it)
     and the layer that stage checks (:data:`STAGE_LAYER`).
@@ -48,7 +51,7 @@ def make(kind: str, path: str = "", **values: Any) -> Finding:
         caps=k.caps,
         message=_render(k.message, vals),
         next_step=_render(k.next_step, vals),
-        repair=_render(k.repair, vals),
+        repair=with_imports(_render(k.repair, vals)),
         path=path,
         detail={key: _jsonable(v) for key, v in values.items()},
         stage=stage,
