@@ -46,6 +46,7 @@ COMPOSED = {
     "step_counter_reset": "here (state._step_repair and run_findings._reset)",
     "resume_key_missing": "tests/test_required_keys.py (Lightning's own resume of the repaired copy)",
     "resume_entry_damaged": "shell (cp -p && mv): tests/test_resume_hint.py",
+    "resume_entry_weights_only": "shell (cp -p && mv), the same composition: tests/test_resume_hint.py",
     "missing_step": "none: the step cannot be known from the unit; the next step says so in words (here)",
 }
 
