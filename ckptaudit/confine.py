@@ -50,7 +50,7 @@ def path_outside_run(path: str, named: str, target: str, reads: str) -> F.Findin
     """``path_outside_run``: ``path`` (a file or pointer of the run) names ``named``, which resolves to ``target``
     outside the run folder; ``reads``: what a resume would do with it.  Decided by :func:`resolved_outside`,
     called by :func:`ckptaudit.layouts.hf.check_index` (index shards), :func:`ckptaudit.inventory._resolve_pointer`
-    (``latest``, trackers and links, judged in :func:`ckptaudit.verdict.pointer_verdicts`),
+    (``latest``, trackers and links, judged in :func:`ckptaudit.pointer_judgements.judge`),
     :func:`ckptaudit.layouts.leftovers.irregular` (a link inside a unit folder, to a file or a folder),
     :func:`ckptaudit.hashing.hash_unit` (a sidecar or manifest that is a link, the names they list) and
     :meth:`ckptaudit.layouts.dcp.DCP.scan` (``.metadata`` storage paths)."""

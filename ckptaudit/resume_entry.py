@@ -7,10 +7,14 @@ folder, which ``ModelCheckpoint(save_last=True)`` writes as a second full save (
 :mod:`ckptaudit.inventory` audits as a pointer).  Such an entry is a unit, judged by its own bytes like any
 other, and it is also the file the configured resume loads.  When it is damaged the newest intact unit is
 still there, but a job that resumes the way it was configured crashes in the load (a truncated zip: the
-weights-only unpickler's IndexError), so :func:`entry_findings` adds ``resume_entry_damaged`` to it: the
+weights-only unpickler's IndexError), so :func:`entry_findings` gives it ``resume_entry_damaged``: the
 repair copies the rollback unit over it atomically, the next step also names the explicit call
-(:mod:`ckptaudit.resume_hint`).  The verdict reports the entries and exits 1 while one is damaged
-(:func:`ckptaudit.verdict.exit_code`).
+(:mod:`ckptaudit.resume_hint`).  The verdict reports the entries, joins each entry's finding to its unit
+(:func:`ckptaudit.verdict.build`) and exits 1 while one is damaged (:func:`ckptaudit.verdict.exit_code`).
+
+A detector that runs on the units' ``usable_for``, which it never changes: ``resume_entry_damaged`` (capped
+``none``) goes only to an unusable entry, ``resume_entry_weights_only`` (capped ``warm-start``) only to one
+usable for a warm start, so joining it leaves the unit's ``usable_for`` as it was.
 
 An entry whose bytes hold intact weights but no training state (``ModelCheckpoint(save_weights_only=True)``:
 usable for a warm start by its own findings) is no resume point either, but it is not damaged: it gets
@@ -63,9 +67,11 @@ def _newer(u: dict, best: dict) -> bool:
 
 
 def entry_findings(units_out: List[dict], run_dir: str) -> List[dict]:
-    """The resume entries among ``units_out`` ({"unit", "framework", "ok", "finding"}); an entry that is no resume
-    point while an intact one is beside it gets a finding added to its own findings: ``resume_entry_weights_only``
-    when its weights are intact (it stays usable for a warm start), else ``resume_entry_damaged``."""
+    """The resume entries among the verdict units ``units_out`` (``unit``, ``step``, ``name_step``, ``layout``,
+    ``usable_for``, ``findings``), one row each: ``{"unit", "framework", "call", "ok", "finding"}``.  An entry
+    that is no resume point while an intact one is beside it gets a finding (a dict; None otherwise):
+    ``resume_entry_weights_only`` when its weights are intact (it stays usable for a warm start), else
+    ``resume_entry_damaged``.  ``units_out`` is read, never changed: the verdict joins the finding to the unit."""
     out = []
     for u in units_out:
         p = _entry_of(u)
@@ -101,7 +107,5 @@ def entry_findings(units_out: List[dict], run_dir: str) -> List[dict]:
                           intact_text=f" although {best['unit']} is intact" if best else "")
             f = (F.make("resume_entry_weights_only", **fields) if kind == "resume_entry_weights_only"
                  else F.make("resume_entry_damaged", **fields)).to_dict()
-            u["findings"].append(f)
-            u["usable_for"] = F.usable_for(u["findings"])
         out.append({"unit": u["unit"], "framework": p.key, "call": p.entry_call, "ok": ok, "finding": f})
     return out

@@ -2,6 +2,7 @@
 
 Each unit's own stages judge it alone; these compare units with each other, in step order, from the
 state and structure tables, and :func:`ckptaudit.verdict.build` adds them to the units they name.
+:func:`save_order` and :func:`save_key` put the verdict's units in save order.
 A unit's missing scheduler or RNG state is judged here too, because only the run says whether it
 ever had one (:func:`missing_components`).
 """
@@ -209,6 +210,21 @@ def _reset(unit: str, last_epoch: int, evidence: str, step: int, per_step: bool)
 
     return step_counter_reset(unit, field="scheduler.last_epoch", saved=last_epoch, evidence=evidence,
                               true_step=step, repair_code=repair, scheduler_text=nxt)
+
+
+def save_order(u: dict) -> int:
+    """A verdict unit's place in save order: the step in its name (``name_step``), else the step it records
+    (``step``), else -1."""
+    if u.get("name_step") is not None:
+        return u["name_step"]
+    return u["step"] if u["step"] is not None else -1
+
+
+def save_key(u: dict) -> tuple:
+    """The sort key of a verdict unit: :func:`save_order`; among units of the same step, one named with its step
+    ranks above an unnamed copy (Lightning's ``last.ckpt``), so the rollback point is the named unit; then the
+    unit's path."""
+    return (save_order(u), u.get("name_step") is not None, u["unit"])
 
 
 def name_counts_saves(units_out: List[dict]) -> bool:

@@ -46,9 +46,8 @@ import json
 from typing import Dict, List, Optional
 
 from . import findings as F
-from . import confine, cut_walk, dead_writers, producers, resume_entry, resume_hint, roles, save_groups
-from .layouts import leftovers
-from .run_findings import unit_step, name_counts_saves, run_findings  # noqa: F401 - re-exported
+from . import cut_walk, dead_writers, pointer_judgements, resume_entry, resume_hint, roles, save_groups
+from .run_findings import name_counts_saves, run_findings, save_key, save_order, unit_step
 from .text import step_text
 
 SCHEMA = "ckptaudit.verdict/1"
@@ -104,140 +103,78 @@ def _weigh_by_role(fl: List[dict], scan_row: Optional[dict]) -> List[dict]:
     return out
 
 
-def pointer_verdicts(pointers: List[dict], units_out: List[dict], inv_units: List[dict]) -> List[dict]:
-    """One row per pointer of the run (``path``, ``target``, ``resolved``, ``ok``, ``kind``, ``finding``): whether a
-    resume that follows it reaches a usable unit (:func:`pointer_finding`)."""
-    by_unit = {u["unit"]: u for u in units_out}
-    out = []
-    for p in pointers:
-        res = p.get("resolved") or ""
-        f = pointer_finding(p, units_out, by_unit)
-        kind = f.kind if f is not None else ""
-        # a newer checkpoint exists: the pointer still works (its resume takes an older unit)
-        ok = f is None or f.kind == "latest_pointer_not_newest" or F.CATALOGUE[f.kind].caps == "resume"
-        out.append({"path": p["path"], "target": p["target"], "resolved": res, "ok": ok, "kind": kind,
-                    "finding": f.to_dict() if f else None})
-    return out
-
-
-def pointer_finding(p: dict, units_out: List[dict], by_unit: Dict[str, dict]) -> Optional[F.Finding]:
-    """What is wrong with pointer ``p`` (an inventory pointer row), or None: never read, its producer's own check,
-    out of the run, refused, dangling, or naming a unit (:func:`pointer_to_unit_finding`).  The repair suggests
-    the newest usable unit other than the one it names."""
-    usable = [u for u in units_out if u["usable_for"] != "none" and u["unit"] != p.get("resolved")]
-    best = max(usable, key=_key, default=None)
-    suggestion = best["unit"].rsplit("/", 1)[-1] if best else "none"
-    res = p.get("resolved") or ""
-    kind = p["kind"]
-    if leftovers.POINTER_NOT_READ in kind:  # a FIFO or device named as a pointer: never opened
-        return leftovers.irregular(p["path"], kind.split(leftovers.POINTER_NOT_READ, 1)[1])
-    pf = producers.pointer_file(p)
-    text = pf.text_of(suggestion) if pf is not None and pf.text_of is not None and best else suggestion
-    if pf is not None and pf.check is not None and (bad := pf.check(p, suggestion)) is not None:
-        return bad
-    if confine.POINTER_OUTSIDE in kind or (kind.startswith("symbolic link, refused") and confine.OUTSIDE_WORDS in kind):
-        where = (kind.split(confine.POINTER_OUTSIDE, 1)[1] if confine.POINTER_OUTSIDE in kind
-                 else kind.rsplit("(", 1)[-1].rstrip(")"))
-        return confine.path_outside_run(p["path"], p["target"], where,
-                                        "a resume that follows this pointer would load from there")
-    if kind.startswith("symbolic link, refused"):
-        return F.make("pointer_refused", path=p["path"], pointer=p["path"], target=p["target"],
-                      why=kind.split(": ", 1)[-1], suggestion=suggestion)
-    if p["is_symlink"] and not p["exists"]:
-        return F.make("dangling_symlink", path=p["path"], pointer=p["path"], target=p["target"], suggestion=suggestion)
-    if res and res in by_unit:
-        return pointer_to_unit_finding(p, by_unit[res], best, suggestion, text, pf)
-    if res and p["exists"]:
-        return None  # names something that is not a unit (e.g. a plain file): nothing to judge
-    ctext = f"; the newest complete checkpoint is {suggestion}" if best else "; no complete checkpoint exists"
-    return F.make("latest_pointer_dangling", path=p["path"], pointer=p["path"], target=p["target"],
-                  suggestion=suggestion, suggestion_text=text, complete_text=ctext)
-
-
-def pointer_to_unit_finding(p: dict, u: dict, best: Optional[dict], suggestion: str, text: str = "",
-                            pf=None) -> Optional[F.Finding]:
-    """A pointer that names unit ``u``: the unit's bytes are damaged (the finding also joins an unusable unit's
-    own), or a newer usable unit ``best`` exists (the producer's own finding when its pointer file has one,
-    ``pf.behind``); None when it names the right unit.  ``text``: what the pointer must hold to name ``best``."""
-    text = text or suggestion
-    file_errs = [x["kind"] for x in u["findings"] if x["severity"] == "error" and x["layer"] == "file"]
-    if file_errs:
-        # a resume through this pointer reads damaged or missing bytes; a unit that is unusable for
-        # other reasons (a changed world size, NaN weights) says so in its own findings
-        why = ", ".join(file_errs) or "not usable"
-        if p["is_symlink"]:  # Lightning save_last="link", a publish symlink: re-point the link
-            f = F.make("symlink_target_unusable", path=p["path"], pointer=p["path"], target=p["target"],
-                       suggestion=suggestion, why=why)
-        else:  # a text pointer (DeepSpeed latest, Megatron tracker): rewrite the name it holds
-            f = F.make("latest_pointer_incomplete", path=p["path"], pointer=p["path"], target=p["target"],
-                       suggestion=suggestion, suggestion_text=text, why=why)
-        if u["usable_for"] == "none":
-            u["findings"].append(f.to_dict())
-        return f
-    if best and u["step"] is not None and best["step"] is not None and best["step"] > u["step"]:
-        rank = {"none": 0, "warm-start": 1, "resume": 2}
-        if pf is not None and pf.behind is not None and rank[best["usable_for"]] >= rank[u["usable_for"]]:
-            return pf.behind(p, suggestion, text)
-        return F.make("latest_pointer_not_newest", path=p["path"], pointer=p["path"], target=p["target"],
-                      suggestion=suggestion)
-    return None
-
-
 def build(inv: dict, tables: Dict[str, List[dict]], cfg: dict) -> dict:
-    """The verdict document from the inventory and every stage's rows."""
+    """The verdict document from the inventory and every stage's rows.
+
+    Each unit's findings are gathered from the detectors that judge it (every stage's, the run's, the cut
+    walk's, the files that changed during the audit), and its ``usable_for`` is taken from them once
+    (:func:`_judged`).  Detectors that run on those judgements then add findings without changing one:
+    pointer judgements (:mod:`ckptaudit.pointer_judgements`) and resume entries (:mod:`ckptaudit.resume_entry`)
+    join a unit only findings capped at a level it already holds.  One exception lowers a judgement: a file of
+    a save loaded with other ranks' files (NVRx) is judged alone first, and ``save_spoiled_by_another_rank``
+    (:mod:`ckptaudit.save_groups`) then lowers it to ``none`` — its usability is taken a second time, from
+    that finding and the level it held.  No detector's list is changed in place: each unit's list is built anew.
+    """
     state_rows = {r["unit"]: r for r in tables.get("state", [])}
-    structure_rows = {r["unit"]: r for r in tables.get("structure", [])}
     scan_rows = {r["unit"]: r for r in tables.get("scan", [])}
-    extra = run_findings(inv["units"], state_rows, structure_rows, cfg, scan_rows)
-    by_unit = rows_by_unit(tables)
-    load_rows = rows_by_unit({"load": tables.get("load", [])})
-    for unit, fl in cut_walk.findings([u["unit"] for u in inv["units"]], scan_rows, state_rows, load_rows).items():
-        extra.setdefault(unit, []).extend(fl)
-    units_out = []
-    for u in inv["units"]:
-        fl = _weigh_by_role(unit_findings(u["unit"], tables, by_unit) + extra.get(u["unit"], [])
-                            + (inv.get("changed_during_audit") or {}).get(u["unit"], []), scan_rows.get(u["unit"]))
-        units_out.append({
-            "unit": u["unit"], "step": unit_step(u, state_rows.get(u["unit"])), "name_step": u.get("step_from_name"),
-            "layout": u["layout"],
-            "size_bytes": u["size_bytes"], "usable_for": F.usable_for(fl), "findings": fl,
-        })
-    units_out, leftovers = dead_writers.split(units_out)  # one run finding, not a unit each
+    gathered = _gathered(inv, tables, cfg, state_rows, scan_rows)
+    units_out, leftovers = dead_writers.split(gathered)  # one run finding, not a unit each
+    if name_counts_saves(units_out):  # a save index, not a step: the name's step is no evidence against the unit
+        units_out = [{**u, "findings": [f for f in u["findings"] if f["kind"] != "step_name_disagrees"],
+                      "name_is_save_index": True} for u in units_out]
+    units_out = [_judged(u) for u in units_out]
     spoiled = save_groups.findings(units_out)  # a rank's file is no rollback point when its save's other is damaged
-    for u in units_out:
-        if u["unit"] in spoiled:
-            u["findings"] = u["findings"] + spoiled[u["unit"]]
-            u["usable_for"] = F.usable_for(u["findings"])
-    if name_counts_saves(units_out):
-        for u in units_out:
-            u["findings"] = [f for f in u["findings"] if f["kind"] != "step_name_disagrees"]
-            u["usable_for"] = F.usable_for(u["findings"])
-            u["name_is_save_index"] = True
-    pointers = pointer_verdicts(inv.get("pointers", []), units_out, inv["units"])
-    for u in units_out:  # pointer findings may have lowered a unit
-        u["usable_for"] = F.usable_for(u["findings"])
+    units_out = [_lowered(u, spoiled[u["unit"]]) if u["unit"] in spoiled else u for u in units_out]
+    pointers = pointer_judgements.judge(inv.get("pointers", []), units_out)
+    units_out = _joined(units_out, pointers.on_units)
     entries = resume_entry.entry_findings(units_out, inv["run_dir"])
-    doc = decide(inv["run_dir"], units_out, pointers, entries)
+    units_out = _joined(units_out, {e["unit"]: [e["finding"]] for e in entries if e["finding"]})
+    doc = decide(inv["run_dir"], units_out, pointers.rows, entries)
     left = dead_writers.finding(leftovers, inv["run_dir"])
     doc["run_findings"] = [left] if left else []
     return doc
 
 
-def _order(u: dict) -> int:
-    """Save order: the step in the unit's name, else the step it records."""
-    if u.get("name_step") is not None:
-        return u["name_step"]
-    return u["step"] if u["step"] is not None else -1
+def _gathered(inv: dict, tables: Dict[str, List[dict]], cfg: dict, state_rows: Dict[str, dict],
+              scan_rows: Dict[str, dict]) -> List[dict]:
+    """The verdict units, in the inventory's order, each with the findings of every detector that judges it
+    (``unit``, ``step``, ``name_step``, ``layout``, ``size_bytes``, ``findings``); no ``usable_for`` yet."""
+    structure_rows = {r["unit"]: r for r in tables.get("structure", [])}
+    by_run = run_findings(inv["units"], state_rows, structure_rows, cfg, scan_rows)
+    load_rows = rows_by_unit({"load": tables.get("load", [])})
+    cuts = cut_walk.findings([u["unit"] for u in inv["units"]], scan_rows, state_rows, load_rows)
+    changed = inv.get("changed_during_audit") or {}
+    by_unit = rows_by_unit(tables)
+    out = []
+    for u in inv["units"]:
+        name = u["unit"]
+        fl = _weigh_by_role(unit_findings(name, tables, by_unit) + by_run.get(name, []) + cuts.get(name, [])
+                            + changed.get(name, []), scan_rows.get(name))
+        out.append({"unit": name, "step": unit_step(u, state_rows.get(name)), "name_step": u.get("step_from_name"),
+                    "layout": u["layout"], "size_bytes": u["size_bytes"], "findings": fl})
+    return out
 
 
-def _key(u: dict):
-    """Save order; among units of the same step, one named with its step ranks above an unnamed
-    copy (Lightning's ``last.ckpt``), so the rollback point is the named unit."""
-    return (_order(u), u.get("name_step") is not None, u["unit"])
+def _judged(u: dict) -> dict:
+    """Verdict unit ``u`` with its ``usable_for``: the minimum of its findings' caps, taken once
+    (:func:`ckptaudit.findings.usable_for`)."""
+    return {**u, "usable_for": F.usable_for(u["findings"])}
+
+
+def _lowered(u: dict, added: List[dict]) -> dict:
+    """Judged unit ``u`` with ``added`` (findings about it that only its save group shows) after its own, and its
+    ``usable_for`` lowered by their caps from the level it held."""
+    return {**u, "findings": u["findings"] + added, "usable_for": F.usable_for(added, start=u["usable_for"])}
+
+
+def _joined(units_out: List[dict], added: Dict[str, List[dict]]) -> List[dict]:
+    """The judged units, each with the findings ``added`` to it (``{unit: [finding dict]}``) after its own; the
+    detectors that make them join a unit only findings capped at a level it holds, so ``usable_for`` stands."""
+    return [{**u, "findings": u["findings"] + added[u["unit"]]} if u["unit"] in added else u for u in units_out]
 
 
 def decide(run_dir: str, units_out: List[dict], pointers: List[dict], entries: List[dict] = ()) -> dict:
-    ordered = sorted(units_out, key=_key)
+    ordered = sorted(units_out, key=save_key)
     newest = ordered[-1] if ordered else None
     lost = _steps_lost(ordered)
     rollback, rec, alternatives = _rollback_of(ordered)
@@ -270,15 +207,15 @@ def _steps_lost(ordered: List[dict]):
     """``lost(unit)``: the steps between ``unit`` and the newest unit of the run (units in save order), from
     the steps recorded in the units when the name is a save index or has no step, else from the names'
     order; None when unknown."""
-    newest_step = max((_order(u) for u in ordered if _order(u) >= 0), default=None)
+    newest_step = max((save_order(u) for u in ordered if save_order(u) >= 0), default=None)
     content = [u["step"] for u in ordered if u["step"] is not None]
 
     def lost(u):
         if u["step"] is not None and content and (u.get("name_is_save_index") or u.get("name_step") is None):
             return max(content) - u["step"]  # steps recorded in the units themselves
-        if newest_step is None or _order(u) < 0:
+        if newest_step is None or save_order(u) < 0:
             return None
-        return newest_step - _order(u)
+        return newest_step - save_order(u)
 
     return lost
 
@@ -289,7 +226,7 @@ def _rollback_of(ordered: List[dict]) -> tuple:
     resume = [u for u in ordered if u["usable_for"] == "resume"]
     warm = [u for u in ordered if u["usable_for"] == "warm-start"]
     if resume:
-        return resume[-1], "resume", [u for u in warm if _key(u) > _key(resume[-1])]
+        return resume[-1], "resume", [u for u in warm if save_key(u) > save_key(resume[-1])]
     if warm:
         return warm[-1], "warm-start", []
     return None, "retrain", []
@@ -306,7 +243,7 @@ def _reasons(ordered, rollback, rec, alternatives, lost, pointers) -> List[str]:
     non-finite weights begin, the repairs the rollback point needs, the alternatives, and pointer problems."""
     if not ordered:
         return ["No checkpoint unit was found in the run folder."]
-    newer = [u for u in ordered if rollback is None or _key(u) > _key(rollback)]
+    newer = [u for u in ordered if rollback is None or save_key(u) > save_key(rollback)]
     r = [why for u in reversed(newer) for why in [_passed_over(u)] if why]
     poisoned = [u for u in ordered if any(f["kind"] == "nan_in_weights" for f in u["findings"])]
     if poisoned:
