@@ -41,7 +41,7 @@ def _entry_of(u: dict) -> Optional[Producer]:
     return next((p for p in producers.with_entry() if p.entry(u["unit"])), None)
 
 
-#: The kinds :func:`entry_findings` adds; what they say of a unit is not the unit's own finding.
+#: The kinds :func:`entry_findings` makes; what they say of a unit is not the unit's own finding.
 ENTRY_KINDS = ("resume_entry_damaged", "resume_entry_weights_only")
 
 

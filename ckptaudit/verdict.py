@@ -23,7 +23,8 @@
 hashed by this audit; :func:`ckptaudit.report.run_report`).
 
 A unit's ``usable_for`` is the minimum of its findings' caps (see
-:mod:`ckptaudit.findings`).  The rollback point is the newest unit usable for
+:mod:`ckptaudit.findings`), taken once, after every detector that judges the unit ran (:func:`build`);
+the pointers are judged against it by their own detector (:mod:`ckptaudit.pointer_judgements`).  The rollback point is the newest unit usable for
 ``resume``; newer warm-start units are listed as alternatives with the steps
 each option loses.  With no resumable unit the newest warm-start unit is the
 rollback point; with neither the recommendation is ``retrain``.  ``steps_lost``
