@@ -97,6 +97,32 @@ def test_joined_pointer_and_entry_findings_leave_usable_for_as_it_was(counted, t
     _assert_judged_once(counted)
 
 
+def test_pointer_and_entry_detectors_leave_the_units_they_judge_unchanged(monkeypatch, tmp_path):
+    """``pointer_judgements.judge`` and ``resume_entry.entry_findings`` read the judged units and return their
+    findings; the units (findings lists included) are equal after the call to a copy taken before it."""
+    import copy
+
+    from ckptaudit import pointer_judgements, resume_entry
+
+    seen = []
+
+    def unchanged(fn, units_at):
+        def wrapper(*args):
+            before = copy.deepcopy(args[units_at])
+            out = fn(*args)
+            assert args[units_at] == before, f"{fn.__module__}.{fn.__name__} changed the units it judged"
+            seen.append(fn.__name__)
+            return out
+        return wrapper
+
+    monkeypatch.setattr(pointer_judgements, "judge", unchanged(pointer_judgements.judge, 1))
+    monkeypatch.setattr(resume_entry, "entry_findings", unchanged(resume_entry.entry_findings, 0))
+    for name in ("fw_lightning_link_target_truncated", "fw_lightning_default_last_truncated"):
+        doc = audit_in_process(REPO / "tests" / "cases" / name, {}, out_dir=tmp_path / name)
+        assert doc["pointer_findings"] or doc["resume_entries"]
+    assert seen == ["judge", "entry_findings"] * 2
+
+
 def test_the_demo_is_judged_once_per_unit(counted, tmp_path):
     from ckptaudit import demo
 
