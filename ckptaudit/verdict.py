@@ -109,7 +109,9 @@ def build(inv: dict, tables: Dict[str, List[dict]], cfg: dict) -> dict:
 
     Each unit's findings are gathered from the detectors that judge it (every stage's, the run's, the cut
     walk's, the files that changed during the audit), and its ``usable_for`` is taken from them once
-    (:func:`_judged`).  Detectors that run on those judgements then add findings without changing one:
+    (:func:`_judged`).  Before that judgement the verdict still edits two things of the stages' findings: a
+    file-layer finding's cap is weighed by the damaged file's role (:func:`_weigh_by_role`), and
+    ``step_name_disagrees`` (capped ``resume``) is dropped when the run shows its names count saves.  Detectors that run on those judgements then add findings without changing one:
     pointer judgements (:mod:`ckptaudit.pointer_judgements`) and resume entries (:mod:`ckptaudit.resume_entry`)
     join a unit only findings capped at a level it already holds.  One exception lowers a judgement: a file of
     a save loaded with other ranks' files (NVRx) is judged alone first, and ``save_spoiled_by_another_rank``
