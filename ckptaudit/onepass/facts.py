@@ -175,14 +175,10 @@ def _by_kind(rows) -> Dict[str, "pa.Table"]:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from ..tables import SCHEMAS
+    from ..tables import SCHEMAS, iter_batches
 
     if isinstance(rows, (str, os.PathLike)):
-        import pyarrow.parquet as pq
-
-        pf = pq.ParquetFile(rows, read_dictionary=["file", "kind", "dtype", "version"])
-        cols = [c for c in LOAD_COLUMNS if c in pf.schema_arrow.names]
-        batches = pf.iter_batches(batch_size=BATCH_ROWS, columns=cols, use_threads=False)
+        batches = iter_batches(rows, list(LOAD_COLUMNS), BATCH_ROWS, ["file", "kind", "dtype", "version"])
     else:
         t = rows if isinstance(rows, pa.Table) else pa.Table.from_pylist(list(rows), schema=SCHEMAS["bytefacts"])
         batches = t.select([c for c in LOAD_COLUMNS if c in t.column_names]).to_batches(BATCH_ROWS)
