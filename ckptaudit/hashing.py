@@ -196,9 +196,8 @@ def hash_unit(run_dir: Path, unit: dict, facts: Optional[list] = None,
     records and the value statistics of its tensors, appended to ``facts`` (one ``pyarrow`` table of rows of
     the internal ``bytefacts`` table per file, :func:`ckptaudit.onepass.facts.table_of`) when given, for the
     scan and state stages; ``planned(file)`` false (the layout never reads that file by record:
-    :func:`ckptaudit.layouts.reads_records`) skips them for that file.  ``depth``: a
-    :class:`ckptaudit.read_depth.ReadDepth` (None: :data:`~ckptaudit.read_depth.FULL`); ``stop``: an event that,
-    set, stops the passes at their next buffer (their files' rows say so).
+    :func:`ckptaudit.layouts.reads_records`) skips them for that file.  ``depth``: a :class:`~ckptaudit.read_depth.
+    ReadDepth` (None: ``FULL``); ``stop``: an event that, set, stops the passes at their next buffer.
 
     A DCP folder's ``integrity.json`` (Megatron-Core's manifest, :mod:`ckptaudit.formats.integrity_json`) is read
     first, not passed: each file it lists is checked against it in the same pass (``integrity_mismatch``), the
