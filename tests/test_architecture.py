@@ -302,10 +302,7 @@ PURE_CACHES: Dict[str, str] = {
 }
 
 #: Impure module caches not yet turned into parameters: this list only shrinks (each entry says what replaces it).
-PENDING_CACHES: Dict[str, str] = {
-    "ckptaudit.onepass.plan_dcp._places": "the walked .metadata of a DCP folder, keyed by its version: to become "
-                                          "a value the hash stage computes once per unit and hands to plan_file",
-}
+PENDING_CACHES: Dict[str, str] = {}
 
 #: The modules that read or write Parquet: the stages' table I/O, the report, the reader's audit import.
 PARQUET_MODULES = {"ckptaudit.tables", "ckptaudit.report", "ckptaudit.newest_first"}
