@@ -200,7 +200,6 @@ def stage_load(inv: dict, part: str, cfg: dict, scan_path: str, out: str,
 
     before = fs.stage_bytes()
     children_before = loadtest.child_bytes_read()  # the counter is per thread: this stage's share only
-    served_before = load_server.SERVED[0]
     scans = {r["unit"]: r for r in tables.read_rows(scan_path)}
     run_dir = _run_dir(inv, cfg)
     # the facts only plan a remote object's sparse copy (ckptaudit.load_copy)
@@ -218,7 +217,7 @@ def stage_load(inv: dict, part: str, cfg: dict, scan_path: str, out: str,
                                                    "findings_json": json.dumps([f.to_dict()])}]))
     tables.write("load", rows, out)
     _write_bytes(out, "load", part, before, loadtest_bytes=loadtest.child_bytes_read() - children_before,
-                 served_files=load_server.SERVED[0] - served_before)
+                 served_files=loader.files_served if isinstance(loader, load_server.ServerLoads) else 0)
     return rows
 
 
