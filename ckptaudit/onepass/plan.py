@@ -80,8 +80,9 @@ def plan_file(path, data: Optional[bytes] = None, dcp_places: Optional[dict] = N
     """The plan of ``path`` (empty when its format is neither a readable torch zip nor safetensors); ``data``:
     the whole file's bytes when the caller holds them already (a small remote object), so nothing is read.  A DCP
     data file (``__<rank>_<n>.distcp``: many ``torch.save`` zips back to back) is planned blob by blob from its
-    folder's ``.metadata`` (:func:`ckptaudit.onepass.plan_dcp.distcp_ranges`; ``dcp_places``: that folder's places when the caller walked
-    it, :func:`ckptaudit.onepass.plan_dcp.unit_places`); a remote one is not (yet) planned."""
+    folder's ``.metadata`` (:func:`ckptaudit.onepass.plan_dcp.distcp_ranges`; ``dcp_places``: that folder's
+    places when the caller walked it, :func:`ckptaudit.onepass.plan_dcp.unit_places`); a remote one is not (yet)
+    planned."""
     try:
         from . import plan_dcp
 

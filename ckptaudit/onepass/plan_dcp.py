@@ -6,8 +6,8 @@ range the folder's ``.metadata`` gives it (``_StorageInfo(relative_path, offset,
 zips is not one zip (its last blob's end record counts from that blob's start), so the single-zip plan
 (:func:`ckptaudit.onepass.plan._plan_zip`) finds nothing there; :func:`ckptaudit.onepass.plan.plan_file` plans
 it with :func:`distcp_ranges`.  That takes each blob's range from ``.metadata`` (walked statically, never
-unpickled, parsed once per unit: :func:`unit_places`, handed to the plan of each of its files), reads each blob's end record, central directory
-and local headers (:func:`ckptaudit.formats.zip.blob.blob_records`: small reads, no tensor byte) and gives the
+unpickled, once per unit: :func:`unit_places`, handed to the plan of each of its files), reads each blob's end
+record, central directory and local headers (:func:`ckptaudit.formats.zip.blob.blob_records`: small reads, no tensor byte) and gives the
 pass every stored record with a recorded CRC-32 (member ``"<blob offset>:<name>"``, unique in the file) and the
 blobs' ``data/`` records as tensor data.  The DCP scan (:mod:`ckptaudit.layouts.dcp_crc`) compares the CRCs
 the pass computed.
@@ -89,8 +89,8 @@ def distcp_ranges(fh, path, places_here: Optional[Dict[str, "object"]] = None
     read through ``fh`` (an :class:`ckptaudit.formats.zip.reader.ArchiveFile` over it): every stored record with
     a recorded CRC-32 of every blob ``.metadata`` places in it, ascending, and the blobs' ``<prefix>/data/<key>``
     records; None when ``.metadata`` places nothing there.  ``places_here``: :func:`folder_places` of its folder
-    when the caller walked it already (:func:`unit_places`), else walked here.  Blobs that are no consistent zip (another
-    serialization format, a damaged blob) add nothing: the scan then checks them as before."""
+    when the caller walked it already (:func:`unit_places`), else walked here.  Blobs that are no consistent zip
+    (another serialization format, a damaged blob) add nothing: the scan then checks them as before."""
     import numpy as np
     import pyarrow as pa
 
