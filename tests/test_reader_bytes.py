@@ -178,3 +178,24 @@ def test_the_reader_hashes_only_what_a_recorded_digest_can_check(tmp_path):
     ckpt = safe_load_checkpoint(run)
     assert ckpt.unit == "ckpt_000100.pt" and "ckpt_000200.pt" in ckpt.skipped
     assert "CRC" in ckpt.skipped["ckpt_000200.pt"] or "crc" in ckpt.skipped["ckpt_000200.pt"].lower()
+
+
+def test_the_read_depth_reaches_the_zip_check_on_the_facts_it_receives(tmp_path):
+    """A flipped tensor byte fails its record's CRC32 at the audit's depth; at METADATA_ONLY (the reader's run
+    pass, carried on the ByteFacts the scan hands its checks) the check reads no tensor byte and says nothing
+    of it, and neither reads a SHA-256 nor a byte outside the file's metadata."""
+    from ckptaudit import fs
+    from ckptaudit.formats import torchzip
+    from ckptaudit.onepass.facts import ByteFacts
+    from ckptaudit.read_depth import METADATA_ONLY
+
+    run = _run(tmp_path / "run", steps=(100,))
+    path = run / "ckpt_000100.pt"
+    _flip_a_tensor_byte(path)
+    full = torchzip.check_zip(path, facts=ByteFacts())
+    before = fs.local_bytes_read()
+    meta = torchzip.check_zip(path, facts=ByteFacts(METADATA_ONLY.tensor_bytes))
+    read = fs.local_bytes_read() - before
+    assert [f.kind for f in full.findings if "crc" in f.kind] == ["zip_crc_mismatch"]
+    assert not [f for f in meta.findings if "crc" in f.kind]
+    assert read <= METADATA_SLACK < path.stat().st_size, (read, path.stat().st_size)
