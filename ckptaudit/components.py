@@ -16,7 +16,6 @@ objects.
 from __future__ import annotations
 
 import fnmatch
-import functools
 import json
 import re
 from dataclasses import dataclass, field
@@ -117,36 +116,13 @@ class Components:
 
 
 def of_scan_row(scan_row: dict) -> Tuple[Components, Dict[str, Any], Dict[str, Any]]:
-    """(components, tree, facts) of a ``scan`` table row, collected once per process.
-
-    The structure, configdiff and state stages each need the components of the same unit; in one
-    process (:func:`ckptaudit.pipeline.audit_in_process`, :func:`ckptaudit.safe_load_checkpoint`)
-    they are collected from the row's ``tree_json``/``facts_json`` once and shared (callers only
-    read them).  The last 16 rows are kept.
-    """
-    tree_json, facts_json = scan_row.get("tree_json") or "{}", scan_row.get("facts_json") or "{}"
-    tree, facts = json.loads(tree_json), json.loads(facts_json)  # once, for the caller and for a new row
-    # switching the contracts off (CKPTAUDIT_PRODUCER_CONTRACTS=0) changes the result: part of the key
-    row = _Row((scan_row.get("layout") or "", tree_json, facts_json, producers.enabled()), tree, facts)
-    return _collected(row), tree, facts
-
-
-@dataclass(unsafe_hash=True)
-class _Row:
-    """A scan row as the key of :func:`_collected`: equal and hashed by ``key`` (layout, the two JSON texts,
-    contracts on) alone, carrying the parsed tree and facts to the first call, which drops them."""
-    key: tuple
-    tree: Any = field(compare=False)
-    facts: Any = field(compare=False)
-
-
-@functools.lru_cache(maxsize=16)
-def _collected(row: _Row) -> Components:
-    """The components of ``row`` (the last 16 rows' are kept); its parsed tree and facts are not kept here."""
-    try:
-        return collect(row.key[0], row.tree, row.facts)
-    finally:
-        row.tree = row.facts = None
+    """(components, tree, facts) of a ``scan`` table row: its ``tree_json`` and ``facts_json`` parsed once, for
+    the caller and for :func:`collect`.  Nothing is kept between calls: each stage collects the units it judges
+    once (in the workflow each stage is its own process, so a cache shared by stages served only the in-process
+    audit)."""
+    tree = json.loads(scan_row.get("tree_json") or "{}")
+    facts = json.loads(scan_row.get("facts_json") or "{}")
+    return collect(scan_row.get("layout") or "", tree, facts), tree, facts
 
 
 def collect(layout: str, tree: Dict[str, Any], facts: Dict[str, Any]) -> Components:

@@ -101,19 +101,19 @@ def _where(run_dir: Path, rel: str, unit: str, start: int, end: int) -> str:
 
 
 def _file_passes(run_dir: Path, unit: dict, manifest_entries: Dict[str, dict], sidecars, prog,
-                 planned: Callable[[str], bool]) -> Dict[str, object]:
+                 planned: Callable[[str], bool], depth, stop) -> Dict[str, object]:
     """{file: its one pass (:class:`ckptaudit.onepass.filepass.FileFacts`) or the ``OSError`` that stopped it},
     files passed in parallel (at most :data:`FILES_AT_ONCE`).  A file whose manifest entry has usable chunk
     digests gets those instead of the whole-file SHA-256 (which they imply when all match); a file with neither
     those nor a recorded digest (``sidecars``: the files a sidecar or an ``integrity.json`` gives one) gets no
-    SHA-256 inside :func:`ckptaudit.read_depth.checked_digests_only`.
-    A file for which ``planned`` is false gets no plan (no record or value facts: no later stage asks for
-    them)."""
-    from . import read_depth
-    from .onepass import stream
+    SHA-256 at a ``depth`` without ``unchecked_digests`` (:data:`ckptaudit.read_depth.CHECKED_DIGESTS_ONLY`).
+    A file for which ``planned`` is false gets no plan (no later stage asks for its record or value facts; a DCP
+    folder's ``.metadata`` is walked once for the rest).  ``stop``: an event that, set, stops every pass."""
     from .onepass.consumers import Progress
     from .onepass.filepass import pass_file
     from .onepass.plan import Plan
+    from .onepass.plan_dcp import unit_places
+    dcp = unit_places(run_dir / rel for rel in unit["files"] if planned(rel))
 
     def one(rel: str):
         p = run_dir / rel
@@ -121,21 +121,21 @@ def _file_passes(run_dir: Path, unit: dict, manifest_entries: Dict[str, dict], s
         try:
             me = manifest_entries.get(rel)
             chunks = entry_chunks(me, p.stat().st_size)
-            whole = chunks is None and (rel in sidecars or me is not None or read_depth.unchecked_digests())
+            whole = chunks is None and (rel in sidecars or me is not None or depth is None or depth.unchecked_digests)
             with _PASS_SLOTS:
                 ff = pass_file(p, whole_sha=whole, chunk_bytes=me["chunk_bytes"] if chunks else None,
                                chunk_algorithm=chunks[0] if chunks else "sha256",
-                               progress=Progress(prog), plan=None if planned(rel) else Plan())
+                               progress=Progress(prog), plan=None if planned(rel) else Plan(), stop=stop,
+                               dcp_places=dcp.get(fs.fspath(p)))
         except OSError as e:
             return e
         ff.seconds = time.perf_counter() - t0
         return ff
 
-    files = list(unit["files"])
-    if len(files) < 2:
+    if len(files := list(unit["files"])) < 2:
         return {rel: one(rel) for rel in files}
     with ThreadPoolExecutor(max_workers=min(len(files), FILES_AT_ONCE)) as pool:
-        return dict(zip(files, pool.map(stream.in_this_context(one), files)))  # a caller's stop reaches them
+        return dict(zip(files, pool.map(one, files)))
 
 
 #: Files of one unit read at once by the hash stage (each holds two read buffers: memory stays bounded).
@@ -181,7 +181,7 @@ def _manifest_entries(run_dir: Path, unit: dict, rows: List[dict]) -> Dict[str, 
 
 
 def hash_unit(run_dir: Path, unit: dict, facts: Optional[list] = None,
-              planned: Optional[Callable[[str], bool]] = None) -> List[dict]:
+              planned: Optional[Callable[[str], bool]] = None, depth=None, stop=None) -> List[dict]:
     """Hash every file of ``unit``; return rows of the ``hash`` table.
 
     A unit whose files have neither sidecar nor manifest entry gets one
@@ -197,7 +197,7 @@ def hash_unit(run_dir: Path, unit: dict, facts: Optional[list] = None,
     records and the value statistics of its tensors, appended to ``facts`` (one ``pyarrow`` table of rows of
     the internal ``bytefacts`` table per file, :func:`ckptaudit.onepass.facts.table_of`) when given, for the
     scan and state stages; ``planned(file)`` false (the layout never reads that file by record:
-    :func:`ckptaudit.layouts.reads_records`) skips them for that file.
+    :func:`ckptaudit.layouts.reads_records`) skips them for that file.  ``depth``, ``stop``: :func:`_file_passes`'.
 
     A DCP folder's ``integrity.json`` (Megatron-Core's manifest, :mod:`ckptaudit.formats.integrity_json`) is read
     first, not passed: each file it lists is checked against it in the same pass (``integrity_mismatch``), the
@@ -222,7 +222,7 @@ def hash_unit(run_dir: Path, unit: dict, facts: Optional[list] = None,
     no_crc: List[str] = []  # files without a digest whose bytes no per-record CRC-32 covers either
     prog = _progress.for_unit(unit)  # bytes hashed, for the CLI's progress line ($CKPTAUDIT_PROGRESS_DIR)
     passes = _file_passes(run_dir, {**unit, "files": passed}, manifest_entries, sidecar_map.keys() | listed.keys(),
-                          prog, planned or (lambda rel: True))
+                          prog, planned or (lambda rel: True), depth, stop)
     for rel in passed:
         ff = passes[rel]
         if isinstance(ff, OSError):

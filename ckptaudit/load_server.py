@@ -158,27 +158,33 @@ def _exchange(info: str | os.PathLike, message: dict, timeout: float):
         s.close()
 
 
-#: Files the load server loaded for this process (:func:`loader`); the load stage records its share.
-SERVED = [0]
-
-
-def loader(info: str | os.PathLike | None):
+class ServerLoads:
     """A ``loader`` for :func:`ckptaudit.loadtest.load_units`: the files of a local run go to the server that
-    ``info`` (a ``load_server.json``) names, and its answer counts to :data:`SERVED` and to the children's bytes
-    read; without an answer (or for a remote run) they load in this process (:func:`ckptaudit.loadtest.load_todo`)."""
-    from . import fs, loadtest
+    ``info`` (a ``load_server.json``) names, and its answer counts to :attr:`files_served` and to the children's
+    bytes read; without an answer (or for a remote run) they load in this process
+    (:func:`ckptaudit.loadtest.load_todo`)."""
 
-    def load(run_dir, todo, cfg, timeout, limit):
+    def __init__(self, info: str | os.PathLike | None) -> None:
+        self.info = info
+        self.files_served = 0  # files the load server loaded for this loader (the load stage's bytes file)
+
+    def __call__(self, run_dir, todo, cfg, timeout, limit):
+        from . import fs, loadtest
+
         answer = None
-        if info and not fs.is_remote(run_dir):
-            answer = request(info, str(run_dir), [[u["unit"], f, k, b] for u, f, k, b in todo], cfg, timeout, limit)
+        if self.info and not fs.is_remote(run_dir):
+            answer = request(self.info, str(run_dir), [[u["unit"], f, k, b] for u, f, k, b in todo], cfg, timeout,
+                             limit)
         if answer is None:
             return loadtest.load_todo(run_dir, todo, cfg, timeout, limit)
         loadtest.count_child_bytes(int(answer.get("child_bytes") or 0))
-        SERVED[0] += len(todo)
+        self.files_served += len(todo)
         return answer["results"]
 
-    return load
+
+def loader(info: str | os.PathLike | None) -> ServerLoads:
+    """The load stage's loader of the server ``info`` names (:class:`ServerLoads`)."""
+    return ServerLoads(info)
 
 
 def _recv(s: socket.socket) -> bytes:

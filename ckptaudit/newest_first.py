@@ -6,7 +6,7 @@ checkpoint (issue 23: 4.0 × SHA-256 + ``torch.load`` of the newest unit on a ru
 reaches the same answer in two passes:
 
 1. **The run, by its metadata.**  The inventory (names, sizes, pointers), then the scan, config diff,
-   structure and state stages over every unit inside :func:`ckptaudit.read_depth.metadata_only` and with
+   structure and state stages over every unit at :data:`ckptaudit.read_depth.METADATA_ONLY` and with
    ``state.nan_scan`` off: zip central directories and local headers, data.pkl and its static walk
    (security included), safetensors headers, JSON files — never a zip record's CRC32, a SHA-256, a load
    or a value scan.  This is what the run-level judgements need (step continuity, scheduler cadence, a
@@ -14,7 +14,7 @@ reaches the same answer in two passes:
 2. **The candidates, by every byte.**  The verdict is built (:func:`ckptaudit.verdict.build`) and its
    rollback chosen (:func:`choose`).  While the chosen unit has not been examined,
    it is: the hash stage (SHA-256 against its sidecar or manifest, or the manifest's chunk digests; no
-   SHA-256 where nothing records one, :func:`ckptaudit.read_depth.checked_digests_only`; the CRC32 of
+   SHA-256 where nothing records one, :data:`ckptaudit.read_depth.CHECKED_DIGESTS_ONLY`; the CRC32 of
    every zip record, the value statistics), then scan, load test, config diff, structure and state with those facts, as the audit
    runs them (in the reader, the load test of a torch zip or safetensors file is the load it returns, done
    once in the caller's process: :mod:`ckptaudit.reader_load`); its rows replace its metadata rows and the
@@ -55,11 +55,11 @@ def _metadata_pass(inv: dict, cfg: dict, out: Path, target_path: str) -> Dict[st
     meta_inv = {**inv, "parts": {"metadata": [u["unit"] for u in inv["units"]]}}
     meta_cfg = {**cfg, "state": {**(cfg.get("state") or {}), "nan_scan": False}}
     p = _paths(out, "metadata")
-    with read_depth.metadata_only():
-        stages.stage_scan(meta_inv, "metadata", meta_cfg, p["scan"], p["tensors"], p["imports"])
-        stages.stage_configdiff(meta_inv, "metadata", meta_cfg, p["scan"], p["configdiff"])
-        stages.stage_structure(meta_inv, "metadata", meta_cfg, p["scan"], p["tensors"], p["structure"], target_path)
-        stages.stage_state(meta_inv, "metadata", meta_cfg, p["scan"], p["tensors"], p["state"])
+    stages.stage_scan(meta_inv, "metadata", meta_cfg, p["scan"], p["tensors"], p["imports"],
+                      depth=read_depth.METADATA_ONLY)
+    stages.stage_configdiff(meta_inv, "metadata", meta_cfg, p["scan"], p["configdiff"])
+    stages.stage_structure(meta_inv, "metadata", meta_cfg, p["scan"], p["tensors"], p["structure"], target_path)
+    stages.stage_state(meta_inv, "metadata", meta_cfg, p["scan"], p["tensors"], p["state"])
     return {t: {r["unit"]: r for r in tables.read_rows(p[t])} for t in ("scan", "configdiff", "structure", "state")}
 
 
@@ -77,13 +77,12 @@ class _Ahead:
     of a unit no older than the rollback point (the newest), which the search reads anyway when that unit is the
     rollback point or a unit it rejects after reading it.  When the search's first choice is another unit (the
     newest failed on its metadata: a save cut short), the pass is stopped at its next buffer
-    (:func:`ckptaudit.onepass.stream.stop_when`) and its rows are never used."""
+    (the ``stop`` event of :func:`ckptaudit.onepass.stream.run`) and its rows are never used."""
 
     def __init__(self, inv: dict, out: Path, skip) -> None:
         import threading
 
         from . import read_depth, stages
-        from .onepass import stream
 
         live = [u for u in inv["units"] if not u.get("in_progress") and u["unit"] not in skip]
         self.unit = live[-1]["unit"] if live and _ends_whole(inv["run_dir"], live[-1]) else None
@@ -97,8 +96,8 @@ class _Ahead:
 
         def run() -> None:
             try:
-                with stream.stop_when(self._stop), read_depth.checked_digests_only():
-                    stages.stage_hash(one, part, _paths(out, part)["hash"])
+                stages.stage_hash(one, part, _paths(out, part)["hash"], depth=read_depth.CHECKED_DIGESTS_ONLY,
+                                  stop=self._stop)
             except BaseException as e:  # noqa: BLE001 - raised again where the search would have raised it
                 self._error.append(e)
 
@@ -169,8 +168,7 @@ def _examine(inv: dict, unit: str, cfg: dict, out: Path, target_path: str,
     one = {**inv, "parts": {part: [unit]}}
     p = _paths(out, part)
     if ahead is None or not ahead.take(unit):
-        with read_depth.checked_digests_only():
-            stages.stage_hash(one, part, p["hash"])
+        stages.stage_hash(one, part, p["hash"], depth=read_depth.CHECKED_DIGESTS_ONLY)
     stages.stage_scan(one, part, cfg, p["scan"], p["tensors"], p["imports"])
     stages.stage_load(one, part, cfg, p["scan"], p["load"], loader=loads)
     stages.stage_configdiff(one, part, cfg, p["scan"], p["configdiff"])

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
-from . import liveness
+from . import liveness, read_depth
 from .parts import part_units, read_inventory  # noqa: F401 - part_units re-exported
 from .layouts.scan import iter_scans, object_store_findings, scan_units  # noqa: F401 - re-exported
 from .target import load_reference  # noqa: F401 - re-exported
@@ -84,23 +84,27 @@ def _write_bytes(out: str, stage: str, part: str, before: Dict[str, int], **extr
     return doc
 
 
-def _load_facts(out: str, part: str, facts_path: Optional[str], run_dir):
+def _load_facts(out: str, part: str, facts_path: Optional[str], run_dir,
+                depth: read_depth.ReadDepth = read_depth.FULL):
     """The hash stage's facts of ``part`` (table ``bytefacts``) as a :class:`ckptaudit.onepass.facts.ByteFacts`
-    (empty when the hash stage wrote none)."""
+    (empty when the hash stage wrote none), carrying ``depth``'s ``tensor_bytes`` to the file checks."""
     from .onepass import facts
 
     p = Path(facts_path) if facts_path else work_file(out, "bytefacts", part, "parquet")
-    return facts.load(p if p.is_file() else [], run_dir)  # read a batch at a time
+    return facts.load(p if p.is_file() else [], run_dir, depth.tensor_bytes)  # read a batch at a time
 
 
-def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None) -> List[dict]:
+def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None,
+               depth: read_depth.ReadDepth = read_depth.FULL, stop=None) -> List[dict]:
     """Hash every file of ``part`` in one pass per file, up to :data:`ckptaudit.hashing.PASSES_AT_ONCE` units
     at once.  A part packs several units, and SHA-256, CRC32 and numpy release the GIL, so one job uses every
     core the rule's ``threads`` reserve; with more units than cores the kernel time-slices the passes, so
     three 1 GiB files on two cores finish together instead of two, then one (SHA-256 is serial per file).
     ``PASSES_AT_ONCE`` bounds the passes in flight, so memory does not grow with the part.  Rows keep the
     part's unit order.  Also writes the pass's facts (table ``bytefacts``, at ``out_facts`` or
-    :func:`work_file`) and the bytes read (:func:`bytes_path`)."""
+    :func:`work_file`) and the bytes read (:func:`bytes_path`).  ``depth``: which SHA-256s are computed
+    (:class:`ckptaudit.read_depth.ReadDepth`); ``stop``: an event that, set, stops the passes at their next
+    buffer (the reader abandoning a pass it started ahead)."""
     from concurrent.futures import ThreadPoolExecutor
 
     import functools
@@ -118,7 +122,7 @@ def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None) 
     def one(u: dict):
         facts: list = []
         planned = functools.partial(layouts.reads_records, u)  # files a later stage reads by record
-        rows = liveness.guard("hash", u, lambda: hashing.hash_unit(run_dir, u, facts, planned),
+        rows = liveness.guard("hash", u, lambda: hashing.hash_unit(run_dir, u, facts, planned, depth, stop),
                               lambda f: [_hash_error_row(u, f)])
         done_at = now_utc()  # when these bytes were last verified (the report's "last hashed")
         for r in rows:
@@ -157,14 +161,15 @@ def _with_object_store(inv: dict, units: List[dict]) -> List[dict]:
 
 
 def stage_scan(inv: dict, part: str, cfg: dict, out: str, out_tensors: str, out_imports: str,
-               facts_path: Optional[str] = None) -> List[dict]:
+               facts_path: Optional[str] = None, depth: read_depth.ReadDepth = read_depth.FULL) -> List[dict]:
     """The file and security layers of ``part``; the CRC32 of zip records comes from the hash stage's facts
-    (``facts_path``, else the ``bytefacts`` table at :func:`work_file`) where it has them."""
+    (``facts_path``, else the ``bytefacts`` table at :func:`work_file`) where it has them.  At a ``depth``
+    without ``tensor_bytes`` (:data:`ckptaudit.read_depth.METADATA_ONLY`) no check streams tensor data."""
     from . import fs, tables
 
     before = fs.stage_bytes()
     run_dir = _run_dir(inv, cfg)
-    facts = _load_facts(out, part, facts_path, run_dir)
+    facts = _load_facts(out, part, facts_path, run_dir, depth)
     scans, imports = [], []
     # a unit's tensors as columns, written as scanned; remote reads served from the pass's kept bytes
     with fs.kept.serving(facts.kept), tables.BatchWriter("tensors", out_tensors) as tensors:
@@ -195,7 +200,6 @@ def stage_load(inv: dict, part: str, cfg: dict, scan_path: str, out: str,
 
     before = fs.stage_bytes()
     children_before = loadtest.child_bytes_read()  # the counter is per thread: this stage's share only
-    served_before = load_server.SERVED[0]
     scans = {r["unit"]: r for r in tables.read_rows(scan_path)}
     run_dir = _run_dir(inv, cfg)
     # the facts only plan a remote object's sparse copy (ckptaudit.load_copy)
@@ -213,7 +217,7 @@ def stage_load(inv: dict, part: str, cfg: dict, scan_path: str, out: str,
                                                    "findings_json": json.dumps([f.to_dict()])}]))
     tables.write("load", rows, out)
     _write_bytes(out, "load", part, before, loadtest_bytes=loadtest.child_bytes_read() - children_before,
-                 served_files=load_server.SERVED[0] - served_before)
+                 served_files=loader.files_served if isinstance(loader, load_server.ServerLoads) else 0)
     return rows
 
 

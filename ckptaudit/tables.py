@@ -275,6 +275,15 @@ def read_table(path: str | Path, columns=None) -> pa.Table:
     return f.read(columns=columns)
 
 
+def iter_batches(path: str | Path, columns: List[str], batch_size: int, dictionary: List[str]):
+    """The record batches of a Parquet table, ``batch_size`` rows each, of those of ``columns`` it has (a file
+    written before a column existed lacks it), string columns in ``dictionary`` read dictionary-encoded.
+    Raises what ``pyarrow`` raises for a missing or damaged file."""
+    pf = pq.ParquetFile(path, read_dictionary=dictionary)
+    cols = [c for c in columns if c in pf.schema_arrow.names]
+    return pf.iter_batches(batch_size=batch_size, columns=cols, use_threads=False)
+
+
 def read_rows(path: str | Path, columns=None) -> List[dict]:
     """Rows of a Parquet table (its ``columns``, default all) as dicts (no pandas).
 

@@ -284,3 +284,126 @@ def test_no_private_name_is_imported_from_another_module():
     assert not across, "make it public (with a docstring) or keep it in its package:\n" + "\n".join(across)
     assert not within, "make it public (with a docstring) or keep it in its module:\n" + "\n".join(within)
 
+
+
+# ------------------------------------------------------------------ one signature: values, not ambient state
+#: Module-level functions decorated with ``functools.lru_cache``/``functools.cache`` that may stay: each a pure
+#: function of its arguments (or of a constant of the install or the process), with the reason.  What a stage
+#: needs beyond that (run folder, config, byte facts, kept bytes, read depth) travels as a parameter.
+PURE_CACHES: Dict[str, str] = {
+    "ckptaudit.roles._compiled": "regexes compiled from a tuple of (role, pattern) pairs: a function of its argument",
+    "ckptaudit.schemas.schema": "a JSON schema shipped inside the package: a constant of the install",
+    "ckptaudit.config._parsed_defaults": "config/config.yaml shipped with the package: a constant of the install",
+    "ckptaudit.config._schema": "a YAML file's parse keyed by its path and mtime: a function of its arguments",
+    "ckptaudit.parts._read_inventory_once": "inventory.json's parse keyed by path, size and mtime (the rules' "
+                                            "input functions, not a stage): a function of its arguments",
+    "ckptaudit.configdiff.installed_version": "an installed distribution's version: a constant of the process",
+    "ckptaudit.publish.writer._libc_sync_file_range": "a libc symbol looked up once: a constant of the process",
+}
+
+#: Impure module caches not yet turned into parameters: this list only shrinks (each entry says what replaces it).
+PENDING_CACHES: Dict[str, str] = {}
+
+#: Modules still holding a ``ContextVar``, with what replaces it: this list only shrinks.
+PENDING_CONTEXT_VARS: Dict[str, str] = {
+    "ckptaudit.fs.kept": "the kept bytes a stage serves to every remote read below it (about 40 read sites in "
+                         "the scan, load and state layers): to become a kept= parameter of fs.read_ranges, "
+                         "open_binary and read_bounded, handed down with the ByteFacts the checks receive",
+}
+
+#: The modules that read or write Parquet: the stages' table I/O, the report, the reader's audit import.
+PARQUET_MODULES = {"ckptaudit.tables", "ckptaudit.report", "ckptaudit.newest_first"}
+
+_CACHE_DECORATORS = {"lru_cache", "cache"}
+
+
+def _decorator_name(d: ast.expr) -> str:
+    """``lru_cache`` for ``@lru_cache``, ``@lru_cache(8)``, ``@functools.lru_cache(maxsize=8)`` …"""
+    if isinstance(d, ast.Call):
+        d = d.func
+    if isinstance(d, ast.Attribute):
+        return d.attr
+    return d.id if isinstance(d, ast.Name) else ""
+
+
+def _module_caches(mods: Dict[str, Path]) -> Set[str]:
+    """``module.function`` of every module-level function (or method of a module-level class) decorated with
+    ``lru_cache`` or ``cache``."""
+    out = set()
+    for mod, path in mods.items():
+        for node in ast.parse(path.read_text()).body:
+            fns = [node] if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) else [
+                f for f in getattr(node, "body", []) if isinstance(node, ast.ClassDef)
+                and isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))]
+            for fn in fns:
+                if any(_decorator_name(d) in _CACHE_DECORATORS for d in fn.decorator_list):
+                    owner = f"{node.name}." if isinstance(node, ast.ClassDef) else ""
+                    out.add(f"{mod}.{owner}{fn.name}")
+    return out
+
+
+def _context_vars(mods: Dict[str, Path]) -> List[str]:
+    """``module:line`` of every ``ContextVar(...)`` construction and every ``import contextvars``."""
+    out = []
+    for mod, path in mods.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            call = isinstance(node, ast.Call) and _decorator_name(node.func) == "ContextVar"
+            imp = (isinstance(node, ast.Import) and any(a.name == "contextvars" for a in node.names)) or (
+                isinstance(node, ast.ImportFrom) and node.module == "contextvars")
+            if call or imp:
+                out.append(f"{mod}:{node.lineno}")
+    return out
+
+
+def _parquet_calls(mods: Dict[str, Path]) -> List[str]:
+    """``module:line: code`` of every Parquet import (``pyarrow.parquet``, ``pyarrow.dataset``) and every
+    ``read_parquet``/``to_parquet`` call outside :data:`PARQUET_MODULES`."""
+    out = []
+    for mod, path in mods.items():
+        if mod in PARQUET_MODULES:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names: List[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            hit = any(n in ("pyarrow.parquet", "pyarrow.dataset") or n.startswith(("pyarrow.parquet.",
+                                                                                   "pyarrow.dataset."))
+                      for n in names)
+            hit = hit or (isinstance(node, ast.Call) and _decorator_name(node.func) in ("read_parquet", "to_parquet"))
+            if hit:
+                out.append(f"{mod}:{node.lineno}: {ast.unparse(node)[:80]}")
+    return out
+
+
+def test_no_context_var():
+    """The read depth and a pass's stop travel as parameters, not as contextvars (the kept bytes: pending)."""
+    found, pending = {at.split(":")[0] for at in _context_vars(_modules())}, set(PENDING_CONTEXT_VARS)
+    assert not found - pending, f"a ContextVar (pass a parameter instead): {sorted(found - pending)}"
+    assert not pending - found, f"gone: drop from PENDING_CONTEXT_VARS: {sorted(pending - found)}"
+
+
+def test_module_caches_are_pure_or_listed():
+    found = _module_caches(_modules())
+    listed = set(PURE_CACHES) | set(PENDING_CACHES)
+    assert not set(PURE_CACHES) & set(PENDING_CACHES)
+    assert not found - listed, f"a module-level cache (pass the value as a parameter): {sorted(found - listed)}"
+    assert not listed - found, f"gone: drop from the lists: {sorted(listed - found)}"
+
+
+def test_parquet_only_in_the_table_io_the_report_and_the_audit_import():
+    assert _parquet_calls(_modules()) == []
+
+
+def test_the_checkers_see_what_they_look_for(tmp_path):
+    """Each checker finds its construct in a module written for it (a checker that sees nothing passes too)."""
+    (tmp_path / "m.py").write_text(
+        "import contextvars\nimport functools\nimport pyarrow.parquet as pq\nfrom functools import lru_cache\n"
+        "V = contextvars.ContextVar('v')\n@functools.lru_cache(maxsize=8)\ndef a(x):\n    return x\n"
+        "@lru_cache\ndef b(x):\n    return x\nclass C:\n    @functools.cache\n    def c(self):\n        return 1\n"
+        "def d(df):\n    df.to_parquet('x')\n    pq.write_table(None, 'y')\n")
+    mods = {"ckptaudit.m": tmp_path / "m.py"}
+    assert _module_caches(mods) == {"ckptaudit.m.a", "ckptaudit.m.b", "ckptaudit.m.C.c"}
+    assert _context_vars(mods) == ["ckptaudit.m:1", "ckptaudit.m:5"]
+    assert [s.split(":")[1] for s in _parquet_calls(mods)] == ["3", "17"]  # the import, and to_parquet

@@ -100,6 +100,15 @@ def test_the_plan_of_a_rank_file_lists_every_blob_record_and_reads_no_tensor_byt
     assert all(zlib.crc32(data[o:o + n]) == stored[(o, n)] for _, o, n in plan.crc)
     skeleton = len(data) - sum(n for _, n in plan.tensor_data)
     assert read <= skeleton + (unit / ".metadata").stat().st_size, (read, skeleton)  # not one tensor byte
+    # the hash stage walks a unit's .metadata once and hands its places to each file's plan
+    from ckptaudit.onepass.plan_dcp import unit_places
+
+    places = unit_places([path, unit / ".metadata"])
+    assert list(places) == [fs.fspath(path)] and set(places[fs.fspath(path)]) == {p[0] for p in blobs.values()}
+    before = fs.local_bytes_read()
+    given = plan_file(path, dcp_places=places[fs.fspath(path)])
+    assert fs.local_bytes_read() - before <= skeleton, "the .metadata is not read again"
+    assert given.crc == plan.crc and given.tensor_data == plan.tensor_data
 
 
 def test_a_changed_chunk_is_an_error_naming_the_tensor_and_the_rollback_moves_back(saved, tmp_path):

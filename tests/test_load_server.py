@@ -21,12 +21,18 @@ LOCAL_CASES = REPO / "tests" / "cases"
 _VARYING = ("load_seconds", "peak_rss_bytes")
 
 
-def _rows(run_dir, server=None):
+def _served_rows(run_dir, server=None):
+    """(load rows of ``run_dir`` through the loader of ``server``, files that server loaded for them)."""
     units, _, _ = inventory.discover(run_dir)
     ud = [u.to_dict() for u in units]
     scans, _, _ = scan_units(run_dir, ud, {})
-    rows = loadtest.load_units(run_dir, ud, {s["unit"]: s for s in scans}, {}, load_server.loader(server))
-    return [{k: v for k, v in r.items() if k not in _VARYING} for r in rows]
+    ld = load_server.loader(server)
+    rows = loadtest.load_units(run_dir, ud, {s["unit"]: s for s in scans}, {}, ld)
+    return [{k: v for k, v in r.items() if k not in _VARYING} for r in rows], ld.files_served
+
+
+def _rows(run_dir, server=None):
+    return _served_rows(run_dir, server)[0]
 
 
 @pytest.fixture
@@ -54,10 +60,10 @@ def test_rows_from_the_server_equal_a_load_here(server, case):
     info, _ = server
     base = LOCAL_CASES if (LOCAL_CASES / case).is_dir() else CASES
     here = _rows(base / case)
-    served_before = load_server.SERVED[0]
-    assert _rows(base / case, info) == here
+    rows, served = _served_rows(base / case, info)
+    assert rows == here
     loaded = sum(r["status"] != "skipped" for r in here)
-    assert load_server.SERVED[0] - served_before == loaded
+    assert served == loaded
     if case == "trunc_zip_at_50pct":
         assert loaded == 0  # the scan already knows the bytes are damaged: nothing to load
     else:
@@ -68,9 +74,8 @@ def test_a_stale_record_loads_here_with_the_same_rows(tmp_path):
     """A SIGKILLed audit's ``load_server.json`` names a socket no one listens on: the job loads itself."""
     stale = tmp_path / "load_server.json"
     stale.write_text(json.dumps({"socket": str(tmp_path / "gone"), "pid": 0, "folder": str(tmp_path / "x")}))
-    served_before = load_server.SERVED[0]
-    assert _rows(CASES / "ok_full_torch", stale) == _rows(CASES / "ok_full_torch")
-    assert load_server.SERVED[0] == served_before
+    rows, served = _served_rows(CASES / "ok_full_torch", stale)
+    assert rows == _rows(CASES / "ok_full_torch") and served == 0
 
 
 def test_the_server_ends_with_the_process_that_started_it(tmp_path):
@@ -125,20 +130,21 @@ def test_two_load_jobs_at_once_are_served_side_by_side(server):
     def job(c):
         try:
             before = loadtest.child_bytes_read()
-            got[c] = (_rows(c, info), loadtest.child_bytes_read() - before)
+            rows, served = _served_rows(c, info)
+            got[c] = (rows, loadtest.child_bytes_read() - before, served)
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
-    served_before = load_server.SERVED[0]
     threads = [threading.Thread(target=job, args=(c,)) for c in cases]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert errors == []
-    assert {c: rows for c, (rows, _) in got.items()} == here
-    assert all(n > 0 for _, n in got.values())  # each load read its file's zip directory and pickle
-    assert load_server.SERVED[0] - served_before == sum(r["status"] != "skipped" for c in cases for r in here[c])
+    assert {c: rows for c, (rows, _, _) in got.items()} == here
+    assert all(n > 0 for _, n, _ in got.values())  # each load read its file's zip directory and pickle
+    assert {c: served for c, (_, _, served) in got.items()} == {c: sum(r["status"] != "skipped" for r in here[c])
+                                                               for c in cases}
 
 
 def test_a_record_left_by_another_audit_is_removed_never_signalled(tmp_path):

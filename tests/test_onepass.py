@@ -244,7 +244,7 @@ def test_verdicts_are_the_same_without_the_facts(tmp_path, monkeypatch):
 
     run = _run(tmp_path)
     audit_in_process(run, {"load": {"enabled": False}}, tmp_path / "with")
-    monkeypatch.setattr(facts, "load", lambda rows, run_dir: facts.ByteFacts())
+    monkeypatch.setattr(facts, "load", lambda rows, run_dir, tensor_bytes=True: facts.ByteFacts(tensor_bytes))
     audit_in_process(run, {"load": {"enabled": False}}, tmp_path / "without")
     cols = ["unit", "usable_for", "kinds", "n_errors", "n_warnings"]
     a = pq.read_table(tmp_path / "with" / "tables" / "units.parquet", columns=cols).to_pylist()
@@ -336,10 +336,10 @@ def test_kept_bytes_serve_reads_and_only_gaps_are_fetched():
 def test_kept_bytes_are_served_only_inside_their_block_and_context():
     """A stage serves its facts' kept bytes for the length of its work: outside the block, and in a thread that
     did not take the caller's context, nothing is served (the bytes are fetched)."""
+    import contextvars
     import threading
 
     from ckptaudit.fs import kept
-    from ckptaudit.onepass import stream
 
     k = kept.KeptBytes()
     assert kept.current() is None
@@ -349,7 +349,7 @@ def test_kept_bytes_are_served_only_inside_their_block_and_context():
         t = threading.Thread(target=lambda: seen.setdefault("bare", kept.current()))
         t.start()
         t.join()
-        stream.in_this_context(lambda: seen.setdefault("ctx", kept.current()))()
+        contextvars.copy_context().run(lambda: seen.setdefault("ctx", kept.current()))
         with kept.serving(None):
             assert kept.current() is None
         assert kept.current() is k

@@ -132,12 +132,12 @@ def test_a_pass_stops_at_its_next_buffer_when_its_caller_says_so(tmp_path):
             stop.set()
 
     c = StopAfterFirst()
-    with stream.stop_when(stop), pytest.raises(stream.PassStopped):
-        stream.run(p, [c])
+    with pytest.raises(stream.PassStopped):
+        stream.run(p, [c], stop=stop)
     assert c.seen == stream.BUFFER_BYTES  # one buffer, then the stop
-    with stream.stop_when(stop), pytest.raises(OSError):  # a whole-file pass, as the hash stage runs it
-        pass_file(p)
-    assert pass_file(p).sha256_hex  # outside the block nothing stops it
+    with pytest.raises(OSError):  # a whole-file pass, as the hash stage runs it
+        pass_file(p, stop=stop)
+    assert pass_file(p).sha256_hex  # a pass not given the event: nothing stops it
 
 
 def test_read_ahead_only_of_a_zip_that_ends_with_its_directory(tmp_path):
@@ -158,7 +158,7 @@ def test_read_ahead_only_of_a_zip_that_ends_with_its_directory(tmp_path):
 
 
 def test_the_reader_hashes_only_what_a_recorded_digest_can_check(tmp_path):
-    """Inside checked_digests_only (the reader's examination) a file with no sidecar gets no SHA-256, one with a
+    """At CHECKED_DIGESTS_ONLY (the reader's examination) a file with no sidecar gets no SHA-256, one with a
     sidecar is still verified, and a bit flipped in a bare file is still found by its record's CRC32."""
     import hashlib
 
@@ -168,9 +168,8 @@ def test_the_reader_hashes_only_what_a_recorded_digest_can_check(tmp_path):
     sealed = run / "ckpt_000100.pt"
     (run / "ckpt_000100.pt.sha256").write_text(f"{hashlib.sha256(sealed.read_bytes()).hexdigest()}  ckpt_000100.pt\n")
     units = {u.unit: u.to_dict() for u in inventory.discover(run)[0]}
-    with read_depth.checked_digests_only():
-        (bare,) = hashing.hash_unit(run, units["ckpt_000200.pt"])
-        (checked,) = hashing.hash_unit(run, units["ckpt_000100.pt"])
+    (bare,) = hashing.hash_unit(run, units["ckpt_000200.pt"], depth=read_depth.CHECKED_DIGESTS_ONLY)
+    (checked,) = hashing.hash_unit(run, units["ckpt_000100.pt"], depth=read_depth.CHECKED_DIGESTS_ONLY)
     assert bare["sha256_hex"] == "" and bare["verified"] is None
     assert checked["verified"] is True and checked["sha256_hex"] == hashlib.sha256(sealed.read_bytes()).hexdigest()
     (full,) = hashing.hash_unit(run, units["ckpt_000200.pt"])  # the audit records every digest
@@ -179,3 +178,24 @@ def test_the_reader_hashes_only_what_a_recorded_digest_can_check(tmp_path):
     ckpt = safe_load_checkpoint(run)
     assert ckpt.unit == "ckpt_000100.pt" and "ckpt_000200.pt" in ckpt.skipped
     assert "CRC" in ckpt.skipped["ckpt_000200.pt"] or "crc" in ckpt.skipped["ckpt_000200.pt"].lower()
+
+
+def test_the_read_depth_reaches_the_zip_check_on_the_facts_it_receives(tmp_path):
+    """A flipped tensor byte fails its record's CRC32 at the audit's depth; at METADATA_ONLY (the reader's run
+    pass, carried on the ByteFacts the scan hands its checks) the check reads no tensor byte and says nothing
+    of it, and neither reads a SHA-256 nor a byte outside the file's metadata."""
+    from ckptaudit import fs
+    from ckptaudit.formats import torchzip
+    from ckptaudit.onepass.facts import ByteFacts
+    from ckptaudit.read_depth import METADATA_ONLY
+
+    run = _run(tmp_path / "run", steps=(100,))
+    path = run / "ckpt_000100.pt"
+    _flip_a_tensor_byte(path)
+    full = torchzip.check_zip(path, facts=ByteFacts())
+    before = fs.local_bytes_read()
+    meta = torchzip.check_zip(path, facts=ByteFacts(METADATA_ONLY.tensor_bytes))
+    read = fs.local_bytes_read() - before
+    assert [f.kind for f in full.findings if "crc" in f.kind] == ["zip_crc_mismatch"]
+    assert not [f for f in meta.findings if "crc" in f.kind]
+    assert read <= METADATA_SLACK < path.stat().st_size, (read, path.stat().st_size)

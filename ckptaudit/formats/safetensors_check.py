@@ -26,7 +26,7 @@ import math
 import struct
 from typing import Iterator, List, Optional, Tuple
 
-from .. import findings, fs, read_depth
+from .. import findings, fs
 from ..findings import Finding
 from . import zeros
 from .sniff import generic_findings, sniff
@@ -67,13 +67,14 @@ def check_safetensors(path, *, display: Optional[str] = None, scan_zeros: bool =
     ``"__metadata__"``) whenever it parsed as a JSON object, else None.
     Reads the 8-byte prefix and the header (at most :data:`MAX_HEADER_BYTES`);
     with ``scan_zeros`` the data buffer is streamed once in ``chunk``-byte reads
-    to look for zeroed blocks (not inside :func:`ckptaudit.read_depth.metadata_only`).  The findings name ``display`` (default: ``path``), the file as it
+    to look for zeroed blocks (not when ``facts.tensor_bytes`` is false:
+    :data:`ckptaudit.read_depth.METADATA_ONLY`).  The findings name ``display`` (default: ``path``), the file as it
     sits in the run folder.  ``facts`` (the hash stage's :class:`ckptaudit.onepass.facts.ByteFacts`) answer
     for the NUL runs its pass listed in the data buffer.  Never raises on bad content; raises OSError only if the file cannot be opened.
     """
     path = fs.fspath(path)
     shown = path if display is None else display
-    scan_zeros = scan_zeros and read_depth.tensor_bytes()  # the reader's run pass reads the header only
+    scan_zeros = scan_zeros and (facts is None or facts.tensor_bytes)  # the reader's run pass reads the header only
     s = sniff(path)
     if s.kind in _NOT_SAFETENSORS:
         return None, generic_findings(s, shown)

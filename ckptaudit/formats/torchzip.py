@@ -41,7 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
-from .. import fs, read_depth
+from .. import fs
 from ..findings import Finding
 from . import zeros
 from .sniff import generic_findings, sniff
@@ -116,14 +116,15 @@ def check_zip(path, *, display: Optional[str] = None, verify_crc: bool = True, c
     (default: ``path``).  ``tensor_names``, when given, is called once with
     data.pkl's bytes and the number of records when data.pkl is intact (before the findings are built),
     so that a storage record failing its CRC names the tensors it holds.
-    Inside :func:`ckptaudit.read_depth.metadata_only` ``verify_crc`` is off.  ``facts`` (the hash stage's
+    With ``facts`` at a depth without tensor bytes (``facts.tensor_bytes`` false: the reader's run pass,
+    :data:`ckptaudit.read_depth.METADATA_ONLY`) ``verify_crc`` is off.  ``facts`` (the hash stage's
     :class:`ckptaudit.onepass.facts.ByteFacts`) answer for the records' CRC32s and NUL runs its pass computed.
     Memory: O(chunk) plus the central directory entries and data.pkl.  Never
     raises on bad content; OSError only when the file cannot be opened.
     """
     path = fs.fspath(path)
     shown = path if display is None else display
-    verify_crc = verify_crc and read_depth.tensor_bytes()  # the reader's run pass reads metadata only
+    verify_crc = verify_crc and (facts is None or facts.tensor_bytes)  # the reader's run pass reads metadata only
     rep = ZipReport()
     s = sniff(path)
     if s.kind in ("empty", "all_zero"):

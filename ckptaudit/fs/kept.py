@@ -10,9 +10,10 @@ A later stage gets them as a value, :class:`KeptBytes` (``ByteFacts.kept``, fill
 only the gaps, so the scan's zip headers and pickle walk and the load test's sparse copy cost no GET for
 bytes already read.  Outside any such block (the hash stage, which reads the objects themselves) nothing
 is served.  Bytes served are not counted as remote reads (they are not); :func:`served_bytes` says how
-many were.  The block is a :mod:`contextvars` scope: a thread pool that should serve them runs its tasks
-in the caller's context (:func:`ckptaudit.onepass.stream.in_this_context`); a file opened inside the
-block keeps the value it was opened with.
+many were.  The block is a :mod:`contextvars` scope: a thread pool's tasks see nothing served unless they
+run in a copy of the caller's context (``contextvars.copy_context().run``); a file opened inside the block
+keeps the value it was opened with.  (The last contextvar of the package: to become a parameter of the reads,
+``tests/test_architecture.py``'s ``PENDING_CONTEXT_VARS``.)
 
 Keys are object URLs (``s3://bucket/key``); :func:`ckptaudit.onepass.facts.load` leaves out a file whose
 size or version changed since the pass, as it does the other facts.

@@ -116,17 +116,18 @@ _KEEP = {"crc": ("crc32", "seen_bytes"), "values": ("dtype", "nonfinite", "sum_s
          "nul_run": ("zero_offset", "zero_bytes"), "tensor_data": ()}
 
 
-def load(rows, run_dir) -> "ByteFacts":
+def load(rows, run_dir, tensor_bytes: bool = True) -> "ByteFacts":
     """The facts of ``rows`` (of the ``bytefacts`` table: a Parquet file's path, read :data:`BATCH_ROWS` rows at a
     time, a ``pyarrow`` table, or a list of row dicts; files relative to ``run_dir``) as a :class:`ByteFacts`
     (``len()``: the facts kept).  Rows of a file whose size or version changed since the pass are dropped.  Kept
     bytes of remote objects go to its ``kept`` (:class:`ckptaudit.fs.kept.KeptBytes`), which the stage serves
     to its remote reads with ``with fs.kept.serving(facts.kept):``.  Memory: the kept columns (a few int64 per fact)
-    and one batch, not the table."""
+    and one batch, not the table.  ``tensor_bytes``: the read depth's (:class:`ckptaudit.read_depth.ReadDepth`),
+    whether a check with no fact may stream tensor data."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    out = ByteFacts()
+    out = ByteFacts(tensor_bytes)
     by_kind = _by_kind(rows)
     if not by_kind:
         return out
@@ -175,14 +176,10 @@ def _by_kind(rows) -> Dict[str, "pa.Table"]:
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from ..tables import SCHEMAS
+    from ..tables import SCHEMAS, iter_batches
 
     if isinstance(rows, (str, os.PathLike)):
-        import pyarrow.parquet as pq
-
-        pf = pq.ParquetFile(rows, read_dictionary=["file", "kind", "dtype", "version"])
-        cols = [c for c in LOAD_COLUMNS if c in pf.schema_arrow.names]
-        batches = pf.iter_batches(batch_size=BATCH_ROWS, columns=cols, use_threads=False)
+        batches = iter_batches(rows, list(LOAD_COLUMNS), BATCH_ROWS, ["file", "kind", "dtype", "version"])
     else:
         t = rows if isinstance(rows, pa.Table) else pa.Table.from_pylist(list(rows), schema=SCHEMAS["bytefacts"])
         batches = t.select([c for c in LOAD_COLUMNS if c in t.column_names]).to_batches(BATCH_ROWS)
@@ -243,11 +240,13 @@ class ByteFacts:
 
     Per file (``fs.fspath``) and kind, columns sorted by ``(data_offset, length_bytes)``: a lookup is a binary
     search, memory a few int64 per fact.  An empty ``ByteFacts()`` answers None to every question (the check then
-    reads the bytes)."""
+    reads the bytes, unless ``tensor_bytes`` is false: the reader's run pass, which reads metadata only and skips
+    the streams over tensor data, :data:`ckptaudit.read_depth.METADATA_ONLY`)."""
 
-    __slots__ = ("_files", "_nul_scan", "count", "kept")
+    __slots__ = ("_files", "_nul_scan", "count", "kept", "tensor_bytes")
 
-    def __init__(self) -> None:
+    def __init__(self, tensor_bytes: bool = True) -> None:
+        self.tensor_bytes = tensor_bytes  # whether a check with no fact may stream tensor data
         self._files: Dict[str, Dict[str, dict]] = {}  # file -> kind -> columns
         self._nul_scan: Dict[Tuple[str, int, int], Tuple[int, List[Tuple[int, int]]]] = {}  # -> (min_run, runs)
         self.count = 0  # facts kept

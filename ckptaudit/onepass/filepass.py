@@ -9,6 +9,7 @@ streamed by its own thread with its own consumers, merged at the end.
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
@@ -124,10 +125,13 @@ def _read_whole(path, size: int) -> bytes:
 
 
 def pass_file(path, *, whole_sha: bool = True, chunk_bytes: Optional[int] = None, chunk_algorithm: str = "sha256",
-              threads: Optional[int] = None, plan: Optional[Plan] = None, progress=None) -> FileFacts:
+              threads: Optional[int] = None, plan: Optional[Plan] = None, progress=None,
+              stop: Optional[threading.Event] = None, dcp_places: Optional[dict] = None) -> FileFacts:
     """Read ``path`` once and compute every fact of it (the chunk digests of ``chunk_bytes`` slices with
     ``chunk_algorithm``, :mod:`ckptaudit.chunk_digest`, when ``chunk_bytes`` is given); ``progress`` (a consumer, e.g.
-    :class:`~.consumers.Progress`) is fed too.  Raises ``OSError`` when it cannot be read."""
+    :class:`~.consumers.Progress`) is fed too.  ``stop``: set, the pass stops at its next buffer
+    (:class:`~.stream.PassStopped`); ``dcp_places``: a DCP data file's folder places
+    (:func:`~.plan_dcp.unit_places`), for its plan.  Raises ``OSError`` when it cannot be read."""
     size, version = fs.version(path)
     data = None
     if plan is None and fs.is_remote(path) and size <= stream.SMALL_REMOTE_BYTES:
@@ -135,7 +139,7 @@ def pass_file(path, *, whole_sha: bool = True, chunk_bytes: Optional[int] = None
     elif size <= SMALL_LOCAL_BYTES and not fs.is_remote(path):
         data = _read_whole(path, size)  # one read; the plan is made from these bytes
     serial = data is not None and not fs.is_remote(path)
-    plan = plan_file(path, data) if plan is None else plan
+    plan = plan_file(path, data, dcp_places) if plan is None else plan
     threads = max(1, threads or _cores())
     keep = keep_ranges(size, plan.tensor_data_range) if fs.is_remote(path) else []
     out = FileFacts(size_bytes=size, version=version, plan=plan)
@@ -150,13 +154,13 @@ def pass_file(path, *, whole_sha: bool = True, chunk_bytes: Optional[int] = None
             if data is not None:
                 n = stream.feed_bytes(data, live, None if serial else pool)
             elif len(segments) == 1:
-                n = run(path, live, seg[0], seg[1], pool=pool)
+                n = run(path, live, seg[0], seg[1], pool=pool, stop=stop)
             else:  # one thread per segment: its consumers take turns
-                n = run(path, live, seg[0], seg[1])
+                n = run(path, live, seg[0], seg[1], stop=stop)
             return cons, n
 
         if len(segments) > 1:
-            parts = list(pool.map(stream.in_this_context(one), segments))  # a caller's stop reaches the segments
+            parts = list(pool.map(one, segments))
         else:
             parts = [one(segments[0])]
     cons = parts[0][0]

@@ -76,16 +76,18 @@ class Plan:
         return [(int(o), int(n)) for o, n in self.tensor_data_range]
 
 
-def plan_file(path, data: Optional[bytes] = None) -> Plan:
+def plan_file(path, data: Optional[bytes] = None, dcp_places: Optional[dict] = None) -> Plan:
     """The plan of ``path`` (empty when its format is neither a readable torch zip nor safetensors); ``data``:
     the whole file's bytes when the caller holds them already (a small remote object), so nothing is read.  A DCP
     data file (``__<rank>_<n>.distcp``: many ``torch.save`` zips back to back) is planned blob by blob from its
-    folder's ``.metadata`` (:func:`ckptaudit.onepass.plan_dcp.distcp_ranges`); a remote one is not (yet) planned."""
+    folder's ``.metadata`` (:func:`ckptaudit.onepass.plan_dcp.distcp_ranges`; ``dcp_places``: that folder's
+    places when the caller walked it, :func:`ckptaudit.onepass.plan_dcp.unit_places`); a remote one is not (yet)
+    planned."""
     try:
         from . import plan_dcp
 
         if plan_dcp.is_distcp(path):  # a remote one is not planned: .metadata and the headers would be fetched again
-            return Plan() if fs.is_remote(path) else _plan_distcp(path, data)
+            return Plan() if fs.is_remote(path) else _plan_distcp(path, data, dcp_places)
         if data is not None:
             head = bytes(data[:16])
         elif fs.is_remote(path):
@@ -152,7 +154,7 @@ def _plan_zip(path, data: Optional[bytes]) -> Plan:
     return plan
 
 
-def _plan_distcp(path, data: Optional[bytes]) -> Plan:
+def _plan_distcp(path, data: Optional[bytes], dcp_places: Optional[dict] = None) -> Plan:
     """The CRC ranges and tensor-data runs of every ``torch.save`` blob of a DCP data file (:mod:`.plan_dcp`)."""
     from ..formats import torchzip
     from ..formats.zip.reader import ArchiveFile
@@ -161,7 +163,7 @@ def _plan_distcp(path, data: Optional[bytes]) -> Plan:
     fh = _mem_file(path, data) if data is not None else ArchiveFile(
         fs.fspath(path), window=torchzip.REMOTE_WINDOW_BYTES, prefetch=torchzip.REMOTE_PREFETCH)
     try:
-        cols = distcp_ranges(fh, path)
+        cols = distcp_ranges(fh, path, dcp_places)
     finally:
         fh.close()
     if cols is None:

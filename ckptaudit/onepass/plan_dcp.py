@@ -6,8 +6,8 @@ range the folder's ``.metadata`` gives it (``_StorageInfo(relative_path, offset,
 zips is not one zip (its last blob's end record counts from that blob's start), so the single-zip plan
 (:func:`ckptaudit.onepass.plan._plan_zip`) finds nothing there; :func:`ckptaudit.onepass.plan.plan_file` plans
 it with :func:`distcp_ranges`.  That takes each blob's range from ``.metadata`` (walked statically, never
-unpickled, parsed once per folder: :func:`folder_places`), reads each blob's end record, central directory
-and local headers (:func:`ckptaudit.formats.zip.blob.blob_records`: small reads, no tensor byte) and gives the
+unpickled, once per unit: :func:`unit_places`, handed to the plan of each of its files), reads each blob's end
+record, central directory and local headers (:func:`ckptaudit.formats.zip.blob.blob_records`: small reads, no tensor byte) and gives the
 pass every stored record with a recorded CRC-32 (member ``"<blob offset>:<name>"``, unique in the file) and the
 blobs' ``data/`` records as tensor data.  The DCP scan (:mod:`ckptaudit.layouts.dcp_crc`) compares the CRCs
 the pass computed.
@@ -15,11 +15,9 @@ the pass computed.
 
 from __future__ import annotations
 
-import functools
 import re
-import threading
 from array import array
-from typing import Dict, Optional, Tuple
+from typing import Dict, Iterable, Optional, Tuple
 
 from .. import fs
 
@@ -27,10 +25,6 @@ from .. import fs
 DISTCP = re.compile(r"^__(\d+)_(\d+)\.distcp$")
 #: Largest ``.metadata`` walked (bytes; :data:`ckptaudit.layouts.dcp.MAX_METADATA_BYTES`).
 MAX_METADATA_BYTES = 1 << 30
-#: Folders whose places stay cached (a part's units are hashed a few at a time).
-CACHED_FOLDERS = 8
-#: Serialises the parse of a folder's ``.metadata``: the first file of a folder parses it, the others wait.
-_PARSE = threading.Lock()
 
 
 def is_distcp(path) -> bool:
@@ -41,21 +35,9 @@ def is_distcp(path) -> bool:
 def folder_places(folder) -> Dict[str, "object"]:
     """{``relative_path``: ``(n, 2)`` int64 array of ``[offset, length]`` of each item's blob in that data
     file, unique, ascending} of the DCP folder ``folder`` (a local path or a remote URL), from its
-    ``.metadata`` (empty when it is missing, cannot be interpreted, or imports what it should not).  Parsed
-    once per folder and ``.metadata`` version (:func:`ckptaudit.fs.version`); memory: 16 bytes per item."""
-    meta = fs.path(fs.fspath(folder)) / ".metadata"
-    try:
-        size, version = fs.version(meta)
-    except (OSError, ValueError):
-        return {}
-    with _PARSE:
-        return _places(fs.fspath(folder), size, version)
-
-
-@functools.lru_cache(maxsize=CACHED_FOLDERS)
-def _places(folder: str, size: int, version: str) -> Dict[str, "object"]:
-    """:func:`folder_places` of ``folder`` whose ``.metadata`` has this ``size`` and ``version``.  The pickle is
-    walked statically (:func:`ckptaudit.pickle_walk.walk`), never unpickled; only ``storage_data``'s offsets
+    ``.metadata`` (empty when it is missing, cannot be interpreted, or imports what it should not); read and
+    walked at each call (:func:`unit_places` does it once for a unit's files); memory: 16 bytes per item.  The
+    pickle is walked statically (:func:`ckptaudit.pickle_walk.walk`), never unpickled; only ``storage_data``'s offsets
     and lengths are taken, to read ranges of the data file they name: whether its imports are allowed is the
     scan's judgement (:func:`ckptaudit.layouts.dcp._judged_metadata`); a folder refused for security is planned
     the same, so that its records' CRC-32s are still compared (a refusal never hides the file layer)."""
@@ -64,11 +46,12 @@ def _places(folder: str, size: int, version: str) -> Dict[str, "object"]:
     from ..pickle_walk import walk
     from ..pickle_walk.model import instance_fields
 
-    if size > MAX_METADATA_BYTES:
-        return {}
+    meta_path = fs.path(fs.fspath(folder)) / ".metadata"
     try:
-        res = walk(fs.read_bounded(fs.path(folder) / ".metadata", MAX_METADATA_BYTES))
-    except OSError:
+        if fs.version(meta_path)[0] > MAX_METADATA_BYTES:
+            return {}
+        res = walk(fs.read_bounded(meta_path, MAX_METADATA_BYTES))
+    except (OSError, ValueError):
         return {}
     meta = instance_fields(res.obj) if res.error is None and not res.budget_exhausted else None
     storage = meta.get("storage_data") if isinstance(meta, dict) else None
@@ -86,19 +69,35 @@ def _places(folder: str, size: int, version: str) -> Dict[str, "object"]:
     return {relp: np.unique(np.frombuffer(a, np.int64).reshape(-1, 2), axis=0) for relp, a in cols.items()}
 
 
-def distcp_ranges(fh, path) -> Optional[Tuple["object", "object", "object"]]:
+def unit_places(paths: Iterable) -> Dict[str, Dict[str, "object"]]:
+    """{``fs.fspath`` of each local DCP data file among ``paths``: :func:`folder_places` of its folder}, each
+    folder's ``.metadata`` walked once (a unit's files share it; a remote one is not planned, so not read)."""
+    out: Dict[str, Dict[str, "object"]] = {}
+    by_folder: Dict[str, Dict[str, "object"]] = {}
+    for p in paths:
+        if is_distcp(p) and not fs.is_remote(p):
+            folder = fs.fspath(p).replace("\\", "/").rpartition("/")[0] or "."
+            if folder not in by_folder:
+                by_folder[folder] = folder_places(folder)
+            out[fs.fspath(p)] = by_folder[folder]
+    return out
+
+
+def distcp_ranges(fh, path, places_here: Optional[Dict[str, "object"]] = None
+                  ) -> Optional[Tuple["object", "object", "object"]]:
     """``(crc_member, crc_range, tensor_data_range)`` (the :class:`~.plan.Plan` columns) of DCP data file ``path``
     read through ``fh`` (an :class:`ckptaudit.formats.zip.reader.ArchiveFile` over it): every stored record with
     a recorded CRC-32 of every blob ``.metadata`` places in it, ascending, and the blobs' ``<prefix>/data/<key>``
-    records; None when ``.metadata`` places nothing there.  Blobs that are no consistent zip (another
-    serialization format, a damaged blob) add nothing: the scan then checks them as before."""
+    records; None when ``.metadata`` places nothing there.  ``places_here``: :func:`folder_places` of its folder
+    when the caller walked it already (:func:`unit_places`), else walked here.  Blobs that are no consistent zip
+    (another serialization format, a damaged blob) add nothing: the scan then checks them as before."""
     import numpy as np
     import pyarrow as pa
 
     from ..formats.zip.blob import blob_records
 
     folder, _, name = fs.fspath(path).replace("\\", "/").rpartition("/")
-    places = folder_places(folder or ".").get(name)
+    places = (folder_places(folder or ".") if places_here is None else places_here).get(name)
     if places is None or not len(places):
         return None
     names, ends = bytearray(), array("q")  # the member names as one UTF-8 buffer and their end offsets

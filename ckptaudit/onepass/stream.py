@@ -13,12 +13,10 @@ each), and the pass waits for them before the buffer is reused, so memory is two
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterator, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 from .. import fs
 
@@ -31,31 +29,8 @@ REMOTE_PARALLEL = 4
 SMALL_REMOTE_BYTES = BUFFER_BYTES
 
 
-_STOP: contextvars.ContextVar[Optional[threading.Event]] = contextvars.ContextVar("ckptaudit_pass_stop",
-                                                                                  default=None)
-
-
 class PassStopped(OSError):
-    """A pass was stopped by its caller (:func:`stop_when`) before its last byte."""
-
-
-@contextlib.contextmanager
-def stop_when(event: threading.Event) -> Iterator[None]:
-    """Within the block (this thread, and threads started with :func:`in_this_context`), a pass stops at its next
-    buffer once ``event`` is set, raising :class:`PassStopped` (an ``OSError``: the file's row says it was not
-    read through).  The reader uses it to abandon a pass it started ahead of need."""
-    token = _STOP.set(event)
-    try:
-        yield
-    finally:
-        _STOP.reset(token)
-
-
-def in_this_context(fn):
-    """``fn`` wrapped to run in a copy of the calling thread's context (for a pool's workers: :func:`stop_when`
-    reaches them)."""
-    ctx = contextvars.copy_context()
-    return lambda *a: ctx.copy().run(fn, *a)
+    """A pass was stopped by its caller (the ``stop`` event of :func:`run`) before its last byte."""
 
 
 def _check_stop(stop: Optional[threading.Event], path) -> None:
@@ -86,11 +61,13 @@ def _wait(futures: List) -> None:
 
 
 def run(path, consumers: Sequence, start: int = 0, end: Optional[int] = None, *,
-        pool: Optional[ThreadPoolExecutor] = None, buffer_bytes: int = BUFFER_BYTES) -> int:
+        pool: Optional[ThreadPoolExecutor] = None, buffer_bytes: int = BUFFER_BYTES,
+        stop: Optional[threading.Event] = None) -> int:
     """Feed bytes ``[start, end)`` of ``path`` (``end`` None: to the end of the file) to every consumer, in
     order; return the bytes read.  ``pool`` runs the consumers of one buffer concurrently (None: in turn).
+    Once ``stop`` is set the pass stops at its next buffer, raising :class:`PassStopped` (an ``OSError``: the
+    file's row says it was not read through); the reader uses it to abandon a pass it started ahead of need.
     Raises ``OSError`` when the file cannot be read."""
-    stop = _STOP.get()
     if fs.is_remote(path):
         return _run_remote(path, consumers, start, end, pool, buffer_bytes, stop)
     fd = os.open(fs.fspath(path), os.O_RDONLY)
