@@ -244,7 +244,7 @@ def test_verdicts_are_the_same_without_the_facts(tmp_path, monkeypatch):
 
     run = _run(tmp_path)
     audit_in_process(run, {"load": {"enabled": False}}, tmp_path / "with")
-    monkeypatch.setattr(facts, "load", lambda rows, run_dir: facts.ByteFacts())
+    monkeypatch.setattr(facts, "load", lambda rows, run_dir, kinds=None: facts.ByteFacts())
     audit_in_process(run, {"load": {"enabled": False}}, tmp_path / "without")
     cols = ["unit", "usable_for", "kinds", "n_errors", "n_warnings"]
     a = pq.read_table(tmp_path / "with" / "tables" / "units.parquet", columns=cols).to_pylist()

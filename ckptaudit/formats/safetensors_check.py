@@ -55,6 +55,9 @@ MIN_ZERO_RUN_BYTES = 4096
 #: tensor(s) it cuts into (16 float32 zeros in a row at a tensor's edge).
 MIN_ZERO_EDGE_BYTES = 64
 _MAX_OFFSET_FINDINGS = 10
+#: Headers of at least this many bytes are parsed into columns (:mod:`.safetensors_columns`: a few bytes per entry
+#: in arrays, numpy to check them) rather than into one dict (~1 KiB per entry; issue 45).
+COLUMNS_MIN_HEADER_BYTES = 1 << 20
 _NOT_SAFETENSORS = ("empty", "all_zero", "lfs_pointer", "html", "text", "json", "npy", "npz", "pickle")
 
 
@@ -64,7 +67,9 @@ def check_safetensors(path, *, display: Optional[str] = None, scan_zeros: bool =
 
     Returns ``(header, findings)``: ``header`` is the parsed JSON header
     (tensor name -> ``{"dtype", "shape", "data_offsets"}``, plus
-    ``"__metadata__"``) whenever it parsed as a JSON object, else None.
+    ``"__metadata__"``) whenever it parsed as a JSON object, else None; a header of
+    :data:`COLUMNS_MIN_HEADER_BYTES` or more comes as its columns
+    (:class:`.safetensors_columns.HeaderColumns`: its names iterate, ``get("__metadata__")``).
     Reads the 8-byte prefix and the header (at most :data:`MAX_HEADER_BYTES`);
     with ``scan_zeros`` the data buffer is streamed once in ``chunk``-byte reads
     to look for zeroed blocks (not inside :func:`ckptaudit.read_depth.metadata_only`).  The findings name ``display`` (default: ``path``), the file as it
@@ -81,8 +86,10 @@ def check_safetensors(path, *, display: Optional[str] = None, scan_zeros: bool =
     header, n, bad = _read_header(path, shown, size, s.detail.get("zero_head_bytes"))
     if bad:
         return header, bad
-
-    tensors = sorted(((name, e) for name, e in header.items() if name != "__metadata__"),
+    if not isinstance(header, dict) and header.source is None:  # the columns (issue 45): no object per tensor
+        return header, _span_findings(path, shown, header, size, n, scan_zeros, min_zero_run, chunk, facts)
+    src = header if isinstance(header, dict) else header.source
+    tensors = sorted(((name, e) for name, e in src.items() if name != "__metadata__"),
                      key=lambda t: (t[1]["data_offsets"][0], t[1]["data_offsets"][1], t[0]))
     out, data_len = _offset_findings(tensors, shown)
     present = size - 8 - n
@@ -94,6 +101,28 @@ def check_safetensors(path, *, display: Optional[str] = None, scan_zeros: bool =
     if scan_zeros and not any(x.severity == "error" for x in out) and data_len >= min_zero_run:
         out.extend(_suspicious_zero_runs(path, shown, tensors, 8 + n, data_len, min_zero_run, chunk, facts))
     return header, out
+
+
+def _span_findings(path: str, shown: str, cols, size: int, n: int, scan_zeros: bool, min_zero_run: int,
+                   chunk: int, facts) -> List[Finding]:
+    """The findings of a well-formed header's spans (:class:`.safetensors_columns.HeaderColumns`), as the
+    dict path above makes them, over sorted arrays."""
+    from . import safetensors_spans as spans
+
+    order = spans.sorted_order(cols)
+    out, data_len = spans.offset_findings(cols, order, shown, _MAX_OFFSET_FINDINGS, _span_problem)
+    present = size - 8 - n
+    if present < data_len:
+        out.append(spans.truncated(cols, order, shown, present, data_len))
+    elif present > data_len:
+        out.append(findings.make("safetensors_trailing_bytes", path=shown, extra_bytes=present - data_len,
+                                 expected_bytes=8 + n + data_len, size_bytes=size))
+    if scan_zeros and not any(x.severity == "error" for x in out) and data_len >= min_zero_run:
+        listed = None if facts is None else facts.nul_runs_in(path, 8 + n, data_len, min_zero_run)
+        runs = listed if listed is not None else zero_runs(path, min_run=min_zero_run, chunk=chunk, start=8 + n,
+                                                           end=8 + n + data_len)
+        out.extend(spans.zero_run_findings(cols, order, shown, runs, 8 + n, data_len))
+    return out
 
 
 def _read_header(path: str, shown: str, size: int, zero_head_bytes) -> Tuple[Optional[dict], int, List[Finding]]:
@@ -112,7 +141,9 @@ def _read_header(path: str, shown: str, size: int, zero_head_bytes) -> Tuple[Opt
                 "invalid_header_json", path=shown, header_len=0,
                 why="the header length prefix is 0 (an empty header is not a JSON object)")]
         raw = f.read(n)
-    header, why = _parse_header(raw)
+    text, nul_text, why = _header_text(raw)
+    del raw  # 100 MB of bytes need not sit beside their text while it is parsed
+    header, why = (None, why) if text is None else _parse_text(text, nul_text)
     if header is None or why:  # None: not a JSON object; else a violation inside it
         return header, n, [findings.make("invalid_header_json", path=shown, header_len=n, why=why)]
     return header, n, []
@@ -155,6 +186,13 @@ def _span_problem(e: dict, b: int, en: int, expected: int, prev: Optional[str]) 
 
 def _parse_header(raw: bytes) -> Tuple[Optional[dict], str]:
     """``(header, why)``: header None if not a JSON object; ``why`` non-empty on any violation."""
+    text, nul_text, why = _header_text(raw)
+    return (None, why) if text is None else _parse_text(text, nul_text)
+
+
+def _header_text(raw: bytes) -> Tuple[Optional[str], str, str]:
+    """``(text, nul_text, why)``: the header's bytes decoded (None, and ``why`` said, when they are not UTF-8 or
+    do not start with ``{``); ``nul_text``: what an error adds about NUL bytes in them."""
     nul = raw.find(b"\0")
     nul_text = ""
     if nul >= 0:
@@ -163,9 +201,23 @@ def _parse_header(raw: bytes) -> Tuple[Optional[dict], str]:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        return None, f"not UTF-8 at header byte {e.start}{nul_text}"
+        return None, nul_text, f"not UTF-8 at header byte {e.start}{nul_text}"
     if not text.startswith("{"):
-        return None, f"it starts with {text[:8]!r}, not '{{'{nul_text}"
+        return None, nul_text, f"it starts with {text[:8]!r}, not '{{'{nul_text}"
+    return text, nul_text, ""
+
+
+def _parse_text(text: str, nul_text: str):
+    """``(header, why)`` of a header's text that starts with ``{``: a dict, or its columns when it is large."""
+    if len(text) < COLUMNS_MIN_HEADER_BYTES:  # a dict: no numpy for the file layer's usual headers
+        return _parse_dict(text, nul_text)
+    from . import safetensors_columns
+
+    return safetensors_columns.parse(text, nul_text)
+
+
+def _parse_dict(text: str, nul_text: str = "") -> Tuple[Optional[dict], str]:
+    """``(header, why)`` of a header's text parsed by ``json`` into one dict (header None if not a JSON object)."""
     obj, dup, why = _json_object(text, nul_text)
     if obj is None:
         return None, why
@@ -268,11 +320,16 @@ def iter_header(text: str) -> Iterator[Tuple[str, object]]:
             raise json.JSONDecodeError("Expecting ',' delimiter", text, i - 1)
 
 
-def valid_entries(header: dict) -> List[Tuple[str, dict]]:
-    """``(name, entry)`` of the tensors of a parsed header whose entry is well formed (:func:`entry_problem`).
+def valid_entries(header) -> List[Tuple[str, dict]]:
+    """``(name, entry)`` of the tensors of a parsed header (a dict, or the :class:`.safetensors_columns.HeaderColumns`
+    :func:`check_safetensors` returns) whose entry is well formed (:func:`entry_problem`).
 
     :func:`check_safetensors` returns the header also when an entry is wrong (with an
     ``invalid_header_json`` finding, an error); a caller that lists tensors takes only these."""
+    if not isinstance(header, dict) and header.source is not None:  # columns that fell back to json's dict
+        header = header.source
+    if not isinstance(header, dict):
+        return [(header.name(i), header.entry(i)) for i in header.valid_indices().tolist()]
     return [(k, e) for k, e in header.items() if k != "__metadata__" and not entry_problem(k, e)]
 
 

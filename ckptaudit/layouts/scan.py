@@ -50,7 +50,12 @@ def iter_scans(run_dir: Path, units: List[dict], cfg: dict, facts=None
         if u.get("in_progress") and u["kind"] != "file" and not any(f.kind == "unit_in_progress" for f in s.findings):
             s.add(leftovers.in_progress(u["unit"], u["in_progress"]))
         row = s.row()
-        tens = tables.from_columns("tensors", {c: [getattr(t, c) for t in s.tensors] for c in TENSOR_COLUMNS})
+        tens = s.tensor_table_of_rows()
+        if s.tensor_tables:  # a safetensors header's tensors came as a table (issue 45)
+            import pyarrow as pa
+
+            tens = pa.concat_tables([*s.tensor_tables, tens]) if s.tensors else pa.concat_tables(s.tensor_tables)
+            s.tensor_tables.clear()
         s.tensors.clear()
         imps = [{"unit": u["unit"], **{k: i.get(k) for k in ("file", "member", "module", "name", "category",
                                                               "source", "add_safe")}} for i in s.imports]

@@ -22,7 +22,7 @@ local mtime and inode: :func:`ckptaudit.fs.version`) changed since the pass are 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Tuple
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -116,18 +116,20 @@ _KEEP = {"crc": ("crc32", "seen_bytes"), "values": ("dtype", "nonfinite", "sum_s
          "nul_run": ("zero_offset", "zero_bytes"), "tensor_data": ()}
 
 
-def load(rows, run_dir) -> "ByteFacts":
+def load(rows, run_dir, kinds: Optional[Iterable[str]] = None) -> "ByteFacts":
     """The facts of ``rows`` (of the ``bytefacts`` table: a Parquet file's path, read :data:`BATCH_ROWS` rows at a
     time, a ``pyarrow`` table, or a list of row dicts; files relative to ``run_dir``) as a :class:`ByteFacts`
     (``len()``: the facts kept).  Rows of a file whose size or version changed since the pass are dropped.  Kept
     bytes of remote objects go to its ``kept`` (:class:`ckptaudit.fs.kept.KeptBytes`), which the stage serves
     to its remote reads with ``with fs.kept.serving(facts.kept):``.  Memory: the kept columns (a few int64 per fact)
-    and one batch, not the table."""
+    and one batch, not the table.  ``kinds``: the kinds of fact the caller asks of it (default: every kind); the
+    others are not kept (issue 45: a "values" fact per tensor is ~100 MiB at 1,000,000 tensors, which only the
+    state stage asks for)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     out = ByteFacts()
-    by_kind = _by_kind(rows)
+    by_kind = _by_kind(rows, None if kinds is None else frozenset(kinds))
     if not by_kind:
         return out
     files = pa.concat_tables([t.select(["file", "size_bytes", "version"]).cast(_file_version_schema())
@@ -169,9 +171,9 @@ def _file_version_schema():
     return pa.schema([("file", pa.string()), ("size_bytes", pa.int64()), ("version", pa.string())])
 
 
-def _by_kind(rows) -> Dict[str, "pa.Table"]:
+def _by_kind(rows, wanted: Optional[frozenset] = None) -> Dict[str, "pa.Table"]:
     """{kind: its rows} of ``rows`` (see :func:`load`), each with the columns of :data:`LOAD_COLUMNS` it has,
-    dictionaries unified and one chunk; a file is read one batch at a time."""
+    dictionaries unified and one chunk; a file is read one batch at a time.  ``wanted``: the kinds kept (None: all)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -190,6 +192,8 @@ def _by_kind(rows) -> Dict[str, "pa.Table"]:
     for b in batches:
         kinds = b.column(b.schema.get_field_index("kind"))
         for kind in (*_KEEP, *_ROW_KINDS):
+            if wanted is not None and kind not in wanted:
+                continue
             sub = b.filter(pc.equal(kinds.cast(pa.string()), kind))
             if sub.num_rows:
                 want = ["file", "data_offset", "length_bytes", "size_bytes", "version",
