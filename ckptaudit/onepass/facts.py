@@ -83,13 +83,23 @@ def _part_table(schema: "pa.Schema", same: dict, n: int, cols: dict) -> "pa.Tabl
 
     arrays = []
     for f in schema:
-        if f.name in same:
+        if f.name in same and pa.types.is_string(f.type):  # a dictionary of one: 4 bytes a row, not the
+            arrays.append(_repeated_string(same[f.name], n))           # string's (issue 45: 1,000,000 facts)
+        elif f.name in same:
             arrays.append(pa.repeat(pa.scalar(same[f.name], f.type), n))  # one value, n rows (8× a take)
         elif f.name in cols:
             arrays.append(pa.array(cols[f.name], f.type))
         else:
             arrays.append(pa.nulls(n, f.type))
-    return pa.Table.from_arrays(arrays, schema=schema)
+    return pa.Table.from_arrays(arrays, names=schema.names)
+
+
+def _repeated_string(value: Optional[str], n: int) -> "pa.Array":
+    """``n`` rows of string ``value`` as a dictionary array (``pyarrow``), which casts to the string column."""
+    import numpy as np
+    import pyarrow as pa
+
+    return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([value], pa.string()))
 
 
 def rows_of(unit: str, rel: str, ff) -> List[dict]:
