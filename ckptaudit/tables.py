@@ -304,10 +304,15 @@ class UnitRows:
     def __init__(self, path: str | Path, columns=None) -> None:
         import numpy as np
 
-        self.table = pq.ParquetFile(path).read(columns=columns)
+        # the columns that repeat one value per unit or file read as dictionaries: 4 bytes a row (issue 45)
+        self.table = pq.ParquetFile(path, read_dictionary=[c for c in ("unit", "file", "dtype")
+                                                           if columns is None or c in columns]
+                                  ).read(columns=columns).unify_dictionaries()
         self.ranges: Dict[str, List[Tuple[int, int]]] = {}  # unit -> its runs of rows [start, stop)
         if self.table.num_rows:
-            enc = self.table.column("unit").combine_chunks().dictionary_encode()
+            enc = self.table.column("unit").combine_chunks()
+            if not pa.types.is_dictionary(enc.type):
+                enc = enc.dictionary_encode()
             idx = enc.indices.to_numpy(zero_copy_only=False)
             names = enc.dictionary.to_pylist()
             cuts = (np.flatnonzero(np.diff(idx)) + 1).tolist()
@@ -344,6 +349,10 @@ UNIT_BATCH_ROWS = 1 << 14
 def _column_values(col) -> list:
     """The Python values of ``col`` (an Arrow array or chunked array); a string column's repeated values as
     one shared object each."""
+    if pa.types.is_dictionary(col.type):  # read as a dictionary: its values made Python objects once
+        enc = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+        values = enc.dictionary.to_pylist()
+        return [None if i is None else values[i] for i in enc.indices.to_pylist()]
     if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)) or len(col) < 2:
         return col.to_pylist()
     enc = (col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col).dictionary_encode()

@@ -142,20 +142,22 @@ def load(rows, run_dir, kinds: Optional[Iterable[str]] = None) -> "ByteFacts":
     by_kind = _by_kind(rows, None if kinds is None else frozenset(kinds))
     if not by_kind:
         return out
-    files = pa.concat_tables([t.select(["file", "size_bytes", "version"]).cast(_file_version_schema())
+    keys = ["file", "size_bytes", "version"]  # grouped per kind before the cast: no string per fact (issue 45)
+    files = pa.concat_tables([t.select(keys).group_by(keys).aggregate([]).select(keys).cast(_file_version_schema())
                               for t in by_kind.values()])
     good = []  # the files unchanged since the pass (one size and version per file: one pass each)
-    for g in files.group_by(["file", "size_bytes", "version"]).aggregate([]).to_pylist():
+    for g in files.group_by(keys).aggregate([]).to_pylist():
         now = _now(run_dir / str(g["file"]))
         if now is not None and now[0] == g["size_bytes"] and now[1] == (g["version"] or ""):
             good.append(g["file"])
     good_set = pa.array(good, pa.string())
     kept = 0
     for kind in (*_KEEP, *_ROW_KINDS):  # a nul_scan before its runs
-        t = by_kind.get(kind)
+        t = by_kind.pop(kind, None)  # each kind's table let go once kept (issue 45)
         if t is None:
             continue
-        t = t.filter(pc.is_in(t["file"].cast(pa.string()), value_set=good_set))
+        if not set(_files_of(t)) <= set(good):  # some file changed since the pass: its facts are dropped
+            t = t.filter(pc.is_in(t["file"].cast(pa.string()), value_set=good_set))
         if not t.num_rows:
             continue
         if kind in _KEEP:
@@ -166,7 +168,15 @@ def load(rows, run_dir, kinds: Optional[Iterable[str]] = None) -> "ByteFacts":
     for _m, runs in out._nul_scan.values():
         runs.sort()
     out.count = kept
+    pa.default_memory_pool().release_unused()  # the tables read are gone: their pages back to the system
     return out
+
+
+def _files_of(t: "pa.Table") -> List[str]:
+    """The distinct files of facts ``t`` (its ``file`` column, a dictionary or strings)."""
+    import pyarrow.compute as pc
+
+    return [str(f) for f in pc.unique(t["file"]).to_pylist()]
 
 
 #: Rows of the ``bytefacts`` table :func:`load` reads from a file at a time.
