@@ -158,7 +158,10 @@ def write(name: str, rows: List[dict], path: str | Path) -> None:
         table = pa.Table.from_pylist(_saturated(data, schema), schema=schema)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda f: pq.write_table(table, f))
+    # a JSON cell can be tens of MB (the state table's norms of 1,000,000 weights): no dictionary and no min/max
+    # statistics of it, each of which copied it (issue 45: +107 MiB to write one state row)
+    plain = [c for c in schema.names if not c.endswith("_json")]
+    atomic_write(path, lambda f: pq.write_table(table, f, use_dictionary=plain, write_statistics=plain))
 
 
 def from_columns(name: str, cols: Dict[str, list]) -> pa.Table:

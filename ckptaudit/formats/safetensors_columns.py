@@ -19,7 +19,6 @@ errors anyway.
 
 from __future__ import annotations
 
-import json
 import math
 from array import array
 from typing import Dict, Iterator, List, Optional, Tuple
@@ -37,7 +36,7 @@ class HeaderColumns:
     """The entries of one safetensors header (``__metadata__`` apart), in file order, as columns (see the module).
 
     ``metadata``: the ``__metadata__`` value (None when absent); ``problem``: why the header breaks the format
-    ("" when it does not), as :func:`ckptaudit.formats.safetensors_check._parse_header` says it.  Iterating
+    ("" when it does not), as the dict path of :mod:`.safetensors_check` says it.  Iterating
     gives the names (as a header dict's keys, ``__metadata__`` included when present); ``len()`` counts the
     tensor entries."""
 
@@ -124,7 +123,7 @@ class HeaderColumns:
         self.dim_ends.append(len(self.dims))
 
     def _set(self, i: int, e: dict) -> None:
-        from .safetensors_check import DTYPE_BITS
+        from .safetensors_header import DTYPE_BITS
 
         b, en = e["data_offsets"]
         shape = e["shape"]
@@ -144,7 +143,7 @@ def parse(text: str, nul_text: str = "") -> Tuple[Optional[HeaderColumns], str]:
     columns None when the text is no JSON object; ``why`` non-empty on any violation (``nul_text``: what a JSON
     error adds about NUL bytes in the header).  Memory: the text and
     the columns (~40 bytes per entry), one entry's parsed value at a time."""
-    from .safetensors_check import _content_problem, entry_problem, iter_header
+    from .safetensors_header import content_problem, entry_problem, iter_header
 
     if "\\u" in text:
         return _via_dict(text, nul_text)
@@ -166,7 +165,7 @@ def parse(text: str, nul_text: str = "") -> Tuple[Optional[HeaderColumns], str]:
         return _via_dict(text, nul_text)
     if _has_duplicates(cols):
         return _via_dict(text, nul_text)
-    meta_problem = _content_problem({"__metadata__": cols.metadata}) if cols.has_metadata else ""
+    meta_problem = content_problem({"__metadata__": cols.metadata}) if cols.has_metadata else ""
     cols.problem = meta_problem or first
     return cols, cols.problem
 
@@ -193,16 +192,16 @@ def _has_duplicates(cols: HeaderColumns) -> bool:
 
 
 def _via_dict(text: str, nul_text: str) -> Tuple[Optional[HeaderColumns], str]:
-    from .safetensors_check import _parse_dict
+    from .safetensors_header import parse_dict
 
-    obj, why = _parse_dict(text, nul_text)
+    obj, why = parse_dict(text, nul_text)
     return (None if obj is None else from_dict(obj, why)), why
 
 
 def from_dict(header: Dict[str, object], problem: str = "") -> HeaderColumns:
     """The columns of a header parsed by ``json`` (``problem``: why it breaks the format, "" when it does not).
     Values beyond int64 are saturated (such an entry's span is wrong whatever the saturated value)."""
-    from .safetensors_check import DTYPE_BITS, entry_problem
+    from .safetensors_header import DTYPE_BITS, entry_problem
 
     cols = HeaderColumns()
     cols.problem, cols.source = problem, header

@@ -14,7 +14,6 @@ from typing import Callable, Iterable, List, Tuple
 from .. import findings
 from ..findings import Finding
 from . import zeros
-from .safetensors_check import MIN_ZERO_EDGE_BYTES
 
 __all__ = ["sorted_order", "offset_findings", "truncated", "zero_run_findings"]
 
@@ -78,9 +77,10 @@ def truncated(cols, order, display: str, present: int, data_len: int) -> Finding
 
 
 def zero_run_findings(cols, order, display: str, runs: Iterable[Tuple[int, int]], data_start: int,
-                      data_len: int) -> List[Finding]:
+                      data_len: int, min_edge: int) -> List[Finding]:
     """Zeroed spans and tails among ``runs`` (``(file offset, length)`` of NUL runs in the data buffer) that a
-    legitimate save cannot explain; the rule is the dict path's ``_suspicious_zero_runs``."""
+    legitimate save cannot explain; the rule is the dict path's ``_suspicious_zero_runs`` (``min_edge``: its
+    ``MIN_ZERO_EDGE_BYTES``, bytes)."""
     import numpy as np
 
     b, e = (x[order] for x in _arrays(cols))
@@ -94,9 +94,9 @@ def zero_run_findings(cols, order, display: str, runs: Iterable[Tuple[int, int]]
         if len(touched) < 2:
             continue
         f, z = int(touched[0]), int(touched[-1])
-        starts_inside = rb > sb[f] and se[f] - rb >= MIN_ZERO_EDGE_BYTES
+        starts_inside = rb > sb[f] and se[f] - rb >= min_edge
         to_eof = off + length >= file_end
-        ends_inside = re_ < se[z] and re_ - sb[z] >= MIN_ZERO_EDGE_BYTES
+        ends_inside = re_ < se[z] and re_ - sb[z] >= min_edge
         if not starts_inside or not (ends_inside or to_eof):
             continue
         first, last = cols.name(int(idx[f])), cols.name(int(idx[z]))

@@ -33,6 +33,11 @@ class TensorRow:
     storage_offset: int = 0  # elements into the storage (views of one storage: tied weights, flat LSTM weights)
 
 
+#: The fields of :class:`TensorRow`, which are the ``tensors`` table's columns.
+TENSOR_COLUMNS = ("unit", "file", "name", "dtype", "shape", "numel", "nbytes", "storage_key", "data_offset",
+                  "is_parameter", "storage_offset")
+
+
 @dataclass
 class UnitScan:
     unit: str
@@ -64,7 +69,6 @@ class UnitScan:
     def tensor_table_of_rows(self):
         """The :class:`TensorRow` rows in ``tensors`` as a ``tensors`` table."""
         from .. import tables
-        from .scan import TENSOR_COLUMNS
 
         return tables.from_columns("tensors", {c: [getattr(t, c) for t in self.tensors] for c in TENSOR_COLUMNS})
 
