@@ -92,7 +92,7 @@ def _where(run_dir: Path, rel: str, unit: str, start: int, end: int) -> str:
         scan_file(run_dir, rel, unit, scan, {"security": {"allow_globals": []}})
     except Exception as e:  # noqa: BLE001 - naming tensors is best effort on a damaged file
         return f"the tensors in that range could not be named ({type(e).__name__})"
-    hit = [t.name for t in scan.tensors if t.data_offset >= 0 and t.data_offset < end
+    hit = [t.name for t in scan.iter_tensors() if t.data_offset >= 0 and t.data_offset < end
            and t.data_offset + max(t.nbytes, 1) > start]
     if not hit:
         return "no tensor data lies in that range (headers, the pickle or the zip directory)"

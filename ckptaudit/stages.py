@@ -84,14 +84,20 @@ def _write_bytes(out: str, stage: str, part: str, before: Dict[str, int], **extr
     return doc
 
 
+#: The kinds of the hash stage's facts each stage asks of them (:func:`ckptaudit.onepass.facts.load`; others: all).
+SCAN_FACT_KINDS = ("crc", "nul_run", "nul_scan", "nul_scan_run", "bytes")
+STATE_FACT_KINDS = ("values", "bytes")
+
+
 def _load_facts(out: str, part: str, facts_path: Optional[str], run_dir,
-                depth: read_depth.ReadDepth = read_depth.FULL):
+                depth: read_depth.ReadDepth = read_depth.FULL, kinds=None):
     """The hash stage's facts of ``part`` (table ``bytefacts``) as a :class:`ckptaudit.onepass.facts.ByteFacts`
-    (empty when the hash stage wrote none), carrying ``depth``'s ``tensor_bytes`` to the file checks."""
+    (empty when the hash stage wrote none), carrying ``depth``'s ``tensor_bytes`` to the file checks; ``kinds``:
+    those kept (default: all)."""
     from .onepass import facts
 
     p = Path(facts_path) if facts_path else work_file(out, "bytefacts", part, "parquet")
-    return facts.load(p if p.is_file() else [], run_dir, depth.tensor_bytes)  # read a batch at a time
+    return facts.load(p if p.is_file() else [], run_dir, depth.tensor_bytes, kinds)  # read a batch at a time
 
 
 def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None,
@@ -169,7 +175,7 @@ def stage_scan(inv: dict, part: str, cfg: dict, out: str, out_tensors: str, out_
 
     before = fs.stage_bytes()
     run_dir = _run_dir(inv, cfg)
-    facts = _load_facts(out, part, facts_path, run_dir, depth)
+    facts = _load_facts(out, part, facts_path, run_dir, depth, kinds=SCAN_FACT_KINDS)
     scans, imports = [], []
     # a unit's tensors as columns, written as scanned; remote reads served from the pass's kept bytes
     with fs.kept.serving(facts.kept), tables.BatchWriter("tensors", out_tensors) as tensors:
@@ -264,7 +270,7 @@ def stage_state(inv: dict, part: str, cfg: dict, scan_path: str, tensors_path: s
     scans = {r["unit"]: r for r in tables.read_rows(scan_path)}
     tens = tables.UnitRows(tensors_path, columns=STATE_TENSOR_COLUMNS)  # a unit's rows as dicts while read
     run_dir = _run_dir(inv, cfg)
-    facts = _load_facts(out, part, facts_path, run_dir)
+    facts = _load_facts(out, part, facts_path, run_dir, kinds=STATE_FACT_KINDS)
     with fs.kept.serving(facts.kept):
         rows = _per_scanned_unit("state", inv, part, scans, out, lambda u: state.analyse_unit(
             u, scans[u["unit"]], tens.rows(u["unit"]), run_dir, cfg, facts))

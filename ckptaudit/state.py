@@ -22,6 +22,7 @@ from . import findings as F
 from . import roles
 from . import fs
 from .onepass.values import FLOAT_DTYPES, chunk_stats, np_view
+from .weight_norms import WeightNorms, norms_json
 
 
 def scan_values(run_dir: Path, tensors: List[dict], chunk_bytes: int, facts=None) -> Dict[str, dict]:
@@ -246,7 +247,7 @@ def _value_findings(p: str, c: C.Components, tensors: Iterable[dict], run_dir: P
     t0 = time.perf_counter()
     judged = (t for t in tensors if tensor_role(t, c) != "other")
     bad: Dict[str, str] = {}  # name -> role, of tensors with non-finite values
-    norms: Dict[str, float] = {}  # weights' name -> norm (finite ones)
+    norms = WeightNorms()  # weights' name -> norm (finite ones), as columns
     n = scanned = 0
     for t, (nonfinite, norm, _short) in value_stats(run_dir, judged, int(scfg.get("chunk_mib", 16)) << 20,
                                                     byte_facts):
@@ -255,11 +256,11 @@ def _value_findings(p: str, c: C.Components, tensors: Iterable[dict], run_dir: P
         scanned += t["nbytes"]
         if nonfinite:
             bad[name] = role
-            norms.pop(name, None)
+            norms.drop(name)
         else:
             bad.pop(name, None)
             if role == "weights":
-                norms[name] = norm
+                norms.set(name, norm)
     row["scan_seconds"] = time.perf_counter() - t0
     row["scanned_bytes"] = scanned
     row["n_float_tensors"] = n
@@ -267,8 +268,8 @@ def _value_findings(p: str, c: C.Components, tensors: Iterable[dict], run_dir: P
     bad_o = sorted(k for k, r in bad.items() if r == "optimizer")
     row["n_nonfinite_tensors"] = len(bad_w) + len(bad_o)
     row["nonfinite_tensors"] = bad_w + bad_o
-    row["weight_norm"] = math.sqrt(sum(x * x for x in norms.values())) if norms and not bad_w else None
-    row["tensor_norms_json"] = json.dumps({k: round(v, 6) for k, v in norms.items()})
+    row["weight_norm"] = math.sqrt(sum(x * x for _, x in norms.items())) if norms and not bad_w else None
+    row["tensor_norms_json"] = norms_json(norms)
     if bad_w:
         out.append(F.make("nan_in_weights", path=p, n_tensors=len(bad_w), examples=_examples(bad_w)))
     if bad_o:

@@ -158,7 +158,10 @@ def write(name: str, rows: List[dict], path: str | Path) -> None:
         table = pa.Table.from_pylist(_saturated(data, schema), schema=schema)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, lambda f: pq.write_table(table, f))
+    # a JSON cell can be tens of MB (the state table's norms of 1,000,000 weights): no dictionary and no min/max
+    # statistics of it, each of which copied it (issue 45: +107 MiB to write one state row)
+    plain = [c for c in schema.names if not c.endswith("_json")]
+    atomic_write(path, lambda f: pq.write_table(table, f, use_dictionary=plain, write_statistics=plain))
 
 
 def from_columns(name: str, cols: Dict[str, list]) -> pa.Table:
@@ -200,7 +203,15 @@ class BatchWriter:
         self._rows = 0
 
     def write(self, table: pa.Table) -> None:
-        """Append ``table`` (of this table's schema)."""
+        """Append ``table`` (of this table's schema, or castable to it: a dictionary column for a repeated string).
+        A table of :data:`ROW_GROUP_ROWS` rows or more becomes row groups of its own, cast a slice at a time, so
+        the writer holds no copy of it (issue 45: 1,000,000 rows of facts or tensors)."""
+        if table.num_rows >= self.ROW_GROUP_ROWS:
+            with self._lock:
+                self._flush()
+                for a in range(0, table.num_rows, self.ROW_GROUP_ROWS):
+                    self._writer.write_table(table.slice(a, self.ROW_GROUP_ROWS).cast(self.schema).combine_chunks())
+            return
         t = table.cast(self.schema)
         with self._lock:
             self._buf.append(t)
@@ -305,10 +316,15 @@ class UnitRows:
     def __init__(self, path: str | Path, columns=None) -> None:
         import numpy as np
 
-        self.table = pq.ParquetFile(path).read(columns=columns)
+        # the columns that repeat one value per unit or file read as dictionaries: 4 bytes a row (issue 45)
+        self.table = pq.ParquetFile(path, read_dictionary=[c for c in ("unit", "file", "dtype")
+                                                           if columns is None or c in columns]
+                                  ).read(columns=columns).unify_dictionaries()
         self.ranges: Dict[str, List[Tuple[int, int]]] = {}  # unit -> its runs of rows [start, stop)
         if self.table.num_rows:
-            enc = self.table.column("unit").combine_chunks().dictionary_encode()
+            enc = self.table.column("unit").combine_chunks()
+            if not pa.types.is_dictionary(enc.type):
+                enc = enc.dictionary_encode()
             idx = enc.indices.to_numpy(zero_copy_only=False)
             names = enc.dictionary.to_pylist()
             cuts = (np.flatnonzero(np.diff(idx)) + 1).tolist()
@@ -345,6 +361,10 @@ UNIT_BATCH_ROWS = 1 << 14
 def _column_values(col) -> list:
     """The Python values of ``col`` (an Arrow array or chunked array); a string column's repeated values as
     one shared object each."""
+    if pa.types.is_dictionary(col.type):  # read as a dictionary: its values made Python objects once
+        enc = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+        values = enc.dictionary.to_pylist()
+        return [None if i is None else values[i] for i in enc.indices.to_pylist()]
     if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type)) or len(col) < 2:
         return col.to_pylist()
     enc = (col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col).dictionary_encode()

@@ -244,7 +244,7 @@ def test_verdicts_are_the_same_without_the_facts(tmp_path, monkeypatch):
 
     run = _run(tmp_path)
     audit_in_process(run, {"load": {"enabled": False}}, tmp_path / "with")
-    monkeypatch.setattr(facts, "load", lambda rows, run_dir, tensor_bytes=True: facts.ByteFacts(tensor_bytes))
+    monkeypatch.setattr(facts, "load", lambda rows, run_dir, tensor_bytes=True, kinds=None: facts.ByteFacts(tensor_bytes))
     audit_in_process(run, {"load": {"enabled": False}}, tmp_path / "without")
     cols = ["unit", "usable_for", "kinds", "n_errors", "n_warnings"]
     a = pq.read_table(tmp_path / "with" / "tables" / "units.parquet", columns=cols).to_pylist()

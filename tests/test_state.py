@@ -99,3 +99,42 @@ def test_a_cut_walk_is_settled_by_what_torch_load_found():
     (f,) = out["empty"]
     assert f["kind"] == "missing_model_weights" and f["severity"] == "error"
     assert "c.pt: an object that is not a dict with no tensor" in f["message"]
+
+
+def test_norms_json_writes_what_json_dumps_wrote():
+    """Issue 45: ``json.dumps`` of 1,000,000 weights' norms held ~130 MiB of chunks in the state job; the text
+    written entry by entry is the same text, infinities and escapes included."""
+    import json
+
+    from ckptaudit.weight_norms import norms_json
+
+    for norms in ({}, {"a": 1.0}, {'lm_head.wé"x': 1.23456789, "b": float("inf"), "c": 0.0, "d": 1e-7,
+                                   "e": 123456789.0}):
+        assert norms_json(norms) == json.dumps({k: round(v, 6) for k, v in norms.items()})
+    assert norms_json({"w": 2.0000004}) == '{"w": 2.0}'
+
+
+def test_weight_norms_answer_as_the_dict_they_replace():
+    """Issue 45: the state job kept a dict of every weight's norm (~120 MiB at 1,000,000 weights); the columns
+    that replace it give the same pairs in the same order, a name judged twice and a dropped name included."""
+    from ckptaudit.weight_norms import WeightNorms, norms_json
+
+    def both(ops):
+        d, w = {}, WeightNorms()
+        for op, name, v in ops:
+            if op == "set":
+                d[name] = v
+                w.set(name, v)
+            else:
+                d.pop(name, None)
+                w.drop(name)
+        assert list(w.items()) == list(d.items()) and bool(w) == bool(d)
+        assert norms_json(w) == norms_json(d)
+        return list(w.items())
+
+    assert both([]) == []
+    assert both([("set", "a", 1.0), ("set", "b\ud800", 2.0)]) == [("a", 1.0), ("b\ud800", 2.0)]
+    assert both([("set", "a", 1.0), ("set", "b", 2.0), ("set", "a", 3.0)]) == [("a", 3.0), ("b", 2.0)]
+    assert both([("set", "a", 1.0), ("drop", "a", None), ("set", "b", 2.0)]) == [("b", 2.0)]
+    assert both([("drop", "x", None), ("set", "a", 1.0), ("set", "x", 5.0)]) == [("a", 1.0), ("x", 5.0)]
+    assert both([("set", "a", 1.0), ("drop", "a", None), ("set", "a", 4.0)]) == [("a", 4.0)]

@@ -70,3 +70,19 @@ def test_safetensors_header_past_the_tree(tmp_path):
     assert len(tree) == 4097 and tree["__truncated__"] == N  # the stored tree is cut; the judgement is not
     row = pq.read_table(tmp_path / "out" / "tables" / "structure.parquet").to_pylist()[0]
     assert (row["n_weight_keys"], row["n_shape_mismatch"]) == (N, 1)
+
+
+def test_weights_of_one_dtype_and_shape_share_one_value():
+    """Issue 45: a dict per weight held the structure job at 567 MiB for 1,000,000 one-element tensors; weights
+    of equal dtype and shape now share one value, and the values still read as before."""
+    from ckptaudit import components as C
+    from ckptaudit.weights_rows import complete
+
+    c = C.Components(weights={}, weights_cut_at=[("model.safetensors", "")])
+    rows = [{"file": "model.safetensors", "name": f"t.{i}", "dtype": "float32", "shape": [1]} for i in range(3)]
+    rows.append({"file": "model.safetensors", "name": "w", "dtype": "float16", "shape": [2, 3]})
+    w = complete(c, {}, rows)
+    assert w == {"t.0": {"__tensor__": "float32", "shape": [1]}, "t.1": {"__tensor__": "float32", "shape": [1]},
+                 "t.2": {"__tensor__": "float32", "shape": [1]}, "w": {"__tensor__": "float16", "shape": [2, 3]}}
+    assert w["t.0"] is w["t.1"] is w["t.2"]
+    assert w["w"] is not w["t.0"]

@@ -21,27 +21,19 @@ zeroed block, within limits, see :func:`_suspicious_zero_runs`.
 
 from __future__ import annotations
 
-import json
 import math
 import struct
-from typing import Iterator, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 from .. import findings, fs
 from ..findings import Finding
 from . import zeros
+from .safetensors_header import DTYPE_BITS, entry_problem, iter_header, parse_dict  # noqa: F401 (face)
 from .sniff import generic_findings, sniff
 from .zeros import zero_runs
 
 #: Largest header the safetensors Rust reader accepts (``MAX_HEADER_SIZE``), bytes.
 MAX_HEADER_BYTES = 100_000_000
-#: Bits per element of each safetensors dtype (safetensors ``Dtype::bitsize``).
-DTYPE_BITS = {
-    "BOOL": 8, "U8": 8, "I8": 8, "F8_E5M2": 8, "F8_E4M3": 8, "F8_E4M3FNUZ": 8, "F8_E5M2FNUZ": 8,
-    "F8_E8M0": 8, "E8M0": 8, "F4": 4, "F6_E2M3": 6, "F6_E3M2": 6,
-    "I16": 16, "U16": 16, "F16": 16, "BF16": 16,
-    "I32": 32, "U32": 32, "F32": 32,
-    "I64": 64, "U64": 64, "F64": 64, "C64": 64,
-}
 #: torch's dtype name of each safetensors dtype (safetensors ``Dtype`` names; ``safetensors.torch._TYPES``)
 ST_DTYPES = {
     "F64": "float64", "F32": "float32", "F16": "float16", "BF16": "bfloat16", "I64": "int64",
@@ -55,6 +47,9 @@ MIN_ZERO_RUN_BYTES = 4096
 #: tensor(s) it cuts into (16 float32 zeros in a row at a tensor's edge).
 MIN_ZERO_EDGE_BYTES = 64
 _MAX_OFFSET_FINDINGS = 10
+#: Headers of at least this many bytes are parsed into columns (:mod:`.safetensors_columns`: a few bytes per entry
+#: in arrays, numpy to check them) rather than into one dict (~1 KiB per entry; issue 45).
+COLUMNS_MIN_HEADER_BYTES = 1 << 20
 _NOT_SAFETENSORS = ("empty", "all_zero", "lfs_pointer", "html", "text", "json", "npy", "npz", "pickle")
 
 
@@ -64,7 +59,9 @@ def check_safetensors(path, *, display: Optional[str] = None, scan_zeros: bool =
 
     Returns ``(header, findings)``: ``header`` is the parsed JSON header
     (tensor name -> ``{"dtype", "shape", "data_offsets"}``, plus
-    ``"__metadata__"``) whenever it parsed as a JSON object, else None.
+    ``"__metadata__"``) whenever it parsed as a JSON object, else None; a header of
+    :data:`COLUMNS_MIN_HEADER_BYTES` or more comes as its columns
+    (:class:`.safetensors_columns.HeaderColumns`: its names iterate, ``get("__metadata__")``).
     Reads the 8-byte prefix and the header (at most :data:`MAX_HEADER_BYTES`);
     with ``scan_zeros`` the data buffer is streamed once in ``chunk``-byte reads
     to look for zeroed blocks (not when ``facts.tensor_bytes`` is false:
@@ -82,8 +79,10 @@ def check_safetensors(path, *, display: Optional[str] = None, scan_zeros: bool =
     header, n, bad = _read_header(path, shown, size, s.detail.get("zero_head_bytes"))
     if bad:
         return header, bad
-
-    tensors = sorted(((name, e) for name, e in header.items() if name != "__metadata__"),
+    if not isinstance(header, dict) and header.source is None:  # the columns (issue 45): no object per tensor
+        return header, _span_findings(path, shown, header, size, n, scan_zeros, min_zero_run, chunk, facts)
+    src = header if isinstance(header, dict) else header.source
+    tensors = sorted(((name, e) for name, e in src.items() if name != "__metadata__"),
                      key=lambda t: (t[1]["data_offsets"][0], t[1]["data_offsets"][1], t[0]))
     out, data_len = _offset_findings(tensors, shown)
     present = size - 8 - n
@@ -95,6 +94,28 @@ def check_safetensors(path, *, display: Optional[str] = None, scan_zeros: bool =
     if scan_zeros and not any(x.severity == "error" for x in out) and data_len >= min_zero_run:
         out.extend(_suspicious_zero_runs(path, shown, tensors, 8 + n, data_len, min_zero_run, chunk, facts))
     return header, out
+
+
+def _span_findings(path: str, shown: str, cols, size: int, n: int, scan_zeros: bool, min_zero_run: int,
+                   chunk: int, facts) -> List[Finding]:
+    """The findings of a well-formed header's spans (:class:`.safetensors_columns.HeaderColumns`), as the
+    dict path above makes them, over sorted arrays."""
+    from . import safetensors_spans as spans
+
+    order = spans.sorted_order(cols)
+    out, data_len = spans.offset_findings(cols, order, shown, _MAX_OFFSET_FINDINGS, _span_problem)
+    present = size - 8 - n
+    if present < data_len:
+        out.append(spans.truncated(cols, order, shown, present, data_len))
+    elif present > data_len:
+        out.append(findings.make("safetensors_trailing_bytes", path=shown, extra_bytes=present - data_len,
+                                 expected_bytes=8 + n + data_len, size_bytes=size))
+    if scan_zeros and not any(x.severity == "error" for x in out) and data_len >= min_zero_run:
+        listed = None if facts is None else facts.nul_runs_in(path, 8 + n, data_len, min_zero_run)
+        runs = listed if listed is not None else zero_runs(path, min_run=min_zero_run, chunk=chunk, start=8 + n,
+                                                           end=8 + n + data_len)
+        out.extend(spans.zero_run_findings(cols, order, shown, runs, 8 + n, data_len, MIN_ZERO_EDGE_BYTES))
+    return out
 
 
 def _read_header(path: str, shown: str, size: int, zero_head_bytes) -> Tuple[Optional[dict], int, List[Finding]]:
@@ -113,7 +134,9 @@ def _read_header(path: str, shown: str, size: int, zero_head_bytes) -> Tuple[Opt
                 "invalid_header_json", path=shown, header_len=0,
                 why="the header length prefix is 0 (an empty header is not a JSON object)")]
         raw = f.read(n)
-    header, why = _parse_header(raw)
+    text, nul_text, why = _header_text(raw)
+    del raw  # 100 MB of bytes need not sit beside their text while it is parsed
+    header, why = (None, why) if text is None else _parse_text(text, nul_text)
     if header is None or why:  # None: not a JSON object; else a violation inside it
         return header, n, [findings.make("invalid_header_json", path=shown, header_len=n, why=why)]
     return header, n, []
@@ -156,6 +179,13 @@ def _span_problem(e: dict, b: int, en: int, expected: int, prev: Optional[str]) 
 
 def _parse_header(raw: bytes) -> Tuple[Optional[dict], str]:
     """``(header, why)``: header None if not a JSON object; ``why`` non-empty on any violation."""
+    text, nul_text, why = _header_text(raw)
+    return (None, why) if text is None else _parse_text(text, nul_text)
+
+
+def _header_text(raw: bytes) -> Tuple[Optional[str], str, str]:
+    """``(text, nul_text, why)``: the header's bytes decoded (None, and ``why`` said, when they are not UTF-8 or
+    do not start with ``{``); ``nul_text``: what an error adds about NUL bytes in them."""
     nul = raw.find(b"\0")
     nul_text = ""
     if nul >= 0:
@@ -164,122 +194,32 @@ def _parse_header(raw: bytes) -> Tuple[Optional[dict], str]:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        return None, f"not UTF-8 at header byte {e.start}{nul_text}"
+        return None, nul_text, f"not UTF-8 at header byte {e.start}{nul_text}"
     if not text.startswith("{"):
-        return None, f"it starts with {text[:8]!r}, not '{{'{nul_text}"
-    obj, dup, why = _json_object(text, nul_text)
-    if obj is None:
-        return None, why
-    if "\\u" in text:  # lone surrogate escapes cannot be written as UTF-8 (tables, report)
-        obj = fs.without_lone_surrogates(obj)
-    if dup:
-        return obj, f"duplicate key(s) {sorted(set(dup))}"
-    return obj, _content_problem(obj)
+        return None, nul_text, f"it starts with {text[:8]!r}, not '{{'{nul_text}"
+    return text, nul_text, ""
 
 
-def _json_object(text: str, nul_text: str) -> Tuple[Optional[dict], List[str], str]:
-    """``(obj, duplicate keys, why)``: ``text`` parsed by ``json``; ``obj`` None (and ``why`` said) unless it
-    is a JSON object."""
-    dup: List[str] = []
+def _parse_text(text: str, nul_text: str):
+    """``(header, why)`` of a header's text that starts with ``{``: a dict, or its columns when it is large."""
+    if len(text) < COLUMNS_MIN_HEADER_BYTES:  # a dict: no numpy for the file layer's usual headers
+        return parse_dict(text, nul_text)
+    from . import safetensors_columns
 
-    def pairs(kv):
-        d = {}
-        for k, v in kv:
-            if k in d:
-                dup.append(k)
-            d[k] = v
-        return d
-
-    try:
-        obj = json.loads(text, object_pairs_hook=pairs)
-    except json.JSONDecodeError as e:
-        return None, dup, f"{e.msg} (header byte {e.pos}){nul_text}"
-    except RecursionError:
-        return None, dup, "nesting too deep"
-    except ValueError as e:  # e.g. an integer of more than 4300 digits (sys.get_int_max_str_digits)
-        return None, dup, str(e).split(";", 1)[0]
-    if not isinstance(obj, dict):
-        return None, dup, "the header is not a JSON object"
-    return obj, dup, ""
+    return safetensors_columns.parse(text, nul_text)
 
 
-def _content_problem(obj: dict) -> str:
-    """Why a parsed header's ``__metadata__`` or first bad entry breaks the format; "" when none does."""
-    meta = obj.get("__metadata__")
-    if meta is not None and not (isinstance(meta, dict) and all(isinstance(v, str) for v in meta.values())):
-        return "__metadata__ is not a map of strings to strings"
-    for name, e in obj.items():
-        if name == "__metadata__":
-            continue
-        problem = entry_problem(name, e)
-        if problem:
-            return problem
-    return ""
-
-
-def entry_problem(name: str, e) -> str:
-    """Why header entry ``name`` is not ``{"dtype": known, "shape": [int >= 0, ...], "data_offsets": [int >= 0,
-    int >= 0]}``; "" when it is."""
-    if not isinstance(e, dict):
-        return f"entry {name!r} is not an object"
-    missing = sorted({"dtype", "shape", "data_offsets"} - set(e))
-    if missing:
-        return f"tensor {name!r} lacks {missing}"
-    if not isinstance(e["dtype"], str) or e["dtype"] not in DTYPE_BITS:
-        return f"tensor {name!r} has unknown dtype {_short(e['dtype'])}"
-    sh = e["shape"]
-    if not (isinstance(sh, list) and all(type(d) is int and d >= 0 for d in sh)):
-        return f"tensor {name!r} has shape {_short(sh)}, not a list of non-negative integers"
-    off = e["data_offsets"]
-    if not (isinstance(off, list) and len(off) == 2 and all(type(d) is int and d >= 0 for d in off)):
-        return f"tensor {name!r} has data_offsets {_short(off)}, not two non-negative integers"
-    return ""
-
-
-def iter_header(text: str) -> Iterator[Tuple[str, object]]:
-    """The ``(name, value)`` pairs of a safetensors JSON header (a str starting with ``{``), one at a time and in
-    file order, so a caller that handles each in turn never holds one dict per tensor (a header of 1 M entries
-    parses into ~1 GiB of dicts at once).  Values are parsed by the standard ``json`` decoder; a duplicate key
-    is yielded again.  Raises ``json.JSONDecodeError`` (a ``ValueError``) where ``json.loads`` would."""
-    dec = json.JSONDecoder()
-    ws = json.decoder.WHITESPACE.match
-    i = ws(text, 0).end()
-    if text[i:i + 1] != "{":
-        raise json.JSONDecodeError("Expecting '{'", text, i)
-    i = ws(text, i + 1).end()
-    if text[i:i + 1] == "}":
-        return
-    while True:
-        if text[i:i + 1] != '"':
-            raise json.JSONDecodeError("Expecting property name enclosed in double quotes", text, i)
-        key, i = json.decoder.scanstring(text, i + 1)
-        i = ws(text, i).end()
-        if text[i:i + 1] != ":":
-            raise json.JSONDecodeError("Expecting ':' delimiter", text, i)
-        value, i = dec.raw_decode(text, ws(text, i + 1).end())
-        yield key, value
-        i = ws(text, i).end()
-        c = text[i:i + 1]
-        i = ws(text, i + 1).end()
-        if c == "}":
-            if i != len(text):
-                raise json.JSONDecodeError("Extra data", text, i)
-            return
-        if c != ",":
-            raise json.JSONDecodeError("Expecting ',' delimiter", text, i - 1)
-
-
-def valid_entries(header: dict) -> List[Tuple[str, dict]]:
-    """``(name, entry)`` of the tensors of a parsed header whose entry is well formed (:func:`entry_problem`).
+def valid_entries(header) -> List[Tuple[str, dict]]:
+    """``(name, entry)`` of the tensors of a parsed header (a dict, or the :class:`.safetensors_columns.HeaderColumns`
+    :func:`check_safetensors` returns) whose entry is well formed (:func:`entry_problem`).
 
     :func:`check_safetensors` returns the header also when an entry is wrong (with an
     ``invalid_header_json`` finding, an error); a caller that lists tensors takes only these."""
+    if not isinstance(header, dict) and header.source is not None:  # columns that fell back to json's dict
+        header = header.source
+    if not isinstance(header, dict):
+        return [(header.name(i), header.entry(i)) for i in header.valid_indices().tolist()]
     return [(k, e) for k, e in header.items() if k != "__metadata__" and not entry_problem(k, e)]
-
-
-def _short(v, limit: int = 80) -> str:
-    r = repr(v)
-    return r if len(r) <= limit else r[:limit] + "…"
 
 
 def _truncated(display: str, tensors, present: int, data_len: int) -> Finding:

@@ -145,7 +145,7 @@ def _safetensors_file(path: Path, rel: str, unit: str, scan: UnitScan, out: Dict
         tree = safetensors_rows(path, rel, unit, scan, header)
         out["header"] = header
         out["obj"] = tree
-        scan.tree[tree_key or rel] = {"__safetensors__": cut(tree), "__metadata__": header.get("__metadata__")}
+        scan.tree[tree_key or rel] = {"__safetensors__": tree, "__metadata__": header.get("__metadata__")}
 
 
 def _names_by_storage(tensors) -> Dict[str, List[str]]:

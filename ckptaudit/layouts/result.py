@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Dict, List
+from typing import Any, Dict, Iterator, List
 
 from ..findings import Finding
 
@@ -33,6 +33,11 @@ class TensorRow:
     storage_offset: int = 0  # elements into the storage (views of one storage: tied weights, flat LSTM weights)
 
 
+#: The fields of :class:`TensorRow`, which are the ``tensors`` table's columns.
+TENSOR_COLUMNS = ("unit", "file", "name", "dtype", "shape", "numel", "nbytes", "storage_key", "data_offset",
+                  "is_parameter", "storage_offset")
+
+
 @dataclass
 class UnitScan:
     unit: str
@@ -40,6 +45,8 @@ class UnitScan:
     findings: List[Finding] = field(default_factory=list)
     imports: List[Dict[str, Any]] = field(default_factory=list)  # one per pickle import
     tensors: List[TensorRow] = field(default_factory=list)
+    # tensors already as ``tensors`` tables (a safetensors header's, issue 45), in order before ``tensors``
+    tensor_tables: List[Any] = field(default_factory=list)
     tree: Dict[str, Any] = field(default_factory=dict)  # per file: pruned object tree
     facts: Dict[str, Any] = field(default_factory=dict)  # layout facts (world sizes, steps …)
     files_checked: List[str] = field(default_factory=list)
@@ -51,6 +58,30 @@ class UnitScan:
             self.findings.extend(f)
         else:
             self.findings.append(f)
+
+    def add_tensor_table(self, table) -> None:
+        """Add tensors as a ``tensors`` table (``pyarrow``), after the rows added so far (kept in order)."""
+        if self.tensors:
+            self.tensor_tables.append(self.tensor_table_of_rows())
+            self.tensors.clear()
+        self.tensor_tables.append(table)
+
+    def tensor_table_of_rows(self):
+        """The :class:`TensorRow` rows in ``tensors`` as a ``tensors`` table."""
+        from .. import tables
+
+        return tables.from_columns("tensors", {c: [getattr(t, c) for t in self.tensors] for c in TENSOR_COLUMNS})
+
+    def n_tensors(self) -> int:
+        """The tensors found, rows and tables together."""
+        return len(self.tensors) + sum(t.num_rows for t in self.tensor_tables)
+
+    def iter_tensors(self) -> Iterator[TensorRow]:
+        """Every tensor found, as :class:`TensorRow` (those held as tables made rows a batch at a time)."""
+        for t in self.tensor_tables:
+            for batch in t.to_batches(max_chunksize=1 << 14):
+                yield from (TensorRow(**r) for r in batch.to_pylist())
+        yield from self.tensors
 
     def benign_by_file(self) -> Dict[str, List[str]]:
         """{file: known-benign globals its pickles import} (what the load test must allow, per file)."""
@@ -67,7 +98,7 @@ class UnitScan:
             "unit": self.unit,
             "layout": self.layout,
             "n_files": len(self.files_checked),
-            "n_tensors": len(self.tensors),
+            "n_tensors": self.n_tensors(),
             "n_imports": len(self.imports),
             "pickle_bytes": self.pickle_bytes,
             "walk_seconds": self.walk_seconds,

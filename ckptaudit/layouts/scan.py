@@ -31,7 +31,7 @@ def iter_scans(run_dir: Path, units: List[dict], cfg: dict, facts=None
     """Per unit, in order: (its scan row, its tensors as a ``tensors`` table, its import rows).  A unit's
     TensorRows are dropped once they are columns, so memory follows one unit's tensors, not the part's.
     ``facts``: the hash stage's (:class:`ckptaudit.onepass.facts.ByteFacts`), or None (the bytes are read)."""
-    from .. import layouts, tables
+    from .. import layouts
     from . import leftovers
 
     for u in units:
@@ -50,16 +50,16 @@ def iter_scans(run_dir: Path, units: List[dict], cfg: dict, facts=None
         if u.get("in_progress") and u["kind"] != "file" and not any(f.kind == "unit_in_progress" for f in s.findings):
             s.add(leftovers.in_progress(u["unit"], u["in_progress"]))
         row = s.row()
-        tens = tables.from_columns("tensors", {c: [getattr(t, c) for t in s.tensors] for c in TENSOR_COLUMNS})
+        tens = s.tensor_table_of_rows()
+        if s.tensor_tables:  # a safetensors header's tensors came as a table (issue 45)
+            import pyarrow as pa
+
+            tens = pa.concat_tables([*s.tensor_tables, tens]) if s.tensors else pa.concat_tables(s.tensor_tables)
+            s.tensor_tables.clear()
         s.tensors.clear()
         imps = [{"unit": u["unit"], **{k: i.get(k) for k in ("file", "member", "module", "name", "category",
                                                               "source", "add_safe")}} for i in s.imports]
         yield row, tens, imps
-
-
-#: The fields of :class:`ckptaudit.layouts.result.TensorRow`, which are the ``tensors`` table's columns.
-TENSOR_COLUMNS = ("unit", "file", "name", "dtype", "shape", "numel", "nbytes", "storage_key", "data_offset",
-                  "is_parameter", "storage_offset")
 
 
 def _file_roles(u: dict, s) -> Dict[str, str]:

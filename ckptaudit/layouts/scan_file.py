@@ -123,11 +123,16 @@ def _read_small_values(path: Path, small: list, values: Dict[int, Any]) -> None:
                 values[id(tm)] = v
 
 
-def safetensors_rows(path: Path, rel: str, unit: str, scan: UnitScan, header: Dict[str, Any]) -> Dict[str, Any]:
-    """A TensorRow per valid entry of a safetensors header; returns the file's tree."""
+def safetensors_rows(path: Path, rel: str, unit: str, scan: UnitScan, header) -> Dict[str, Any]:
+    """The tensors of the valid entries of a safetensors header (a dict, or the columns
+    :func:`ckptaudit.formats.safetensors_check.check_safetensors` returns) into ``scan``; returns the file's tree,
+    cut at :data:`ckptaudit.layouts.tree.TREE_MAX_ITEMS` entries (:func:`ckptaudit.layouts.tree.cut`)."""
     from ..formats.safetensors_check import ST_DTYPES, valid_entries
+    from .tree import TREE_MAX_ITEMS, cut
 
     hlen = _safetensors_header_len(path)
+    if not isinstance(header, dict):  # the columns: a table, not a TensorRow per tensor (issue 45)
+        return _safetensors_table(rel, unit, scan, header, 8 + hlen)
     tree: Dict[str, Any] = {}
     # a malformed entry (wrong types) is already an invalid_header_json error: it is not a tensor
     for name, info in valid_entries(header):
@@ -139,6 +144,57 @@ def safetensors_rows(path: Path, rel: str, unit: str, scan: UnitScan, header: Di
             numel *= int(d)
         scan.tensors.append(TensorRow(unit, rel, name, dtype, shape, numel, b - a, name, 8 + hlen + a))
         tree[name] = {"__tensor__": dtype, "shape": shape}
+    return cut(tree, TREE_MAX_ITEMS)
+
+
+def _safetensors_table(rel: str, unit: str, scan: UnitScan, cols, data_start: int) -> Dict[str, Any]:
+    """The valid entries of header columns ``cols`` as one ``tensors`` table added to ``scan``; the tree of the
+    first :data:`ckptaudit.layouts.tree.TREE_MAX_ITEMS` (``"__truncated__"``: how many there are, when more)."""
+    import numpy as np
+    import pyarrow as pa
+
+    from .. import tables
+    from ..formats.safetensors_check import ST_DTYPES
+    from ..formats.safetensors_columns import DTYPES
+    from .tree import TREE_MAX_ITEMS
+
+    idx = cols.valid_indices()
+    n = len(idx)
+    begin = np.frombuffer(cols.begin, np.int64)[idx]
+    end = np.frombuffer(cols.end, np.int64)[idx]
+    dim_ends = np.frombuffer(cols.dim_ends, np.int64)
+    dim_starts = np.r_[0, dim_ends[:-1]] if len(dim_ends) else dim_ends
+    dims = np.frombuffer(cols.dims, np.int64)
+    codes = np.frombuffer(cols.dtype_code, np.int8)[idx]
+    torch_names = pa.array([ST_DTYPES.get(d, d.lower()) for d in DTYPES], pa.string())
+    # a valid entry's dims are contiguous in file order: the valid ones' offsets into ``dims``
+    lens = (dim_ends - dim_starts)[idx]
+    offs = np.zeros(n + 1, np.int32 if len(dims) < 2 ** 31 else np.int64)
+    np.cumsum(lens, out=offs[1:])
+    flat = dims[np.repeat(dim_starts[idx], lens) + (np.arange(offs[-1]) - np.repeat(offs[:-1], lens))] \
+        if n else dims[:0]
+    shape = (pa.ListArray if offs.dtype == np.int32 else pa.LargeListArray).from_arrays(pa.array(offs),
+                                                                                      pa.array(flat, pa.int64()))
+    numel = np.multiply.reduceat(np.r_[flat, 1], offs[:-1]) if n else flat  # prod of each shape (int64 wraps as
+    numel = np.where(lens == 0, 1, numel)                                   # the bytes it spans cannot: checked)
+    names = cols.names_array()
+    if n != len(cols):  # some entry is not well formed (an error already): not a tensor
+        names = names.take(pa.array(idx))
+    schema = tables.SCHEMAS["tensors"]
+    table = pa.table({
+        "unit": pa.repeat(unit, n),
+        "file": pa.repeat(rel, n), "name": names, "dtype": torch_names.take(pa.array(codes.astype(np.int32))),
+        "shape": shape.cast(schema.field("shape").type), "numel": pa.array(numel, pa.int64()),
+        "nbytes": pa.array(end - begin), "storage_key": names, "data_offset": pa.array(data_start + begin),
+        "is_parameter": pa.repeat(False, n), "storage_offset": pa.repeat(0, n),
+    }).cast(schema)
+    scan.add_tensor_table(table)
+    tree: Dict[str, Any] = {}
+    for i in idx[:TREE_MAX_ITEMS].tolist():
+        dt = cols.dtype(i)
+        tree[cols.name(i)] = {"__tensor__": ST_DTYPES.get(dt, dt.lower()), "shape": cols.shape(i)}
+    if n > TREE_MAX_ITEMS:
+        tree["__truncated__"] = n
     return tree
 
 

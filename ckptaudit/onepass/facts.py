@@ -22,7 +22,7 @@ local mtime and inode: :func:`ckptaudit.fs.version`) changed since the pass are 
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, Iterable, List, Optional, Tuple
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -83,13 +83,23 @@ def _part_table(schema: "pa.Schema", same: dict, n: int, cols: dict) -> "pa.Tabl
 
     arrays = []
     for f in schema:
-        if f.name in same:
+        if f.name in same and pa.types.is_string(f.type):  # a dictionary of one: 4 bytes a row, not the
+            arrays.append(_repeated_string(same[f.name], n))           # string's (issue 45: 1,000,000 facts)
+        elif f.name in same:
             arrays.append(pa.repeat(pa.scalar(same[f.name], f.type), n))  # one value, n rows (8× a take)
         elif f.name in cols:
             arrays.append(pa.array(cols[f.name], f.type))
         else:
             arrays.append(pa.nulls(n, f.type))
-    return pa.Table.from_arrays(arrays, schema=schema)
+    return pa.Table.from_arrays(arrays, names=schema.names)
+
+
+def _repeated_string(value: Optional[str], n: int) -> "pa.Array":
+    """``n`` rows of string ``value`` as a dictionary array (``pyarrow``), which casts to the string column."""
+    import numpy as np
+    import pyarrow as pa
+
+    return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, np.int32)), pa.array([value], pa.string()))
 
 
 def rows_of(unit: str, rel: str, ff) -> List[dict]:
@@ -116,35 +126,39 @@ _KEEP = {"crc": ("crc32", "seen_bytes"), "values": ("dtype", "nonfinite", "sum_s
          "nul_run": ("zero_offset", "zero_bytes"), "tensor_data": ()}
 
 
-def load(rows, run_dir, tensor_bytes: bool = True) -> "ByteFacts":
+def load(rows, run_dir, tensor_bytes: bool = True, kinds: Optional[Iterable[str]] = None) -> "ByteFacts":
     """The facts of ``rows`` (of the ``bytefacts`` table: a Parquet file's path, read :data:`BATCH_ROWS` rows at a
     time, a ``pyarrow`` table, or a list of row dicts; files relative to ``run_dir``) as a :class:`ByteFacts`
     (``len()``: the facts kept).  Rows of a file whose size or version changed since the pass are dropped.  Kept
     bytes of remote objects go to its ``kept`` (:class:`ckptaudit.fs.kept.KeptBytes`), which the stage serves
     to its remote reads with ``with fs.kept.serving(facts.kept):``.  Memory: the kept columns (a few int64 per fact)
     and one batch, not the table.  ``tensor_bytes``: the read depth's (:class:`ckptaudit.read_depth.ReadDepth`),
-    whether a check with no fact may stream tensor data."""
+    whether a check with no fact may stream tensor data.  ``kinds``: the kinds of fact the caller asks of it (default: every kind); the
+    others are not kept (issue 45: a "values" fact per tensor is ~100 MiB at 1,000,000 tensors, which only the
+    state stage asks for)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     out = ByteFacts(tensor_bytes)
-    by_kind = _by_kind(rows)
+    by_kind = _by_kind(rows, None if kinds is None else frozenset(kinds))
     if not by_kind:
         return out
-    files = pa.concat_tables([t.select(["file", "size_bytes", "version"]).cast(_file_version_schema())
+    keys = ["file", "size_bytes", "version"]  # grouped per kind before the cast: no string per fact (issue 45)
+    files = pa.concat_tables([t.select(keys).group_by(keys).aggregate([]).select(keys).cast(_file_version_schema())
                               for t in by_kind.values()])
     good = []  # the files unchanged since the pass (one size and version per file: one pass each)
-    for g in files.group_by(["file", "size_bytes", "version"]).aggregate([]).to_pylist():
+    for g in files.group_by(keys).aggregate([]).to_pylist():
         now = _now(run_dir / str(g["file"]))
         if now is not None and now[0] == g["size_bytes"] and now[1] == (g["version"] or ""):
             good.append(g["file"])
     good_set = pa.array(good, pa.string())
     kept = 0
     for kind in (*_KEEP, *_ROW_KINDS):  # a nul_scan before its runs
-        t = by_kind.get(kind)
+        t = by_kind.pop(kind, None)  # each kind's table let go once kept (issue 45)
         if t is None:
             continue
-        t = t.filter(pc.is_in(t["file"].cast(pa.string()), value_set=good_set))
+        if not set(_files_of(t)) <= set(good):  # some file changed since the pass: its facts are dropped
+            t = t.filter(pc.is_in(t["file"].cast(pa.string()), value_set=good_set))
         if not t.num_rows:
             continue
         if kind in _KEEP:
@@ -155,7 +169,15 @@ def load(rows, run_dir, tensor_bytes: bool = True) -> "ByteFacts":
     for _m, runs in out._nul_scan.values():
         runs.sort()
     out.count = kept
+    pa.default_memory_pool().release_unused()  # the tables read are gone: their pages back to the system
     return out
+
+
+def _files_of(t: "pa.Table") -> List[str]:
+    """The distinct files of facts ``t`` (its ``file`` column, a dictionary or strings)."""
+    import pyarrow.compute as pc
+
+    return [str(f) for f in pc.unique(t["file"]).to_pylist()]
 
 
 #: Rows of the ``bytefacts`` table :func:`load` reads from a file at a time.
@@ -170,9 +192,9 @@ def _file_version_schema():
     return pa.schema([("file", pa.string()), ("size_bytes", pa.int64()), ("version", pa.string())])
 
 
-def _by_kind(rows) -> Dict[str, "pa.Table"]:
+def _by_kind(rows, wanted: Optional[frozenset] = None) -> Dict[str, "pa.Table"]:
     """{kind: its rows} of ``rows`` (see :func:`load`), each with the columns of :data:`LOAD_COLUMNS` it has,
-    dictionaries unified and one chunk; a file is read one batch at a time."""
+    dictionaries unified and one chunk; a file is read one batch at a time.  ``wanted``: the kinds kept (None: all)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -187,6 +209,8 @@ def _by_kind(rows) -> Dict[str, "pa.Table"]:
     for b in batches:
         kinds = b.column(b.schema.get_field_index("kind"))
         for kind in (*_KEEP, *_ROW_KINDS):
+            if wanted is not None and kind not in wanted:
+                continue
             sub = b.filter(pc.equal(kinds.cast(pa.string()), kind))
             if sub.num_rows:
                 want = ["file", "data_offset", "length_bytes", "size_bytes", "version",
