@@ -1,0 +1,355 @@
+"""A nightly that fits its window: ``verify_budget`` re-reads the units verified least recently, reuses the rest.
+
+Re-reading every byte every night (the default, :mod:`ckptaudit.reverify`) is right for a run of a few TB; a
+store of hundreds of TB is days of reading at disk speed.  With ``verify_budget`` (``ckptaudit audit
+--verify-budget 2TiB`` or ``3h``; config key ``verify_budget``) an audit reads:
+
+1. every unit it **must** read: new ones, and those whose files, sidecars or manifest changed since their bytes
+   were last verified (their **strong key** differs: each path's size, mtime, ctime, inode and device,
+   :func:`ckptaudit.reverify.stat_key`), or that have no previous digest;
+2. then the units verified **least recently** first, while they fit in the budget (bytes; a duration is turned
+   into bytes at the rate the previous audits' hash passes read, :func:`rate_bytes_per_s`).  When nothing but
+   the must-read units fits, the least recently verified unit is read all the same (it would otherwise never
+   be verified again); ``over_budget`` says so.
+
+Every other unit keeps its previous hash rows, digest and ``hashed_at_utc`` included; the report says of it
+"not verified since <date>", never "verified".
+
+What is kept, in the output folder's ``work/``:
+
+- ``verify_ledger.json`` (:data:`LEDGER`): per unit, the strong key its bytes were verified under and the hash
+  rows of that verification (``{"schema", "units": {unit: {"keys": {path: key}, "rows": [row], "recorded_utc"}}}``);
+- ``verified/<part>.json``: what each hash job adds (same shape), merged into the ledger, newest
+  ``recorded_utc`` first, when the next audit plans (:func:`load_ledger`);
+- ``verify_plan.json`` (:data:`PLAN`): this audit's choice (:func:`make_plan`), written once by the process
+  that runs the workflow and read by every job (a cluster job re-reading the Snakefile chooses nothing).
+
+Nothing here reads or writes an audited file: the plan stats them only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+from pathlib import Path
+from typing import Dict, Iterable, List, Optional, Sequence
+
+__all__ = ["Budget", "LEDGER", "PLAN", "FRAGMENTS", "parse_budget", "unit_keys", "load_ledger", "write_ledger",
+           "write_fragment", "make_plan", "plan_for_audit", "read_plan", "carried_rows", "unit_verification",
+           "rate_bytes_per_s", "DEFAULT_RATE_BYTES_PER_S", "age_seconds", "JobSplit", "part_token", "annotate"]
+
+LEDGER = "verify_ledger.json"
+PLAN = "verify_plan.json"
+FRAGMENTS = "verified"
+_SCHEMA = "ckptaudit.verify_ledger/1"
+
+#: Read rate assumed for a duration budget before any audit has timed a pass (bytes/s): one stream.
+DEFAULT_RATE_BYTES_PER_S = 500 * 10 ** 6
+
+_BYTE_UNITS = {"": 1, "b": 1, "kb": 10 ** 3, "mb": 10 ** 6, "gb": 10 ** 9, "tb": 10 ** 12, "pb": 10 ** 15,
+               "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30, "tib": 2 ** 40, "pib": 2 ** 50}
+_TIME_UNITS = {"s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400}
+_BUDGET = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """A verify budget: ``bytes`` to read, or ``seconds`` of reading (exactly one is set); ``text`` as given."""
+
+    text: str
+    bytes: Optional[int] = None
+    seconds: Optional[float] = None
+
+    def to_bytes(self, rate_bytes_per_s: float) -> int:
+        """The budget in bytes; a duration times ``rate_bytes_per_s`` (bytes/s)."""
+        if self.bytes is not None:
+            return self.bytes
+        return int(self.seconds * rate_bytes_per_s)
+
+
+def parse_budget(text: str) -> Optional[Budget]:
+    """``"2TiB"``, ``"500GB"``, ``"1048576"`` (bytes; SI and binary units) or ``"3h"``, ``"45m"``, ``"90s"``,
+    ``"1d"`` (a duration) as a :class:`Budget`; ``""`` (no budget: every byte is read) as None.
+    Raises ``ValueError`` naming the text for anything else (a negative, a NaN, an unknown unit)."""
+    if text is None or str(text).strip() == "":
+        return None
+    m = _BUDGET.match(str(text))
+    unit = m.group(2).lower() if m else ""
+    if not m or (unit not in _BYTE_UNITS and unit not in _TIME_UNITS):
+        raise ValueError(f"verify_budget {text!r}: expected bytes (e.g. 2TiB, 500GB) or a duration (e.g. 3h, 45m)")
+    n = float(m.group(1))
+    if unit in _TIME_UNITS:
+        return Budget(str(text).strip(), seconds=n * _TIME_UNITS[unit])
+    return Budget(str(text).strip(), bytes=int(n * _BYTE_UNITS[unit]))
+
+
+def unit_keys(root: str, unit: dict, object_store: Optional[dict] = None) -> Dict[str, object]:
+    """The strong key of ``unit`` (an inventory unit): ``{path: [size_bytes, mtime_ns, ctime_ns, inode, device]
+    or None}`` for each of its files, sidecars and manifest (run-relative paths); for an object-store run
+    ``{"object_store": the inventory's sizes and ETags}`` (``object_store``)."""
+    from . import fs
+    from .reverify import stat_key
+
+    if fs.is_remote(root):
+        return {"object_store": object_store}
+    paths = list(unit["files"]) + list(unit.get("sidecars", [])) + ([unit["manifest"]] if unit.get("manifest") else [])
+    return {p: stat_key(os.path.join(root, p)) for p in paths}
+
+
+def _read_json(path: Path) -> Optional[dict]:
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except (OSError, ValueError):  # none yet, or one cut short: nothing is known, so the units are read
+        return None
+    return doc if isinstance(doc, dict) and doc.get("schema") == _SCHEMA else None
+
+
+def load_ledger(work: str | os.PathLike) -> Dict[str, dict]:
+    """``{unit: {"keys", "rows", "recorded_utc"}}``: the ledger in ``work`` with each hash job's additions
+    (``work/verified/*.json``) merged in, the newest ``recorded_utc`` of each unit winning.  A missing or
+    unreadable file adds nothing."""
+    w = Path(work)
+    units: Dict[str, dict] = {}
+    docs = [_read_json(w / LEDGER)] + [_read_json(p) for p in sorted((w / FRAGMENTS).glob("*.json"))]
+    for doc in docs:
+        for name, e in ((doc or {}).get("units") or {}).items():
+            if name not in units or str(e.get("recorded_utc", "")) > str(units[name].get("recorded_utc", "")):
+                units[name] = e
+    return units
+
+
+def _write_doc(path: Path, units: Dict[str, dict]) -> None:
+    from ._io import atomic_write
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, json.dumps({"schema": _SCHEMA, "units": units}, sort_keys=True).encode())
+
+
+def write_ledger(work: str | os.PathLike, units: Dict[str, dict]) -> None:
+    """Write ``units`` as ``work/verify_ledger.json`` (atomically), then remove the hash jobs' additions it
+    holds (``work/verified/*.json``).  Only the process that runs the workflow calls it, under the output
+    folder's lock."""
+    w = Path(work)
+    merged = sorted((w / FRAGMENTS).glob("*.json"))
+    _write_doc(w / LEDGER, units)
+    for p in merged:
+        p.unlink(missing_ok=True)
+
+
+def write_fragment(path: str | os.PathLike, units: Dict[str, dict]) -> None:
+    """A hash job's additions to the ledger (``{unit: {"keys", "rows", "recorded_utc"}}``), atomically."""
+    _write_doc(Path(path), units)
+
+
+def _verified_utc(entry: Optional[dict]) -> Optional[str]:
+    """When the bytes of a ledger entry's unit were last verified: its least recently hashed file's
+    ``hashed_at_utc``; None when a file of it has none (never verified, or unreadable)."""
+    rows = [r for r in (entry or {}).get("rows", []) if r.get("file")]
+    times = [r.get("hashed_at_utc") or "" for r in rows]
+    if not times or not all(times):
+        return None
+    return min(times)
+
+
+def carried_rows(entry: Optional[dict], keys_now: Dict[str, object], files: Sequence[str]) -> Optional[List[dict]]:
+    """The previous hash rows of a unit, when they may stand for tonight's: its strong key ``keys_now`` equals
+    the one they were verified under and each of its ``files`` has a row with a digest time (the previous
+    digest).  None otherwise: the unit must be read."""
+    if not entry or entry.get("keys") != keys_now:
+        return None
+    rows = entry.get("rows") or []
+    timed = {r.get("file") for r in rows if r.get("hashed_at_utc")}
+    if not rows or not set(files) <= timed:
+        return None
+    return [dict(r) for r in rows]
+
+
+def rate_bytes_per_s(ledger: Dict[str, dict]) -> float:
+    """Bytes per second of one file pass, from the previous audits' hash rows (``size_bytes`` over
+    ``hash_seconds`` summed); :data:`DEFAULT_RATE_BYTES_PER_S` when none timed a pass."""
+    size = secs = 0.0
+    for e in ledger.values():
+        for r in e.get("rows", []):
+            if r.get("size_bytes") and r.get("hash_seconds"):
+                size += r["size_bytes"]
+                secs += r["hash_seconds"]
+    return size / secs if secs > 0 and size > 0 else float(DEFAULT_RATE_BYTES_PER_S)
+
+
+def make_plan(units: Iterable[dict], ledger: Dict[str, dict], keys: Dict[str, Dict[str, object]],
+              budget: Budget) -> dict:
+    """Choose the units this audit reads.
+
+    ``units``: inventory units (``unit``, ``files``, ``size_bytes``); ``ledger``: :func:`load_ledger`;
+    ``keys``: each unit's strong key now (:func:`unit_keys`).  Returns ``{"budget", "budget_bytes",
+    "rate_bytes_per_s", "chosen_bytes", "over_budget", "units": {unit: {"verify": bool, "why", "size_bytes",
+    "last_verified_utc"}}}``; ``why`` is ``"new"``, ``"changed"`` (strong key or previous digest), ``"oldest"``
+    (chosen least recently verified first) or ``"outside budget"``.  Ties in age go to the newer unit last
+    (inventory order)."""
+    units = list(units)
+    rate = rate_bytes_per_s(ledger)
+    cap = budget.to_bytes(rate)
+    out: Dict[str, dict] = {}
+    used = 0
+    optional = []
+    for i, u in enumerate(units):
+        name, size = u["unit"], int(u.get("size_bytes") or 0)
+        e = ledger.get(name)
+        last = _verified_utc(e)
+        if carried_rows(e, keys.get(name), u["files"]) is None:
+            out[name] = {"verify": True, "why": "new" if e is None else "changed", "size_bytes": size,
+                         "last_verified_utc": last}
+            used += size
+        else:
+            out[name] = {"verify": False, "why": "outside budget", "size_bytes": size, "last_verified_utc": last}
+            optional.append((last, i, name, size))
+    over = False
+    optional.sort()
+    any_optional = False
+    for last, _, name, size in optional:
+        if used + size <= cap:
+            out[name].update(verify=True, why="oldest")
+            used += size
+            any_optional = True
+    if optional and not any_optional and cap > 0:  # the oldest is bigger than what is left: read it anyway
+        last, _, name, size = optional[0]
+        out[name].update(verify=True, why="oldest")
+        used += size
+        over = True
+    return {"budget": budget.text, "budget_bytes": cap, "rate_bytes_per_s": rate, "chosen_bytes": used,
+            "over_budget": over or used > cap, "units": out}
+
+
+def part_token(plan: dict, units: Sequence[dict], audit_id: str) -> str:
+    """What a part adds to its Snakemake signature under a budget: the units of it (``units``) that ``plan``
+    reads and ``audit_id`` when there are any (the part runs again), ``""`` when none (it is reused, as with
+    ``reuse: true``, judged by its files' stat keys)."""
+    read = [u["unit"] for u in units if (plan["units"].get(u["unit"]) or {}).get("verify")]
+    return f" verify {json.dumps(read)} audit {audit_id}" if read else ""
+
+
+def read_plan(work: str | os.PathLike, audit_id: Optional[str] = None) -> Optional[dict]:
+    """The plan in ``work/verify_plan.json``; None when there is none, or ``audit_id`` is given and it is
+    another audit's."""
+    try:
+        with open(Path(work) / PLAN) as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if audit_id is not None and doc.get("audit_id") != audit_id:
+        return None
+    return doc
+
+
+def plan_for_audit(inv: dict, work: str | os.PathLike, budget: Budget, audit_id: str, main_process: bool) -> dict:
+    """This audit's plan: read from ``work/verify_plan.json`` when it is this audit's (``audit_id``), else made
+    (:func:`make_plan`) and written there by the ``main_process``, which also folds the hash jobs' additions
+    into the ledger (:func:`write_ledger`).  Raises ``RuntimeError`` in a job that finds no plan of its audit."""
+    plan = read_plan(work, audit_id)
+    if plan is not None:
+        return plan
+    if not main_process:
+        raise RuntimeError(f"{Path(work) / PLAN}: no verify plan of audit {audit_id} (the main process writes it)")
+    from ._io import atomic_write
+
+    ledger = load_ledger(work)
+    osd = inv.get("object_store") or {}
+    keys = {u["unit"]: unit_keys(inv["run_dir"], u, osd.get(u["unit"])) for u in inv["units"]}
+    plan = {"audit_id": audit_id, **make_plan(inv["units"], ledger, keys, budget)}
+    write_ledger(work, ledger)
+    Path(work).mkdir(parents=True, exist_ok=True)
+    atomic_write(Path(work) / PLAN, json.dumps(plan, indent=1, sort_keys=True).encode())
+    return plan
+
+
+def unit_verification(last_verified_utc: Optional[str], audit_started_utc: Optional[str]) -> str:
+    """What the report says of a unit's bytes: ``""`` when this audit verified them (``last_verified_utc`` not
+    before ``audit_started_utc``), ``"not verified since <YYYY-MM-DD HH:MM UTC>"`` when an earlier audit did,
+    ``"never verified"`` when none did.  Never calls bytes verified that this audit did not read."""
+    if not last_verified_utc:
+        return "never verified"
+    if not audit_started_utc or last_verified_utc >= audit_started_utc:  # a report run by hand: as reverify does
+        return ""
+    return f"not verified since {last_verified_utc[:10]} {last_verified_utc[11:16]} UTC"
+
+
+def age_seconds(last_verified_utc: Optional[str], now_unix: float) -> float:
+    """Seconds from ``last_verified_utc`` (ISO 8601) to ``now_unix``; ``inf`` when never verified."""
+    import datetime as _dt
+
+    if not last_verified_utc:
+        return math.inf
+    t = _dt.datetime.fromisoformat(last_verified_utc)
+    return max(0.0, now_unix - t.timestamp())
+
+
+class JobSplit:
+    """A hash job's share of the plan: which of its ``units`` it reads, which keep their previous rows.
+
+    ``plan_path`` None (no budget): every unit is read.  Otherwise a unit the plan leaves out keeps the rows of
+    its last verification (:meth:`carried`) when its strong key is still the one they were verified under; one
+    whose key changed since the plan was made is read all the same.  Each unit's strong key is taken here,
+    before any pass, and recorded with the rows (:meth:`done`, :meth:`write`): a file changed during the pass
+    has another ctime by the next audit, which then reads it."""
+
+    def __init__(self, inv: dict, units: Sequence[dict], plan_path: Optional[str] = None):
+        osd = inv.get("object_store") or {}
+        self.keys = {u["unit"]: unit_keys(inv["run_dir"], u, osd.get(u["unit"])) for u in units}
+        self._carried: Dict[str, List[dict]] = {}
+        self._entries: Dict[str, dict] = {}
+        if plan_path:
+            plan = read_plan(Path(plan_path).parent) or {}
+            chosen = plan.get("units") or {}
+            ledger = load_ledger(Path(plan_path).parent)
+            for u in units:
+                if not (chosen.get(u["unit"]) or {"verify": True}).get("verify", True):
+                    rows = carried_rows(ledger.get(u["unit"]), self.keys[u["unit"]], u["files"])
+                    if rows is not None:
+                        self._carried[u["unit"]] = rows
+                        self._entries[u["unit"]] = ledger[u["unit"]]
+
+    def carried(self, unit: str) -> Optional[List[dict]]:
+        """The previous rows of ``unit`` when this job does not read it, else None."""
+        return self._carried.get(unit)
+
+    def done(self, unit: str, rows: List[dict], recorded_utc: str) -> None:
+        """Record the rows of ``unit`` read by this job, under the key taken before its pass."""
+        self._entries[unit] = {"keys": self.keys[unit], "rows": rows, "recorded_utc": recorded_utc}
+
+    def write(self, path: str | os.PathLike) -> None:
+        """This job's additions to the ledger (every unit it read or carried) at ``path``."""
+        write_fragment(path, dict(sorted(self._entries.items())))
+
+
+def annotate(v: dict, hash_rows: Sequence[dict], plan_path: Optional[str] = None,
+             audit_id: Optional[str] = None) -> None:
+    """Add to a verdict ``v`` (after :func:`ckptaudit.report._add_reverified`) when each unit's bytes were last
+    verified: ``units[i]["last_verified_utc"]`` (its least recently hashed file; None when never) and
+    ``units[i]["verification_note"]`` (:func:`unit_verification`: ``""`` when this audit read them), and to
+    ``v["bytes_verified"]``: ``verified_bytes`` (bytes this audit hashed), ``verify_budget`` (the text, None
+    without one), ``verify_budget_bytes``, ``over_budget``, ``units_never_verified`` and
+    ``oldest_verification_utc``.  ``plan_path``: ``work/verify_plan.json`` of a budgeted audit, read when it is ``audit_id``'s."""
+    bv = v.setdefault("bytes_verified", {})
+    start = bv.get("audit_started_utc")
+    plan = None
+    if plan_path:
+        plan = read_plan(Path(plan_path).parent, audit_id)
+    never = 0
+    times = []
+    for u in v.get("units", []):
+        last = u.get("last_hashed_utc")
+        u["last_verified_utc"] = last
+        u["verification_note"] = unit_verification(last, start)
+        never += not last
+        times += [last] if last else []
+    bv["verified_bytes"] = sum(int(r.get("size_bytes") or 0) for r in hash_rows
+                               if r.get("hashed_at_utc") and (not start or r["hashed_at_utc"] >= start))
+    bv["verify_budget"] = plan["budget"] if plan else None
+    bv["verify_budget_bytes"] = plan["budget_bytes"] if plan else None
+    bv["over_budget"] = bool(plan and plan.get("over_budget"))
+    bv["units_never_verified"] = never
+    bv["oldest_verification_utc"] = min(times) if times else None
