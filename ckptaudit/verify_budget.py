@@ -39,7 +39,7 @@ from typing import Dict, Iterable, List, Optional, Sequence
 
 __all__ = ["Budget", "LEDGER", "PLAN", "FRAGMENTS", "parse_budget", "unit_keys", "load_ledger", "write_ledger",
            "write_fragment", "make_plan", "plan_for_audit", "read_plan", "carried_rows", "unit_verification",
-           "rate_bytes_per_s", "DEFAULT_RATE_BYTES_PER_S", "age_seconds", "JobSplit", "part_token", "annotate"]
+           "rate_bytes_per_s", "DEFAULT_RATE_BYTES_PER_S", "age_seconds", "JobSplit", "part_token", "annotate", "metric_values", "METRIC_HELP"]
 
 LEDGER = "verify_ledger.json"
 PLAN = "verify_plan.json"
@@ -353,3 +353,30 @@ def annotate(v: dict, hash_rows: Sequence[dict], plan_path: Optional[str] = None
     bv["over_budget"] = bool(plan and plan.get("over_budget"))
     bv["units_never_verified"] = never
     bv["oldest_verification_utc"] = min(times) if times else None
+
+
+#: The help line of each series :func:`metric_values` gives.
+METRIC_HELP = {
+    "ckptaudit_unit_oldest_verification_age_seconds": "seconds since the least recently verified unit's bytes were read",
+    "ckptaudit_units_never_verified": "units whose bytes no audit has read",
+    "ckptaudit_verified_bytes": "bytes this audit read and hashed",
+    "ckptaudit_verify_budget_bytes": "the audit's verify_budget in bytes (only with one)",
+}
+
+
+def metric_values(v: dict, now_unix: float) -> Dict[str, float]:
+    """The verification series of a verdict ``v`` (:mod:`ckptaudit.metrics`), by metric name:
+    ``ckptaudit_unit_oldest_verification_age_seconds`` (seconds since the least recently verified unit's bytes
+    were read; left out when no unit was ever verified), ``ckptaudit_units_never_verified`` (units no audit has
+    read), ``ckptaudit_verified_bytes`` (bytes this audit read and hashed) and ``ckptaudit_verify_budget_bytes``
+    (the budget; left out without one)."""
+    bv = v.get("bytes_verified") or {}
+    units = v.get("units") or []
+    times = [u.get("last_verified_utc", u.get("last_hashed_utc")) for u in units]
+    out: Dict[str, float] = {"ckptaudit_units_never_verified": float(sum(not t for t in times)),
+                             "ckptaudit_verified_bytes": float(bv.get("verified_bytes") or 0)}
+    if any(times):
+        out["ckptaudit_unit_oldest_verification_age_seconds"] = age_seconds(min(t for t in times if t), now_unix)
+    if bv.get("verify_budget_bytes") is not None:
+        out["ckptaudit_verify_budget_bytes"] = float(bv["verify_budget_bytes"])
+    return out

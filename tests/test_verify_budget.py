@@ -5,9 +5,12 @@ import os
 import shutil
 import subprocess
 import sys
+import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from ckptaudit import verify_budget as vb
 
@@ -89,6 +92,18 @@ def test_a_unit_not_read_by_this_audit_is_never_called_verified():
     assert vb.unit_verification(None, start) == "never verified"
 
 
+def test_the_verification_metrics_of_a_verdict():
+    v = {"bytes_verified": {"verified_bytes": 123, "verify_budget_bytes": 1000},
+         "units": [{"last_verified_utc": "2026-12-01T00:00:00+00:00"}, {"last_verified_utc": None},
+                   {"last_verified_utc": "2026-12-04T00:00:00+00:00"}]}
+    now = datetime.fromisoformat("2026-12-05T00:00:00+00:00").timestamp()
+    assert vb.metric_values(v, now) == {"ckptaudit_units_never_verified": 1.0, "ckptaudit_verified_bytes": 123.0,
+                                        "ckptaudit_unit_oldest_verification_age_seconds": 4 * 86400.0,
+                                        "ckptaudit_verify_budget_bytes": 1000.0}
+    v["bytes_verified"]["verify_budget_bytes"] = None  # no budget: no budget series
+    assert "ckptaudit_verify_budget_bytes" not in vb.metric_values(v, now)
+
+
 # ------------------------------------------------------------------ audits of a real run
 
 
@@ -160,7 +175,8 @@ def test_a_budgeted_nightly_reads_the_oldest_catches_rot_there_and_dates_the_res
     flip_keeping_times(run / "ckpt_000250.pt")
     age_ledger(out, run, days, rotted=("ckpt_000100.pt", "ckpt_000250.pt"))
 
-    p = run_cli(*audit, "--verify-budget", str(2 * MB))
+    prom = tmp_path / "ckptaudit.prom"
+    p = run_cli(*audit, "--verify-budget", str(2 * MB), "--metrics", str(prom))
     assert p.returncode == 1, p.stdout + p.stderr
     v = verdict(out)
     units = {u["unit"]: u for u in v["units"]}
@@ -176,6 +192,11 @@ def test_a_budgeted_nightly_reads_the_oldest_catches_rot_there_and_dates_the_res
     assert v["bytes_verified"]["oldest_verification_utc"] == "2026-11-03T00:00:00+00:00"
     html = (out / "report.html").read_text()
     assert "(bytes not verified since 2026-11-03 00:00 UTC)" in html and 'id="verify-budget"' in html
+    m = {s.name: s.value for fam in text_string_to_metric_families(prom.read_text()) for s in fam.samples}
+    assert m["ckptaudit_verified_bytes"] == 2 * MB and m["ckptaudit_verify_budget_bytes"] == 2 * MB
+    assert m["ckptaudit_units_never_verified"] == 0
+    oldest = datetime.fromisoformat("2026-11-03T00:00:00+00:00").timestamp()
+    assert abs(m["ckptaudit_unit_oldest_verification_age_seconds"] - (time.time() - oldest)) < 600
     plan = json.loads((out / "work" / "verify_plan.json").read_text())
     assert plan["units"]["ckpt_000250.pt"] == {"verify": False, "why": "outside budget", "size_bytes": MB,
                                                "last_verified_utc": "2026-11-03T00:00:00+00:00"}
