@@ -114,7 +114,8 @@ def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None,
     before = fs.stage_bytes()  # no kept bytes are served here: this stage reads the objects themselves
     run_dir = fs.path(inv["run_dir"])
     units = part_units(inv, part)
-    split = verify_budget.JobSplit(inv, units, verify_plan)
+    fragment = work_file(out, verify_budget.FRAGMENTS, part, "json")  # this part's additions to the ledger
+    split = verify_budget.JobSplit(inv, units, verify_plan, fragment)
 
     facts_out = out_facts or work_file(out, "bytefacts", part, "parquet")
     facts_writer = tables.BatchWriter("bytefacts", facts_out)  # each file's facts written as its pass ends
@@ -144,7 +145,7 @@ def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None,
             done = [one(u) for u in units]
     rows = [r for unit_rows in done for r in unit_rows]
     tables.write("hash", rows, out)
-    split.write(work_file(out, verify_budget.FRAGMENTS, part, "json"))
+    split.write(fragment)
     _write_bytes(out, "hash", part, before)
     return rows
 

@@ -39,7 +39,7 @@ from typing import Dict, Iterable, List, Optional, Sequence
 
 __all__ = ["Budget", "LEDGER", "PLAN", "FRAGMENTS", "parse_budget", "unit_keys", "load_ledger", "write_ledger",
            "write_fragment", "make_plan", "plan_for_audit", "read_plan", "carried_rows", "unit_verification",
-           "rate_bytes_per_s", "DEFAULT_RATE_BYTES_PER_S", "age_seconds", "JobSplit", "part_token", "annotate", "metric_values", "METRIC_HELP"]
+           "rate_bytes_per_s", "DEFAULT_RATE_BYTES_PER_S", "age_seconds", "JobSplit", "part_token", "annotate", "metric_values", "METRIC_HELP", "digest_changed"]
 
 LEDGER = "verify_ledger.json"
 PLAN = "verify_plan.json"
@@ -287,6 +287,19 @@ def age_seconds(last_verified_utc: Optional[str], now_unix: float) -> float:
     return max(0.0, now_unix - t.timestamp())
 
 
+def digest_changed(row: dict, before: Optional[dict]):
+    """A ``digest_changed_unseen`` finding when ``row`` (a hash row read now) has another digest than ``before``
+    (its file's row at the last verification, whose strong key the caller found unchanged) at the same size;
+    else None."""
+    from . import findings as F
+
+    now, then = row.get("sha256_hex") or "", (before or {}).get("sha256_hex") or ""
+    if not now or not then or now == then or row.get("size_bytes") != before.get("size_bytes"):
+        return None
+    return F.make("digest_changed_unseen", path=row["file"], actual=now, expected=then,
+                  verified_utc=str(before.get("hashed_at_utc") or "")[:19].replace("T", " ") + " UTC")
+
+
 class JobSplit:
     """A hash job's share of the plan: which of its ``units`` it reads, which keep their previous rows.
 
@@ -296,15 +309,21 @@ class JobSplit:
     before any pass, and recorded with the rows (:meth:`done`, :meth:`write`): a file changed during the pass
     has another ctime by the next audit, which then reads it."""
 
-    def __init__(self, inv: dict, units: Sequence[dict], plan_path: Optional[str] = None):
+    def __init__(self, inv: dict, units: Sequence[dict], plan_path: Optional[str] = None,
+                 fragment: Optional[str | os.PathLike] = None):
         osd = inv.get("object_store") or {}
         self.keys = {u["unit"]: unit_keys(inv["run_dir"], u, osd.get(u["unit"])) for u in units}
         self._carried: Dict[str, List[dict]] = {}
         self._entries: Dict[str, dict] = {}
+        # the last verification of each unit, for digest_changed: the ledger under a budget, else what this
+        # part's job recorded last time (``fragment``: no job reads the whole ledger of a big store)
+        prev = (load_ledger(Path(plan_path).parent) if plan_path else
+                ((_read_json(Path(fragment)) or {}).get("units") or {}) if fragment else {})
+        self._previous = {u["unit"]: prev[u["unit"]] for u in units if u["unit"] in prev}
         if plan_path:
             plan = read_plan(Path(plan_path).parent) or {}
             chosen = plan.get("units") or {}
-            ledger = load_ledger(Path(plan_path).parent)
+            ledger = prev
             for u in units:
                 if not (chosen.get(u["unit"]) or {"verify": True}).get("verify", True):
                     rows = carried_rows(ledger.get(u["unit"]), self.keys[u["unit"]], u["files"])
@@ -317,7 +336,15 @@ class JobSplit:
         return self._carried.get(unit)
 
     def done(self, unit: str, rows: List[dict], recorded_utc: str) -> None:
-        """Record the rows of ``unit`` read by this job, under the key taken before its pass."""
+        """Record the rows of ``unit`` read by this job, under the key taken before its pass, after comparing
+        their digests with its last verification's (:func:`digest_changed`, appended to a row's findings)."""
+        prev = self._previous.get(unit)
+        if prev and prev.get("keys") == self.keys[unit]:
+            before = {r.get("file"): r for r in prev.get("rows") or [] if r.get("hashed_at_utc")}
+            for r in rows:
+                f = digest_changed(r, before.get(r.get("file")))
+                if f is not None:
+                    r["findings_json"] = json.dumps(json.loads(r.get("findings_json") or "[]") + [f.to_dict()])
         self._entries[unit] = {"keys": self.keys[unit], "rows": rows, "recorded_utc": recorded_utc}
 
     def write(self, path: str | os.PathLike) -> None:

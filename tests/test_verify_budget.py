@@ -104,6 +104,36 @@ def test_the_verification_metrics_of_a_verdict():
     assert "ckptaudit_verify_budget_bytes" not in vb.metric_values(v, now)
 
 
+def test_a_digest_that_changed_under_an_unchanged_strong_key_is_bit_rot(tmp_path):
+    """Without a sidecar nothing else checks a file's bytes: its last verification's digest does."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "a.safetensors").write_bytes(b"x" * 64)
+    inv = {"run_dir": str(tmp_path / "run"), "units": []}
+    unit = {"unit": "a.safetensors", "files": ["a.safetensors"]}
+    then = {"file": "a.safetensors", "size_bytes": 64, "sha256_hex": "aa" * 32, "findings_json": "[]",
+            "hashed_at_utc": "2026-11-03T07:42:10+00:00"}
+    frag = tmp_path / "work" / "verified" / "p0000.json"
+    keys = vb.unit_keys(inv["run_dir"], unit)
+    vb.write_fragment(frag, {"a.safetensors": {"keys": keys, "rows": [then], "recorded_utc": "2026-11-03"}})
+    split = vb.JobSplit(inv, [unit], None, frag)
+    now = {**then, "sha256_hex": "bb" * 32, "hashed_at_utc": "2026-12-05T02:00:00+00:00"}
+    split.done("a.safetensors", [now], "2026-12-05T02:00:00+00:00")
+    (f,) = json.loads(now["findings_json"])
+    assert f["kind"] == "digest_changed_unseen" and f["severity"] == "error" and f["caps"] == "none"
+    assert f["message"].startswith(f"a.safetensors: its digest is {'bb' * 32} but was {'aa' * 32} when its bytes "
+                                   "were last verified (2026-11-03 07:42:10 UTC), and its size, mtime, ctime, inode")
+    split.write(frag)  # tonight's digest is the one the next audit compares with
+    assert vb.load_ledger(tmp_path / "work")["a.safetensors"]["rows"][0]["sha256_hex"] == "bb" * 32
+
+    # a file rewritten (another ctime or inode) has a new digest by right: no finding
+    vb.write_fragment(frag, {"a.safetensors": {"keys": {"a.safetensors": [64, 1, 2, 3, 4]}, "rows": [then],
+                                               "recorded_utc": "2026-11-03"}})
+    split = vb.JobSplit(inv, [unit], None, frag)
+    now = {**then, "sha256_hex": "bb" * 32}
+    split.done("a.safetensors", [now], "2026-12-05T02:00:00+00:00")
+    assert now["findings_json"] == "[]"
+
+
 # ------------------------------------------------------------------ audits of a real run
 
 
@@ -183,7 +213,8 @@ def test_a_budgeted_nightly_reads_the_oldest_catches_rot_there_and_dates_the_res
     assert {n for n, u in units.items() if u["reverified"]} == {"ckpt_000200.pt", "ckpt_000100.pt"}  # the 2 oldest
     assert hash_bytes_read(out) < 3 * MB  # two units' bytes, not six
     assert v["bytes_verified"]["verified_bytes"] == 2 * MB and v["bytes_verified"]["verify_budget_bytes"] == 2 * MB
-    assert "checksum_mismatch" in errors(v, "ckpt_000100.pt")  # verified tonight: the flip is caught
+    # verified tonight: the flip is caught, by its sidecar and by its last verification's digest
+    assert errors(v, "ckpt_000100.pt") == ["checksum_mismatch", "digest_changed_unseen"]
     assert units["ckpt_000100.pt"]["usable_for"] == "none" and units["ckpt_000100.pt"]["verification_note"] == ""
     # outside the budget: dated, never called verified
     assert units["ckpt_000250.pt"]["verification_note"] == "not verified since 2026-11-03 00:00 UTC"
@@ -205,7 +236,8 @@ def test_a_budgeted_nightly_reads_the_oldest_catches_rot_there_and_dates_the_res
     p = run_cli(*audit)
     assert p.returncode == 1, p.stdout + p.stderr
     v = verdict(out)
-    assert "checksum_mismatch" in errors(v, "ckpt_000250.pt") and "checksum_mismatch" in errors(v, "ckpt_000100.pt")
+    assert errors(v, "ckpt_000250.pt") == ["checksum_mismatch", "digest_changed_unseen"]
+    assert "checksum_mismatch" in errors(v, "ckpt_000100.pt")
     assert v["rollback"] == {"unit": "ckpt_000200.pt", "step": 200}
     assert all(u["reverified"] and u["verification_note"] == "" for u in v["units"])
     assert hash_bytes_read(out) >= sum(sizes.values())
