@@ -12,6 +12,9 @@ store of hundreds of TB is days of reading at disk speed.  With ``verify_budget`
    the must-read units fits, the least recently verified unit is read all the same (it would otherwise never
    be verified again); ``over_budget`` says so.
 
+Both go by **part** (the units one job audits, ``units_per_job``): a part is read whole in one pass, whose facts
+its scan, load test and state use, so no stage reads bytes the hash stage skipped (:func:`make_plan`).
+
 Every other unit keeps its previous hash rows, digest and ``hashed_at_utc`` included; the report says of it
 "not verified since <date>", never "verified".
 
@@ -182,54 +185,75 @@ def rate_bytes_per_s(ledger: Dict[str, dict]) -> float:
 
 def make_plan(units: Iterable[dict], ledger: Dict[str, dict], keys: Dict[str, Dict[str, object]],
               budget: Budget) -> dict:
-    """Choose the units this audit reads.
+    """Choose the parts (groups of units one job audits) this audit reads.
 
-    ``units``: inventory units (``unit``, ``files``, ``size_bytes``); ``ledger``: :func:`load_ledger`;
-    ``keys``: each unit's strong key now (:func:`unit_keys`).  Returns ``{"budget", "budget_bytes",
-    "rate_bytes_per_s", "chosen_bytes", "over_budget", "units": {unit: {"verify": bool, "why", "size_bytes",
-    "last_verified_utc"}}}``; ``why`` is ``"new"``, ``"changed"`` (strong key or previous digest), ``"oldest"``
-    (chosen least recently verified first) or ``"outside budget"``.  Ties in age go to the newer unit last
-    (inventory order)."""
+    ``units``: inventory units (``unit``, ``files``, ``size_bytes``, ``part``; a unit without ``part`` is a part
+    of its own); ``ledger``: :func:`load_ledger`; ``keys``: each unit's strong key now (:func:`unit_keys`).
+
+    A part is read whole: its hash job's one pass feeds its scan, load test and state, which would otherwise
+    read the bytes it skipped, so every byte an audit reads is a byte it verifies and the budget bounds them all.
+    Parts with a unit that must be read come first (whatever the budget), then the parts whose least recently
+    verified unit is oldest, each while it fits (first fit; ties in inventory order); when none fits, the oldest
+    is read all the same (``over_budget``).
+
+    Returns ``{"budget", "budget_bytes", "rate_bytes_per_s", "chosen_bytes", "over_budget", "parts": {part:
+    {"verify", "size_bytes", "last_verified_utc"}}, "units": {unit: {"verify": bool, "why", "size_bytes",
+    "last_verified_utc", "part"}}}``; a unit's ``why`` is ``"new"``, ``"changed"`` (strong key or previous
+    digest), ``"oldest"`` (its part chosen least recently verified first), ``"same part"`` (its part holds a
+    new or changed unit) or ``"outside budget"``."""
     units = list(units)
     rate = rate_bytes_per_s(ledger)
     cap = budget.to_bytes(rate)
     out: Dict[str, dict] = {}
-    used = 0
-    optional = []
+    parts: Dict[str, dict] = {}
     for i, u in enumerate(units):
         name, size = u["unit"], int(u.get("size_bytes") or 0)
         e = ledger.get(name)
         last = _verified_utc(e)
-        if carried_rows(e, keys.get(name), u["files"]) is None:
-            out[name] = {"verify": True, "why": "new" if e is None else "changed", "size_bytes": size,
-                         "last_verified_utc": last}
-            used += size
-        else:
-            out[name] = {"verify": False, "why": "outside budget", "size_bytes": size, "last_verified_utc": last}
-            optional.append((last, i, name, size))
+        must = carried_rows(e, keys.get(name), u["files"]) is None
+        part = str(u.get("part") or name)
+        out[name] = {"verify": must, "why": ("new" if e is None else "changed") if must else "outside budget",
+                     "size_bytes": size, "last_verified_utc": last, "part": part}
+        p = parts.setdefault(part, {"verify": False, "size_bytes": 0, "last_verified_utc": last, "order": i,
+                                    "units": []})
+        p["size_bytes"] += size
+        p["verify"] = p["verify"] or must
+        p["units"].append(name)
+        if (last or "") < (p["last_verified_utc"] or ""):
+            p["last_verified_utc"] = last
+    used = sum(p["size_bytes"] for p in parts.values() if p["verify"])
+    optional = sorted((p["last_verified_utc"] or "", p["order"], name) for name, p in parts.items() if not p["verify"])
+    taken = []
+    for _, _, name in optional:
+        if used + parts[name]["size_bytes"] <= cap:
+            taken.append(name)
+            used += parts[name]["size_bytes"]
     over = False
-    optional.sort()
-    any_optional = False
-    for last, _, name, size in optional:
-        if used + size <= cap:
-            out[name].update(verify=True, why="oldest")
-            used += size
-            any_optional = True
-    if optional and not any_optional and cap > 0:  # the oldest is bigger than what is left: read it anyway
-        last, _, name, size = optional[0]
-        out[name].update(verify=True, why="oldest")
-        used += size
+    if optional and not taken and cap > 0:  # the oldest is bigger than what is left: read it anyway
+        taken.append(optional[0][2])
+        used += parts[optional[0][2]]["size_bytes"]
         over = True
+    for name in taken:
+        parts[name]["verify"] = True
+        for un in parts[name]["units"]:
+            out[un].update(verify=True, why="oldest")
+    for p in parts.values():
+        for un in p["units"]:
+            if p["verify"] and not out[un]["verify"]:
+                out[un].update(verify=True, why="same part")
     return {"budget": budget.text, "budget_bytes": cap, "rate_bytes_per_s": rate, "chosen_bytes": used,
-            "over_budget": over or used > cap, "units": out}
+            "over_budget": over or used > cap,
+            "parts": {n: {k: p[k] for k in ("verify", "size_bytes", "last_verified_utc")} for n, p in parts.items()},
+            "units": out}
 
 
-def part_token(plan: dict, units: Sequence[dict], audit_id: str) -> str:
-    """What a part adds to its Snakemake signature under a budget: the units of it (``units``) that ``plan``
-    reads and ``audit_id`` when there are any (the part runs again), ``""`` when none (it is reused, as with
-    ``reuse: true``, judged by its files' stat keys)."""
-    read = [u["unit"] for u in units if (plan["units"].get(u["unit"]) or {}).get("verify")]
-    return f" verify {json.dumps(read)} audit {audit_id}" if read else ""
+def part_token(plan: dict, part: str) -> str:
+    """What ``part`` adds to its Snakemake signature under a budget: the id of the audit that last chose to read
+    it (``plan["tokens"]``, :func:`plan_for_audit`), so that it runs when this audit reads it and is reused, as
+    with ``reuse: true`` (judged by its files' stat keys), by every later audit that does not; ``""`` for a
+    part no budgeted audit has read."""
+    token = (plan.get("tokens") or {}).get(part)
+    return f" verified-by {token}" if token else ""
 
 
 def read_plan(work: str | os.PathLike, audit_id: Optional[str] = None) -> Optional[dict]:
@@ -248,7 +272,8 @@ def read_plan(work: str | os.PathLike, audit_id: Optional[str] = None) -> Option
 def plan_for_audit(inv: dict, work: str | os.PathLike, budget: Budget, audit_id: str, main_process: bool) -> dict:
     """This audit's plan: read from ``work/verify_plan.json`` when it is this audit's (``audit_id``), else made
     (:func:`make_plan`) and written there by the ``main_process``, which also folds the hash jobs' additions
-    into the ledger (:func:`write_ledger`).  Raises ``RuntimeError`` in a job that finds no plan of its audit."""
+    into the ledger (:func:`write_ledger`).  ``tokens``: per part, the audit that last read it (this one for the
+    parts it reads, else the previous plan's), for :func:`part_token`.  Raises ``RuntimeError`` in a job that finds no plan of its audit."""
     plan = read_plan(work, audit_id)
     if plan is not None:
         return plan
@@ -260,6 +285,8 @@ def plan_for_audit(inv: dict, work: str | os.PathLike, budget: Budget, audit_id:
     osd = inv.get("object_store") or {}
     keys = {u["unit"]: unit_keys(inv["run_dir"], u, osd.get(u["unit"])) for u in inv["units"]}
     plan = {"audit_id": audit_id, **make_plan(inv["units"], ledger, keys, budget)}
+    before = (read_plan(work) or {}).get("tokens") or {}
+    plan["tokens"] = {p: audit_id if x["verify"] else before.get(p, "") for p, x in plan["parts"].items()}
     write_ledger(work, ledger)
     Path(work).mkdir(parents=True, exist_ok=True)
     atomic_write(Path(work) / PLAN, json.dumps(plan, indent=1, sort_keys=True).encode())

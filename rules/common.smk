@@ -148,8 +148,7 @@ def get_part_units(wildcards):
     if key not in _PART_SIGNATURES:
         sig = ws.part_signature(get_inventory(), wildcards.part, reverify=REVERIFY)
         if VERIFY_BUDGET:  # a part with a unit to read tonight runs again; the others are reused by strong key
-            sig += verify_budget.part_token(get_verify_plan(), ws.part_units(get_inventory(), wildcards.part),
-                                            AUDIT_ID)
+            sig += verify_budget.part_token(get_verify_plan(), wildcards.part)
         _PART_SIGNATURES[key] = sig
     return _PART_SIGNATURES[key]
 

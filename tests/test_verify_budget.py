@@ -65,6 +65,52 @@ def test_units_are_chosen_new_and_changed_first_then_oldest_verified():
     assert plan["units"]["u3"]["last_verified_utc"] == "2026-11-03T00:00:00+00:00"
 
 
+def test_a_part_is_read_whole_and_aged_by_its_least_recently_verified_unit():
+    """A part's one pass feeds its scan and state: reading only some of its units would have them read the rest."""
+    units = [{"unit": n, "files": ["f"], "size_bytes": 10, "part": p}
+             for n, p in (("a1", "p0"), ("a2", "p0"), ("b1", "p1"), ("b2", "p1"), ("c1", "p2"), ("c2", "p2"))]
+    ledger = {"a1": entry("09"), "a2": entry("08"), "b1": entry("02"), "b2": entry("07"), "c2": entry("01")}
+    keys = {n: {"f": ["k"]} for n in ("a1", "a2", "b1", "b2", "c1", "c2")}
+    plan = vb.make_plan(units, ledger, keys, vb.Budget("40B", bytes=40))
+    why = {n: (p["verify"], p["why"]) for n, p in plan["units"].items()}
+    assert why == {"c1": (True, "new"), "c2": (True, "same part"), "b1": (True, "oldest"), "b2": (True, "oldest"),
+                   "a1": (False, "outside budget"), "a2": (False, "outside budget")}
+    assert plan["parts"] == {"p0": {"verify": False, "size_bytes": 20, "last_verified_utc": "2026-11-08T00:00:00+00:00"},
+                             "p1": {"verify": True, "size_bytes": 20, "last_verified_utc": "2026-11-02T00:00:00+00:00"},
+                             "p2": {"verify": True, "size_bytes": 20, "last_verified_utc": None}}
+    plan["tokens"] = {"p0": "", "p1": "aid"}  # as plan_for_audit sets them
+    assert vb.part_token(plan, "p0") == "" and vb.part_token(plan, "p1") == " verified-by aid"
+
+
+def test_a_part_keeps_the_token_of_the_audit_that_last_read_it(tmp_path):
+    """A part's Snakemake key changes only when an audit reads it, so the parts a budget skips do not run."""
+    run, work = tmp_path / "run", tmp_path / "work"
+    run.mkdir()
+    units = []
+    for name, part in (("a.pt", "p0000"), ("b.pt", "p0001")):
+        (run / name).write_bytes(b"x" * 10)
+        units.append({"unit": name, "files": [name], "size_bytes": 10, "part": part})
+    inv = {"run_dir": str(run), "units": units, "parts": {"p0000": ["a.pt"], "p0001": ["b.pt"]}}
+
+    def verified(u, day, recorded):
+        return {u["unit"]: {"keys": vb.unit_keys(str(run), u), "recorded_utc": recorded,
+                            "rows": [{"file": u["unit"], "size_bytes": 10,
+                                      "hashed_at_utc": f"2026-{day}T00:00:00+00:00"}]}}
+
+    vb.write_fragment(work / "verified" / "p0000.json", verified(units[0], "11-01", "1"))
+    vb.write_fragment(work / "verified" / "p0001.json", verified(units[1], "11-02", "1"))
+    budget = vb.Budget("10B", bytes=10)
+    first = vb.plan_for_audit(inv, work, budget, "A1", True)
+    assert first["tokens"] == {"p0000": "A1", "p0001": ""}  # a.pt is the older
+    assert list((work / "verified").glob("*.json")) == [] and set(vb.load_ledger(work)) == {"a.pt", "b.pt"}
+    vb.write_fragment(work / "verified" / "p0000.json", verified(units[0], "12-05", "2"))  # as A1's hash job does
+    second = vb.plan_for_audit(inv, work, budget, "A2", True)
+    assert second["tokens"] == {"p0000": "A1", "p0001": "A2"}
+    assert vb.plan_for_audit(inv, work, budget, "A2", False) == second  # a cluster job reads it
+    with pytest.raises(RuntimeError):
+        vb.plan_for_audit(inv, work, budget, "A3", False)
+
+
 def test_a_unit_bigger_than_the_budget_is_still_read_when_it_is_the_oldest():
     units = [{"unit": "big", "files": ["f"], "size_bytes": 100}, {"unit": "small", "files": ["f"], "size_bytes": 5}]
     ledger = {"big": entry("01"), "small": entry("02")}
@@ -186,7 +232,9 @@ def test_a_budgeted_nightly_reads_the_oldest_catches_rot_there_and_dates_the_res
     run = tmp_path / "run"
     shutil.copytree(demo_run.run_dir, run)
     out = tmp_path / "audit"
-    audit = ("audit", str(run), "--out", str(out), "--cores", "2")
+    one_per_part = tmp_path / "one-per-part.yaml"
+    one_per_part.write_text("units_per_job: 1\n")  # parts of one unit each ("auto" packs the demo's in one)
+    audit = ("audit", str(run), "--out", str(out), "--cores", "2", "--config", str(one_per_part))
     sizes = {p.name: p.stat().st_size for p in run.iterdir()}
 
     # without a budget every byte of every file is read, as before
@@ -197,6 +245,14 @@ def test_a_budgeted_nightly_reads_the_oldest_catches_rot_there_and_dates_the_res
     assert hash_bytes_read(out) >= sum(sizes.values())
     assert v["bytes_verified"]["verified_bytes"] == sum(s for n, s in sizes.items() if n.endswith(".pt"))
     assert v["rollback"] == {"unit": "ckpt_000250.pt", "step": 250}
+
+    # the first audit with a budget: every part's Snakemake key changes (it had this audit's id), so every part's
+    # scan runs again once; the hash jobs read the oldest part only (nothing fits in 1 byte: over budget)
+    p = run_cli(*audit, "--verify-budget", "1")
+    assert p.returncode == 1, p.stdout + p.stderr
+    v = verdict(out)
+    assert v["bytes_verified"]["over_budget"] is True and v["bytes_verified"]["units_reverified"] == 1
+    assert v["bytes_verified"]["verified_bytes"] in (MB, sizes["ckpt_000300.pt"]) and hash_bytes_read(out) < 2 * MB
 
     # ages: 200 oldest, then 100, 250, 050, 150, 300; 100 (inside the budget) and 250 (outside) rot unseen by stat
     days = {"ckpt_000200.pt": "01", "ckpt_000100.pt": "02", "ckpt_000250.pt": "03", "ckpt_000050.pt": "04",
@@ -212,6 +268,16 @@ def test_a_budgeted_nightly_reads_the_oldest_catches_rot_there_and_dates_the_res
     units = {u["unit"]: u for u in v["units"]}
     assert {n for n, u in units.items() if u["reverified"]} == {"ckpt_000200.pt", "ckpt_000100.pt"}  # the 2 oldest
     assert hash_bytes_read(out) < 3 * MB  # two units' bytes, not six
+    plan_file = out / "work" / "verify_plan.json"
+    plan = json.loads(plan_file.read_text())
+    read_parts = {p for p, x in plan["parts"].items() if x["verify"]}
+    assert read_parts == {plan["units"][u]["part"] for u in ("ckpt_000200.pt", "ckpt_000100.pt")}
+    part_250 = plan["units"]["ckpt_000250.pt"]["part"]
+    for stage in ("hash", "scan", "state"):  # no stage of the other parts ran, so none read their bytes ...
+        ran = {p.stem for p in (out / "work" / "bytes" / stage).glob("*.json")
+               if p.stat().st_mtime_ns > plan_file.stat().st_mtime_ns}
+        # ... but 250's, whose ctime the test's flip moved (a rotting disk's does not): its hash job kept its rows
+        assert ran - {part_250} == read_parts, stage
     assert v["bytes_verified"]["verified_bytes"] == 2 * MB and v["bytes_verified"]["verify_budget_bytes"] == 2 * MB
     # verified tonight: the flip is caught, by its sidecar and by its last verification's digest
     assert errors(v, "ckpt_000100.pt") == ["checksum_mismatch", "digest_changed_unseen"]
@@ -228,9 +294,10 @@ def test_a_budgeted_nightly_reads_the_oldest_catches_rot_there_and_dates_the_res
     assert m["ckptaudit_units_never_verified"] == 0
     oldest = datetime.fromisoformat("2026-11-03T00:00:00+00:00").timestamp()
     assert abs(m["ckptaudit_unit_oldest_verification_age_seconds"] - (time.time() - oldest)) < 600
-    plan = json.loads((out / "work" / "verify_plan.json").read_text())
     assert plan["units"]["ckpt_000250.pt"] == {"verify": False, "why": "outside budget", "size_bytes": MB,
-                                               "last_verified_utc": "2026-11-03T00:00:00+00:00"}
+                                               "last_verified_utc": "2026-11-03T00:00:00+00:00",
+                                               "part": plan["units"]["ckpt_000250.pt"]["part"]}
+    assert sum(p["verify"] for p in plan["parts"].values()) == 2
 
     # the next audit without a budget reads every byte again and catches the rot outside the budget
     p = run_cli(*audit)
