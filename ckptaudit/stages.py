@@ -108,13 +108,13 @@ def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None,
 
     import functools
 
-    from . import fs, hashing, layouts, tables, verify_budget
+    from . import fs, hashing, layouts, tables, verify_budget, verify_ledger
     from .reverify import now_utc
 
     before = fs.stage_bytes()  # no kept bytes are served here: this stage reads the objects themselves
     run_dir = fs.path(inv["run_dir"])
     units = part_units(inv, part)
-    fragment = work_file(out, verify_budget.FRAGMENTS, part, "json")  # this part's additions to the ledger
+    fragment = work_file(out, verify_ledger.FRAGMENTS, part, "json")  # this part's additions to the ledger
     split = verify_budget.JobSplit(inv, units, verify_plan, fragment)
 
     facts_out = out_facts or work_file(out, "bytefacts", part, "parquet")

@@ -20,10 +20,8 @@ Every other unit keeps its previous hash rows, digest and ``hashed_at_utc`` incl
 
 What is kept, in the output folder's ``work/``:
 
-- ``verify_ledger.json`` (:data:`LEDGER`): per unit, the strong key its bytes were verified under and the hash
-  rows of that verification (``{"schema", "units": {unit: {"keys": {path: key}, "rows": [row], "recorded_utc"}}}``);
-- ``verified/<part>.json``: what each hash job adds (same shape), merged into the ledger, newest
-  ``recorded_utc`` first, when the next audit plans (:func:`load_ledger`);
+- ``verify_ledger.json`` and ``verified/<part>.json``: each unit's last verification, its strong key and hash
+  rows (:mod:`ckptaudit.verify_ledger`);
 - ``verify_plan.json`` (:data:`PLAN`): this audit's choice (:func:`make_plan`), written once by the process
   that runs the workflow and read by every job (a cluster job re-reading the Snakefile chooses nothing).
 
@@ -40,14 +38,14 @@ import re
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional, Sequence
 
-__all__ = ["Budget", "LEDGER", "PLAN", "FRAGMENTS", "parse_budget", "unit_keys", "load_ledger", "write_ledger",
-           "write_fragment", "make_plan", "plan_for_audit", "read_plan", "carried_rows", "unit_verification",
-           "rate_bytes_per_s", "DEFAULT_RATE_BYTES_PER_S", "age_seconds", "JobSplit", "part_token", "annotate", "metric_values", "METRIC_HELP", "digest_changed"]
+from .verify_ledger import (carried_rows, digest_changed, load_ledger, read_json, unit_keys, verified_utc,
+                            write_fragment, write_ledger)
 
-LEDGER = "verify_ledger.json"
+__all__ = ["Budget", "PLAN", "DEFAULT_RATE_BYTES_PER_S", "parse_budget", "rate_bytes_per_s", "make_plan",
+           "part_token", "read_plan", "plan_for_audit", "JobSplit", "unit_verification", "age_seconds", "annotate",
+           "METRIC_HELP", "metric_values"]
+
 PLAN = "verify_plan.json"
-FRAGMENTS = "verified"
-_SCHEMA = "ckptaudit.verify_ledger/1"
 
 #: Read rate assumed for a duration budget before any audit has timed a pass (bytes/s): one stream.
 DEFAULT_RATE_BYTES_PER_S = 500 * 10 ** 6
@@ -89,88 +87,6 @@ def parse_budget(text: str) -> Optional[Budget]:
     return Budget(str(text).strip(), bytes=int(n * _BYTE_UNITS[unit]))
 
 
-def unit_keys(root: str, unit: dict, object_store: Optional[dict] = None) -> Dict[str, object]:
-    """The strong key of ``unit`` (an inventory unit): ``{path: [size_bytes, mtime_ns, ctime_ns, inode, device]
-    or None}`` for each of its files, sidecars and manifest (run-relative paths); for an object-store run
-    ``{"object_store": the inventory's sizes and ETags}`` (``object_store``)."""
-    from . import fs
-    from .reverify import stat_key
-
-    if fs.is_remote(root):
-        return {"object_store": object_store}
-    paths = list(unit["files"]) + list(unit.get("sidecars", [])) + ([unit["manifest"]] if unit.get("manifest") else [])
-    return {p: stat_key(os.path.join(root, p)) for p in paths}
-
-
-def _read_json(path: Path) -> Optional[dict]:
-    try:
-        with open(path) as f:
-            doc = json.load(f)
-    except (OSError, ValueError):  # none yet, or one cut short: nothing is known, so the units are read
-        return None
-    return doc if isinstance(doc, dict) and doc.get("schema") == _SCHEMA else None
-
-
-def load_ledger(work: str | os.PathLike) -> Dict[str, dict]:
-    """``{unit: {"keys", "rows", "recorded_utc"}}``: the ledger in ``work`` with each hash job's additions
-    (``work/verified/*.json``) merged in, the newest ``recorded_utc`` of each unit winning.  A missing or
-    unreadable file adds nothing."""
-    w = Path(work)
-    units: Dict[str, dict] = {}
-    docs = [_read_json(w / LEDGER)] + [_read_json(p) for p in sorted((w / FRAGMENTS).glob("*.json"))]
-    for doc in docs:
-        for name, e in ((doc or {}).get("units") or {}).items():
-            if name not in units or str(e.get("recorded_utc", "")) > str(units[name].get("recorded_utc", "")):
-                units[name] = e
-    return units
-
-
-def _write_doc(path: Path, units: Dict[str, dict]) -> None:
-    from ._io import atomic_write
-
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, json.dumps({"schema": _SCHEMA, "units": units}, sort_keys=True).encode())
-
-
-def write_ledger(work: str | os.PathLike, units: Dict[str, dict]) -> None:
-    """Write ``units`` as ``work/verify_ledger.json`` (atomically), then remove the hash jobs' additions it
-    holds (``work/verified/*.json``).  Only the process that runs the workflow calls it, under the output
-    folder's lock."""
-    w = Path(work)
-    merged = sorted((w / FRAGMENTS).glob("*.json"))
-    _write_doc(w / LEDGER, units)
-    for p in merged:
-        p.unlink(missing_ok=True)
-
-
-def write_fragment(path: str | os.PathLike, units: Dict[str, dict]) -> None:
-    """A hash job's additions to the ledger (``{unit: {"keys", "rows", "recorded_utc"}}``), atomically."""
-    _write_doc(Path(path), units)
-
-
-def _verified_utc(entry: Optional[dict]) -> Optional[str]:
-    """When the bytes of a ledger entry's unit were last verified: its least recently hashed file's
-    ``hashed_at_utc``; None when a file of it has none (never verified, or unreadable)."""
-    rows = [r for r in (entry or {}).get("rows", []) if r.get("file")]
-    times = [r.get("hashed_at_utc") or "" for r in rows]
-    if not times or not all(times):
-        return None
-    return min(times)
-
-
-def carried_rows(entry: Optional[dict], keys_now: Dict[str, object], files: Sequence[str]) -> Optional[List[dict]]:
-    """The previous hash rows of a unit, when they may stand for tonight's: its strong key ``keys_now`` equals
-    the one they were verified under and each of its ``files`` has a row with a digest time (the previous
-    digest).  None otherwise: the unit must be read."""
-    if not entry or entry.get("keys") != keys_now:
-        return None
-    rows = entry.get("rows") or []
-    timed = {r.get("file") for r in rows if r.get("hashed_at_utc")}
-    if not rows or not set(files) <= timed:
-        return None
-    return [dict(r) for r in rows]
-
-
 def rate_bytes_per_s(ledger: Dict[str, dict]) -> float:
     """Bytes per second of one file pass, from the previous audits' hash rows (``size_bytes`` over
     ``hash_seconds`` summed); :data:`DEFAULT_RATE_BYTES_PER_S` when none timed a pass."""
@@ -209,7 +125,7 @@ def make_plan(units: Iterable[dict], ledger: Dict[str, dict], keys: Dict[str, Di
     for i, u in enumerate(units):
         name, size = u["unit"], int(u.get("size_bytes") or 0)
         e = ledger.get(name)
-        last = _verified_utc(e)
+        last = verified_utc(e)
         must = carried_rows(e, keys.get(name), u["files"]) is None
         part = str(u.get("part") or name)
         out[name] = {"verify": must, "why": ("new" if e is None else "changed") if must else "outside budget",
@@ -273,7 +189,8 @@ def plan_for_audit(inv: dict, work: str | os.PathLike, budget: Budget, audit_id:
     """This audit's plan: read from ``work/verify_plan.json`` when it is this audit's (``audit_id``), else made
     (:func:`make_plan`) and written there by the ``main_process``, which also folds the hash jobs' additions
     into the ledger (:func:`write_ledger`).  ``tokens``: per part, the audit that last read it (this one for the
-    parts it reads, else the previous plan's), for :func:`part_token`.  Raises ``RuntimeError`` in a job that finds no plan of its audit."""
+    parts it reads, else the previous plan's), for :func:`part_token`.  Raises ``RuntimeError`` in a job that
+    finds no plan of its audit."""
     plan = read_plan(work, audit_id)
     if plan is not None:
         return plan
@@ -314,19 +231,6 @@ def age_seconds(last_verified_utc: Optional[str], now_unix: float) -> float:
     return max(0.0, now_unix - t.timestamp())
 
 
-def digest_changed(row: dict, before: Optional[dict]):
-    """A ``digest_changed_unseen`` finding when ``row`` (a hash row read now) has another digest than ``before``
-    (its file's row at the last verification, whose strong key the caller found unchanged) at the same size;
-    else None."""
-    from . import findings as F
-
-    now, then = row.get("sha256_hex") or "", (before or {}).get("sha256_hex") or ""
-    if not now or not then or now == then or row.get("size_bytes") != before.get("size_bytes"):
-        return None
-    return F.make("digest_changed_unseen", path=row["file"], actual=now, expected=then,
-                  verified_utc=str(before.get("hashed_at_utc") or "")[:19].replace("T", " ") + " UTC")
-
-
 class JobSplit:
     """A hash job's share of the plan: which of its ``units`` it reads, which keep their previous rows.
 
@@ -345,7 +249,7 @@ class JobSplit:
         # the last verification of each unit, for digest_changed: the ledger under a budget, else what this
         # part's job recorded last time (``fragment``: no job reads the whole ledger of a big store)
         prev = (load_ledger(Path(plan_path).parent) if plan_path else
-                ((_read_json(Path(fragment)) or {}).get("units") or {}) if fragment else {})
+                ((read_json(Path(fragment)) or {}).get("units") or {}) if fragment else {})
         self._previous = {u["unit"]: prev[u["unit"]] for u in units if u["unit"] in prev}
         if plan_path:
             plan = read_plan(Path(plan_path).parent) or {}
@@ -386,7 +290,8 @@ def annotate(v: dict, hash_rows: Sequence[dict], plan_path: Optional[str] = None
     ``units[i]["verification_note"]`` (:func:`unit_verification`: ``""`` when this audit read them), and to
     ``v["bytes_verified"]``: ``verified_bytes`` (bytes this audit hashed), ``verify_budget`` (the text, None
     without one), ``verify_budget_bytes``, ``over_budget``, ``units_never_verified`` and
-    ``oldest_verification_utc``.  ``plan_path``: ``work/verify_plan.json`` of a budgeted audit, read when it is ``audit_id``'s."""
+    ``oldest_verification_utc``.  ``plan_path``: ``work/verify_plan.json`` of a budgeted audit, read when it is
+    ``audit_id``'s."""
     bv = v.setdefault("bytes_verified", {})
     start = bv.get("audit_started_utc")
     plan = None
@@ -411,7 +316,8 @@ def annotate(v: dict, hash_rows: Sequence[dict], plan_path: Optional[str] = None
 
 #: The help line of each series :func:`metric_values` gives.
 METRIC_HELP = {
-    "ckptaudit_unit_oldest_verification_age_seconds": "seconds since the least recently verified unit's bytes were read",
+    "ckptaudit_unit_oldest_verification_age_seconds":
+        "seconds since the least recently verified unit's bytes were read",
     "ckptaudit_units_never_verified": "units whose bytes no audit has read",
     "ckptaudit_verified_bytes": "bytes this audit read and hashed",
     "ckptaudit_verify_budget_bytes": "the audit's verify_budget in bytes (only with one)",

@@ -13,6 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ckptaudit import verify_budget as vb
+from ckptaudit import verify_ledger as vl
 
 CLI = [sys.executable, "-m", "ckptaudit.cli"]
 MB = 1313243  # bytes of each full unit of the demo run (max_steps 300, save_every 50)
@@ -48,8 +49,8 @@ def test_a_duration_is_read_at_the_rate_of_earlier_passes():
 
 
 def entry(day: str, key=("k",), files=("f",)) -> dict:
-    return {"keys": {"f": list(key)}, "rows": [{"file": f, "size_bytes": 10, "hashed_at_utc": f"2026-11-{day}T00:00:00+00:00"}
-                                               for f in files], "recorded_utc": f"2026-11-{day}"}
+    rows = [{"file": f, "size_bytes": 10, "hashed_at_utc": f"2026-11-{day}T00:00:00+00:00"} for f in files]
+    return {"keys": {"f": list(key)}, "rows": rows, "recorded_utc": f"2026-11-{day}"}
 
 
 def test_units_are_chosen_new_and_changed_first_then_oldest_verified():
@@ -75,8 +76,9 @@ def test_a_part_is_read_whole_and_aged_by_its_least_recently_verified_unit():
     why = {n: (p["verify"], p["why"]) for n, p in plan["units"].items()}
     assert why == {"c1": (True, "new"), "c2": (True, "same part"), "b1": (True, "oldest"), "b2": (True, "oldest"),
                    "a1": (False, "outside budget"), "a2": (False, "outside budget")}
-    assert plan["parts"] == {"p0": {"verify": False, "size_bytes": 20, "last_verified_utc": "2026-11-08T00:00:00+00:00"},
-                             "p1": {"verify": True, "size_bytes": 20, "last_verified_utc": "2026-11-02T00:00:00+00:00"},
+    day = "2026-11-{}T00:00:00+00:00".format
+    assert plan["parts"] == {"p0": {"verify": False, "size_bytes": 20, "last_verified_utc": day("08")},
+                             "p1": {"verify": True, "size_bytes": 20, "last_verified_utc": day("02")},
                              "p2": {"verify": True, "size_bytes": 20, "last_verified_utc": None}}
     plan["tokens"] = {"p0": "", "p1": "aid"}  # as plan_for_audit sets them
     assert vb.part_token(plan, "p0") == "" and vb.part_token(plan, "p1") == " verified-by aid"
@@ -93,17 +95,17 @@ def test_a_part_keeps_the_token_of_the_audit_that_last_read_it(tmp_path):
     inv = {"run_dir": str(run), "units": units, "parts": {"p0000": ["a.pt"], "p0001": ["b.pt"]}}
 
     def verified(u, day, recorded):
-        return {u["unit"]: {"keys": vb.unit_keys(str(run), u), "recorded_utc": recorded,
+        return {u["unit"]: {"keys": vl.unit_keys(str(run), u), "recorded_utc": recorded,
                             "rows": [{"file": u["unit"], "size_bytes": 10,
                                       "hashed_at_utc": f"2026-{day}T00:00:00+00:00"}]}}
 
-    vb.write_fragment(work / "verified" / "p0000.json", verified(units[0], "11-01", "1"))
-    vb.write_fragment(work / "verified" / "p0001.json", verified(units[1], "11-02", "1"))
+    vl.write_fragment(work / "verified" / "p0000.json", verified(units[0], "11-01", "1"))
+    vl.write_fragment(work / "verified" / "p0001.json", verified(units[1], "11-02", "1"))
     budget = vb.Budget("10B", bytes=10)
     first = vb.plan_for_audit(inv, work, budget, "A1", True)
     assert first["tokens"] == {"p0000": "A1", "p0001": ""}  # a.pt is the older
-    assert list((work / "verified").glob("*.json")) == [] and set(vb.load_ledger(work)) == {"a.pt", "b.pt"}
-    vb.write_fragment(work / "verified" / "p0000.json", verified(units[0], "12-05", "2"))  # as A1's hash job does
+    assert list((work / "verified").glob("*.json")) == [] and set(vl.load_ledger(work)) == {"a.pt", "b.pt"}
+    vl.write_fragment(work / "verified" / "p0000.json", verified(units[0], "12-05", "2"))  # as A1's hash job does
     second = vb.plan_for_audit(inv, work, budget, "A2", True)
     assert second["tokens"] == {"p0000": "A1", "p0001": "A2"}
     assert vb.plan_for_audit(inv, work, budget, "A2", False) == second  # a cluster job reads it
@@ -123,12 +125,12 @@ def test_a_unit_bigger_than_the_budget_is_still_read_when_it_is_the_oldest():
 
 def test_rows_are_carried_only_under_the_same_strong_key_with_a_previous_digest():
     e = entry("01", files=("f", "g"))
-    assert vb.carried_rows(e, {"f": ["k"]}, ["f", "g"]) == e["rows"]
-    assert vb.carried_rows(e, {"f": ["k", "ctime changed"]}, ["f", "g"]) is None
-    assert vb.carried_rows(e, {"f": ["k"]}, ["f", "g", "h"]) is None  # h has no previous digest
+    assert vl.carried_rows(e, {"f": ["k"]}, ["f", "g"]) == e["rows"]
+    assert vl.carried_rows(e, {"f": ["k", "ctime changed"]}, ["f", "g"]) is None
+    assert vl.carried_rows(e, {"f": ["k"]}, ["f", "g", "h"]) is None  # h has no previous digest
     e["rows"][1]["hashed_at_utc"] = None  # g was unreadable last time
-    assert vb.carried_rows(e, {"f": ["k"]}, ["f", "g"]) is None
-    assert vb.carried_rows(None, {"f": ["k"]}, ["f"]) is None
+    assert vl.carried_rows(e, {"f": ["k"]}, ["f", "g"]) is None
+    assert vl.carried_rows(None, {"f": ["k"]}, ["f"]) is None
 
 
 def test_a_unit_not_read_by_this_audit_is_never_called_verified():
@@ -159,8 +161,8 @@ def test_a_digest_that_changed_under_an_unchanged_strong_key_is_bit_rot(tmp_path
     then = {"file": "a.safetensors", "size_bytes": 64, "sha256_hex": "aa" * 32, "findings_json": "[]",
             "hashed_at_utc": "2026-11-03T07:42:10+00:00"}
     frag = tmp_path / "work" / "verified" / "p0000.json"
-    keys = vb.unit_keys(inv["run_dir"], unit)
-    vb.write_fragment(frag, {"a.safetensors": {"keys": keys, "rows": [then], "recorded_utc": "2026-11-03"}})
+    keys = vl.unit_keys(inv["run_dir"], unit)
+    vl.write_fragment(frag, {"a.safetensors": {"keys": keys, "rows": [then], "recorded_utc": "2026-11-03"}})
     split = vb.JobSplit(inv, [unit], None, frag)
     now = {**then, "sha256_hex": "bb" * 32, "hashed_at_utc": "2026-12-05T02:00:00+00:00"}
     split.done("a.safetensors", [now], "2026-12-05T02:00:00+00:00")
@@ -169,10 +171,10 @@ def test_a_digest_that_changed_under_an_unchanged_strong_key_is_bit_rot(tmp_path
     assert f["message"].startswith(f"a.safetensors: its digest is {'bb' * 32} but was {'aa' * 32} when its bytes "
                                    "were last verified (2026-11-03 07:42:10 UTC), and its size, mtime, ctime, inode")
     split.write(frag)  # tonight's digest is the one the next audit compares with
-    assert vb.load_ledger(tmp_path / "work")["a.safetensors"]["rows"][0]["sha256_hex"] == "bb" * 32
+    assert vl.load_ledger(tmp_path / "work")["a.safetensors"]["rows"][0]["sha256_hex"] == "bb" * 32
 
     # a file rewritten (another ctime or inode) has a new digest by right: no finding
-    vb.write_fragment(frag, {"a.safetensors": {"keys": {"a.safetensors": [64, 1, 2, 3, 4]}, "rows": [then],
+    vl.write_fragment(frag, {"a.safetensors": {"keys": {"a.safetensors": [64, 1, 2, 3, 4]}, "rows": [then],
                                                "recorded_utc": "2026-11-03"}})
     split = vb.JobSplit(inv, [unit], None, frag)
     now = {**then, "sha256_hex": "bb" * 32}
@@ -217,15 +219,15 @@ def age_ledger(out: Path, run: Path, days: dict, rotted=()) -> None:
     record today's strong key, as if their bytes had changed below the file system (no ctime moves there:
     a test cannot rot a disk, so it makes the ledger blind to the flip instead)."""
     work = out / "work"
-    ledger = vb.load_ledger(work)
+    ledger = vl.load_ledger(work)
     inv = json.loads((work / "inventory.json").read_text())
     for u in inv["units"]:
         e = ledger[u["unit"]]
         for r in e["rows"]:
             r["hashed_at_utc"] = f"2026-11-{days[u['unit']]}T00:00:00+00:00"
         if u["unit"] in rotted:
-            e["keys"] = vb.unit_keys(str(run), u)
-    vb.write_ledger(work, ledger)
+            e["keys"] = vl.unit_keys(str(run), u)
+    vl.write_ledger(work, ledger)
 
 
 def test_a_budgeted_nightly_reads_the_oldest_catches_rot_there_and_dates_the_rest(demo_run, tmp_path):

@@ -103,13 +103,6 @@ ENTRIES: List[_k] = [
        "written (silent corruption, an interrupted copy, or a later partial overwrite).",
        "Do not use it; roll back to the newest checkpoint whose checksums verify.",
        stage="hash", detector="ckptaudit.hashing:_file_row"),
-    _k("digest_changed_unseen", "file", "error", "none",
-       "{path}: its digest is {actual} but was {expected} when its bytes were last verified ({verified_utc}), "
-       "and its size, mtime, ctime, inode and device are unchanged: the bytes changed below the file system "
-       "(media bit rot, a disk, controller or RAID layer returning other bytes, a block device written directly).",
-       "Do not use it; roll back to the newest checkpoint whose bytes verify, restore {path} from a copy, and "
-       "check the storage (SMART, scrub, controller logs).",
-       stage="hash", detector="ckptaudit.verify_budget:digest_changed"),
     _k("size_mismatch_vs_manifest", "file", "error", "none",
        "{path} is {actual} bytes but the {source} records {expected} bytes.",
        "Do not use it; roll back to the newest checkpoint whose checksums verify.",
