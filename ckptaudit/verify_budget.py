@@ -43,7 +43,7 @@ from .verify_ledger import (carried_rows, digest_changed, load_ledger, read_json
 
 __all__ = ["Budget", "PLAN", "DEFAULT_RATE_BYTES_PER_S", "parse_budget", "rate_bytes_per_s", "make_plan",
            "part_token", "read_plan", "plan_for_audit", "JobSplit", "unit_verification", "age_seconds", "annotate",
-           "METRIC_HELP", "metric_values"]
+           "METRIC_HELP", "metric_values", "budget_line"]
 
 PLAN = "verify_plan.json"
 
@@ -340,3 +340,22 @@ def metric_values(v: dict, now_unix: float) -> Dict[str, float]:
     if bv.get("verify_budget_bytes") is not None:
         out["ckptaudit_verify_budget_bytes"] = float(bv["verify_budget_bytes"])
     return out
+
+
+def budget_line(v: dict) -> List[str]:
+    """The terminal summary's line about a budgeted audit (``[]`` without a budget): units and bytes read, and the
+    units it did not read with the oldest verification among them, e.g. ``"  verify budget 2TiB: read 2 of 6
+    units (2.5 MiB); 4 not verified by this audit, the oldest not since 2026-11-03 00:00 UTC"``."""
+    bv = v.get("bytes_verified") or {}
+    if not bv.get("verify_budget"):
+        return []
+    units = v.get("units") or []
+    left = [u for u in units if u.get("verification_note")]
+    line = (f"  verify budget {bv['verify_budget']}: read {len(units) - len(left)} of {len(units)} units "
+            f"({(bv.get('verified_bytes') or 0) / 2 ** 20:.1f} MiB)")
+    if left:
+        times = [u["last_verified_utc"] for u in left if u.get("last_verified_utc")]
+        line += f"; {len(left)} not verified by this audit"
+        oldest = min(times) if times else ""
+        line += f", the oldest not since {oldest[:10]} {oldest[11:16]} UTC" if oldest else ""
+    return [line]

@@ -289,6 +289,8 @@ def test_a_budgeted_nightly_reads_the_oldest_catches_rot_there_and_dates_the_res
     assert units["ckpt_000250.pt"]["last_verified_utc"] == "2026-11-03T00:00:00+00:00"
     assert units["ckpt_000250.pt"]["reverified"] is False
     assert v["bytes_verified"]["oldest_verification_utc"] == "2026-11-03T00:00:00+00:00"
+    assert ("  verify budget 2626486: read 2 of 6 units (2.5 MiB); 4 not verified by this audit, the oldest not "
+            "since 2026-11-03 00:00 UTC") in p.stdout
     html = (out / "report.html").read_text()
     assert "(bytes not verified since 2026-11-03 00:00 UTC)" in html and 'id="verify-budget"' in html
     m = {s.name: s.value for fam in text_string_to_metric_families(prom.read_text()) for s in fam.samples}
