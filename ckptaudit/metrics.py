@@ -152,3 +152,7 @@ def _verdict_series(gauge, run: str, v: dict, now: float) -> None:
     if newest_ok is not None:
         gauge("ckptaudit_newest_usable_unit_age_seconds",
               "seconds since the newest unit usable for resume was written").labels(run).set(max(0.0, now - newest_ok))
+    from .verify_budget import METRIC_HELP, metric_values  # when each unit's bytes were last verified
+
+    for name, x in metric_values(v, now).items():
+        gauge(name, METRIC_HELP[name]).labels(run).set(x)

@@ -76,12 +76,15 @@ def render_html(v: dict, all_tables: Dict[str, List[dict]], run_name: str, costs
 
 
 def run_report(inventory_json: str, parts: Dict[str, List[str]], cfg: dict, out_dir: str,
-               bench_dir: str = "", audit_id: Optional[str] = None, reuse: bool = False) -> dict:
+               bench_dir: str = "", audit_id: Optional[str] = None, reuse: bool = False,
+               verify_plan: Optional[str] = None) -> dict:
     """Concatenate part tables into ``out_dir/tables``; write verdict.json,
     units.parquet (in tables/) and report.html.  Returns the verdict.
 
     ``audit_id`` (:func:`ckptaudit.reverify.audit_id`) and ``reuse`` say which units this audit re-verified:
-    the verdict's ``bytes_verified`` and each unit's ``last_hashed_utc`` / ``reverified``."""
+    the verdict's ``bytes_verified`` and each unit's ``last_hashed_utc`` / ``reverified``; ``verify_plan``
+    (a ``verify_budget`` audit's plan): the budget, and each unit's ``last_verified_utc`` and ``verification_note``
+    (:func:`ckptaudit.verify_budget.annotate`)."""
     with open(inventory_json) as f:
         inv = json.load(f)
     out = Path(out_dir)
@@ -102,6 +105,9 @@ def run_report(inventory_json: str, parts: Dict[str, List[str]], cfg: dict, out_
             inv["changed_during_audit"][u["unit"]] = [liveness.changed_finding(u["unit"], changed, root).to_dict()]
     v = verdict.build(inv, all_tables, cfg)
     _add_reverified(v, all_tables.get("hash", []), audit_id, reuse)
+    from .verify_budget import annotate
+
+    annotate(v, all_tables.get("hash", []), verify_plan, audit_id)  # "not verified since <date>", never "verified"
     from .salvage_option import offer
 
     mtimes = {u["unit"]: u.get("mtime_ns") for u in inv["units"]}
@@ -168,13 +174,14 @@ def main(argv=None) -> int:
                     help="this audit's id (ckptaudit.reverify.audit_id; default: $CKPTAUDIT_AUDIT_ID, which the "
                          "workflow sets for its jobs)")
     ap.add_argument("--reuse", action="store_true", help="the audit re-used unchanged parts (config reuse)")
+    ap.add_argument("--verify-plan", default=None, help="work/verify_plan.json of a verify_budget audit")
     for s in STAGES:
         ap.add_argument(f"--{s}", nargs="*", default=[])
     a = ap.parse_args(argv)
     with open(a.config) as f:
         cfg = json.load(f)
     parts = {s: getattr(a, s) for s in STAGES}
-    run_report(a.inventory, parts, cfg, a.out_dir, a.bench_dir, a.audit_id, a.reuse)
+    run_report(a.inventory, parts, cfg, a.out_dir, a.bench_dir, a.audit_id, a.reuse, a.verify_plan)
     return 0
 
 

@@ -101,7 +101,8 @@ def _load_facts(out: str, part: str, facts_path: Optional[str], run_dir,
 
 
 def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None,
-               depth: read_depth.ReadDepth = read_depth.FULL, stop=None) -> List[dict]:
+               depth: read_depth.ReadDepth = read_depth.FULL, stop=None,
+               verify_plan: Optional[str] = None) -> List[dict]:
     """Hash every file of ``part`` in one pass per file, up to :data:`ckptaudit.hashing.PASSES_AT_ONCE` units
     at once.  A part packs several units, and SHA-256, CRC32 and numpy release the GIL, so one job uses every
     core the rule's ``threads`` reserve; with more units than cores the kernel time-slices the passes, so
@@ -110,22 +111,28 @@ def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None,
     part's unit order.  Also writes the pass's facts (table ``bytefacts``, at ``out_facts`` or
     :func:`work_file`) and the bytes read (:func:`bytes_path`).  ``depth``: which SHA-256s are computed
     (:class:`ckptaudit.read_depth.ReadDepth`); ``stop``: an event that, set, stops the passes at their next
-    buffer (the reader abandoning a pass it started ahead)."""
+    buffer (the reader abandoning a pass it started ahead).  ``verify_plan`` (``work/verify_plan.json`` of a
+    ``verify_budget`` audit): the units it leaves out are not read, their previous rows are kept
+    (:class:`ckptaudit.verify_budget.JobSplit`); every unit's rows go to the ledger (``work/verified/<part>.json``)."""
     from concurrent.futures import ThreadPoolExecutor
 
     import functools
 
-    from . import fs, hashing, layouts, tables
+    from . import fs, hashing, layouts, tables, verify_budget, verify_ledger
     from .reverify import now_utc
 
     before = fs.stage_bytes()  # no kept bytes are served here: this stage reads the objects themselves
     run_dir = fs.path(inv["run_dir"])
     units = part_units(inv, part)
+    fragment = work_file(out, verify_ledger.FRAGMENTS, part, "json")  # this part's additions to the ledger
+    split = verify_budget.JobSplit(inv, units, verify_plan, fragment)
 
     facts_out = out_facts or work_file(out, "bytefacts", part, "parquet")
     facts_writer = tables.BatchWriter("bytefacts", facts_out)  # each file's facts written as its pass ends
 
     def one(u: dict):
+        if (kept := split.carried(u["unit"])) is not None:  # outside this audit's verify budget: not read
+            return kept
         facts: list = []
         planned = functools.partial(layouts.reads_records, u)  # files a later stage reads by record
         rows = liveness.guard("hash", u, lambda: hashing.hash_unit(run_dir, u, facts, planned, depth, stop),
@@ -134,6 +141,7 @@ def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None,
         for r in rows:
             if r.get("sha256_hex"):
                 r["hashed_at_utc"] = done_at
+        split.done(u["unit"], rows, done_at)
         for t in facts:
             facts_writer.write(t)
         return rows
@@ -147,6 +155,7 @@ def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None,
             done = [one(u) for u in units]
     rows = [r for unit_rows in done for r in unit_rows]
     tables.write("hash", rows, out)
+    split.write(fragment)
     _write_bytes(out, "hash", part, before)
     return rows
 
@@ -297,7 +306,8 @@ _ARGS = {
                   ("--out", True, "inventory.parquet"), ("--out-json", True, "inventory.json"),
                   ("--out-pointers", True, "pointers.parquet")],
     "hash": [("--inventory", True, "inventory.json"), ("--part", True, "part id (p0000…)"),
-             ("--out", True, "hash table"), ("--out-facts", False, "bytefacts table (else beside the hash table)")],
+             ("--out", True, "hash table"), ("--out-facts", False, "bytefacts table (else beside the hash table)"),
+             ("--verify-plan", False, "verify_plan.json of a verify_budget audit (else every unit is read)")],
     "scan": [("--inventory", True, "inventory.json"), ("--part", True, "part id"), ("--config", True, "config.json"),
              ("--out", True, "scan table"), ("--out-tensors", True, "tensors table"),
              ("--out-imports", True, "imports table"), ("--facts", False, "bytefacts table of the hash stage")],
@@ -349,7 +359,7 @@ def main(argv=None) -> int:
         return 0
     inv = _inventory(a.inventory)
     if a.stage == "hash":
-        stage_hash(inv, a.part, a.out, a.out_facts)
+        stage_hash(inv, a.part, a.out, a.out_facts, verify_plan=a.verify_plan)
         return 0
     cfg = _config(a.config)
     if a.stage == "scan":

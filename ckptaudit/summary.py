@@ -189,6 +189,9 @@ def summary(v: Dict, out_dir: str | Path) -> str:
     lines += unit_lines(v)
     if v.get("salvage"):
         lines.append(f"  {v['salvage']['sentence']}")
+    from .verify_budget import budget_line  # a budgeted audit: which bytes it did not read, and since when
+
+    lines += budget_line(v)
     for e in v.get("resume_entries") or []:
         if not e.get("ok") and e.get("finding"):
             repair = e["finding"].get("repair")

@@ -3,12 +3,13 @@
 # Snakemake); nothing heavy is imported here.
 import json
 import os
+import shlex
 import sys
 
 from snakemake.utils import validate
 
 import ckptaudit
-from ckptaudit import load_server, outlock, reverify
+from ckptaudit import load_server, outlock, reverify, verify_budget
 from ckptaudit import workflow_support as ws
 from ckptaudit.config import typed_cli_values
 from ckptaudit.parts import SMALL_PART_BYTES
@@ -56,7 +57,12 @@ WORK = f"{OUT}/work"
 # Every audit re-verifies bytes unless `reuse: true` (ckptaudit/reverify.py): its id is a param of the
 # inventory and of every part job, so a new audit re-runs them all.
 AUDIT_ID = reverify.audit_id(workflow.is_main_process)
-REVERIFY = None if config["reuse"] else AUDIT_ID
+try:  # a nightly that fits its window (ckptaudit/verify_budget.py): the least recently verified units first
+    VERIFY_BUDGET = verify_budget.parse_budget(config["verify_budget"])
+except ValueError as e:
+    usage_error(e)
+REVERIFY = None if config["reuse"] or VERIFY_BUDGET else AUDIT_ID
+VERIFY_PLAN = f"{WORK}/{verify_budget.PLAN}"
 
 
 def notice_sigint():
@@ -140,8 +146,30 @@ def get_part_units(wildcards):
     st = os.stat(path)
     key = (st.st_mtime_ns, st.st_size, wildcards.part)
     if key not in _PART_SIGNATURES:
-        _PART_SIGNATURES[key] = ws.part_signature(get_inventory(), wildcards.part, reverify=REVERIFY)
+        sig = ws.part_signature(get_inventory(), wildcards.part, reverify=REVERIFY)
+        if VERIFY_BUDGET:  # a part with a unit to read tonight runs again; the others are reused by strong key
+            sig += verify_budget.part_token(get_verify_plan(), wildcards.part)
+        _PART_SIGNATURES[key] = sig
     return _PART_SIGNATURES[key]
+
+
+_VERIFY_PLANS = {}  # inventory version -> this audit's verify plan
+
+
+def get_verify_plan():
+    """This audit's choice of units to read under `verify_budget` (ckptaudit.verify_budget.plan_for_audit),
+    made once by the main process after the inventory and read from work/verify_plan.json by any other."""
+    st = os.stat(checkpoints.inventory.get().output.json)
+    key = (st.st_mtime_ns, st.st_size)
+    if key not in _VERIFY_PLANS:
+        _VERIFY_PLANS[key] = verify_budget.plan_for_audit(get_inventory(), WORK, VERIFY_BUDGET, AUDIT_ID,
+                                                          workflow.is_main_process)
+    return _VERIFY_PLANS[key]
+
+
+def get_verify_plan_arg(wildcards):
+    """`--verify-plan work/verify_plan.json` for the hash and report jobs of a `verify_budget` audit, else ''."""
+    return f"--verify-plan {shlex.quote(VERIFY_PLAN)}" if VERIFY_BUDGET else ""
 
 
 def get_parts_of(stage):

@@ -15,6 +15,7 @@ rule hash:
         inventory=f"{WORK}/inventory.json",
         units=get_part_units,
         version=VERSION,
+        verify=get_verify_plan_arg,
     log:
         f"{LOGS}/hash/{{part}}.log",
     benchmark:
@@ -27,4 +28,4 @@ rule hash:
         PART_GROUP
     shell:
         "{params.python:q} -m ckptaudit.stages hash --inventory {params.inventory:q} --part {wildcards.part} "
-        "--out {output.hash:q} --out-facts {output.facts:q} > {log:q} 2>&1"
+        "--out {output.hash:q} --out-facts {output.facts:q} {params.verify} > {log:q} 2>&1"

@@ -27,6 +27,8 @@ rule report:
         bench=BENCH,
         version=VERSION,
         reuse="--reuse" if config["reuse"] else "",
+        verify=get_verify_plan_arg,
+        audit=AUDIT_ID if VERIFY_BUDGET else "",  # ages and "not verified since" change with every audit
     log:
         f"{LOGS}/report/report.log",
     resources:
@@ -37,4 +39,4 @@ rule report:
         "--out-dir {params.out:q} --bench-dir {params.bench:q} --hash {input.hash:q} --scan {input.scan:q} "
         "--tensors {input.tensors:q} --imports {input.imports:q} --load {input.load:q} "
         "--structure {input.structure:q} --configdiff {input.configdiff:q} --state {input.state:q} "
-        "{params.reuse} > {log:q} 2>&1"
+        "{params.reuse} {params.verify} > {log:q} 2>&1"

@@ -66,7 +66,7 @@ def test_unknown_key_names_the_allowed_keys_in_one_line():
     c["laod"] = {"enabled": False}
     assert config_problems(c) == [
         "laod: unknown key (did you mean 'load'?); allowed at the top level: run_dir, run_name, out_dir, "
-        "units_per_job, reuse, expected_model_args, model_factory, reference, target, load, security, salvage, state, "
+        "units_per_job, reuse, verify_budget, expected_model_args, model_factory, reference, target, load, security, salvage, state, "
         "s3, demo, drill"]
     c = defaults()
     c["load"]["timout"] = 3

@@ -94,6 +94,7 @@ def normalised(v, *roots: str):
         doc.pop(k, None)
     for u in doc.get("units", []):
         u.pop("last_hashed_utc", None)  # when this audit hashed the unit: never equal across two audits
+        u.pop("last_verified_utc", None)  # the same time, as verify_budget.annotate names it
         u.pop("mtime_unix", None)  # a file's mtime here, the object's upload time there
     return doc
 

@@ -30,6 +30,10 @@ from .snakemake import run_snakemake_cli, run_workflow
               help="Re-use earlier results in --out for files whose size, mtime, ctime, inode and device are "
                    "unchanged (config key reuse); by default every byte is hashed again. It cannot see bytes "
                    "that change below the file system: see docs/rerun.md.")
+@click.option("--verify-budget", "verify_budget", default=None, metavar="BYTES|DURATION",
+              help="Re-verify at most this much per audit (e.g. 2TiB, 500GB, 3h, 45m; config key verify_budget): new "
+                   "and changed units first, then the least recently verified; the rest keep their last "
+                   "verification, which the report dates (\"not verified since\"). See docs/rerun.md.")
 @click.option("--json", "as_json", is_flag=True, help="Print verdict.json instead of the summary.")
 @click.option("--sarif", "sarif_path", default=None, metavar="PATH",
               help="Also write the findings as SARIF 2.1.0 (GitHub code scanning) to PATH.")
@@ -40,8 +44,8 @@ from .snakemake import run_snakemake_cli, run_workflow
               help="Also write the result as JUnit XML to PATH (one test case per unit; for CI test reports), also "
                    "when the audit fails.")
 @click.option("--verbose", is_flag=True, help="Show Snakemake's own output.")
-def audit_command(run_dir, snakemake_args, out_dir, config_file, cores, profile, executor, reuse, as_json, sarif_path,
-                  metrics_path, junit_path, verbose):
+def audit_command(run_dir, snakemake_args, out_dir, config_file, cores, profile, executor, reuse, verify_budget,
+                  as_json, sarif_path, metrics_path, junit_path, verbose):
     """Audit RUN_DIR; write verdict.json, report.html and tables/ into --out.
 
     With --profile or --executor, or Snakemake arguments after `--` (e.g.
@@ -67,9 +71,16 @@ def audit_command(run_dir, snakemake_args, out_dir, config_file, cores, profile,
     from ..verdict import exit_code
 
     start = time.time()
+    if verify_budget is not None:
+        from ..verify_budget import parse_budget
+
+        try:
+            parse_budget(verify_budget)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--verify-budget") from None
     try:
         v, out = _audit(run_dir, snakemake_args, out_dir, config_file, cores, profile, executor, reuse, sarif_path,
-                        metrics_path, junit_path, verbose, start)
+                        metrics_path, junit_path, verbose, start, verify_budget)
     except SystemExit as e:
         if e.code == EXIT_FAILED:  # a failed audit is a result too: alerts fire on it, CI shows it
             run = run_dir if "://" in run_dir else str(Path(run_dir).resolve())
@@ -100,7 +111,7 @@ def failed_outputs(run: str, metrics_path, junit_path, seconds: float, why: str)
 
 
 def _audit(run_dir, snakemake_args, out_dir, config_file, cores, profile, executor, reuse, sarif_path, metrics_path,
-           junit_path, verbose, start):
+           junit_path, verbose, start, verify_budget=None):
     """The audit itself: ``(verdict, output folder)``; exits 3 (``SystemExit``) when it fails."""
     import time
 
@@ -121,6 +132,8 @@ def _audit(run_dir, snakemake_args, out_dir, config_file, cores, profile, execut
                 raise click.ClickException(str(e)) from None
         if reuse:
             cfg["reuse"] = True
+        if verify_budget is not None:
+            cfg["verify_budget"] = verify_budget
         if profile or executor or snakemake_args:
             run_snakemake_cli(cfg, out, profile=profile, executor=executor, cores=cores, quiet=not verbose,
                               extra_args=snakemake_args)
