@@ -37,12 +37,13 @@ SAID = {"blake3": "BLAKE3", "sha256": "SHA-256"}
 _READ_BYTES = 4 << 20  # read buffer of one chunk-hashing task (bytes)
 
 
-def new_hasher(algorithm: str):
+def new_hasher(algorithm: str, threads: int = 1):
     """A fresh hasher of ``algorithm`` (a key of :data:`FIELDS`) with ``update``, ``hexdigest`` and ``copy``.
-    Both hashes release the GIL while they hash a large buffer, so chunks hash in parallel on threads.
+    Both hashes release the GIL while they hash a large buffer, so chunks hash in parallel on threads; a BLAKE3
+    hasher also splits one large buffer over up to ``threads`` threads (-1: every core; SHA-256 is serial).
     Raises ``ValueError`` for another name."""
     if algorithm == "blake3":
-        return blake3.blake3()
+        return blake3.blake3(max_threads=blake3.blake3.AUTO if threads < 0 else max(1, threads))
     if algorithm == "sha256":
         return hashlib.sha256()
     raise ValueError(f"unknown chunk digest {algorithm!r}; known: {', '.join(FIELDS)}")

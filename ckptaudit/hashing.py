@@ -1,8 +1,12 @@
-"""Streamed SHA-256 of every file, checked against sidecars and manifests.
+"""Streamed digest of every file, checked against sidecars and manifests: SHA-256 where one is recorded.
 
 :func:`hash_unit` reads each file once through :mod:`ckptaudit.onepass` (two 8 MiB buffers,
 files of a unit in parallel): the same pass computes the CRC32 of its zip records and the value
-statistics of its tensors for the scan and state stages.  :func:`sha256_file` (a re-hash of a file
+statistics of its tensors for the scan and state stages.  Which whole-file digest it computes follows what
+the digest is for (:mod:`ckptaudit.digest_purpose`): SHA-256 for a file a sidecar, a manifest entry or an
+``integrity.json`` records one of, else the audit's own :data:`~ckptaudit.digest_purpose.FAST_DIGEST` (BLAKE3),
+kept for the next audit's comparison.  Each row names its digest's algorithm (``digest_algorithm``,
+``digest_hex``); ``sha256_hex`` is only ever a SHA-256 ("" when none was computed).  :func:`sha256_file` (a re-hash of a file
 whose chunk digests disagree, and the benchmarks) uses :func:`hashlib.file_digest`.
 
 Sidecars are in ``sha256sum`` format: one line ``<64 hex digits><space><space
@@ -37,6 +41,7 @@ from . import findings as F
 from . import fs
 from . import progress as _progress
 from .chunk_digest import SAID, entry_chunks
+from .digest_purpose import FAST_DIGEST
 from .manifest_entries import load_manifest  # noqa: F401 - re-exported
 
 _LINE = re.compile(r"^\\?([0-9a-fA-F]{64}) [ *](.+)$")
@@ -104,12 +109,13 @@ def _file_passes(run_dir: Path, unit: dict, manifest_entries: Dict[str, dict], s
                  planned: Callable[[str], bool]) -> Dict[str, object]:
     """{file: its one pass (:class:`ckptaudit.onepass.filepass.FileFacts`) or the ``OSError`` that stopped it},
     files passed in parallel (at most :data:`FILES_AT_ONCE`).  A file whose manifest entry has usable chunk
-    digests gets those instead of the whole-file SHA-256 (which they imply when all match); a file with neither
-    those nor a recorded digest (``sidecars``: the files a sidecar or an ``integrity.json`` gives one) gets no
-    SHA-256 inside :func:`ckptaudit.read_depth.checked_digests_only`.
+    digests gets those instead of the whole-file SHA-256 (which they imply when all match); a file with a recorded
+    digest (``sidecars``: the files a sidecar or an ``integrity.json`` gives one; a manifest entry) gets its
+    SHA-256; any other the audit's own fast digest, or none inside
+    :func:`ckptaudit.read_depth.checked_digests_only` (:func:`ckptaudit.digest_purpose.whole_file_digest`).
     A file for which ``planned`` is false gets no plan (no record or value facts: no later stage asks for
     them)."""
-    from . import read_depth
+    from .digest_purpose import SHA256, whole_file_digest
     from .onepass import stream
     from .onepass.consumers import Progress
     from .onepass.filepass import pass_file
@@ -121,9 +127,9 @@ def _file_passes(run_dir: Path, unit: dict, manifest_entries: Dict[str, dict], s
         try:
             me = manifest_entries.get(rel)
             chunks = entry_chunks(me, p.stat().st_size)
-            whole = chunks is None and (rel in sidecars or me is not None or read_depth.unchecked_digests())
+            whole = None if chunks is not None else whole_file_digest(rel in sidecars or me is not None)
             with _PASS_SLOTS:
-                ff = pass_file(p, whole_sha=whole, chunk_bytes=me["chunk_bytes"] if chunks else None,
+                ff = pass_file(p, whole_sha=whole == SHA256, fast_digest=whole == FAST_DIGEST, chunk_bytes=me["chunk_bytes"] if chunks else None,
                                chunk_algorithm=chunks[0] if chunks else "sha256",
                                progress=Progress(prog), plan=None if planned(rel) else Plan())
         except OSError as e:
@@ -261,6 +267,9 @@ def hash_unit(run_dir: Path, unit: dict, facts: Optional[list] = None,
         extra = json.loads(rows[0]["findings_json"])
         extra.append(_sidecar_missing(unit["unit"], no_crc).to_dict())
         rows[0]["findings_json"] = json.dumps(extra)
+    for r in rows:  # rows hashed elsewhere (integrity.json's listed files) carry their SHA-256 only
+        if r.get("sha256_hex") and not r.get("digest_hex"):
+            r["digest_algorithm"], r["digest_hex"] = "sha256", r["sha256_hex"]
     return rows
 
 
@@ -341,6 +350,7 @@ def _file_row(run_dir: Path, unit: dict, rel: str, ff, me: Optional[dict], sidec
         digest = sha256_file(run_dir / rel) if bad_chunks else str(me.get("sha256_hex", "")).lower()
     else:
         digest = ff.sha256_hex
+    record = ("sha256", digest) if digest else (FAST_DIGEST, ff.fast_hex) if ff.fast_hex else ("", "")
     expected, source = "", ""
     verified = None
     if me is not None:
@@ -365,9 +375,16 @@ def _file_row(run_dir: Path, unit: dict, rel: str, ff, me: Optional[dict], sidec
             fl.append(F.make("checksum_mismatch", path=rel, actual=digest, expected=expected, source=source))
     if integ is not None:
         expected, source, verified = _with_integrity(rel, digest, integ, expected, source, verified, fl)
-    return {"unit": unit["unit"], "file": rel, "size_bytes": size, "sha256_hex": digest,
-            "hash_seconds": ff.seconds, "expected_sha256_hex": expected, "expected_source": source,
+    return {"unit": unit["unit"], "file": rel, "size_bytes": size, "mtime_ns": _mtime_ns(ff.version),
+            "sha256_hex": digest, "digest_algorithm": record[0], "digest_hex": record[1], "hash_seconds": ff.seconds, "expected_sha256_hex": expected, "expected_source": source,
             "verified": verified, "findings_json": json.dumps([f.to_dict() for f in fl])}
+
+
+def _mtime_ns(version: str) -> Optional[int]:
+    """A local file's mtime (ns) from its :func:`ckptaudit.fs.version` tag ``"<mtime_ns>:<inode>"``; None for an
+    object's ETag or no tag."""
+    head, sep, _ = version.partition(":")
+    return int(head) if sep and head.isdigit() else None
 
 
 def _missing_file_rows(unit: dict, manifest_entries: Dict[str, dict]) -> List[dict]:

@@ -100,12 +100,14 @@ def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None) 
     three 1 GiB files on two cores finish together instead of two, then one (SHA-256 is serial per file).
     ``PASSES_AT_ONCE`` bounds the passes in flight, so memory does not grow with the part.  Rows keep the
     part's unit order.  Also writes the pass's facts (table ``bytefacts``, at ``out_facts`` or
-    :func:`work_file`) and the bytes read (:func:`bytes_path`)."""
+    :func:`work_file`) and the bytes read (:func:`bytes_path`).  Each file's digest is compared with the one the
+    previous audit into the same output folder recorded (:func:`ckptaudit.reverify.changed_since_last_audit`)."""
     from concurrent.futures import ThreadPoolExecutor
 
     import functools
 
-    from . import fs, hashing, layouts, tables
+    from . import fs, hashing, layouts, reverify, tables
+    from .onepass import stream
     from .reverify import now_utc
 
     before = fs.stage_bytes()  # no kept bytes are served here: this stage reads the objects themselves
@@ -114,6 +116,7 @@ def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None) 
 
     facts_out = out_facts or work_file(out, "bytefacts", part, "parquet")
     facts_writer = tables.BatchWriter("bytefacts", facts_out)  # each file's facts written as its pass ends
+    before_now = reverify.previous_digests(_ledger(out), [f for u in units for f in u["files"]])
 
     def one(u: dict):
         facts: list = []
@@ -122,8 +125,11 @@ def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None) 
                               lambda f: [_hash_error_row(u, f)])
         done_at = now_utc()  # when these bytes were last verified (the report's "last hashed")
         for r in rows:
-            if r.get("sha256_hex"):
+            if r.get("digest_hex"):
                 r["hashed_at_utc"] = done_at
+                if r.get("verified") is not False and (f := reverify.changed_since_last_audit(
+                        r, before_now.get(r["file"]))):
+                    r["findings_json"] = json.dumps(json.loads(r.get("findings_json") or "[]") + [f.to_dict()])
         for t in facts:
             facts_writer.write(t)
         return rows
@@ -132,13 +138,22 @@ def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None) 
     with facts_writer:  # the facts file whole, or none (and no temp file) when a pass raises
         if workers > 1:
             with ThreadPoolExecutor(max_workers=workers) as pool:
-                done = list(pool.map(one, units))
+                done = list(pool.map(stream.in_this_context(one), units))  # digest_purpose's context too
         else:
             done = [one(u) for u in units]
     rows = [r for unit_rows in done for r in unit_rows]
     tables.write("hash", rows, out)
     _write_bytes(out, "hash", part, before)
     return rows
+
+
+def _ledger(out: str) -> Path:
+    """The previous audit's hash table (``<out>/tables/hash.parquet``, the report's) for a part table ``out``
+    (``<out>/tables/parts/hash/<part>.parquet``); beside ``out`` otherwise."""
+    o = Path(out)
+    if o.parent.parent.name == "parts" and o.parent.parent.parent.name == "tables":
+        return o.parents[2] / "hash.parquet"
+    return o.with_name(f"{o.stem}.previous.parquet")
 
 
 def _error_row(u: dict, f) -> dict:

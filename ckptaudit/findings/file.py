@@ -352,6 +352,14 @@ ENTRIES: List[_k] = [
        "Do not use the unit; restore the file from a copy whose SHA-256 matches, or roll back to the previous "
        "checkpoint.",
        stage="hash", detector="ckptaudit.hashing:_missing_file_rows"),
+    # ------------------------------------- file (the previous audit's own digests: ckptaudit.reverify)
+    _k("digest_changed_since_last_audit", "file", "error", "none",
+       "{path}: its {algorithm} digest is {actual} but the audit of {last_hashed_utc} recorded {expected} for the same "
+       "size ({size_bytes} bytes) and mtime: its bytes changed with no write that shows (bit rot, a bad disk or "
+       "controller, or a copy that wrote other bytes and put the times back).",
+       "Do not use it; roll back to the newest checkpoint whose bytes verify, or restore {path} from a copy whose "
+       "{algorithm} digest is {expected}.",
+       stage="hash", detector="ckptaudit.reverify:changed_since_last_audit"),
     # ------------------------------------- file (Megatron-Core's integrity.json: ckptaudit.formats.integrity_json)
     _k("integrity_mismatch", "file", "error", "none",
        "{path}: SHA-256 is {actual} but {manifest} records {expected}: the file changed after the save sealed it (a "
