@@ -10,17 +10,20 @@
      "alternatives": [{"unit", "step", "usable_for", "steps_lost"}],
      "reasons": ["plain words", ...],
      "units": [{"unit", "step", "layout", "usable_for", "findings": [...],
-                "last_hashed_utc": "2026-12-03T15:46:38+00:00" | null, "reverified": true}],
+                "last_hashed_utc": "2026-12-03T15:46:38+00:00" | null, "reverified": true,
+                "digests": [{"file", "digest_algorithm": "sha256" | "blake3", "digest_hex"}]}],
      "pointers": [{"path", "target", "ok", "kind"}],
      "pointer_findings": [{finding}, ...],
      "run_findings": [{finding}, ...],      # about the run, no unit's: leftovers of dead writers
      "resume_entries": [{"unit", "framework", "call", "ok", "finding"}],
      "resume_hint": "Resume from … explicitly: trainer.train(resume_from_checkpoint=…); …" | null,
-     "bytes_verified": {"audit_started_utc", "reuse": false, "units_reverified": 6, "units_reused": 0}}
+     "bytes_verified": {"audit_started_utc", "reuse": false, "units_reverified": 6, "units_reused": 0,
+                        "digest_algorithms": {"blake3": 4, "sha256": 2}}}
 
 :func:`build` writes all but the byte-verification keys, which the report adds from the hash table
-(``bytes_verified``, each unit's ``last_hashed_utc`` — its least recently hashed file — and ``reverified``:
-hashed by this audit; :func:`ckptaudit.report.run_report`).
+(``bytes_verified``, each unit's ``last_hashed_utc`` — its least recently hashed file — ``reverified``:
+hashed by this audit, and ``digests``: each file's digest named by its algorithm, SHA-256 where a sidecar, manifest
+or integrity.json records one, else the audit's own BLAKE3; :func:`ckptaudit.report.run_report`).
 
 A unit's ``usable_for`` is the minimum of its findings' caps (see
 :mod:`ckptaudit.findings`).  The rollback point is the newest unit usable for
