@@ -66,6 +66,19 @@ def entry_chunks(entry: Optional[dict], size: int) -> Optional[Tuple[str, List[s
     return None
 
 
+def damaged_ranges(bad: List[int], chunk_bytes: int, size: int) -> List[Tuple[int, int, List[int]]]:
+    """Damaged chunk indexes ``bad`` of a file of ``size`` bytes in ``chunk_bytes`` chunks, merged into runs
+    ``(first byte, end byte exclusive, chunk indexes)``."""
+    runs: List[Tuple[int, int, List[int]]] = []
+    for i in sorted(bad):
+        if runs and runs[-1][2][-1] == i - 1:
+            runs[-1][2].append(i)
+            runs[-1] = (runs[-1][0], min((i + 1) * chunk_bytes, size), runs[-1][2])
+        else:
+            runs.append((i * chunk_bytes, min((i + 1) * chunk_bytes, size), [i]))
+    return runs
+
+
 def digest_range(fd: int, offset: int, length: int, algorithm: str = "sha256") -> str:
     """Hex digest (``algorithm``, a key of :data:`FIELDS`) of ``length`` bytes of open file ``fd`` from
     ``offset`` (bytes).

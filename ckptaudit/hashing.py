@@ -40,9 +40,10 @@ from . import confine
 from . import findings as F
 from . import fs
 from . import progress as _progress
-from .chunk_digest import SAID, entry_chunks
+from .chunk_digest import SAID, damaged_ranges, entry_chunks
 from .digest_purpose import FAST_DIGEST
 from .manifest_entries import load_manifest  # noqa: F401 - re-exported
+from .reverify import mtime_ns_of
 
 _LINE = re.compile(r"^\\?([0-9a-fA-F]{64}) [ *](.+)$")
 
@@ -74,18 +75,6 @@ def parse_sidecar(text: str) -> Tuple[Dict[str, str], Optional[str]]:
     if not out:
         return out, "empty sidecar"
     return out, None
-
-
-def _damaged_ranges(bad: List[int], chunk_bytes: int, size: int) -> List[Tuple[int, int, List[int]]]:
-    """Merge damaged chunk indexes into (first byte, end byte exclusive, chunk indexes) runs."""
-    runs: List[Tuple[int, int, List[int]]] = []
-    for i in sorted(bad):
-        if runs and runs[-1][2][-1] == i - 1:
-            runs[-1][2].append(i)
-            runs[-1] = (runs[-1][0], min((i + 1) * chunk_bytes, size), runs[-1][2])
-        else:
-            runs.append((i * chunk_bytes, min((i + 1) * chunk_bytes, size), [i]))
-    return runs
 
 
 def _where(run_dir: Path, rel: str, unit: str, start: int, end: int) -> str:
@@ -362,7 +351,7 @@ def _file_row(run_dir: Path, unit: dict, rel: str, ff, me: Optional[dict], sidec
         expected, source = sidecar
     if expected:
         verified = expected == digest and not bad_chunks
-        for start, end, idx in _damaged_ranges(bad_chunks, me["chunk_bytes"], size) if bad_chunks else []:
+        for start, end, idx in damaged_ranges(bad_chunks, me["chunk_bytes"], size) if bad_chunks else []:
             fl.append(F.make("chunk_checksum_mismatch", path=rel, start=start, last=end - 1, n_bytes=end - start,
                              chunks=", ".join(map(str, idx)), n_chunks=-(-size // me["chunk_bytes"]),
                              chunk_bytes=me["chunk_bytes"], source="manifest",
@@ -375,16 +364,9 @@ def _file_row(run_dir: Path, unit: dict, rel: str, ff, me: Optional[dict], sidec
             fl.append(F.make("checksum_mismatch", path=rel, actual=digest, expected=expected, source=source))
     if integ is not None:
         expected, source, verified = _with_integrity(rel, digest, integ, expected, source, verified, fl)
-    return {"unit": unit["unit"], "file": rel, "size_bytes": size, "mtime_ns": _mtime_ns(ff.version),
+    return {"unit": unit["unit"], "file": rel, "size_bytes": size, "mtime_ns": mtime_ns_of(ff.version),
             "sha256_hex": digest, "digest_algorithm": record[0], "digest_hex": record[1], "hash_seconds": ff.seconds, "expected_sha256_hex": expected, "expected_source": source,
             "verified": verified, "findings_json": json.dumps([f.to_dict() for f in fl])}
-
-
-def _mtime_ns(version: str) -> Optional[int]:
-    """A local file's mtime (ns) from its :func:`ckptaudit.fs.version` tag ``"<mtime_ns>:<inode>"``; None for an
-    object's ETag or no tag."""
-    head, sep, _ = version.partition(":")
-    return int(head) if sep and head.isdigit() else None
 
 
 def _missing_file_rows(unit: dict, manifest_entries: Dict[str, dict]) -> List[dict]:

@@ -28,12 +28,12 @@ comparing with the bytes as they were, not the damaged ones.
 from __future__ import annotations
 
 import datetime as _dt
-import os
 import json
+import os
 from pathlib import Path
 from typing import Dict, Iterable, List, Optional
 
-__all__ = ["ENV", "audit_id", "started_utc", "stat_key", "now_utc", "summary", "previous_digests",
+__all__ = ["ENV", "audit_id", "started_utc", "stat_key", "now_utc", "summary", "mtime_ns_of", "previous_digests",
            "changed_since_last_audit"]
 
 #: The audit id travels to jobs (local shells and cluster jobs that re-read the Snakefile) in this variable.
@@ -69,6 +69,13 @@ def stat_key(path: str) -> Optional[List[int]]:
     except OSError:
         return None
     return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+
+
+def mtime_ns_of(version: str) -> Optional[int]:
+    """A local file's mtime (ns) from its :func:`ckptaudit.fs.version` tag ``"<mtime_ns>:<inode>"``, as the hash
+    table records it for the next audit's comparison; None for an object's ETag or no tag."""
+    head, sep, _ = version.partition(":")
+    return int(head) if sep and head.isdigit() else None
 
 
 def summary(hash_rows: Iterable[dict], aid: Optional[str], reuse: bool) -> Dict[str, object]:
