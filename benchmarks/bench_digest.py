@@ -143,11 +143,13 @@ def main(argv=None) -> int:
             h = O.subject_hash(runs[g], a.cores)
             side_audit = audit(base / f"run_{g:g}gib_total", base / f"out_side_{g:g}", a.cores)
             assert side_audit["algorithms"] == {"sha256": UNITS}, side_audit["algorithms"]
-            row[g] = {"cat_s": c["wall_s"], "bare_s": bare_audit["wall_s"], "bare_cpu_s": bare_audit["cpu_s"],
-                      "limit_s": h["limit_s"], "side_s": side_audit["wall_s"], "side_cpu_s": side_audit["cpu_s"],
-                      "sha_rate": h["rate_bps"], "load": os.getloadavg()[0]}
+            row[g] = {"cat_s": c["wall_s"], "cat_cpu_s": c["cpu_s"], "bare_s": bare_audit["wall_s"],
+                      "bare_cpu_s": bare_audit["cpu_s"], "limit_s": h["limit_s"], "limit_cpu_s": h["cpu_s"],
+                      "side_s": side_audit["wall_s"], "side_cpu_s": side_audit["cpu_s"], "sha_rate": h["rate_bps"],
+                      "load": os.getloadavg()[0]}
             if a.baseline_code:
-                row[g]["before_s"] = audit(bare[g], base / f"out_before_{g:g}", a.cores, a.baseline_code)["wall_s"]
+                before = audit(bare[g], base / f"out_before_{g:g}", a.cores, a.baseline_code)
+                row[g]["before_s"], row[g]["before_cpu_s"] = before["wall_s"], before["cpu_s"]
             print(f"# round {r + 1} {g:g} GiB: " + ", ".join(f"{k} {v:.3g}" for k, v in row[g].items()),
                   file=sys.stderr)
         rounds.append(row)
@@ -177,6 +179,12 @@ def report(a, rounds, sizes, gib, rate, load0, load1, t_start) -> None:
             cells.append(f"{per['before/cat'][-1]:.2f}×")
         cells.append(" ".join(f"{row[g]['load']:.1f}" for g in sizes))
         table.append(cells)
+    cpu = {"no sidecars CPU-s/GiB": [slope(row, "bare_cpu_s") for row in rounds],
+           "sidecars CPU-s/GiB": [slope(row, "side_cpu_s") for row in rounds],
+           "SHA-256 pool CPU-s/GiB": [slope(row, "limit_cpu_s") for row in rounds],
+           "cat CPU-s/GiB": [slope(row, "cat_cpu_s") for row in rounds]}
+    if a.baseline_code:
+        cpu["code before, no sidecars CPU-s/GiB"] = [slope(row, "before_cpu_s") for row in rounds]
     med = {k: statistics.median(v) for k, v in per.items() if v}
     print(f"\nMachine: {C.machine_line()}; {O.code_under_test()}; started {t_start} UTC; load average "
           f"{load0[0]:.2f} before, {load1[0]:.2f} after\n")
@@ -194,6 +202,12 @@ def report(a, rounds, sizes, gib, rate, load0, load1, t_start) -> None:
     heads.append("load (1 min) per size")
     print(C.md_table(heads, table))
     print("\nMedians of the rounds: " + ", ".join(f"{k} {v:.2f}" for k, v in med.items()))
+    print("CPU seconds per GiB (slope of the process tree's user+sys; load-independent): "
+          + ", ".join(f"{k} {statistics.median(v):.3f}" for k, v in cpu.items()))
+    print(f"CPU-s of the {lo:g} GiB run (fixed part): " + ", ".join(
+        f"{k} {statistics.median(row[lo][k] for row in rounds):.2f}"
+        for k in ("bare_cpu_s", "side_cpu_s", "limit_cpu_s", "cat_cpu_s") + (("before_cpu_s",) if a.baseline_code
+                                                                             else ())))
     print(f"SHA-256 rate of one pool process (the limit's): "
           f"{statistics.median(row[g]['sha_rate'] for row in rounds for g in sizes) / 1e9:.2f} GB/s")
 
