@@ -37,12 +37,13 @@ SAID = {"blake3": "BLAKE3", "sha256": "SHA-256"}
 _READ_BYTES = 4 << 20  # read buffer of one chunk-hashing task (bytes)
 
 
-def new_hasher(algorithm: str):
+def new_hasher(algorithm: str, threads: int = 1):
     """A fresh hasher of ``algorithm`` (a key of :data:`FIELDS`) with ``update``, ``hexdigest`` and ``copy``.
-    Both hashes release the GIL while they hash a large buffer, so chunks hash in parallel on threads.
+    Both hashes release the GIL while they hash a large buffer, so chunks hash in parallel on threads; a BLAKE3
+    hasher also splits one large buffer over up to ``threads`` threads (-1: every core; SHA-256 is serial).
     Raises ``ValueError`` for another name."""
     if algorithm == "blake3":
-        return blake3.blake3()
+        return blake3.blake3(max_threads=blake3.blake3.AUTO if threads < 0 else max(1, threads))
     if algorithm == "sha256":
         return hashlib.sha256()
     raise ValueError(f"unknown chunk digest {algorithm!r}; known: {', '.join(FIELDS)}")
@@ -63,6 +64,19 @@ def entry_chunks(entry: Optional[dict], size: int) -> Optional[Tuple[str, List[s
             ok = len(digests) == -(-size // cb) and all(isinstance(d, str) for d in digests)
             return (algorithm, [d.lower() for d in digests]) if ok else None
     return None
+
+
+def damaged_ranges(bad: List[int], chunk_bytes: int, size: int) -> List[Tuple[int, int, List[int]]]:
+    """Damaged chunk indexes ``bad`` of a file of ``size`` bytes in ``chunk_bytes`` chunks, merged into runs
+    ``(first byte, end byte exclusive, chunk indexes)``."""
+    runs: List[Tuple[int, int, List[int]]] = []
+    for i in sorted(bad):
+        if runs and runs[-1][2][-1] == i - 1:
+            runs[-1][2].append(i)
+            runs[-1] = (runs[-1][0], min((i + 1) * chunk_bytes, size), runs[-1][2])
+        else:
+            runs.append((i * chunk_bytes, min((i + 1) * chunk_bytes, size), [i]))
+    return runs
 
 
 def digest_range(fd: int, offset: int, length: int, algorithm: str = "sha256") -> str:

@@ -1,8 +1,12 @@
-"""Streamed SHA-256 of every file, checked against sidecars and manifests.
+"""Streamed digest of every file, checked against sidecars and manifests: SHA-256 where one is recorded.
 
 :func:`hash_unit` reads each file once through :mod:`ckptaudit.onepass` (two 8 MiB buffers,
 files of a unit in parallel): the same pass computes the CRC32 of its zip records and the value
-statistics of its tensors for the scan and state stages.  :func:`sha256_file` (a re-hash of a file
+statistics of its tensors for the scan and state stages.  Which whole-file digest it computes follows what
+the digest is for (:mod:`ckptaudit.digest_purpose`): SHA-256 for a file a sidecar, a manifest entry or an
+``integrity.json`` records one of, else the audit's own :data:`~ckptaudit.digest_purpose.FAST_DIGEST` (BLAKE3),
+kept for the next audit's comparison.  Each row names its digest's algorithm (``digest_algorithm``,
+``digest_hex``); ``sha256_hex`` is only ever a SHA-256 ("" when none was computed).  :func:`sha256_file` (a re-hash of a file
 whose chunk digests disagree, and the benchmarks) uses :func:`hashlib.file_digest`.
 
 Sidecars are in ``sha256sum`` format: one line ``<64 hex digits><space><space
@@ -36,8 +40,10 @@ from . import confine
 from . import findings as F
 from . import fs
 from . import progress as _progress
-from .chunk_digest import SAID, entry_chunks
+from .chunk_digest import SAID, damaged_ranges, entry_chunks
+from .digest_purpose import FAST_DIGEST
 from .manifest_entries import load_manifest  # noqa: F401 - re-exported
+from .reverify import mtime_ns_of
 
 _LINE = re.compile(r"^\\?([0-9a-fA-F]{64}) [ *](.+)$")
 
@@ -71,18 +77,6 @@ def parse_sidecar(text: str) -> Tuple[Dict[str, str], Optional[str]]:
     return out, None
 
 
-def _damaged_ranges(bad: List[int], chunk_bytes: int, size: int) -> List[Tuple[int, int, List[int]]]:
-    """Merge damaged chunk indexes into (first byte, end byte exclusive, chunk indexes) runs."""
-    runs: List[Tuple[int, int, List[int]]] = []
-    for i in sorted(bad):
-        if runs and runs[-1][2][-1] == i - 1:
-            runs[-1][2].append(i)
-            runs[-1] = (runs[-1][0], min((i + 1) * chunk_bytes, size), runs[-1][2])
-        else:
-            runs.append((i * chunk_bytes, min((i + 1) * chunk_bytes, size), [i]))
-    return runs
-
-
 def _where(run_dir: Path, rel: str, unit: str, start: int, end: int) -> str:
     """Which tensors of ``rel`` have bytes in [start, end), from a byte-level scan (never unpickled)."""
     try:
@@ -104,11 +98,13 @@ def _file_passes(run_dir: Path, unit: dict, manifest_entries: Dict[str, dict], s
                  planned: Callable[[str], bool], depth, stop) -> Dict[str, object]:
     """{file: its one pass (:class:`ckptaudit.onepass.filepass.FileFacts`) or the ``OSError`` that stopped it},
     files passed in parallel (at most :data:`FILES_AT_ONCE`).  A file whose manifest entry has usable chunk
-    digests gets those instead of the whole-file SHA-256 (which they imply when all match); a file with neither
-    those nor a recorded digest (``sidecars``: the files a sidecar or an ``integrity.json`` gives one) gets no
-    SHA-256 at a ``depth`` without ``unchecked_digests`` (:data:`ckptaudit.read_depth.CHECKED_DIGESTS_ONLY`).
+    digests gets those instead of the whole-file SHA-256 (which they imply when all match); a file with a recorded
+    digest (``sidecars``: the files a sidecar or an ``integrity.json`` gives one; a manifest entry) gets its
+    SHA-256; any other the audit's own fast digest, or none at a ``depth`` without ``unchecked_digests``
+    (:data:`ckptaudit.read_depth.CHECKED_DIGESTS_ONLY`; :func:`ckptaudit.digest_purpose.whole_file_digest`).
     A file for which ``planned`` is false gets no plan (no later stage asks for its record or value facts; a DCP
     folder's ``.metadata`` is walked once for the rest).  ``stop``: an event that, set, stops every pass."""
+    from .digest_purpose import FAST_DIGEST, SHA256, whole_file_digest
     from .onepass.consumers import Progress
     from .onepass.filepass import pass_file
     from .onepass.plan import Plan
@@ -121,9 +117,9 @@ def _file_passes(run_dir: Path, unit: dict, manifest_entries: Dict[str, dict], s
         try:
             me = manifest_entries.get(rel)
             chunks = entry_chunks(me, p.stat().st_size)
-            whole = chunks is None and (rel in sidecars or me is not None or depth is None or depth.unchecked_digests)
+            whole = None if chunks is not None else whole_file_digest(rel in sidecars or me is not None, depth)
             with _PASS_SLOTS:
-                ff = pass_file(p, whole_sha=whole, chunk_bytes=me["chunk_bytes"] if chunks else None,
+                ff = pass_file(p, whole_sha=whole == SHA256, fast_digest=whole == FAST_DIGEST, chunk_bytes=me["chunk_bytes"] if chunks else None,
                                chunk_algorithm=chunks[0] if chunks else "sha256",
                                progress=Progress(prog), plan=None if planned(rel) else Plan(), stop=stop,
                                dcp_places=dcp.get(fs.fspath(p)))
@@ -261,6 +257,9 @@ def hash_unit(run_dir: Path, unit: dict, facts: Optional[list] = None,
         extra = json.loads(rows[0]["findings_json"])
         extra.append(_sidecar_missing(unit["unit"], no_crc).to_dict())
         rows[0]["findings_json"] = json.dumps(extra)
+    for r in rows:  # rows hashed elsewhere (integrity.json's listed files) carry their SHA-256 only
+        if r.get("sha256_hex") and not r.get("digest_hex"):
+            r["digest_algorithm"], r["digest_hex"] = "sha256", r["sha256_hex"]
     return rows
 
 
@@ -341,6 +340,7 @@ def _file_row(run_dir: Path, unit: dict, rel: str, ff, me: Optional[dict], sidec
         digest = sha256_file(run_dir / rel) if bad_chunks else str(me.get("sha256_hex", "")).lower()
     else:
         digest = ff.sha256_hex
+    record = ("sha256", digest) if digest else (FAST_DIGEST, ff.fast_hex) if ff.fast_hex else ("", "")
     expected, source = "", ""
     verified = None
     if me is not None:
@@ -352,7 +352,7 @@ def _file_row(run_dir: Path, unit: dict, rel: str, ff, me: Optional[dict], sidec
         expected, source = sidecar
     if expected:
         verified = expected == digest and not bad_chunks
-        for start, end, idx in _damaged_ranges(bad_chunks, me["chunk_bytes"], size) if bad_chunks else []:
+        for start, end, idx in damaged_ranges(bad_chunks, me["chunk_bytes"], size) if bad_chunks else []:
             fl.append(F.make("chunk_checksum_mismatch", path=rel, start=start, last=end - 1, n_bytes=end - start,
                              chunks=", ".join(map(str, idx)), n_chunks=-(-size // me["chunk_bytes"]),
                              chunk_bytes=me["chunk_bytes"], source="manifest",
@@ -365,8 +365,8 @@ def _file_row(run_dir: Path, unit: dict, rel: str, ff, me: Optional[dict], sidec
             fl.append(F.make("checksum_mismatch", path=rel, actual=digest, expected=expected, source=source))
     if integ is not None:
         expected, source, verified = _with_integrity(rel, digest, integ, expected, source, verified, fl)
-    return {"unit": unit["unit"], "file": rel, "size_bytes": size, "sha256_hex": digest,
-            "hash_seconds": ff.seconds, "expected_sha256_hex": expected, "expected_source": source,
+    return {"unit": unit["unit"], "file": rel, "size_bytes": size, "mtime_ns": mtime_ns_of(ff.version),
+            "sha256_hex": digest, "digest_algorithm": record[0], "digest_hex": record[1], "hash_seconds": ff.seconds, "expected_sha256_hex": expected, "expected_source": source,
             "verified": verified, "findings_json": json.dumps([f.to_dict() for f in fl])}
 
 

@@ -60,8 +60,10 @@ def merged_config(cfg: Optional[dict]) -> dict:
     return c
 
 
-def audit_in_process(run_dir: str | Path, cfg: Optional[dict] = None, out_dir: Optional[str | Path] = None) -> dict:
-    """Audit ``run_dir``; return the verdict dict (also written to ``out_dir``).
+def audit_in_process(run_dir: str | Path, cfg: Optional[dict] = None, out_dir: Optional[str | Path] = None,
+                     depth=None) -> dict:
+    """Audit ``run_dir``; return the verdict dict (also written to ``out_dir``).  ``depth``: the hash stage's
+    :class:`ckptaudit.read_depth.ReadDepth` (default ``FULL``; ``ckptaudit seal`` passes ``SEAL``).
 
     Raises ``FileNotFoundError``/``NotADirectoryError`` for a missing run folder and
     ``ValueError`` (naming the key and the bound, :func:`check_config`) for a config
@@ -93,7 +95,7 @@ def audit_in_process(run_dir: str | Path, cfg: Optional[dict] = None, out_dir: O
         paths = {s: [] for s in report.STAGES}
         for part in sorted(inv["parts"]):
             p = {s: str(parts_dir / s / f"{part}.parquet") for s in report.STAGES}
-            stages.stage_hash(inv, part, p["hash"])
+            stages.stage_hash(inv, part, p["hash"], **({} if depth is None else {"depth": depth}))
             stages.stage_scan(inv, part, c, p["scan"], p["tensors"], p["imports"])
             stages.stage_load(inv, part, c, p["scan"], p["load"])
             stages.stage_configdiff(inv, part, c, p["scan"], p["configdiff"])

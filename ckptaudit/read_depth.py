@@ -33,6 +33,8 @@ class ReadDepth:
 
     tensor_bytes: bool = True
     unchecked_digests: bool = True
+    #: every file gets a SHA-256, recorded or not (``ckptaudit seal``, which writes sidecars of the audited bytes)
+    all_sha256: bool = False
 
 
 #: The audit's depth: every byte, every digest.
@@ -41,3 +43,5 @@ FULL = ReadDepth()
 METADATA_ONLY = ReadDepth(tensor_bytes=False)
 #: The reader's examination: every byte, a SHA-256 only where something records one to compare.
 CHECKED_DIGESTS_ONLY = ReadDepth(unchecked_digests=False)
+#: ``ckptaudit seal``'s audit: every byte, and a SHA-256 of every file (the sidecars it writes record them).
+SEAL = ReadDepth(all_sha256=True)

@@ -139,18 +139,29 @@ def run_report(inventory_json: str, parts: Dict[str, List[str]], cfg: dict, out_
 
 
 def _add_reverified(v: dict, hash_rows: List[dict], audit_id: Optional[str], reuse: bool) -> None:
-    """``v["bytes_verified"]``: this audit's start, ``reuse`` and how many units it hashed again or reused;
-    each unit's ``last_hashed_utc`` (its least recently hashed file) and ``reverified`` (hashed by this audit)."""
+    """``v["bytes_verified"]``: this audit's start, ``reuse``, how many units it hashed again or reused and how
+    many files have a digest of each algorithm (``digest_algorithms``); each unit's ``last_hashed_utc`` (its least
+    recently hashed file), ``reverified`` (hashed by this audit) and ``digests`` (``{"file", "digest_algorithm",
+    "digest_hex"}`` of each file with one: SHA-256 where something records one, else the audit's own BLAKE3,
+    :mod:`ckptaudit.digest_purpose`)."""
     from . import reverify
 
     s = reverify.summary(hash_rows, audit_id, reuse)
     last = s.pop("last_hashed_utc")
-    v["bytes_verified"] = s
+    digests: Dict[str, List[dict]] = {}
+    algorithms: Dict[str, int] = {}
+    for r in hash_rows:
+        if r.get("digest_hex"):
+            digests.setdefault(r["unit"], []).append(
+                {"file": r["file"], "digest_algorithm": r["digest_algorithm"], "digest_hex": r["digest_hex"]})
+            algorithms[r["digest_algorithm"]] = algorithms.get(r["digest_algorithm"], 0) + 1
+    v["bytes_verified"] = {**s, "digest_algorithms": dict(sorted(algorithms.items()))}
     start = s["audit_started_utc"] or ""
     for u in v.get("units", []):
         t = last.get(u["unit"])
         u["last_hashed_utc"] = t
         u["reverified"] = bool(t) and t >= start
+        u["digests"] = digests.get(u["unit"], [])
 
 
 def _write_json(path: Path, doc: dict) -> None:

@@ -113,12 +113,13 @@ def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None,
     (:class:`ckptaudit.read_depth.ReadDepth`); ``stop``: an event that, set, stops the passes at their next
     buffer (the reader abandoning a pass it started ahead).  ``verify_plan`` (``work/verify_plan.json`` of a
     ``verify_budget`` audit): the units it leaves out are not read, their previous rows are kept
-    (:class:`ckptaudit.verify_budget.JobSplit`); every unit's rows go to the ledger (``work/verified/<part>.json``)."""
+    (:class:`ckptaudit.verify_budget.JobSplit`); every unit's rows go to the ledger (``work/verified/<part>.json``).  Each file's digest is compared with the one
+    the previous audit into the same output folder recorded (:func:`ckptaudit.reverify.changed_since_last_audit`)."""
     from concurrent.futures import ThreadPoolExecutor
 
     import functools
 
-    from . import fs, hashing, layouts, tables, verify_budget, verify_ledger
+    from . import fs, hashing, layouts, reverify, tables, verify_budget, verify_ledger
     from .reverify import now_utc
 
     before = fs.stage_bytes()  # no kept bytes are served here: this stage reads the objects themselves
@@ -129,6 +130,7 @@ def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None,
 
     facts_out = out_facts or work_file(out, "bytefacts", part, "parquet")
     facts_writer = tables.BatchWriter("bytefacts", facts_out)  # each file's facts written as its pass ends
+    before_now = reverify.previous_digests(_ledger(out), [f for u in units for f in u["files"]])
 
     def one(u: dict):
         if (kept := split.carried(u["unit"])) is not None:  # outside this audit's verify budget: not read
@@ -139,9 +141,13 @@ def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None,
                               lambda f: [_hash_error_row(u, f)])
         done_at = now_utc()  # when these bytes were last verified (the report's "last hashed")
         for r in rows:
-            if r.get("sha256_hex"):
+            if r.get("digest_hex"):
                 r["hashed_at_utc"] = done_at
-        split.done(u["unit"], rows, done_at)
+        split.done(u["unit"], rows, done_at)  # digest_changed_unseen against the ledger's last verification
+        for r in rows:
+            if r.get("digest_hex") and r.get("verified") is not False and "digest_changed_unseen" not in (
+                    r.get("findings_json") or "") and (f := reverify.changed_since_last_audit(r, before_now.get(r["file"]))):
+                r["findings_json"] = json.dumps(json.loads(r.get("findings_json") or "[]") + [f.to_dict()])
         for t in facts:
             facts_writer.write(t)
         return rows
@@ -158,6 +164,15 @@ def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None,
     split.write(fragment)
     _write_bytes(out, "hash", part, before)
     return rows
+
+
+def _ledger(out: str) -> Path:
+    """The previous audit's hash table (``<out>/tables/hash.parquet``, the report's) for a part table ``out``
+    (``<out>/tables/parts/hash/<part>.parquet``); beside ``out`` otherwise."""
+    o = Path(out)
+    if o.parent.parent.name == "parts" and o.parent.parent.parent.name == "tables":
+        return o.parents[2] / "hash.parquet"
+    return o.with_name(f"{o.stem}.previous.parquet")
 
 
 def _error_row(u: dict, f) -> dict:

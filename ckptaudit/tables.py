@@ -78,6 +78,11 @@ SCHEMAS: Dict[str, pa.Schema] = {
         ("unit", S), ("file", S), ("size_bytes", I), ("sha256_hex", S), ("hash_seconds", F),
         ("expected_sha256_hex", S), ("expected_source", S), ("verified", B), ("findings_json", S),
         ("hashed_at_utc", S),  # ISO 8601 UTC when this file's bytes were hashed; null when they were not
+        # the file's digest as this audit recorded it: "sha256" (then equal to sha256_hex) where a sidecar, a
+        # manifest or integrity.json records one, else the audit's own fast digest ("blake3",
+        # ckptaudit.digest_purpose); "" when none was computed.  sha256_hex is only ever a SHA-256.
+        ("digest_algorithm", S), ("digest_hex", S),
+        ("mtime_ns", I),  # the file's mtime as the pass found it (local files; null for objects)
     ]),
     # bytefacts (internal, <out>/work/bytefacts/): what the hash stage's one pass computed for later stages,
     # one row per zip record CRC32 (kind "crc"), tensor value range ("values"), tensor-data range ("tensor_data")

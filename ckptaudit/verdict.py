@@ -12,7 +12,8 @@
      "units": [{"unit", "step", "layout", "usable_for", "findings": [...],
                 "last_hashed_utc": "2026-12-03T15:46:38+00:00" | null, "reverified": true,
                 "last_verified_utc": "2026-12-03T15:46:38+00:00" | null,
-                "verification_note": "" | "not verified since 2026-11-28 02:14 UTC" | "never verified"}],
+                "verification_note": "" | "not verified since 2026-11-28 02:14 UTC" | "never verified",
+                "digests": [{"file", "digest_algorithm": "sha256" | "blake3", "digest_hex"}]}],
      "pointers": [{"path", "target", "ok", "kind"}],
      "pointer_findings": [{finding}, ...],
      "run_findings": [{finding}, ...],      # about the run, no unit's: leftovers of dead writers
@@ -20,12 +21,15 @@
      "resume_hint": "Resume from … explicitly: trainer.train(resume_from_checkpoint=…); …" | null,
      "bytes_verified": {"audit_started_utc", "reuse": false, "units_reverified": 6, "units_reused": 0,
                         "verified_bytes": 7288498, "verify_budget": "2TiB" | null, "verify_budget_bytes": … | null,
-                        "over_budget": false, "units_never_verified": 0, "oldest_verification_utc": … | null}}
+                        "over_budget": false, "units_never_verified": 0, "oldest_verification_utc": … | null,
+                        "digest_algorithms": {"blake3": 4, "sha256": 2}}}
 
 :func:`build` writes all but the byte-verification keys, which the report adds from the hash table
 (``bytes_verified``, each unit's ``last_hashed_utc`` — its least recently hashed file — and ``reverified``:
 hashed by this audit; :func:`ckptaudit.report.run_report`), and when each unit's bytes were last verified
-(``last_verified_utc``, ``verification_note``: :func:`ckptaudit.verify_budget.annotate`).
+(``last_verified_utc``, ``verification_note``: :func:`ckptaudit.verify_budget.annotate`);
+``digests``: each file's digest named by its algorithm, SHA-256 where a sidecar, manifest or integrity.json records
+one, else the audit's own BLAKE3 (:func:`ckptaudit.report.run_report`).
 
 A unit's ``usable_for`` is the minimum of its findings' caps (see
 :mod:`ckptaudit.findings`), taken once, after every detector that judges the unit ran (:func:`build`);

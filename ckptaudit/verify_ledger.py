@@ -118,8 +118,9 @@ def digest_changed(row: dict, before: Optional[dict]):
     else None."""
     from . import findings as F
 
-    now, then = row.get("sha256_hex") or "", (before or {}).get("sha256_hex") or ""
-    if not now or not then or now == then or row.get("size_bytes") != before.get("size_bytes"):
+    now, then = row.get("digest_hex") or "", (before or {}).get("digest_hex") or ""
+    if not now or not then or now == then or row.get("size_bytes") != before.get("size_bytes") or \
+            row.get("digest_algorithm") != before.get("digest_algorithm"):  # another algorithm is no comparison
         return None
     return F.make("digest_changed_unseen", path=row["file"], actual=now, expected=then,
                   verified_utc=str(before.get("hashed_at_utc") or "")[:19].replace("T", " ") + " UTC")

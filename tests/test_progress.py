@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import blake3
+
 from ckptaudit import hashing, progress
 
 
@@ -42,7 +44,8 @@ def test_hash_unit_reports_every_byte_it_hashes(tmp_path, monkeypatch):
     (run / "ckpt_000100.pt").write_bytes(data)
     monkeypatch.setenv(progress.ENV, str(tmp_path / "progress"))
     rows = hashing.hash_unit(run, {"unit": "ckpt_000100.pt", "files": ["ckpt_000100.pt"], "size_bytes": len(data)})
-    assert rows[0]["sha256_hex"] == hashlib.sha256(data).hexdigest()
+    assert rows[0]["sha256_hex"] == ""  # no sidecar: the audit's own fast digest only (issue 45)
+    assert (rows[0]["digest_algorithm"], rows[0]["digest_hex"]) == ("blake3", blake3.blake3(data).hexdigest())
     files = list((tmp_path / "progress").glob("*.progress"))
     assert len(files) == 1 and files[0].read_text() == f"{len(data)} {len(data)}\n"
     assert progress.read_progress(tmp_path / "progress") == len(data)

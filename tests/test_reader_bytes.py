@@ -162,6 +162,8 @@ def test_the_reader_hashes_only_what_a_recorded_digest_can_check(tmp_path):
     sidecar is still verified, and a bit flipped in a bare file is still found by its record's CRC32."""
     import hashlib
 
+    import blake3
+
     from ckptaudit import hashing, inventory, read_depth
 
     run = _run(tmp_path / "run", steps=(100, 200))
@@ -172,8 +174,9 @@ def test_the_reader_hashes_only_what_a_recorded_digest_can_check(tmp_path):
     (checked,) = hashing.hash_unit(run, units["ckpt_000100.pt"], depth=read_depth.CHECKED_DIGESTS_ONLY)
     assert bare["sha256_hex"] == "" and bare["verified"] is None
     assert checked["verified"] is True and checked["sha256_hex"] == hashlib.sha256(sealed.read_bytes()).hexdigest()
-    (full,) = hashing.hash_unit(run, units["ckpt_000200.pt"])  # the audit records every digest
-    assert full["sha256_hex"] == hashlib.sha256((run / "ckpt_000200.pt").read_bytes()).hexdigest()
+    (full,) = hashing.hash_unit(run, units["ckpt_000200.pt"])  # the audit records every digest: its own BLAKE3
+    assert full["sha256_hex"] == "" and full["digest_algorithm"] == "blake3"
+    assert full["digest_hex"] == blake3.blake3((run / "ckpt_000200.pt").read_bytes()).hexdigest()
     _flip_a_tensor_byte(run / "ckpt_000200.pt")
     ckpt = safe_load_checkpoint(run)
     assert ckpt.unit == "ckpt_000100.pt" and "ckpt_000200.pt" in ckpt.skipped

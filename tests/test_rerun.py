@@ -118,6 +118,36 @@ def test_bit_rot_with_size_and_mtime_kept_is_caught_by_the_next_audit(run_copy, 
     assert o["rollback"] == {"unit": "ckpt_000100.pt", "step": 100}
 
 
+def test_bit_rot_with_size_and_mtime_kept_is_caught_without_sidecars(run_copy, tmp_path):
+    """Without sidecars no recorded SHA-256 can see a flipped byte: the default re-run compares the BLAKE3 the
+    previous audit into the same --out recorded (issue 45), even where no zip record's CRC-32 covers the byte."""
+    for side in [*run_copy.glob("*.sha256"), *run_copy.glob("*.sha256sum"), *run_copy.glob("*.manifest.json")]:
+        side.unlink()
+    out = tmp_path / "audit"
+    audit = ("audit", str(run_copy), "--out", str(out), "--cores", "2")
+    p = run_cli(*audit)
+    assert p.returncode == 1, p.stdout + p.stderr
+    first = json.loads((out / "verdict.json").read_text())
+    assert first["bytes_verified"]["digest_algorithms"] == {"blake3": 6}
+    assert outcome(out)["rollback"] == {"unit": "ckpt_000250.pt", "step": 250}
+
+    rot = run_copy / "ckpt_000250.pt"
+    data = rot.read_bytes()
+    flip_keeping_times(rot)
+    p = run_cli(*audit)
+    assert p.returncode == 1, p.stdout + p.stderr
+    o = outcome(out)
+    assert o["units"]["ckpt_000250.pt"][0] == "none"
+    assert "digest_changed_since_last_audit" in o["units"]["ckpt_000250.pt"][1]
+    assert o["rollback"] == {"unit": "ckpt_000200.pt", "step": 200}
+    v = json.loads((out / "verdict.json").read_text())
+    (f,) = [f for u in v["units"] if u["unit"] == "ckpt_000250.pt" for f in u["findings"]
+            if f["kind"] == "digest_changed_since_last_audit"]
+    import blake3
+
+    assert f["detail"]["expected"] == blake3.blake3(data).hexdigest() != f["detail"]["actual"]
+
+
 @pytest.fixture(scope="module")
 def fresh(demo_run, tmp_path_factory):
     """The verdict of one uninterrupted audit of the demo run."""

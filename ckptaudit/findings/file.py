@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import List
 
+from .file_digests import ENTRIES as DIGEST_ENTRIES
 from .model import Kind as _k
 
 ENTRIES: List[_k] = [
@@ -340,18 +341,7 @@ ENTRIES: List[_k] = [
        "{offset} but the pickle declares {expected} ({dtype}): the storage records are misaligned or overwritten.",
        "Treat it as corrupt; roll back to an older checkpoint.",
        stage="scan", detector="ckptaudit.formats.legacy:_check_storages"),
-    # ------------------------------------- file (hashing: ckptaudit.publish manifests)
-    _k("chunk_checksum_mismatch", "file", "error", "none",
-       "{path}: bytes {start} to {last} ({n_bytes} bytes: chunk(s) {chunks} of {n_chunks}, {chunk_bytes} bytes "
-       "each) do not match the {algorithm} chunk digest(s) recorded in the {source}; {where_text}.",
-       "Do not use it; roll back to the newest checkpoint whose checksums verify.{range_note}",
-       stage="hash", detector="ckptaudit.hashing:_file_row"),
-    _k("manifest_file_missing", "file", "error", "none",
-       "{path} is listed in {manifest} ({size_bytes} bytes, SHA-256 {sha256_hex}) but is not in the unit: it "
-       "was deleted, or the unit was copied only in part.",
-       "Do not use the unit; restore the file from a copy whose SHA-256 matches, or roll back to the previous "
-       "checkpoint.",
-       stage="hash", detector="ckptaudit.hashing:_missing_file_rows"),
+    *DIGEST_ENTRIES,  # a manifest's chunk digests and listed files, the previous audit's own digests
     # ------------------------------------- file (Megatron-Core's integrity.json: ckptaudit.formats.integrity_json)
     _k("integrity_mismatch", "file", "error", "none",
        "{path}: SHA-256 is {actual} but {manifest} records {expected}: the file changed after the save sealed it (a "

@@ -4,8 +4,8 @@ Every consumer has ``feed(offset, view)`` (``view``: the file's bytes from ``off
 none reads a file.  :class:`RangeCrc32` and :class:`RangeValues` also accept the buffers of one
 byte range of the file only, so a big file may be split into segments fed by different threads:
 :meth:`RangeCrc32.merge` and :meth:`RangeValues.merge` join the segments' instances
-(:func:`~.crc32.crc32_combine` for CRC32, sums for the value statistics).  SHA-256 of the whole file is
-serial (:class:`Sha256`); the manifest's chunk digests are per chunk (:class:`ChunkDigest`).
+(:func:`~.crc32.crc32_combine` for CRC32, sums for the value statistics).  A digest of the whole file is
+serial (:class:`Sha256`, :class:`FastDigest`); the manifest's chunk digests are per chunk (:class:`ChunkDigest`).
 """
 
 from __future__ import annotations
@@ -29,6 +29,28 @@ class Sha256:
 
     def __init__(self) -> None:
         self.h = hashlib.sha256()
+        self.nbytes = 0
+
+    def feed(self, off: int, view) -> None:
+        self.h.update(view)
+        self.nbytes += len(view)
+
+    def hexdigest(self) -> str:
+        return self.h.hexdigest()
+
+
+class FastDigest:
+    """The audit's own digest of every byte fed (:data:`ckptaudit.digest_purpose.FAST_DIGEST`, fed in file order
+    from offset 0), hashed on up to ``threads`` threads (:data:`ckptaudit.digest_purpose.FAST_DIGEST_THREADS`)."""
+
+    ON_POOL = True  # as Sha256's
+
+    def __init__(self, threads: Optional[int] = None) -> None:
+        from ..chunk_digest import new_hasher
+        from ..digest_purpose import FAST_DIGEST, FAST_DIGEST_THREADS
+
+        self.algorithm = FAST_DIGEST
+        self.h = new_hasher(FAST_DIGEST, FAST_DIGEST_THREADS if threads is None else threads)
         self.nbytes = 0
 
     def feed(self, off: int, view) -> None:

@@ -1,7 +1,8 @@
 """One file's pass: plan it, feed every byte once to its consumers, return the facts (digests, CRCs, value stats).
 
-With the whole-file SHA-256 wanted the file is one stream (SHA-256 is serial; the other consumers
-of each buffer run beside it on a second thread).  Without it (a manifest with chunk digests
+With a whole-file digest wanted (SHA-256, or the audit's own :data:`ckptaudit.digest_purpose.FAST_DIGEST`) the
+file is one stream (both are serial over the file; the other consumers of each buffer run beside it on a second
+thread, and BLAKE3 splits each buffer over threads itself).  Without it (a manifest with chunk digests
 implies the whole-file digest) a big file is split into segments on chunk boundaries, each
 streamed by its own thread with its own consumers, merged at the end.
 """
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from .. import fs
-from .consumers import (ChunkDigest, KeepBytes, RangeAllNulRuns, RangeCrc32, RangeNulRuns, RangeValues, Sha256,
+from .consumers import (ChunkDigest, FastDigest, KeepBytes, RangeAllNulRuns, RangeCrc32, RangeNulRuns, RangeValues, Sha256,
                         split_points)
 from .plan import DTYPES, Plan, plan_file
 from . import stream
@@ -30,6 +31,7 @@ class FileFacts:
     ``values_dtype`` the plan's value ranges with ``values_nonfinite``, ``values_sum_squares`` and
     ``values_seen`` (non-finite count, Σx² of the finite values, bytes seen); ``nul_scans``
     {(start, length, min_run): [(offset, length), ...] or None}; ``sha256_hex`` "" when not computed;
+    ``fast_hex`` the :data:`~ckptaudit.digest_purpose.FAST_DIGEST` of the whole file, "" when not computed;
     ``chunk_hex`` the chunk digests (``chunk_algorithm``), None when not asked for; ``bytes_read``: bytes the
     pass itself read (the plan's small
     reads are counted by ``fs``); ``version``: :func:`ckptaudit.fs.version`'s tag of the file as the pass found
@@ -40,6 +42,7 @@ class FileFacts:
     size_bytes: int
     version: str = ""
     sha256_hex: str = ""
+    fast_hex: str = ""
     chunk_hex: Optional[List[str]] = None
     plan: Plan = field(default_factory=Plan)
     crc_value: object = None
@@ -126,10 +129,12 @@ def _read_whole(path, size: int) -> bytes:
 
 def pass_file(path, *, whole_sha: bool = True, chunk_bytes: Optional[int] = None, chunk_algorithm: str = "sha256",
               threads: Optional[int] = None, plan: Optional[Plan] = None, progress=None,
-              stop: Optional[threading.Event] = None, dcp_places: Optional[dict] = None) -> FileFacts:
-    """Read ``path`` once and compute every fact of it (the chunk digests of ``chunk_bytes`` slices with
-    ``chunk_algorithm``, :mod:`ckptaudit.chunk_digest`, when ``chunk_bytes`` is given); ``progress`` (a consumer, e.g.
-    :class:`~.consumers.Progress`) is fed too.  ``stop``: set, the pass stops at its next buffer
+              stop: Optional[threading.Event] = None, dcp_places: Optional[dict] = None,
+              fast_digest: bool = False) -> FileFacts:
+    """Read ``path`` once and compute every fact of it: the whole-file SHA-256 when ``whole_sha``, the whole-file
+    :data:`~ckptaudit.digest_purpose.FAST_DIGEST` when ``fast_digest``, the chunk digests of ``chunk_bytes`` slices
+    with ``chunk_algorithm`` (:mod:`ckptaudit.chunk_digest`) when ``chunk_bytes`` is given; ``progress`` (a
+    consumer, e.g. :class:`~.consumers.Progress`) is fed too.  ``stop``: set, the pass stops at its next buffer
     (:class:`~.stream.PassStopped`); ``dcp_places``: a DCP data file's folder places
     (:func:`~.plan_dcp.unit_places`), for its plan.  Raises ``OSError`` when it cannot be read."""
     size, version = fs.version(path)
@@ -144,12 +149,12 @@ def pass_file(path, *, whole_sha: bool = True, chunk_bytes: Optional[int] = None
     keep = keep_ranges(size, plan.tensor_data_range) if fs.is_remote(path) else []
     out = FileFacts(size_bytes=size, version=version, plan=plan)
     segments = split_points(size, threads, chunk_bytes or BUFFER_BYTES) \
-        if data is None and not whole_sha and threads > 1 and size > 2 * BUFFER_BYTES else [(0, size)]
+        if data is None and not (whole_sha or fast_digest) and threads > 1 and size > 2 * BUFFER_BYTES else [(0, size)]
     parts = []
-    # one segment: SHA-256, CRC32 and the value statistics of a buffer side by side; else one thread a segment
+    # one segment: the whole-file digest, CRC32 and the value statistics of a buffer side by side; else one thread a segment
     with ThreadPoolExecutor(max_workers=max(3, len(segments))) as pool:
         def one(seg):
-            cons = _consumers(plan, seg[0], (chunk_bytes, chunk_algorithm), whole_sha, keep)
+            cons = _consumers(plan, seg[0], (chunk_bytes, chunk_algorithm), (whole_sha, fast_digest), keep)
             live = list(cons.values()) + ([progress] if progress is not None else [])
             if data is not None:
                 n = stream.feed_bytes(data, live, None if serial else pool)
@@ -165,27 +170,31 @@ def pass_file(path, *, whole_sha: bool = True, chunk_bytes: Optional[int] = None
             parts = [one(segments[0])]
     cons = parts[0][0]
     out.bytes_read = sum(n for _, n in parts)
-    for other, _ in parts[1:]:  # the segments' range consumers into the first's (SHA-256 is never split)
+    for other, _ in parts[1:]:  # the segments' range consumers into the first's (a whole digest is never split)
         _merge(cons, other)
     if "sha" in cons:
         out.sha256_hex = cons["sha"].hexdigest()
+    if "fast" in cons:
+        out.fast_hex = cons["fast"].hexdigest()
     if "chunks" in cons:  # segments end on chunk boundaries: only the last one has a short chunk
         out.chunk_hex = [d for c, _ in parts for d in c["chunks"].finish()]
     del parts
     return _collect(out, cons)
 
 
-def _consumers(plan: Plan, seg_start: int, chunks: Tuple[Optional[int], str], whole_sha: bool, keep: list) -> dict:
+def _consumers(plan: Plan, seg_start: int, chunks: Tuple[Optional[int], str], whole: Tuple[bool, bool],
+               keep: list) -> dict:
     """The consumers one segment from ``seg_start`` feeds, by name: the plan's CRC32 ranges and their NUL runs,
     its value ranges, the manifest's chunk digests (``chunks``: bytes per chunk or None, the hash), the whole
-    SHA-256, the bytes to keep, the NUL scans."""
+    SHA-256 and the whole fast digest (``whole``: whether each is wanted), the bytes to keep, the NUL scans."""
     has_crc, has_values = len(plan.crc_range) > 0, len(plan.values_range) > 0
     crc_cols = dict(starts=plan.crc_range[:, 0], lengths=plan.crc_range[:, 1])
     cons = {"crc": RangeCrc32(**crc_cols) if has_crc else None,
             "values": RangeValues(starts=plan.values_range[:, 0], lengths=plan.values_range[:, 1],
                                   dtypes=plan.values_dtype, dtype_names=DTYPES) if has_values else None,
             "chunks": ChunkDigest(chunks[0], seg_start, chunks[1]) if chunks[0] else None,
-            "sha": Sha256() if whole_sha else None,
+            "sha": Sha256() if whole[0] else None,
+            "fast": FastDigest() if whole[1] else None,
             "kept": KeepBytes(keep) if keep else None,
             "nul_runs": RangeNulRuns(**crc_cols) if has_crc else None}
     cons.update({("nul_scan", k): RangeAllNulRuns([((o, n, m), o, n)], m)

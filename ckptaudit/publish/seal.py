@@ -129,12 +129,15 @@ def seal_folder(run_dir: str | os.PathLike, unit: str, step: Optional[int], *,
 
 
 def _audit(root: Path, cfg: Optional[dict]) -> Tuple[dict, dict, Dict[str, str]]:
-    """(the verdict, the inventory, {file: SHA-256 the audit computed}) of an audit of ``root`` in this process."""
+    """(the verdict, the inventory, {file: SHA-256 the audit computed}) of an audit of ``root`` in this process,
+    which computes the SHA-256 of every file (:data:`ckptaudit.read_depth.SEAL`: the sidecars
+    written here record it, and a file whose bytes changed since is refused)."""
     from .. import tables
+    from ..read_depth import SEAL
     from ..pipeline import audit_in_process
 
     with tempfile.TemporaryDirectory(prefix="ckptaudit-seal-") as td:
-        verdict = audit_in_process(root, cfg, out_dir=td)
+        verdict = audit_in_process(root, cfg, out_dir=td, depth=SEAL)
         inv = json.loads((Path(td) / "work" / "inventory.json").read_text())
         audited: Dict[str, str] = {}
         for p in sorted((Path(td) / "tables" / "parts" / "hash").glob("*.parquet")):
