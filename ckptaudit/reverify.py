@@ -110,14 +110,18 @@ def previous_digests(ledger: Path, files: Iterable[str]) -> Dict[str, dict]:
     :data:`CHANGED` finding keeps that finding's recorded digest and time (the bytes before they changed).  Files
     without size, mtime or digest are left out; ``{}`` when the ledger is missing, unreadable, or from a ckptaudit
     that recorded no mtime."""
-    import pyarrow.parquet as pq
+    from . import tables
 
     want = sorted(set(files))
     cols = ["file", "size_bytes", "mtime_ns", "digest_algorithm", "digest_hex", "hashed_at_utc", "findings_json"]
     try:
-        if not want or not Path(ledger).is_file() or not set(cols) <= set(pq.read_schema(ledger).names):
+        if not want or not Path(ledger).is_file():
             return {}
-        rows = pq.read_table(ledger, columns=cols, filters=[("file", "in", want)]).to_pylist()
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        t = tables.read_table(ledger, columns=cols)  # a column missing (an older ckptaudit): ArrowInvalid
+        rows = t.filter(pc.is_in(t["file"].cast(pa.string()), value_set=pa.array(want))).to_pylist()
     except (OSError, ValueError):  # an unreadable ledger compares with nothing
         return {}
     out: Dict[str, dict] = {}

@@ -158,20 +158,21 @@ def test_a_digest_that_changed_under_an_unchanged_strong_key_is_bit_rot(tmp_path
     (tmp_path / "run" / "a.safetensors").write_bytes(b"x" * 64)
     inv = {"run_dir": str(tmp_path / "run"), "units": []}
     unit = {"unit": "a.safetensors", "files": ["a.safetensors"]}
-    then = {"file": "a.safetensors", "size_bytes": 64, "sha256_hex": "aa" * 32, "findings_json": "[]",
+    then = {"file": "a.safetensors", "size_bytes": 64, "digest_algorithm": "blake3", "digest_hex": "aa" * 32,
+            "findings_json": "[]",
             "hashed_at_utc": "2026-11-03T07:42:10+00:00"}
     frag = tmp_path / "work" / "verified" / "p0000.json"
     keys = vl.unit_keys(inv["run_dir"], unit)
     vl.write_fragment(frag, {"a.safetensors": {"keys": keys, "rows": [then], "recorded_utc": "2026-11-03"}})
     split = vb.JobSplit(inv, [unit], None, frag)
-    now = {**then, "sha256_hex": "bb" * 32, "hashed_at_utc": "2026-12-05T02:00:00+00:00"}
+    now = {**then, "digest_hex": "bb" * 32, "hashed_at_utc": "2026-12-05T02:00:00+00:00"}
     split.done("a.safetensors", [now], "2026-12-05T02:00:00+00:00")
     (f,) = json.loads(now["findings_json"])
     assert f["kind"] == "digest_changed_unseen" and f["severity"] == "error" and f["caps"] == "none"
     assert f["message"].startswith(f"a.safetensors: its digest is {'bb' * 32} but was {'aa' * 32} when its bytes "
                                    "were last verified (2026-11-03 07:42:10 UTC), and its size, mtime, ctime, inode")
     split.write(frag)  # tonight's digest is the one the next audit compares with
-    assert vl.load_ledger(tmp_path / "work")["a.safetensors"]["rows"][0]["sha256_hex"] == "bb" * 32
+    assert vl.load_ledger(tmp_path / "work")["a.safetensors"]["rows"][0]["digest_hex"] == "bb" * 32
 
     # a file rewritten (another ctime or inode) has a new digest by right: no finding
     vl.write_fragment(frag, {"a.safetensors": {"keys": {"a.safetensors": [64, 1, 2, 3, 4]}, "rows": [then],
