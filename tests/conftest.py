@@ -58,13 +58,14 @@ def no_payload(tmp_path):
 CHEAP_SHARED = {"tmp_path_factory", "worker_id", "testrun_uid", "monkeypatch_session", "fixture_cache"}
 FRAMEWORK_MODULES = {n: s.module.rsplit(".fw_", 1)[1] for n, s in fixture_specs().items()}
 
-#: seconds (one core of the CI machine) a group takes besides its tests' own runs, for the groups where that is
-#: most of it: a framework group generates its fixtures (the generator's seconds per fixture, summed per
-#: framework: index.json of the fixture cache, `python -m tests.frameworks.generate --jobs 2`).
+#: seconds (one core) a group takes besides its tests' own runs, where that is most of it: a framework group
+#: generates its fixtures. Megatron-Core and Lightning: the generator's CPU-seconds for the module measured
+#: with /usr/bin/time -v (2026-12-06); the others estimated from their fixtures' launches (a training process,
+#: 2 ranks where distributed) until measured. Only the order matters: longest first.
 GROUP_SECONDS = {
-    "framework-megatron_core": 300, "framework-hf_trainer": 200, "framework-lightning": 150,
-    "framework-deepspeed": 150, "framework-torchtitan": 120, "framework-hf_trainer_tf4": 100,
-    "framework-fsdp_dcp": 60, "framework-accelerate": 60, "framework-timm": 60, "framework-ultralytics": 60,
+    "framework-megatron_core": 280, "framework-lightning": 110, "framework-hf_trainer": 150,
+    "framework-deepspeed": 150, "framework-torchtitan": 120, "framework-hf_trainer_tf4": 60,
+    "framework-ultralytics": 60, "framework-accelerate": 60, "framework-fsdp_dcp": 45, "framework-timm": 45,
     "framework-plain": 30,
 }
 
