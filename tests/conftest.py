@@ -63,7 +63,7 @@ FRAMEWORK_MODULES = {n: s.module.rsplit(".fw_", 1)[1] for n, s in fixture_specs(
 #: with /usr/bin/time -v (2026-12-06); the others estimated from their fixtures' launches (a training process,
 #: 2 ranks where distributed) until measured. Only the order matters: longest first.
 GROUP_SECONDS = {
-    "framework-megatron_core": 280, "framework-lightning": 110, "framework-hf_trainer": 150,
+    "framework-megatron_core": 280, "framework-lightning": 120, "framework-hf_trainer": 150,
     "framework-deepspeed": 150, "framework-torchtitan": 120, "framework-hf_trainer_tf4": 60,
     "framework-ultralytics": 60, "framework-accelerate": 60, "framework-fsdp_dcp": 45, "framework-timm": 45,
     "framework-plain": 30,
