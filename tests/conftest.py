@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from tests.frameworks import _torchvision
+from tests.frameworks.generate import fixture_specs
 
 # timm and ultralytics (the frameworks extra) install torchvision, whose CUDA wheel cannot be imported with the CPU
 # torch; torchmetrics imports it when installed, and so does every `import lightning`: import it the fixtures' way
@@ -50,34 +51,82 @@ def no_payload(tmp_path):
 # ------------------------------------------------------------------ running on two workers (pytest-xdist)
 # The README's test command runs `-n 2 --dist loadgroup`. A worker is a process with its own session, so a
 # test that shares an expensive module- or session-scoped fixture is kept on one worker with the others that
-# share it (else each worker would build it). The framework fixtures are one group across the files that
-# judge them: a second worker would otherwise wait on their generation lock (tests/test_frameworks.py).
-# Tests that share nothing are handed out one at a time.
-SHARED_GROUPS = {"fixture_cache": "framework-fixtures"}
-CHEAP_SHARED = {"tmp_path_factory", "worker_id", "testrun_uid", "monkeypatch_session"}
+# share it (else each worker would build it). The framework fixtures are generated when a test first asks for
+# one, each under its own lock (tests/test_frameworks.py), so they are grouped by framework: one worker
+# generates and judges Megatron's while the other does DeepSpeed's. Tests that share nothing are handed out
+# one at a time.
+CHEAP_SHARED = {"tmp_path_factory", "worker_id", "testrun_uid", "monkeypatch_session", "fixture_cache"}
+FRAMEWORK_MODULES = {n: s.module.rsplit(".fw_", 1)[1] for n, s in fixture_specs().items()}
+
+#: seconds (one core) a group takes besides its tests' own runs, where that is most of it: a framework group
+#: generates its fixtures. Megatron-Core and Lightning: the generator's CPU-seconds for the module measured
+#: with /usr/bin/time -v (2026-12-06); the others estimated from their fixtures' launches (a training process,
+#: 2 ranks where distributed) until measured. Only the order matters: longest first.
+GROUP_SECONDS = {
+    "framework-megatron_core": 280, "framework-lightning": 120, "framework-hf_trainer": 150,
+    "framework-deepspeed": 150, "framework-torchtitan": 120, "framework-hf_trainer_tf4": 60,
+    "framework-ultralytics": 60, "framework-accelerate": 60, "framework-fsdp_dcp": 45, "framework-timm": 45,
+    "framework-plain": 30,
+}
 
 
 def _shared_group(item) -> str | None:
-    """The xdist group of a test: the file's name when it uses a shared fixture; None when it shares none."""
+    """The xdist group of a test: its framework's group when it judges one framework fixture (a parameter
+    ``name``); its file's name when it uses another shared fixture (test_gadgets' audits of several fixtures,
+    shared by its tests, included); None when it shares none."""
     info = getattr(item, "_fixtureinfo", None)
     if info is None:
         return None
     names = set(info.names_closure)
-    for name, group in SHARED_GROUPS.items():
-        if name in names:
-            return group
+    if "fixture_cache" in names:
+        fixture = getattr(getattr(item, "callspec", None), "params", {}).get("name")
+        if fixture in FRAMEWORK_MODULES:
+            return f"framework-{FRAMEWORK_MODULES[fixture]}"
+        return item.path.name
     for name in names - CHEAP_SHARED:
         if any(d.scope in ("module", "session", "package") for d in info.name2fixturedefs.get(name) or ()):
             return item.path.name
     return None
 
 
+def heaviest_first(groups: list) -> list:
+    """Indices of ``groups`` (each test's group, None for a test alone) in the order to hand them out: whole
+    groups, longest first (``GROUP_SECONDS``, else one second a test), so the two workers' last tests end
+    together instead of one worker starting a long group while the other runs out of work; tests alone, and
+    ties, keep their collected order."""
+    size: dict = {}
+    first: dict = {}
+    for i, g in enumerate(groups):
+        key = g if g is not None else ("alone", i)
+        size[key] = size.get(key, 0) + 1
+        first.setdefault(key, i)
+
+    def seconds(key) -> float:
+        return GROUP_SECONDS.get(key, 0) + size[key] if isinstance(key, str) else 1
+
+    def key_of(i):
+        k = groups[i] if groups[i] is not None else ("alone", i)
+        return (-seconds(k), first[k], i)
+
+    return sorted(range(len(groups)), key=key_of)
+
+
+def pytest_configure(config):
+    # xdist's loadgroup hands groups out by their number of tests unless told not to; the order here (the
+    # collection's, after pytest_collection_modifyitems below) weighs generation time too
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks into the node ids
 def pytest_collection_modifyitems(config, items):
+    groups = []
     for item in items:
         group = _shared_group(item)
+        groups.append(group)
         if group is not None:
             item.add_marker(pytest.mark.xdist_group(group))
+    items[:] = [items[i] for i in heaviest_first(groups)]
 
 
 # ------------------------------------------------------------------ no skips in CI

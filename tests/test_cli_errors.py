@@ -142,8 +142,14 @@ def test_snakemake_on_an_empty_folder_fails_with_the_inventory_jobs_own_line(whe
                             f"run's checkpoint folder? (log: {where}/sm_o/logs/inventory/inventory.log)")
 
 
-def test_snakemake_missing_run_folder_and_config_typo_stop_in_a_few_lines(where):
-    p = _snakemake(where, "-n", "audit", "--cores", "1", "--config", f"run_dir={where}/missing")
+@pytest.fixture(scope="module")
+def missing_run_dry_run(where):
+    """``snakemake -n audit`` of a run folder that does not exist: one launch, judged by the two tests below."""
+    return _snakemake(where, "-n", "audit", "--cores", "1", "--config", f"run_dir={where}/missing")
+
+
+def test_snakemake_missing_run_folder_and_config_typo_stop_in_a_few_lines(where, missing_run_dry_run):
+    p = missing_run_dry_run
     assert p.returncode != 0
     out = p.stdout + p.stderr
     assert len(out.strip().splitlines()) <= 15, out
@@ -155,10 +161,10 @@ def test_snakemake_missing_run_folder_and_config_typo_stop_in_a_few_lines(where)
     assert "properties:" not in out  # not the schema dump
 
 
-def test_snakemake_usage_errors_exit_3_and_say_what_lands_in_the_run(where):
+def test_snakemake_usage_errors_exit_3_and_say_what_lands_in_the_run(where, missing_run_dry_run):
     """Config and path errors at parse time exit 3 (as ckptaudit audit does), never 1 ("roll back"); the
     out-inside-run line names what Snakemake would write there (.snakemake/ stays in its working directory)."""
-    p = _snakemake(where, "-n", "audit", "--cores", "1", "--config", f"run_dir={where}/missing")
+    p = missing_run_dry_run
     assert p.returncode == 3, p.stdout + p.stderr
     assert f"ckptaudit: error: {where}/missing: does not exist" in p.stderr
     run = where / "run_in"

@@ -1,10 +1,12 @@
 """Runs written by real frameworks (tests/frameworks/fw_*.py) are judged as the way they were made says.
 
-The fixtures are generated once per session into a cache keyed by the fixture
-sources and the installed framework versions: ``<repo>/.fixture-cache/<key>/``
+The fixtures are generated into a cache keyed by the fixture sources and the
+installed framework versions: ``<repo>/.fixture-cache/<key>/``
 (``CKPTAUDIT_FIXTURE_CACHE`` replaces ``<repo>/.fixture-cache``), and reused when
-present.  Regenerate by hand with
-``python -m tests.frameworks.generate --out DIR --jobs 2``.
+present.  Each is generated when a test first asks for it (``fixture_cache / name``),
+under a lock of its own, so the two pytest-xdist workers generate different
+fixtures at once (tests/conftest.py keeps each framework's tests on one worker).
+Generate them all by hand with ``python -m tests.frameworks.generate --out DIR --jobs 2``.
 
 Each fixture is audited twice: with the producer contracts on, and off
 (``CKPTAUDIT_PRODUCER_CONTRACTS=0``); both must reach the fixture's truth.
@@ -28,7 +30,6 @@ from .frameworks import generate as G
 
 FIXTURES = G.list_fixtures()
 NAMES = sorted(FIXTURES)
-JOBS = 2
 
 
 def _cache_dir() -> Path:
@@ -41,38 +42,58 @@ def _usable(d: Path) -> bool:
 
 
 def _ensure_interpreters() -> None:
-    """Create the extra interpreters some fixtures run under (transformers 4.57 beside 5.x), once.
+    """Create the extra interpreters some fixtures run under (transformers 4.57 beside 5.x), once, under a lock:
+    two pytest workers must not build one venv at once, nor compute the cache key while it is half made.
 
     A failed set-up is not an error here: those fixtures are then skipped with the set-up command
     as the reason (generate.py writes skipped.json).
     """
-    done = set()
-    for spec in G.fixture_specs().values():
-        if not spec.python or not spec.python_setup or spec.python in done:
-            continue
-        done.add(spec.python)
-        if not Path(spec.interpreter()).exists():
-            r = subprocess.run(spec.python_setup, shell=True, cwd=str(REPO), capture_output=True, text=True,
-                               timeout=900)
-            sys.stderr.write(f"set-up of {spec.python}: exit {r.returncode}\n{r.stdout[-2000:]}{r.stderr[-2000:]}")
+    base = Path(os.environ.get("CKPTAUDIT_FIXTURE_CACHE") or REPO / ".fixture-cache")
+    base.mkdir(parents=True, exist_ok=True)
+    with open(base / "interpreters.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = set()
+        for spec in G.fixture_specs().values():
+            if not spec.python or not spec.python_setup or spec.python in done:
+                continue
+            done.add(spec.python)
+            if not Path(spec.interpreter()).exists():
+                r = subprocess.run(spec.python_setup, shell=True, cwd=str(REPO), capture_output=True, text=True,
+                                   timeout=900)
+                sys.stderr.write(f"set-up of {spec.python}: exit {r.returncode}\n{r.stdout[-2000:]}"
+                                 f"{r.stderr[-2000:]}")
+
+
+class FixtureCache:
+    """The folder of generated fixtures; ``cache / name`` is ``<folder>/<name>``, generated first when it is not
+    there yet (``python -m tests.frameworks.generate --only name``, under the fixture's own file lock: every
+    pytest worker shares the folder, and one that asks for a fixture another is generating waits for it).
+    A fixture whose generation failed is tried once per process (its test reports failed.json)."""
+
+    def __init__(self, root: Path):
+        self.root = root
+        self._tried: set = set()
+
+    def __truediv__(self, name: str) -> Path:
+        d = self.root / name
+        if name in FIXTURES and name not in self._tried and not _usable(d):
+            self._tried.add(name)
+            with open(self.root / f".{name}.lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if not _usable(d):
+                    cmd = [sys.executable, "-m", "tests.frameworks.generate", "--out", str(self.root), "--only", name]
+                    r = subprocess.run(cmd, cwd=str(REPO), capture_output=True, text=True)
+                    sys.stderr.write(r.stdout[-6000:])  # the fixture's time, shown with -s / on failure
+        return d
 
 
 @pytest.fixture(scope="session")
-def fixture_cache() -> Path:
-    """The generated fixtures (generated here, with --jobs 2, for those not yet in the cache)."""
+def fixture_cache() -> FixtureCache:
+    """The generated fixtures, each generated when first asked for (:class:`FixtureCache`)."""
     _ensure_interpreters()
     cache = _cache_dir()
     cache.mkdir(parents=True, exist_ok=True)
-    with open(cache.parent / f"{cache.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)          # one generator per cache, even under xdist
-        todo = [n for n in NAMES if not _usable(cache / n)]
-        if todo:
-            cmd = [sys.executable, "-m", "tests.frameworks.generate", "--out", str(cache), "--jobs", str(JOBS)]
-            if len(todo) < len(NAMES):
-                cmd += ["--only", *todo]
-            r = subprocess.run(cmd, cwd=str(REPO), capture_output=True, text=True)
-            sys.stderr.write(r.stdout[-6000:])     # per-fixture times, shown with -s / on failure
-    return cache
+    return FixtureCache(cache)
 
 
 def _summary(v: dict) -> str:

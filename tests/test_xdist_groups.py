@@ -46,3 +46,23 @@ def test_tests_sharing_a_module_fixture_run_on_one_worker(tmp_path):
     shared = {(w, g) for w, name, g in ran if name == "test_shared"}
     assert shared == {(next(iter(shared))[0], "@test_sample.py")}, out.stdout  # one worker, the file's group
     assert all(not g for _, name, g in ran if name == "test_alone")  # ungrouped: handed out one at a time
+
+
+def test_heaviest_groups_are_handed_out_first():
+    """Whole groups go out longest first (generation seconds, else one a test); tests alone keep their order."""
+    from .conftest import heaviest_first
+
+    groups = [None, "test_a.py", None, "framework-plain", "test_a.py", "framework-megatron_core", None]
+    order = heaviest_first(groups)
+    assert [groups[i] for i in order] == ["framework-megatron_core", "framework-plain", "test_a.py", "test_a.py",
+                                          None, None, None]
+    assert [i for i in order if groups[i] is None] == [0, 2, 6]
+
+
+def test_every_framework_has_its_group_and_generation_seconds():
+    """Each fw_*.py module's fixtures are one group with a generation estimate, so a new framework is not handed
+    out last as a group of a few cheap-looking tests."""
+    from .conftest import FRAMEWORK_MODULES, GROUP_SECONDS
+
+    assert set(GROUP_SECONDS) == {f"framework-{m}" for m in FRAMEWORK_MODULES.values()}
+    assert FRAMEWORK_MODULES["megatron_core_clean"] == "megatron_core"

@@ -334,6 +334,13 @@ def _resume_last(run: str, out: str, default: bool = False, link: bool = False, 
     Path(out).write_text(json.dumps(res))
 
 
+def _resume_lasts(probes: list) -> None:
+    """:func:`_resume_last` for each of ``probes`` (its keywords), one after the other in this one process (each with
+    its own seed, model, data and Trainer, as a process of its own would build them)."""
+    for kw in probes:
+        _resume_last(**kw)
+
+
 # --------------------------------------------------------------------------- parent side
 
 def _run(dest: Path, kill: dict | None = None, tmpdir: str | None = None, **kw) -> tuple:
@@ -348,6 +355,25 @@ def _run(dest: Path, kill: dict | None = None, tmpdir: str | None = None, **kw) 
     _dist.check_codes(codes, logs, expect_killed=0 if kill else None)
     saves = [json.loads(l) for l in making.read_text().splitlines()] if making.exists() else []
     return run, saves
+
+
+#: the runs that two fixtures each start from (keywords of :func:`_run`), trained once per fixture folder's parent
+SHARED_RUNS = {"clean": {}, "default": {"default": True}}
+
+
+def _shared_run(dest: Path, variant: str) -> tuple:
+    """``(run, saves)`` of :func:`_run` with ``SHARED_RUNS[variant]``, trained once per fixture folder's parent
+    (:mod:`._shared_run`) and copied to ``dest/run``: the damage is added to the copy."""
+    from . import _shared_run as S
+
+    def make(folder: Path) -> dict:
+        _run(folder, **SHARED_RUNS[variant])
+        return {}
+
+    folder, _ = S.made_once(dest, f"lightning_{variant}", make)
+    making = folder / "making.jsonl"
+    saves = [json.loads(l) for l in making.read_text().splitlines()] if making.exists() else []
+    return S.copy_run(folder, dest), saves
 
 
 def _units(run: Path) -> list:
@@ -396,7 +422,7 @@ def _same_state(run: Path, a: str, b: str) -> bool:
 
 
 def make_clean(dest: Path) -> dict:
-    run, saves = _run(dest)
+    run, saves = _shared_run(dest, "clean")
     names = _units(run)
     newest = _newest_periodic(names)
     eq = [f"{CKPT}/{n}" for n in names if _step_of(n) == 30 and f"{CKPT}/{n}" != newest] + [f"{CKPT}/last.ckpt"]
@@ -413,7 +439,7 @@ def make_clean(dest: Path) -> dict:
 def make_truncated_last(dest: Path) -> dict:
     from . import _dist
 
-    run, saves = _run(dest)
+    run, saves = _shared_run(dest, "clean")
     last = run / CKPT / "last.ckpt"
     size = last.stat().st_size
     with open(last, "r+b") as f:
@@ -445,28 +471,39 @@ def make_truncated_last(dest: Path) -> dict:
 def _probe_last(dest: Path, run: Path, name: str, prepare=None, link: bool = False, last_good: bool = False) -> dict:
     """What ``trainer.fit(model, ckpt_path="last")`` (or, with ``last_good``, ``ckpt_path=last_good(...)``) does on
     a copy of ``run`` (``prepare(copy)`` first)."""
+    return _probe_lasts(dest, run, {name: prepare}, link=link, last_good=last_good)[name]
+
+
+def _probe_lasts(dest: Path, run: Path, probes: dict, link: bool = False, last_good: bool = False) -> dict:
+    """:func:`_probe_last` for each ``{name: prepare}`` of ``probes``, each on its own copy of ``run``, all in one
+    launch (one process starts and imports Lightning once); ``{name: result}``."""
     from . import _dist
 
-    probe_run = dest / name / "run"
-    shutil.copytree(run, probe_run, symlinks=True)  # a save_last="link" symlink stays a link
-    if prepare:
-        prepare(probe_run)
-    out = dest / name / "resume_last.json"
-    codes = _dist.launch("tests.frameworks.fw_lightning", "_resume_last", 1,
-                         {"run": str(probe_run), "out": str(out), "default": True, "link": link,
-                          "last_good": last_good},
-                         dest / name / "logs")
-    _dist.check_codes(codes, dest / name / "logs")
-    res = json.loads(out.read_text())
-    for key in ("resumed_from", "ckpt_path"):
-        if res.get(key) and os.path.isabs(res[key]):
-            res[key] = os.path.relpath(res[key], probe_run)
-    shutil.rmtree(probe_run)
-    return res
+    asks = []
+    for name, prepare in probes.items():
+        probe_run = dest / name / "run"
+        shutil.copytree(run, probe_run, symlinks=True)  # a save_last="link" symlink stays a link
+        if prepare:
+            prepare(probe_run)
+        asks.append({"run": str(probe_run), "out": str(dest / name / "resume_last.json"), "default": True,
+                     "link": link, "last_good": last_good})
+    logs = dest / ("logs_probes" if len(probes) > 1 else f"{next(iter(probes))}/logs")
+    codes = _dist.launch("tests.frameworks.fw_lightning", "_resume_lasts", 1, {"probes": asks}, logs)
+    _dist.check_codes(codes, logs)
+    results = {}
+    for name in probes:
+        probe_run = dest / name / "run"
+        res = json.loads((dest / name / "resume_last.json").read_text())
+        for key in ("resumed_from", "ckpt_path"):
+            if res.get(key) and os.path.isabs(res[key]):
+                res[key] = os.path.relpath(res[key], probe_run)
+        shutil.rmtree(probe_run)
+        results[name] = res
+    return results
 
 
 def make_default_clean(dest: Path) -> dict:
-    run, _ = _run(dest, default=True)
+    run, _ = _shared_run(dest, "default")
     names = _units(run)
     newest = _newest_periodic(names)
     return _truth("lightning_default_clean",
@@ -482,20 +519,20 @@ LAST_TRUNCATED_BYTES = 6000  # as `truncate -s 6000 checkpoints/last.ckpt`
 
 
 def make_default_last_truncated(dest: Path) -> dict:
-    run, _ = _run(dest, default=True)
+    run, _ = _shared_run(dest, "default")
     last = run / CKPT / "last.ckpt"
     size = last.stat().st_size
     with open(last, "r+b") as f:
         f.truncate(LAST_TRUNCATED_BYTES)
     names = _units(run)
     newest = _newest_periodic(names)
-    broken = _probe_last(dest, run, "resume_probe")
 
     def repair(r: Path) -> None:  # the audit's printed repair, run in the run folder
         subprocess.run(f"cp -p {newest} {CKPT}/last.ckpt.tmp && mv {CKPT}/last.ckpt.tmp {CKPT}/last.ckpt",
                        shell=True, cwd=r, check=True)
 
-    repaired = _probe_last(dest, run, "repaired_probe", repair)
+    probes = _probe_lasts(dest, run, {"resume_probe": None, "repaired_probe": repair})
+    broken, repaired = probes["resume_probe"], probes["repaired_probe"]
     return _truth("lightning_default_last_truncated",
                   f"Trainer(max_epochs=3), default ModelCheckpoint(save_last=True); then checkpoints/last.ckpt cut "
                   f"to {LAST_TRUNCATED_BYTES} of {size} bytes. trainer.fit(ckpt_path='last') fails: "
@@ -516,14 +553,14 @@ def make_link_target_truncated(dest: Path) -> dict:
         f.truncate(size // 2)
     names = _units(run)
     prev = _newest_periodic(names, below=_step_of(target))
-    broken = _probe_last(dest, run, "resume_probe", link=True)
 
     def repair(r: Path) -> None:  # the audit's printed repair for the link, run in the run folder
         base = prev.rsplit("/", 1)[-1]
         subprocess.run(f"ln -s {base} {CKPT}/last.ckpt.new && mv -T {CKPT}/last.ckpt.new {CKPT}/last.ckpt",
                        shell=True, cwd=r, check=True)
 
-    repaired = _probe_last(dest, run, "repaired_probe", repair, link=True)
+    probes = _probe_lasts(dest, run, {"resume_probe": None, "repaired_probe": repair}, link=True)
+    broken, repaired = probes["resume_probe"], probes["repaired_probe"]
     return _truth("lightning_link_target_truncated",
                   f"Trainer(max_epochs=3), ModelCheckpoint(save_last='link', save_top_k=-1): last.ckpt is a "
                   f"symlink to {target}, which was then cut to {size // 2} of {size} bytes. "

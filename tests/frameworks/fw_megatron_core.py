@@ -134,6 +134,12 @@ def _cpu_shim() -> None:
 
 def _setup():
     """Process group, model-parallel state, model, optimizer and scheduler of the job (every rank)."""
+    _init()
+    return _build()
+
+
+def _init() -> None:
+    """Once per rank process: the CPU shim, the gloo process group and the model-parallel state."""
     import warnings
 
     warnings.filterwarnings("ignore")
@@ -144,6 +150,16 @@ def _setup():
     dist.init_process_group("gloo")
     import megatron.core.tensor_parallel.random as mrandom
     from megatron.core import parallel_state as ps
+
+    mrandom._set_cuda_rng_state = lambda *a, **k: None
+    mrandom._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
+    ps.initialize_model_parallel(1, 1)
+
+
+def _build():
+    """The job's model, optimizer and scheduler, from the seeds of a fresh start (every rank)."""
+    import torch
+    import megatron.core.tensor_parallel.random as mrandom
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.optimizer import OptimizerConfig, _get_param_groups
@@ -151,9 +167,6 @@ def _setup():
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    mrandom._set_cuda_rng_state = lambda *a, **k: None
-    mrandom._get_cuda_rng_state = lambda *a, **k: torch.get_rng_state()
-    ps.initialize_model_parallel(1, 1)
     torch.manual_seed(0)
     mrandom.model_parallel_cuda_manual_seed(0)
     cfg = TransformerConfig(num_layers=MODEL_ARGS["num_layers"], hidden_size=MODEL_ARGS["hidden_size"],
@@ -403,19 +416,23 @@ def _read_tracker(run: Path):
         return 0, True
 
 
-def _probe_load(run: str, out: str, iteration: int | None = None, optim: bool = True, new_common: bool = False,
-                integrity: bool = False) -> None:
-    """``load_checkpoint`` for ``torch_dist`` (checkpointing.py:1479-1928) on every rank; rank 0 writes ``out`` (JSON):
-    the iteration the tracker names (or ``iteration``: ``--ckpt-step``), ``ok``, the iteration loaded, whether the
-    weights equal what training saved there, the error.  ``optim`` False: ``--no-load-optim --no-load-rng``;
-    ``new_common``: the common-state reader of Megatron after 40b1fd37; ``integrity``: ``--verify-integrity``
-    (>= 0.17.1: the manifest checked first)."""
+def _probe_one(run: str, iteration: int | None = None, optim: bool = True, new_common: bool = False,
+               integrity: bool = False) -> dict:
+    """``load_checkpoint`` for ``torch_dist`` (checkpointing.py:1479-1928) on every rank, into a model, optimizer and
+    scheduler built as a fresh start builds them; returns (the same on every rank): the iteration the tracker names
+    (or ``iteration``: ``--ckpt-step``), ``ok`` (on every rank), the iteration loaded, the digest of the weights
+    loaded, the error.  ``optim`` False: ``--no-load-optim --no-load-rng``; ``new_common``: the common-state reader
+    of Megatron after 40b1fd37; ``integrity``: ``--verify-integrity`` (>= 0.17.1: the manifest checked first)."""
     import torch.distributed as dist
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.serialization import get_default_load_sharded_strategy
     from megatron.core.dist_checkpointing.strategies import common as mcommon
 
-    model, opt, sched = _setup()
+    from . import _dist
+
+    _dist._seed(0)  # the seeds of a fresh rank process (tests/frameworks/_dist.py), then the job's own
+    model, opt, sched = _build()
+    load_common = mcommon.TorchCommonLoadStrategy.load_common
     if new_common:
         mcommon.TorchCommonLoadStrategy.load_common = _load_common_inside
     run_p = Path(run)
@@ -444,11 +461,33 @@ def _probe_load(run: str, out: str, iteration: int | None = None, optim: bool = 
                    keys=sorted(loaded))
     except BaseException as e:  # noqa: BLE001 - the point is to record it (SystemExit too)
         res.update(ok=False, error=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:300])
+    finally:
+        mcommon.TorchCommonLoadStrategy.load_common = load_common
     oks = [None] * dist.get_world_size()
     dist.all_gather_object(oks, res.get("ok"))
     res["ok"] = all(oks)
+    dist.barrier()
+    return res
+
+
+def _probe_load(run: str, out: str, asks: list) -> None:
+    """Megatron's resumes of ``run`` on every rank, one launch for all of them (the rank processes start, import and
+    join the process group once): for each ask (keywords of :func:`_probe_one`, plus ``fallback``), the resume it
+    asks for and, with ``fallback`` where that fails, the same resume of the weights alone (``--no-load-optim
+    --no-load-rng``).  Rank 0 writes ``out`` (JSON): one ``{"full": …[, "weights_only": …]}`` per ask, in order."""
+    import torch.distributed as dist
+
+    _init()
+    results = []
+    for ask in asks:
+        ask = dict(ask)
+        fallback = ask.pop("fallback", False)
+        r = {"full": _probe_one(run, **ask)}
+        if fallback and not r["full"]["ok"]:
+            r["weights_only"] = _probe_one(run, **dict(ask, optim=False))
+        results.append(r)
     if dist.get_rank() == 0:
-        Path(out).write_text(json.dumps(res))
+        Path(out).write_text(json.dumps(results))
     dist.barrier()
     dist.destroy_process_group()
 
@@ -470,32 +509,27 @@ def _run(dest: Path, common_pt: bool = True, kill: dict | None = None) -> tuple:
     return run, saves, codes
 
 
-def _probe(dest: Path, run: Path, tag: str, **kw) -> dict:
-    """Megatron's resume of ``run`` on ``WORLD`` ranks (:func:`_probe_load` with ``kw``)."""
+def _resumes(dest: Path, run: Path, saves: list, *asks: dict) -> list:
+    """Megatron's resumes of ``run``, all in one launch on ``WORLD`` ranks (:func:`_probe_load`), one result per ask
+    (``iteration``: ``--ckpt-step``, else the tracker's; the other keywords of :func:`_probe_one`): ``{"full": …}``
+    and, where the full state does not resume, ``"weights_only"``; ``exact``: the loaded weights are the ones
+    training saved at that iteration.  An ask with ``"fallback": False`` is one probe, as the ranks wrote it."""
     from . import _dist
 
-    out = dest / f"probe_{tag}.json"
-    logs = dest / f"logs_probe_{tag}"
-    codes = _dist.launch("tests.frameworks.fw_megatron_core", "_probe_load", WORLD, {"run": str(run), "out": str(out),
-                                                                                      **kw}, logs, timeout=600)
+    out = dest / "probes.json"
+    logs = dest / "logs_probes"
+    asks = [dict({"fallback": True}, **a) for a in asks]
+    codes = _dist.launch("tests.frameworks.fw_megatron_core", "_probe_load", WORLD,
+                         {"run": str(run), "out": str(out), "asks": asks}, logs, timeout=600)
     if not out.exists():
-        raise RuntimeError(f"probe {tag} wrote nothing: exit codes {codes}\n{_dist.log_tail(logs)}")
-    return json.loads(out.read_text().replace(str(run) + os.sep, "run/"))
-
-
-def _resumes(dest: Path, run: Path, saves: list, iteration: int | None = None, **kw) -> dict:
-    """Megatron's resume (tracker or ``--ckpt-step``), full state then weights only; ``exact``: the loaded weights are
-    the ones training saved at that iteration."""
+        raise RuntimeError(f"the probes wrote nothing: exit codes {codes}\n{_dist.log_tail(logs)}")
+    results = json.loads(out.read_text().replace(str(run) + os.sep, "run/"))
     want = {s["iteration"]: s["weights_sha256"] for s in saves}
-    tag = f"it{iteration}" if iteration is not None else "tracker"
-    full = _probe(dest, run, f"{tag}_full", iteration=iteration, **kw)
-    res = {"full": full}
-    if not full["ok"]:
-        res["weights_only"] = _probe(dest, run, f"{tag}_weights", iteration=iteration, optim=False, **kw)
-    for r in res.values():
-        if r["ok"]:
-            r["exact"] = r.get("weights_sha256") == want.get(r.get("iteration"))
-    return res
+    for ask, res in zip(asks, results):
+        for r in res.values() if ask["fallback"] else ():
+            if r["ok"]:
+                r["exact"] = r.get("weights_sha256") == want.get(r.get("iteration"))
+    return [res if ask["fallback"] else res["full"] for ask, res in zip(asks, results)]
 
 
 def _files(run: Path) -> list:
@@ -519,28 +553,42 @@ def _need(cond: bool, what: str, probes) -> None:
         raise RuntimeError(f"Megatron did not behave as this fixture says ({what}): {json.dumps(probes)[:2000]}")
 
 
-def _rollback_check(dest: Path, run: Path, saves: list, iteration: int, **kw) -> dict:
-    """Megatron resumes ``iteration`` exactly, full state (``--ckpt-step``): the rollback point is real."""
-    r = _resumes(dest, run, saves, iteration=iteration, **kw)
+def _rollback_check(r: dict, iteration: int) -> dict:
+    """``r`` (a result of :func:`_resumes` asked with ``iteration``): Megatron resumes ``iteration`` exactly, full state
+    (``--ckpt-step``): the rollback point is real."""
     _need(r["full"]["ok"] and r["full"]["exact"] and r["full"]["iteration"] == iteration,
           f"a full resume of {_it(iteration)}", r)
     return r
 
 
-def _base_run(dest: Path) -> tuple:
-    """The clean run, trained once per fixture folder's parent and copied (the damage is added to the copy)."""
-    import fcntl
+#: the runs that several fixtures start from (keywords of :func:`_run`): trained once per fixture folder's parent
+SHARED_RUNS = {"clean": {}, "killed_in_metadata_30": {"kill": {"at": "metadata", "iteration": 30}}}
 
-    cache = dest.parent / ".megatron_core_base"
-    with open(dest.parent / ".megatron_core_base.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not (cache / "making.jsonl").exists():
-            shutil.rmtree(cache, ignore_errors=True)
-            cache.mkdir(parents=True)
-            _run(cache)
-    shutil.copytree(cache / "run", dest / "run")
-    saves = [json.loads(line) for line in (cache / "making.jsonl").read_text().splitlines()]
-    return dest / "run", saves
+
+def _shared_run(dest: Path, variant: str = "clean") -> tuple:
+    """``(run, saves, exit codes, kill note or None)`` of the run ``SHARED_RUNS[variant]``, trained once per fixture
+    folder's parent (:mod:`._shared_run`) and copied to ``dest/run`` (the damage is added to the copy); the note's
+    ``file`` names the file in the copy, and is written to ``dest/kill.json`` as the killed run wrote it."""
+    from . import _shared_run as S
+
+    def make(folder: Path) -> dict:
+        kw = json.loads(json.dumps(SHARED_RUNS[variant]))
+        if "kill" in kw:
+            kw["kill"]["note"] = str(folder / "kill.json")
+        _, _, codes = _run(folder, **kw)
+        return {"exit_codes": codes}
+
+    folder, facts = S.made_once(dest, f"megatron_core_{variant}", make)
+    run = S.copy_run(folder, dest)
+    saves = [json.loads(line) for line in (folder / "making.jsonl").read_text().splitlines()]
+    codes = {int(r): c for r, c in facts["exit_codes"].items()}
+    kill = None
+    if (folder / "kill.json").exists():
+        kill = json.loads((folder / "kill.json").read_text())
+        if "file" in kill:
+            kill["file"] = str(run / os.path.relpath(kill["file"], folder / "run"))
+        (dest / "kill.json").write_text(json.dumps(kill))
+    return run, saves, codes, kill
 
 
 def _item_data(folder: Path, rank_file: str):
@@ -583,8 +631,8 @@ def _seal(run: Path) -> None:
 
 
 def make_clean(dest: Path) -> dict:
-    run, saves = _base_run(dest)
-    probes = _resumes(dest, run, saves)
+    run, saves, _, _ = _shared_run(dest)
+    probes, = _resumes(dest, run, saves, {})
     _need(probes["full"]["ok"] and probes["full"]["exact"] and probes["full"]["iteration"] == 30, "clean resume", probes)
     return _truth("megatron_core_clean",
                   "Clean 30-iteration Megatron-Core run (tiny GPTModel, FP32Optimizer/AdamW, OptimizerParamScheduler) "
@@ -595,21 +643,25 @@ def make_clean(dest: Path) -> dict:
 
 
 def _broken_30(dest: Path, run: Path, saves: list, name: str, description: str, details: dict,
-               integrity: bool = False, expect_tracker_fails: bool = True, damaged: dict | None = None) -> dict:
+               integrity: bool = False, expect_tracker_fails: bool = True, damaged: dict | None = None,
+               also: tuple = ()) -> dict:
     """Truth of a run whose iteration 30 Megatron cannot resume: what the tracker's resume does, and a full resume
-    of iteration 20 (``--ckpt-step 20``, the rollback point)."""
+    of iteration 20 (``--ckpt-step 20``, the rollback point).  ``also``: more asks of :func:`_resumes` in the same
+    launch; ``description`` is then a function of their results."""
     kw = {"integrity": True} if integrity else {}
-    probes = _resumes(dest, run, saves, **kw)
+    probes, rollback, *more = _resumes(dest, run, saves, kw, dict(kw, iteration=20), *also)
     if expect_tracker_fails:
         _need(not (probes["full"]["ok"] and probes["full"].get("exact")), "iteration 30 cannot be resumed", probes)
-    probes["rollback"] = _rollback_check(dest, run, saves, 20, **kw)
+    probes["rollback"] = _rollback_check(rollback, 20)
+    if also:
+        description = description(*more)
     damaged = {_it(30): {"layer": "file", "usable_for": "none"}} if damaged is None else damaged
     return _truth(name, description, "resume", _it(20), damaged,
                   {"files": _files(run), "saves": saves, "probes": probes, **details})
 
 
 def make_rank_truncated(dest: Path) -> dict:
-    run, saves = _base_run(dest)
+    run, saves, _, _ = _shared_run(dest)
     victim = run / _it(30) / "__1_0.distcp"
     size = victim.stat().st_size
     with open(victim, "r+b") as f:
@@ -622,10 +674,8 @@ def make_rank_truncated(dest: Path) -> dict:
 
 
 def make_sigkill_before_metadata(dest: Path) -> dict:
-    note = dest / "kill.json"
-    run, saves, codes = _run(dest, kill={"at": "metadata", "iteration": 30, "note": str(note)})
-    k = json.loads(note.read_text())
-    probes = _resumes(dest, run, saves)
+    run, saves, codes, k = _shared_run(dest, "killed_in_metadata_30")
+    probes, = _resumes(dest, run, saves, {})
     _need(probes["full"]["ok"] and probes["full"]["iteration"] == 20 and probes["full"]["exact"],
           "the tracker still names 20 and resumes it", probes)
     return _truth("megatron_core_sigkill_before_metadata",
@@ -639,7 +689,7 @@ def make_sigkill_before_metadata(dest: Path) -> dict:
 
 
 def make_tracker_dangling(dest: Path) -> dict:
-    run, saves = _base_run(dest)
+    run, saves, _, _ = _shared_run(dest)
     shutil.rmtree(run / _it(30))
     return _broken_30(dest, run, saves, "megatron_core_tracker_dangling",
                       f"Clean Megatron-Core run, then {_it(30)} removed (a retention script or a quota purge) while "
@@ -649,22 +699,21 @@ def make_tracker_dangling(dest: Path) -> dict:
 
 
 def make_tracker_incomplete(dest: Path) -> dict:
-    note = dest / "kill.json"
-    run, saves, codes = _run(dest, kill={"at": "metadata", "iteration": 30, "note": str(note)})
+    run, saves, codes, k = _shared_run(dest, "killed_in_metadata_30")
     (run / TRACKER).write_text("30")
     return _broken_30(dest, run, saves, "megatron_core_tracker_incomplete",
                       f"Megatron-Core run SIGKILLed (rank 0) inside the .metadata write of iteration 30, then the "
                       f"tracker set to 30 (a launcher that writes the newest iter_* folder's number into it): "
                       f"load_checkpoint finds no metadata.json in {_it(30)} and raises 'unknown checkpoint format'.",
-                      {"exit_codes": codes, "kill": json.loads(note.read_text())})
+                      {"exit_codes": codes, "kill": k})
 
 
 def make_tracker_lagging(dest: Path) -> dict:
     note = dest / "kill.json"
     run, saves, codes = _run(dest, kill={"at": "tracker", "iteration": 30, "note": str(note)})
-    probes = _resumes(dest, run, saves)
+    probes, newest = _resumes(dest, run, saves, {}, {"iteration": 30})
     _need(probes["full"]["ok"] and probes["full"]["iteration"] == 20, "the lagging tracker resumes 20", probes)
-    probes["newest"] = _rollback_check(dest, run, saves, 30)
+    probes["newest"] = _rollback_check(newest, 30)
     return _truth("megatron_core_tracker_lagging",
                   f"Megatron-Core run whose rank 0 was SIGKILLed after the save of iteration 30 had completed on "
                   f"every rank (past the barrier) and before it wrote the tracker (NeMo Automodel #3390: the "
@@ -675,7 +724,7 @@ def make_tracker_lagging(dest: Path) -> dict:
 
 
 def make_flipped_byte(dest: Path) -> dict:
-    run, saves = _base_run(dest)
+    run, saves, _, _ = _shared_run(dest)
     flip = _flip(run / _it(30), "__1_0.distcp")
     return _broken_30(dest, run, saves, "megatron_core_flipped_byte",
                       f"Clean Megatron-Core run, then one bit flipped in the data of tensor {flip['tensor']} in "
@@ -684,7 +733,7 @@ def make_flipped_byte(dest: Path) -> dict:
 
 
 def make_flipped_byte_integrity(dest: Path) -> dict:
-    run, saves = _base_run(dest)
+    run, saves, _, _ = _shared_run(dest)
     _seal(run)
     flip = _flip(run / _it(30), "__1_0.distcp")
     why = verify_integrity(run / _it(30))
@@ -697,7 +746,7 @@ def make_flipped_byte_integrity(dest: Path) -> dict:
 
 
 def make_stale_shard_integrity(dest: Path) -> dict:
-    run, saves = _base_run(dest)
+    run, saves, _, _ = _shared_run(dest)
     _seal(run)
     src, dst = run / _it(20) / "__1_0.distcp", run / _it(30) / "__1_0.distcp"
     if src.stat().st_size != dst.stat().st_size:
@@ -705,17 +754,20 @@ def make_stale_shard_integrity(dest: Path) -> dict:
     shutil.copyfile(src, dst)
     why = verify_integrity(run / _it(30))
     _need(why == "hash mismatch for __1_0.distcp", "verification refuses iteration 30", why)
-    unverified = _probe(dest, run, "unverified")
-    return _broken_30(dest, run, saves, "megatron_core_stale_shard_integrity",
-                      f"Megatron-Core run sealed with integrity.json, then iteration 20's rank-1 data file copied over "
-                      f"iteration 30's (same size, valid CRC-32s): Megatron >= 0.17.1 refuses iteration 30 ({why}); "
-                      f"an unverified load {'loads it with iteration-20 values mixed in' if unverified['ok'] else 'fails'}.",
-                      {"copied": {"from": f"{_it(20)}/__1_0.distcp", "to": f"{_it(30)}/__1_0.distcp"},
-                       "verification": why, "unverified_load": unverified}, integrity=True)
+    details = {"copied": {"from": f"{_it(20)}/__1_0.distcp", "to": f"{_it(30)}/__1_0.distcp"}, "verification": why}
+
+    def description(unverified: dict) -> str:  # the unverified load, probed in the same launch
+        details["unverified_load"] = unverified
+        return (f"Megatron-Core run sealed with integrity.json, then iteration 20's rank-1 data file copied over "
+                f"iteration 30's (same size, valid CRC-32s): Megatron >= 0.17.1 refuses iteration 30 ({why}); an "
+                f"unverified load {'loads it with iteration-20 values mixed in' if unverified['ok'] else 'fails'}.")
+
+    return _broken_30(dest, run, saves, "megatron_core_stale_shard_integrity", description, details, integrity=True,
+                      also=({"fallback": False},))
 
 
 def make_torn_integrity(dest: Path) -> dict:
-    run, saves = _base_run(dest)
+    run, saves, _, _ = _shared_run(dest)
     _seal(run)
     manifest = run / _it(30) / INTEGRITY
     text = manifest.read_bytes()
@@ -730,7 +782,7 @@ def make_torn_integrity(dest: Path) -> dict:
 
 def make_no_common_pt(dest: Path) -> dict:
     run, saves, _ = _run(dest, common_pt=False)
-    probes = _resumes(dest, run, saves, new_common=True)
+    probes, = _resumes(dest, run, saves, {"new_common": True})
     _need(probes["full"]["ok"] and probes["full"]["exact"] and probes["full"]["iteration"] == 30, "resume", probes)
     if any((d / "common.pt").exists() for d in run.glob("iter_*")):
         raise RuntimeError("a common.pt was written")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import fcntl
 import hashlib
 import importlib
 import json
@@ -274,12 +275,16 @@ def generate(out: Path, only: list[str] | None = None, jobs: int = 1, timeout: f
         results = list(ex.map(one, todo))
     total = round(time.monotonic() - t0, 2)
     index_path = out / "index.json"
-    index = json.loads(index_path.read_text()) if index_path.exists() else {"fixtures": {}}
-    for r in results:
-        index["fixtures"][r["fixture"]] = r
-    index["last_total_seconds"] = total
-    index["jobs"] = jobs
-    index_path.write_text(json.dumps(index, indent=1) + "\n")
+    with open(out / ".index.lock", "w") as lock:  # generators for other fixtures may share the folder (pytest workers)
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        index = json.loads(index_path.read_text()) if index_path.exists() else {"fixtures": {}}
+        for r in results:
+            index["fixtures"][r["fixture"]] = r
+        index["last_total_seconds"] = total
+        index["jobs"] = jobs
+        tmp = index_path.with_name(".index.json.tmp")
+        tmp.write_text(json.dumps(index, indent=1) + "\n")
+        tmp.replace(index_path)
     if not quiet:
         n = {s: sum(r["status"] == s for r in results) for s in ("ok", "skipped", "failed")}
         print(f"{len(results)} fixtures in {total:.1f} s (jobs {jobs}): {n['ok']} ok, {n['skipped']} skipped, "
