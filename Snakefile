@@ -30,19 +30,19 @@ rule audit:
 
 
 # One audit at a time per output folder: the lock is taken before the first job (not in a dry run); the load
-# server (ckptaudit/load_server.py) starts importing torch while the first jobs run.
+# server (ckptaudit/stages/load/server.py) starts importing torch while the first jobs run.
 onstart:
     hold_out_lock()
     start_load_server()
-    notice_sigint()  # Ctrl-C: "interrupted", exit 130 (ckptaudit/job_errors.py)
+    notice_sigint()  # Ctrl-C: "interrupted", exit 130 (ckptaudit/outputs/job_errors.py)
 
 
-# The end of every run says what happened: the verdict's summary (ckptaudit/summary.py), or each
-# failed job's own error line from its log (ckptaudit/job_errors.py).  `ckptaudit audit` prints both itself.
+# The end of every run says what happened: the verdict's summary (ckptaudit/outputs/summary.py), or each
+# failed job's own error line from its log (ckptaudit/outputs/job_errors.py).  `ckptaudit audit` prints both itself.
 # Then `snakemake … audit` / `snakemake … drill` exit with the codes `ckptaudit audit` / `ckptaudit drill` give
 # (the verdict's or the drill's; 3 when a job failed), so that cron and CI see the same answer.
 onsuccess:
-    from ckptaudit import summary as _summary
+    from ckptaudit.outputs import summary as _summary
 
     load_server.stop(WORK)
     _summary.on_success(workflow, OUT)
@@ -51,7 +51,7 @@ onsuccess:
 
 
 onerror:
-    from ckptaudit import job_errors as _job_errors
+    from ckptaudit.outputs import job_errors as _job_errors
 
     load_server.stop(WORK)
     _job_errors.on_error(workflow, OUT)

@@ -141,7 +141,7 @@ _FLOOR_SRC = r"""
 import resource, sys
 import torch
 path, kind = sys.argv[1], sys.argv[2]
-if kind == "safetensors":  # as the load test does (ckptaudit/loadchild.py): one tensor at a time
+if kind == "safetensors":  # as the load test does (ckptaudit/stages/load/child.py): one tensor at a time
     from safetensors import safe_open
     with safe_open(path, framework="pt", device="cpu") as f:
         for k in f.keys():
@@ -175,7 +175,7 @@ class TreeSampler:
     """Peak RSS (bytes) of a process tree, summed over it and over each job's own subtree, sampled with psutil.
 
     A job is a process whose command line runs ``ckptaudit.stages`` (its name: the stage, the word after it)
-    together with its descendants; the load server (``ckptaudit.load_server``, which does the load jobs' loads
+    together with its descendants; the load server (``ckptaudit.stages.load.server``, which does the load jobs' loads
     in children it forks) counts as one job with its descendants; every other process counts only to the tree."""
 
     def __init__(self, root_pid: int) -> None:
@@ -219,9 +219,9 @@ class TreeSampler:
             if "ckptaudit.stages" in cmd:
                 i = cmd.index("ckptaudit.stages")
                 name = f"{cmd[i + 1] if i + 1 < len(cmd) else '?'}:{p.pid}"
-            elif "ckptaudit.report" in cmd:  # the report job (its own module, not a stage)
+            elif "ckptaudit.stages.report" in cmd:  # the report job (its own module, not a stage)
                 name = f"report:{p.pid}"
-            elif "ckptaudit.load_server" in cmd:  # the audit's one torch import and the loads it forks
+            elif "ckptaudit.stages.load.server" in cmd:  # the audit's one torch import and the loads it forks
                 name = f"load_server:{p.pid}"
             self._names[p.pid] = name
         return self._names[p.pid]

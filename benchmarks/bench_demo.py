@@ -62,7 +62,7 @@ def main(argv=None) -> int:
             print(f"# run {i + 1}: {r['wall_s']:.1f} s", file=sys.stderr)
         again = C.run_gnu_time(cmd, cwd=dest)
         nothing = "Nothing to be done" in again["stderr"] + again["stdout"]
-        from ckptaudit.workflow_support import report_folder
+        from ckptaudit.workflow.support import report_folder
 
         out = dest / "reports" / report_folder(str(dest / "demo_run"))
         bench = C.read_benchmark_tsvs(out)

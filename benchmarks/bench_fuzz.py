@@ -23,7 +23,7 @@ deep nesting, type changes, text damage.
 Each run folder (one format, ``--batch`` units) is audited in process
 (``ckptaudit.pipeline.audit_in_process``) by one of ``--workers`` worker processes
 fed batches over a pipe.  The worker reports the start and end of each unit's
-examination in each stage (``ckptaudit.liveness.guard``); the parent kills a worker
+examination in each stage (``ckptaudit.stages.liveness.guard``); the parent kills a worker
 (its whole process group) whose unit has been examined for more than ``--timeout``
 seconds, records that file as a hang and audits the rest of the batch again.  A
 batch whose audit raises, whose worker dies, or whose run-level work (inventory,
@@ -1043,7 +1043,7 @@ def worker_main(seeds_dir: str, master_seed: int, tmp_root: str) -> int:
         proto.write(json.dumps(msg) + "\n")
         proto.flush()
 
-    import ckptaudit.liveness as L
+    import ckptaudit.stages.liveness as L
     from ckptaudit.pipeline import audit_in_process
     import torch  # noqa: F401 - imported before any batch (the load test imports it on first use)
 

@@ -1,7 +1,7 @@
-"""Target 1: SHA-256 throughput and memory of ``ckptaudit.hashing.sha256_file``.
+"""Target 1: SHA-256 throughput and memory of ``ckptaudit.stages.hash.sha256_file``.
 
 Compares, on the same random file (page cache warm):
-``ckptaudit.hashing.sha256_file`` vs ``hashlib.file_digest`` vs coreutils
+``ckptaudit.stages.hash.sha256_file`` vs ``hashlib.file_digest`` vs coreutils
 ``sha256sum``.
 
 * Throughput: one child process alternates the two Python calls ``--repeats``
@@ -32,23 +32,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
 
 RSS_CHILD = {
-    "ckptaudit.hashing.sha256_file": (
-        "import sys; from ckptaudit.hashing import sha256_file; print(sha256_file(sys.argv[1]))"),
+    "ckptaudit.stages.hash.sha256_file": (
+        "import sys; from ckptaudit.stages.hash import sha256_file; print(sha256_file(sys.argv[1]))"),
     "hashlib.file_digest": (
         "import sys, hashlib; fh = open(sys.argv[1], 'rb'); print(hashlib.file_digest(fh, 'sha256').hexdigest())"),
 }
 IDLE = {
-    "ckptaudit.hashing.sha256_file": "import sys; from ckptaudit.hashing import sha256_file; print('')",
+    "ckptaudit.stages.hash.sha256_file": "import sys; from ckptaudit.stages.hash import sha256_file; print('')",
     "hashlib.file_digest": "import sys, hashlib; fh = open(sys.argv[1], 'rb'); print('')",
 }
 PAIRED = """
 import hashlib, json, random, sys, time
-from ckptaudit.hashing import sha256_file
+from ckptaudit.stages.hash import sha256_file
 path, n = sys.argv[1], int(sys.argv[2])
 def fd(p):
     with open(p, "rb") as fh:
         return hashlib.file_digest(fh, "sha256").hexdigest()
-fns = {"ckptaudit.hashing.sha256_file": sha256_file, "hashlib.file_digest": fd}
+fns = {"ckptaudit.stages.hash.sha256_file": sha256_file, "hashlib.file_digest": fd}
 rng = random.Random(0)
 out = []
 for _ in range(n):
@@ -92,7 +92,7 @@ def main(argv=None) -> int:
     small = size // 16
     big_p = Path(a.tmp) / f"ckptaudit-bench-hash-{os.getpid()}.bin"
     small_p = Path(a.tmp) / f"ckptaudit-bench-hash-{os.getpid()}-small.bin"
-    methods = ["ckptaudit.hashing.sha256_file", "hashlib.file_digest", "sha256sum"]
+    methods = ["ckptaudit.stages.hash.sha256_file", "hashlib.file_digest", "sha256sum"]
     try:
         t0 = time.perf_counter()
         make_file(big_p, size)
@@ -102,7 +102,7 @@ def main(argv=None) -> int:
         C.run_gnu_time(["sha256sum", str(big_p)])  # warm the page cache
         r = C.run_gnu_time([C.PYTHON, "-c", PAIRED, str(big_p), str(a.repeats)])
         pairs = json.loads(r["stdout"])
-        ck, fdg = "ckptaudit.hashing.sha256_file", "hashlib.file_digest"
+        ck, fdg = "ckptaudit.stages.hash.sha256_file", "hashlib.file_digest"
         sums = [C.run_gnu_time(["sha256sum", str(big_p)])["wall_s"] for _ in range(max(3, a.repeats // 2))]
         rss = {m: rss_of(m, big_p) for m in methods}
         small_rss = {m: rss_of(m, small_p) for m in methods}

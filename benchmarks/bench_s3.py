@@ -62,7 +62,8 @@ def main() -> int:
 
     import boto3
 
-    from ckptaudit import fs, report, stages, target
+    from ckptaudit import fs, stages
+    from ckptaudit.stages import report, target
     from ckptaudit.demo import make_demo_run
     from ckptaudit.pipeline import audit_in_process, default_config
     from tests.test_s3 import BUCKET, s3_env, start_moto, upload_tree

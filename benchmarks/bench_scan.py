@@ -1,4 +1,4 @@
-"""Target 5: non-finite value scan (``ckptaudit.state.scan_values``) vs SHA-256.
+"""Target 5: non-finite value scan (``ckptaudit.stages.state.scan_values``) vs SHA-256.
 
 Builds (in a child process) the same ~1 GiB checkpoint as ``bench_memory.py``,
 gets its tensor table from the static scan (``ckptaudit.stages.scan_units``, no
@@ -38,7 +38,7 @@ def child(mode: str, run_dir: str, tensors_json: str, chunk_mib: int, repeats: i
 
     import numpy  # noqa: F401 - imported by scan_values itself; here so idle counts it
 
-    from ckptaudit.state import scan_values
+    from ckptaudit.stages.state import scan_values
 
     ts = json.loads(Path(tensors_json).read_text())
     path = Path(run_dir) / ts[0]["file"]
@@ -74,7 +74,7 @@ def child(mode: str, run_dir: str, tensors_json: str, chunk_mib: int, repeats: i
 
 
 def tensor_table(run_dir: Path, dest: Path) -> int:
-    code = ("import json, sys; from pathlib import Path; from ckptaudit import inventory, stages, pipeline; "
+    code = ("import json, sys; from pathlib import Path; from ckptaudit import discovery as inventory, stages, pipeline; "
             "rd = Path(sys.argv[1]); u = inventory.run_inventory(str(rd))['units'][0]; "
             "s, t, i = stages.scan_units(rd, [u], pipeline.default_config()); "
             "Path(sys.argv[2]).write_text(json.dumps(t)); print(len(t))")

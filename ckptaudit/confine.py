@@ -24,9 +24,9 @@ from typing import Optional
 from . import findings as F
 from . import fs
 
-#: How :func:`ckptaudit.irregular.irregular_reason` words a link out of the run; it becomes ``path_outside_run``.
+#: How :func:`ckptaudit.discovery.irregular.irregular_reason` words a link out of the run; it becomes ``path_outside_run``.
 OUTSIDE_WORDS = "it points outside the run folder"
-#: What :func:`ckptaudit.inventory._resolve_pointer` appends to a text pointer's kind, before the outside path.
+#: What :func:`ckptaudit.discovery._resolve_pointer` appends to a text pointer's kind, before the outside path.
 POINTER_OUTSIDE = ", names a path outside the run: "
 
 
@@ -49,10 +49,10 @@ def resolved_outside(root, named: str, base: str = "") -> Optional[str]:
 def path_outside_run(path: str, named: str, target: str, reads: str) -> F.Finding:
     """``path_outside_run``: ``path`` (a file or pointer of the run) names ``named``, which resolves to ``target``
     outside the run folder; ``reads``: what a resume would do with it.  Decided by :func:`resolved_outside`,
-    called by :func:`ckptaudit.layouts.hf.check_index` (index shards), :func:`ckptaudit.inventory._resolve_pointer`
+    called by :func:`ckptaudit.layouts.hf.check_index` (index shards), :func:`ckptaudit.discovery._resolve_pointer`
     (``latest``, trackers and links, judged in :func:`ckptaudit.pointer_judgements.judge`),
     :func:`ckptaudit.layouts.leftovers.irregular` (a link inside a unit folder, to a file or a folder),
-    :func:`ckptaudit.hashing.hash_unit` (a sidecar or manifest that is a link, the names they list) and
+    :func:`ckptaudit.stages.hash.hash_unit` (a sidecar or manifest that is a link, the names they list) and
     :meth:`ckptaudit.layouts.dcp.DCP.scan` (``.metadata`` storage paths)."""
     return F.make("path_outside_run", path=path, named=named, target=target, reads=reads)
 

@@ -1,9 +1,9 @@
 """A unit the static pickle walk gave up on is judged by what ``torch.load`` found in it.
 
 The scan's walk stops at its budget (``pickle_too_complex``); its partial tree cannot say whether the
-file holds model weights, so the state layer leaves ``has_weights`` unknown (:func:`ckptaudit.state.analyse_unit`)
+file holds model weights, so the state layer leaves ``has_weights`` unknown (:func:`ckptaudit.stages.state.analyse_unit`)
 rather than call an intact 200,000-tensor checkpoint empty.  The load test has by then loaded every such file
-under ``weights_only=True`` and counted the tensors it gave back (:mod:`ckptaudit.loaded_object`).  When every
+under ``weights_only=True`` and counted the tensors it gave back (:mod:`ckptaudit.stages.load.loaded_object`).  When every
 file of the unit loaded and none held a tensor — a pickle of 20 million integers, or of shared lists with
 2**35 paths — the unit holds no weights: ``missing_model_weights``, the same finding a walk that finished
 would have made.  A file that was not loaded, or whose count ran past its budget, leaves the question open.
@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Dict, Iterable, List
 
-from .state import missing_weights
+from .stages.state import missing_weights
 
 
 def _cut(scan_row: dict) -> bool:

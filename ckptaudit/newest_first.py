@@ -6,7 +6,7 @@ checkpoint (issue 23: 4.0 × SHA-256 + ``torch.load`` of the newest unit on a ru
 reaches the same answer in two passes:
 
 1. **The run, by its metadata.**  The inventory (names, sizes, pointers), then the scan, config diff,
-   structure and state stages over every unit at :data:`ckptaudit.read_depth.METADATA_ONLY` and with
+   structure and state stages over every unit at :data:`ckptaudit.fs.read_depth.METADATA_ONLY` and with
    ``state.nan_scan`` off: zip central directories and local headers, data.pkl and its static walk
    (security included), safetensors headers, JSON files — never a zip record's CRC32, a SHA-256, a load
    or a value scan.  This is what the run-level judgements need (step continuity, scheduler cadence, a
@@ -14,10 +14,10 @@ reaches the same answer in two passes:
 2. **The candidates, by every byte.**  The verdict is built (:func:`ckptaudit.verdict.build`) and its
    rollback chosen (:func:`choose`).  While the chosen unit has not been examined,
    it is: the hash stage (SHA-256 against its sidecar or manifest, or the manifest's chunk digests; no
-   SHA-256 where nothing records one, :data:`ckptaudit.read_depth.CHECKED_DIGESTS_ONLY`; the CRC32 of
+   SHA-256 where nothing records one, :data:`ckptaudit.fs.read_depth.CHECKED_DIGESTS_ONLY`; the CRC32 of
    every zip record, the value statistics), then scan, load test, config diff, structure and state with those facts, as the audit
    runs them (in the reader, the load test of a torch zip or safetensors file is the load it returns, done
-   once in the caller's process: :mod:`ckptaudit.reader_load`); its rows replace its metadata rows and the
+   once in the caller's process: :mod:`ckptaudit.stages.load.reader`); its rows replace its metadata rows and the
    verdict is built again.  A unit whose full check fails drops out, and the next rollback is examined.
    The newest unit's hash stage starts on a thread before pass 1 (:class:`_Ahead`): it is the first choice
    unless its metadata fails, and the two passes overlap (Python for the metadata, GIL-free hashing for the
@@ -50,7 +50,8 @@ def _paths(out: Path, part: str) -> Dict[str, str]:
 
 def _metadata_pass(inv: dict, cfg: dict, out: Path, target_path: str) -> Dict[str, Dict[str, dict]]:
     """{table: {unit: row}} of the scan, configdiff, structure and state stages over every unit, metadata only."""
-    from . import read_depth, stages, tables
+    from .fs import read_depth
+    from . import stages, tables
 
     meta_inv = {**inv, "parts": {"metadata": [u["unit"] for u in inv["units"]]}}
     meta_cfg = {**cfg, "state": {**(cfg.get("state") or {}), "nan_scan": False}}
@@ -82,7 +83,8 @@ class _Ahead:
     def __init__(self, inv: dict, out: Path, skip) -> None:
         import threading
 
-        from . import read_depth, stages
+        from .fs import read_depth
+        from . import stages
 
         live = [u for u in inv["units"] if not u.get("in_progress") and u["unit"] not in skip]
         self.unit = live[-1]["unit"] if live and _ends_whole(inv["run_dir"], live[-1]) else None
@@ -157,9 +159,10 @@ def _ends_whole(run_dir: str, unit: dict) -> bool:
 def _examine(inv: dict, unit: str, cfg: dict, out: Path, target_path: str,
              loads=None, ahead: "_Ahead | None" = None) -> Dict[str, List[dict]]:
     """{table: rows of ``unit``} from every stage, in the audit's order, reading all of its bytes.  ``loads``: the
-    reader's loader (:class:`ckptaudit.reader_load.ReaderLoads`), which keeps what it loaded of ``unit`` only;
+    reader's loader (:class:`ckptaudit.stages.load.reader.ReaderLoads`), which keeps what it loaded of ``unit`` only;
     ``ahead``: a hash stage already started (:class:`_Ahead`), used when it is of ``unit``."""
-    from . import read_depth, stages, tables
+    from .fs import read_depth
+    from . import stages, tables
 
     if loads is not None:
         loads.drop()  # the unit examined before was passed over: its objects go
@@ -220,11 +223,12 @@ def search(run_dir: str | Path, cfg: dict, out: Path, audit: str | Path | None =
     ``out``: a scratch folder for the stage tables.  With ``audit`` (a finished audit's output folder), the
     units it covered that have not changed since (:func:`prior_rows`) are judged by its rows instead of
     their metadata; the unit returned is still examined byte by byte.  ``loads``: the load stage's loader for
-    the examined units (:class:`ckptaudit.reader_load.ReaderLoads`: the reader's load test is its final load).
+    the examined units (:class:`ckptaudit.stages.load.reader.ReaderLoads`: the reader's load test is its final load).
     Raises what the inventory raises for a missing or unreadable run folder, ``ValueError`` for a folder of
-    several runs (:func:`ckptaudit.run_folder.check_one_run`), and what :func:`prior_rows` raises."""
-    from . import stages, target
-    from .run_folder import check_one_run
+    several runs (:func:`ckptaudit.stages.inventory.run_folder.check_one_run`), and what :func:`prior_rows` raises."""
+    from . import stages
+    from .stages import target
+    from .stages.inventory.run_folder import check_one_run
 
     work = out / "work"
     inv = stages.stage_inventory(str(run_dir), "auto", str(out / "tables" / "inventory.parquet"),

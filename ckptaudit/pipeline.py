@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from .config import SCHEMA_PATH, non_finite, check_config, config_problems  # noqa: F401 - re-exported
-from .run_folder import check_one_run, check_run_dir  # noqa: F401 - check_run_dir re-exported
+from .stages.inventory.run_folder import check_one_run, check_run_dir  # noqa: F401 - check_run_dir re-exported
 
 
 def check_out_dir(run_dir: str | Path, out_dir: str | Path, state_dir: Optional[str | Path] = None) -> None:
@@ -63,16 +63,17 @@ def merged_config(cfg: Optional[dict]) -> dict:
 def audit_in_process(run_dir: str | Path, cfg: Optional[dict] = None, out_dir: Optional[str | Path] = None,
                      depth=None) -> dict:
     """Audit ``run_dir``; return the verdict dict (also written to ``out_dir``).  ``depth``: the hash stage's
-    :class:`ckptaudit.read_depth.ReadDepth` (default ``FULL``; ``ckptaudit seal`` passes ``SEAL``).
+    :class:`ckptaudit.fs.read_depth.ReadDepth` (default ``FULL``; ``ckptaudit seal`` passes ``SEAL``).
 
     Raises ``FileNotFoundError``/``NotADirectoryError`` for a missing run folder and
     ``ValueError`` (naming the key and the bound, :func:`check_config`) for a config
     outside ``config/schema.yaml``, and for a folder holding several runs
-    (:func:`ckptaudit.run_folder.check_one_run`).
+    (:func:`ckptaudit.stages.inventory.run_folder.check_one_run`).
     """
     import json
 
-    from . import fs, report, stages
+    from . import fs, stages
+    from .stages import report
 
     c = merged_config(cfg)
     tmp = None
@@ -89,7 +90,7 @@ def audit_in_process(run_dir: str | Path, cfg: Optional[dict] = None, out_dir: O
                                      str(work / "inventory.json"), str(work / "pointers.parquet"))
         check_one_run(inv)
         (work / "config.json").write_text(json.dumps(c))
-        from . import target
+        from .stages import target
 
         target.write(c, str(work / "target.json"))
         paths = {s: [] for s in report.STAGES}

@@ -4,7 +4,7 @@ Some producers resume from a unit they find by name (:attr:`ckptaudit.producers.
 Lightning's ``trainer.fit(model, ckpt_path="last")`` loads the newest ``last*.ckpt`` of the checkpoint
 folder, which ``ModelCheckpoint(save_last=True)`` writes as a second full save (sources in
 :mod:`ckptaudit.producers.lightning`; ``save_last="link"`` makes a symbolic link, which
-:mod:`ckptaudit.inventory` audits as a pointer).  Such an entry is a unit, judged by its own bytes like any
+:mod:`ckptaudit.discovery` audits as a pointer).  Such an entry is a unit, judged by its own bytes like any
 other, and it is also the file the configured resume loads.  When it is damaged the newest intact unit is
 still there, but a job that resumes the way it was configured crashes in the load (a truncated zip: the
 weights-only unpickler's IndexError), so :func:`entry_findings` gives it ``resume_entry_damaged``: the

@@ -45,7 +45,7 @@ def run_findings(units: List[dict], state_rows: Dict[str, dict], structure_rows:
     ordered = [u for u in units if u.get("step_from_name") is not None and not u.get("in_progress")]
     ratio = float((cfg.get("state") or {}).get("norm_jump_ratio", 10.0))
     out: Dict[str, List[dict]] = {}
-    from . import restore_rules
+    from .components import restore_rules
 
     for found in (missing_components(units, state_rows, scan_rows or {}), restore_rules.count_mismatches(units),
                   steps_going_back(ordered, state_rows),
@@ -206,7 +206,7 @@ def _reset(unit: str, last_epoch: int, evidence: str, step: int, per_step: bool)
               if per_step and unit.endswith((".pt", ".pth", ".ckpt", ".tar")) else "")
     nxt = "" if repair else ("; this run's scheduler cadence is not one step per optimizer step, so set "
                              "last_epoch to what the schedule had reached at this point")
-    from .state import step_counter_reset
+    from .stages.state import step_counter_reset
 
     return step_counter_reset(unit, field="scheduler.last_epoch", saved=last_epoch, evidence=evidence,
                               true_step=step, repair_code=repair, scheduler_text=nxt)
@@ -263,7 +263,7 @@ def missing_components(units: List[dict], state_rows: Dict[str, dict],
     producer that never saves a component is never judged on it.
     """
     from . import components as C
-    from . import restore_rules
+    from .components import restore_rules
 
     comps = {}
     for u in units:

@@ -20,7 +20,7 @@ every zip record's CRC32, the load test, NaN/Inf in the weights.  A unit that fa
 is examined; tensor bytes of older units are never read.  The chosen unit is loaded with
 ``torch.load(path, map_location=…, weights_only=True)`` (``safetensors.torch.load_file``
 for safetensors); for a torch zip or safetensors file with ``map_location="cpu"`` that load
-*is* the load test, done once here (:mod:`ckptaudit.reader_load`), and any other file is
+*is* the load test, done once here (:mod:`ckptaudit.stages.load.reader`), and any other file is
 load-tested first in a child process with time and memory limits.  A unit without model
 weights is never returned.  Every newer unit passed over is logged as a warning with its
 reason; ``ckpt.examined`` lists the units read byte by byte and ``ckpt.bytes_read`` what the
@@ -52,8 +52,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from . import fs, producers, whole_modules
-from .reader_load import load_file
+from . import fs, producers
+from .stages.load import whole_modules
+from .stages.load.reader import load_file
 from .terminal_text import shown, shown_lines
 
 log = logging.getLogger("ckptaudit")
@@ -210,7 +211,7 @@ def safe_load_checkpoint(ckpt_dir: str | Path, *, map_location: Any = "cpu",
     """
     import tempfile
 
-    from .loadtest import child_bytes_read, explain
+    from .stages.load.loadtest import child_bytes_read, explain
     from .newest_first import choose, search
     from .pipeline import merged_config
 
@@ -219,7 +220,7 @@ def safe_load_checkpoint(ckpt_dir: str | Path, *, map_location: Any = "cpu",
     if not root.exists():
         raise FileNotFoundError(f"{ckpt_dir}: no such checkpoint folder or file")
     cfg = _reader_config(audit_config, allow_globals)
-    from .reader_load import ReaderLoads
+    from .stages.load.reader import ReaderLoads
 
     loads = ReaderLoads(map_location) if load else None  # the load test of the examined units is the final load
     before, child0 = sum(fs.stage_bytes().values()), child_bytes_read()

@@ -80,7 +80,7 @@ SCHEMAS: Dict[str, pa.Schema] = {
         ("hashed_at_utc", S),  # ISO 8601 UTC when this file's bytes were hashed; null when they were not
         # the file's digest as this audit recorded it: "sha256" (then equal to sha256_hex) where a sidecar, a
         # manifest or integrity.json records one, else the audit's own fast digest ("blake3",
-        # ckptaudit.digest_purpose); "" when none was computed.  sha256_hex is only ever a SHA-256.
+        # ckptaudit.formats.digest_purpose); "" when none was computed.  sha256_hex is only ever a SHA-256.
         ("digest_algorithm", S), ("digest_hex", S),
         ("mtime_ns", I),  # the file's mtime as the pass found it (local files; null for objects)
     ]),

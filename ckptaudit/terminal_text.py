@@ -3,8 +3,8 @@
 A file name, tensor key, pickle global or loader message comes from the run, which may be hostile (issue 24:
 a file name holding an OSC sequence set the terminal's title; one holding a newline printed a second,
 forged ``ckptaudit: RESUME from …`` line).  :func:`shown` is applied to each line the audit writes to a
-terminal or log — the summary (:mod:`ckptaudit.summary`), the progress line (:mod:`ckptaudit.cli.ticker`),
-the failed-job lines (:mod:`ckptaudit.job_errors`), the command line's errors and the reader's log
+terminal or log — the summary (:mod:`ckptaudit.outputs.summary`), the progress line (:mod:`ckptaudit.cli.ticker`),
+the failed-job lines (:mod:`ckptaudit.outputs.job_errors`), the command line's errors and the reader's log
 records (:mod:`ckptaudit.safe_load`) — after the line is built and before it is joined to the next, so a
 line break inside a name can never start a line of its own.
 

@@ -1,7 +1,7 @@
 """The unit model: a checkpoint unit, a pointer, and what a unit's name says (its step, a save in progress).
 
 A *unit* is what a training job would resume from (one file, a folder, or an index
-with its shards); :mod:`ckptaudit.inventory` finds them and the layout adapters
+with its shards); :mod:`ckptaudit.discovery` finds them and the layout adapters
 (:mod:`ckptaudit.layouts`) claim them.  Kept apart from both so that neither
 imports the other for these types.
 """

@@ -26,10 +26,10 @@
 
 :func:`build` writes all but the byte-verification keys, which the report adds from the hash table
 (``bytes_verified``, each unit's ``last_hashed_utc`` — its least recently hashed file — and ``reverified``:
-hashed by this audit; :func:`ckptaudit.report.run_report`), and when each unit's bytes were last verified
-(``last_verified_utc``, ``verification_note``: :func:`ckptaudit.verify_budget.annotate`);
+hashed by this audit; :func:`ckptaudit.stages.report.run_report`), and when each unit's bytes were last verified
+(``last_verified_utc``, ``verification_note``: :func:`ckptaudit.verification.budget.annotate`);
 ``digests``: each file's digest named by its algorithm, SHA-256 where a sidecar, manifest or integrity.json records
-one, else the audit's own BLAKE3 (:func:`ckptaudit.report.run_report`).
+one, else the audit's own BLAKE3 (:func:`ckptaudit.stages.report.run_report`).
 
 A unit's ``usable_for`` is the minimum of its findings' caps (see
 :mod:`ckptaudit.findings`), taken once, after every detector that judges the unit ran (:func:`build`);

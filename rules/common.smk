@@ -9,10 +9,12 @@ import sys
 from snakemake.utils import validate
 
 import ckptaudit
-from ckptaudit import load_server, outlock, reverify, verify_budget
-from ckptaudit import workflow_support as ws
+from ckptaudit.stages.load import server as load_server
+from ckptaudit.workflow import outlock
+from ckptaudit.verification import reverify, budget as verify_budget
+from ckptaudit.workflow import support as ws
 from ckptaudit.config import typed_cli_values
-from ckptaudit.parts import SMALL_PART_BYTES
+from ckptaudit.stages.inventory.parts import SMALL_PART_BYTES
 from ckptaudit.pipeline import check_config, check_out_dir, check_run_dir
 
 SCHEMA = os.path.join(workflow.basedir, "config", "schema.yaml")
@@ -54,10 +56,10 @@ PARTS = f"{OUT}/tables/parts"
 LOGS = f"{OUT}/logs"
 BENCH = f"{OUT}/benchmarks"
 WORK = f"{OUT}/work"
-# Every audit re-verifies bytes unless `reuse: true` (ckptaudit/reverify.py): its id is a param of the
+# Every audit re-verifies bytes unless `reuse: true` (ckptaudit/verification/reverify.py): its id is a param of the
 # inventory and of every part job, so a new audit re-runs them all.
 AUDIT_ID = reverify.audit_id(workflow.is_main_process)
-try:  # a nightly that fits its window (ckptaudit/verify_budget.py): the least recently verified units first
+try:  # a nightly that fits its window (ckptaudit/verification/budget.py): the least recently verified units first
     VERIFY_BUDGET = verify_budget.parse_budget(config["verify_budget"])
 except ValueError as e:
     usage_error(e)
@@ -66,14 +68,14 @@ VERIFY_PLAN = f"{WORK}/{verify_budget.PLAN}"
 
 
 def notice_sigint():
-    """Tell Ctrl-C from a failed job in `onerror` (ckptaudit/job_errors.py: "interrupted", exit 130)."""
-    from ckptaudit import job_errors
+    """Tell Ctrl-C from a failed job in `onerror` (ckptaudit/outputs/job_errors.py: "interrupted", exit 130)."""
+    from ckptaudit.outputs import job_errors
 
     job_errors.notice_sigint()
 
 
 def hold_out_lock():
-    """One audit at a time per output folder (ckptaudit/outlock.py), from `onstart` to the end.  The kernel
+    """One audit at a time per output folder (ckptaudit/workflow/outlock.py), from `onstart` to the end.  The kernel
     drops the lock when this process ends, however it ends, so the workflow runs with Snakemake's own lock
     off and incomplete outputs redone (profiles/default; ckptaudit.cli.snakemake for `ckptaudit audit`)."""
     try:
@@ -83,7 +85,7 @@ def hold_out_lock():
 
 
 def start_load_server():
-    """One `import torch` for the audit's load jobs (ckptaudit/load_server.py): started here, while the inventory
+    """One `import torch` for the audit's load jobs (ckptaudit/stages/load/server.py): started here, while the inventory
     and the hash stage run, when this machine runs the jobs in this interpreter (not on a cluster, not under
     --use-conda) and a load job is to run, or the inventory (whose parts bring the load jobs)."""
     load_server.stop(WORK)  # a record left by a killed audit is removed (its server, if any, is not this one)
@@ -113,7 +115,7 @@ def get_listing_fingerprint(wildcards):
 
 
 def get_part_bytes(wildcards):
-    """The inventory's byte bound of an "auto" part (ckptaudit.parts.assign_parts): none on one machine (the hash
+    """The inventory's byte bound of an "auto" part (ckptaudit.stages.inventory.parts.assign_parts): none on one machine (the hash
     job hashes a part's units at once on every core, so a big unit needs no chain of jobs of its own), 4 GiB
     with a cluster executor (big units on several nodes).  A cluster job re-reads this under its job-step
     executor (SLURM's slurm-jobstep is not local either), so the inventory job gets the same bound."""
@@ -157,7 +159,7 @@ _VERIFY_PLANS = {}  # inventory version -> this audit's verify plan
 
 
 def get_verify_plan():
-    """This audit's choice of units to read under `verify_budget` (ckptaudit.verify_budget.plan_for_audit),
+    """This audit's choice of units to read under `verify_budget` (ckptaudit.verification.budget.plan_for_audit),
     made once by the main process after the inventory and read from work/verify_plan.json by any other."""
     st = os.stat(checkpoints.inventory.get().output.json)
     key = (st.st_mtime_ns, st.st_size)

@@ -19,7 +19,7 @@ rule stage_config:
     log:
         f"{LOGS}/stage_config/stage_config.log",
     shell:
-        "{params.python:q} -m ckptaudit.workflow_support write-config {params.cfg:q} {output:q} > {log:q} 2>&1"
+        "{params.python:q} -m ckptaudit.workflow.support write-config {params.cfg:q} {output:q} > {log:q} 2>&1"
 
 
 checkpoint inventory:

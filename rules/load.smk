@@ -1,6 +1,6 @@
 # Load: torch.load(weights_only=True) in a forked child with a timeout and an
 # address-space limit, only for units without file or security errors.  The
-# only stage that needs torch: on one machine the audit's load server (ckptaudit/load_server.py, started by
+# only stage that needs torch: on one machine the audit's load server (ckptaudit/stages/load/server.py, started by
 # onstart) has imported it once, and each load job's loads are forked from it.
 
 
@@ -54,4 +54,4 @@ rule load_server_done:
         f"{LOGS}/load_server_done.log",
     localrule: True
     shell:
-        "{params.python:q} -m ckptaudit.load_server done {params.server:q} > {log:q} 2>&1 && touch {output:q}"
+        "{params.python:q} -m ckptaudit.stages.load.server done {params.server:q} > {log:q} 2>&1 && touch {output:q}"

@@ -61,7 +61,7 @@ def _part_size(wildcards):
 
 def get_hash_threads(wildcards):
     """The hash job's threads (ckptaudit.cluster.hash_threads: one per 256 MiB of its part, at most one per
-    unit; Snakemake caps it at --cores).  A part packs several units (ckptaudit.parts.assign_parts) and the job
+    unit; Snakemake caps it at --cores).  A part packs several units (ckptaudit.stages.inventory.parts.assign_parts) and the job
     hashes them at once, so packing big units costs no parallelism."""
     total, _largest, n = _part_size(wildcards)
     return cluster.hash_threads(total, n)

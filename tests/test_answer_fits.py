@@ -64,7 +64,7 @@ def test_two_runs_in_one_folder_stop_with_one_line_naming_both(tmp_path):
 def test_rank_folders_and_a_continued_series_are_one_run(tmp_path):
     """``0/`` and ``1/`` hold the ranks of one run (NVRx's layout); ``stage2/`` continuing after ``stage1/``
     ended is the same run saved elsewhere."""
-    from ckptaudit.run_folder import runs_in
+    from ckptaudit.stages.inventory.run_folder import runs_in
 
     def units(*paths):
         return {"units": [{"unit": p, "step_from_name": int(p.rsplit("_", 1)[-1].split(".")[0])} for p in paths]}
@@ -113,7 +113,7 @@ def test_an_unsealed_trainer_run_is_never_called_intact(tmp_path):
     """A bit flipped inside an unsealed ``model.safetensors`` passes every check (the format has no checksum):
     the summary says no damage was found and that it cannot be verified, never "intact"; a torch.save run,
     whose every record a CRC-32 covers, is intact."""
-    from ckptaudit.summary import NO_DAMAGE_FOUND, summary, unverified
+    from ckptaudit.outputs.summary import NO_DAMAGE_FOUND, summary, unverified
 
     run = tmp_path / "out"
     shutil.copytree(HF_CASE / "checkpoint-20", run / "checkpoint-20")
@@ -138,7 +138,7 @@ def test_one_flipped_byte_is_told_by_its_crc_not_by_genuine_zeros(tmp_path):
     import torch
     import zipfile
 
-    from ckptaudit.summary import summary
+    from ckptaudit.outputs.summary import summary
 
     run = tmp_path / "run"
     run.mkdir()

@@ -152,7 +152,7 @@ def test_the_edge_reader_sees_function_level_and_package_imports():
     mods = _modules()
     edges = _edges(mods)
     assert any(t == "ckptaudit.newest_first" for t, _, _ in edges["ckptaudit.safe_load"])  # inside safe_load_checkpoint
-    assert "ckptaudit.layouts" in {t for t, _, _ in edges["ckptaudit.inventory"]}  # `from . import fs, layouts`
+    assert "ckptaudit.layouts" in {t for t, _, _ in edges["ckptaudit.discovery"]}  # `from . import fs, layouts`
     assert _cycles({"a": [("b", 1, "")], "b": [("a", 2, "")], "c": [("a", 3, "")]}) == [["a", "b"]]
 
 
@@ -166,8 +166,8 @@ MODULE_STATE: Dict[str, str] = {
     "ckptaudit.fs.counters._rounds": "process state: round trips, per purpose",
     "ckptaudit.fs.remote._snapshots": "process state: the listing of each remote run this process audits, taken "
                                       "once so every stage sees the run at one moment (refresh() re-lists)",
-    "ckptaudit.load_server._STARTED": "process state: the load server this process started",
-    "ckptaudit.outlock._HELD": "process state: output-folder locks held",
+    "ckptaudit.stages.load.server._STARTED": "process state: the load server this process started",
+    "ckptaudit.workflow.outlock._HELD": "process state: output-folder locks held",
     "ckptaudit.publish.background._IN_FLIGHT": "process state: background saves not yet committed",
     "ckptaudit.publish.staging._LOCATIONS": "process state: staging buffers reused across saves",
     "ckptaudit.publish.staging._TAGGER_REGISTERED": "process state: whether torch's location tagger is registered",
@@ -220,7 +220,7 @@ PRODUCER_MODULES = re.compile(r"^ckptaudit\.producers(\..*)?$|"
 NAMES_A_FRAMEWORK: Dict[str, str] = {
     "ckptaudit.findings.file": "data: finding texts name the framework the user runs (its repair commands)",
     "ckptaudit.findings.structure": "data: finding texts name the framework the user runs (its converters)",
-    "ckptaudit.security_tiers": "data: the tier tables say where a generic class was seen (argparse.Namespace)",
+    "ckptaudit.security.tiers": "data: the tier tables say where a generic class was seen (argparse.Namespace)",
 }
 
 
@@ -295,9 +295,9 @@ PURE_CACHES: Dict[str, str] = {
     "ckptaudit.schemas.schema": "a JSON schema shipped inside the package: a constant of the install",
     "ckptaudit.config._parsed_defaults": "config/config.yaml shipped with the package: a constant of the install",
     "ckptaudit.config._schema": "a YAML file's parse keyed by its path and mtime: a function of its arguments",
-    "ckptaudit.parts._read_inventory_once": "inventory.json's parse keyed by path, size and mtime (the rules' "
+    "ckptaudit.stages.inventory.parts._read_inventory_once": "inventory.json's parse keyed by path, size and mtime (the rules' "
                                             "input functions, not a stage): a function of its arguments",
-    "ckptaudit.configdiff.installed_version": "an installed distribution's version: a constant of the process",
+    "ckptaudit.stages.configdiff.installed_version": "an installed distribution's version: a constant of the process",
     "ckptaudit.publish.writer._libc_sync_file_range": "a libc symbol looked up once: a constant of the process",
 }
 
@@ -312,7 +312,7 @@ PENDING_CONTEXT_VARS: Dict[str, str] = {
 }
 
 #: The modules that read or write Parquet: the stages' table I/O, the report, the reader's audit import.
-PARQUET_MODULES = {"ckptaudit.tables", "ckptaudit.report", "ckptaudit.newest_first"}
+PARQUET_MODULES = {"ckptaudit.tables", "ckptaudit.stages.report", "ckptaudit.newest_first"}
 
 _CACHE_DECORATORS = {"lru_cache", "cache"}
 

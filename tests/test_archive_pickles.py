@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptaudit import security_torchscript as TS
+from ckptaudit.security import torchscript as TS
 from ckptaudit.pipeline import audit_in_process
 
 from .conftest import PAYLOAD

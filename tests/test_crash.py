@@ -38,7 +38,7 @@ from typing import Dict, Optional
 import pytest
 import torch
 
-from ckptaudit import _io, inventory
+from ckptaudit import _io, discovery as inventory
 from ckptaudit import publish as P
 from ckptaudit.publish import phases
 from ckptaudit.safe_load import safe_load_checkpoint

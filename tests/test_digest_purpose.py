@@ -12,7 +12,9 @@ from pathlib import Path
 import blake3
 import pytest
 
-from ckptaudit import digest_purpose, hashing, inventory
+from ckptaudit.formats import digest_purpose
+from ckptaudit.stages import hash as hashing
+from ckptaudit import discovery as inventory
 from ckptaudit.pipeline import audit_in_process
 
 
@@ -120,7 +122,7 @@ def test_a_wrong_sidecar_is_a_checksum_mismatch_in_sha256(tmp_path):
 def test_the_seal_depth_hashes_the_bare_files_too(tmp_path):
     """What `ckptaudit seal` runs its audit in: the sidecars it writes record SHA-256."""
     run = _run(tmp_path / "run", steps=(100,))
-    from ckptaudit import read_depth
+    from ckptaudit.fs import read_depth
 
     (row,) = hashing.hash_unit(run, _units(run)["ckpt_000100.pt"], depth=read_depth.SEAL)
     want = hashlib.sha256((run / "ckpt_000100.pt").read_bytes()).hexdigest()
@@ -224,7 +226,7 @@ def test_a_file_written_again_is_no_bit_rot(tmp_path):
 
 def test_digests_of_different_algorithms_are_never_compared(tmp_path):
     """A sidecar added since the last audit: SHA-256 now against BLAKE3 then, no finding from the comparison."""
-    from ckptaudit import reverify
+    from ckptaudit.verification import reverify
 
     row = {"file": "a.pt", "size_bytes": 10, "mtime_ns": 5, "digest_algorithm": "sha256", "digest_hex": "1" * 64}
     prev = {"size_bytes": 10, "mtime_ns": 5, "digest_algorithm": "blake3", "digest_hex": "2" * 64,

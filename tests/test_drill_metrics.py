@@ -15,7 +15,7 @@ import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
-from ckptaudit import metrics
+from ckptaudit.outputs import metrics
 
 T_PREV = 1_700_000_000.0  # when the last drill passed (and the last audit finished), in the previous file
 

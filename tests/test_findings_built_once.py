@@ -13,10 +13,11 @@ import zipfile
 import pytest
 
 from ckptaudit import findings as F
-from ckptaudit import folder_unit, inventory
+from ckptaudit.discovery import folders as folder_unit
+from ckptaudit import discovery as inventory
 from ckptaudit.formats import legacy, safetensors_check, sniff, torchzip, zeros
 from ckptaudit.layouts import leftovers
-from ckptaudit.layouts.scan import scan_units
+from ckptaudit.stages.scan import scan_units
 
 
 def _flip_in_record(src, dst, record_suffix: str, at: int) -> None:

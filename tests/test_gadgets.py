@@ -27,7 +27,7 @@ from typing import Dict, NamedTuple, Tuple
 import pytest
 
 from ckptaudit.pipeline import audit_in_process
-from ckptaudit.security_resume import resume_load
+from ckptaudit.security.resume import resume_load
 
 from .gadgets import CORPUS, inject
 from .test_frameworks import fixture_cache  # noqa: F401 - the session fixture that generates the runs

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from ckptaudit import inventory
+from ckptaudit import discovery as inventory
 
 from .conftest import CASES
 
@@ -67,7 +67,7 @@ def _sized(sizes):
 
 
 def test_auto_packs_small_units_into_one_part_and_keeps_big_ones_apart():
-    from ckptaudit.parts import SMALL_PART_BYTES, assign_parts
+    from ckptaudit.stages.inventory.parts import SMALL_PART_BYTES, assign_parts
 
     kib, gib = 1 << 10, 1 << 30
     assert list(assign_parts(_sized([16 * kib] * 3), "auto")) == ["p0000"]  # a tiny run: one part
@@ -86,7 +86,7 @@ def test_auto_packs_small_units_into_one_part_and_keeps_big_ones_apart():
 def test_auto_on_one_machine_packs_big_units_by_count():
     """Each unit over half the 4 GiB budget had a part of its own on one machine too: 3 units of 9 GiB ran 22
     jobs and three `import torch` load jobs, where one part hashes all three at once on every core."""
-    from ckptaudit.parts import assign_parts
+    from ckptaudit.stages.inventory.parts import assign_parts
 
     gib = 1 << 30
     assert [len(v) for v in assign_parts(_sized([9 * gib] * 3), "auto", None).values()] == [3]
@@ -96,7 +96,7 @@ def test_auto_on_one_machine_packs_big_units_by_count():
 
 
 def test_auto_parts_only_change_at_the_end_as_the_run_grows():
-    from ckptaudit.parts import assign_parts
+    from ckptaudit.stages.inventory.parts import assign_parts
 
     sizes = [(i % 7) * (50 << 20) for i in range(16)]
     before = assign_parts(_sized(sizes[:10]), "auto")

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import xml.etree.ElementTree as ET
 
-from ckptaudit import junit
+from ckptaudit.outputs import junit
 
 from .junit_schema import junit_schema
 

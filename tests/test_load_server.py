@@ -1,4 +1,4 @@
-"""The audit's load server (ckptaudit/load_server.py): one ``import torch`` per audit, the same rows as a load
+"""The audit's load server (ckptaudit/stages/load/server.py): one ``import torch`` per audit, the same rows as a load
 job that imports torch itself, and nothing left behind by a killed audit."""
 
 import json
@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from ckptaudit import inventory, load_server, loadtest
+from ckptaudit import discovery as inventory
+from ckptaudit.stages.load import server as load_server, loadtest
 from ckptaudit.stages import scan_units
 
 from .conftest import CASES, REPO
@@ -82,7 +83,7 @@ def test_the_server_ends_with_the_process_that_started_it(tmp_path):
     """The audit's process is SIGKILLed (OOM killer, a cancelled cron job): its server notices within a
     second or two and exits, removing its socket folder."""
     work = tmp_path / "work"
-    code = ("import sys, time; from ckptaudit import load_server; "
+    code = ("import sys, time; from ckptaudit.stages.load import server as load_server; "
             f"print(load_server.start({str(work)!r}), flush=True); time.sleep(600)")
     parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     pid = int(parent.stdout.readline())
@@ -179,5 +180,5 @@ def test_done_ends_the_server_once_the_loads_are_served(server):
     assert load_server.done(info) is False
     assert _rows(CASES / "ok_full_torch", info) == _rows(CASES / "ok_full_torch")
     # the rule's command: no server is no error
-    r = subprocess.run([sys.executable, "-m", "ckptaudit.load_server", "done", str(info)], capture_output=True)
+    r = subprocess.run([sys.executable, "-m", "ckptaudit.stages.load.server", "done", str(info)], capture_output=True)
     assert (r.returncode, r.stderr) == (0, b"")

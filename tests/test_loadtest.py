@@ -5,9 +5,9 @@ import os
 
 import pytest
 
-from ckptaudit import loadtest
+from ckptaudit.stages.load import loadtest
 from ckptaudit.stages import scan_units
-from ckptaudit import inventory
+from ckptaudit import discovery as inventory
 
 from .conftest import CASES
 
@@ -34,7 +34,7 @@ def test_the_child_counts_the_tensors_it_loaded(tmp_path):
                                          memory_limit_bytes=8 << 30) for n in ("a.pt", "dag.pt")}
     assert (by_file["a.pt"]["n_tensors"], by_file["a.pt"]["n_top_level_keys"]) == (3, 3)
     assert (by_file["dag.pt"]["n_tensors"], by_file["dag.pt"]["n_top_level_keys"]) == (0, -1)
-    from ckptaudit.loaded_object import count_tensors
+    from ckptaudit.stages.load.loaded_object import count_tensors
 
     assert count_tensors([[1] * 10] * 10, max_nodes=15) is None  # past its budget: unknown, never a partial count
 
@@ -108,7 +108,7 @@ def test_a_mapped_file_larger_than_the_limit_is_load_tested(tmp_path):
 def test_one_child_loads_many_small_files_and_a_failure_is_tried_alone(tmp_path):
     """1,000 small units paid a fork each (~75 ms a unit); a batch shares one child, but only its ok results
     count: the damaged file in the middle gets the same result as when loaded alone, the files after it load."""
-    from ckptaudit import loadchild
+    from ckptaudit.stages.load import child as loadchild
 
     import torch
 
@@ -141,7 +141,7 @@ def test_allowed_globals_of_one_file_do_not_leak_to_the_next_in_a_batch(tmp_path
 
     import torch
 
-    from ckptaudit import loadchild
+    from ckptaudit.stages.load import child as loadchild
 
     a, b = tmp_path / "a.pt", tmp_path / "b.pt"
     torch.save({"args": argparse.Namespace(lr=0.1)}, a)

@@ -21,7 +21,7 @@ import shutil
 
 import pytest
 
-from ckptaudit import inventory
+from ckptaudit import discovery as inventory
 from ckptaudit.pipeline import audit_in_process
 from ckptaudit.producers import nemo
 

@@ -16,7 +16,7 @@ is not in the project's environment, so the tests read those files and never imp
 from __future__ import annotations
 
 
-from ckptaudit import inventory
+from ckptaudit import discovery as inventory
 from ckptaudit.pipeline import audit_in_process
 from ckptaudit.producers import nvrx
 from ckptaudit.units import in_progress_reason, step_from_name

@@ -1,13 +1,13 @@
-"""ckptaudit.outlock: one audit per output folder, dropped by the kernel when its holder ends."""
+"""ckptaudit.workflow.outlock: one audit per output folder, dropped by the kernel when its holder ends."""
 
 import subprocess
 import sys
 
 import pytest
 
-from ckptaudit import outlock
+from ckptaudit.workflow import outlock
 
-HOLD = ("import sys, time; from ckptaudit import outlock; outlock.hold(sys.argv[1]); print('held', flush=True); "
+HOLD = ("import sys, time; from ckptaudit.workflow import outlock; outlock.hold(sys.argv[1]); print('held', flush=True); "
         "time.sleep(60)")
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import blake3
 
-from ckptaudit import hashing, progress
+from ckptaudit.stages import hash as hashing, progress
 
 
 def test_writer_counts_and_close_writes_the_last_count(tmp_path):

@@ -19,7 +19,8 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ckptaudit import hashing, inventory
+from ckptaudit.stages import hash as hashing
+from ckptaudit import discovery as inventory
 from ckptaudit import publish as P
 from ckptaudit.publish import names as publish_names
 from ckptaudit.safe_load import safe_load_checkpoint

@@ -12,7 +12,7 @@ import torch
 from ckptaudit import publish as P
 from ckptaudit._io import TMP_PREFIX
 from ckptaudit.pipeline import audit_in_process
-from ckptaudit.summary import summary
+from ckptaudit.outputs.summary import summary
 
 
 def _state(step: int) -> dict:

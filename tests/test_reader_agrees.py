@@ -12,7 +12,7 @@ import pytest
 
 from ckptaudit import safe_load_checkpoint
 from ckptaudit.pipeline import audit_in_process
-from ckptaudit import whole_modules
+from ckptaudit.stages.load import whole_modules
 from ckptaudit.safe_load import NoUsableCheckpointError, loadable
 
 from .conftest import tree_digest

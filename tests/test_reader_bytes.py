@@ -164,7 +164,9 @@ def test_the_reader_hashes_only_what_a_recorded_digest_can_check(tmp_path):
 
     import blake3
 
-    from ckptaudit import hashing, inventory, read_depth
+    from ckptaudit.stages import hash as hashing
+    from ckptaudit import discovery as inventory
+    from ckptaudit.fs import read_depth
 
     run = _run(tmp_path / "run", steps=(100, 200))
     sealed = run / "ckpt_000100.pt"
@@ -190,7 +192,7 @@ def test_the_read_depth_reaches_the_zip_check_on_the_facts_it_receives(tmp_path)
     from ckptaudit import fs
     from ckptaudit.formats import torchzip
     from ckptaudit.onepass.facts import ByteFacts
-    from ckptaudit.read_depth import METADATA_ONLY
+    from ckptaudit.fs.read_depth import METADATA_ONLY
 
     run = _run(tmp_path / "run", steps=(100,))
     path = run / "ckpt_000100.pt"

@@ -4,7 +4,8 @@
 import torch
 
 from ckptaudit import components as C
-from ckptaudit import optimizers, producers, roles
+from ckptaudit.components import optimizers
+from ckptaudit import producers, roles
 from ckptaudit import recognise as R
 
 
@@ -43,7 +44,7 @@ def test_nested_components_and_lists():
     assert (c.step, c.epoch, c.scheduler_last_epoch) == (30, 2.0, 3)
     # the callback's inf sentinel is neither weights nor optimizer
     row = {"file": "last.ckpt", "name": "callbacks.ModelCheckpoint{}.kth_value"}
-    from ckptaudit.state import tensor_role
+    from ckptaudit.stages.state import tensor_role
 
     assert tensor_role(row, c) == "other"
     assert tensor_role({"file": "last.ckpt", "name": "state_dict.layer.weight"}, c) == "weights"

@@ -22,7 +22,8 @@ import subprocess
 import pytest
 
 from ckptaudit import findings as F
-from ckptaudit import run_findings, state
+from ckptaudit import run_findings
+from ckptaudit.stages import state
 from ckptaudit.components import Components
 from ckptaudit.findings.repair_imports import RESUME_OBJECTS
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ckptaudit import report_cells as T
+from ckptaudit.outputs import report_cells as T
 
 
 def _unit(name, step, usable, findings):
@@ -49,7 +49,7 @@ def test_no_weights_is_the_reason():
 
 def test_stage_costs_leave_out_the_demo_training(tmp_path):
     """The demo rule trains the run the audit reads: not a cost of the audit (issue 28)."""
-    from ckptaudit.report import stage_costs
+    from ckptaudit.stages.report import stage_costs
 
     for stage, secs in (("demo", "61.5"), ("hash", "1.25"), ("scan", "0.5"), ("structure", "0.25"),
                         ("target", "0.5")):

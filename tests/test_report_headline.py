@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from ckptaudit import report_headline as T
+from ckptaudit.outputs import report_headline as T
 
 
 def _headline(html: str):

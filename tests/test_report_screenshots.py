@@ -193,7 +193,8 @@ def test_drill_charts(reports):
 
 def test_cost_chart_reads_benchmark_files(tmp_path):
     """The Snakemake path: seconds per stage from benchmark TSVs (one folder per stage, one file per job)."""
-    from ckptaudit import charts, report
+    from ckptaudit import charts
+    from ckptaudit.stages import report
 
     head = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
     for stage, jobs in (("hash", (1.5, 2.0)), ("scan", (4.25,))):

@@ -1,4 +1,4 @@
-"""Keys a framework's resume reads from every checkpoint (ckptaudit/restore_rules.py:missing_keys).
+"""Keys a framework's resume reads from every checkpoint (ckptaudit/components/restore_rules.py:missing_keys).
 
 A Lightning ``.ckpt`` that has every weight and all training state but not ``pytorch-lightning_version`` was
 called resumable, and Lightning's ``trainer.fit(ckpt_path=...)`` raises ``KeyError`` on it.  The runs here are

@@ -1,4 +1,4 @@
-"""A producer's resume rules about combinations and counts of files (ckptaudit/restore_rules.py).
+"""A producer's resume rules about combinations and counts of files (ckptaudit/components/restore_rules.py).
 
 The real runs are tests/frameworks fixtures (hf_trainer*_missing_scheduler, accelerate_missing_custom_checkpoint),
 each with the framework's own resume probed at generation; here, the run-level choice of the count that
@@ -7,7 +7,7 @@ Accelerate's ``load_state`` must find, on inventory units as the inventory write
 
 from __future__ import annotations
 
-from ckptaudit import restore_rules
+from ckptaudit.components import restore_rules
 
 
 def _unit(i: int, n_custom: int, in_progress: bool = False) -> dict:

@@ -13,7 +13,8 @@ import subprocess
 import pytest
 import torch
 
-from ckptaudit import report_headline, resume_hint, summary, verdict
+from ckptaudit.outputs import report_headline, summary
+from ckptaudit import resume_hint, verdict
 from ckptaudit.pipeline import audit_in_process
 
 from .conftest import REPO
@@ -190,7 +191,7 @@ def test_a_weights_only_last_ckpt_is_a_warm_start_whatever_its_entry_says(fixtur
     """Regression: a healthy last.ckpt saved with weights only (beside full saves) was usable_for none by
     resume_entry_damaged, though its weights are intact for a warm start.  Every file is loaded alone here, as a
     file over the load batch's 64 MiB (the reported 512 MiB one) is: the judgement must not depend on size."""
-    from ckptaudit import loadchild
+    from ckptaudit.stages.load import child as loadchild
 
     monkeypatch.setattr(loadchild, "BATCH_FILE_BYTES", 0)
     run, truth = _weights_only_run(fixture_cache, tmp_path)

@@ -15,7 +15,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ckptaudit import inventory
+from ckptaudit import discovery as inventory
 from ckptaudit import publish as P
 
 

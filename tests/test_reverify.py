@@ -1,9 +1,9 @@
-"""ckptaudit.reverify: the audit id, the stat key --reuse trusts, and which units an audit re-verified."""
+"""ckptaudit.verification.reverify: the audit id, the stat key --reuse trusts, and which units an audit re-verified."""
 
 import os
 import time
 
-from ckptaudit import reverify
+from ckptaudit.verification import reverify
 
 
 def test_stat_key_sees_a_write_whose_size_and_mtime_were_put_back(tmp_path):

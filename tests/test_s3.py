@@ -302,7 +302,8 @@ def test_object_rewritten_with_the_same_size_drops_its_facts_and_changes_its_uni
     pass: the later stages drop that object's facts and kept bytes (its ETag differs), so they read it again,
     and the report's liveness check (a fresh listing) names the unit as changed during the audit."""
     torch = pytest.importorskip("torch")
-    from ckptaudit import fs, liveness
+    from ckptaudit import fs
+    from ckptaudit.stages import liveness
     from ckptaudit.onepass import facts
     from ckptaudit.onepass.filepass import pass_file
 

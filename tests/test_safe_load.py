@@ -156,11 +156,11 @@ def test_framework_layouts_are_checked_not_loaded(case, unit, step):
 
 
 def test_the_reader_loads_the_unit_it_returns_once(tmp_path, monkeypatch):
-    """The reader's load test of a torch zip is its final load (ckptaudit/reader_load.py): one ``torch.load`` of
+    """The reader's load test of a torch zip is its final load (ckptaudit/stages/load/reader.py): one ``torch.load`` of
     the returned file, in this process, and no forked load child; the object returned is that load's."""
     import torch
 
-    from ckptaudit import loadtest
+    from ckptaudit.stages.load import loadtest
 
     run = tmp_path / "run"
     run.mkdir()
@@ -189,7 +189,7 @@ def test_a_map_location_other_than_cpu_keeps_the_forked_load_test(tmp_path, monk
     returned: the file is load-tested in a child, as in the audit, then loaded for the caller."""
     import torch
 
-    from ckptaudit import loadtest
+    from ckptaudit.stages.load import loadtest
 
     run = tmp_path / "run"
     run.mkdir()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import jsonschema
 
-from ckptaudit import sarif
+from ckptaudit.outputs import sarif
 from ckptaudit.pipeline import audit_in_process
 
 from .conftest import CASES

@@ -1,4 +1,4 @@
-"""Benign pickle imports are judged by what the producer's own resume does with the file (ckptaudit.security_resume)."""
+"""Benign pickle imports are judged by what the producer's own resume does with the file (ckptaudit.security.resume)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from ckptaudit import findings
 from ckptaudit.pickle_walk import walk
 from ckptaudit.pipeline import audit_in_process
 from ckptaudit.security import scan
-from ckptaudit.security_resume import resume_load
+from ckptaudit.security.resume import resume_load
 
 from .test_frameworks import fixture_cache  # noqa: F401 - the session fixture of the generated framework runs
 

@@ -1,6 +1,6 @@
 """``snakemake … drill`` and ``snakemake … audit`` exit with the codes ``ckptaudit drill`` and ``ckptaudit audit``
-give (the Snakefile's onsuccess/onerror handlers: :func:`ckptaudit.summary.exit_as_ckptaudit`,
-:func:`ckptaudit.job_errors.exit_as_ckptaudit`).
+give (the Snakefile's onsuccess/onerror handlers: :func:`ckptaudit.outputs.summary.exit_as_ckptaudit`,
+:func:`ckptaudit.outputs.job_errors.exit_as_ckptaudit`).
 
 Regression (issue 43): ``snakemake … drill`` exited 0 on "DRILL FAILED" (hook not importable), and ``snakemake …
 audit`` exited 0 when a roll back was needed: cron and CI went green.
@@ -16,7 +16,7 @@ import types
 import pytest
 import torch
 
-from ckptaudit import job_errors, summary
+from ckptaudit.outputs import job_errors, summary
 
 from .conftest import REPO
 

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from ckptaudit import state
+from ckptaudit.stages import state
 
 
 def _tensor_file(tmp_path, arr: np.ndarray, dtype: str):

@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from ckptaudit import structure
+from ckptaudit.stages import structure
 from ckptaudit.pipeline import audit_in_process
 
 from .conftest import CASES
@@ -66,7 +66,7 @@ def test_model_factory_on_the_meta_device(demo_run, tmp_path):
 
 
 def test_bad_factory_is_an_audit_error(demo_run):
-    from ckptaudit.target import TargetError
+    from ckptaudit.stages.target import TargetError
 
     with pytest.raises(TargetError, match="no_such_module"):
         audit_in_process(demo_run.run_dir, {"model_factory": "no_such_module:fn"})

@@ -1,5 +1,5 @@
-"""The end of every audit in the terminal: the verdict's summary (ckptaudit/summary.py), each failed job's own
-error line (ckptaudit/job_errors.py), and the progress line (cli/ticker.py)."""
+"""The end of every audit in the terminal: the verdict's summary (ckptaudit/outputs/summary.py), each failed job's own
+error line (ckptaudit/outputs/job_errors.py), and the progress line (cli/ticker.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import io
 import subprocess
 import sys
 
-from ckptaudit import job_errors, progress, summary
+from ckptaudit.outputs import job_errors, summary
+from ckptaudit.stages import progress
 from ckptaudit.cli.ticker import Meter, progress_line
 
 from .conftest import REPO
@@ -144,7 +145,7 @@ def test_snakemake_audit_on_the_demo_prints_the_summary(tmp_path):
                        capture_output=True, text=True, timeout=900)
     assert p.returncode == 1, p.stdout[-3000:] + p.stderr[-3000:]
     out = p.stdout + p.stderr
-    from ckptaudit.workflow_support import report_folder
+    from ckptaudit.workflow.support import report_folder
 
     report = tmp_path / "reports" / report_folder(str(tmp_path / "demo_run")) / "report.html"
     assert report.parent.name.startswith("demo_run-") and len(report.parent.name) == len("demo_run-") + 8

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from ckptaudit import job_errors, safe_load_checkpoint
+from ckptaudit.outputs import job_errors
+from ckptaudit import safe_load_checkpoint
 from ckptaudit.terminal_text import shown
 
 REPO = Path(__file__).resolve().parents[1]

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from ckptaudit import verify_budget as vb
-from ckptaudit import verify_ledger as vl
+from ckptaudit.verification import budget as vb
+from ckptaudit.verification import ledger as vl
 
 CLI = [sys.executable, "-m", "ckptaudit.cli"]
 MB = 1313243  # bytes of each full unit of the demo run (max_steps 300, save_every 50)

@@ -169,8 +169,8 @@ def test_the_scan_row_and_components_of_a_dict_dag_stay_small(tmp_path):
     import zipfile
 
     from ckptaudit import components
-    from ckptaudit.inventory import run_inventory
-    from ckptaudit.layouts.scan import scan_units
+    from ckptaudit.discovery import run_inventory
+    from ckptaudit.stages.scan import scan_units
 
     run = tmp_path / "run"
     run.mkdir()

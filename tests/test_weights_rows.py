@@ -2,7 +2,7 @@
 
 The scan tree keeps 4,096 entries of a dict (a 100,000-entry tree decoded by every stage is what pushed the
 structure and state jobs past their memory bound, issue 22); the structure layer and the reference builder
-read the rest from the tensors table (:mod:`ckptaudit.weights_rows`).  The files are written by
+read the rest from the tensors table (:mod:`ckptaudit.components.weights_rows`).  The files are written by
 ``torch.save`` and ``safetensors.torch.save_file`` themselves.
 """
 
@@ -76,7 +76,7 @@ def test_weights_of_one_dtype_and_shape_share_one_value():
     """Issue 45: a dict per weight held the structure job at 567 MiB for 1,000,000 one-element tensors; weights
     of equal dtype and shape now share one value, and the values still read as before."""
     from ckptaudit import components as C
-    from ckptaudit.weights_rows import complete
+    from ckptaudit.components.weights_rows import complete
 
     c = C.Components(weights={}, weights_cut_at=[("model.safetensors", "")])
     rows = [{"file": "model.safetensors", "name": f"t.{i}", "dtype": "float32", "shape": [1]} for i in range(3)]

@@ -68,7 +68,7 @@ def test_demo_audit_outputs(audited):
     load = {r["unit"]: r for r in pq.read_table(out / "tables" / "load.parquet").to_pylist()}
     assert load["ckpt_000250.pt"]["status"] == "ok"
     assert load[run.truncated]["status"] == "skipped"
-    # every load went to the audit's one load server (ckptaudit/load_server.py), which is gone afterwards
+    # every load went to the audit's one load server (ckptaudit/stages/load/server.py), which is gone afterwards
     served = sum(json.loads(p.read_text())["served_files"] for p in (out / "work" / "bytes" / "load").glob("*.json"))
     assert served == sum(r["status"] != "skipped" for r in load.values()) == 4
     assert not (out / "work" / "load_server.json").exists()

@@ -12,8 +12,8 @@ import yaml
 from snakemake.settings.types import DeploymentSettings
 from snakemake_interface_executor_plugins.settings import DeploymentMethod
 
-from ckptaudit import target
-from ckptaudit import workflow_support as ws
+from ckptaudit.stages import target
+from ckptaudit.workflow import support as ws
 
 from .conftest import REPO
 
@@ -42,11 +42,11 @@ def test_conda_env_installs_this_checkout_and_cpu_torch():
 
 
 @pytest.mark.parametrize("module, argv", [
-    ("ckptaudit.workflow_support", []),
-    ("ckptaudit.workflow_support", ["write-config", "{}"]),
-    ("ckptaudit.target", []),
-    ("ckptaudit.target", ["write", "config.json"]),
-    ("ckptaudit.target", ["child", "pkg.mod:fn"]),
+    ("ckptaudit.workflow.support", []),
+    ("ckptaudit.workflow.support", ["write-config", "{}"]),
+    ("ckptaudit.stages.target", []),
+    ("ckptaudit.stages.target", ["write", "config.json"]),
+    ("ckptaudit.stages.target", ["child", "pkg.mod:fn"]),
 ])
 def test_entry_points_refuse_missing_arguments(module, argv, tmp_path):
     p = subprocess.run([sys.executable, "-m", module, *argv], cwd=tmp_path, capture_output=True, text=True,

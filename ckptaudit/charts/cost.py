@@ -31,7 +31,7 @@ def from_tables(all_tables: Dict[str, List[dict]]) -> List[Tuple[str, float]]:
 
 
 def build(bench_costs: List[dict], all_tables: Dict[str, List[dict]]) -> Optional[dict]:
-    """The chart from :func:`ckptaudit.report.stage_costs` rows (stage, seconds), else from ``all_tables``.
+    """The chart from :func:`ckptaudit.stages.report.stage_costs` rows (stage, seconds), else from ``all_tables``.
 
     None when neither gives a time.  Each bar's seconds are printed beside it."""
     if bench_costs:

@@ -15,7 +15,7 @@ import datetime as _dt
 import statistics
 from typing import Dict, List, Optional, Tuple
 
-from ..report_headline import unit_sentence
+from ..outputs.report_headline import unit_sentence
 from . import svg
 from .svg import LEFT, RIGHT, WIDTH, mark
 

@@ -25,7 +25,7 @@ from .._version import __version__
 from ..config import (CONFIG_MAX_BYTES, json_or_none, merge_config, load_user_config,  # noqa: F401 - re-exported
                       read_config_file, workflow_dir)
 from ..publish import prune_command, seal_command
-from ..summary import summary  # noqa: F401 - re-exported
+from ..outputs.summary import summary  # noqa: F401 - re-exported
 from .audit import audit_command
 from .common import EXIT_FAILED, ExitThreeGroup, ExitThreeOnUsageError, check_paths  # noqa: F401 - re-exported
 from .demo import demo_command

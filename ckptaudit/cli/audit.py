@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from ..config import load_user_config
-from ..summary import summary
+from ..outputs.summary import summary
 from .common import EXIT_FAILED, ExitThreeOnUsageError, check_paths, failures_exit_3
 from .snakemake import run_snakemake_cli, run_workflow
 
@@ -72,7 +72,7 @@ def audit_command(run_dir, snakemake_args, out_dir, config_file, cores, profile,
 
     start = time.time()
     if verify_budget is not None:
-        from ..verify_budget import parse_budget
+        from ..verification.budget import parse_budget
 
         try:
             parse_budget(verify_budget)
@@ -99,11 +99,11 @@ def failed_outputs(run: str, metrics_path, junit_path, seconds: float, why: str)
             continue
         try:
             if what == "metrics":
-                from .. import metrics
+                from ..outputs import metrics
 
                 metrics.write(path, run, verdict=None, exit_code=EXIT_FAILED, duration_s=seconds)
             else:
-                from .. import junit
+                from ..outputs import junit
 
                 junit.write(path, None, audit_seconds=seconds, error=why)
         except OSError as err:
@@ -122,8 +122,8 @@ def _audit(run_dir, snakemake_args, out_dir, config_file, cores, profile, execut
         cfg = load_user_config(config_file)
         cfg.update(run_dir=rd, out_dir=str(out))
         if "://" in rd:  # one line for no credentials or an endpoint that does not answer, before any job
-            from ..run_folder import check_run_dir
-            from ..workflow_support import configure_storage
+            from ..stages.inventory.run_folder import check_run_dir
+            from ..workflow.support import configure_storage
 
             configure_storage(cfg)
             try:
@@ -141,15 +141,15 @@ def _audit(run_dir, snakemake_args, out_dir, config_file, cores, profile, execut
             run_workflow(cfg, out, cores or 2, quiet=not verbose)
         v = json.loads((out / "verdict.json").read_text())
         if sarif_path:
-            from ..sarif import write
+            from ..outputs.sarif import write
 
             write(v, sarif_path)
         if metrics_path:
-            from .. import metrics
+            from ..outputs import metrics
 
             metrics.write(metrics_path, rd, verdict=v, exit_code=exit_code(v), duration_s=time.time() - start)
         if junit_path:
-            from .. import junit
+            from ..outputs import junit
 
             junit.write(junit_path, v, audit_seconds=time.time() - start)
     return v, out

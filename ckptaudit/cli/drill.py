@@ -107,13 +107,13 @@ def _watched_outputs(doc: dict, out, metrics_path, junit_path, seconds: float) -
     audit_s = max(0.0, seconds - float(doc.get("wall_seconds") or 0.0))
     try:
         if metrics_path:
-            from .. import metrics
+            from ..outputs import metrics
             from ..verdict import exit_code
 
             metrics.write(metrics_path, doc.get("run_dir") or "", verdict=v, drill=doc, duration_s=audit_s,
                           exit_code=exit_code(v) if v is not None else EXIT_FAILED)
         if junit_path:
-            from .. import junit
+            from ..outputs import junit
 
             junit.write(junit_path, v, audit_seconds=audit_s, drill=doc,
                         error="the drill's audit wrote no verdict.json")
@@ -134,7 +134,7 @@ def _failed_outputs(run_dir: str, out_dir: str, metrics_path, junit_path, start:
     run = str(Path(run_dir).resolve()) if "://" not in run_dir else run_dir
     seconds = time.time() - start
     if metrics_path:
-        from .. import metrics
+        from ..outputs import metrics
         from ..verdict import exit_code
 
         v = None

@@ -22,10 +22,10 @@ from .common import Interrupted
 
 @contextmanager
 def _out_locked(workdir: Path) -> Iterator[None]:
-    """Hold ``workdir``'s audit lock (:mod:`ckptaudit.outlock`) for the run; another holder is one line
+    """Hold ``workdir``'s audit lock (:mod:`ckptaudit.workflow.outlock`) for the run; another holder is one line
     (:class:`click.ClickException`, exit 3).  With it held, Snakemake's own lock is off (its lock files
     outlive a SIGKILL) and an interrupted audit's incomplete outputs are redone."""
-    from .. import outlock
+    from ..workflow import outlock
 
     try:
         outlock.hold(workdir)
@@ -80,8 +80,8 @@ def _interrupts(workdir: Path) -> Iterator[None]:
 def _as_cli(workdir: Path) -> Iterator[None]:
     """Run a workflow for the CLI: its ``onsuccess``/``onerror`` handlers stay quiet (the CLI prints the
     summary itself) and a failure becomes one :class:`click.ClickException` that gives each failed job's own
-    error line (:mod:`ckptaudit.job_errors`, from ``workdir/work/failed_jobs.txt``)."""
-    from .. import job_errors
+    error line (:mod:`ckptaudit.outputs.job_errors`, from ``workdir/work/failed_jobs.txt``)."""
+    from ..outputs import job_errors
 
     failed = workdir / job_errors.FAILED_JOBS
     failed.unlink(missing_ok=True)

@@ -1,6 +1,6 @@
 """The one updating progress line ``ckptaudit audit`` draws on a terminal while the workflow hashes.
 
-The hash jobs write their bytes done under ``<out>/work/progress/`` (:mod:`ckptaudit.progress`,
+The hash jobs write their bytes done under ``<out>/work/progress/`` (:mod:`ckptaudit.stages.progress`,
 switched on by ``$CKPTAUDIT_PROGRESS_DIR``); a thread of the CLI reads them a few times a second
 and rewrites one stderr line.  When stderr is not a terminal (cron, CI, a pipe) nothing is drawn.
 """
@@ -16,7 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from .. import progress
+from ..stages import progress
 from ..terminal_text import shown
 
 #: seconds between two redraws

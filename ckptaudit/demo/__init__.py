@@ -29,7 +29,7 @@ The package: :mod:`.text` (corpus), :mod:`.model` (GPT, ``build_model``), :mod:`
 strings ``"ckptaudit.demo:build_model"`` and ``"ckptaudit.demo:restore_hook"`` resolve here.
 """
 
-from ..hashing import sha256_file  # noqa: F401 - re-exported (the demo's own copy is gone)
+from ..stages.hash import sha256_file  # noqa: F401 - re-exported (the demo's own copy is gone)
 from .checkpoint import PathLike, canonical, save_checkpoint, serialize  # noqa: F401
 from .hook import restore_hook  # noqa: F401
 from .incident import StallingWriter, crash_save, flip_byte_in_tensor_record  # noqa: F401

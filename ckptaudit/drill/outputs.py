@@ -52,7 +52,7 @@ def write_outputs(out: Path, doc: Mapping[str, Any], rows: Sequence[Mapping[str,
 def render_html(doc: Mapping[str, Any], rows: Sequence[Mapping[str, Any]]) -> str:
     """The drill report section (``templates/drill.html.j2``): one self-contained page, with the
     continuation loss and LR against the schedule as inline SVG (:func:`ckptaudit.charts.drill_charts`)."""
-    from .. import templating
+    from ..outputs import templating
     from .._version import __version__
     from ..charts import drill_charts
 

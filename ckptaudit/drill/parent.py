@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Tuple, Union
 
-from .. import liveness
+from ..stages import liveness
 from ..text import step_text
 from .contract import SCHEMA, STATUS_WORDS, check_row
 from .outputs import summary_line, write_outputs
@@ -235,7 +235,7 @@ def read_verdict(run_dir, out: Path, cfg, verdict) -> dict:
     if run_dir is None:
         raise ValueError("neither a verdict nor a run folder was given")
     from ..pipeline import audit_in_process
-    from ..workflow_support import STAGE_KEYS
+    from ..workflow.support import STAGE_KEYS
 
     stage_cfg = {k: v for k, v in (cfg or {}).items() if k in STAGE_KEYS and v is not None}
     return audit_in_process(run_dir, stage_cfg, out_dir=out / "audit")

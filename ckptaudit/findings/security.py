@@ -34,7 +34,7 @@ ENTRIES: List[_k] = [
        "as_dict = obj if isinstance(obj, dict) else {{\"model\": obj}}\n"
        "torch.save({{k: (v.state_dict() if isinstance(v, torch.nn.Module) else v) for k, v in as_dict.items()}}, "
        "\"{path}.state_dict.pt\")",
-       stage="load", detector="ckptaudit.whole_modules:refusal"),
+       stage="load", detector="ckptaudit.stages.load.whole_modules:refusal"),
     _k("unrestricted_load_imports_unknown", "security", "error", "none",
        "{path}: the pickle in {member} imports {unknown} (module.name), which no allowlist knows, and the "
        "resume loads this file with {loader}: loading it would import and call these names, running whatever "
@@ -63,27 +63,27 @@ ENTRIES: List[_k] = [
        "Python's pickle would import and call these names{py_note}.",
        "Load it only with torch.jit.load; find out where the archive came from and why its pickle names "
        "these, and never unpickle the record with Python's pickle.",
-       stage="scan", detector="ckptaudit.security_torchscript:scan"),
+       stage="scan", detector="ckptaudit.security.torchscript:scan"),
     _k("non_allowlisted_global_benign", "security", "warning", "resume",
        "{path}: the pickle in {member} imports {benign}, known-benign but rejected by torch.load(weights_only=True) "
        "(the default since torch 2.6): loading it needs exactly {allow} allowed.",
        "Allow exactly these types before loading.",
        "torch.serialization.add_safe_globals([{add_safe}])",
-       stage="scan", detector="ckptaudit.security_resume:benign_findings"),
+       stage="scan", detector="ckptaudit.security.resume:benign_findings"),
     _k("pickle_global_allowed_by_resume", "security", "info", "resume",
        "{path}: the pickle in {member} needs {benign}, known-benign types that torch.load(weights_only=True) "
        "refuses by default; the resume's own loader ({loader}) {how}, so a resume loads the file as saved.",
        "Nothing to do for a resume; only a load of this file outside the framework needs these types allowed "
        "(torch.serialization.add_safe_globals).",
-       stage="scan", detector="ckptaudit.security_resume:benign_findings"),
+       stage="scan", detector="ckptaudit.security.resume:benign_findings"),
     _k("pickle_global_not_loaded_on_resume", "security", "info", "resume",
        "{path}: the pickle in {member} needs {benign}, known-benign types that torch.load(weights_only=True) "
        "refuses by default; the resume never unpickles this file ({loader}), so it does not affect a resume.",
        "Nothing to do for a resume; only reading this file yourself needs these types allowed "
        "(torch.serialization.add_safe_globals).",
-       stage="scan", detector="ckptaudit.security_resume:benign_findings"),
+       stage="scan", detector="ckptaudit.security.resume:benign_findings"),
     _k("pickle_obfuscation", "security", "error", "none",
        "{path}: the pickle in {member} uses a trick that hides what it imports ({why}).",
        "Never load it; find out where the file came from.",
-       stage="scan", detector="ckptaudit.security_tricks:obfuscation"),
+       stage="scan", detector="ckptaudit.security.tricks:obfuscation"),
 ]

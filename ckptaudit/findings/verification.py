@@ -1,7 +1,7 @@
 """The finding kinds of re-verification over time: a file's bytes compared with its last verification's digest.
 
 Data only, as :mod:`.file` (whose layer they share): each entry names its ``stage`` and its ``detector``.  They
-come from :mod:`ckptaudit.verify_ledger`, which keeps each unit's last verification in the output folder.
+come from :mod:`ckptaudit.verification.ledger`, which keeps each unit's last verification in the output folder.
 """
 
 from __future__ import annotations
@@ -17,5 +17,5 @@ ENTRIES: List[_k] = [
        "(media bit rot, a disk, controller or RAID layer returning other bytes, a block device written directly).",
        "Do not use it; roll back to the newest checkpoint whose bytes verify, restore {path} from a copy, and "
        "check the storage (SMART, scrub, controller logs).",
-       stage="hash", detector="ckptaudit.verify_ledger:digest_changed"),
+       stage="hash", detector="ckptaudit.verification.ledger:digest_changed"),
 ]

@@ -30,7 +30,7 @@ The format (what this module relies on, fact by fact):
 
 :func:`parse` says, per document, whether that verification would raise on the document itself;
 :func:`read_unit` applies it to an audited folder unit (the hash stage checks each listed digest in its one pass
-over the bytes, :mod:`ckptaudit.hashing`); :func:`write_folder` writes the format for ``ckptaudit seal`` and the
+over the bytes, :mod:`ckptaudit.stages.hash`); :func:`write_folder` writes the format for ``ckptaudit seal`` and the
 publisher, byte for byte as Megatron writes it, but atomically, and never over a manifest that disagrees.
 """
 

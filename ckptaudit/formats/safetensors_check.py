@@ -65,7 +65,7 @@ def check_safetensors(path, *, display: Optional[str] = None, scan_zeros: bool =
     Reads the 8-byte prefix and the header (at most :data:`MAX_HEADER_BYTES`);
     with ``scan_zeros`` the data buffer is streamed once in ``chunk``-byte reads
     to look for zeroed blocks (not when ``facts.tensor_bytes`` is false:
-    :data:`ckptaudit.read_depth.METADATA_ONLY`).  The findings name ``display`` (default: ``path``), the file as it
+    :data:`ckptaudit.fs.read_depth.METADATA_ONLY`).  The findings name ``display`` (default: ``path``), the file as it
     sits in the run folder.  ``facts`` (the hash stage's :class:`ckptaudit.onepass.facts.ByteFacts`) answer
     for the NUL runs its pass listed in the data buffer.  Never raises on bad content; raises OSError only if the file cannot be opened.
     """

@@ -117,7 +117,7 @@ def check_zip(path, *, display: Optional[str] = None, verify_crc: bool = True, c
     data.pkl's bytes and the number of records when data.pkl is intact (before the findings are built),
     so that a storage record failing its CRC names the tensors it holds.
     With ``facts`` at a depth without tensor bytes (``facts.tensor_bytes`` false: the reader's run pass,
-    :data:`ckptaudit.read_depth.METADATA_ONLY`) ``verify_crc`` is off.  ``facts`` (the hash stage's
+    :data:`ckptaudit.fs.read_depth.METADATA_ONLY`) ``verify_crc`` is off.  ``facts`` (the hash stage's
     :class:`ckptaudit.onepass.facts.ByteFacts`) answer for the records' CRC32s and NUL runs its pass computed.
     Memory: O(chunk) plus the central directory entries and data.pkl.  Never
     raises on bad content; OSError only when the file cannot be opened.

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 from ..formats.sniff import sniff
-from ..manifest_entries import load_manifest
+from ..formats.manifest_entries import load_manifest
 from . import dcp, safetensors_file, torch_zip
 from .missing import missing_files
 from .proof import (FILLED, INTACT, LOST, PROOFS, SAFETENSORS_DTYPE, SUSPECT, UNPROVEN, TensorBytes, counts,

@@ -86,7 +86,7 @@ def _metadata_proof(folder: Path, sealed: Dict[str, Optional[bool]]) -> Tuple[Op
     """``(verdict, words, proof kind)`` of ``.metadata``: by ``integrity.json``'s SHA-256 (``sealed``), else by a
     ckptaudit manifest's digests of it; without either it has no checksum, and each chunk is only cross-checked
     (its blob's own CRC-checked data.pkl must agree on dtype and shape: :func:`_chunk`)."""
-    from ..manifest_entries import load_manifest
+    from ..formats.manifest_entries import load_manifest
 
     if sealed.get(".metadata") is not None:
         ok = bool(sealed[".metadata"])

@@ -19,7 +19,7 @@ MISSING_KINDS = {"ds_rank_files_missing": "path", "dcp_shard_missing": "file", "
 def missing_files(run_dir: Path, unit: Path, cfg: dict) -> List[Tuple[str, str]]:
     """``[(file, the finding's message)]`` for the files of folder ``unit`` that its layout says are missing;
     ``[]`` when the run's inventory does not list the unit."""
-    from ..inventory import discover
+    from ..discovery import discover
     from ..layouts import adapter_for
 
     rel = unit.resolve().relative_to(run_dir.resolve()).as_posix() or "."

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
-from ..chunk_digest import FIELDS, SAID, digest_range
+from ..formats.chunk_digest import FIELDS, SAID, digest_range
 
 #: torch dtype name -> safetensors dtype: every dtype ``safetensors.torch`` 0.8 reads back to torch
 #: (``safetensors.torch._TYPES``; a test holds the two equal).  torch dtypes not here (complex128, complex32,

@@ -10,9 +10,9 @@ extracted to disk), walked statically (:func:`ckptaudit.pickle_walk.walk`, every
 loader that reads it (:func:`judge`):
 
 * a TorchScript archive's data.pkl, constants.pkl and ``.debug_pkl`` records: by
-  :func:`ckptaudit.security_torchscript.scan` (the C++ unpickler imports no Python global);
+  :func:`ckptaudit.security.torchscript.scan` (the C++ unpickler imports no Python global);
 * the data.pkl ``torch.load`` reads: by :func:`ckptaudit.security.scan` under the producer's resume loader
-  (:func:`ckptaudit.security_resume.resume_load`);
+  (:func:`ckptaudit.security.resume.resume_load`);
 * any other record: no loader the audit knows unpickles it (:data:`NOT_LOADED`): a dangerous import is still
   ``malicious_pickle_code_exec``, an unknown one a warning, as for NumPy object arrays.
 
@@ -31,9 +31,10 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Collection, List, Optional
 
-from .. import security, security_resume, security_torchscript
+from .. import security
+from ..security import resume as security_resume, torchscript as security_torchscript
 from ..pickle_walk import WalkResult, walk
-from ..security_resume import ResumeLoad
+from ..security.resume import ResumeLoad
 from .result import UnitScan
 
 __all__ = ["HEAD_BYTES", "MAX_MEMBERS", "NOT_LOADED", "is_pickle", "judge", "scan_zip_members", "torchscript_of"]
@@ -62,7 +63,7 @@ def judge(scan: UnitScan, rel: str, member: str, streams: WalkResult, allowed: L
     """Judge the walked pickle of record ``member`` of archive ``rel`` (``streams``: every stream, as
     :func:`ckptaudit.security.streams` returns) by the loader that reads it; add its findings and one import
     row per distinct import to ``scan``.  ``torchscript`` is the archive's TorchScript code modules
-    (:func:`ckptaudit.security_torchscript.code_modules`) or None for a torch.save archive; ``data_pkl``
+    (:func:`ckptaudit.security.torchscript.code_modules`) or None for a torch.save archive; ``data_pkl``
     says ``member`` is the data.pkl ``torch.load`` reads."""
     if torchscript is not None and security_torchscript.read_by_jit(member, prefix):
         verdicts, sec = security_torchscript.scan(streams, path=rel, member=member, code=torchscript)
@@ -74,7 +75,7 @@ def judge(scan: UnitScan, rel: str, member: str, streams: WalkResult, allowed: L
 
 
 def torchscript_of(rep) -> Optional[Collection[str]]:
-    """The code modules of a TorchScript archive (:func:`ckptaudit.security_torchscript.code_modules`) whose
+    """The code modules of a TorchScript archive (:func:`ckptaudit.security.torchscript.code_modules`) whose
     :class:`ckptaudit.formats.torchzip.ZipReport` is ``rep``, or None when it is no TorchScript archive."""
     names = [m.name for m in rep.members]
     return (security_torchscript.code_modules(names, rep.prefix)

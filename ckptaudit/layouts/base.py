@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
-from .. import security_tricks
+from ..security import tricks as security_tricks
 from ..formats import pickles
 from ..formats.pickles import walk_problem  # noqa: F401 (face: the adapters' walk findings)
 from . import archive_pickles, tar_pickles

@@ -26,7 +26,7 @@ from typing import Callable, List, Optional
 
 from .. import findings as F
 from .. import fs
-from ..security_resume import ResumeLoad
+from ..security.resume import ResumeLoad
 from .result import UnitScan
 
 __all__ = ["DCP_LOAD_BYTES", "MAX_ITEMS", "VALUE_BYTES", "scan_bytes_items", "read_item", "pickle_of"]

@@ -38,8 +38,8 @@ class HFIndex:
 
     def claim_index(self, root: Path, d: Path, names: List[str]):
         """Units for each ``*.index.json`` among ``names`` in folder ``d`` (with the shards it names).  The caller
-        passes only names it may open (:mod:`ckptaudit.inventory`: an index that is a FIFO is never read) and
-        sets aside the shards it must not (a FIFO shard: ``ckptaudit.inventory._set_aside``)."""
+        passes only names it may open (:mod:`ckptaudit.discovery`: an index that is a FIFO is never read) and
+        sets aside the shards it must not (a FIFO shard: ``ckptaudit.discovery._set_aside``)."""
         from ..units import Unit, step_from_name
 
         units = []

@@ -1,6 +1,6 @@
 """What a unit holds besides checkpoint data: the one builder each of unit_in_progress, not_a_regular_file, file_unreadable, path_too_long.
 
-The inventory names irregular files (:func:`ckptaudit.inventory.irregular_reason`) and in-progress saves
+The inventory names irregular files (:func:`ckptaudit.discovery.irregular_reason`) and in-progress saves
 (``in_progress``); the adapters find temporary leftovers (DCP's ``.metadata.tmp``, an HF write-then-rename
 temp file, a ``tmp-checkpoint-*`` folder) and a folder under a shard's name.  They decide; these build.
 """
@@ -15,10 +15,10 @@ from .. import confine
 from .. import findings as F
 from ..findings import Finding
 
-#: :func:`ckptaudit.inventory.irregular_reason` of a regular file this process may not read (mode 000,
+#: :func:`ckptaudit.discovery.irregular_reason` of a regular file this process may not read (mode 000,
 #: another owner): :func:`irregular` makes it ``file_unreadable``; any other reason is ``not_a_regular_file``.
 UNREADABLE = "permission denied"
-#: What :func:`ckptaudit.inventory._irregular_entry` puts in the kind of a pointer that is not a regular file (a FIFO or a
+#: What :func:`ckptaudit.discovery._irregular_entry` puts in the kind of a pointer that is not a regular file (a FIFO or a
 #: device named ``latest``), before the reason; :func:`ckptaudit.pointer_judgements.judge` makes
 #: :func:`irregular` of it.
 POINTER_NOT_READ = ", not read: "

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import BinaryIO, List
 
 from .. import fs
-from ..security_resume import ResumeLoad
+from ..security.resume import ResumeLoad
 from .result import UnitScan
 
 #: Members of one ``.npz`` looked at, at most.

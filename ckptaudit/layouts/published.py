@@ -61,7 +61,7 @@ def content_role(node: Any) -> str:
 
 def declared_roles(run_dir: Path, unit: dict) -> Dict[str, str]:
     """{run-relative file: role} as the unit's manifest declares them ({} without a manifest)."""
-    from ..manifest_entries import load_manifest
+    from ..formats.manifest_entries import load_manifest
 
     if not unit.get("manifest"):
         return {}

@@ -12,7 +12,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, List
 
-from .. import fs, security_resume
+from .. import fs
+from ..security import resume as security_resume
 from .result import TensorRow, UnitScan
 from .tree import SMALL_TENSOR_NUMEL, decode_small, read_small, small_nbytes
 

@@ -26,10 +26,11 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
-from .. import fs, security, security_resume
+from .. import fs, security
+from ..security import resume as security_resume
 from ..pickle_walk import GlobalRef, WalkResult, walk
 from ..pickle_walk.dtypes import dtype_of_storage_type
-from ..security_resume import ResumeLoad
+from ..security.resume import ResumeLoad
 from .archive_pickles import HEAD_BYTES, NOT_LOADED, MAX_MEMBERS, is_pickle, judge
 from .result import UnitScan
 

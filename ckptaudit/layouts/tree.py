@@ -25,7 +25,7 @@ SMALL_TENSOR_NUMEL = 8
 # ---------------------------------------------------------------- pruning
 PRUNE_NODE_BUDGET = 1_000_000  # nodes described per file; a pickle whose tree is larger is a finding
 #: Entries of one dict or list a described tree keeps; the tensors table has them all (a cut dict holds its
-#: full length under ``"__truncated__"``, :data:`ckptaudit.tree_values.TRUNCATED`).
+#: full length under ``"__truncated__"``, :data:`ckptaudit.components.tree_values.TRUNCATED`).
 TREE_MAX_ITEMS = 4096
 #: Nodes one file's tree may spend describing containers again that it has described already (a pickle memoises a
 #: dict or list met twice and rebuilds one object: ``{"a": d, "b": d}``).  A shared container whose expansion

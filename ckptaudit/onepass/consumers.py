@@ -14,7 +14,7 @@ import hashlib
 import threading
 from typing import Dict, Iterable, List, Optional, Tuple
 
-from ..chunk_digest import new_hasher
+from ..formats.chunk_digest import new_hasher
 from ..formats.zip.crc32 import crc32, crc32_combine  # noqa: F401 - crc32_combine is part of this module's interface
 from .nulruns import nul_runs
 from .ranges import Ranges
@@ -40,14 +40,14 @@ class Sha256:
 
 
 class FastDigest:
-    """The audit's own digest of every byte fed (:data:`ckptaudit.digest_purpose.FAST_DIGEST`, fed in file order
-    from offset 0), hashed on up to ``threads`` threads (:data:`ckptaudit.digest_purpose.FAST_DIGEST_THREADS`)."""
+    """The audit's own digest of every byte fed (:data:`ckptaudit.formats.digest_purpose.FAST_DIGEST`, fed in file order
+    from offset 0), hashed on up to ``threads`` threads (:data:`ckptaudit.formats.digest_purpose.FAST_DIGEST_THREADS`)."""
 
     ON_POOL = True  # as Sha256's
 
     def __init__(self, threads: Optional[int] = None) -> None:
-        from ..chunk_digest import new_hasher
-        from ..digest_purpose import FAST_DIGEST, FAST_DIGEST_THREADS
+        from ..formats.chunk_digest import new_hasher
+        from ..formats.digest_purpose import FAST_DIGEST, FAST_DIGEST_THREADS
 
         self.algorithm = FAST_DIGEST
         self.h = new_hasher(FAST_DIGEST, FAST_DIGEST_THREADS if threads is None else threads)
@@ -62,7 +62,7 @@ class FastDigest:
 
 
 class Progress:
-    """Tells a progress writer (:mod:`ckptaudit.progress`) how many bytes were fed; safe to feed from threads."""
+    """Tells a progress writer (:mod:`ckptaudit.stages.progress`) how many bytes were fed; safe to feed from threads."""
 
     def __init__(self, writer) -> None:
         self.writer = writer
@@ -74,7 +74,7 @@ class Progress:
 
 
 class ChunkDigest:
-    """The digest (``algorithm``: :data:`ckptaudit.chunk_digest.FIELDS`) of each ``chunk_bytes`` slice of the
+    """The digest (``algorithm``: :data:`ckptaudit.formats.chunk_digest.FIELDS`) of each ``chunk_bytes`` slice of the
     bytes fed from ``start`` (a chunk boundary) on."""
 
     ON_POOL = True  # as Sha256's

@@ -132,7 +132,7 @@ def load(rows, run_dir, tensor_bytes: bool = True, kinds: Optional[Iterable[str]
     (``len()``: the facts kept).  Rows of a file whose size or version changed since the pass are dropped.  Kept
     bytes of remote objects go to its ``kept`` (:class:`ckptaudit.fs.kept.KeptBytes`), which the stage serves
     to its remote reads with ``with fs.kept.serving(facts.kept):``.  Memory: the kept columns (a few int64 per fact)
-    and one batch, not the table.  ``tensor_bytes``: the read depth's (:class:`ckptaudit.read_depth.ReadDepth`),
+    and one batch, not the table.  ``tensor_bytes``: the read depth's (:class:`ckptaudit.fs.read_depth.ReadDepth`),
     whether a check with no fact may stream tensor data.  ``kinds``: the kinds of fact the caller asks of it (default: every kind); the
     others are not kept (issue 45: a "values" fact per tensor is ~100 MiB at 1,000,000 tensors, which only the
     state stage asks for)."""
@@ -265,7 +265,7 @@ class ByteFacts:
     Per file (``fs.fspath``) and kind, columns sorted by ``(data_offset, length_bytes)``: a lookup is a binary
     search, memory a few int64 per fact.  An empty ``ByteFacts()`` answers None to every question (the check then
     reads the bytes, unless ``tensor_bytes`` is false: the reader's run pass, which reads metadata only and skips
-    the streams over tensor data, :data:`ckptaudit.read_depth.METADATA_ONLY`)."""
+    the streams over tensor data, :data:`ckptaudit.fs.read_depth.METADATA_ONLY`)."""
 
     __slots__ = ("_files", "_nul_scan", "count", "kept", "tensor_bytes")
 

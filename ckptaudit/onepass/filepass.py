@@ -1,6 +1,6 @@
 """One file's pass: plan it, feed every byte once to its consumers, return the facts (digests, CRCs, value stats).
 
-With a whole-file digest wanted (SHA-256, or the audit's own :data:`ckptaudit.digest_purpose.FAST_DIGEST`) the
+With a whole-file digest wanted (SHA-256, or the audit's own :data:`ckptaudit.formats.digest_purpose.FAST_DIGEST`) the
 file is one stream (both are serial over the file; the other consumers of each buffer run beside it on a second
 thread, and BLAKE3 splits each buffer over threads itself).  Without it (a manifest with chunk digests
 implies the whole-file digest) a big file is split into segments on chunk boundaries, each
@@ -31,7 +31,7 @@ class FileFacts:
     ``values_dtype`` the plan's value ranges with ``values_nonfinite``, ``values_sum_squares`` and
     ``values_seen`` (non-finite count, Σx² of the finite values, bytes seen); ``nul_scans``
     {(start, length, min_run): [(offset, length), ...] or None}; ``sha256_hex`` "" when not computed;
-    ``fast_hex`` the :data:`~ckptaudit.digest_purpose.FAST_DIGEST` of the whole file, "" when not computed;
+    ``fast_hex`` the :data:`~ckptaudit.formats.digest_purpose.FAST_DIGEST` of the whole file, "" when not computed;
     ``chunk_hex`` the chunk digests (``chunk_algorithm``), None when not asked for; ``bytes_read``: bytes the
     pass itself read (the plan's small
     reads are counted by ``fs``); ``version``: :func:`ckptaudit.fs.version`'s tag of the file as the pass found
@@ -132,8 +132,8 @@ def pass_file(path, *, whole_sha: bool = True, chunk_bytes: Optional[int] = None
               stop: Optional[threading.Event] = None, dcp_places: Optional[dict] = None,
               fast_digest: bool = False) -> FileFacts:
     """Read ``path`` once and compute every fact of it: the whole-file SHA-256 when ``whole_sha``, the whole-file
-    :data:`~ckptaudit.digest_purpose.FAST_DIGEST` when ``fast_digest``, the chunk digests of ``chunk_bytes`` slices
-    with ``chunk_algorithm`` (:mod:`ckptaudit.chunk_digest`) when ``chunk_bytes`` is given; ``progress`` (a
+    :data:`~ckptaudit.formats.digest_purpose.FAST_DIGEST` when ``fast_digest``, the chunk digests of ``chunk_bytes`` slices
+    with ``chunk_algorithm`` (:mod:`ckptaudit.formats.chunk_digest`) when ``chunk_bytes`` is given; ``progress`` (a
     consumer, e.g. :class:`~.consumers.Progress`) is fed too.  ``stop``: set, the pass stops at its next buffer
     (:class:`~.stream.PassStopped`); ``dcp_places``: a DCP data file's folder places
     (:func:`~.plan_dcp.unit_places`), for its plan.  Raises ``OSError`` when it cannot be read."""

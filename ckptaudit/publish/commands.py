@@ -12,8 +12,8 @@ from .seal import seal
 
 
 def _require_units(cmd: str, run_dir: str) -> None:
-    """Exit 3 with one line when ``run_dir`` is missing or holds no checkpoint (:mod:`ckptaudit.run_folder`)."""
-    from ..run_folder import check_has_units
+    """Exit 3 with one line when ``run_dir`` is missing or holds no checkpoint (:mod:`ckptaudit.stages.inventory.run_folder`)."""
+    from ..stages.inventory.run_folder import check_has_units
 
     try:
         check_has_units(run_dir)

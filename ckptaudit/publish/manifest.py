@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from .._version import __version__
-from ..chunk_digest import WRITTEN, digest_range
+from ..formats.chunk_digest import WRITTEN, digest_range
 from .clock import Clock
 from .names import O_CLOEXEC, DEFAULT_CHUNK_BYTES, SCHEMA
 
@@ -65,7 +65,7 @@ class FileRecord:
     ``role`` what the file holds (one of :data:`ROLES`; "" when the writer did not say and
     the object was not seen, as for ``pub.open`` and ``pub.path`` files).  ``sha256_hex`` is the
     whole file's SHA-256; ``chunk_blake3_hex`` the BLAKE3 digest of each ``chunk_bytes`` slice
-    (the last one shorter; :mod:`ckptaudit.chunk_digest`)."""
+    (the last one shorter; :mod:`ckptaudit.formats.chunk_digest`)."""
 
     path: str
     size_bytes: int

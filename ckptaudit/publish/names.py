@@ -20,7 +20,7 @@ __all__ = ["SCHEMA", "SCHEMAS_READ", "MANIFEST_NAME", "COMPLETE_MARKER", "TMP_PR
            "DEFAULT_CHUNK_BYTES", "PublishError", "Preempted", "tmp_name", "host_tag", "check_name"]
 
 #: The manifest schema written.  ``/2`` differs from ``/1`` only in its entries' chunk digests: BLAKE3 in
-#: ``chunk_blake3_hex`` where ``/1`` had SHA-256 in ``chunk_sha256_hex`` (:mod:`ckptaudit.chunk_digest`).
+#: ``chunk_blake3_hex`` where ``/1`` had SHA-256 in ``chunk_sha256_hex`` (:mod:`ckptaudit.formats.chunk_digest`).
 SCHEMA = "ckptaudit.manifest/2"
 #: Every manifest schema this version reads as its own.
 SCHEMAS_READ = ("ckptaudit.manifest/1", SCHEMA)

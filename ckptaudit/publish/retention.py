@@ -70,7 +70,7 @@ def verify_unit(run_dir: str | os.PathLike, unit: Dict[str, Any]) -> Tuple[bool,
     """(True, "") when ``unit`` (an inventory unit dict) is complete and every file matches
     its manifest entry or sidecar; else (False, why).  Reads every byte of the unit
     (chunked files on all cores).  A file without any recorded digest cannot be verified."""
-    from .. import hashing
+    from ..stages import hash as hashing
 
     if unit.get("in_progress"):
         return False, f"in progress ({unit['in_progress']})"
@@ -130,7 +130,7 @@ def _ours(p: Path, target: str, what: str) -> Optional[os.stat_result]:
     """The ``lstat`` of ``p`` when it is a small regular file in exactly our format naming ``target`` (a
     ``sha256sum`` line, or a ``ckptaudit.manifest/1`` or ``/2`` whose ``unit`` is it: ``what`` says which),
     else None."""
-    from ..hashing import parse_sidecar
+    from ..stages.hash import parse_sidecar
 
     try:
         st = os.lstat(p)
@@ -231,7 +231,7 @@ def prune(run_dir: str | os.PathLike, *, keep_last: Optional[int] = None, keep_e
     Raises ``ValueError`` without any keep rule (and no ``sweep_stale``) or with a bad value, and
     ``FileNotFoundError`` for a missing ``run_dir``.
     """
-    from ..inventory import discover
+    from ..discovery import discover
 
     sweep_only = sweep_stale and keep_last is None and keep_every is None and keep_best is None
     if not sweep_only:

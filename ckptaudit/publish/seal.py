@@ -130,10 +130,10 @@ def seal_folder(run_dir: str | os.PathLike, unit: str, step: Optional[int], *,
 
 def _audit(root: Path, cfg: Optional[dict]) -> Tuple[dict, dict, Dict[str, str]]:
     """(the verdict, the inventory, {file: SHA-256 the audit computed}) of an audit of ``root`` in this process,
-    which computes the SHA-256 of every file (:data:`ckptaudit.read_depth.SEAL`: the sidecars
+    which computes the SHA-256 of every file (:data:`ckptaudit.fs.read_depth.SEAL`: the sidecars
     written here record it, and a file whose bytes changed since is refused)."""
     from .. import tables
-    from ..read_depth import SEAL
+    from ..fs.read_depth import SEAL
     from ..pipeline import audit_in_process
 
     with tempfile.TemporaryDirectory(prefix="ckptaudit-seal-") as td:

@@ -15,7 +15,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Union
 
-from ..chunk_digest import WRITTEN, chunk_digests
+from ..formats.chunk_digest import WRITTEN, chunk_digests
 from . import background as _background
 from .clock import Clock
 from .collectives import Comm

@@ -1,7 +1,7 @@
 """The hashing writer: a write-only binary file that hashes every byte, from memory, while ``torch.save`` writes it.
 
 Two digests of every byte: the whole-file SHA-256 (the sidecar's, what ``sha256sum -c`` checks) and the
-manifest's chunk digests, BLAKE3 (:mod:`ckptaudit.chunk_digest`: ~3.6 × cheaper than a second SHA-256
+manifest's chunk digests, BLAKE3 (:mod:`ckptaudit.formats.chunk_digest`: ~3.6 × cheaper than a second SHA-256
 pass, which had set the writer's floor at 1.05 × ``torch.save`` + fsync on two cores; issue 23).
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Iterable, List, Optional, Tuple
 
 from .._io import write_all as _write_all
-from ..chunk_digest import WRITTEN, new_hasher
+from ..formats.chunk_digest import WRITTEN, new_hasher
 from .clock import Clock
 from .manifest import FileRecord
 from .names import O_CLOEXEC
@@ -64,7 +64,7 @@ class HashingWriter:
     """Binary write-only file (what ``torch.save`` needs: ``write``, ``flush``) that hashes
     every byte it is handed, in memory, so the file is never read back: the whole-file
     SHA-256 and the BLAKE3 digest of each ``chunk_bytes`` chunk (for the manifest,
-    :data:`ckptaudit.chunk_digest.WRITTEN`) are computed from the buffer while the calling
+    :data:`ckptaudit.formats.chunk_digest.WRITTEN`) are computed from the buffer while the calling
     thread writes the same buffer to disk.
 
     A write of at least :data:`PARALLEL_BYTES` is hashed on two threads of the writer's own,

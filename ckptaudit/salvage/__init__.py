@@ -45,7 +45,7 @@ def _check_unit(given: Path, run_dir: Optional[Path]) -> Tuple[Path, Path]:
     """``(unit, run folder)``, both resolved (a unit given through a symbolic link is the file it names); raises
     :class:`SalvageRefused` for a missing unit, a unit outside ``run_dir``, or a path that is no checkpoint unit
     of its folder (a run folder, a folder of other files): the inventory of the folder above decides."""
-    from ..inventory import discover
+    from ..discovery import discover
 
     if not os.path.exists(given):
         raise SalvageRefused(f"{given}: no such file or folder")

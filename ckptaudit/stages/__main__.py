@@ -1,0 +1,7 @@
+"""``python -m ckptaudit.stages STAGE …``: the entry point of the workflow's rules."""
+
+import sys
+
+from . import main
+
+sys.exit(main())
