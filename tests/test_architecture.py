@@ -123,8 +123,12 @@ def test_no_import_cycle():
 
 def _package_of(mod: str) -> str:
     """A module's node in the package graph: its sub-package of ``ckptaudit`` (``ckptaudit.formats`` for
-    ``ckptaudit.formats.zip.crc``), or itself for a top-level module."""
-    return ".".join(mod.split(".")[:2])
+    ``ckptaudit.formats.zip.crc``), or itself for a top-level module.  ``ckptaudit/stages/`` is a folder of stages,
+    one per rule, layered among themselves as the workflow runs them (the report over the verdict, the verdict over
+    the state stage, every stage over the inventory): each stage is a node (``ckptaudit.stages.load`` for
+    ``ckptaudit.stages.load.child``), and ``stages/__init__`` (the stage list and the rules' CLI) one more."""
+    parts = mod.split(".")
+    return ".".join(parts[:3] if len(parts) > 2 and parts[1] == "stages" else parts[:2])
 
 
 def test_no_import_cycle_between_packages():

@@ -113,9 +113,10 @@ def _watched_outputs(doc: dict, out, metrics_path, junit_path, seconds: float) -
             metrics.write(metrics_path, doc.get("run_dir") or "", verdict=v, drill=doc, duration_s=audit_s,
                           exit_code=exit_code(v) if v is not None else EXIT_FAILED)
         if junit_path:
+            from ..drill.contract import INFRA_CHECKS
             from ..outputs import junit
 
-            junit.write(junit_path, v, audit_seconds=audit_s, drill=doc,
+            junit.write(junit_path, v, audit_seconds=audit_s, drill=doc, infra_checks=INFRA_CHECKS,
                         error="the drill's audit wrote no verdict.json")
     except OSError as err:
         raise click.ClickException(f"--metrics/--junit: {err}")

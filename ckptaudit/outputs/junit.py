@@ -151,10 +151,11 @@ def audit_suite(root: ET.Element, v: Mapping, seconds: float = 0.0, started: Opt
     return suite
 
 
-def drill_suite(root: ET.Element, doc: Mapping, started: Optional[str] = None) -> ET.Element:
-    """Add the drill's ``testsuite`` for ``doc`` (a parsed ``drill.json``, with its ``rows``) to ``root``."""
-    from ..drill.contract import INFRA_CHECKS
-
+def drill_suite(root: ET.Element, doc: Mapping, started: Optional[str] = None,
+                infra_checks: Sequence[str] = ()) -> ET.Element:
+    """Add the drill's ``testsuite`` for ``doc`` (a parsed ``drill.json``, with its ``rows``) to ``root``; a failed
+    check named in ``infra_checks`` (the drill's, :data:`ckptaudit.drill.INFRA_CHECKS`) is an error, not a
+    failure.  The drill hands them in: the outputs sit below the drill and do not import it."""
     suite = _suite(root, "drill", started or doc.get("started_utc"))
     _props(suite, [("run_dir", doc.get("run_dir")), ("unit", doc.get("unit")), ("step", doc.get("step")),
                    ("result", doc.get("result"))])
@@ -163,7 +164,7 @@ def drill_suite(root: ET.Element, doc: Mapping, started: Optional[str] = None) -
         case = _case(suite, f"ckptaudit.drill.{shown(dev)}", str(r.get("check")), float(r.get("check_seconds") or 0))
         detail = f"expected: {r.get('expected', '')}\nactual: {r.get('actual', '')}\n{r.get('message', '')}"
         if r.get("status") == "fail":
-            tag = "error" if r.get("check") in INFRA_CHECKS else "failure"
+            tag = "error" if r.get("check") in infra_checks else "failure"
             _outcome(case, tag, str(r.get("message", "")), str(r.get("check")), detail)
         elif r.get("status") == "skip":
             _outcome(case, "skipped", str(r.get("message", "")), "skip")
@@ -182,9 +183,9 @@ def _count(suite: ET.Element, seconds: float) -> None:
 
 
 def document(verdict: Optional[Mapping], *, audit_seconds: float = 0.0, drill: Optional[Mapping] = None,
-             error: str = "") -> ET.ElementTree:
+             error: str = "", infra_checks: Sequence[str] = ()) -> ET.ElementTree:
     """The ``testsuites`` tree of one audit (``verdict`` None when the audit failed: then one ``error`` test
-    case whose text is ``error``) and optionally its drill."""
+    case whose text is ``error``) and optionally its drill (``infra_checks``: see :func:`drill_suite`)."""
     root = ET.Element("testsuites", name="ckptaudit")
     if verdict is not None:
         audit_suite(root, verdict, audit_seconds)
@@ -194,7 +195,7 @@ def document(verdict: Optional[Mapping], *, audit_seconds: float = 0.0, drill: O
                  error or "the audit itself failed", "exit 3", error)
         _count(suite, audit_seconds)
     if drill is not None:
-        drill_suite(root, drill)
+        drill_suite(root, drill, infra_checks=infra_checks)
     suites = root.findall("testsuite")
     for attr in ("tests", "failures", "errors"):  # junit-10.xsd: testsuites has no skipped count
         root.set(attr, str(sum(int(s.get(attr, "0")) for s in suites)))

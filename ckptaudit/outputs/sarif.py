@@ -48,7 +48,7 @@ def _result(f: dict, unit: str, usable_for: str, rules: Dict[str, int]) -> dict:
 
 def from_verdict(v: dict) -> dict:
     """The SARIF log (a dict, ready for ``json.dump``) of verdict ``v``."""
-    from .. import __version__
+    from .._version import __version__
     from ..findings import CATALOGUE
 
     found: List[tuple] = [(f, u["unit"], u["usable_for"]) for u in v.get("units") or [] for f in u["findings"]]
