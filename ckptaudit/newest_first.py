@@ -39,7 +39,8 @@ import os
 from pathlib import Path
 from typing import Dict, List, Tuple
 
-#: The stage tables a unit has rows in, in the order the verdict reads findings.
+#: The stage tables a unit has rows in, in the order the verdict reads findings (``ckptaudit.stages.TABLES``'s
+#: stages; tests/test_architecture.py holds them equal: importing the stages here would load them for every reader).
 TABLES = ("hash", "scan", "load", "structure", "configdiff", "state")
 
 
@@ -58,8 +59,8 @@ def _metadata_pass(inv: dict, cfg: dict, out: Path, target_path: str) -> Dict[st
     p = _paths(out, "metadata")
     stages.stage_scan(meta_inv, "metadata", meta_cfg, p["scan"], p["tensors"], p["imports"],
                       depth=read_depth.METADATA_ONLY)
-    stages.stage_configdiff(meta_inv, "metadata", meta_cfg, p["scan"], p["configdiff"])
     stages.stage_structure(meta_inv, "metadata", meta_cfg, p["scan"], p["tensors"], p["structure"], target_path)
+    stages.stage_configdiff(meta_inv, "metadata", meta_cfg, p["scan"], p["configdiff"])
     stages.stage_state(meta_inv, "metadata", meta_cfg, p["scan"], p["tensors"], p["state"])
     return {t: {r["unit"]: r for r in tables.read_rows(p[t])} for t in ("scan", "configdiff", "structure", "state")}
 
@@ -174,8 +175,8 @@ def _examine(inv: dict, unit: str, cfg: dict, out: Path, target_path: str,
         stages.stage_hash(one, part, p["hash"], depth=read_depth.CHECKED_DIGESTS_ONLY)
     stages.stage_scan(one, part, cfg, p["scan"], p["tensors"], p["imports"])
     stages.stage_load(one, part, cfg, p["scan"], p["load"], loader=loads)
-    stages.stage_configdiff(one, part, cfg, p["scan"], p["configdiff"])
     stages.stage_structure(one, part, cfg, p["scan"], p["tensors"], p["structure"], target_path)
+    stages.stage_configdiff(one, part, cfg, p["scan"], p["configdiff"])
     stages.stage_state(one, part, cfg, p["scan"], p["tensors"], p["state"])
     return {t: tables.read_rows(p[t]) for t in TABLES}
 

@@ -93,17 +93,18 @@ def audit_in_process(run_dir: str | Path, cfg: Optional[dict] = None, out_dir: O
         from .stages import target
 
         target.write(c, str(work / "target.json"))
-        paths = {s: [] for s in report.STAGES}
+        tables = [t for ts in stages.TABLES.values() for t in ts]  # in stage order (stages.STAGES)
+        paths = {t: [] for t in tables}
         for part in sorted(inv["parts"]):
-            p = {s: str(parts_dir / s / f"{part}.parquet") for s in report.STAGES}
+            p = {t: str(parts_dir / t / f"{part}.parquet") for t in tables}
             stages.stage_hash(inv, part, p["hash"], **({} if depth is None else {"depth": depth}))
             stages.stage_scan(inv, part, c, p["scan"], p["tensors"], p["imports"])
             stages.stage_load(inv, part, c, p["scan"], p["load"])
-            stages.stage_configdiff(inv, part, c, p["scan"], p["configdiff"])
             stages.stage_structure(inv, part, c, p["scan"], p["tensors"], p["structure"],
                                    str(work / "target.json"))
+            stages.stage_configdiff(inv, part, c, p["scan"], p["configdiff"])
             stages.stage_state(inv, part, c, p["scan"], p["tensors"], p["state"])
-            for s in report.STAGES:
+            for s in tables:
                 paths[s].append(p[s])
         return report.run_report(str(work / "inventory.json"), paths, c, str(out))
     finally:

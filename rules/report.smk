@@ -35,7 +35,7 @@ rule report:
         mem_mb=get_report_mem_mb,
         runtime=get_report_runtime,
     shell:
-        "{params.python:q} -m ckptaudit.stages.report --inventory {input.inventory:q} --config {input.config:q} "
+        "{params.python:q} -m ckptaudit.stages report --inventory {input.inventory:q} --config {input.config:q} "
         "--out-dir {params.out:q} --bench-dir {params.bench:q} --hash {input.hash:q} --scan {input.scan:q} "
         "--tensors {input.tensors:q} --imports {input.imports:q} --load {input.load:q} "
         "--structure {input.structure:q} --configdiff {input.configdiff:q} --state {input.state:q} "

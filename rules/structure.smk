@@ -22,7 +22,7 @@ rule target:
     benchmark:
         f"{BENCH}/target/target.tsv"
     shell:
-        "{params.python:q} -m ckptaudit.stages.target write {input.config:q} {output:q} > {log:q} 2>&1"
+        "{params.python:q} -m ckptaudit.stages target write {input.config:q} {output:q} > {log:q} 2>&1"
 
 
 rule structure:

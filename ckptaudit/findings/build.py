@@ -11,7 +11,7 @@ from .repair_imports import with_imports
 
 _USE_RANK = {u: i for i, u in enumerate(USES)}
 #: The layer each stage checks: a kind of stage ``"any"`` (``audit_error``) raised by a stage is on that layer.
-STAGE_LAYER = {"hash": "file", "scan": "file", "load": "file", "configdiff": "structure", "structure": "structure",
+STAGE_LAYER = {"hash": "file", "scan": "file", "load": "file", "structure": "structure", "configdiff": "structure",
                "state": "state"}
 
 

@@ -16,7 +16,7 @@ LAYERS = ("file", "structure", "state", "security")
 SEVERITIES = ("error", "warning", "info")
 USES = ("resume", "warm-start", "none")  # best first
 #: the Snakemake rules that run detectors (rule name = stage = table name), and "any" (raised by every stage)
-STAGES = ("inventory", "hash", "scan", "load", "configdiff", "target", "structure", "state", "report", "any")
+STAGES = ("inventory", "hash", "scan", "load", "target", "structure", "configdiff", "state", "report", "any")
 
 
 @dataclass

@@ -20,6 +20,16 @@ from .inventory.parts import part_units, read_inventory  # noqa: F401 - part_uni
 from .scan import iter_scans, object_store_findings, scan_units  # noqa: F401 - re-exported
 from .target import load_reference  # noqa: F401 - re-exported
 
+#: The audit's stages in workflow order, defined here once: each is a rule of ``rules/*.smk`` whose shell line is
+#: ``python -m ckptaudit.stages STAGE …`` and a module or package ``ckptaudit/stages/STAGE``.  ``inventory``,
+#: ``target`` and ``report`` run once per audit, the others once per part of units.  Whoever else needs the list
+#: (the verdict's and the reader's tables, the report's arguments, the findings' stages) is held equal to it by
+#: tests/test_architecture.py.
+STAGES = ("inventory", "hash", "scan", "load", "target", "structure", "configdiff", "state", "report")
+#: The per-part stages and the tables each writes per part, in stage order (the order the verdict reads findings).
+TABLES = {"hash": ("hash",), "scan": ("scan", "tensors", "imports"), "load": ("load",), "structure": ("structure",),
+          "configdiff": ("configdiff",), "state": ("state",)}
+
 
 def _inventory(path: str) -> dict:
     return read_inventory(path)
@@ -354,6 +364,8 @@ def parser() -> argparse.ArgumentParser:
     (a missing ``--part`` is a usage error naming it, not a failure deep inside the stage)."""
     ap = argparse.ArgumentParser(prog="python -m ckptaudit.stages", description="One stage of the audit workflow.")
     sub = ap.add_subparsers(dest="stage", required=True, metavar="RULE")
+    sub.add_parser("target", help="the target rule (python -m ckptaudit.stages target --help)", add_help=False)
+    sub.add_parser("report", help="the report rule (python -m ckptaudit.stages report --help)", add_help=False)
     for rule, args in _ARGS.items():
         sp = sub.add_parser(rule, help=f"the {rule} rule")
         for flag, required, help_ in args:
@@ -372,6 +384,15 @@ def main(argv=None) -> int:
 
     without_pandas()
     job_memory_pool()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["target"]:  # the target and report rules parse their own arguments
+        from .target import main as target_main
+
+        return target_main(argv[1:])
+    if argv[:1] == ["report"]:
+        from .report import main as report_main
+
+        return report_main(argv[1:])
     a = parser().parse_args(argv)
     if a.stage == "inventory":
         from .inventory.run_folder import require_units  # an empty or checkpoint-less folder: exit 3, naming what was ignored

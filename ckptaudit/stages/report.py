@@ -178,7 +178,7 @@ def main(argv=None) -> int:
     job_memory_pool()
     import argparse
 
-    ap = argparse.ArgumentParser(prog="python -m ckptaudit.stages.report")
+    ap = argparse.ArgumentParser(prog="python -m ckptaudit.stages report")
     ap.add_argument("--inventory", required=True)
     ap.add_argument("--config", required=True)
     ap.add_argument("--out-dir", required=True)

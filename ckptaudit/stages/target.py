@@ -95,9 +95,9 @@ def write(cfg: dict, out: str) -> dict:
 
 
 def parser() -> argparse.ArgumentParser:
-    """``python -m ckptaudit.stages.target write CONFIG_JSON OUT_JSON`` (the target rule) and
+    """``python -m ckptaudit.stages target write CONFIG_JSON OUT_JSON`` (the target rule) and
     ``… child FACTORY MODEL_ARGS_JSON`` (the meta-device child :func:`build` starts): every argument required."""
-    return job_args.parser("python -m ckptaudit.stages.target", "The structure of the job that will resume.", {
+    return job_args.parser("python -m ckptaudit.stages target", "The structure of the job that will resume.", {
         "write": ("build work/target.json from the stage config (the target rule)",
                   [("CONFIG_JSON", "the stage config (work/config.json)"), ("OUT_JSON", "where target.json goes")]),
         "child": ("build the model on the meta device and print its structure (internal)",
