@@ -220,6 +220,9 @@ FRAMEWORK_WORDS = re.compile(r"deepspeed|lightning|megatron|accelerate|transform
 #: A producer's modules: its own in ckptaudit/producers/ and its layout adapter (the scan of its units' files).
 PRODUCER_MODULES = re.compile(r"^ckptaudit\.producers(\..*)?$|"
                               r"^ckptaudit\.layouts\.(hf|accelerate|deepspeed|megatron|megatron_dist|dcp|dcp_bytes)$")
+#: The integrations: each hooks ckptaudit into one framework's own save/load API, so it imports that framework
+#: (``from lightning.fabric… import``) and names it; nothing else outside the producers may.
+INTEGRATION_MODULES = re.compile(r"^ckptaudit\.integrations(\..*)?$")
 #: The data files outside the producers that name a framework (the acceptance's allowlist), each with its reason.
 NAMES_A_FRAMEWORK: Dict[str, str] = {
     "ckptaudit.findings.file": "data: finding texts name the framework the user runs (its repair commands)",
@@ -245,15 +248,18 @@ def _framework_names(path: Path) -> List[Tuple[int, str]]:
     for n in ast.walk(tree):
         text = (n.value if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs
                 else n.id if isinstance(n, ast.Name) else n.attr if isinstance(n, ast.Attribute)
-                else n.name if isinstance(n, ast.alias) else None)
+                else n.name if isinstance(n, ast.alias) else n.module if isinstance(n, ast.ImportFrom) else None)
         if text and FRAMEWORK_WORDS.search(text) and text not in _finding_kinds():
             out.append((getattr(n, "lineno", 0), text[:60]))
     return out
 
 
 def test_no_module_outside_a_producer_names_a_framework():
+    """A name, a string, an attribute, an imported name or the module of a ``from X import`` (issue 44: an
+    ``ImportFrom`` of transformers or lightning went unseen): only a producer's modules, the integrations and the
+    listed data files name a framework."""
     found = {m: hits for m, p in _modules().items() if not PRODUCER_MODULES.match(m)
-             and (hits := _framework_names(p))}
+             and not INTEGRATION_MODULES.match(m) and (hits := _framework_names(p))}
     new = {m: hits[:3] for m, hits in found.items() if m not in NAMES_A_FRAMEWORK}
     assert not new, f"ask ckptaudit.producers instead of naming a framework: {new}"
     gone = sorted(set(NAMES_A_FRAMEWORK) - set(found))
@@ -411,3 +417,83 @@ def test_the_checkers_see_what_they_look_for(tmp_path):
     assert _module_caches(mods) == {"ckptaudit.m.a", "ckptaudit.m.b", "ckptaudit.m.C.c"}
     assert _context_vars(mods) == ["ckptaudit.m:1", "ckptaudit.m:5"]
     assert [s.split(":")[1] for s in _parquet_calls(mods)] == ["3", "17"]  # the import, and to_parquet
+
+
+# ------------------------------------------------------------------ the stages: one list, one module per rule
+#: Rules of rules/*.smk that are no stage of the audit, each with what it does instead.
+NOT_A_STAGE: Dict[str, str] = {
+    "stage_config": "plumbing: writes the stage config every stage reads (ckptaudit.workflow.support)",
+    "load_server_done": "plumbing: stops the audit's load server after the last load job",
+    "demo": "writes the bundled demo run (ckptaudit.demo), not an audit stage",
+    "drill": "the restore drill after the audit (ckptaudit.drill)",
+    "drill_dated": "the restore drill's dated summary (ckptaudit.drill)",
+    "drill_nightly": "the restore drill's nightly target: files only",
+}
+
+
+def _rules() -> Dict[str, str]:
+    """{rule: its text} of every ``rule``/``checkpoint`` in rules/*.smk."""
+    out = {}
+    for p in sorted((PKG.parent / "rules").glob("*.smk")):
+        text = p.read_text()
+        heads = list(re.finditer(r"^(?:rule|checkpoint)\s+(\w+)\s*:", text, re.M))
+        for h, nxt in zip(heads, heads[1:] + [None]):
+            out[h.group(1)] = text[h.start(): nxt.start() if nxt else len(text)]
+    return out
+
+
+def test_every_stage_rule_has_its_module_and_its_shell_line_names_it():
+    """Issue 44: a rule leads to a module of its name (``rule hash`` -> ``ckptaudit/stages/hash.py``, run as
+    ``python -m ckptaudit.stages hash``), and the stage rules are exactly ``ckptaudit.stages.STAGES``."""
+    from ckptaudit.stages import STAGES
+
+    rules = _rules()
+    stage_rules = [r for r in rules if r not in NOT_A_STAGE]
+    assert sorted(stage_rules) == sorted(STAGES)
+    for rule in stage_rules:
+        here = PKG / "stages"
+        assert (here / f"{rule}.py").is_file() or (here / rule / "__init__.py").is_file(), f"no stages/{rule}"
+        assert re.search(rf"-m ckptaudit\.stages {rule}\b", rules[rule]), f"rule {rule}: shell line must name it"
+    assert not set(NOT_A_STAGE) - set(rules), f"drop from NOT_A_STAGE: {sorted(set(NOT_A_STAGE) - set(rules))}"
+
+
+def test_the_stage_list_is_defined_once():
+    """Every place that lists the stages or their tables holds ``ckptaudit.stages.STAGES`` / ``TABLES``, in
+    their order: the findings' stages, the layer each stage checks, the verdict's and the reader's tables, the
+    report's arguments (the pipeline derives its own from ``TABLES``)."""
+    from ckptaudit import newest_first, verdict
+    from ckptaudit.findings import build, model
+    from ckptaudit.stages import STAGES, TABLES, report
+
+    part = tuple(TABLES)
+    assert part == tuple(s for s in STAGES if s in TABLES)
+    assert model.STAGES == (*STAGES, "any")
+    assert tuple(build.STAGE_LAYER) == part
+    assert verdict._STAGES == part
+    assert newest_first.TABLES == part
+    assert report.STAGES == tuple(t for s in part for t in TABLES[s])
+
+
+# ------------------------------------------------------------------ the size of each room
+MAX_ROOT_MODULES = 25
+MAX_FOLDER_ENTRIES = 20
+
+
+def test_the_root_holds_at_most_25_modules_and_no_folder_more_than_20():
+    """Issue 44: the root had grown to 71 flat modules.  The root keeps the public faces (at most 25 modules);
+    every other folder holds at most 20 entries (modules and sub-folders)."""
+    root = sorted(p.name for p in PKG.glob("*.py"))
+    assert len(root) <= MAX_ROOT_MODULES, f"{len(root)} modules in ckptaudit/: {root}"
+    big = {}
+    for d in sorted(p for p in PKG.rglob("*") if p.is_dir() and p != PKG and p.name != "__pycache__"):
+        entries = [e for e in d.iterdir() if e.name != "__pycache__" and not e.name.startswith(".")]
+        if len(entries) > MAX_FOLDER_ENTRIES:
+            big[str(d.relative_to(PKG.parent))] = len(entries)
+    assert not big, f"folders over {MAX_FOLDER_ENTRIES} entries: {big}"
+
+
+def test_the_framework_check_sees_import_from_modules(tmp_path):
+    p = tmp_path / "m.py"
+    p.write_text("from transformers.trainer import Trainer\nfrom lightning.fabric import io as fio\n")
+    assert [t for _, t in _framework_names(p)] == ["transformers.trainer", "lightning.fabric"]
+    assert INTEGRATION_MODULES.match("ckptaudit.integrations.hf") and not INTEGRATION_MODULES.match("ckptaudit.stages")
