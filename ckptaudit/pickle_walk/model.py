@@ -183,6 +183,17 @@ class WalkResult:
             out.extend(sub.all_globals())
         return out
 
+    def distinct_globals(self) -> List[GlobalImport]:
+        """:meth:`all_globals`, each ``(module, name, literal)`` once, in order of first appearance: the imports
+        the security layer judges (:func:`ckptaudit.security.scan`, :func:`ckptaudit.security.torchscript.scan`)."""
+        seen, out = set(), []
+        for g in self.all_globals():
+            key = (g.module, g.name, g.literal)
+            if key not in seen:
+                seen.add(key)
+                out.append(g)
+        return out
+
     def all_tricks(self) -> List[str]:
         out = list(self.tricks)
         for sub in self.nested:

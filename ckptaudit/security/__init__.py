@@ -238,12 +238,7 @@ def _import_verdicts(result: WalkResult, extra_allowed: Sequence[str]) -> List[I
     """One verdict per distinct import of ``result`` and its nested pickles, by name alone, in order of first
     appearance; a name computed while unpickling is unknown."""
     verdicts: List[ImportVerdict] = []
-    seen = set()
-    for g in result.all_globals():
-        key = (g.module, g.name, g.literal)
-        if key in seen:
-            continue
-        seen.add(key)
+    for g in result.distinct_globals():
         if not g.literal:
             src = ("import by extension-registry code; the name is not in the file" if g.opcode.startswith("EXT")
                    else "name computed while unpickling (STACK_GLOBAL of non-literal operands)")

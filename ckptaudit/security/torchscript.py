@@ -109,12 +109,7 @@ def scan(result: WalkResult, *, path: str, member: str, code: Collection[str]
     (computed names, hidden streams…) are kept in that finding's detail, not made ``pickle_obfuscation``: a
     computed name is refused like any unknown one, and the C++ unpickler reads one stream and runs no Python."""
     verdicts: List[security.ImportVerdict] = []
-    seen = set()
-    for g in result.all_globals():
-        key = (g.module, g.name, g.literal)
-        if key in seen:
-            continue
-        seen.add(key)
+    for g in result.distinct_globals():
         if g.literal and cpp_resolves(g.module, g.name, code):
             verdicts.append(security.ImportVerdict(g.module, g.name, "torchscript", _SOURCE))
             continue
