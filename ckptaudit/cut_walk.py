@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from typing import Dict, Iterable, List
 
-from .stages.state import missing_weights
+from .components.findings import missing_weights
 
 
 def _cut(scan_row: dict) -> bool:

@@ -206,7 +206,7 @@ def _reset(unit: str, last_epoch: int, evidence: str, step: int, per_step: bool)
               if per_step and unit.endswith((".pt", ".pth", ".ckpt", ".tar")) else "")
     nxt = "" if repair else ("; this run's scheduler cadence is not one step per optimizer step, so set "
                              "last_epoch to what the schedule had reached at this point")
-    from .stages.state import step_counter_reset
+    from .components.findings import step_counter_reset
 
     return step_counter_reset(unit, field="scheduler.last_epoch", saved=last_epoch, evidence=evidence,
                               true_step=step, repair_code=repair, scheduler_text=nxt)

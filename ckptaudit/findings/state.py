@@ -19,7 +19,7 @@ ENTRIES: List[_k] = [
     _k("missing_model_weights", "state", "error", "none",
        "{path} has no model weights that the audit can find (top-level keys: {keys}).",
        "Check the checkpoint's producer; without weights it cannot be resumed or warm-started.",
-       stage="state", detector="ckptaudit.stages.state:missing_weights"),
+       stage="state", detector="ckptaudit.components.findings:missing_weights"),
     _k("state_file_unreadable", "state", "error", "warm-start",
        "{path} cannot be read as the JSON training state it should be ({why}): a resume that loads it fails "
        "before the first step, and the step, epoch and best checkpoint it records are unknown.",
@@ -81,7 +81,7 @@ ENTRIES: List[_k] = [
        "scheduler), so a resume re-warms the learning rate and restarts step counting.",
        "Restore the counters before resuming{scheduler_text}.",
        "{repair_code}",
-       stage="state", detector="ckptaudit.stages.state:step_counter_reset"),
+       stage="state", detector="ckptaudit.components.findings:step_counter_reset"),
     _k("step_name_disagrees", "state", "warning", "resume",
        "{path}: the name says step {name_step} but the contents say {content_step}.",
        "Trust the contents; check the naming in the save code.",

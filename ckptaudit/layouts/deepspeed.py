@@ -58,7 +58,7 @@ class DeepSpeed:
         if steps:
             facts["step"] = max(steps)
         if not model_files:
-            from ..stages.state import missing_weights
+            from ..components.findings import missing_weights
 
             scan.add(missing_weights(unit["unit"], "no mp_rank_XX_model_states.pt"))
         _missing_partitions(scan, unit["unit"], optim_files, dp_ranks, facts["dp_world_size"])

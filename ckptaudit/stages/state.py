@@ -20,6 +20,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Tuple
 from .. import components as C
 from .. import findings as F
 from .. import roles
+from ..components.findings import missing_weights, step_counter_reset
 from .. import fs
 from ..onepass.values import FLOAT_DTYPES, chunk_stats, np_view
 from ..weight_norms import WeightNorms, norms_json
@@ -183,23 +184,6 @@ def _pickle_proven(scan_findings: List[dict]) -> bool:
     return bool(errors) and all(f.get("kind") in _RECORD_DAMAGE
                                 and _STORAGE_RECORD.search(str((f.get("detail") or {}).get("member", "")))
                                 for f in errors)
-
-
-def missing_weights(path: str, keys: str) -> F.Finding:
-    """``missing_model_weights``: unit ``path`` holds no model weights (``keys``: what it holds instead).
-    Decided by :func:`analyse_unit` (nothing to resume from), :func:`_completeness` (no weights among the
-    components), the DeepSpeed adapter (no ``mp_rank_XX_model_states.pt``, at scan time) and, for a unit the
-    static walk gave up on, :func:`ckptaudit.cut_walk.findings` (torch.load found no tensor in it)."""
-    return F.make("missing_model_weights", path=path, keys=keys)
-
-
-def step_counter_reset(path: str, **values) -> F.Finding:
-    """``step_counter_reset``: a saved step counter (``field``) went back to ``saved`` where the unit's other
-    evidence says ``true_step``; ``values`` are the template's fields (``field``, ``saved``, ``evidence``,
-    ``true_step``, ``scheduler_text``, ``repair_code``), kept in the detail in the order given.  Decided by
-    :func:`_counter_findings` (one unit) and :func:`ckptaudit.run_findings.scheduler_resets` (the
-    scheduler's ``last_epoch`` read across the run)."""
-    return F.make("step_counter_reset", path=path, **values)
 
 
 def _completeness(p: str, c: C.Components, step: Optional[int], name_step: Optional[int]) -> List[F.Finding]:
