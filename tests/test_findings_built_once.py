@@ -14,7 +14,7 @@ import pytest
 
 from ckptaudit import findings as F
 from ckptaudit.discovery import folders as folder_unit
-from ckptaudit import discovery as inventory
+from ckptaudit.stages import inventory
 from ckptaudit.formats import legacy, safetensors_check, sniff, torchzip, zeros
 from ckptaudit.layouts import leftovers
 from ckptaudit.stages.scan import scan_units

@@ -6,6 +6,7 @@ import shutil
 import pytest
 
 from ckptaudit import discovery as inventory
+from ckptaudit.stages import inventory as inventory_stage
 
 from .conftest import CASES
 
@@ -53,11 +54,11 @@ def test_layout_folders_are_units():
 
 
 def test_parts_are_stable_as_the_run_grows():
-    assert inventory.auto_units_per_job(1) == 1
-    assert inventory.auto_units_per_job(16) == 1
-    assert inventory.auto_units_per_job(17) == 2
-    assert inventory.auto_units_per_job(1000) == 64
-    assert inventory.auto_units_per_job(4096) == 256
+    assert inventory_stage.auto_units_per_job(1) == 1
+    assert inventory_stage.auto_units_per_job(16) == 1
+    assert inventory_stage.auto_units_per_job(17) == 2
+    assert inventory_stage.auto_units_per_job(1000) == 64
+    assert inventory_stage.auto_units_per_job(4096) == 256
 
 
 def _sized(sizes):
@@ -145,7 +146,7 @@ def test_many_file_units_in_one_folder_each_get_their_own_sidecar(tmp_path):
         (tmp_path / f"ckpt_{i:06d}.pt").write_bytes(b"PK\x03\x04" + bytes(i % 7))
         if i % 2 == 0:
             (tmp_path / f"ckpt_{i:06d}.pt.sha256").write_text("0" * 64 + "\n")
-    doc = inventory.run_inventory(str(tmp_path))
+    doc = inventory_stage.run_inventory(str(tmp_path))
     assert len(doc["units"]) == 3000 and doc["stray_files"] == []
     u0, u1, last = doc["units"][0], doc["units"][1], doc["units"][-1]
     assert (u0["unit"], u0["step_from_name"], u0["sidecars"], u0["size_bytes"]) == (

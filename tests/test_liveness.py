@@ -3,7 +3,8 @@ with a verdict (liveness.py)."""
 
 import torch
 
-from ckptaudit import discovery as inventory, stages
+from ckptaudit import stages
+from ckptaudit.stages import inventory
 from ckptaudit.stages import structure
 from ckptaudit.pipeline import audit_in_process
 

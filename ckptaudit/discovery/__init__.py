@@ -1,4 +1,4 @@
-"""Inventory: find every checkpoint unit, pointer and leftover of a run.
+"""Discovery: find every checkpoint unit, pointer and leftover of a run (the inventory stage's walk).
 
 A *unit* is what a training job would resume from: one file
 (``ckpt_000500.pt``, ``last.ckpt``, ``model.safetensors``), a folder
@@ -9,24 +9,22 @@ at most the first 64 bytes of a file; it never opens a checkpoint further.
 
 Layouts are recognised by :mod:`ckptaudit.layouts` (one adapter per layout).
 The result is plain data (lists of dicts) so that the Snakefile can read it
-without pandas; :func:`write_tables` writes the Parquet tables.
+without pandas; :func:`ckptaudit.stages.inventory.write_inventory` writes the Parquet table; the inventory stage
+(:mod:`ckptaudit.stages.inventory`) groups the units into parts.
 """
 
 from __future__ import annotations
 
 import errno
-import json
 import os
 import stat as st_mod
-from dataclasses import asdict
 from pathlib import Path
 from typing import Dict, List, Optional
 
 from .. import confine, fs, layouts, producers
 # reasons that file_unreadable, path_too_long and a pointer that is not read are made of
 from ..layouts.leftovers import POINTER_NOT_READ
-from .._io import SUPERSEDED_DIR, atomic_write, dead_writer
-from ..stages.inventory.parts import SMALL_PART_BYTES, assign_parts, auto_units_per_job, listing_fingerprint  # noqa: F401 - re-exported
+from .._io import SUPERSEDED_DIR, dead_writer
 from .object_store import SMALL_OBJECT_BYTES, unit_objects  # noqa: F401 - re-exported
 from .folders import folder_unit, lstat_of as _lstat_of, stat_or_none
 from .irregular import irregular_unit, deep_units, irregular_reason, path_bytes, path_limit  # noqa: F401
@@ -335,40 +333,3 @@ def _resolve_pointer(root: Path, p: Pointer, unit_names: set) -> str:
         if (root / rel).exists():
             return rel
     return ""
-
-
-def run_inventory(run_dir: str, units_per_job="auto", part_bytes: Optional[int] = SMALL_PART_BYTES) -> Dict:
-    """Discover units and pointers; return the plain-data inventory document (parts by
-    :func:`assign_parts`: ``part_bytes`` None on one machine, packing by count only)."""
-    from ..stages import liveness
-
-    given = given_unit(run_dir)
-    if given is not None:  # the path is one unit (a checkpoint-40/ folder, a file): audited as that unit
-        run_dir, units, pointers, stray = given
-    else:
-        units, pointers, stray = discover(run_dir)
-    object_store = unit_objects(run_dir, units) if fs.is_remote(run_dir) else {}
-    for u in units:
-        if set(u.snapshot) != set(u.files):  # the walk's lstat of each file, else taken now
-            u.snapshot = liveness.snapshot(run_dir, u.files)
-    parts = assign_parts(units, units_per_job, part_bytes)
-    return {
-        "object_store": object_store,
-        # absolute: the verdict, the report and the summary name it, and repairs run in it, wherever read
-        "run_dir": str(run_dir) if fs.is_remote(run_dir) else os.path.abspath(run_dir),
-        "units": [u.to_dict() for u in units],
-        "pointers": [asdict(p) for p in pointers],
-        "stray_files": stray,
-        "parts": parts,
-    }
-
-
-def write_inventory(doc: Dict, parquet_path: str, json_path: str) -> None:
-    """Write ``inventory.parquet`` (one row per unit) and the JSON the Snakefile reads."""
-    from .. import tables
-
-    Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-    tables.write("inventory", [{k: v for k, v in u.items() if k not in ("snapshot", "irregular")}
-                               for u in doc["units"]], parquet_path)
-    # compact: json's C encoder (an indent makes it the pure-Python one, ~2 s for 50,000 files)
-    atomic_write(json_path, json.dumps(doc, sort_keys=True, separators=(",", ":")).encode())

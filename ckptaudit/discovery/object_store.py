@@ -1,6 +1,6 @@
 """Object-storage facts of a run's units (``s3://``): each object's size and ETag, uploads that never completed, small objects.
 
-The inventory (:func:`ckptaudit.discovery.run_inventory`) records them as ``inv["object_store"]``: the part
+The inventory (:func:`ckptaudit.stages.inventory.run_inventory`) records them as ``inv["object_store"]``: the part
 signature carries the sizes and ETags (a replaced object re-runs its part), and the scan stage makes the
 ``incomplete_multipart_upload`` and ``suspiciously_small_object`` findings of them
 (:func:`ckptaudit.stages.scan.object_store_findings`).

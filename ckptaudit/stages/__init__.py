@@ -55,7 +55,8 @@ def stage_inventory(run_dir: str, units_per_job, out_parquet: str, out_json: str
                     part_bytes: Optional[int] = None) -> dict:
     """The inventory stage; ``part_bytes`` bounds an "auto" part's bytes (a cluster), None packs by count
     (one machine; :func:`ckptaudit.stages.inventory.parts.assign_parts`)."""
-    from .. import discovery as inventory, tables
+    from . import inventory
+    from .. import tables
 
     doc = inventory.run_inventory(run_dir, units_per_job, part_bytes)
     inventory.write_inventory(doc, out_parquet, out_json)

@@ -86,7 +86,7 @@ def _scan_error(u: dict, f):
 
 def object_store_findings(u: dict):
     """Findings the inventory recorded from object storage (``u["object_store"]``, from
-    ``inv["object_store"]`` that :func:`ckptaudit.discovery.run_inventory` writes for ``s3://`` runs): multipart uploads that
+    ``inv["object_store"]`` that :func:`ckptaudit.stages.inventory.run_inventory` writes for ``s3://`` runs): multipart uploads that
     never completed under the unit's keys, and suspiciously small objects."""
     from .. import findings as F
 

@@ -1,7 +1,7 @@
 """Parts: how a run's units are grouped into Snakemake jobs, and the inventory as the jobs read it back.
 
 A *part* is a group of units (in (step, name) order) that one job of each per-unit rule
-handles; :func:`ckptaudit.discovery.run_inventory` assigns them, and every stage job and the
+handles; :func:`ckptaudit.stages.inventory.run_inventory` assigns them, and every stage job and the
 Snakefile's input functions select their units with :func:`part_units`.
 """
 

@@ -109,7 +109,7 @@ def check_one_run(doc: Dict) -> Dict:
 def check_has_units(run_dir: str) -> None:
     """Raise ``ValueError`` when ``run_dir`` does not exist, is a file, or holds no checkpoint unit (for the
     commands that act on a run without the workflow: ``seal``, ``prune``)."""
-    from ...discovery import run_inventory
+    from . import run_inventory
 
     check_run_dir(run_dir)
     msg = no_units_message(run_inventory(run_dir))
