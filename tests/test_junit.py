@@ -90,3 +90,21 @@ def test_names_from_the_run_cannot_break_the_xml_or_the_log(tmp_path):
     assert "x\\x1b]0;pwned\\x07\\x00\\nckptaudit: RESUME.pt (step unknown)" in cases
     assert cases[".ckpt_000020.pt.tmp (step 20)"].find("skipped") is not None  # nobody's rollback point yet
     assert junit.failures(xml) == ["x\\x1b]0;pwned\\x07\\x00\\nckptaudit: RESUME.pt (step unknown)"]
+
+
+def test_a_failed_infrastructure_check_of_the_drill_is_an_error_not_a_failure():
+    """The drill's CLI hands junit its INFRA_CHECKS (outputs/ does not import the drill): a failed check named
+    there is an ``error`` (the drill could not run), any other failed check a ``failure``."""
+    from ckptaudit.drill.contract import INFRA_CHECKS
+
+    doc = {"rows": [{"check": "eligibility", "status": "fail", "device": "cpu", "message": "no unit"},
+                    {"check": "loss_matches", "status": "fail", "device": "cpu", "message": "loss 3.1 != 2.9"}],
+           "wall_seconds": 1.0}
+    suite = junit.document(None, drill=doc, infra_checks=INFRA_CHECKS).getroot().find("testsuite[@name='drill']")
+    cases = {c.get("name"): c for c in suite.findall("testcase")}
+    assert cases["eligibility"].find("error").get("message") == "no unit"
+    assert cases["eligibility"].find("failure") is None
+    assert cases["loss_matches"].find("failure").get("message") == "loss 3.1 != 2.9"
+    assert (suite.get("errors"), suite.get("failures")) == ("1", "1")
+    plain = junit.document(None, drill=doc).getroot().find("testsuite[@name='drill']")
+    assert (plain.get("errors"), plain.get("failures")) == ("0", "2")  # no infra checks named: all failures
