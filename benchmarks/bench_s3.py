@@ -62,7 +62,8 @@ def main() -> int:
 
     import boto3
 
-    from ckptaudit import fs, stages
+    from ckptaudit import fs
+    from ckptaudit.stages import cli as stages
     from ckptaudit.stages import report, target
     from ckptaudit.demo import make_demo_run
     from ckptaudit.pipeline import audit_in_process, default_config

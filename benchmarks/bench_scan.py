@@ -74,7 +74,7 @@ def child(mode: str, run_dir: str, tensors_json: str, chunk_mib: int, repeats: i
 
 
 def tensor_table(run_dir: Path, dest: Path) -> int:
-    code = ("import json, sys; from pathlib import Path; from ckptaudit import stages, pipeline; from ckptaudit.stages import inventory; "
+    code = ("import json, sys; from pathlib import Path; from ckptaudit import pipeline; from ckptaudit.stages import cli as stages; from ckptaudit.stages import inventory; "
             "rd = Path(sys.argv[1]); u = inventory.run_inventory(str(rd))['units'][0]; "
             "s, t, i = stages.scan_units(rd, [u], pipeline.default_config()); "
             "Path(sys.argv[2]).write_text(json.dumps(t)); print(len(t))")

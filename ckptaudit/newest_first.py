@@ -52,7 +52,8 @@ def _paths(out: Path, part: str) -> Dict[str, str]:
 def _metadata_pass(inv: dict, cfg: dict, out: Path, target_path: str) -> Dict[str, Dict[str, dict]]:
     """{table: {unit: row}} of the scan, configdiff, structure and state stages over every unit, metadata only."""
     from .fs import read_depth
-    from . import stages, tables
+    from . import tables
+    from .stages import cli as stages
 
     meta_inv = {**inv, "parts": {"metadata": [u["unit"] for u in inv["units"]]}}
     meta_cfg = {**cfg, "state": {**(cfg.get("state") or {}), "nan_scan": False}}
@@ -85,7 +86,7 @@ class _Ahead:
         import threading
 
         from .fs import read_depth
-        from . import stages
+        from .stages import cli as stages
 
         live = [u for u in inv["units"] if not u.get("in_progress") and u["unit"] not in skip]
         self.unit = live[-1]["unit"] if live and _ends_whole(inv["run_dir"], live[-1]) else None
@@ -163,7 +164,8 @@ def _examine(inv: dict, unit: str, cfg: dict, out: Path, target_path: str,
     reader's loader (:class:`ckptaudit.stages.load.reader.ReaderLoads`), which keeps what it loaded of ``unit`` only;
     ``ahead``: a hash stage already started (:class:`_Ahead`), used when it is of ``unit``."""
     from .fs import read_depth
-    from . import stages, tables
+    from . import tables
+    from .stages import cli as stages
 
     if loads is not None:
         loads.drop()  # the unit examined before was passed over: its objects go
@@ -227,7 +229,7 @@ def search(run_dir: str | Path, cfg: dict, out: Path, audit: str | Path | None =
     the examined units (:class:`ckptaudit.stages.load.reader.ReaderLoads`: the reader's load test is its final load).
     Raises what the inventory raises for a missing or unreadable run folder, ``ValueError`` for a folder of
     several runs (:func:`ckptaudit.stages.inventory.run_folder.check_one_run`), and what :func:`prior_rows` raises."""
-    from . import stages
+    from .stages import cli as stages
     from .stages import target
     from .stages.inventory.run_folder import check_one_run
 

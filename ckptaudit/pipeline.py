@@ -72,7 +72,8 @@ def audit_in_process(run_dir: str | Path, cfg: Optional[dict] = None, out_dir: O
     """
     import json
 
-    from . import fs, stages
+    from . import fs
+    from .stages import cli as stages
     from .stages import report
 
     c = merged_config(cfg)

@@ -33,7 +33,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ckptaudit import findings as F
-from ckptaudit import security, stages
+from ckptaudit import security
+from ckptaudit.stages import cli as stages
 from ckptaudit.stages import inventory
 from ckptaudit.formats import legacy, safetensors_check, sniff, torchzip
 from ckptaudit.pickle_walk import WalkResult, walk, walk_streams

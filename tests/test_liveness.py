@@ -3,7 +3,7 @@ with a verdict (liveness.py)."""
 
 import torch
 
-from ckptaudit import stages
+from ckptaudit.stages import cli as stages
 from ckptaudit.stages import inventory
 from ckptaudit.stages import structure
 from ckptaudit.pipeline import audit_in_process

@@ -12,7 +12,7 @@ import pytest
 
 from ckptaudit import discovery as inventory
 from ckptaudit.stages.load import server as load_server, loadtest
-from ckptaudit.stages import scan_units
+from ckptaudit.stages.scan import scan_units
 
 from .conftest import CASES, REPO
 

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from ckptaudit.stages.load import loadtest
-from ckptaudit.stages import scan_units
+from ckptaudit.stages.scan import scan_units
 from ckptaudit import discovery as inventory
 
 from .conftest import CASES

@@ -2,7 +2,7 @@
 
 import pytest
 
-from ckptaudit import stages
+from ckptaudit.stages import cli as stages
 
 
 @pytest.mark.parametrize("argv,missing", [

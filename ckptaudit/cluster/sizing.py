@@ -64,7 +64,7 @@ HASH_BYTES_PER_THREAD = 256 * MIB
 
 def hash_threads(total_bytes: int, n_units: int) -> int:
     """Threads of a part's hash job: one per :data:`HASH_BYTES_PER_THREAD` of its ``total_bytes``, at most one
-    per unit (``n_units``; the job hashes its units at once, ``ckptaudit.stages.stage_hash``), at least 1.
+    per unit (``n_units``; the job hashes its units at once, ``ckptaudit.stages.cli.stage_hash``), at least 1.
     Snakemake caps it at ``--cores`` (the SLURM profile's ``cores: 1`` makes it 1 there)."""
     return max(1, min(int(n_units), int(total_bytes) // HASH_BYTES_PER_THREAD))
 

@@ -11,7 +11,6 @@ from typing import Dict, Optional
 
 from ... import fs
 from ..._io import atomic_write
-from ...discovery import discover, given_unit, unit_objects
 from .parts import SMALL_PART_BYTES, assign_parts, auto_units_per_job, listing_fingerprint  # noqa: F401 - re-exported
 
 
@@ -19,6 +18,7 @@ def run_inventory(run_dir: str, units_per_job="auto", part_bytes: Optional[int] 
     """Discover units and pointers; return the plain-data inventory document (parts by
     :func:`assign_parts`: ``part_bytes`` None on one machine, packing by count only)."""
     from .. import liveness
+    from ...discovery import discover, given_unit, unit_objects  # here: parts alone stays light
 
     given = given_unit(run_dir)
     if given is not None:  # the path is one unit (a checkpoint-40/ folder, a file): audited as that unit
