@@ -48,6 +48,19 @@ def no_payload(tmp_path):
         assert not (where / PAYLOAD).exists(), f"a malicious pickle's payload ran ({where / PAYLOAD})"
 
 
+@pytest.fixture(autouse=True)
+def pandas_importable_after():
+    """A test that runs a stage job's ``main()`` in this process leaves ``import pandas`` blocked
+    (``tables.without_pandas``, meant for short-lived job processes); later tests on the worker import torch,
+    whose dynamo imports pandas if it can, and fail on the block.  Each test ends with the block removed."""
+    import sys
+
+    yield
+    from ckptaudit import tables
+
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, tables._NoPandas)]
+
+
 # ------------------------------------------------------------------ running on two workers (pytest-xdist)
 # The README's test command runs `-n 2 --dist loadgroup`. A worker is a process with its own session, so a
 # test that shares an expensive module- or session-scoped fixture is kept on one worker with the others that

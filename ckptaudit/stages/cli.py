@@ -19,6 +19,8 @@ from ..fs import read_depth
 from .inventory.parts import part_units, read_inventory  # noqa: F401 - part_units re-exported
 from .scan import iter_scans, object_store_findings, scan_units  # noqa: F401 - re-exported
 from .target import load_reference  # noqa: F401 - re-exported
+from .work_paths import bytes_path, work_file  # noqa: F401 - re-exported
+from .work_paths import write_bytes as _write_bytes
 
 
 
@@ -53,37 +55,6 @@ def stage_inventory(run_dir: str, units_per_job, out_parquet: str, out_json: str
     inventory.write_inventory(doc, out_parquet, out_json)
     tables.write("pointers", [{**p, "ok": None, "finding_kind": "", "findings_json": "[]"} for p in doc["pointers"]],
                  out_pointers)
-    return doc
-
-
-def work_file(out: str, kind: str, part: str, ext: str) -> Path:
-    """An internal file of ``part`` for a stage table ``out``: ``<out>/work/<kind>/<part>.<ext>`` for a table
-    under ``<out>/tables/parts/``, else beside the table.  ``kind`` "bytefacts": the hash stage's facts;
-    ``bytes/<stage>``: the bytes a stage read."""
-    o = Path(out)
-    if o.parent.parent.name == "parts" and o.parent.parent.parent.name == "tables":
-        return o.parents[3] / "work" / kind / f"{part}.{ext}"
-    return o.with_name(f"{o.stem}.{kind.replace('/', '.')}.{ext}")
-
-
-def bytes_path(out: str, stage: str, part: str) -> Path:
-    """Where a stage writes the bytes it read from audited files (``<out>/work/bytes/<stage>/<part>.json``)."""
-    return work_file(out, f"bytes/{stage}", part, "json")
-
-
-def _write_bytes(out: str, stage: str, part: str, before: Dict[str, int], **extra) -> dict:
-    """Write the bytes this stage read from audited files since ``before`` (:func:`ckptaudit.fs.stage_bytes`):
-    ``local``, ``remote_ranged``, ``remote_streamed`` and ``total`` (bytes), plus ``extra``."""
-    from .. import fs
-    from .._io import atomic_write
-
-    now = fs.stage_bytes()
-    doc = {"stage": stage, "part": part, **{k: now[k] - before.get(k, 0) for k in now}}
-    doc["total"] = doc["local"] + doc["remote_ranged"] + doc["remote_streamed"]
-    doc.update(extra)
-    p = bytes_path(out, stage, part)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(p, json.dumps(doc, indent=1).encode())
     return doc
 
 
