@@ -169,7 +169,7 @@ def test_the_scan_row_and_components_of_a_dict_dag_stay_small(tmp_path):
     import zipfile
 
     from ckptaudit import components
-    from ckptaudit.discovery import run_inventory
+    from ckptaudit.stages.inventory import run_inventory
     from ckptaudit.stages.scan import scan_units
 
     run = tmp_path / "run"

@@ -140,12 +140,12 @@ ENTRIES: List[_k] = [
     _k("safetensors_offsets_invalid", "file", "error", "none",
        "{path}: tensor {tensor} has data_offsets {offsets} that {why}.",
        "Treat it as corrupt; download or copy it again.",
-       stage="scan", detector="ckptaudit.formats.safetensors_check:_offset_findings"),
+       stage="scan", detector="ckptaudit.formats.safetensors_spans:offset_invalid"),
     _k("truncated_in_data", "file", "error", "none",
        "{path}: the safetensors header is intact but the tensor data is cut short: {missing_bytes} of "
        "{expected_bytes} data bytes are missing. {intact_text}",
        "Treat it as lost; download or copy it again and compare sizes.",
-       stage="scan", detector="ckptaudit.formats.safetensors_check:_truncated"),
+       stage="scan", detector="ckptaudit.formats.safetensors_spans:truncated_in_data"),
     _k("safetensors_trailing_bytes", "file", "error", "resume",
        "{path}: {extra_bytes} bytes after the last tensor are not covered by the header; safetensors (0.4+) refuses "
        "such a file ('file not fully covered'), though every tensor is intact.",

@@ -153,8 +153,9 @@ def _offset_findings(tensors, shown: str) -> Tuple[List[Finding], int]:
         b, en = e["data_offsets"]
         problem = _span_problem(e, b, en, expected, prev)
         if problem and len(out) < _MAX_OFFSET_FINDINGS:
-            out.append(findings.make("safetensors_offsets_invalid", path=shown, tensor=name,
-                                     offsets=[b, en], why=problem))
+            from .safetensors_spans import offset_invalid
+
+            out.append(offset_invalid(shown, name, [b, en], problem))
         expected = max(expected, en)
         prev = name
     return out, expected
@@ -231,9 +232,9 @@ def _truncated(display: str, tensors, present: int, data_len: int) -> Finding:
         text += (f"; the cut falls inside {cut[0]!r} after {present - b} of its {e - b} bytes "
                  f"(data byte {present})")
     text += "."
-    return findings.make("truncated_in_data", path=display, missing_bytes=data_len - present,
-                         expected_bytes=data_len, intact_text=text, n_tensors_intact=len(whole),
-                         n_tensors=len(tensors))
+    from .safetensors_spans import truncated_in_data
+
+    return truncated_in_data(display, data_len, present, text, len(whole), len(tensors))
 
 
 def _suspicious_zero_runs(path: str, display: str, tensors, data_start: int, data_len: int, min_run: int,

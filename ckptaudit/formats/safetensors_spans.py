@@ -18,6 +18,19 @@ from . import zeros
 __all__ = ["sorted_order", "offset_findings", "truncated", "zero_run_findings"]
 
 
+def offset_invalid(shown: str, tensor: str, offsets: List[int], why: str) -> Finding:
+    """``safetensors_offsets_invalid``: ``tensor``'s ``data_offsets`` ``offsets`` ([begin, end] bytes into the data
+    buffer) break the format's rule ``why`` (the header's dict path and its column path both report through here)."""
+    return findings.make("safetensors_offsets_invalid", path=shown, tensor=tensor, offsets=offsets, why=why)
+
+
+def truncated_in_data(display: str, data_len: int, present: int, text: str, whole: int, n: int) -> Finding:
+    """``truncated_in_data``: ``present`` of the data buffer's ``data_len`` bytes are in the file; ``whole`` of the
+    ``n`` tensors lie wholly inside it (``text`` says so, and where the cut falls)."""
+    return findings.make("truncated_in_data", path=display, missing_bytes=data_len - present,
+                         expected_bytes=data_len, intact_text=text, n_tensors_intact=whole, n_tensors=n)
+
+
 def sorted_order(cols) -> "np.ndarray":  # noqa: F821
     """Indices (int64) of the entries of ``cols`` sorted by ``(begin, end, name)``, as the dict path sorts them."""
     import numpy as np
@@ -54,8 +67,7 @@ def offset_findings(cols, order, shown: str, limit: int, span_problem: Callable)
         prev = cols.name(int(order[i - 1])) if i else None
         problem = span_problem(cols.entry(k), int(b[i]), int(e[i]), int(expected[i]), prev)
         if problem:
-            out.append(findings.make("safetensors_offsets_invalid", path=shown, tensor=cols.name(k),
-                                     offsets=[int(b[i]), int(e[i])], why=problem))
+            out.append(offset_invalid(shown, cols.name(k), [int(b[i]), int(e[i])], problem))
     return out, max(int(e.max()), 0)
 
 
@@ -72,8 +84,7 @@ def truncated(cols, order, display: str, present: int, data_len: int) -> Finding
         text += (f"; the cut falls inside {cols.name(int(order[i]))!r} after {present - int(b[i])} of its "
                  f"{int(e[i]) - int(b[i])} bytes (data byte {present})")
     text += "."
-    return findings.make("truncated_in_data", path=display, missing_bytes=data_len - present,
-                         expected_bytes=data_len, intact_text=text, n_tensors_intact=whole, n_tensors=len(order))
+    return truncated_in_data(display, data_len, present, text, whole, len(order))
 
 
 def zero_run_findings(cols, order, display: str, runs: Iterable[Tuple[int, int]], data_start: int,
