@@ -93,6 +93,30 @@ def _batch(batch: List[Tuple[str, str, List[str]]], timeout_seconds: float, limi
     return got
 
 
+def load_file(path: str, kind: str, benign: List[str]) -> dict:
+    """Load ``path`` as the resume would, in this (child) process: a ``.safetensors`` file tensor by tensor with
+    ``safe_open``, else ``torch.load(weights_only=True)`` (memory-mapped for a zip), the ``benign`` globals allowed
+    (:func:`resolve_benign`); the loaded object's summary (:func:`loaded_object.summary`): ``{"status": "ok", …}``.
+    Raises whatever the load raises (the caller reports it as data)."""
+    import contextlib
+
+    import torch
+
+    if kind == "safetensors":
+        from safetensors import safe_open
+
+        n = 0
+        with safe_open(path, framework="pt", device="cpu") as f:
+            for k in f.keys():
+                f.get_tensor(k)
+                n += 1
+        return {"status": "ok", "n_top_level_keys": n, "n_tensors": n}
+    allowed = torch.serialization.safe_globals(resolve_benign(benign)) if benign else contextlib.nullcontext()
+    with allowed:
+        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=(kind == "torch_zip"))
+    return loaded_object.summary(obj)
+
+
 def resolve_benign(names: List[str]):
     """The classes named by ``names`` (``module.Name``), imported, for ``torch.serialization.add_safe_globals``."""
     import importlib
@@ -148,8 +172,6 @@ class _Stop(Exception):
 
 def _child(batch: List[Tuple[str, str, List[str]]], limit: int, wfd: int) -> None:
     """Runs in the forked child: limit memory, load each file in turn, one JSON line per file, exit."""
-    import contextlib
-
     try:
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
     except (ValueError, OSError):
@@ -161,22 +183,7 @@ def _child(batch: List[Tuple[str, str, List[str]]], limit: int, wfd: int) -> Non
         for path, kind, benign in batch:
             rchar0, t0 = read_chars(), time.perf_counter()
             try:
-                if kind == "safetensors":
-                    from safetensors import safe_open
-
-                    n = 0
-                    with safe_open(path, framework="pt", device="cpu") as f:
-                        for k in f.keys():
-                            f.get_tensor(k)
-                            n += 1
-                    res = {"status": "ok", "n_top_level_keys": n, "n_tensors": n}
-                else:
-                    allowed = (torch.serialization.safe_globals(resolve_benign(benign)) if benign
-                               else contextlib.nullcontext())
-                    with allowed:
-                        obj = torch.load(path, map_location="cpu", weights_only=True, mmap=(kind == "torch_zip"))
-                    res = loaded_object.summary(obj)
-                    del obj
+                res = load_file(path, kind, benign)
             except BaseException as e:  # noqa: BLE001 - reported, then this file is tried alone
                 res = {"status": "failed", "error_type": type(e).__name__}
             res.update(load_seconds=time.perf_counter() - t0, read_bytes=max(0, read_chars() - rchar0),

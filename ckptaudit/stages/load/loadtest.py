@@ -36,9 +36,9 @@ from typing import Callable, Dict, List, Tuple
 from ... import findings as F
 from ... import roles
 from ... import fs, producers
-from . import loaded_object, whole_modules
+from . import whole_modules
 from .remote_copy import skeleton, with_tensor_data
-from .child import read_chars, resolve_benign, batched_loads
+from .child import batched_loads, load_file, read_chars, resolve_benign  # noqa: F401 - resolve_benign re-exported
 
 LOADABLE = ("torch_zip", "torch_legacy", "safetensors")
 
@@ -98,20 +98,9 @@ def _child(path: str, kind: str, benign: List[str], limit_bytes: int, wfd: int) 
 
         torch.set_num_threads(1)
         if kind == "safetensors":
-            from safetensors import safe_open
+            import safetensors  # noqa: F401 - imported before the count starts
         rchar0 = read_chars()  # the load's own reads: imports (a cold .pyc cache reads MBs of sources) not counted
-        if kind == "safetensors":
-            n = 0
-            with safe_open(path, framework="pt", device="cpu") as f:
-                for k in f.keys():
-                    f.get_tensor(k)
-                    n += 1
-            result = {"status": "ok", "n_top_level_keys": n, "n_tensors": n}
-        else:
-            if benign:
-                torch.serialization.add_safe_globals(resolve_benign(benign))
-            obj = torch.load(path, map_location="cpu", weights_only=True, mmap=(kind == "torch_zip"))
-            result = loaded_object.summary(obj)
+        result = load_file(path, kind, benign)
     except BaseException as e:  # noqa: BLE001 - the child reports every failure as data
         result = failed_load(e)
     result["read_bytes"] = max(0, read_chars() - rchar0)
