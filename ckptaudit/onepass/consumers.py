@@ -39,11 +39,10 @@ class Sha256:
         return self.h.hexdigest()
 
 
-class FastDigest:
+class FastDigest(Sha256):
     """The audit's own digest of every byte fed (:data:`ckptaudit.formats.digest_purpose.FAST_DIGEST`, fed in file order
-    from offset 0), hashed on up to ``threads`` threads (:data:`ckptaudit.formats.digest_purpose.FAST_DIGEST_THREADS`)."""
-
-    ON_POOL = True  # as Sha256's
+    from offset 0), hashed on up to ``threads`` threads (:data:`ckptaudit.formats.digest_purpose.FAST_DIGEST_THREADS`);
+    fed and read as :class:`Sha256`."""
 
     def __init__(self, threads: Optional[int] = None) -> None:
         from ..formats.chunk_digest import new_hasher
@@ -52,13 +51,6 @@ class FastDigest:
         self.algorithm = FAST_DIGEST
         self.h = new_hasher(FAST_DIGEST, FAST_DIGEST_THREADS if threads is None else threads)
         self.nbytes = 0
-
-    def feed(self, off: int, view) -> None:
-        self.h.update(view)
-        self.nbytes += len(view)
-
-    def hexdigest(self) -> str:
-        return self.h.hexdigest()
 
 
 class Progress:
