@@ -106,7 +106,7 @@ def test_norms_json_writes_what_json_dumps_wrote():
     written entry by entry is the same text, infinities and escapes included."""
     import json
 
-    from ckptaudit.weight_norms import norms_json
+    from ckptaudit.stages.weight_norms import norms_json
 
     for norms in ({}, {"a": 1.0}, {'lm_head.wé"x': 1.23456789, "b": float("inf"), "c": 0.0, "d": 1e-7,
                                    "e": 123456789.0}):
@@ -117,7 +117,7 @@ def test_norms_json_writes_what_json_dumps_wrote():
 def test_weight_norms_answer_as_the_dict_they_replace():
     """Issue 45: the state job kept a dict of every weight's norm (~120 MiB at 1,000,000 weights); the columns
     that replace it give the same pairs in the same order, a name judged twice and a dropped name included."""
-    from ckptaudit.weight_norms import WeightNorms, norms_json
+    from ckptaudit.stages.weight_norms import WeightNorms, norms_json
 
     def both(ops):
         d, w = {}, WeightNorms()

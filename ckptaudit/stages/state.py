@@ -23,7 +23,7 @@ from .. import roles
 from ..components.findings import missing_weights, step_counter_reset
 from .. import fs
 from ..onepass.values import FLOAT_DTYPES, chunk_stats, np_view
-from ..weight_norms import WeightNorms, norms_json
+from .weight_norms import WeightNorms, norms_json
 
 
 def scan_values(run_dir: Path, tensors: List[dict], chunk_bytes: int, facts=None) -> Dict[str, dict]:
