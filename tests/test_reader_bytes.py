@@ -204,3 +204,79 @@ def test_the_read_depth_reaches_the_zip_check_on_the_facts_it_receives(tmp_path)
     assert [f.kind for f in full.findings if "crc" in f.kind] == ["zip_crc_mismatch"]
     assert not [f for f in meta.findings if "crc" in f.kind]
     assert read <= METADATA_SLACK < path.stat().st_size, (read, path.stat().st_size)
+
+
+def _swap_after_verification(monkeypatch, run, name, change):
+    """Run ``change(path)`` on ``run / name`` right after the hash stage has verified its bytes (on whichever
+    thread verifies it), before the load."""
+    from ckptaudit.stages import cli as stages
+
+    real = stages.stage_hash
+    done = []
+
+    def hash_then_change(inv, part, *a, **k):
+        rows = real(inv, part, *a, **k)
+        if not done and name in inv["parts"][part]:
+            done.append(name)
+            change(run / name)
+        return rows
+
+    monkeypatch.setattr(stages, "stage_hash", hash_then_change)
+    return done
+
+
+@pytest.mark.parametrize("how", ["renamed_over", "rewritten_in_place"])
+def test_a_file_changed_between_verification_and_load_is_never_returned(tmp_path, monkeypatch, how):
+    """The unit returned is the one verified: a valid checkpoint renamed over the newest unit after its bytes
+    were verified (a new inode), or the unit rewritten in place with its size and mtime put back (the ctime
+    moves), is not loaded; the reader falls back to the unit before, and says why."""
+    import torch
+
+    run = _run(tmp_path / "run", steps=(100, 200))
+    impostor = tmp_path / "impostor.pt"
+    good = torch.load(run / "ckpt_000200.pt", weights_only=True)
+    torch.save({**good, "iter_num": 999}, impostor)
+
+    def renamed_over(path):
+        os.replace(impostor, path)
+
+    def rewritten_in_place(path):
+        st = os.stat(path)
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x10
+        with open(path, "r+b") as f:
+            f.write(data)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert os.stat(path).st_ino == st.st_ino and os.stat(path).st_size == st.st_size
+
+    done = _swap_after_verification(monkeypatch, run, "ckpt_000200.pt",
+                                    renamed_over if how == "renamed_over" else rewritten_in_place)
+    ckpt = safe_load_checkpoint(run)
+    assert done == ["ckpt_000200.pt"]
+    assert (ckpt.unit, ckpt.step, ckpt["iter_num"]) == ("ckpt_000100.pt", 100, 100)
+    assert "changed after its bytes were verified" in ckpt.skipped["ckpt_000200.pt"]
+
+
+def test_the_final_load_of_a_file_loaded_apart_is_pinned_too(tmp_path, monkeypatch):
+    """With a ``map_location`` other than "cpu" the load test runs in a child and the file is loaded again for
+    the caller; a file renamed over the verified one before that load makes the reader refuse it."""
+    import torch
+
+    from ckptaudit.safe_load import NoUsableCheckpointError
+    from ckptaudit.stages.load import loadtest
+
+    run = tmp_path / "run"
+    run.mkdir()
+    torch.save({"model": {"w": torch.ones(4)}, "iter_num": 7}, run / "ckpt_000007.pt")
+    torch.save({"model": {"w": torch.zeros(4)}, "iter_num": 8}, tmp_path / "impostor.pt")
+    real = loadtest.load_in_child
+
+    def child_then_swap(path, *a, **k):
+        res = real(path, *a, **k)
+        os.replace(tmp_path / "impostor.pt", run / "ckpt_000007.pt")
+        return res
+
+    monkeypatch.setattr(loadtest, "load_in_child", child_then_swap)
+    with pytest.raises(NoUsableCheckpointError) as ei:
+        safe_load_checkpoint(run, map_location="meta")
+    assert "changed after its bytes were verified" in ei.value.reasons["ckpt_000007.pt"]
