@@ -280,3 +280,38 @@ def test_the_final_load_of_a_file_loaded_apart_is_pinned_too(tmp_path, monkeypat
     with pytest.raises(NoUsableCheckpointError) as ei:
         safe_load_checkpoint(run, map_location="meta")
     assert "changed after its bytes were verified" in ei.value.reasons["ckpt_000007.pt"]
+
+
+def test_a_published_unit_whose_chunks_fail_is_read_once_by_the_reader(tmp_path):
+    """A published unit (sidecar, manifest with chunk digests) with a flipped tensor byte is rejected by its
+    chunk digest; the reader, which checks the whole-file SHA-256 against nothing more, does not re-read it
+    whole for that digest, and names the damaged tensors from the file's metadata: the examined units' bytes
+    are read once each (plus metadata), and the audit still records the damaged file's SHA-256."""
+    import hashlib
+    import json
+
+    import torch
+
+    from ckptaudit.publish import save
+
+    run = tmp_path / "run"
+    torch.manual_seed(0)
+    for step in (100, 200, 300):
+        save({"model": {f"w{k}": torch.randn(1 << 18) for k in range(8)}, "iter_num": step}, run, step=step)
+    _flip_a_tensor_byte(run / "ckpt_000300.pt")
+    ckpt = safe_load_checkpoint(run)
+    assert (ckpt.unit, ckpt.examined) == ("ckpt_000200.pt", ["ckpt_000300.pt", "ckpt_000200.pt"])
+    why = ckpt.skipped["ckpt_000300.pt"]
+    assert why.startswith("chunk_checksum_mismatch: ") and "it holds tensor(s) model.w" in why, why
+    sizes = {n: (run / n).stat().st_size for n in ckpt.examined}
+    assert sum(sizes.values()) <= ckpt.bytes_read <= sum(sizes.values()) + 3 * METADATA_SLACK, (ckpt.bytes_read, sizes)
+
+    audit = audit_in_process(run, {}, out_dir=tmp_path / "audit")
+    assert audit["rollback"]["unit"] == "ckpt_000200.pt"
+    from ckptaudit import tables
+
+    (row,) = [r for r in tables.read_rows(tmp_path / "audit" / "tables" / "hash.parquet")
+              if r["file"] == "ckpt_000300.pt"]
+    assert row["sha256_hex"] == hashlib.sha256((run / "ckpt_000300.pt").read_bytes()).hexdigest()
+    assert row["verified"] is False
+    assert [f["kind"] for f in json.loads(row["findings_json"])] == ["chunk_checksum_mismatch"]

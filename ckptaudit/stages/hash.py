@@ -78,12 +78,16 @@ def parse_sidecar(text: str) -> Tuple[Dict[str, str], Optional[str]]:
 
 
 def _where(run_dir: Path, rel: str, unit: str, start: int, end: int) -> str:
-    """Which tensors of ``rel`` have bytes in [start, end), from a byte-level scan (never unpickled)."""
+    """Which tensors of ``rel`` have bytes in [start, end), from a byte-level scan of its metadata (never
+    unpickled; no tensor byte read: the pass already checked them)."""
     try:
+        from ..fs.read_depth import METADATA_ONLY
         from ..layouts.base import UnitScan, scan_file
+        from ..onepass.facts import ByteFacts
 
         scan = UnitScan(unit, "")
-        scan_file(run_dir, rel, unit, scan, {"security": {"allow_globals": []}})
+        scan_file(run_dir, rel, unit, scan, {"security": {"allow_globals": []}},
+                  byte_facts=ByteFacts(METADATA_ONLY.tensor_bytes))
     except Exception as e:  # noqa: BLE001 - naming tensors is best effort on a damaged file
         return f"the tensors in that range could not be named ({type(e).__name__})"
     hit = [t.name for t in scan.iter_tensors() if t.data_offset >= 0 and t.data_offset < end
@@ -226,7 +230,8 @@ def hash_unit(run_dir: Path, unit: dict, facts: Optional[list] = None,
             continue
         try:
             row = _file_row(run_dir, unit, rel, ff, manifest_entries.get(rel), sidecar_map.get(rel),
-                            row_findings.get(rel, []), (listed[rel], integ.rel) if rel in listed else None)
+                            row_findings.get(rel, []), (listed[rel], integ.rel) if rel in listed else None,
+                            depth)
         except OSError as e:  # the whole-file re-read of a file whose chunks failed
             rows.append(_unreadable_row(unit, rel, e))
             continue
@@ -324,10 +329,13 @@ def _unreadable_row(unit: dict, rel: str, e: OSError) -> dict:
 
 
 def _file_row(run_dir: Path, unit: dict, rel: str, ff, me: Optional[dict], sidecar: Optional[Tuple[str, str]],
-              findings_before: List[F.Finding], integ: Optional[Tuple[str, str]] = None) -> dict:
+              findings_before: List[F.Finding], integ: Optional[Tuple[str, str]] = None, depth=None) -> dict:
     """The ``hash`` row of a file the pass read (``ff``) against its manifest entry ``me`` or else its sidecar
     digest, and against ``integ`` (the digest its folder's ``integrity.json`` lists, that manifest's path); raises
-    ``OSError`` when a file whose chunks failed cannot be re-read whole."""
+    ``OSError`` when a file whose chunks failed cannot be re-read whole.  A file whose chunks failed is re-read
+    for its whole-file SHA-256 (the record of what it holds now) except at a ``depth`` without
+    ``unchecked_digests`` (the reader's :data:`~ckptaudit.fs.read_depth.CHECKED_DIGESTS_ONLY`: that digest is
+    checked against nothing but an ``integrity.json``, and the file is already not verified)."""
     fl = list(findings_before)
     size = ff.size_bytes
     bad_chunks: List[int] = []
@@ -337,7 +345,8 @@ def _file_row(run_dir: Path, unit: dict, rel: str, ff, me: Optional[dict], sidec
         got = ff.chunk_hex
         bad_chunks = [i for i in range(max(len(got), len(want)))
                       if i >= len(got) or i >= len(want) or got[i] != want[i]]
-        digest = sha256_file(run_dir / rel) if bad_chunks else str(me.get("sha256_hex", "")).lower()
+        rehash = bad_chunks and (integ is not None or depth is None or depth.unchecked_digests)
+        digest = sha256_file(run_dir / rel) if rehash else "" if bad_chunks else str(me.get("sha256_hex", "")).lower()
     else:
         digest = ff.sha256_hex
     record = ("sha256", digest) if digest else (FAST_DIGEST, ff.fast_hex) if ff.fast_hex else ("", "")
