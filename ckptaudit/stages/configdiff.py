@@ -19,6 +19,8 @@ from typing import List, Optional
 from .. import components as C
 from .. import findings as F
 from .. import producers, roles
+from .context import Part, StageContext
+from .rows import EarlierRows, ConfigdiffRows
 
 BREAKING_RE = re.compile(
     r"^(n_?embd|d|d_model|dim|hidden(_size|_dim)?|n_?layers?|num_(hidden_)?layers|n_?heads?|num_attention_heads|"
@@ -107,3 +109,18 @@ def _version_rows(p: str, versions: dict, target_torch: Optional[str]) -> List[d
         rows.append({"unit": p, "source": "versions", "key": f"{lib}_version", "saved": v, "target": here or "",
                      "klass": "harmless" if not here or here == v else "risky", "findings_json": "[]"})
     return rows
+
+
+def run(ctx: StageContext, part: Part, rows: EarlierRows) -> ConfigdiffRows:
+    """The config diff of ``part``: rows per unit with a scan (``rows.scan``) against ``ctx.config``'s expected
+    model args and target; a unit whose diff raises gets one ``audit_error`` row."""
+    from . import liveness
+
+    scans = rows.scan.by_unit()
+    cfg = dict(ctx.config)
+    out: List[dict] = []
+    for u in part.units:
+        if u["unit"] in scans:
+            out.extend(liveness.guard("configdiff", u, lambda: diff_unit(u, scans[u["unit"]].row, cfg),
+                                      lambda f: [{**liveness.error_row(u, f), "source": "", "key": ""}]))
+    return ConfigdiffRows(tuple(out))

@@ -40,6 +40,8 @@ from .. import confine
 from .. import findings as F
 from .. import fs
 from . import progress as _progress
+from .context import Part, StageContext
+from .rows import EarlierRows, HashRows
 from ..formats.chunk_digest import SAID, damaged_ranges, entry_chunks
 from ..formats.digest_purpose import FAST_DIGEST
 from ..formats.manifest_entries import load_manifest  # noqa: F401 - re-exported
@@ -398,3 +400,61 @@ def _with_integrity(rel: str, digest: str, integ: Tuple[str, str], expected: str
         return want, integrity_json.NAME, False
     return want, f"{source}, {integrity_json.NAME}" if source else integrity_json.NAME, verified is not False
 
+
+
+def run(ctx: StageContext, part: Part, rows: EarlierRows, *, stop=None) -> HashRows:
+    """Hash every file of ``part`` in one pass per file, up to :data:`PASSES_AT_ONCE` units at once (``rows``: the
+    earlier stages' rows, none read here).  A part packs several units, and SHA-256, CRC32 and numpy release the
+    GIL, so one job uses every core the rule's ``threads`` reserve; :data:`PASSES_AT_ONCE` bounds the passes in
+    flight, so memory does not grow with the part's units.  Rows keep the part's unit order; the facts of each
+    file's pass come with them (:class:`ckptaudit.stages.rows.HashRows`).  ``ctx.depth``: which SHA-256s are
+    computed; ``stop``: an event that, set, stops the passes at their next buffer (the reader abandoning a pass
+    it started ahead).  ``ctx.verify_plan`` (``work/verify_plan.json`` of a ``verify_budget`` audit): the units it
+    leaves out are not read, their previous rows are kept (:class:`ckptaudit.verification.budget.JobSplit`);
+    every unit's rows go to the ledger (``ctx.work/verified/<part>.json``).  Each file's digest is compared with
+    the one the previous audit into the same output folder recorded
+    (:func:`ckptaudit.verification.reverify.changed_since_last_audit`)."""
+    import functools
+
+    from .. import layouts
+    from . import liveness
+    from ..verification import budget as verify_budget, ledger as verify_ledger, reverify
+
+    units = list(part.units)
+    fragment = ctx.work / verify_ledger.FRAGMENTS / f"{part.name}.json" if ctx.work is not None else None
+    split = verify_budget.JobSplit(ctx.inventory, units, ctx.verify_plan, fragment)
+    before_now = {} if ctx.work is None else reverify.previous_digests(
+        ctx.work.parent / "tables" / "hash.parquet", [f for u in units for f in u["files"]])
+
+    def one(u: dict) -> Tuple[List[dict], list]:
+        if (kept := split.carried(u["unit"])) is not None:  # outside this audit's verify budget: not read
+            return kept, []
+        facts: list = []
+        planned = functools.partial(layouts.reads_records, u)  # files a later stage reads by record
+        got = liveness.guard("hash", u, lambda: hash_unit(ctx.run_dir, u, facts, planned, ctx.depth, stop),
+                             lambda f: [_audit_error_row(u, f)])
+        done_at = reverify.now_utc()  # when these bytes were last verified (the report's "last hashed")
+        for r in got:
+            if r.get("digest_hex"):
+                r["hashed_at_utc"] = done_at
+        split.done(u["unit"], got, done_at)  # digest_changed_unseen against the ledger's last verification
+        for r in got:
+            if r.get("digest_hex") and r.get("verified") is not False and "digest_changed_unseen" not in (
+                    r.get("findings_json") or "") and (f := reverify.changed_since_last_audit(r, before_now.get(r["file"]))):
+                r["findings_json"] = json.dumps(json.loads(r.get("findings_json") or "[]") + [f.to_dict()])
+        return got, facts
+
+    workers = max(1, min(PASSES_AT_ONCE, len(units)))
+    if workers > 1:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            done = list(pool.map(one, units))
+    else:
+        done = [one(u) for u in units]
+    if fragment is not None:
+        split.write(fragment)
+    return HashRows(tuple(r for got, _ in done for r in got), tuple(t for _, facts in done for t in facts))
+
+
+def _audit_error_row(u: dict, f) -> dict:
+    """A hash row that carries only an ``audit_error`` finding (see :mod:`ckptaudit.stages.liveness`)."""
+    return {"unit": u["unit"], "file": "", "findings_json": json.dumps([f.to_dict()])}

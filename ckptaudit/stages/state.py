@@ -24,6 +24,8 @@ from ..components.findings import missing_weights, step_counter_reset
 from .. import fs
 from ..onepass.values import FLOAT_DTYPES, chunk_stats, np_view
 from .weight_norms import WeightNorms, norms_json
+from .context import Part, StageContext
+from .rows import EarlierRows, StateRows
 
 
 def scan_values(run_dir: Path, tensors: List[dict], chunk_bytes: int, facts=None) -> Dict[str, dict]:
@@ -311,3 +313,27 @@ def _step_repair(unit: str, step_source: str, true_step: Optional[int]) -> str:
         return ""
     access = "".join(f"[{k!r}]" for k in dotted.split("."))
     return f"ckpt{access} = {true_step}"
+
+
+#: The columns of the ``tensors`` table this layer reads, and the kinds of the hash stage's facts it asks for.
+TENSOR_COLUMNS = ["unit", "file", "name", "dtype", "data_offset", "nbytes"]
+FACT_KINDS = ("values", "bytes")
+
+
+def run(ctx: StageContext, part: Part, rows: EarlierRows) -> StateRows:
+    """The state layer of ``part``: a row per unit with a scan (``rows.scan``); tensor value statistics come from
+    the hash stage's facts (``rows.hash``) where it has them, remote reads from the bytes its pass kept."""
+    from .. import fs, tables
+    from . import liveness
+    from .rows import HashRows
+
+    scans = rows.scan.by_unit()
+    tens = tables.UnitRows(None, TENSOR_COLUMNS, rows.scan.tensors)  # a unit's rows as dicts while read
+    facts = (rows.hash or HashRows(())).byte_facts(ctx.run_dir, kinds=FACT_KINDS)
+    cfg = dict(ctx.config)
+    with fs.kept.serving(facts.kept):
+        return StateRows(tuple(
+            liveness.guard("state", u, lambda: analyse_unit(u, scans[u["unit"]].row, tens.rows(u["unit"]), ctx.run_dir,
+                                                            cfg, facts),
+                           lambda f: liveness.error_row(u, f))
+            for u in part.units if u["unit"] in scans))
