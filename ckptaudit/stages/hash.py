@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -45,9 +44,9 @@ from .rows import EarlierRows, HashRows
 from ..formats.chunk_digest import SAID, damaged_ranges, entry_chunks
 from ..formats.digest_purpose import FAST_DIGEST
 from ..formats.manifest_entries import load_manifest  # noqa: F401 - re-exported
+from ..formats.sidecar import parse_sidecar
+from ..layouts.base import tensors_in_range
 from ..verification.reverify import mtime_ns_of
-
-_LINE = re.compile(r"^\\?([0-9a-fA-F]{64}) [ *](.+)$")
 
 
 def sha256_file(path: str | Path, progress=None) -> str:
@@ -58,42 +57,6 @@ def sha256_file(path: str | Path, progress=None) -> str:
     ``progress`` (a :class:`ckptaudit.stages.progress.ProgressWriter`) is told every block read."""
     with fs.open_binary(path, block_size=fs.STREAM_BLOCK_BYTES) as fh:
         return hashlib.file_digest(_progress.CountingReader(fh, progress) if progress else fh, "sha256").hexdigest()
-
-
-def parse_sidecar(text: str) -> Tuple[Dict[str, str], Optional[str]]:
-    """Parse sha256sum output: ({file name: hex}, error or None)."""
-    out: Dict[str, str] = {}
-    for i, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        m = _LINE.match(line.rstrip("\r"))
-        if not m:
-            bare = line.strip()
-            if re.fullmatch(r"[0-9a-fA-F]{64}", bare):  # hash only, no name: accepted
-                out[""] = bare.lower()
-                continue
-            return out, f"line {i} is not '<64 hex>  <name>': {line[:80]!r}"
-        out[m.group(2)] = m.group(1).lower()
-    if not out:
-        return out, "empty sidecar"
-    return out, None
-
-
-def _where(run_dir: Path, rel: str, unit: str, start: int, end: int) -> str:
-    """Which tensors of ``rel`` have bytes in [start, end), from a byte-level scan (never unpickled)."""
-    try:
-        from ..layouts.base import UnitScan, scan_file
-
-        scan = UnitScan(unit, "")
-        scan_file(run_dir, rel, unit, scan, {"security": {"allow_globals": []}})
-    except Exception as e:  # noqa: BLE001 - naming tensors is best effort on a damaged file
-        return f"the tensors in that range could not be named ({type(e).__name__})"
-    hit = [t.name for t in scan.iter_tensors() if t.data_offset >= 0 and t.data_offset < end
-           and t.data_offset + max(t.nbytes, 1) > start]
-    if not hit:
-        return "no tensor data lies in that range (headers, the pickle or the zip directory)"
-    more = f" and {len(hit) - 5} more" if len(hit) > 5 else ""
-    return "it holds tensor(s) " + ", ".join(hit[:5]) + more
 
 
 def _file_passes(run_dir: Path, unit: dict, manifest_entries: Dict[str, dict], sidecars, prog,
@@ -359,7 +322,7 @@ def _file_row(run_dir: Path, unit: dict, rel: str, ff, me: Optional[dict], sidec
                              chunks=", ".join(map(str, idx)), n_chunks=-(-size // me["chunk_bytes"]),
                              chunk_bytes=me["chunk_bytes"], source="manifest",
                              algorithm=SAID.get(algorithm, "SHA-256"),
-                             where_text=_where(run_dir, rel, unit["unit"], start, end),
+                             where_text=tensors_in_range(run_dir, rel, unit["unit"], start, end),
                              range_note="" if (start, end) == (0, size) else (
                                  " Only that byte range changed: an intact copy of the file can be compared or "
                                  "repaired over that range alone.")))
@@ -403,46 +366,29 @@ def _with_integrity(rel: str, digest: str, integ: Tuple[str, str], expected: str
 
 
 def run(ctx: StageContext, part: Part, rows: EarlierRows, *, stop=None) -> HashRows:
-    """Hash every file of ``part`` in one pass per file, up to :data:`PASSES_AT_ONCE` units at once (``rows``: the
-    earlier stages' rows, none read here).  A part packs several units, and SHA-256, CRC32 and numpy release the
-    GIL, so one job uses every core the rule's ``threads`` reserve; :data:`PASSES_AT_ONCE` bounds the passes in
-    flight, so memory does not grow with the part's units.  Rows keep the part's unit order; the facts of each
-    file's pass come with them (:class:`ckptaudit.stages.rows.HashRows`).  ``ctx.depth``: which SHA-256s are
-    computed; ``stop``: an event that, set, stops the passes at their next buffer (the reader abandoning a pass
-    it started ahead).  ``ctx.verify_plan`` (``work/verify_plan.json`` of a ``verify_budget`` audit): the units it
-    leaves out are not read, their previous rows are kept (:class:`ckptaudit.verification.budget.JobSplit`);
-    every unit's rows go to the ledger (``ctx.work/verified/<part>.json``).  Each file's digest is compared with
-    the one the previous audit into the same output folder recorded
-    (:func:`ckptaudit.verification.reverify.changed_since_last_audit`)."""
+    """Hash every file of ``part`` in one pass per file (``rows``: none read), up to :data:`PASSES_AT_ONCE` units at
+    once: SHA-256, CRC32 and numpy release the GIL, so one job uses the cores its rule reserves, and memory does not
+    grow with the part's units.  Rows in the part's unit order, with each pass's facts.  ``ctx.depth``: which
+    SHA-256s are computed; ``stop``: an event that, set, stops the passes at their next buffer (the reader
+    abandoning a pass it started ahead).  Units a verify plan leaves out are not read, and every digest is
+    checked against the previous verifications (:class:`ckptaudit.verification.hash_job.HashJob`)."""
     import functools
 
     from .. import layouts
     from . import liveness
-    from ..verification import budget as verify_budget, ledger as verify_ledger, reverify
+    from ..verification.hash_job import HashJob
 
     units = list(part.units)
-    fragment = ctx.work / verify_ledger.FRAGMENTS / f"{part.name}.json" if ctx.work is not None else None
-    split = verify_budget.JobSplit(ctx.inventory, units, ctx.verify_plan, fragment)
-    before_now = {} if ctx.work is None else reverify.previous_digests(
-        ctx.work.parent / "tables" / "hash.parquet", [f for u in units for f in u["files"]])
+    job = HashJob(ctx.inventory, units, part.name, ctx.work, ctx.verify_plan)
 
     def one(u: dict) -> Tuple[List[dict], list]:
-        if (kept := split.carried(u["unit"])) is not None:  # outside this audit's verify budget: not read
+        if (kept := job.carried(u["unit"])) is not None:  # outside this audit's verify budget: not read
             return kept, []
         facts: list = []
         planned = functools.partial(layouts.reads_records, u)  # files a later stage reads by record
         got = liveness.guard("hash", u, lambda: hash_unit(ctx.run_dir, u, facts, planned, ctx.depth, stop),
-                             lambda f: [_audit_error_row(u, f)])
-        done_at = reverify.now_utc()  # when these bytes were last verified (the report's "last hashed")
-        for r in got:
-            if r.get("digest_hex"):
-                r["hashed_at_utc"] = done_at
-        split.done(u["unit"], got, done_at)  # digest_changed_unseen against the ledger's last verification
-        for r in got:
-            if r.get("digest_hex") and r.get("verified") is not False and "digest_changed_unseen" not in (
-                    r.get("findings_json") or "") and (f := reverify.changed_since_last_audit(r, before_now.get(r["file"]))):
-                r["findings_json"] = json.dumps(json.loads(r.get("findings_json") or "[]") + [f.to_dict()])
-        return got, facts
+                             lambda f: [{**liveness.error_row(u, f), "file": ""}])
+        return job.done(u["unit"], got), facts
 
     workers = max(1, min(PASSES_AT_ONCE, len(units)))
     if workers > 1:
@@ -450,11 +396,5 @@ def run(ctx: StageContext, part: Part, rows: EarlierRows, *, stop=None) -> HashR
             done = list(pool.map(one, units))
     else:
         done = [one(u) for u in units]
-    if fragment is not None:
-        split.write(fragment)
+    job.write()
     return HashRows(tuple(r for got, _ in done for r in got), tuple(t for _, facts in done for t in facts))
-
-
-def _audit_error_row(u: dict, f) -> dict:
-    """A hash row that carries only an ``audit_error`` finding (see :mod:`ckptaudit.stages.liveness`)."""
-    return {"unit": u["unit"], "file": "", "findings_json": json.dumps([f.to_dict()])}

@@ -185,7 +185,7 @@ def _write_json(path: Path, doc: dict) -> None:
 
 
 def main(argv=None) -> int:
-    from ..tables import job_memory_pool, without_pandas
+    from .job_process import job_memory_pool, without_pandas
 
     without_pandas()
     job_memory_pool()
