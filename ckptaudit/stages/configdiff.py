@@ -14,7 +14,7 @@ import functools
 import json
 import re
 from importlib import metadata
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 from .. import components as C
 from .. import findings as F
@@ -52,12 +52,14 @@ def _fmt(v) -> str:
     return json.dumps(v, sort_keys=True, default=str) if not isinstance(v, str) else v
 
 
-def diff_unit(unit: dict, scan_row: dict, cfg: dict, torch_version: Optional[str] = None) -> List[dict]:
-    """Rows of the ``configdiff`` table for one unit (empty when nothing is compared)."""
+def diff_unit(unit: dict, scan_row: dict, cfg: dict, torch_version: Optional[str] = None,
+              parsed: Optional[Callable[[], tuple]] = None) -> List[dict]:
+    """Rows of the ``configdiff`` table for one unit (empty when nothing is compared); ``parsed``: gives the scan
+    row's (components, tree, facts) already parsed (default: :func:`ckptaudit.components.of_scan_row`)."""
     p = unit["unit"]
     if not roles.weights_intact(scan_row):
         return []
-    c, tree, facts = C.of_scan_row(scan_row)
+    c, tree, facts = parsed() if parsed else C.of_scan_row(scan_row)
     exp = cfg.get("expected_model_args") or {}
     rows = _model_arg_rows(p, c, exp) if exp and c.model_args else []
     target_torch = (cfg.get("target") or {}).get("torch_version") or torch_version or installed_version("torch")
@@ -121,6 +123,7 @@ def run(ctx: StageContext, part: Part, rows: EarlierRows) -> ConfigdiffRows:
     out: List[dict] = []
     for u in part.units:
         if u["unit"] in scans:
-            out.extend(liveness.guard("configdiff", u, lambda: diff_unit(u, scans[u["unit"]].row, cfg),
+            out.extend(liveness.guard("configdiff", u, lambda: diff_unit(u, scans[u["unit"]].row, cfg,
+                                                                        parsed=lambda: scans[u["unit"]].parsed),
                                       lambda f: [{**liveness.error_row(u, f), "source": "", "key": ""}]))
     return ConfigdiffRows(tuple(out))

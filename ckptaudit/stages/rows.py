@@ -3,6 +3,7 @@ the next stages read in memory; the rules' CLI writes them as the tables of :mod
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, Mapping, Optional, Tuple
 
@@ -38,11 +39,18 @@ class HashRows:
 @dataclass(frozen=True)
 class ScanRow:
     """One unit's scan: ``row``, its row of the ``scan`` table (``findings_json``, ``tree_json``, ``facts_json``,
-    …), and its findings as values."""
+    …), and its findings as values; :attr:`parsed` its tree parsed once for every stage that reads it."""
 
     unit: str
     row: Mapping[str, Any]
     findings: Tuple["Finding", ...]
+
+    @functools.cached_property
+    def parsed(self) -> Tuple[Any, Dict[str, Any], Dict[str, Any]]:
+        """(components, tree, facts) of the unit (:func:`ckptaudit.components.of_scan_row`), parsed on first use."""
+        from ..components import of_scan_row
+
+        return of_scan_row(self.row)
 
     @classmethod
     def of(cls, row: Mapping[str, Any]) -> "ScanRow":

@@ -16,7 +16,7 @@ import hashlib
 import json
 import re
 from collections import Counter
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 from .. import components as C
 from .. import findings as F
@@ -97,14 +97,15 @@ def _examples(items: List[str], n: int = 4) -> str:
 
 
 def analyse_unit(unit: dict, scan_row: dict, tensors: Iterable[dict], cfg: dict,
-                 reference: Optional[Dict[str, dict]] = None) -> dict:
+                 reference: Optional[Dict[str, dict]] = None, parsed: Optional[Callable[[], tuple]] = None) -> dict:
     """One row of the ``structure`` table for a unit; ``tensors`` (its rows of the tensors table) may be
-    iterated more than once (:class:`ckptaudit.tables.UnitView`)."""
+    iterated more than once (:class:`ckptaudit.tables.UnitView`); ``parsed``: gives the scan row's (components,
+    tree, facts) already parsed (default: :func:`ckptaudit.components.of_scan_row`)."""
     p = unit["unit"]
     row = {"unit": p, "findings_json": "[]"}
     if not roles.weights_intact(scan_row):
         return row
-    c, tree, facts = C.of_scan_row(scan_row)
+    c, tree, facts = parsed() if parsed else C.of_scan_row(scan_row)
     fl: List[F.Finding] = []
     target = cfg.get("target") or {}
     # parallel layout
@@ -302,6 +303,7 @@ def run(ctx: StageContext, part: Part, rows: EarlierRows) -> StructureRows:
     cfg = dict(ctx.config)
     reference = (ctx.target if ctx.target is not None else target.build(cfg)).get("weights")
     return StructureRows(tuple(
-        liveness.guard("structure", u, lambda: analyse_unit(u, scans[u["unit"]].row, tens.of(u["unit"]), cfg, reference),
+        liveness.guard("structure", u, lambda: analyse_unit(u, scans[u["unit"]].row, tens.of(u["unit"]), cfg, reference,
+                                                       lambda: scans[u["unit"]].parsed),
                        lambda f: liveness.error_row(u, f))
         for u in part.units if u["unit"] in scans))
