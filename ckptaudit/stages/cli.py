@@ -97,23 +97,17 @@ def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None,
                verify_plan: Optional[str] = None) -> List[dict]:
     """The hash stage of ``part`` (:func:`ckptaudit.stages.hash.run`), written as table ``hash`` at ``out``, its
     facts as table ``bytefacts`` (at ``out_facts`` or :func:`work_file`) and the bytes read (:func:`bytes_path`)."""
-    from .. import fs
+    from .. import fs, tables
     from . import hash as hashing
 
     before = fs.stage_bytes()  # no kept bytes are served here: this stage reads the objects themselves
-    got = hashing.run(_context(inv, {}, out, depth, verify_plan=verify_plan), _part(inv, part), EarlierRows(),
-                      stop=stop)
-    write_hash(got, out, out_facts or work_file(out, "bytefacts", part, "parquet"))
+    # each unit's facts written as its passes end: the file whole, or none (and no temp file) when a pass raises
+    with tables.BatchWriter("bytefacts", out_facts or work_file(out, "bytefacts", part, "parquet")) as facts:
+        got = hashing.run(_context(inv, {}, out, depth, verify_plan=verify_plan), _part(inv, part), EarlierRows(),
+                          stop=stop, facts_to=facts.write)
+    tables.write("hash", list(got.rows), out)
     _write_bytes(out, "hash", part, before)
     return list(got.rows)
-
-
-def write_hash(got: HashRows, out: str | Path, out_facts: str | Path) -> None:
-    """The hash stage's rows as table ``hash`` at ``out`` and its facts as table ``bytefacts`` at ``out_facts``."""
-    from .. import tables
-
-    write_facts(got, out_facts)
-    tables.write("hash", list(got.rows), out)
 
 
 def write_facts(got: HashRows, path: str | Path) -> None:

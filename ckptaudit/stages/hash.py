@@ -365,13 +365,11 @@ def _with_integrity(rel: str, digest: str, integ: Tuple[str, str], expected: str
 
 
 
-def run(ctx: StageContext, part: Part, rows: EarlierRows, *, stop=None) -> HashRows:
-    """Hash every file of ``part`` in one pass per file (``rows``: none read), up to :data:`PASSES_AT_ONCE` units at
-    once: SHA-256, CRC32 and numpy release the GIL, so one job uses the cores its rule reserves, and memory does not
-    grow with the part's units.  Rows in the part's unit order, with each pass's facts.  ``ctx.depth``: which
-    SHA-256s are computed; ``stop``: an event that, set, stops the passes at their next buffer (the reader
-    abandoning a pass it started ahead).  Units a verify plan leaves out are not read, and every digest is
-    checked against the previous verifications (:class:`ckptaudit.verification.hash_job.HashJob`)."""
+def run(ctx: StageContext, part: Part, rows: EarlierRows, *, stop=None, facts_to=None) -> HashRows:
+    """Hash every file of ``part``, one pass per file and :data:`PASSES_AT_ONCE` units at once (the cores the rule
+    reserves); rows in unit order, with the passes' facts, or those handed to ``facts_to`` (thread-safe) as each
+    unit ends, not kept.  ``ctx.depth``: which SHA-256s; ``stop``: an event that stops the passes (the reader);
+    units a verify plan leaves out are not read (:class:`ckptaudit.verification.hash_job.HashJob`)."""
     import functools
 
     from .. import layouts
@@ -388,7 +386,9 @@ def run(ctx: StageContext, part: Part, rows: EarlierRows, *, stop=None) -> HashR
         planned = functools.partial(layouts.reads_records, u)  # files a later stage reads by record
         got = liveness.guard("hash", u, lambda: hash_unit(ctx.run_dir, u, facts, planned, ctx.depth, stop),
                              lambda f: [{**liveness.error_row(u, f), "file": ""}])
-        return job.done(u["unit"], got), facts
+        for t in facts if facts_to is not None else ():
+            facts_to(t)
+        return job.done(u["unit"], got), facts if facts_to is None else []
 
     workers = max(1, min(PASSES_AT_ONCE, len(units)))
     if workers > 1:
