@@ -62,8 +62,12 @@ def merged_config(cfg: Optional[dict]) -> dict:
 
 def audit_in_process(run_dir: str | Path, cfg: Optional[dict] = None, out_dir: Optional[str | Path] = None,
                      depth=None) -> dict:
-    """Audit ``run_dir``; return the verdict dict (also written to ``out_dir``).  ``depth``: the hash stage's
+    """Audit ``run_dir``; return the verdict dict (also written to ``out_dir``).  ``depth``: the file layer's
     :class:`ckptaudit.fs.read_depth.ReadDepth` (default ``FULL``; ``ckptaudit seal`` passes ``SEAL``).
+
+    One :class:`ckptaudit.stages.context.StageContext` is built after the inventory; each part's stages run in
+    :data:`ckptaudit.stages.STAGES` order, each handing its rows to the next in memory.  The tables are written
+    once, under ``out_dir/tables/``, for the report, and never read back.
 
     Raises ``FileNotFoundError``/``NotADirectoryError`` for a missing run folder and
     ``ValueError`` (naming the key and the bound, :func:`check_config`) for a config

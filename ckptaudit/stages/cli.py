@@ -1,9 +1,11 @@
-"""The rules' CLI and the stage functions it runs: ``python -m ckptaudit.stages STAGE …``.
+"""The rules' CLI: ``python -m ckptaudit.stages STAGE …``, the boundary where tables are read and written.
 
-Each stage is a plain function over files, so it is testable without
-Snakemake; the rules in ``rules/*.smk`` only wire paths.  Per-unit stages take
-a *part* (a group of units, see :func:`ckptaudit.discovery.assign_parts`) and
-write one Parquet table for it; the report stage concatenates the parts.
+Each per-part stage is a function over values, ``run(ctx, part, rows)`` of its module
+(:mod:`ckptaudit.stages.context`).  A ``stage_*`` function here builds the context from a job's arguments,
+reads the earlier stages' tables of its *part* (a group of units, see
+:func:`ckptaudit.stages.inventory.parts.assign_parts`), calls the stage's ``run`` and writes its Parquet
+table(s) and the bytes it read; the report stage concatenates the parts.  The rules in ``rules/*.smk``
+only wire paths.
 """
 
 from __future__ import annotations
