@@ -165,8 +165,7 @@ def _examine(inv: dict, unit: str, cfg: dict, out: Path, target_path: str,
     """{table: rows of ``unit``} from every stage, in the audit's order, reading all of its bytes.  ``loads``: the
     reader's loader (:class:`ckptaudit.stages.load.reader.ReaderLoads`), which keeps what it loaded of ``unit`` only;
     ``ahead``: a hash stage already started (:class:`_Ahead`), used when it is of ``unit``.  ``loads`` is told the
-    identity of ``unit``'s files before the hash stage reads them (:meth:`~ckptaudit.stages.load.reader.ReaderLoads.pin`),
-    so that what it loads is what was verified."""
+    identity of ``unit``'s files before the hash stage reads them (``ReaderLoads.pin``): it loads what was verified."""
     from .fs import read_depth
     from . import tables
     from .stages import cli as stages
