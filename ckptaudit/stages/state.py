@@ -25,7 +25,7 @@ from .. import fs
 from ..onepass.values import FLOAT_DTYPES, chunk_stats, np_view
 from .weight_norms import WeightNorms, norms_json
 from .context import Part, StageContext
-from .rows import EarlierRows, StateRows
+from .rows import EarlierRows, StateRow, StateRows
 
 
 def scan_values(run_dir: Path, tensors: List[dict], chunk_bytes: int, facts=None) -> Dict[str, dict]:
@@ -125,13 +125,13 @@ def tensor_role(t: dict, c: C.Components) -> str:
 
 
 def analyse_unit(unit: dict, scan_row: dict, tensors: Iterable[dict], run_dir: Path, cfg: dict,
-                 byte_facts=None, parsed: Optional[Callable[[], tuple]] = None) -> dict:
+                 byte_facts=None, parsed: Optional[Callable[[], tuple]] = None) -> StateRow:
     """One row of the ``state`` table (with its findings) for a unit; ``tensors`` (its rows of the tensors
     table) is iterated once, as it comes; ``byte_facts``: the hash stage's
     (:class:`ckptaudit.onepass.facts.ByteFacts`), which answer for the value statistics it computed; ``parsed``:
     gives the scan row's (components, tree, facts) already parsed (default: :func:`ckptaudit.components.of_scan_row`)."""
     scfg = cfg.get("state", {})
-    row = {"unit": unit["unit"], "findings_json": "[]"}
+    row: dict = {"unit": unit["unit"]}  # the row's columns as they are decided
     fl: List[F.Finding] = []
     parse = parsed or (lambda: C.of_scan_row(scan_row))  # (components, tree, facts), parsed once
     tree = parse()[1] if parsed else json.loads(scan_row.get("tree_json") or "{}")
@@ -146,8 +146,8 @@ def analyse_unit(unit: dict, scan_row: dict, tensors: Iterable[dict], run_dir: P
         scan_errors = [f for f in scan_findings if f.get("severity") == "error"]
         if not tree and not scan_errors and not cut:  # an empty folder, or one with only metadata: nothing to resume from
             row.update(has_weights=False)
-            row["findings_json"] = json.dumps([missing_weights(unit["unit"], "none").to_dict()])
-        return row
+            fl.append(missing_weights(unit["unit"], "none"))
+        return StateRow(**row, findings=tuple(fl))
     c = parse()[0]
     name_step = unit.get("step_from_name") if c.name_number == "step" else None
     p = unit["unit"]
@@ -169,8 +169,7 @@ def analyse_unit(unit: dict, scan_row: dict, tensors: Iterable[dict], run_dir: P
     fl.extend(_counter_findings(p, c, step, name_step))
     if scfg.get("nan_scan", True) and c.weights:
         fl.extend(_value_findings(p, c, tensors, run_dir, scfg, row, byte_facts))
-    row["findings_json"] = json.dumps([f.to_dict() for f in fl])
-    return row
+    return StateRow(**row, findings=tuple(fl))
 
 
 #: File-layer errors confined to one record of a torch zip; with ``member`` a storage record (``…/data/<key>``),
@@ -337,5 +336,5 @@ def run(ctx: StageContext, part: Part, rows: EarlierRows) -> StateRows:
         return StateRows(tuple(
             liveness.guard("state", u, lambda: analyse_unit(u, scans[u["unit"]].row, tens.rows(u["unit"]), ctx.run_dir,
                                                             cfg, facts, lambda: scans[u["unit"]].parsed),
-                           lambda f: liveness.error_row(u, f))
+                           lambda f: StateRow(u["unit"], findings=(f,)))
             for u in part.units if u["unit"] in scans))
