@@ -107,9 +107,10 @@ def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None,
     with tables.BatchWriter("bytefacts", out_facts or work_file(out, "bytefacts", part, "parquet")) as facts:
         got = hashing.run(_context(inv, {}, out, depth, verify_plan=verify_plan), _part(inv, part), EarlierRows(),
                           stop=stop, facts_to=facts.write)
-    tables.write("hash", list(got.rows), out)
+    written = records(got.rows)
+    tables.write("hash", written, out)
     _write_bytes(out, "hash", part, before)
-    return list(got.rows)
+    return written
 
 
 def write_facts(got: HashRows, path: str | Path) -> None:
@@ -142,7 +143,7 @@ def write_scan(got: ScanRows, out: str | Path, out_tensors: str | Path, out_impo
     tables.write("scan", [dict(s.row) for s in got.scans], out)
     with tables.BatchWriter("tensors", out_tensors) as w:
         w.write(got.tensors)
-    tables.write("imports", list(got.imports), out_imports)
+    tables.write("imports", records(got.imports), out_imports)
 
 
 def stage_load(inv: dict, part: str, cfg: dict, scan_path: str, out: str,

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 class TableRow:
     """A row of one of :mod:`ckptaudit.tables`' stage tables (``TABLE``) as a value: a field per column of
     ``tables.SCHEMAS[TABLE]``, named as there, except ``findings_json``, held as ``findings``
-    (``Tuple[Finding, ...]``).  :meth:`to_record` is the table's record (what :func:`ckptaudit.tables.write`
+    (``Tuple[Finding, ...]``) where the table has it.  :meth:`to_record` is the table's record (what :func:`ckptaudit.tables.write`
     takes), :meth:`of` the typed row of a record read back."""
 
     TABLE: ClassVar[str] = ""
@@ -30,14 +30,17 @@ class TableRow:
         """The row as a record of its table: ``findings`` as the ``findings_json`` string (a JSON list of
         :meth:`ckptaudit.findings.Finding.to_dict`), every other field as it is."""
         rec = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "findings"}
-        rec["findings_json"] = json.dumps([x.to_dict() for x in self.findings])  # type: ignore[attr-defined]
+        if "findings" in self.__dataclass_fields__:
+            rec["findings_json"] = json.dumps([x.to_dict() for x in self.findings])  # type: ignore[attr-defined]
         return rec
 
     @classmethod
     def of(cls, record: Mapping[str, Any]):
         """The typed row of a record of its table (a column absent: None; ``findings_json`` parsed)."""
         kw = {f.name: record.get(f.name) for f in fields(cls) if f.name != "findings"}
-        return cls(**kw, findings=findings_of(record.get("findings_json")))  # type: ignore[call-arg]
+        if "findings" in cls.__dataclass_fields__:
+            kw["findings"] = findings_of(record.get("findings_json"))
+        return cls(**kw)
 
 
 def findings_of(findings_json: Optional[str]) -> Tuple["Finding", ...]:
@@ -207,13 +210,30 @@ class ScanRow:
 
 
 @dataclass(frozen=True)
+class ImportRow(TableRow):
+    """One global a unit's pickle imports, a row of table ``imports``: where (``file``, ``member``), what
+    (``module``, ``name``), how the security layer counts it (``category``, ``source``) and the
+    ``torch.serialization.add_safe_globals`` line that allows it (``add_safe``)."""
+
+    TABLE: ClassVar[str] = "imports"
+    unit: str
+    file: Optional[str] = None
+    member: Optional[str] = None
+    module: Optional[str] = None
+    name: Optional[str] = None
+    category: Optional[str] = None
+    source: Optional[str] = None
+    add_safe: Optional[str] = None
+
+
+@dataclass(frozen=True)
 class ScanRows:
     """The scan stage's rows of a part: ``scans``, one per unit; ``tensors`` (table ``tensors``, one row per
     tensor, as columns) and ``imports`` (table ``imports``, one row per global a pickle imports)."""
 
     scans: Tuple[ScanRow, ...]
     tensors: "pa.Table"
-    imports: Tuple[dict, ...]
+    imports: Tuple[ImportRow, ...]
 
     def by_unit(self) -> Dict[str, ScanRow]:
         return {s.unit: s for s in self.scans}
