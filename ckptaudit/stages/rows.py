@@ -21,8 +21,8 @@ if TYPE_CHECKING:
 class TableRow:
     """A row of one of :mod:`ckptaudit.tables`' stage tables (``TABLE``) as a value: a field per column of
     ``tables.SCHEMAS[TABLE]``, named as there, except ``findings_json``, held as ``findings``
-    (``Tuple[Finding, ...]``) where the table has it.  :meth:`to_record` is the table's record (what :func:`ckptaudit.tables.write`
-    takes), :meth:`of` the typed row of a record read back."""
+    (``Tuple[Finding, ...]``) where the table has it.  :meth:`to_record` is the table's record (what
+    :func:`ckptaudit.tables.write` takes), :meth:`of` the typed row of a record read back."""
 
     TABLE: ClassVar[str] = ""
 

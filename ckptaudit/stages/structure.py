@@ -96,7 +96,8 @@ def _examples(items: List[str], n: int = 4) -> str:
 
 
 def analyse_unit(unit: dict, scan_row: dict, tensors: Iterable[dict], cfg: dict,
-                 reference: Optional[Dict[str, dict]] = None, parsed: Optional[Callable[[], tuple]] = None) -> StructureRow:
+                 reference: Optional[Dict[str, dict]] = None, parsed: Optional[Callable[[], tuple]] = None
+                 ) -> StructureRow:
     """One row of the ``structure`` table for a unit; ``tensors`` (its rows of the tensors table) may be
     iterated more than once (:class:`ckptaudit.tables.UnitView`); ``parsed``: gives the scan row's (components,
     tree, facts) already parsed (default: :func:`ckptaudit.components.of_scan_row`)."""
