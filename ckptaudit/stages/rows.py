@@ -31,7 +31,8 @@ class TableRow:
         :meth:`ckptaudit.findings.Finding.to_dict`), every other field as it is."""
         rec = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "findings"}
         if "findings" in self.__dataclass_fields__:
-            rec["findings_json"] = json.dumps([x.to_dict() for x in self.findings])  # type: ignore[attr-defined]
+            found = self.findings  # type: ignore[attr-defined]
+            rec["findings_json"] = json.dumps([x.to_dict() for x in found]) if found else "[]"
         return rec
 
     @classmethod
@@ -45,9 +46,11 @@ class TableRow:
 
 def findings_of(findings_json: Optional[str]) -> Tuple["Finding", ...]:
     """The findings of a ``findings_json`` cell (None or "": none)."""
+    if not findings_json or findings_json == "[]":  # most rows: no parse
+        return ()
     from ..findings import Finding
 
-    return tuple(Finding.from_dict(d) for d in json.loads(findings_json or "[]"))
+    return tuple(Finding.from_dict(d) for d in json.loads(findings_json))
 
 
 def records(rows) -> List[Dict[str, Any]]:
@@ -202,11 +205,7 @@ class ScanRow:
     @classmethod
     def of(cls, row: Mapping[str, Any]) -> "ScanRow":
         """The typed row of a ``scan`` table row."""
-        import json
-
-        from ..findings import Finding
-
-        return cls(row["unit"], row, tuple(Finding.from_dict(d) for d in json.loads(row.get("findings_json") or "[]")))
+        return cls(row["unit"], row, findings_of(row.get("findings_json")))
 
 
 @dataclass(frozen=True)
