@@ -178,7 +178,7 @@ def stage_scan(inv: dict, part: str, cfg: dict, out: str, out_tensors: str, out_
     facts = _load_facts(out, part, facts_path, run_dir, depth, kinds=SCAN_FACT_KINDS)
     scans, imports = [], []
     # a unit's tensors as columns, written as scanned; remote reads served from the pass's kept bytes
-    with fs.kept.serving(facts.kept), tables.BatchWriter("tensors", out_tensors) as tensors:
+    with tables.BatchWriter("tensors", out_tensors) as tensors:
         for row, tens, imps in iter_scans(run_dir, _with_object_store(inv, part_units(inv, part)), cfg, facts):
             scans.append(row)
             tensors.write(tens)
@@ -213,8 +213,7 @@ def stage_load(inv: dict, part: str, cfg: dict, scan_path: str, out: str,
     facts = _load_facts(out, part, facts_path, run_dir) if fs.is_remote(run_dir) else None
     units = part_units(inv, part)
     try:  # the part's units at once, so their small files share load children (ckptaudit.stages.load.child)
-        with fs.kept.serving(facts.kept if facts is not None else None):
-            rows = _in_unit_order(units, loadtest.load_units(run_dir, units, scans, cfg, loader, facts))
+        rows = _in_unit_order(units, loadtest.load_units(run_dir, units, scans, cfg, loader, facts))
     except Exception:  # noqa: BLE001 - again unit by unit: the error becomes a finding on the unit that raised it
         rows = []
         for u in units:
@@ -275,9 +274,8 @@ def stage_state(inv: dict, part: str, cfg: dict, scan_path: str, tensors_path: s
     tens = tables.UnitRows(tensors_path, columns=STATE_TENSOR_COLUMNS)  # a unit's rows as dicts while read
     run_dir = _run_dir(inv, cfg)
     facts = _load_facts(out, part, facts_path, run_dir, kinds=STATE_FACT_KINDS)
-    with fs.kept.serving(facts.kept):
-        rows = _per_scanned_unit("state", inv, part, scans, out, lambda u: state.analyse_unit(
-            u, scans[u["unit"]], tens.rows(u["unit"]), run_dir, cfg, facts))
+    rows = _per_scanned_unit("state", inv, part, scans, out, lambda u: state.analyse_unit(
+        u, scans[u["unit"]], tens.rows(u["unit"]), run_dir, cfg, facts))
     _write_bytes(out, "state", part, before)
     return rows
 
