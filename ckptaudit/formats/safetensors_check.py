@@ -264,8 +264,8 @@ def _suspicious_zero_runs(path: str, display: str, tensors, data_start: int, dat
     out: List[Finding] = []
     file_end = data_start + data_len
     listed = None if facts is None else facts.nul_runs_in(path, data_start, data_len, min_run)  # the hash stage's
-    runs = listed if listed is not None else zero_runs(path, min_run=min_run, chunk=chunk, start=data_start, end=file_end,
-                                                       kept=None if facts is None else facts.kept)
+    runs = listed if listed is not None else zero_runs(path, min_run=min_run, chunk=chunk, start=data_start,
+                                                       end=file_end, kept=None if facts is None else facts.kept)
     for off, length in runs:
         rb, re_ = off - data_start, off - data_start + length
         touched = [s for s in spans if s[0] < re_ and s[1] > rb]

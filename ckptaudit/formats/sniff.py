@@ -158,8 +158,8 @@ def sniff(path, *, kept=None) -> Sniff:
     Reads at most :data:`SNIFF_BYTES` from the start; a file whose first bytes
     are NUL is streamed to EOF in 1 MiB chunks to tell ``all_zero`` from a file
     with a zeroed head.  ``kept``: bytes of a remote object already read
-    (:class:`ckptaudit.fs.kept.KeptBytes`), answered from memory.  Raises only ``OSError`` when the file cannot be opened
-    or read at all (the caller's I/O problem, not the checkpoint's).
+    (:class:`ckptaudit.fs.kept.KeptBytes`), answered from memory.  Raises only ``OSError`` when the file
+    cannot be opened or read at all (the caller's I/O problem, not the checkpoint's).
     """
     path = fs.fspath(path)
     size = fs.size(path)
