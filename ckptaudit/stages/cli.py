@@ -106,7 +106,18 @@ def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None,
 
     facts_out = out_facts or work_file(out, "bytefacts", part, "parquet")
     facts_writer = tables.BatchWriter("bytefacts", facts_out)  # each file's facts written as its pass ends
-    before_now = reverify.previous_digests(_ledger(out), [f for u in units for f in u["files"]])
+    # what each file's digest was: the rows of its unit's last verification in the ledger (this part's fragment,
+    # O(part)); the report's whole hash table only for units the ledger does not know (the first audit since,
+    # or a unit packed into another part since)
+    before_now, unknown = {}, []
+    for u in units:
+        then = split.previous_rows(u["unit"])
+        if then is None:
+            unknown.extend(u["files"])
+        else:
+            before_now.update(reverify.recorded_digests(then))
+    if unknown:
+        before_now.update(reverify.previous_digests(_ledger(out), unknown))
 
     def one(u: dict):
         if (kept := split.carried(u["unit"])) is not None:  # outside this audit's verify budget: not read

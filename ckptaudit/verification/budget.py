@@ -270,6 +270,12 @@ class JobSplit:
                         self._carried[u["unit"]] = rows
                         self._entries[u["unit"]] = ledger[u["unit"]]
 
+    def previous_rows(self, unit: str) -> Optional[List[dict]]:
+        """The hash rows of ``unit``'s last verification this job knows of (its part's ledger fragment, or the
+        ledger under a budget), None when it knows none."""
+        prev = self._previous.get(unit)
+        return None if prev is None else list(prev.get("rows") or [])
+
     def carried(self, unit: str) -> Optional[List[dict]]:
         """The previous rows of ``unit`` when this job does not read it, else None."""
         return self._carried.get(unit)
