@@ -88,7 +88,8 @@ def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None,
     buffer (the reader abandoning a pass it started ahead).  ``verify_plan`` (``work/verify_plan.json`` of a
     ``verify_budget`` audit): the units it leaves out are not read, their previous rows are kept
     (:class:`ckptaudit.verification.budget.JobSplit`); every unit's rows go to the ledger (``work/verified/<part>.json``).  Each file's digest is compared with the one
-    the previous audit into the same output folder recorded (:func:`ckptaudit.verification.reverify.changed_since_last_audit`)."""
+    its unit's last verification recorded (:meth:`ckptaudit.verification.budget.JobSplit.done`: the part's ledger
+    rows, else the report's table of the previous audit into the same output folder)."""
     from concurrent.futures import ThreadPoolExecutor
 
     import functools
@@ -106,18 +107,10 @@ def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None,
 
     facts_out = out_facts or work_file(out, "bytefacts", part, "parquet")
     facts_writer = tables.BatchWriter("bytefacts", facts_out)  # each file's facts written as its pass ends
-    # what each file's digest was: the rows of its unit's last verification in the ledger (this part's fragment,
-    # O(part)); the report's whole hash table only for units the ledger does not know (the first audit since,
-    # or a unit packed into another part since)
-    before_now, unknown = {}, []
-    for u in units:
-        then = split.previous_rows(u["unit"])
-        if then is None:
-            unknown.extend(u["files"])
-        else:
-            before_now.update(reverify.recorded_digests(then))
-    if unknown:
-        before_now.update(reverify.previous_digests(_ledger(out), unknown))
+    # the digests of the units this part's ledger does not know (the first audit since, or a unit packed into
+    # another part since) from the report's whole hash table; the others' from their ledger rows (JobSplit.done)
+    unknown = [f for u in units if split.previous_rows(u["unit"]) is None for f in u["files"]]
+    recorded = reverify.previous_digests(_ledger(out), unknown) if unknown else {}
 
     def one(u: dict):
         if (kept := split.carried(u["unit"])) is not None:  # outside this audit's verify budget: not read
@@ -130,11 +123,7 @@ def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None,
         for r in rows:
             if r.get("digest_hex"):
                 r["hashed_at_utc"] = done_at
-        split.done(u["unit"], rows, done_at)  # digest_changed_unseen against the ledger's last verification
-        for r in rows:
-            if r.get("digest_hex") and r.get("verified") is not False and "digest_changed_unseen" not in (
-                    r.get("findings_json") or "") and (f := reverify.changed_since_last_audit(r, before_now.get(r["file"]))):
-                r["findings_json"] = json.dumps(json.loads(r.get("findings_json") or "[]") + [f.to_dict()])
+        split.done(u["unit"], rows, done_at, recorded)  # bit rot against the unit's last verification
         for t in facts:
             facts_writer.write(t)
         return rows
