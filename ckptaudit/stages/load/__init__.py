@@ -3,11 +3,10 @@ served by one process that has imported torch (:mod:`.server`)."""
 
 from __future__ import annotations
 
-import json
 from typing import Callable, List, Optional
 
 from ..context import Part, StageContext
-from ..rows import EarlierRows, LoadRows
+from ..rows import EarlierRows, LoadRow, LoadRows
 
 
 def run(ctx: StageContext, part: Part, rows: EarlierRows, *, loader: Optional[Callable] = None) -> LoadRows:
@@ -28,19 +27,17 @@ def run(ctx: StageContext, part: Part, rows: EarlierRows, *, loader: Optional[Ca
     units = list(part.units)
     cfg = dict(ctx.config)
     try:  # the part's units at once, so their small files share load children (ckptaudit.stages.load.child)
-        with fs.kept.serving(facts.kept if facts is not None else None):
-            out = _in_unit_order(units, loadtest.load_units(ctx.run_dir, units, scans, cfg, loader, facts))
+        out = _in_unit_order(units, loadtest.load_units(ctx.run_dir, units, scans, cfg, loader, facts))
     except Exception:  # noqa: BLE001 - again unit by unit: the error becomes a finding on the unit that raised it
         out = []
         for u in units:
             out.extend(liveness.guard("load", u, lambda: loadtest.load_units(ctx.run_dir, [u], scans, cfg),
-                                      lambda f: [{**loadtest.skip_row(u["unit"], "", "the load stage failed on this "
-                                                                                     "unit"),
-                                                  "findings_json": json.dumps([f.to_dict()])}]))
+                                      lambda f: [loadtest.skip_row(u["unit"], "", "the load stage failed on this "
+                                                                                  "unit", (f,))]))
     return LoadRows(tuple(out), loadtest.child_bytes_read() - children_before)
 
 
-def _in_unit_order(units: List[dict], rows: List[dict]) -> List[dict]:
+def _in_unit_order(units: List[dict], rows: List[LoadRow]) -> List[LoadRow]:
     """``rows`` grouped by unit in the order of ``units`` (stable within a unit)."""
     order = {u["unit"]: i for i, u in enumerate(units)}
-    return sorted(rows, key=lambda r: order.get(r["unit"], len(order)))
+    return sorted(rows, key=lambda r: order.get(r.unit, len(order)))
