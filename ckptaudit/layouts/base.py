@@ -160,10 +160,15 @@ def _names_by_storage(tensors) -> Dict[str, List[str]]:
 
 
 def tensors_in_range(run_dir: Path, rel: str, unit: str, start: int, end: int) -> str:
-    """Which tensors of ``rel`` have bytes in [start, end), from a byte-level scan (never unpickled)."""
+    """Which tensors of ``rel`` have bytes in [start, end), from a byte-level scan of its metadata (never
+    unpickled; no tensor byte read: the caller's pass already checked them)."""
     try:
+        from ..fs.read_depth import METADATA_ONLY
+        from ..onepass.facts import ByteFacts
+
         scan = UnitScan(unit, "")
-        scan_file(run_dir, rel, unit, scan, {"security": {"allow_globals": []}})
+        scan_file(run_dir, rel, unit, scan, {"security": {"allow_globals": []}},
+                  byte_facts=ByteFacts(METADATA_ONLY.tensor_bytes))
     except Exception as e:  # noqa: BLE001 - naming tensors is best effort on a damaged file
         return f"the tensors in that range could not be named ({type(e).__name__})"
     hit = [t.name for t in scan.iter_tensors() if t.data_offset >= 0 and t.data_offset < end
