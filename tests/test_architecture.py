@@ -474,6 +474,57 @@ def test_the_stage_list_is_defined_once():
     assert report.STAGES == tuple(t for s in part for t in TABLES[s])
 
 
+def test_every_per_part_stage_has_the_one_run_signature():
+    """Issue 44: each per-part stage (``ckptaudit.stages.TABLES``) is a module of the stage's name with one entry
+    point, ``run(ctx: StageContext, part: Part, rows: EarlierRows, *, …) -> <its rows>``: the same three
+    positional parameters in every stage, anything else keyword-only with a default, and typed rows out (a
+    frozen dataclass of :mod:`ckptaudit.stages.rows`)."""
+    import dataclasses
+    import importlib
+    import inspect
+
+    from ckptaudit.stages import TABLES, rows
+
+    for stage in TABLES:
+        run = importlib.import_module(f"ckptaudit.stages.{stage}").run
+        sig = inspect.signature(run)
+        params = list(sig.parameters.values())
+        head = [(p.name, p.annotation, p.kind) for p in params[:3]]
+        assert head == [(n, a, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n, a in
+                        (("ctx", "StageContext"), ("part", "Part"), ("rows", "EarlierRows"))], f"{stage}.run: {sig}"
+        rest = params[3:]
+        assert all(p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is not p.empty for p in rest), \
+            f"{stage}.run: every further parameter keyword-only with a default: {sig}"
+        out = getattr(rows, sig.return_annotation, None)
+        assert out is not None and dataclasses.is_dataclass(out) and out.__dataclass_params__.frozen, \
+            f"{stage}.run returns {sig.return_annotation!r}: a frozen dataclass of ckptaudit.stages.rows"
+
+
+def test_the_in_process_audit_reads_no_parquet(tmp_path, monkeypatch):
+    """Issue 44: ``audit_in_process`` hands each stage's rows to the next in memory and writes the tables once
+    for the report: it reads no Parquet file back (every pyarrow Parquet reader raises here), and writes the
+    report's tables all the same."""
+    import pyarrow.parquet as pq
+
+    from ckptaudit.pipeline import audit_in_process
+
+    from .conftest import CASES
+
+    def refuse(*a, **k):
+        raise AssertionError(f"audit_in_process read Parquet: {a[:1]}")
+
+    monkeypatch.setattr(pq, "ParquetFile", refuse)
+    monkeypatch.setattr(pq, "read_table", refuse)
+    v = audit_in_process(CASES / "zero_tail_zip", {"load": {"enabled": True}}, tmp_path / "out")
+    assert v["recommendation"] == "retrain" and v["units"][0]["usable_for"] == "none"
+    written = sorted(p.name for p in (tmp_path / "out" / "tables").glob("*.parquet"))
+    assert written == sorted(f"{t}.parquet" for t in ("inventory", "hash", "scan", "tensors", "imports", "load",
+                                                      "structure", "configdiff", "state", "units", "pointers"))
+    monkeypatch.undo()
+    kinds = pq.read_table(tmp_path / "out" / "tables" / "units.parquet", columns=["kinds"]).to_pylist()
+    assert ["zero_filled_tail" in str(r["kinds"]) for r in kinds] == [True], kinds
+
+
 # ------------------------------------------------------------------ the size of each room
 MAX_ROOT_MODULES = 25
 MAX_FOLDER_ENTRIES = 20

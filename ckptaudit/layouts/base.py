@@ -177,3 +177,18 @@ class _NamesByStorage(Mapping):
 def _names_by_storage(tensors) -> Mapping:
     """{storage key: names of the tensors it holds} of a data.pkl walk's ``tensors`` (built when first read)."""
     return _NamesByStorage(tensors)
+
+
+def tensors_in_range(run_dir: Path, rel: str, unit: str, start: int, end: int) -> str:
+    """Which tensors of ``rel`` have bytes in [start, end), from a byte-level scan (never unpickled)."""
+    try:
+        scan = UnitScan(unit, "")
+        scan_file(run_dir, rel, unit, scan, {"security": {"allow_globals": []}})
+    except Exception as e:  # noqa: BLE001 - naming tensors is best effort on a damaged file
+        return f"the tensors in that range could not be named ({type(e).__name__})"
+    hit = [t.name for t in scan.iter_tensors() if t.data_offset >= 0 and t.data_offset < end
+           and t.data_offset + max(t.nbytes, 1) > start]
+    if not hit:
+        return "no tensor data lies in that range (headers, the pickle or the zip directory)"
+    more = f" and {len(hit) - 5} more" if len(hit) > 5 else ""
+    return "it holds tensor(s) " + ", ".join(hit[:5]) + more

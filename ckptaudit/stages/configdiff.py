@@ -14,11 +14,13 @@ import functools
 import json
 import re
 from importlib import metadata
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 from .. import components as C
 from .. import findings as F
 from .. import producers, roles
+from .context import Part, StageContext
+from .rows import EarlierRows, ConfigdiffRows
 
 BREAKING_RE = re.compile(
     r"^(n_?embd|d|d_model|dim|hidden(_size|_dim)?|n_?layers?|num_(hidden_)?layers|n_?heads?|num_attention_heads|"
@@ -50,12 +52,14 @@ def _fmt(v) -> str:
     return json.dumps(v, sort_keys=True, default=str) if not isinstance(v, str) else v
 
 
-def diff_unit(unit: dict, scan_row: dict, cfg: dict, torch_version: Optional[str] = None) -> List[dict]:
-    """Rows of the ``configdiff`` table for one unit (empty when nothing is compared)."""
+def diff_unit(unit: dict, scan_row: dict, cfg: dict, torch_version: Optional[str] = None,
+              parsed: Optional[Callable[[], tuple]] = None) -> List[dict]:
+    """Rows of the ``configdiff`` table for one unit (empty when nothing is compared); ``parsed``: gives the scan
+    row's (components, tree, facts) already parsed (default: :func:`ckptaudit.components.of_scan_row`)."""
     p = unit["unit"]
     if not roles.weights_intact(scan_row):
         return []
-    c, tree, facts = C.of_scan_row(scan_row)
+    c, tree, facts = parsed() if parsed else C.of_scan_row(scan_row)
     exp = cfg.get("expected_model_args") or {}
     rows = _model_arg_rows(p, c, exp) if exp and c.model_args else []
     target_torch = (cfg.get("target") or {}).get("torch_version") or torch_version or installed_version("torch")
@@ -107,3 +111,19 @@ def _version_rows(p: str, versions: dict, target_torch: Optional[str]) -> List[d
         rows.append({"unit": p, "source": "versions", "key": f"{lib}_version", "saved": v, "target": here or "",
                      "klass": "harmless" if not here or here == v else "risky", "findings_json": "[]"})
     return rows
+
+
+def run(ctx: StageContext, part: Part, rows: EarlierRows) -> ConfigdiffRows:
+    """The config diff of ``part``: rows per unit with a scan (``rows.scan``) against ``ctx.config``'s expected
+    model args and target; a unit whose diff raises gets one ``audit_error`` row."""
+    from . import liveness
+
+    scans = rows.scan.by_unit()
+    cfg = dict(ctx.config)
+    out: List[dict] = []
+    for u in part.units:
+        if u["unit"] in scans:
+            out.extend(liveness.guard("configdiff", u, lambda: diff_unit(u, scans[u["unit"]].row, cfg,
+                                                                        parsed=lambda: scans[u["unit"]].parsed),
+                                      lambda f: [{**liveness.error_row(u, f), "source": "", "key": ""}]))
+    return ConfigdiffRows(tuple(out))

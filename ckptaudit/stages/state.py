@@ -15,7 +15,7 @@ import math
 import re
 import time
 from pathlib import Path
-from typing import Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from .. import components as C
 from .. import findings as F
@@ -24,6 +24,8 @@ from ..components.findings import missing_weights, step_counter_reset
 from .. import fs
 from ..onepass.values import FLOAT_DTYPES, chunk_stats, np_view
 from .weight_norms import WeightNorms, norms_json
+from .context import Part, StageContext
+from .rows import EarlierRows, StateRows
 
 
 def scan_values(run_dir: Path, tensors: List[dict], chunk_bytes: int, facts=None) -> Dict[str, dict]:
@@ -123,20 +125,22 @@ def tensor_role(t: dict, c: C.Components) -> str:
 
 
 def analyse_unit(unit: dict, scan_row: dict, tensors: Iterable[dict], run_dir: Path, cfg: dict,
-                 byte_facts=None) -> dict:
+                 byte_facts=None, parsed: Optional[Callable[[], tuple]] = None) -> dict:
     """One row of the ``state`` table (with its findings) for a unit; ``tensors`` (its rows of the tensors
     table) is iterated once, as it comes; ``byte_facts``: the hash stage's
-    (:class:`ckptaudit.onepass.facts.ByteFacts`), which answer for the value statistics it computed."""
+    (:class:`ckptaudit.onepass.facts.ByteFacts`), which answer for the value statistics it computed; ``parsed``:
+    gives the scan row's (components, tree, facts) already parsed (default: :func:`ckptaudit.components.of_scan_row`)."""
     scfg = cfg.get("state", {})
     row = {"unit": unit["unit"], "findings_json": "[]"}
     fl: List[F.Finding] = []
-    tree = json.loads(scan_row.get("tree_json") or "{}")
+    parse = parsed or (lambda: C.of_scan_row(scan_row))  # (components, tree, facts), parsed once
+    tree = parse()[1] if parsed else json.loads(scan_row.get("tree_json") or "{}")
     scan_findings = json.loads(scan_row.get("findings_json") or "[]")
     cut = any(f.get("kind") == "pickle_too_complex" for f in scan_findings)  # the walk gave up: the tree is partial
     if not roles.weights_intact(scan_row) or not tree:
         row.update(step=unit.get("step_from_name"), step_source="name" if unit.get("step_from_name") is not None else "")
         if tree and _pickle_proven(scan_findings):  # the damage lies in tensor bytes; the counters were read intact
-            c = C.of_scan_row(scan_row)[0]
+            c = parse()[0]
             if c.step is not None:
                 row.update(step=c.step, step_source=c.step_source)
         scan_errors = [f for f in scan_findings if f.get("severity") == "error"]
@@ -144,7 +148,7 @@ def analyse_unit(unit: dict, scan_row: dict, tensors: Iterable[dict], run_dir: P
             row.update(has_weights=False)
             row["findings_json"] = json.dumps([missing_weights(unit["unit"], "none").to_dict()])
         return row
-    c = C.of_scan_row(scan_row)[0]
+    c = parse()[0]
     name_step = unit.get("step_from_name") if c.name_number == "step" else None
     p = unit["unit"]
     step = c.step
@@ -311,3 +315,27 @@ def _step_repair(unit: str, step_source: str, true_step: Optional[int]) -> str:
         return ""
     access = "".join(f"[{k!r}]" for k in dotted.split("."))
     return f"ckpt{access} = {true_step}"
+
+
+#: The columns of the ``tensors`` table this layer reads, and the kinds of the hash stage's facts it asks for.
+TENSOR_COLUMNS = ["unit", "file", "name", "dtype", "data_offset", "nbytes"]
+FACT_KINDS = ("values", "bytes")
+
+
+def run(ctx: StageContext, part: Part, rows: EarlierRows) -> StateRows:
+    """The state layer of ``part``: a row per unit with a scan (``rows.scan``); tensor value statistics come from
+    the hash stage's facts (``rows.hash``) where it has them, remote reads from the bytes its pass kept."""
+    from .. import fs, tables
+    from . import liveness
+    from .rows import HashRows
+
+    scans = rows.scan.by_unit()
+    tens = tables.UnitRows(None, TENSOR_COLUMNS, rows.scan.tensors)  # a unit's rows as dicts while read
+    facts = (rows.hash or HashRows(())).byte_facts(ctx.run_dir, kinds=FACT_KINDS)
+    cfg = dict(ctx.config)
+    with fs.kept.serving(facts.kept):
+        return StateRows(tuple(
+            liveness.guard("state", u, lambda: analyse_unit(u, scans[u["unit"]].row, tens.rows(u["unit"]), ctx.run_dir,
+                                                            cfg, facts, lambda: scans[u["unit"]].parsed),
+                           lambda f: liveness.error_row(u, f))
+            for u in part.units if u["unit"] in scans))

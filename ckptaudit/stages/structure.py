@@ -16,12 +16,14 @@ import hashlib
 import json
 import re
 from collections import Counter
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 from .. import components as C
 from .. import findings as F
 from .. import producers, roles
 from ..components import weights_rows
+from .context import Part, StageContext
+from .rows import EarlierRows, StructureRows
 
 WRAPPER_PREFIXES = {"module.": "DistributedDataParallel/DataParallel", "_orig_mod.": "torch.compile"}
 # Buffers that are in a state_dict but are not parameters (no optimizer state).
@@ -95,14 +97,15 @@ def _examples(items: List[str], n: int = 4) -> str:
 
 
 def analyse_unit(unit: dict, scan_row: dict, tensors: Iterable[dict], cfg: dict,
-                 reference: Optional[Dict[str, dict]] = None) -> dict:
+                 reference: Optional[Dict[str, dict]] = None, parsed: Optional[Callable[[], tuple]] = None) -> dict:
     """One row of the ``structure`` table for a unit; ``tensors`` (its rows of the tensors table) may be
-    iterated more than once (:class:`ckptaudit.tables.UnitView`)."""
+    iterated more than once (:class:`ckptaudit.tables.UnitView`); ``parsed``: gives the scan row's (components,
+    tree, facts) already parsed (default: :func:`ckptaudit.components.of_scan_row`)."""
     p = unit["unit"]
     row = {"unit": p, "findings_json": "[]"}
     if not roles.weights_intact(scan_row):
         return row
-    c, tree, facts = C.of_scan_row(scan_row)
+    c, tree, facts = parsed() if parsed else C.of_scan_row(scan_row)
     fl: List[F.Finding] = []
     target = cfg.get("target") or {}
     # parallel layout
@@ -283,3 +286,24 @@ def _optimizer_checks(p: str, c: C.Components, tensors: Iterable[dict], bare: Di
                           examples=", ".join(f"{n} moment(s) of shape {s} with no parameter of that shape"
                                              for s, n in diff)))
     return out
+
+
+#: The columns of the ``tensors`` table this layer reads (a dict per tensor each: no more).
+TENSOR_COLUMNS = ["unit", "file", "name", "dtype", "shape", "storage_key", "storage_offset"]
+
+
+def run(ctx: StageContext, part: Part, rows: EarlierRows) -> StructureRows:
+    """The structure layer of ``part``: a row per unit with a scan (``rows.scan``), against the target's weights
+    (``ctx.target``, else built from ``ctx.config``); a unit whose analysis raises gets an ``audit_error`` row."""
+    from .. import tables
+    from . import liveness, target
+
+    scans = rows.scan.by_unit()
+    tens = tables.UnitRows(None, TENSOR_COLUMNS, rows.scan.tensors)  # a unit's rows as dicts while read
+    cfg = dict(ctx.config)
+    reference = (ctx.target if ctx.target is not None else target.build(cfg)).get("weights")
+    return StructureRows(tuple(
+        liveness.guard("structure", u, lambda: analyse_unit(u, scans[u["unit"]].row, tens.of(u["unit"]), cfg, reference,
+                                                       lambda: scans[u["unit"]].parsed),
+                       lambda f: liveness.error_row(u, f))
+        for u in part.units if u["unit"] in scans))

@@ -244,7 +244,7 @@ def serve(fd: int, parent: int, folder: str) -> int:
     """The server's main loop on the listening socket ``fd`` (see the module docstring); removes ``folder``
     (the socket's) when it ends; returns its exit status."""
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as the stage jobs (ckptaudit.stages.main)
-    from ...tables import without_pandas
+    from ..job_process import without_pandas
 
     without_pandas()
     listener = socket.socket(fileno=fd)
