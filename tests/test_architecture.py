@@ -314,13 +314,6 @@ PURE_CACHES: Dict[str, str] = {
 #: Impure module caches not yet turned into parameters: this list only shrinks (each entry says what replaces it).
 PENDING_CACHES: Dict[str, str] = {}
 
-#: Modules still holding a ``ContextVar``, with what replaces it: this list only shrinks.
-PENDING_CONTEXT_VARS: Dict[str, str] = {
-    "ckptaudit.fs.kept": "the kept bytes a stage serves to every remote read below it (about 40 read sites in "
-                         "the scan, load and state layers): to become a kept= parameter of fs.read_ranges, "
-                         "open_binary and read_bounded, handed down with the ByteFacts the checks receive",
-}
-
 #: The modules that read or write Parquet: the stages' table I/O, the report, the reader's audit import.
 PARQUET_MODULES = {"ckptaudit.tables", "ckptaudit.stages.report", "ckptaudit.newest_first"}
 
@@ -388,10 +381,9 @@ def _parquet_calls(mods: Dict[str, Path]) -> List[str]:
 
 
 def test_no_context_var():
-    """The read depth and a pass's stop travel as parameters, not as contextvars (the kept bytes: pending)."""
-    found, pending = {at.split(":")[0] for at in _context_vars(_modules())}, set(PENDING_CONTEXT_VARS)
-    assert not found - pending, f"a ContextVar (pass a parameter instead): {sorted(found - pending)}"
-    assert not pending - found, f"gone: drop from PENDING_CONTEXT_VARS: {sorted(pending - found)}"
+    """No ``ContextVar`` (nor ``import contextvars``) anywhere in ckptaudit/: the read depth, a pass's stop and the
+    kept bytes travel as parameters (``kept=`` of the remote reads, :mod:`ckptaudit.fs.kept`)."""
+    assert _context_vars(_modules()) == [], "a ContextVar (pass a parameter instead)"
 
 
 def test_module_caches_are_pure_or_listed():

@@ -31,8 +31,10 @@ class StageContext:
     ``target``: the resuming job's structure (``work/target.json``, :mod:`ckptaudit.stages.target`; None: built
     from ``config`` where a stage needs it); ``work``: the folder of the stages' internal files (the hash
     stage's ledger fragments, ``verified/<part>.json``; None: none kept); ``verify_plan``: ``work/verify_plan.json``
-    of a ``verify_budget`` audit (None: every unit is read); ``kept``: bytes of remote objects the hash stage's
-    pass kept for the later stages' reads (None: none kept)."""
+    of a ``verify_budget`` audit (None: every unit is read).  The bytes of remote objects that the hash stage's
+    pass kept for the later stages' reads are not here: they travel with the pass's facts
+    (:meth:`ckptaudit.stages.rows.HashRows.byte_facts` → ``ByteFacts.kept``), handed down as the reads'
+    ``kept=`` parameter."""
 
     run_dir: Any
     inventory: Mapping[str, Any]
@@ -41,7 +43,6 @@ class StageContext:
     target: Optional[Mapping[str, Any]] = None
     work: Optional[Path] = None
     verify_plan: Optional[str] = None
-    kept: Optional[Any] = None
 
 
 @dataclass(frozen=True)

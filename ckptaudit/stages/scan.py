@@ -114,17 +114,16 @@ def run(ctx: StageContext, part: Part, rows: EarlierRows) -> ScanRows:
     ``tensors`` table (a unit's tensor rows are columns once scanned) and its imports."""
     import pyarrow as pa
 
-    from .. import fs, tables
+    from .. import tables
 
     facts = (rows.hash or HashRows(())).byte_facts(ctx.run_dir, ctx.depth, FACT_KINDS)
     osd = ctx.inventory.get("object_store") or {}
     units = [{**u, "object_store": osd[u["unit"]]} if u["unit"] in osd else u for u in part.units]
     scans, tensors, imports = [], [], []
-    with fs.kept.serving(facts.kept):
-        for row, tens, imps in iter_scans(ctx.run_dir, units, dict(ctx.config), facts):
-            scans.append(row)
-            tensors.append(tens.cast(tables.SCHEMAS["tensors"]))
-            imports.extend(imps)
+    for row, tens, imps in iter_scans(ctx.run_dir, units, dict(ctx.config), facts):  # reads served from facts.kept
+        scans.append(row)
+        tensors.append(tens.cast(tables.SCHEMAS["tensors"]))
+        imports.extend(imps)
     t = pa.concat_tables(tensors) if tensors else tables.SCHEMAS["tensors"].empty_table()
     # each row with every column of the table, as the next stages read it
     return ScanRows(tuple(ScanRow.of(r) for r in tables.rows_of(tables.table("scan", scans))), t, tuple(imports))

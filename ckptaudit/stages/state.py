@@ -40,7 +40,7 @@ def value_stats(run_dir: Path, tensors: Iterable[dict], chunk_bytes: int, facts=
     """``(tensor row, (non-finite count, L2 norm, short))`` of each floating tensor of ``tensors`` (rows with
     ``file``, ``name``, ``dtype``, ``data_offset``, ``nbytes``): from the hash stage's one pass where ``facts``
     (:class:`ckptaudit.onepass.facts.ByteFacts`) has them, else streamed from the tensor's bytes (``short``:
-    the file ended first).
+    the file ended first; a remote object's bytes the pass kept, ``facts.kept``, are served, not fetched).
 
     Per run of rows of one file (the tensors table holds a file's tensors together), the tensors the pass
     answered come first, then the others in file order.  Tensors sharing bytes (tied weights) are read once.
@@ -48,6 +48,7 @@ def value_stats(run_dir: Path, tensors: Iterable[dict], chunk_bytes: int, facts=
     temporaries of the same order, and a reference per tensor that the pass did not answer — nothing per
     answered tensor, and ``tensors`` is read once, as it comes (issue 22: 100,000 tensors in one file)."""
     buf = bytearray(chunk_bytes)
+    kept = None if facts is None else facts.kept
     rel, path, left = None, "", []
     for t in tensors:
         if not (t["dtype"] in FLOAT_DTYPES and t["data_offset"] is not None and t["data_offset"] >= 0
@@ -55,7 +56,7 @@ def value_stats(run_dir: Path, tensors: Iterable[dict], chunk_bytes: int, facts=
             continue
         if t["file"] != rel:
             if left:
-                yield from _read_values(run_dir / rel, left, buf)
+                yield from _read_values(run_dir / rel, left, buf, kept)
             rel, path, left = t["file"], fs.fspath(run_dir / t["file"]), []
         v = None if facts is None else facts.values_of(path, t["data_offset"], t["nbytes"], t["dtype"])  # the pass's
         if v is not None and v[2] == t["nbytes"]:
@@ -63,13 +64,14 @@ def value_stats(run_dir: Path, tensors: Iterable[dict], chunk_bytes: int, facts=
         else:
             left.append(t)
     if left:
-        yield from _read_values(run_dir / rel, left, buf)
+        yield from _read_values(run_dir / rel, left, buf, kept)
 
 
-def _read_values(path, ts: List[dict], buf: bytearray) -> Iterator[Tuple[dict, Tuple[int, float, bool]]]:
-    """:func:`value_stats` of tensors ``ts`` of one file, read from its bytes through ``buf``."""
+def _read_values(path, ts: List[dict], buf: bytearray, kept=None) -> Iterator[Tuple[dict, Tuple[int, float, bool]]]:
+    """:func:`value_stats` of tensors ``ts`` of one file, read from its bytes through ``buf`` (answered from
+    ``kept`` first: bytes of a remote object already read)."""
     try:
-        fh = fs.open_binary(path, block_size=fs.STREAM_BLOCK_BYTES)
+        fh = fs.open_binary(path, block_size=fs.STREAM_BLOCK_BYTES, kept=kept)
     except OSError:
         return
     seen: Dict[Tuple[int, int, str], Tuple[int, float, bool]] = {}
@@ -325,7 +327,7 @@ FACT_KINDS = ("values", "bytes")
 def run(ctx: StageContext, part: Part, rows: EarlierRows) -> StateRows:
     """The state layer of ``part``: a row per unit with a scan (``rows.scan``); tensor value statistics come from
     the hash stage's facts (``rows.hash``) where it has them, remote reads from the bytes its pass kept."""
-    from .. import fs, tables
+    from .. import tables
     from . import liveness
     from .rows import HashRows
 
@@ -333,9 +335,8 @@ def run(ctx: StageContext, part: Part, rows: EarlierRows) -> StateRows:
     tens = tables.UnitRows(None, TENSOR_COLUMNS, rows.scan.tensors)  # a unit's rows as dicts while read
     facts = (rows.hash or HashRows(())).byte_facts(ctx.run_dir, kinds=FACT_KINDS)
     cfg = dict(ctx.config)
-    with fs.kept.serving(facts.kept):
-        return StateRows(tuple(
-            liveness.guard("state", u, lambda: analyse_unit(u, scans[u["unit"]].row, tens.rows(u["unit"]), ctx.run_dir,
-                                                            cfg, facts, lambda: scans[u["unit"]].parsed),
-                           lambda f: liveness.error_row(u, f))
-            for u in part.units if u["unit"] in scans))
+    return StateRows(tuple(
+        liveness.guard("state", u, lambda: analyse_unit(u, scans[u["unit"]].row, tens.rows(u["unit"]), ctx.run_dir,
+                                                        cfg, facts, lambda: scans[u["unit"]].parsed),
+                       lambda f: liveness.error_row(u, f))
+        for u in part.units if u["unit"] in scans))

@@ -1,14 +1,16 @@
 """What one hash job checks its part's passes against: the verify budget's plan and the previous verifications.
 
 A unit the plan leaves out keeps its previous rows (:class:`ckptaudit.verification.budget.JobSplit`); a unit read
-gets its rows stamped with when its bytes were verified, compared with its last verification in the ledger
-(``digest_changed_unseen``) and with the digests the previous audit into the same output folder recorded
-(:func:`ckptaudit.verification.reverify.changed_since_last_audit`).
+gets its rows stamped with when its bytes were verified and compared with its last verification: its rows in the
+ledger (this part's fragment, or the ledger under a budget), else, for a unit the ledger does not know (the first
+audit since, or a unit packed into another part since), the digests the previous audit into the same output folder
+recorded in its hash table (:meth:`ckptaudit.verification.budget.JobSplit.done`: ``digest_changed_unseen``,
+``digest_changed_since_last_audit``).  The report's whole table is read only for such units, so a job reads what
+its part needs.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import List, Optional, Sequence
 
@@ -24,8 +26,9 @@ class HashJob:
                  verify_plan: Optional[str] = None) -> None:
         self.fragment = work / ledger.FRAGMENTS / f"{part}.json" if work is not None else None
         self.split = budget.JobSplit(inv, units, verify_plan, self.fragment)
-        self.previous = {} if work is None else reverify.previous_digests(
-            work.parent / "tables" / "hash.parquet", [f for u in units for f in u["files"]])
+        unknown = [f for u in units if self.split.previous_rows(u["unit"]) is None for f in u["files"]]
+        self.previous = {} if work is None or not unknown else reverify.previous_digests(
+            work.parent / "tables" / "hash.parquet", unknown)
 
     def carried(self, unit: str) -> Optional[List[dict]]:
         """The previous rows of ``unit`` when the verify plan leaves it out (it is not read), else None."""
@@ -38,11 +41,7 @@ class HashJob:
         for r in rows:
             if r.get("digest_hex"):
                 r["hashed_at_utc"] = done_at
-        self.split.done(unit, rows, done_at)  # digest_changed_unseen against the ledger's last verification
-        for r in rows:
-            if r.get("digest_hex") and r.get("verified") is not False and "digest_changed_unseen" not in (
-                    r.get("findings_json") or "") and (f := reverify.changed_since_last_audit(r, self.previous.get(r["file"]))):
-                r["findings_json"] = json.dumps(json.loads(r.get("findings_json") or "[]") + [f.to_dict()])
+        self.split.done(unit, rows, done_at, self.previous)  # bit rot against the unit's last verification
         return rows
 
     def write(self) -> None:

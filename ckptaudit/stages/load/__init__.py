@@ -28,8 +28,7 @@ def run(ctx: StageContext, part: Part, rows: EarlierRows, *, loader: Optional[Ca
     units = list(part.units)
     cfg = dict(ctx.config)
     try:  # the part's units at once, so their small files share load children (ckptaudit.stages.load.child)
-        with fs.kept.serving(facts.kept if facts is not None else None):
-            out = _in_unit_order(units, loadtest.load_units(ctx.run_dir, units, scans, cfg, loader, facts))
+        out = _in_unit_order(units, loadtest.load_units(ctx.run_dir, units, scans, cfg, loader, facts))
     except Exception:  # noqa: BLE001 - again unit by unit: the error becomes a finding on the unit that raised it
         out = []
         for u in units:

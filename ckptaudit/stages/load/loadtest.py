@@ -201,11 +201,12 @@ def load_units(run_dir: Path, units: List[dict], scans: Dict[str, dict], cfg: di
 
     ``scans`` maps unit → its ``scan`` row; ``facts``: the hash stage's
     (:class:`ckptaudit.onepass.facts.ByteFacts`), which name a remote object's tensor data for its sparse copy
-    (:mod:`ckptaudit.stages.load.remote_copy`); a unit with a file or security
-    error is skipped (and never opened by torch), as are all units when
+    (:mod:`ckptaudit.stages.load.remote_copy`) and hold the bytes that copy is served from (``facts.kept``); a
+    unit with a file or security error is skipped (and never opened by torch), as are all units when
     ``load.enabled`` is false.  ``loader``: what loads the files to load, with :func:`load_todo`'s
-    arguments and results (default: that function, in this process); the load stage passes the audit's load
-    server's (:func:`ckptaudit.stages.load.server.loader`), which gives the same rows.
+    arguments (``kept=`` among them: ``facts.kept``) and results (default: that function, in this process); the
+    load stage passes the audit's load server's (:func:`ckptaudit.stages.load.server.loader`), which gives the
+    same rows.
     """
     lcfg = cfg.get("load", {})
     timeout = float(lcfg.get("timeout_seconds", 120))
@@ -215,7 +216,8 @@ def load_units(run_dir: Path, units: List[dict], scans: Dict[str, dict], cfg: di
     for u in units:
         _plan_unit(run_dir, u, scans.get(u["unit"]), lcfg, facts, rows, todo)
     if todo:
-        results = (loader or load_todo)(run_dir, todo, cfg, timeout, limit)
+        results = (loader or load_todo)(run_dir, todo, cfg, timeout, limit,
+                                        kept=None if facts is None else facts.kept)
         modules: Dict[str, Dict[str, List[str]]] = {}  # unit -> its whole-module pickles, read when one failed
         for (u, f, k, benign), res in zip(todo, results):
             if res.get("status") not in (None, "ok") and u["unit"] not in modules:
@@ -288,13 +290,14 @@ def _load_row(unit: str, f: str, res: dict, timeout: float, limit: int, module_c
 
 
 def load_todo(run_dir: Path, todo: List[Tuple[dict, str, str, List[str]]], cfg: dict, timeout: float,
-              limit: int) -> List[Dict]:
+              limit: int, kept=None) -> List[Dict]:
     """Load each (unit, file, kind, allowed globals) of ``todo`` in forked children (:func:`load_in_child`; small
     local files share a child, :mod:`ckptaudit.stages.load.child`); one result per item, in order: ``load_in_child``'s
     dict, or ``{"skipped_reason": why}`` for a remote object that could not be copied for the load.  Imports
     torch (once per process) so each child is a fork, not an import; the load server
     (:mod:`ckptaudit.stages.load.server`) runs this on a thread per load job.  Adds the children's reads to this
-    thread's :func:`child_bytes_read`."""
+    thread's :func:`child_bytes_read`.  ``kept``: bytes of remote objects already read
+    (:class:`ckptaudit.fs.kept.KeptBytes`, or None), which a remote object's copy is served from first."""
     import torch  # noqa: F401 - imported once here so each forked child is cheap
 
     batched = batched_loads(run_dir, todo, timeout, limit, alone=load_in_child)  # small local files
@@ -305,8 +308,8 @@ def load_todo(run_dir: Path, todo: List[Tuple[dict, str, str, List[str]]], cfg: 
             dl_limit = int((cfg.get("s3") or {}).get("download_limit_mib", 4096)) << 20
             scratch = tempfile.mkdtemp(prefix="ckptaudit-load-")
             try:
-                local = (skeleton(src, k, scratch, dl_limit, (u.get("tensor_data") or {}).get(f))
-                         or fs.download(src, scratch, dl_limit))
+                local = (skeleton(src, k, scratch, dl_limit, (u.get("tensor_data") or {}).get(f), kept)
+                         or fs.download(src, scratch, dl_limit, kept=kept))
             except OSError as e:
                 local, why = None, f"cannot download the object: {type(e).__name__}"
             else:
