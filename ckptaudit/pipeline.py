@@ -80,7 +80,7 @@ def audit_in_process(run_dir: str | Path, cfg: Optional[dict] = None, out_dir: O
     from .stages import cli as stages
     from .stages import configdiff, hash as hashing, load, report, scan, state, structure, target
     from .stages.context import Part, StageContext
-    from .stages.rows import EarlierRows
+    from .stages.rows import EarlierRows, records
     from .fs import read_depth
     from .stages.work_paths import write_bytes_at
 
@@ -121,11 +121,12 @@ def audit_in_process(run_dir: str | Path, cfg: Optional[dict] = None, out_dir: O
                 before = fs.stage_bytes()
                 sr = state.run(ctx, part, EarlierRows(hash=h, scan=s))
                 write_bytes_at(work, "state", name, before)
-                for t, got in (("hash", h.rows), ("scan", [x.row for x in s.scans]), ("load", ld.rows),
-                               ("structure", st.rows), ("configdiff", cd.rows), ("state", sr.rows)):
-                    rows[t].extend(dict(r) for r in got)
+                for t, got in (("hash", records(h.rows)), ("scan", [dict(x.row) for x in s.scans]),
+                               ("load", records(ld.rows)), ("structure", records(st.rows)),
+                               ("configdiff", records(cd.rows)), ("state", records(sr.rows))):
+                    rows[t].extend(got)
                 tensors.write(s.tensors)
-                imports.extend(s.imports)
+                imports.extend(records(s.imports))
                 del h, s
         tables.write("imports", imports, tdir / "imports.parquet")
         all_tables = {}

@@ -492,6 +492,41 @@ def test_every_per_part_stage_has_the_one_run_signature():
             f"{stage}.run returns {sig.return_annotation!r}: a frozen dataclass of ckptaudit.stages.rows"
 
 
+def test_every_stage_rows_holds_typed_rows():
+    """Issue 44: rows are typed.  Every ``*Rows`` of :mod:`ckptaudit.stages.rows` holds its rows as a tuple of a
+    frozen dataclass (or ``pyarrow`` tables, a table of columns), never ``dict``; and each row class
+    (a ``TableRow``) has one field per column of its table, named as in ``tables.SCHEMAS``, in order, with
+    ``findings_json`` held as ``findings``."""
+    import dataclasses
+
+    from ckptaudit import tables
+    from ckptaudit.stages import rows
+
+    holders = [c for n, c in vars(rows).items() if n.endswith("Rows") and dataclasses.is_dataclass(c)]
+    assert {c.__name__ for c in holders} >= {"HashRows", "ScanRows", "LoadRows", "StructureRows", "ConfigdiffRows",
+                                             "StateRows"}
+    for c in holders:
+        for f in dataclasses.fields(c):
+            m = re.fullmatch(r"Tuple\[(.+), \.\.\.\]", str(f.type))
+            if m is None:
+                continue
+            elem = m.group(1).strip("'\"")
+            assert elem not in ("dict", "Dict", "Mapping", "Any") and not elem.startswith(("dict[", "Dict[")), \
+                f"{c.__name__}.{f.name}: {f.type}"
+            if elem == "pa.Table":
+                continue
+            row = getattr(rows, elem, None)
+            assert row is not None and dataclasses.is_dataclass(row) and row.__dataclass_params__.frozen, \
+                f"{c.__name__}.{f.name}: {f.type} is no frozen dataclass of ckptaudit.stages.rows"
+    row_classes = [c for c in vars(rows).values() if isinstance(c, type) and issubclass(c, rows.TableRow)
+                   and c is not rows.TableRow]
+    assert {c.TABLE for c in row_classes} >= {"hash", "load", "structure", "configdiff", "state", "imports"}
+    for c in row_classes:
+        assert c.__dataclass_params__.frozen
+        want = ["findings" if n == "findings_json" else n for n in tables.SCHEMAS[c.TABLE].names]
+        assert [f.name for f in dataclasses.fields(c)] == want, c.__name__
+
+
 def test_the_in_process_audit_reads_no_parquet(tmp_path, monkeypatch):
     """Issue 44: ``audit_in_process`` hands each stage's rows to the next in memory and writes the tables once
     for the report: it reads no Parquet file back (every pyarrow Parquet reader raises here), and writes the

@@ -21,7 +21,7 @@ from ..fs import read_depth
 from .inventory.parts import part_units, read_inventory  # noqa: F401 - part_units re-exported
 from .scan import iter_scans, object_store_findings, scan_units  # noqa: F401 - re-exported
 from .context import Part, StageContext
-from .rows import EarlierRows, HashRows, ScanRow, ScanRows
+from .rows import EarlierRows, HashRows, ScanRow, ScanRows, records
 from .target import load_reference  # noqa: F401 - re-exported
 from .work_paths import bytes_path, work_dir, work_file  # noqa: F401 - re-exported
 from .work_paths import write_bytes as _write_bytes
@@ -107,9 +107,10 @@ def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None,
     with tables.BatchWriter("bytefacts", out_facts or work_file(out, "bytefacts", part, "parquet")) as facts:
         got = hashing.run(_context(inv, {}, out, depth, verify_plan=verify_plan), _part(inv, part), EarlierRows(),
                           stop=stop, facts_to=facts.write)
-    tables.write("hash", list(got.rows), out)
+    written = records(got.rows)
+    tables.write("hash", written, out)
     _write_bytes(out, "hash", part, before)
-    return list(got.rows)
+    return written
 
 
 def write_facts(got: HashRows, path: str | Path) -> None:
@@ -142,7 +143,7 @@ def write_scan(got: ScanRows, out: str | Path, out_tensors: str | Path, out_impo
     tables.write("scan", [dict(s.row) for s in got.scans], out)
     with tables.BatchWriter("tensors", out_tensors) as w:
         w.write(got.tensors)
-    tables.write("imports", list(got.imports), out_imports)
+    tables.write("imports", records(got.imports), out_imports)
 
 
 def stage_load(inv: dict, part: str, cfg: dict, scan_path: str, out: str,
@@ -158,10 +159,11 @@ def stage_load(inv: dict, part: str, cfg: dict, scan_path: str, out: str,
     ctx = _context(inv, cfg, out)
     earlier = EarlierRows(_hash_rows(out, part, facts_path) if fs.is_remote(ctx.run_dir) else None, _scan_rows(scan_path))
     got = load.run(ctx, _part(inv, part), earlier, loader=loader)
-    tables.write("load", list(got.rows), out)
+    written = records(got.rows)
+    tables.write("load", written, out)
     _write_bytes(out, "load", part, before, loadtest_bytes=got.loadtest_bytes,
                  served_files=loader.files_served if isinstance(loader, load_server.ServerLoads) else 0)
-    return list(got.rows)
+    return written
 
 
 def stage_structure(inv: dict, part: str, cfg: dict, scan_path: str, tensors_path: str, out: str,
@@ -173,8 +175,9 @@ def stage_structure(inv: dict, part: str, cfg: dict, scan_path: str, tensors_pat
 
     got = structure.run(_context(inv, cfg, out, target_path=target_path), _part(inv, part),
                         EarlierRows(scan=_scan_rows(scan_path, tensors_path, structure.TENSOR_COLUMNS)))
-    tables.write("structure", list(got.rows), out)
-    return list(got.rows)
+    written = records(got.rows)
+    tables.write("structure", written, out)
+    return written
 
 
 def stage_configdiff(inv: dict, part: str, cfg: dict, scan_path: str, out: str) -> List[dict]:
@@ -183,8 +186,9 @@ def stage_configdiff(inv: dict, part: str, cfg: dict, scan_path: str, out: str) 
     from . import configdiff
 
     got = configdiff.run(_context(inv, cfg, out), _part(inv, part), EarlierRows(scan=_scan_rows(scan_path)))
-    tables.write("configdiff", list(got.rows), out)
-    return list(got.rows)
+    written = records(got.rows)
+    tables.write("configdiff", written, out)
+    return written
 
 
 def stage_state(inv: dict, part: str, cfg: dict, scan_path: str, tensors_path: str, out: str,
@@ -198,9 +202,10 @@ def stage_state(inv: dict, part: str, cfg: dict, scan_path: str, tensors_path: s
     got = state.run(_context(inv, cfg, out), _part(inv, part),
                     EarlierRows(_hash_rows(out, part, facts_path),
                                 _scan_rows(scan_path, tensors_path, state.TENSOR_COLUMNS)))
-    tables.write("state", list(got.rows), out)
+    written = records(got.rows)
+    tables.write("state", written, out)
     _write_bytes(out, "state", part, before)
-    return list(got.rows)
+    return written
 
 
 #: each rule's arguments: (flag, required, help); the positional sub-command is the rule's name

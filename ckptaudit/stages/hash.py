@@ -40,7 +40,7 @@ from .. import findings as F
 from .. import fs
 from . import progress as _progress
 from .context import Part, StageContext
-from .rows import EarlierRows, HashRows
+from .rows import EarlierRows, HashRow, HashRows
 from ..formats.chunk_digest import SAID, damaged_ranges, entry_chunks
 from ..formats.digest_purpose import FAST_DIGEST
 from ..formats.manifest_entries import load_manifest  # noqa: F401 - re-exported
@@ -397,4 +397,4 @@ def run(ctx: StageContext, part: Part, rows: EarlierRows, *, stop=None, facts_to
     else:
         done = [one(u) for u in units]
     job.write()
-    return HashRows(tuple(r for got, _ in done for r in got), tuple(t for _, facts in done for t in facts))
+    return HashRows(tuple(HashRow.of(r) for got, _ in done for r in got), tuple(t for _, facts in done for t in facts))

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 from . import liveness
 from .context import Part, StageContext
-from .rows import EarlierRows, HashRows, ScanRow, ScanRows
+from .rows import EarlierRows, HashRows, ImportRow, ScanRow, ScanRows
 
 
 def scan_units(run_dir: Path, units: List[dict], cfg: dict):
@@ -126,4 +126,5 @@ def run(ctx: StageContext, part: Part, rows: EarlierRows) -> ScanRows:
         imports.extend(imps)
     t = pa.concat_tables(tensors) if tensors else tables.SCHEMAS["tensors"].empty_table()
     # each row with every column of the table, as the next stages read it
-    return ScanRows(tuple(ScanRow.of(r) for r in tables.rows_of(tables.table("scan", scans))), t, tuple(imports))
+    return ScanRows(tuple(ScanRow.of(r) for r in tables.rows_of(tables.table("scan", scans))), t,
+                    tuple(ImportRow(**i) for i in imports))

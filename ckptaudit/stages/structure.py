@@ -13,7 +13,6 @@ stage, Megatron tensor/pipeline sizes) against ``target``.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from collections import Counter
 from typing import Callable, Dict, Iterable, List, Optional, Tuple
@@ -23,7 +22,7 @@ from .. import findings as F
 from .. import producers, roles
 from ..components import weights_rows
 from .context import Part, StageContext
-from .rows import EarlierRows, StructureRows
+from .rows import EarlierRows, StructureRow, StructureRows
 
 WRAPPER_PREFIXES = {"module.": "DistributedDataParallel/DataParallel", "_orig_mod.": "torch.compile"}
 # Buffers that are in a state_dict but are not parameters (no optimizer state).
@@ -97,14 +96,15 @@ def _examples(items: List[str], n: int = 4) -> str:
 
 
 def analyse_unit(unit: dict, scan_row: dict, tensors: Iterable[dict], cfg: dict,
-                 reference: Optional[Dict[str, dict]] = None, parsed: Optional[Callable[[], tuple]] = None) -> dict:
+                 reference: Optional[Dict[str, dict]] = None, parsed: Optional[Callable[[], tuple]] = None
+                 ) -> StructureRow:
     """One row of the ``structure`` table for a unit; ``tensors`` (its rows of the tensors table) may be
     iterated more than once (:class:`ckptaudit.tables.UnitView`); ``parsed``: gives the scan row's (components,
     tree, facts) already parsed (default: :func:`ckptaudit.components.of_scan_row`)."""
     p = unit["unit"]
-    row = {"unit": p, "findings_json": "[]"}
+    row: dict = {"unit": p}  # the row's columns as they are decided
     if not roles.weights_intact(scan_row):
-        return row
+        return StructureRow(p)
     c, tree, facts = parsed() if parsed else C.of_scan_row(scan_row)
     fl: List[F.Finding] = []
     target = cfg.get("target") or {}
@@ -115,8 +115,7 @@ def analyse_unit(unit: dict, scan_row: dict, tensors: Iterable[dict], cfg: dict,
         fl.extend(producer.parallel_findings(p, facts, target))
     w = weights_rows.complete(c, facts, tensors)  # every weight, where the scan tree kept 4,096
     if not w:
-        row["findings_json"] = json.dumps([f.to_dict() for f in fl])
-        return row
+        return StructureRow(**row, findings=tuple(fl))
     row.update(weights_component=c.weights_source, n_weight_keys=len(w), structure_hash=structure_hash(w))
     prefix, bare = _wrapper_prefix(p, c, w, reference, row, fl, producer.model_prefixes if producer else ())
     shape_bad: List[str] = []  # "name: saved …, expected …", against the reference or the expected model args
@@ -135,8 +134,7 @@ def analyse_unit(unit: dict, scan_row: dict, tensors: Iterable[dict], cfg: dict,
             fl.append(F.make("tied_weight_alias_missing", path=p, alias=repr(alias), kept=repr(kept)))
     # optimizer vs parameters
     fl.extend(_optimizer_checks(p, c, tensors, bare, prefix, row))
-    row["findings_json"] = json.dumps([f.to_dict() for f in fl])
-    return row
+    return StructureRow(**row, findings=tuple(fl))
 
 
 def _wrapper_prefix(p: str, c: C.Components, w: Dict[str, dict], reference: Optional[Dict[str, dict]], row: dict,
@@ -305,5 +303,5 @@ def run(ctx: StageContext, part: Part, rows: EarlierRows) -> StructureRows:
     return StructureRows(tuple(
         liveness.guard("structure", u, lambda: analyse_unit(u, scans[u["unit"]].row, tens.of(u["unit"]), cfg, reference,
                                                        lambda: scans[u["unit"]].parsed),
-                       lambda f: liveness.error_row(u, f))
+                       lambda f: StructureRow(u["unit"], findings=(f,)))
         for u in part.units if u["unit"] in scans))

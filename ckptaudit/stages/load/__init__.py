@@ -3,11 +3,10 @@ served by one process that has imported torch (:mod:`.server`)."""
 
 from __future__ import annotations
 
-import json
 from typing import Callable, List, Optional
 
 from ..context import Part, StageContext
-from ..rows import EarlierRows, LoadRows
+from ..rows import EarlierRows, LoadRow, LoadRows
 
 
 def run(ctx: StageContext, part: Part, rows: EarlierRows, *, loader: Optional[Callable] = None) -> LoadRows:
@@ -33,13 +32,12 @@ def run(ctx: StageContext, part: Part, rows: EarlierRows, *, loader: Optional[Ca
         out = []
         for u in units:
             out.extend(liveness.guard("load", u, lambda: loadtest.load_units(ctx.run_dir, [u], scans, cfg),
-                                      lambda f: [{**loadtest.skip_row(u["unit"], "", "the load stage failed on this "
-                                                                                     "unit"),
-                                                  "findings_json": json.dumps([f.to_dict()])}]))
+                                      lambda f: [loadtest.skip_row(u["unit"], "", "the load stage failed on this "
+                                                                                  "unit", (f,))]))
     return LoadRows(tuple(out), loadtest.child_bytes_read() - children_before)
 
 
-def _in_unit_order(units: List[dict], rows: List[dict]) -> List[dict]:
+def _in_unit_order(units: List[dict], rows: List[LoadRow]) -> List[LoadRow]:
     """``rows`` grouped by unit in the order of ``units`` (stable within a unit)."""
     order = {u["unit"]: i for i, u in enumerate(units)}
-    return sorted(rows, key=lambda r: order.get(r["unit"], len(order)))
+    return sorted(rows, key=lambda r: order.get(r.unit, len(order)))
