@@ -14,8 +14,8 @@
    * the SHA-256 limit (``hashlib.file_digest`` of every file on a pool of ``--cores`` processes; limit = bytes ÷
      (cores × one process's rate), as ``bench_onepass.py``/``bench_scaling.py``);
    * the audit of the run **with sidecars**;
-   * with ``--baseline-code DIR``: the audit without sidecars by the ckptaudit in ``DIR`` (``PYTHONPATH``), the
-     code before this change, for the same ratio.
+   * with ``--baseline-code DIR``: the audits without and with sidecars by the ckptaudit in ``DIR``
+     (``PYTHONPATH``), the code before this change, for the same ratios and fixed costs.
 
 Reported per round and as medians of the per-round figures: the audit's marginal cost per GiB (slope between the
 smallest and the largest run) over ``cat``'s slope (target ≤ 4 × without sidecars) and over the SHA-256 limit's
@@ -150,6 +150,8 @@ def main(argv=None) -> int:
             if a.baseline_code:
                 before = audit(bare[g], base / f"out_before_{g:g}", a.cores, a.baseline_code)
                 row[g]["before_s"], row[g]["before_cpu_s"] = before["wall_s"], before["cpu_s"]
+                before = audit(runs[g][0].parent, base / f"out_before_side_{g:g}", a.cores, a.baseline_code)
+                row[g]["before_side_s"], row[g]["before_side_cpu_s"] = before["wall_s"], before["cpu_s"]
             print(f"# round {r + 1} {g:g} GiB: " + ", ".join(f"{k} {v:.3g}" for k, v in row[g].items()),
                   file=sys.stderr)
         rounds.append(row)
@@ -163,7 +165,8 @@ def report(a, rounds, sizes, gib, rate, load0, load1, t_start) -> None:
     def slope(row, key):
         return (row[hi][key] - row[lo][key]) / (gib[hi] - gib[lo])
 
-    table, per = [], {"bare/cat": [], "side/limit": [], "before/cat": [], "fixed_bare": [], "fixed_side": []}
+    table, per = [], {"bare/cat": [], "side/limit": [], "before/cat": [], "fixed_bare": [], "fixed_side": [],
+                      "before side/limit": [], "fixed_before_bare": [], "fixed_before_side": []}
     for i, row in enumerate(rounds, 1):
         bc, sl = slope(row, "bare_s") / slope(row, "cat_s"), slope(row, "side_s") / slope(row, "limit_s")
         fb, fs = row[lo]["bare_s"] - row[lo]["cat_s"], row[lo]["side_s"] - row[lo]["limit_s"]
@@ -176,7 +179,11 @@ def report(a, rounds, sizes, gib, rate, load0, load1, t_start) -> None:
         cells += [f"{bc:.2f}×", f"{sl:.2f}×", f"{fb:.2f}", f"{fs:.2f}"]
         if a.baseline_code:
             per["before/cat"].append(slope(row, "before_s") / slope(row, "cat_s"))
-            cells.append(f"{per['before/cat'][-1]:.2f}×")
+            per["before side/limit"].append(slope(row, "before_side_s") / slope(row, "limit_s"))
+            per["fixed_before_bare"].append(row[lo]["before_s"] - row[lo]["cat_s"])
+            per["fixed_before_side"].append(row[lo]["before_side_s"] - row[lo]["limit_s"])
+            cells += [f"{per['before/cat'][-1]:.2f}×", f"{per['before side/limit'][-1]:.2f}×",
+                      f"{per['fixed_before_bare'][-1]:.2f}", f"{per['fixed_before_side'][-1]:.2f}"]
         cells.append(" ".join(f"{row[g]['load']:.1f}" for g in sizes))
         table.append(cells)
     cpu = {"no sidecars CPU-s/GiB": [slope(row, "bare_cpu_s") for row in rounds],
@@ -185,6 +192,7 @@ def report(a, rounds, sizes, gib, rate, load0, load1, t_start) -> None:
            "cat CPU-s/GiB": [slope(row, "cat_cpu_s") for row in rounds]}
     if a.baseline_code:
         cpu["code before, no sidecars CPU-s/GiB"] = [slope(row, "before_cpu_s") for row in rounds]
+        cpu["code before, sidecars CPU-s/GiB"] = [slope(row, "before_side_cpu_s") for row in rounds]
     med = {k: statistics.median(v) for k, v in per.items() if v}
     print(f"\nMachine: {C.machine_line()}; {O.code_under_test()}; started {t_start} UTC; load average "
           f"{load0[0]:.2f} before, {load1[0]:.2f} after\n")
@@ -198,7 +206,8 @@ def report(a, rounds, sizes, gib, rate, load0, load1, t_start) -> None:
         f"per GiB: no sidecars ÷ cat ({lo:g}→{hi:g})", "per GiB: sidecars ÷ SHA-256 limit",
         f"fixed, no sidecars − cat at {lo:g} GiB (s)", "fixed, sidecars − limit (s)"]
     if a.baseline_code:
-        heads.append("per GiB: code before ÷ cat")
+        heads += ["per GiB: code before ÷ cat", "per GiB: code before, sidecars ÷ SHA-256 limit",
+                  "fixed, code before, no sidecars (s)", "fixed, code before, sidecars (s)"]
     heads.append("load (1 min) per size")
     print(C.md_table(heads, table))
     print("\nMedians of the rounds: " + ", ".join(f"{k} {v:.2f}" for k, v in med.items()))
@@ -206,8 +215,8 @@ def report(a, rounds, sizes, gib, rate, load0, load1, t_start) -> None:
           + ", ".join(f"{k} {statistics.median(v):.3f}" for k, v in cpu.items()))
     print(f"CPU-s of the {lo:g} GiB run (fixed part): " + ", ".join(
         f"{k} {statistics.median(row[lo][k] for row in rounds):.2f}"
-        for k in ("bare_cpu_s", "side_cpu_s", "limit_cpu_s", "cat_cpu_s") + (("before_cpu_s",) if a.baseline_code
-                                                                             else ())))
+        for k in ("bare_cpu_s", "side_cpu_s", "limit_cpu_s", "cat_cpu_s") + (
+            ("before_cpu_s", "before_side_cpu_s") if a.baseline_code else ())))
     print(f"SHA-256 rate of one pool process (the limit's): "
           f"{statistics.median(row[g]['sha_rate'] for row in rounds for g in sizes) / 1e9:.2f} GB/s")
 

@@ -62,8 +62,12 @@ def merged_config(cfg: Optional[dict]) -> dict:
 
 def audit_in_process(run_dir: str | Path, cfg: Optional[dict] = None, out_dir: Optional[str | Path] = None,
                      depth=None) -> dict:
-    """Audit ``run_dir``; return the verdict dict (also written to ``out_dir``).  ``depth``: the hash stage's
+    """Audit ``run_dir``; return the verdict dict (also written to ``out_dir``).  ``depth``: the file layer's
     :class:`ckptaudit.fs.read_depth.ReadDepth` (default ``FULL``; ``ckptaudit seal`` passes ``SEAL``).
+
+    One :class:`ckptaudit.stages.context.StageContext` is built after the inventory; each part's stages run in
+    :data:`ckptaudit.stages.STAGES` order, each handing its rows to the next in memory.  The tables are written
+    once, under ``out_dir/tables/``, for the report, and never read back.
 
     Raises ``FileNotFoundError``/``NotADirectoryError`` for a missing run folder and
     ``ValueError`` (naming the key and the bound, :func:`check_config`) for a config
@@ -72,9 +76,13 @@ def audit_in_process(run_dir: str | Path, cfg: Optional[dict] = None, out_dir: O
     """
     import json
 
-    from . import fs
+    from . import fs, tables
     from .stages import cli as stages
-    from .stages import report
+    from .stages import configdiff, hash as hashing, load, report, scan, state, structure, target
+    from .stages.context import Part, StageContext
+    from .stages.rows import EarlierRows, records
+    from .fs import read_depth
+    from .stages.work_paths import write_bytes_at
 
     c = merged_config(cfg)
     tmp = None
@@ -83,31 +91,50 @@ def audit_in_process(run_dir: str | Path, cfg: Optional[dict] = None, out_dir: O
         out_dir = tmp.name
     out = Path(out_dir)
     work = out / "work"
-    parts_dir = out / "tables" / "parts"
+    tdir = out / "tables"
     if fs.is_remote(run_dir):
         fs.configure(c.get("s3"))
     try:
-        inv = stages.stage_inventory(str(run_dir), "auto", str(out / "tables" / "inventory.parquet"),
+        inv = stages.stage_inventory(str(run_dir), "auto", str(tdir / "inventory.parquet"),
                                      str(work / "inventory.json"), str(work / "pointers.parquet"))
         check_one_run(inv)
         (work / "config.json").write_text(json.dumps(c))
-        from .stages import target
-
-        target.write(c, str(work / "target.json"))
-        tables = [t for ts in stages.TABLES.values() for t in ts]  # in stage order (stages.STAGES)
-        paths = {t: [] for t in tables}
-        for part in sorted(inv["parts"]):
-            p = {t: str(parts_dir / t / f"{part}.parquet") for t in tables}
-            stages.stage_hash(inv, part, p["hash"], **({} if depth is None else {"depth": depth}))
-            stages.stage_scan(inv, part, c, p["scan"], p["tensors"], p["imports"])
-            stages.stage_load(inv, part, c, p["scan"], p["load"])
-            stages.stage_structure(inv, part, c, p["scan"], p["tensors"], p["structure"],
-                                   str(work / "target.json"))
-            stages.stage_configdiff(inv, part, c, p["scan"], p["configdiff"])
-            stages.stage_state(inv, part, c, p["scan"], p["tensors"], p["state"])
-            for s in tables:
-                paths[s].append(p[s])
-        return report.run_report(str(work / "inventory.json"), paths, c, str(out))
+        built = target.write(c, str(work / "target.json"))  # the target rule's document (work/target.json)
+        ctx = StageContext(fs.path(inv["run_dir"]), inv, c, depth or read_depth.FULL, built, work)
+        rows = {t: [] for t in report.STAGES if t not in report.ROW_PER_TENSOR}  # each table's rows, in stage order
+        imports: list = []
+        with tables.BatchWriter("tensors", tdir / "tensors.parquet") as tensors:
+            for name in sorted(inv["parts"]):
+                part = Part(name, tuple(stages.part_units(inv, name)))
+                before = fs.stage_bytes()
+                h = hashing.run(ctx, part, EarlierRows())
+                stages.write_facts(h, work / "bytefacts" / f"{name}.parquet")
+                write_bytes_at(work, "hash", name, before)
+                before = fs.stage_bytes()
+                s = scan.run(ctx, part, EarlierRows(hash=h))
+                write_bytes_at(work, "scan", name, before)
+                before = fs.stage_bytes()
+                ld = load.run(ctx, part, EarlierRows(hash=h, scan=s))
+                write_bytes_at(work, "load", name, before, loadtest_bytes=ld.loadtest_bytes, served_files=0)
+                st = structure.run(ctx, part, EarlierRows(scan=s))
+                cd = configdiff.run(ctx, part, EarlierRows(scan=s))
+                before = fs.stage_bytes()
+                sr = state.run(ctx, part, EarlierRows(hash=h, scan=s))
+                write_bytes_at(work, "state", name, before)
+                for t, got in (("hash", records(h.rows)), ("scan", [dict(x.row) for x in s.scans]),
+                               ("load", records(ld.rows)), ("structure", records(st.rows)),
+                               ("configdiff", records(cd.rows)), ("state", records(sr.rows))):
+                    rows[t].extend(got)
+                tensors.write(s.tensors)
+                imports.extend(records(s.imports))
+                del h, s
+        tables.write("imports", imports, tdir / "imports.parquet")
+        all_tables = {}
+        for t, got in rows.items():  # each table as its Parquet file holds it, every column of its schema
+            written = tables.table(t, got)
+            tables.write_table(t, written, tdir / f"{t}.parquet")
+            all_tables[t] = tables.rows_of(written)
+        return report.write_report(ctx, all_tables, str(out))
     finally:
         if tmp is not None:
             tmp.cleanup()

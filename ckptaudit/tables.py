@@ -7,54 +7,19 @@ tensor or per key).  Units are in the column names: ``*_bytes`` are bytes,
 (see :class:`ckptaudit.findings.Finding`) so every table carries its own
 diagnosis and the report can join them.
 
-Only pyarrow is imported (≈0.2 s); pandas is not needed to write.
+Only pyarrow is imported (≈0.2 s); pandas is not needed to write (a stage job blocks it:
+:mod:`ckptaudit.stages.job_process`).
 """
 
 from __future__ import annotations
 
-import sys
-from importlib.abc import MetaPathFinder
 from pathlib import Path
-from typing import Dict, Iterator, List, Tuple
+from typing import Dict, Iterator, List, Optional, Tuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ._io import atomic_write
-
-
-class _NoPandas(MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name == "pandas" or name.startswith("pandas."):
-            raise ModuleNotFoundError("pandas is not used by ckptaudit stage jobs", name=name)
-        return None
-
-
-def without_pandas() -> None:
-    """Make ``import pandas`` fail in this process (stage jobs only).
-
-    pyarrow probes for pandas whenever it builds an array (its pandas shim) and
-    importing pandas costs ~0.4 s — more than a small stage job's own work.  The
-    short-lived ``python -m ckptaudit.stages`` processes call this first; library
-    users never do.
-    """
-    if "pandas" not in sys.modules and not any(isinstance(f, _NoPandas) for f in sys.meta_path):
-        sys.meta_path.insert(0, _NoPandas())
-
-
-def job_memory_pool() -> str:
-    """Make Arrow allocate from jemalloc in this process (stage jobs only, beside :func:`without_pandas`);
-    returns the pool's backend name.
-
-    pyarrow's Linux wheels default to mimalloc, which kept far more of what a stage freed: on a torch.save of
-    100,000 tensors (issue 22) the scan job peaked at 403 MB with mimalloc and 298 MB with jemalloc, the state
-    job 354 and 279 MB, structure 224 and 195, hash 229 and 213 (GNU time, same inputs).  Where the wheel has
-    no jemalloc (``NotImplementedError``) the default pool stays.  Library users' processes are not changed."""
-    try:
-        pa.set_memory_pool(pa.jemalloc_memory_pool())
-    except NotImplementedError:
-        pass
-    return pa.default_memory_pool().backend_name
 
 
 S, I, F, B = pa.string(), pa.int64(), pa.float64(), pa.bool_()
@@ -150,6 +115,12 @@ def write(name: str, rows: List[dict], path: str | Path) -> None:
 
     Missing columns become null; extra keys are an error (a schema drift).
     """
+    write_table(name, table(name, rows), path)
+
+
+def table(name: str, rows: List[dict]) -> pa.Table:
+    """``rows`` as table ``name`` in memory: missing columns null, int64 values out of range saturated
+    (:func:`_saturated`); extra keys raise ``KeyError`` (a schema drift)."""
     schema = SCHEMAS[name]
     cols = set(schema.names)
     for r in rows:
@@ -158,15 +129,20 @@ def write(name: str, rows: List[dict], path: str | Path) -> None:
             raise KeyError(f"table {name}: unexpected columns {sorted(extra)}")
     data = [{c: r.get(c) for c in schema.names} for r in rows]
     try:
-        table = pa.Table.from_pylist(data, schema=schema)
+        return pa.Table.from_pylist(data, schema=schema)
     except (OverflowError, pa.ArrowInvalid):  # a hostile header's 2**63 offset or (2**40, 2**40) shape
-        table = pa.Table.from_pylist(_saturated(data, schema), schema=schema)
+        return pa.Table.from_pylist(_saturated(data, schema), schema=schema)
+
+
+def write_table(name: str, t: pa.Table, path: str | Path) -> None:
+    """Write ``t`` (table ``name``, :func:`table`) to ``path`` (Parquet), atomically."""
+    schema = SCHEMAS[name]
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # a JSON cell can be tens of MB (the state table's norms of 1,000,000 weights): no dictionary and no min/max
     # statistics of it, each of which copied it (issue 45: +107 MiB to write one state row)
     plain = [c for c in schema.names if not c.endswith("_json")]
-    atomic_write(path, lambda f: pq.write_table(table, f, use_dictionary=plain, write_statistics=plain))
+    atomic_write(path, lambda f: pq.write_table(t, f, use_dictionary=plain, write_statistics=plain))
 
 
 def from_columns(name: str, cols: Dict[str, list]) -> pa.Table:
@@ -306,9 +282,13 @@ def read_rows(path: str | Path, columns=None) -> List[dict]:
     A string column whose values repeat (``unit``, ``file``, ``dtype`` of the tensors table: one value for
     100,000 rows) gives every row the same ``str`` object instead of a copy per row (Arrow's ``to_pylist``
     makes one per row): at 100,000 tensors this is ~18 MB of the structure and state jobs' memory."""
-    table = pq.ParquetFile(path).read(columns=columns)  # ParquetFile avoids importing pyarrow.dataset
-    cols = [_column_values(table.column(i)) for i in range(table.num_columns)]
-    names = table.column_names
+    return rows_of(pq.ParquetFile(path).read(columns=columns))  # ParquetFile avoids importing pyarrow.dataset
+
+
+def rows_of(t: pa.Table) -> List[dict]:
+    """Rows of ``t`` as dicts, as :func:`read_rows` gives them (a repeated string value shared)."""
+    cols = [_column_values(t.column(i)) for i in range(t.num_columns)]
+    names = t.column_names
     return [dict(zip(names, vals)) for vals in zip(*cols)] if cols else []
 
 
@@ -318,13 +298,16 @@ class UnitRows:
     reads them once holds one batch of dicts, not one per row of the part (issue 22: the state stage at
     100,000 tensors)."""
 
-    def __init__(self, path: str | Path, columns=None) -> None:
+    def __init__(self, path: Optional[str | Path], columns=None, table: Optional[pa.Table] = None) -> None:
+        """The rows of the Parquet table at ``path``, or of ``table`` (in memory, ``path`` None)."""
         import numpy as np
 
-        # the columns that repeat one value per unit or file read as dictionaries: 4 bytes a row (issue 45)
-        self.table = pq.ParquetFile(path, read_dictionary=[c for c in ("unit", "file", "dtype")
-                                                           if columns is None or c in columns]
-                                  ).read(columns=columns).unify_dictionaries()
+        if table is not None:
+            self.table = table.select(columns) if columns is not None else table
+        else:  # the columns that repeat one value per unit or file read as dictionaries: 4 bytes a row (issue 45)
+            self.table = pq.ParquetFile(path, read_dictionary=[c for c in ("unit", "file", "dtype")
+                                                               if columns is None or c in columns]
+                                      ).read(columns=columns).unify_dictionaries()
         self.ranges: Dict[str, List[Tuple[int, int]]] = {}  # unit -> its runs of rows [start, stop)
         if self.table.num_rows:
             enc = self.table.column("unit").combine_chunks()

@@ -314,13 +314,6 @@ PURE_CACHES: Dict[str, str] = {
 #: Impure module caches not yet turned into parameters: this list only shrinks (each entry says what replaces it).
 PENDING_CACHES: Dict[str, str] = {}
 
-#: Modules still holding a ``ContextVar``, with what replaces it: this list only shrinks.
-PENDING_CONTEXT_VARS: Dict[str, str] = {
-    "ckptaudit.fs.kept": "the kept bytes a stage serves to every remote read below it (about 40 read sites in "
-                         "the scan, load and state layers): to become a kept= parameter of fs.read_ranges, "
-                         "open_binary and read_bounded, handed down with the ByteFacts the checks receive",
-}
-
 #: The modules that read or write Parquet: the stages' table I/O, the report, the reader's audit import.
 PARQUET_MODULES = {"ckptaudit.tables", "ckptaudit.stages.report", "ckptaudit.newest_first"}
 
@@ -388,10 +381,9 @@ def _parquet_calls(mods: Dict[str, Path]) -> List[str]:
 
 
 def test_no_context_var():
-    """The read depth and a pass's stop travel as parameters, not as contextvars (the kept bytes: pending)."""
-    found, pending = {at.split(":")[0] for at in _context_vars(_modules())}, set(PENDING_CONTEXT_VARS)
-    assert not found - pending, f"a ContextVar (pass a parameter instead): {sorted(found - pending)}"
-    assert not pending - found, f"gone: drop from PENDING_CONTEXT_VARS: {sorted(pending - found)}"
+    """No ``ContextVar`` (nor ``import contextvars``) anywhere in ckptaudit/: the read depth, a pass's stop and the
+    kept bytes travel as parameters (``kept=`` of the remote reads, :mod:`ckptaudit.fs.kept`)."""
+    assert _context_vars(_modules()) == [], "a ContextVar (pass a parameter instead)"
 
 
 def test_module_caches_are_pure_or_listed():
@@ -472,6 +464,92 @@ def test_the_stage_list_is_defined_once():
     assert verdict._STAGES == part
     assert newest_first.TABLES == part
     assert report.STAGES == tuple(t for s in part for t in TABLES[s])
+
+
+def test_every_per_part_stage_has_the_one_run_signature():
+    """Issue 44: each per-part stage (``ckptaudit.stages.TABLES``) is a module of the stage's name with one entry
+    point, ``run(ctx: StageContext, part: Part, rows: EarlierRows, *, …) -> <its rows>``: the same three
+    positional parameters in every stage, anything else keyword-only with a default, and typed rows out (a
+    frozen dataclass of :mod:`ckptaudit.stages.rows`)."""
+    import dataclasses
+    import importlib
+    import inspect
+
+    from ckptaudit.stages import TABLES, rows
+
+    for stage in TABLES:
+        run = importlib.import_module(f"ckptaudit.stages.{stage}").run
+        sig = inspect.signature(run)
+        params = list(sig.parameters.values())
+        head = [(p.name, p.annotation, p.kind) for p in params[:3]]
+        assert head == [(n, a, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n, a in
+                        (("ctx", "StageContext"), ("part", "Part"), ("rows", "EarlierRows"))], f"{stage}.run: {sig}"
+        rest = params[3:]
+        assert all(p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is not p.empty for p in rest), \
+            f"{stage}.run: every further parameter keyword-only with a default: {sig}"
+        out = getattr(rows, sig.return_annotation, None)
+        assert out is not None and dataclasses.is_dataclass(out) and out.__dataclass_params__.frozen, \
+            f"{stage}.run returns {sig.return_annotation!r}: a frozen dataclass of ckptaudit.stages.rows"
+
+
+def test_every_stage_rows_holds_typed_rows():
+    """Issue 44: rows are typed.  Every ``*Rows`` of :mod:`ckptaudit.stages.rows` holds its rows as a tuple of a
+    frozen dataclass (or ``pyarrow`` tables, a table of columns), never ``dict``; and each row class
+    (a ``TableRow``) has one field per column of its table, named as in ``tables.SCHEMAS``, in order, with
+    ``findings_json`` held as ``findings``."""
+    import dataclasses
+
+    from ckptaudit import tables
+    from ckptaudit.stages import rows
+
+    holders = [c for n, c in vars(rows).items() if n.endswith("Rows") and dataclasses.is_dataclass(c)]
+    assert {c.__name__ for c in holders} >= {"HashRows", "ScanRows", "LoadRows", "StructureRows", "ConfigdiffRows",
+                                             "StateRows"}
+    for c in holders:
+        for f in dataclasses.fields(c):
+            m = re.fullmatch(r"Tuple\[(.+), \.\.\.\]", str(f.type))
+            if m is None:
+                continue
+            elem = m.group(1).strip("'\"")
+            assert elem not in ("dict", "Dict", "Mapping", "Any") and not elem.startswith(("dict[", "Dict[")), \
+                f"{c.__name__}.{f.name}: {f.type}"
+            if elem == "pa.Table":
+                continue
+            row = getattr(rows, elem, None)
+            assert row is not None and dataclasses.is_dataclass(row) and row.__dataclass_params__.frozen, \
+                f"{c.__name__}.{f.name}: {f.type} is no frozen dataclass of ckptaudit.stages.rows"
+    row_classes = [c for c in vars(rows).values() if isinstance(c, type) and issubclass(c, rows.TableRow)
+                   and c is not rows.TableRow]
+    assert {c.TABLE for c in row_classes} >= {"hash", "load", "structure", "configdiff", "state", "imports"}
+    for c in row_classes:
+        assert c.__dataclass_params__.frozen
+        want = ["findings" if n == "findings_json" else n for n in tables.SCHEMAS[c.TABLE].names]
+        assert [f.name for f in dataclasses.fields(c)] == want, c.__name__
+
+
+def test_the_in_process_audit_reads_no_parquet(tmp_path, monkeypatch):
+    """Issue 44: ``audit_in_process`` hands each stage's rows to the next in memory and writes the tables once
+    for the report: it reads no Parquet file back (every pyarrow Parquet reader raises here), and writes the
+    report's tables all the same."""
+    import pyarrow.parquet as pq
+
+    from ckptaudit.pipeline import audit_in_process
+
+    from .conftest import CASES
+
+    def refuse(*a, **k):
+        raise AssertionError(f"audit_in_process read Parquet: {a[:1]}")
+
+    monkeypatch.setattr(pq, "ParquetFile", refuse)
+    monkeypatch.setattr(pq, "read_table", refuse)
+    v = audit_in_process(CASES / "zero_tail_zip", {"load": {"enabled": True}}, tmp_path / "out")
+    assert v["recommendation"] == "retrain" and v["units"][0]["usable_for"] == "none"
+    written = sorted(p.name for p in (tmp_path / "out" / "tables").glob("*.parquet"))
+    assert written == sorted(f"{t}.parquet" for t in ("inventory", "hash", "scan", "tensors", "imports", "load",
+                                                      "structure", "configdiff", "state", "units", "pointers"))
+    monkeypatch.undo()
+    kinds = pq.read_table(tmp_path / "out" / "tables" / "units.parquet", columns=["kinds"]).to_pylist()
+    assert ["zero_filled_tail" in str(r["kinds"]) for r in kinds] == [True], kinds
 
 
 # ------------------------------------------------------------------ the size of each room

@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from pathlib import Path
 
 import blake3
@@ -209,6 +210,33 @@ def test_the_next_audit_catches_a_flipped_byte_with_size_and_mtime_kept(tmp_path
         f3 = next(f for f in u3["findings"] if f["kind"] == "digest_changed_since_last_audit")
         assert f3["detail"]["expected"] == f["detail"]["expected"]
         assert f3["detail"]["last_hashed_utc"] == f["detail"]["last_hashed_utc"]
+
+
+def test_the_previous_digest_comes_from_the_ledger_else_from_the_report_table(tmp_path):
+    """Each hash job compares with its units' rows in its part's ledger fragment (``work/verified/<part>.json``),
+    not the report's whole table; a unit the ledger does not know (no fragment: the first audit since, or a unit
+    packed into another part) is compared with ``tables/hash.parquet`` as before."""
+    from ckptaudit.verification import ledger
+
+    run = _safetensors_run(tmp_path / "run")
+    p = run / "model_000100.safetensors"
+    out = tmp_path / "audit"
+    first = _audit(run, out)
+    fragments = sorted((out / "work" / ledger.FRAGMENTS).glob("*.json"))
+    assert len(fragments) == 1
+    rows = json.loads(fragments[0].read_text())["units"]["model_000100.safetensors"]["rows"]
+    assert rows[0]["digest_hex"] == first["units"][0]["digests"][0]["digest_hex"]
+
+    _flip_keeping_times(p, p.stat().st_size - 100)
+    (out / "tables" / "hash.parquet").unlink()  # the ledger alone says what the digest was
+    (u,) = _audit(run, out)["units"]
+    assert _kinds(u) == ["digest_changed_since_last_audit"]
+
+    shutil.rmtree(out / "work" / ledger.FRAGMENTS)  # the report's table alone says it (the second audit's)
+    (u,) = _audit(run, out)["units"]
+    assert _kinds(u) == ["digest_changed_since_last_audit"]
+    f = next(f for f in u["findings"] if f["kind"] == "digest_changed_since_last_audit")
+    assert f["detail"]["expected"] == first["units"][0]["digests"][0]["digest_hex"]
 
 
 def test_a_file_written_again_is_no_bit_rot(tmp_path):

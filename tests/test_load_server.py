@@ -29,7 +29,7 @@ def _served_rows(run_dir, server=None):
     scans, _, _ = scan_units(run_dir, ud, {})
     ld = load_server.loader(server)
     rows = loadtest.load_units(run_dir, ud, {s["unit"]: s for s in scans}, {}, ld)
-    return [{k: v for k, v in r.items() if k not in _VARYING} for r in rows], ld.files_served
+    return [{k: v for k, v in r.to_record().items() if k not in _VARYING} for r in rows], ld.files_served
 
 
 def _rows(run_dir, server=None):

@@ -84,8 +84,8 @@ def test_load_never_starts_for_dangerous_imports(case, monkeypatch):
     ud = [u.to_dict() for u in units]
     scans, _, _ = scan_units(CASES / case, ud, {})
     rows = loadtest.load_units(CASES / case, ud, {s["unit"]: s for s in scans}, {})
-    assert [r["status"] for r in rows] == ["skipped"]
-    assert rows[0]["skipped_reason"] == "security: the static scan found imports that could run code"
+    assert [r.status for r in rows] == ["skipped"]
+    assert rows[0].skipped_reason == "security: the static scan found imports that could run code"
     assert json.loads(scans[0]["findings_json"])[0]["kind"] == "malicious_pickle_code_exec"
 
 

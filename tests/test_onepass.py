@@ -329,31 +329,8 @@ def test_kept_bytes_serve_reads_and_only_gaps_are_fetched():
     before = kept.served_bytes()
     assert f(2, 12) == b"cd" + bytes(range(4, 10)) + b"kl" and calls == [(4, 10)]
     assert kept.served_bytes() - before == 4
-    nothing = kept.KeptFetcher(url, lambda s, e: bytes(e - s), None)  # opened outside any serving block
+    nothing = kept.KeptFetcher(url, lambda s, e: bytes(e - s), None)  # a file opened with no kept bytes
     assert nothing(0, 4) == bytes(4)
-
-
-def test_kept_bytes_are_served_only_inside_their_block_and_context():
-    """A stage serves its facts' kept bytes for the length of its work: outside the block, and in a thread that
-    did not take the caller's context, nothing is served (the bytes are fetched)."""
-    import contextvars
-    import threading
-
-    from ckptaudit.fs import kept
-
-    k = kept.KeptBytes()
-    assert kept.current() is None
-    with kept.serving(k):
-        assert kept.current() is k
-        seen = {}
-        t = threading.Thread(target=lambda: seen.setdefault("bare", kept.current()))
-        t.start()
-        t.join()
-        contextvars.copy_context().run(lambda: seen.setdefault("ctx", kept.current()))
-        with kept.serving(None):
-            assert kept.current() is None
-        assert kept.current() is k
-    assert kept.current() is None and seen == {"bare": None, "ctx": k}
 
 
 def test_facts_of_a_file_rewritten_with_the_same_size_are_dropped(tmp_path):

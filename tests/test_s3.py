@@ -328,6 +328,56 @@ def test_object_rewritten_with_the_same_size_drops_its_facts_and_changes_its_uni
     assert len(again) == 0 and not again.kept.has(fs.fspath(root / "ckpt_000007.pt"))
 
 
+def test_thread_pool_tasks_read_from_the_kept_bytes_they_are_passed(moto_s3, tmp_path):
+    """The kept bytes are a parameter of the reads (``kept=``), not a context: tasks of a thread pool, started with
+    no copy of the caller's context, are served from the kept bytes they are handed (a range inside them costs no
+    GET; one reaching into the tensor data fetches only that gap), and a file opened with them keeps them in any
+    thread.  The same reads handed nothing fetch every byte."""
+    torch = pytest.importorskip("torch")
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ckptaudit import fs
+    from ckptaudit.onepass import facts
+    from ckptaudit.onepass.filepass import pass_file
+
+    p = tmp_path / "ckpt.pt"
+    torch.save({"w": torch.randn(100_000), "step": 7}, p)
+    moto_s3["client"].upload_file(str(p), BUCKET, "pool/ckpt_000007.pt")
+    root = fs.path(f"s3://{BUCKET}/pool")
+    fs.refresh(root)
+    obj = root / "ckpt_000007.pt"
+    loaded = facts.load(facts.rows_of("ckpt_000007.pt", "ckpt_000007.pt", pass_file(obj)), root)
+    kept, data = loaded.kept, p.read_bytes()
+    runs = loaded.tensor_data_of(fs.fspath(obj))
+    assert [n for _, n in runs] == [400_000]  # w's float32 storage: the one run of bytes the pass did not keep
+    t0 = runs[0][0]
+    ranges = [(0, 256), (len(data) - 200, 200), (t0 - 100, 300)]  # kept, kept, 100 kept + 200 of tensor data
+
+    def reads(k):
+        """(bytes served, GETs, bytes fetched, what each task read) of three pool tasks handed ``k``."""
+        fs.reset_bytes_read()
+        served = fs.kept.served_bytes()
+        opened = fs.open_binary(obj, exact=True, kept=k)  # opened here, read in a task of the pool
+
+        def from_opened():
+            opened.seek(0)
+            return opened.read(256)
+
+        def opened_there():
+            with fs.open_binary(obj, exact=True, kept=k) as fh:
+                fh.seek(len(data) - 200)
+                return fh.read(200)
+
+        with opened, ThreadPoolExecutor(max_workers=3) as pool:
+            got = [f.result() for f in (pool.submit(fs.read_ranges, obj, ranges, kept=k),
+                                        pool.submit(from_opened), pool.submit(opened_there))]
+        return fs.kept.served_bytes() - served, fs.gets_issued(), fs.bytes_read(), got
+
+    expected = [[data[o:o + n] for o, n in ranges], data[:256], data[-200:]]
+    assert reads(kept) == (256 + 200 + 100 + 256 + 200, 1, 200, expected)  # only the 200-byte gap is fetched
+    assert reads(None) == (0, 3 + 1 + 1, 756 + 256 + 200, expected)  # handed nothing: every byte is a GET
+
+
 def test_no_credentials_and_an_unreachable_endpoint_are_one_line_each(tmp_path):
     """Both stopped in the first job with a 27-line chained traceback of botocore frames (issue 28)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}

@@ -66,15 +66,15 @@ def test_a_walk_cut_by_its_budget_is_not_a_unit_without_weights(tmp_path):
                        why="gave up after max_ops=5000000 opcodes at byte 14248990", imports="none").to_dict()
     cut = {"file_ok": True, "security_ok": True, "tree_json": "", "findings_json": json.dumps([too_complex])}
     row = state.analyse_unit(unit, cut, [], tmp_path, {})
-    assert json.loads(row["findings_json"]) == [] and row.get("has_weights") is None
-    assert row["step"] == 1000 and row["step_source"] == "name"
+    assert row.findings == () and row.has_weights is None
+    assert row.step == 1000 and row.step_source == "name"
     partial = {**cut, "tree_json": '{"root": null}'}  # what the scan stage writes for that cut walk
     row = state.analyse_unit(unit, partial, [], tmp_path, {})
-    assert json.loads(row["findings_json"]) == [] and row["has_weights"] is None
+    assert row.findings == () and row.has_weights is None
     empty = {**cut, "findings_json": "[]"}  # nothing cut: an empty unit still has no weights
     row = state.analyse_unit(unit, empty, [], tmp_path, {})
-    assert [f["kind"] for f in json.loads(row["findings_json"])] == ["missing_model_weights"]
-    assert row["has_weights"] is False
+    assert [f.kind for f in row.findings] == ["missing_model_weights"]
+    assert row.has_weights is False
 
 
 def test_a_cut_walk_is_settled_by_what_torch_load_found():

@@ -27,7 +27,11 @@ from typing import Optional
 FAST_DIGEST = "blake3"
 #: Threads one :data:`FAST_DIGEST` hasher splits each 8 MiB buffer over (-1: every core).  The hash stage passes
 #: several files at once (``hashing.PASSES_AT_ONCE``), so a part of many files keeps every core busy either way;
-#: one big file gets them all.
+#: one big file gets them all.  Measured on this project's 2-core VM at load 11–12 (3 GiB ``torch.save`` files,
+#: the pass with BLAKE3 and its other consumers, 3 interleaved rounds; docs/benchmarks-history.md, "hash by
+#: purpose"): the same CPU with 1 thread and with -1 (one file 1.42–1.45 against 1.46–1.52 CPU-s, three at once
+#: 4.6–5.0 against 4.5–5.1), and less wall with -1 (one file 2.0–3.8 s against 3.7–9.3, three 6.1–9.7 against
+#: 11.0–15.2): the second thread costs no CPU and finishes sooner, so -1 stays.
 FAST_DIGEST_THREADS = -1
 #: The SHA-256's name (a key of :data:`ckptaudit.formats.chunk_digest.FIELDS`): the digest sidecars, manifests and
 #: ``integrity.json`` record.

@@ -71,7 +71,7 @@ def _cut_in_pickles(i: int, pname: str, pos: int, size: int, n_ops: int, err: st
     return why
 
 
-def check_legacy(path, *, display: Optional[str] = None) -> Tuple[Optional[WalkResult], List[Finding]]:
+def check_legacy(path, *, display: Optional[str] = None, kept=None) -> Tuple[Optional[WalkResult], List[Finding]]:
     """Audit a legacy torch.save file at ``path``.
 
     Returns ``(walk_result, findings)``; ``walk_result`` is the static walk of
@@ -81,11 +81,12 @@ def check_legacy(path, *, display: Optional[str] = None) -> Tuple[Optional[WalkR
     which storage the cut is in, bytes missing when known, storages intact),
     ``pickle_unreadable`` (a pickle that is complete but wrong), plus the
     sniff-level kinds when the file is not legacy torch at all.  The findings name
-    ``display`` (default: ``path``).  Never raises on bad content.
+    ``display`` (default: ``path``).  ``kept``: bytes of a remote object already read
+    (:class:`ckptaudit.fs.kept.KeptBytes`), answered from memory.  Never raises on bad content.
     """
     path = fs.fspath(path)
     shown = path if display is None else display
-    s = sniff(path)
+    s = sniff(path, kept=kept)
     size = s.size_bytes
     if s.kind != "torch_legacy":
         return None, generic_findings(s, shown) or [legacy_magic_mismatch(shown, f"absent (the file is {s.kind!r})")]
@@ -93,7 +94,7 @@ def check_legacy(path, *, display: Optional[str] = None) -> Tuple[Optional[WalkR
     def cut(why: str, **extra: Any) -> Finding:
         return _truncated(shown, size, why, **extra)
 
-    with fs.open_binary(path) as f:
+    with fs.open_binary(path, kept=kept) as f:
         ends: List[int] = []
         pos = 0
         res: Optional[WalkResult] = None
@@ -121,7 +122,7 @@ def check_legacy(path, *, display: Optional[str] = None) -> Tuple[Optional[WalkR
     if res is None or res.error:
         return res, [pickles.unreadable(shown, "object pickle",
                                         res.error if res is not None else "larger than the read limit")]
-    with fs.open_binary(path) as f:
+    with fs.open_binary(path, kept=kept) as f:
         return res, _check_storages(f, shown, size, res, keys, ends[4])
 
 

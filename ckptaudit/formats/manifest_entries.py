@@ -16,10 +16,11 @@ from typing import Dict
 from .. import fs
 
 
-def load_manifest(path: Path) -> Dict[str, dict]:
-    """{relative path inside the manifest's folder: entry} of a ckptaudit manifest; {} when unreadable."""
+def load_manifest(path: Path, kept=None) -> Dict[str, dict]:
+    """{relative path inside the manifest's folder: entry} of a ckptaudit manifest; {} when unreadable.
+    ``kept``: bytes of remote objects already read (:class:`ckptaudit.fs.kept.KeptBytes`), answered from memory."""
     try:
-        doc = fs.loads_json(fs.read_bounded(path, fs.SMALL_FILE_BYTES))
+        doc = fs.loads_json(fs.read_bounded(path, fs.SMALL_FILE_BYTES, kept=kept))
     except (OSError, ValueError):
         return {}
     if not isinstance(doc, dict) or not str(doc.get("schema", "")).startswith("ckptaudit.manifest/"):

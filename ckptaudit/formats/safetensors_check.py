@@ -67,16 +67,18 @@ def check_safetensors(path, *, display: Optional[str] = None, scan_zeros: bool =
     to look for zeroed blocks (not when ``facts.tensor_bytes`` is false:
     :data:`ckptaudit.fs.read_depth.METADATA_ONLY`).  The findings name ``display`` (default: ``path``), the file as it
     sits in the run folder.  ``facts`` (the hash stage's :class:`ckptaudit.onepass.facts.ByteFacts`) answer
-    for the NUL runs its pass listed in the data buffer.  Never raises on bad content; raises OSError only if the file cannot be opened.
+    for the NUL runs its pass listed in the data buffer, and the bytes it kept (``facts.kept``) for the reads.
+    Never raises on bad content; raises OSError only if the file cannot be opened.
     """
     path = fs.fspath(path)
     shown = path if display is None else display
     scan_zeros = scan_zeros and (facts is None or facts.tensor_bytes)  # the reader's run pass reads the header only
-    s = sniff(path)
+    kept = None if facts is None else facts.kept
+    s = sniff(path, kept=kept)
     if s.kind in _NOT_SAFETENSORS:
         return None, generic_findings(s, shown)
     size = s.size_bytes
-    header, n, bad = _read_header(path, shown, size, s.detail.get("zero_head_bytes"))
+    header, n, bad = _read_header(path, shown, size, s.detail.get("zero_head_bytes"), kept)
     if bad:
         return header, bad
     if not isinstance(header, dict) and header.source is None:  # the columns (issue 45): no object per tensor
@@ -113,18 +115,20 @@ def _span_findings(path: str, shown: str, cols, size: int, n: int, scan_zeros: b
     if scan_zeros and not any(x.severity == "error" for x in out) and data_len >= min_zero_run:
         listed = None if facts is None else facts.nul_runs_in(path, 8 + n, data_len, min_zero_run)
         runs = listed if listed is not None else zero_runs(path, min_run=min_zero_run, chunk=chunk, start=8 + n,
-                                                           end=8 + n + data_len)
+                                                           end=8 + n + data_len,
+                                                           kept=None if facts is None else facts.kept)
         out.extend(spans.zero_run_findings(cols, order, shown, runs, 8 + n, data_len, MIN_ZERO_EDGE_BYTES))
     return out
 
 
-def _read_header(path: str, shown: str, size: int, zero_head_bytes) -> Tuple[Optional[dict], int, List[Finding]]:
+def _read_header(path: str, shown: str, size: int, zero_head_bytes, kept=None
+                 ) -> Tuple[Optional[dict], int, List[Finding]]:
     """``(header, n, findings)``: the parsed header (None when it is no JSON object), its length ``n`` in bytes
     and the findings that end the check (an empty list when the header is well formed).  Reads the 8-byte
-    prefix and the ``n`` bytes after it."""
+    prefix and the ``n`` bytes after it (answered from ``kept`` first)."""
     if size < 8:
         return None, 0, [findings.make("header_too_small", path=shown, size_bytes=size)]
-    with fs.open_binary(path) as f:
+    with fs.open_binary(path, kept=kept) as f:
         n = struct.unpack("<Q", f.read(8))[0]
         if n > MAX_HEADER_BYTES or 8 + n > size:
             return None, n, [findings.make("header_too_large", path=shown, header_len=n, size_bytes=size,
@@ -260,7 +264,8 @@ def _suspicious_zero_runs(path: str, display: str, tensors, data_start: int, dat
     out: List[Finding] = []
     file_end = data_start + data_len
     listed = None if facts is None else facts.nul_runs_in(path, data_start, data_len, min_run)  # the hash stage's
-    runs = listed if listed is not None else zero_runs(path, min_run=min_run, chunk=chunk, start=data_start, end=file_end)
+    runs = listed if listed is not None else zero_runs(path, min_run=min_run, chunk=chunk, start=data_start,
+                                                       end=file_end, kept=None if facts is None else facts.kept)
     for off, length in runs:
         rb, re_ = off - data_start, off - data_start + length
         touched = [s for s in spans if s[0] < re_ and s[1] > rb]

@@ -152,19 +152,20 @@ def _looks_text(b: bytes) -> bool:
     return printable / len(s) > 0.95
 
 
-def sniff(path) -> Sniff:
+def sniff(path, *, kept=None) -> Sniff:
     """Classify ``path`` from its bytes (see :class:`Sniff` for the kinds).
 
     Reads at most :data:`SNIFF_BYTES` from the start; a file whose first bytes
     are NUL is streamed to EOF in 1 MiB chunks to tell ``all_zero`` from a file
-    with a zeroed head.  Raises only ``OSError`` when the file cannot be opened
-    or read at all (the caller's I/O problem, not the checkpoint's).
+    with a zeroed head.  ``kept``: bytes of a remote object already read
+    (:class:`ckptaudit.fs.kept.KeptBytes`), answered from memory.  Raises only ``OSError`` when the file
+    cannot be opened or read at all (the caller's I/O problem, not the checkpoint's).
     """
     path = fs.fspath(path)
     size = fs.size(path)
     if size == 0:
         return Sniff(path, 0, "empty", b"", {})
-    with fs.open_binary(path, exact=True) as f:
+    with fs.open_binary(path, exact=True, kept=kept) as f:
         first = f.read(SNIFF_BYTES)
         head = first[:64]
         detail: Dict[str, Any] = {}

@@ -118,7 +118,8 @@ def check_zip(path, *, display: Optional[str] = None, verify_crc: bool = True, c
     so that a storage record failing its CRC names the tensors it holds.
     With ``facts`` at a depth without tensor bytes (``facts.tensor_bytes`` false: the reader's run pass,
     :data:`ckptaudit.fs.read_depth.METADATA_ONLY`) ``verify_crc`` is off.  ``facts`` (the hash stage's
-    :class:`ckptaudit.onepass.facts.ByteFacts`) answer for the records' CRC32s and NUL runs its pass computed.
+    :class:`ckptaudit.onepass.facts.ByteFacts`) answer for the records' CRC32s and NUL runs its pass computed,
+    and the bytes it kept (``facts.kept``) for the reads.
     Memory: O(chunk) plus the central directory entries and data.pkl.  Never
     raises on bad content; OSError only when the file cannot be opened.
     """
@@ -126,7 +127,8 @@ def check_zip(path, *, display: Optional[str] = None, verify_crc: bool = True, c
     shown = path if display is None else display
     verify_crc = verify_crc and (facts is None or facts.tensor_bytes)  # the reader's run pass reads metadata only
     rep = ZipReport()
-    s = sniff(path)
+    kept = None if facts is None else facts.kept
+    s = sniff(path, kept=kept)
     if s.kind in ("empty", "all_zero"):
         rep.findings = generic_findings(s, shown)
         return rep
@@ -135,7 +137,7 @@ def check_zip(path, *, display: Optional[str] = None, verify_crc: bool = True, c
     if not zip_like:
         pre = zeros.head(shown, s.detail.get("zero_head_bytes"), s.size_bytes) or generic_findings(s, shown)
     fh = ArchiveFile(path, window=REMOTE_WINDOW_BYTES, prefetch=REMOTE_PREFETCH,  # read now: benchmarks and tests set them
-               facts=facts)
+               facts=facts, kept=kept)
     try:
         buf = bytearray(max(4096, chunk))
         cd = find_central_directory(fh)

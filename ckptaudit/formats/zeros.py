@@ -51,20 +51,21 @@ _NONZERO = re.compile(rb"[^\x00]")
 
 
 def zero_runs(path, *, min_run: int = 64, chunk: int = 1 << 20, start: int = 0,
-              end: int | None = None) -> List[Tuple[int, int]]:
+              end: int | None = None, kept=None) -> List[Tuple[int, int]]:
     """``(offset, length)`` of every run of NUL bytes of at least ``min_run`` bytes.
 
     Streams ``[start, end)`` of the file (default: all of it) in ``chunk``-byte
     reads; memory stays O(chunk) plus the result list.  Runs that cross chunk
     borders are joined.  Offsets and lengths are in bytes.  Inside a chunk the
     search is ``bytes.find`` of ``min_run`` NULs (C speed), then a regex for the
-    run's first non-NUL byte.
+    run's first non-NUL byte.  ``kept``: bytes of a remote object already read
+    (:class:`ckptaudit.fs.kept.KeptBytes`), answered from memory.
     """
     path = fs.fspath(path)
     runs: List[Tuple[int, int]] = []
     min_run = max(1, int(min_run))
     needle = b"\0" * min_run
-    with fs.open_binary(path, block_size=fs.STREAM_BLOCK_BYTES) as f:
+    with fs.open_binary(path, block_size=fs.STREAM_BLOCK_BYTES, kept=kept) as f:
         size = fs.size(path)
         stop = size if end is None else min(end, size)
         pos = max(0, start)

@@ -31,7 +31,7 @@ filesystem, listing snapshots, :class:`RPath`), :mod:`.reads` (bounded reads, ``
 ``read_ranges``) and :mod:`.ops` (path operations, ``download``, multipart uploads, the listing
 fingerprint).  This face re-exports every public name, so ``fs.<name>`` keeps working.  The module
 state (the counters, the filesystem cache, the snapshots) lives once, in its module; the kept bytes are a
-value a stage serves for the length of its work (:func:`.kept.serving`).
+value a stage hands down to its reads as their ``kept=`` parameter (:mod:`.kept`).
 """
 
 from __future__ import annotations

@@ -4,16 +4,16 @@ The hash stage's one pass reads every byte of a remote object once; besides its 
 keeps the bytes a later stage will ask for again — everything but the long runs of tensor data whose
 CRC32 and value statistics the pass already computed (:mod:`ckptaudit.onepass.facts`, kind "bytes").
 A later stage gets them as a value, :class:`KeptBytes` (``ByteFacts.kept``, filled by
-:func:`ckptaudit.onepass.facts.load`), and serves them for the length of its work with
-``with serving(kept):``.  Inside that block every remote read of this package looks there first:
-:func:`ckptaudit.fs.reads.read_ranges` and the fetcher of :func:`ckptaudit.fs.remote.open_object` fetch
-only the gaps, so the scan's zip headers and pickle walk and the load test's sparse copy cost no GET for
-bytes already read.  Outside any such block (the hash stage, which reads the objects themselves) nothing
-is served.  Bytes served are not counted as remote reads (they are not); :func:`served_bytes` says how
-many were.  The block is a :mod:`contextvars` scope: a thread pool's tasks see nothing served unless they
-run in a copy of the caller's context (``contextvars.copy_context().run``); a file opened inside the block
-keeps the value it was opened with.  (The last contextvar of the package: to become a parameter of the reads,
-``tests/test_architecture.py``'s ``PENDING_CONTEXT_VARS``.)
+:func:`ckptaudit.onepass.facts.load`), and hands them down as a parameter: ``kept=`` of
+:func:`ckptaudit.fs.reads.read_ranges`, :func:`~ckptaudit.fs.reads.read_bounded`,
+:func:`~ckptaudit.fs.reads.open_binary` and :func:`~ckptaudit.fs.ops.download`, and of every check between
+the stage and those reads; a check that receives the ``ByteFacts`` takes them from there (``facts.kept``).
+A read given kept bytes fetches only the gaps (:func:`~ckptaudit.fs.reads.read_ranges`; the fetcher of
+:func:`ckptaudit.fs.remote.open_object`, :class:`KeptFetcher`), so the scan's zip headers and pickle walk and
+the load test's sparse copy cost no GET for bytes already read; a read given None (the hash stage, which reads
+the objects themselves) fetches everything.  A file opened with kept bytes keeps them for its life; a thread
+pool's task reads from the kept bytes it is passed.  Bytes served are not counted as remote reads (they are
+not); :func:`served_bytes` says how many were.
 
 Keys are object URLs (``s3://bucket/key``); :func:`ckptaudit.onepass.facts.load` leaves out a file whose
 size or version changed since the pass, as it does the other facts.
@@ -22,10 +22,8 @@ size or version changed since the pass, as it does the other facts.
 from __future__ import annotations
 
 import bisect
-import contextlib
-import contextvars
 import threading
-from typing import Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 _served_lock = threading.Lock()
 _served = {"bytes": 0}  # process counter, like those of .counters
@@ -67,25 +65,6 @@ class KeptBytes:
         """``[start, end)`` of ``url`` as consecutive ``(offset, length, bytes)``: ``bytes`` is the kept data,
         or None for a gap the caller must fetch.  One gap (the whole range) when nothing of it is kept."""
         return _pieces_of(self._pieces.get(url), self._starts.get(url), self._sizes.get(url), start, end)
-
-
-_SERVING: contextvars.ContextVar[Optional[KeptBytes]] = contextvars.ContextVar("ckptaudit_kept_bytes",
-                                                                               default=None)
-
-
-@contextlib.contextmanager
-def serving(kept: Optional[KeptBytes]) -> Iterator[None]:
-    """Within the block, remote reads in this context answer from ``kept`` first (None: from nothing)."""
-    token = _SERVING.set(kept)
-    try:
-        yield
-    finally:
-        _SERVING.reset(token)
-
-
-def current() -> Optional[KeptBytes]:
-    """The kept bytes served in this context (:func:`serving`), or None."""
-    return _SERVING.get()
 
 
 def _pieces_of(ps, st, size, start: int, end: int) -> List[Tuple[int, int, Optional[bytes]]]:

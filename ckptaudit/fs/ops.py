@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 from typing import List, Optional, Tuple
 
+from .kept import KeptBytes
 from .reads import open_binary
 from .remote import STREAM_BLOCK_BYTES, RPath, split_url, filesystem, is_remote, refresh
 
@@ -119,14 +120,15 @@ def version(p) -> Tuple[int, str]:
     return st.st_size, f"{st.st_mtime_ns}:{st.st_ino}"
 
 
-def download(p, dest_dir, limit_bytes: int) -> Optional[str]:
-    """Copy object ``p`` into ``dest_dir`` (streamed); its local path, or None when
-    it is larger than ``limit_bytes`` (nothing is downloaded then)."""
+def download(p, dest_dir, limit_bytes: int, *, kept: Optional[KeptBytes] = None) -> Optional[str]:
+    """Copy object ``p`` into ``dest_dir`` (streamed; bytes in ``kept`` served from memory, see
+    :func:`open_binary`); its local path, or None when it is larger than ``limit_bytes`` (nothing is
+    downloaded then)."""
     if size(p) > limit_bytes:
         return None
     dest = Path(dest_dir) / path(p).name
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with open_binary(p, block_size=STREAM_BLOCK_BYTES) as src, open(dest, "wb") as out:
+    with open_binary(p, block_size=STREAM_BLOCK_BYTES, kept=kept) as src, open(dest, "wb") as out:
         shutil.copyfileobj(src, out, STREAM_BLOCK_BYTES)
     return str(dest)
 

@@ -5,7 +5,8 @@
 * **Ranged reads.**  :func:`open_binary` is builtin ``open(p, "rb")`` locally and, remotely, an
   fsspec file with a ``readahead`` cache of ``block_size`` bytes (:func:`ckptaudit.fs.remote.open_object`);
   :func:`read_ranges` fetches scattered ranges of one object concurrently.  Remote bytes are
-  counted in :mod:`ckptaudit.fs.counters`.
+  counted in :mod:`ckptaudit.fs.counters`.  Each remote read takes ``kept=``: the bytes an earlier stage's
+  pass kept (:class:`ckptaudit.fs.kept.KeptBytes`, or None), served from memory instead of fetched.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import os
 import re
 from typing import List, Optional, Tuple
 
-from . import kept
+from . import kept as kept_mod
 from .counters import count, count_local
 from .remote import RANGE_BLOCK_BYTES, as_rpath, split_url, filesystem, is_remote, open_object
 
@@ -86,20 +87,20 @@ def _clean_values(o, pairs, stack: list) -> None:
             stack.append(v)
 
 
-def read_bounded(p, limit: int) -> bytes:
+def read_bounded(p, limit: int, *, kept: Optional[kept_mod.KeptBytes] = None) -> bytes:
     """The bytes of a small metadata file, refusing what is not a regular file or is over ``limit`` bytes.
 
     Opened with ``O_NONBLOCK`` and checked with ``fstat`` before any read, so a FIFO,
     a device or a sparse giant named like a sidecar never blocks or floods memory.
     Raises ``OSError`` (``TooLarge`` for a file over the cap).  Remote paths are read
-    with a ranged read of ``limit + 1`` bytes.
+    with a ranged read of ``limit + 1`` bytes (:func:`read_ranges`, answered from ``kept`` first).
     """
     import stat
 
     if is_remote(p):
         if as_rpath(p).info()["size"] > limit:
             raise TooLarge(f"{p}: over {limit} bytes")
-        data = read_ranges(p, [(0, limit + 1)])[0]
+        data = read_ranges(p, [(0, limit + 1)], kept=kept)[0]
         if data is None:
             raise OSError(f"{p}: ranged read failed")
         if len(data) > limit:
@@ -127,17 +128,21 @@ def read_bounded(p, limit: int) -> bytes:
         os.close(fd)
 
 
-def open_binary(p, block_size: int = RANGE_BLOCK_BYTES, exact: bool = False, cache_type: str = ""):
+def open_binary(p, block_size: int = RANGE_BLOCK_BYTES, exact: bool = False, cache_type: str = "", *,
+                kept: Optional[kept_mod.KeptBytes] = None):
     """Open for reading bytes.  Local: builtin ``open(p, "rb")``.  Remote: an fsspec
     file whose reads are ranged GETs of about ``block_size`` bytes (readahead cache),
     counted in :func:`bytes_read` (as "streamed" when ``block_size`` >= 1 MiB:
     hashing, CRC verification, the value scan, downloads; else as "ranged").  With ``exact``
     each read is one GET of exactly the bytes asked for (no readahead): for callers that
     read known ranges (zip records, tensor values) at scattered offsets.  ``cache_type``
-    overrides fsspec's cache (e.g. "blockcache": an LRU of 32 blocks of ``block_size``).  Raises ``OSError`` (FileNotFoundError) when absent."""
+    overrides fsspec's cache (e.g. "blockcache": an LRU of 32 blocks of ``block_size``).  ``kept``: bytes
+    of the object already read (:class:`ckptaudit.fs.kept.KeptBytes`), which the file answers from for its
+    life instead of fetching them (None: every read is fetched; local files ignore it).  Raises ``OSError``
+    (FileNotFoundError) when absent."""
     if not is_remote(p):
         return io.BufferedReader(CountedFile(p), buffer_size=io.DEFAULT_BUFFER_SIZE)
-    return open_object(as_rpath(p), block_size=block_size, exact=exact, cache_type=cache_type)
+    return open_object(as_rpath(p), block_size=block_size, exact=exact, cache_type=cache_type, kept=kept)
 
 
 class CountedFile(io.FileIO):
@@ -176,27 +181,27 @@ def preadv(fd: int, views, off: int) -> int:
     return n
 
 
-def read_ranges(p, ranges: List[Tuple[int, int]], purpose: str = "ranged") -> List[Optional[bytes]]:
+def read_ranges(p, ranges: List[Tuple[int, int]], purpose: str = "ranged", *,
+                kept: Optional[kept_mod.KeptBytes] = None) -> List[Optional[bytes]]:
     """Bytes of each ``(offset, length)`` of remote object ``p``, fetched concurrently
     (fsspec ``cat_ranges``: s3fs issues the ranged GETs together, in batches of fsspec's
     ``gather_batch_size``), so N scattered small reads cost about one round trip rather
     than N.  A range that failed is None (the caller reads it again on its own).  Counted
     in :func:`bytes_read` / :func:`gets_issued` as ``purpose`` ("ranged"; the one-pass reader's
-    whole-object ranges are "streamed").  Bytes an earlier stage's pass kept (:mod:`.kept`, served to
-    this context) are served from memory and only the gaps fetched.  Local paths raise ``ValueError``:
-    read them with ``os.pread``."""
+    whole-object ranges are "streamed").  Bytes an earlier stage's pass kept (``kept``: a
+    :class:`ckptaudit.fs.kept.KeptBytes`, or None) are served from memory and only the gaps fetched.  Local
+    paths raise ``ValueError``: read them with ``os.pread``."""
     if not is_remote(p):
         raise ValueError(f"{p}: read_ranges is for remote objects")
     if not ranges:
         return []
     url = as_rpath(p).url
-    k = kept.current()
-    if k is not None and k.has(url):  # bytes the hash stage's pass already read: only the gaps are fetched
-        return _with_kept(p, url, ranges, purpose, k)
+    if kept is not None and kept.has(url):  # bytes the hash stage's pass already read: only the gaps are fetched
+        return _with_kept(p, url, ranges, purpose, kept)
     return read_ranges_uncached(p, ranges, purpose)
 
 
-def _with_kept(p, url: str, ranges: List[Tuple[int, int]], purpose: str, k: "kept.KeptBytes"
+def _with_kept(p, url: str, ranges: List[Tuple[int, int]], purpose: str, k: kept_mod.KeptBytes
                ) -> List[Optional[bytes]]:
     """:func:`read_ranges` where part of the object is kept (``k``): one batch of GETs for the gaps."""
     split = [k.pieces(url, int(o), int(o) + int(n)) for o, n in ranges]
@@ -208,7 +213,7 @@ def _with_kept(p, url: str, ranges: List[Tuple[int, int]], purpose: str, k: "kep
         if any(b is None for b in blobs):
             out.append(None)
             continue
-        kept.served(sum(len(b) for (_, _, kb), b in zip(parts, blobs) if kb is not None))
+        kept_mod.served(sum(len(b) for (_, _, kb), b in zip(parts, blobs) if kb is not None))
         out.append(b"".join(blobs))
     return out
 

@@ -17,7 +17,7 @@ from types import SimpleNamespace
 from typing import Dict, Iterator, List, Optional, Tuple
 
 from .counters import Counted
-from .kept import KeptFetcher, current as kept_bytes
+from .kept import KeptBytes, KeptFetcher
 
 RANGE_BLOCK_BYTES = 16 << 10  # readahead of one ranged GET in the file layer (bytes)
 STREAM_BLOCK_BYTES = 8 << 20  # ranged GET size while hashing/downloading a whole object (bytes)
@@ -242,10 +242,13 @@ class RPath:
 
 
 # ------------------------------------------------------------- opening an object
-def open_object(rp: RPath, block_size: int = RANGE_BLOCK_BYTES, exact: bool = False, cache_type: str = ""):
+def open_object(rp: RPath, block_size: int = RANGE_BLOCK_BYTES, exact: bool = False, cache_type: str = "", *,
+                kept: Optional[KeptBytes] = None):
     """The remote half of :func:`ckptaudit.fs.reads.open_binary`: an fsspec file for ``rp`` whose
     reads are ranged GETs of about ``block_size`` bytes, counted as "streamed" when ``block_size``
-    >= 1 MiB, else as "ranged".  Raises ``FileNotFoundError`` when the listing has no such object."""
+    >= 1 MiB, else as "ranged"; its fetcher answers from ``kept`` first (:class:`~.kept.KeptFetcher`: bytes
+    an earlier pass read, for the file's life; None: every read is fetched).  Raises ``FileNotFoundError``
+    when the listing has no such object."""
     proto, key = split_url(rp.url)
     info = rp.info()  # from the listing: no HEAD request, and FileNotFoundError when absent
     fs = filesystem(proto)
@@ -256,6 +259,6 @@ def open_object(rp: RPath, block_size: int = RANGE_BLOCK_BYTES, exact: bool = Fa
         f = fs.open(key, "rb", block_size=block_size, cache_type=cache)
     if getattr(f, "cache", None) is not None:  # buffered files (s3fs, gcsfs…); others are not counted
         counted = Counted(f.cache.fetcher, "streamed" if block_size >= (1 << 20) else "ranged")
-        # bytes the hash stage's pass kept, served to this context, are not fetched again
-        f.cache.fetcher = KeptFetcher(rp.url, counted, kept_bytes())
+        # bytes the hash stage's pass kept, handed to this open, are not fetched again
+        f.cache.fetcher = KeptFetcher(rp.url, counted, kept)
     return f

@@ -83,12 +83,13 @@ def torchscript_of(rep) -> Optional[Collection[str]]:
 
 
 def scan_zip_members(path: Path, rel: str, scan: UnitScan, allowed: List[str], rep, *,
-                     torchscript: Optional[Collection[str]], done: Collection[str] = ()) -> None:
+                     torchscript: Optional[Collection[str]], done: Collection[str] = (), kept=None) -> None:
     """Walk and judge every pickle record of the zip at ``path`` (``rep``: the
     :class:`ckptaudit.formats.torchzip.ZipReport` of its structure check) except those in ``done`` (already
     judged by the caller); ``torchscript``: :func:`torchscript_of` ``rep``.  Records whose data cannot be located, or whose method is neither stored nor
     deflated, are skipped (the structure check reports damaged records).  Reads at most :data:`MAX_MEMBERS`
-    heads and :data:`ckptaudit.layouts.scan_file.SWEEP_BYTES` bytes in all; raises only ``OSError`` when
+    heads and :data:`ckptaudit.layouts.scan_file.SWEEP_BYTES` bytes in all (``kept``: bytes of a remote object
+    already read, :class:`ckptaudit.fs.kept.KeptBytes`, answered from memory); raises only ``OSError`` when
     the file cannot be opened."""
     from ..formats import torchzip
     from ..formats.zip.reader import ArchiveFile
@@ -101,7 +102,7 @@ def scan_zip_members(path: Path, rel: str, scan: UnitScan, allowed: List[str], r
         return
     t0 = time.perf_counter()
     left = SWEEP_BYTES
-    fh = ArchiveFile(str(path), window=torchzip.REMOTE_WINDOW_BYTES, prefetch=False)
+    fh = ArchiveFile(str(path), window=torchzip.REMOTE_WINDOW_BYTES, prefetch=False, kept=kept)
     try:
         for m in todo:
             if left <= 0:

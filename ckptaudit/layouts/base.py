@@ -39,7 +39,8 @@ def scan_file(run_dir: Path, rel: str, unit: str, scan: UnitScan, cfg: Dict[str,
               extra_allowed: Optional[List[str]] = None, tree_key: Optional[str] = None,
               byte_facts=None) -> Dict[str, Any]:
     """Scan one file of a unit by its bytes; findings and tensors go into ``scan``.  ``byte_facts``: the hash
-    stage's (:class:`ckptaudit.onepass.facts.ByteFacts`): the CRC32s and NUL runs its pass computed are not read again.
+    stage's (:class:`ckptaudit.onepass.facts.ByteFacts`): the CRC32s and NUL runs its pass computed are not read again,
+    and every read of the file answers from the bytes it kept (``byte_facts.kept``) first.
 
     Returns a dict of what was learnt: ``kind`` (sniffed format), ``obj`` (the
     walked top-level object, or None), ``header`` (safetensors header).
@@ -47,15 +48,16 @@ def scan_file(run_dir: Path, rel: str, unit: str, scan: UnitScan, cfg: Dict[str,
     from ..formats import sniff as sniff_mod
 
     path = run_dir / rel
+    kept = None if byte_facts is None else byte_facts.kept
     scan.files_checked.append(rel)
     allowed = list(cfg.get("security", {}).get("allow_globals", [])) + list(extra_allowed or [])
-    s = sniff_mod.sniff(path)
+    s = sniff_mod.sniff(path, kept=kept)
     scan.facts.setdefault("file_kinds", {})[rel] = s.kind
     if tree_key and tree_key != rel:  # the tensors table's ``file`` of a tree key that is not the file's path
         scan.facts.setdefault("tree_files", {})[tree_key] = rel
     generic = sniff_mod.generic_findings(s, rel)
     out: Dict[str, Any] = {"kind": s.kind, "obj": None, "header": None, "size_bytes": s.size_bytes}
-    swept = security_sweep(path, rel, s, scan, allowed)
+    swept = security_sweep(path, rel, s, scan, allowed, kept)
     if swept is not None:
         out["obj"] = swept.obj
         scan.tree[tree_key or rel] = describe(scan, rel, swept.obj, {})
@@ -63,9 +65,9 @@ def scan_file(run_dir: Path, rel: str, unit: str, scan: UnitScan, cfg: Dict[str,
     if s.kind in ("npy", "npz"):  # object arrays hold a pickle, whatever the file layer says of the file
         from .numpy_pickles import scan_numpy
 
-        scan_numpy(path, rel, s.kind, scan, allowed)
-    if s.kind == "unknown" and tar_pickles.is_tar(path):  # torch's legacy tar format, or any tar
-        tar_pickles.scan_tar(path, rel, scan, allowed)
+        scan_numpy(path, rel, s.kind, scan, allowed, kept)
+    if s.kind == "unknown" and tar_pickles.is_tar(path, kept):  # torch's legacy tar format, or any tar
+        tar_pickles.scan_tar(path, rel, scan, allowed, kept)
     scan.add(generic)
     if generic and any(f.severity == "error" for f in generic):
         return out
@@ -73,11 +75,11 @@ def scan_file(run_dir: Path, rel: str, unit: str, scan: UnitScan, cfg: Dict[str,
     if s.kind in ("torch_zip", "zip"):
         _zip_file(path, rel, unit, scan, allowed, out, tree_key, byte_facts)
     elif s.kind == "torch_legacy":
-        _legacy_file(path, rel, unit, scan, out, tree_key)
+        _legacy_file(path, rel, unit, scan, out, tree_key, kept)
     elif s.kind == "safetensors":
         _safetensors_file(path, rel, unit, scan, out, tree_key, byte_facts)
     elif s.kind == "json" and swept is None:
-        json_tree(path, scan, out, tree_key or rel)
+        json_tree(path, scan, out, tree_key or rel, kept)
     return out
 
 
@@ -86,6 +88,7 @@ def _zip_file(path: Path, rel: str, unit: str, scan: UnitScan, allowed: List[str
     """A torch zip: its zip findings, the security of data.pkl, its storages, tensors and tree."""
     from ..formats import torchzip
 
+    kept = None if byte_facts is None else byte_facts.kept
     walked: Dict[str, Any] = {}
 
     def tensor_names(data: bytes, n_records: int) -> Dict[str, List[str]]:  # data.pkl walked once, for the CRCs too
@@ -105,26 +108,26 @@ def _zip_file(path: Path, rel: str, unit: str, scan: UnitScan, allowed: List[str
             archive_pickles.judge(scan, rel, member, security.streams(rep.data_pkl_any), allowed,
                                   prefix=rep.prefix, torchscript=script, data_pkl=True)
         archive_pickles.scan_zip_members(path, rel, scan, allowed, rep, torchscript=script,
-                                         done=[member] if rep.data_pkl_any else [])
+                                         done=[member] if rep.data_pkl_any else [], kept=kept)
         return
     res, all_streams = walked["res"], walked["streams"]
     archive_pickles.judge(scan, rel, member, all_streams, allowed, prefix=rep.prefix, torchscript=script,
                           data_pkl=True)
-    archive_pickles.scan_zip_members(path, rel, scan, allowed, rep, torchscript=script, done=[member])
+    archive_pickles.scan_zip_members(path, rel, scan, allowed, rep, torchscript=script, done=[member], kept=kept)
     if res.error:
         scan.add(walk_problem(res, rel, member))
     scan.add(torchzip.check_storages(rep, storages_needed(res), rel))
-    values = zip_tensors(path, rel, unit, scan, rep, res)
+    values = zip_tensors(path, rel, unit, scan, rep, res, kept)
     out["obj"] = res.obj
     scan.tree[tree_key or rel] = describe(scan, rel, res.obj, values)
 
 
 def _legacy_file(path: Path, rel: str, unit: str, scan: UnitScan, out: Dict[str, Any],
-                 tree_key: Optional[str]) -> None:
+                 tree_key: Optional[str], kept=None) -> None:
     """A legacy torch.save file: its findings, tensors and tree (its security came from the sweep)."""
     from ..formats import legacy
 
-    res, fl = legacy.check_legacy(path, display=rel)
+    res, fl = legacy.check_legacy(path, display=rel, kept=kept)
     scan.add(fl)
     if res is not None:  # its security findings came from the sweep of all five records
         for name, tm in res.tensors:
@@ -142,7 +145,7 @@ def _safetensors_file(path: Path, rel: str, unit: str, scan: UnitScan, out: Dict
     header, fl = check_safetensors(path, display=rel, facts=byte_facts)
     scan.add(fl)
     if header is not None:
-        tree = safetensors_rows(path, rel, unit, scan, header)
+        tree = safetensors_rows(path, rel, unit, scan, header, None if byte_facts is None else byte_facts.kept)
         out["header"] = header
         out["obj"] = tree
         scan.tree[tree_key or rel] = {"__safetensors__": tree, "__metadata__": header.get("__metadata__")}
@@ -154,3 +157,18 @@ def _names_by_storage(tensors) -> Dict[str, List[str]]:
     for name, tm in tensors:
         by_key.setdefault(str(tm.storage.key), []).append(name)
     return by_key
+
+
+def tensors_in_range(run_dir: Path, rel: str, unit: str, start: int, end: int) -> str:
+    """Which tensors of ``rel`` have bytes in [start, end), from a byte-level scan (never unpickled)."""
+    try:
+        scan = UnitScan(unit, "")
+        scan_file(run_dir, rel, unit, scan, {"security": {"allow_globals": []}})
+    except Exception as e:  # noqa: BLE001 - naming tensors is best effort on a damaged file
+        return f"the tensors in that range could not be named ({type(e).__name__})"
+    hit = [t.name for t in scan.iter_tensors() if t.data_offset >= 0 and t.data_offset < end
+           and t.data_offset + max(t.nbytes, 1) > start]
+    if not hit:
+        return "no tensor data lies in that range (headers, the pickle or the zip directory)"
+    more = f" and {len(hit) - 5} more" if len(hit) > 5 else ""
+    return "it holds tensor(s) " + ", ".join(hit[:5]) + more

@@ -85,12 +85,13 @@ def _judged_metadata(data: bytes, shown: str, cfg: dict, scan: UnitScan):
     return res, refused
 
 
-def read_metadata(folder: Path, shown: str, cfg: dict) -> Tuple[Optional[dict], Optional[dict], str]:
+def read_metadata(folder: Path, shown: str, cfg: dict, kept=None) -> Tuple[Optional[dict], Optional[dict], str]:
     """``(state_dict_metadata, storage_data, problem)`` of the DCP folder ``folder``, from a static walk of its
     ``.metadata`` judged as the audit judges it (``shown``: its path in words); ``(None, None, why)`` when it
-    is missing, unreadable, or imports what it should not (never interpreted then).  Nothing is unpickled."""
+    is missing, unreadable, or imports what it should not (never interpreted then).  Nothing is unpickled.
+    ``kept``: bytes of a remote object already read (:class:`ckptaudit.fs.kept.KeptBytes`), answered from memory."""
     try:
-        data = fs.read_bounded(folder / ".metadata", MAX_METADATA_BYTES)
+        data = fs.read_bounded(folder / ".metadata", MAX_METADATA_BYTES, kept=kept)
     except OSError as e:
         return None, None, f".metadata cannot be read: {type(e).__name__}: {e}"
     scan = UnitScan(shown, "dcp")
@@ -134,6 +135,7 @@ class DCP:
 
     def scan(self, run_dir: Path, unit: dict, cfg: dict, byte_facts=None) -> UnitScan:
         scan = UnitScan(unit["unit"], self.name)
+        kept = None if byte_facts is None else byte_facts.kept  # every read answers from the pass's bytes first
         folder = run_dir / unit["unit"]
         names = sorted(fs.listdir(folder))
         data_files = [n for n in names if DISTCP.match(n)]
@@ -147,7 +149,7 @@ class DCP:
         mpath = folder / ".metadata"
         scan.files_checked.append(rel(".metadata"))
         try:
-            data = fs.read_bounded(mpath, MAX_METADATA_BYTES)
+            data = fs.read_bounded(mpath, MAX_METADATA_BYTES, kept=kept)
         except OSError as e:
             scan.add(F.make("dcp_metadata_unreadable", path=rel(".metadata"), why=f"{type(e).__name__}: {e}"))
             return scan
@@ -175,7 +177,7 @@ class DCP:
         paths = meta.get("planner_data") if isinstance(meta, dict) else None
         # every non-tensor item is a torch.save blob that dcp.load unpickles with weights_only=False
         dcp_bytes.scan_bytes_items(folder, storage, tree, scan, list(cfg.get("security", {}).get("allow_globals", [])),
-                                   rel, state_fields, item_fqn, _count, _inside)
+                                   rel, state_fields, item_fqn, _count, _inside, kept=kept)
         scan.tree["root"] = self.state_tree(tree, paths if isinstance(paths, dict) else {})
         need, bad = _shard_ends(storage)
         if bad is not None:

@@ -41,12 +41,13 @@ VALUE_BYTES = 1 << 16
 
 def scan_bytes_items(folder: Path, storage: dict, tree: dict, scan: UnitScan, allowed: List[str],
                      rel: Callable[[str], str], state: Callable, fqn_of: Callable, count: Callable,
-                     inside: Callable[[str], bool]) -> None:
+                     inside: Callable[[str], bool], kept=None) -> None:
     """Walk and judge the pickle of every non-tensor item (``tree[fqn]`` marked ``__bytes_item__``) of a DCP
     unit in ``folder``; add findings and import rows to ``scan``; put plain scalar values into ``tree``.
     ``storage`` is the Metadata's ``storage_data`` ({MetadataIndex: _StorageInfo}); ``state``, ``fqn_of``,
     ``count`` and ``inside`` read its fields (:mod:`ckptaudit.layouts.dcp`); ``rel`` names a file of the unit
-    as the findings do."""
+    as the findings do; ``kept``: bytes of remote objects already read (:class:`ckptaudit.fs.kept.KeptBytes`),
+    answered from memory."""
     from .. import security
     from ..pickle_walk import walk
     from .scan_file import SWEEP_BYTES
@@ -65,7 +66,7 @@ def scan_bytes_items(folder: Path, storage: dict, tree: dict, scan: UnitScan, al
         if n > MAX_ITEMS or length > budget:
             skipped.append(fqn)
             continue
-        blob = read_item(folder / relp, offset, length)
+        blob = read_item(folder / relp, offset, length, kept)
         if blob is None:
             continue
         budget -= len(blob)
@@ -88,14 +89,14 @@ def scan_bytes_items(folder: Path, storage: dict, tree: dict, scan: UnitScan, al
                         max_mib=SWEEP_BYTES >> 20))
 
 
-def read_item(path: Path, offset: int, length: int) -> Optional[bytes]:
-    """``length`` bytes of the rank file ``path`` from ``offset``; None when it is gone (``dcp_shard_missing``)
-    or no regular file (a FIFO would block the open: its size check names it; a link leaving the run was
-    refused before)."""
+def read_item(path: Path, offset: int, length: int, kept=None) -> Optional[bytes]:
+    """``length`` bytes of the rank file ``path`` from ``offset`` (answered from ``kept`` first, the bytes of a
+    remote object already read); None when it is gone (``dcp_shard_missing``) or no regular file (a FIFO would
+    block the open: its size check names it; a link leaving the run was refused before)."""
     try:
         if not fs.is_remote(path) and not stat.S_ISREG(os.stat(path).st_mode):
             return None
-        with fs.open_binary(path, exact=True) as fh:
+        with fs.open_binary(path, exact=True, kept=kept) as fh:
             fh.seek(offset)
             return fh.read(length)
     except OSError:

@@ -71,7 +71,8 @@ def _check_file(path: str, shown: str, items: list, scan: UnitScan, facts, room:
     try:
         if not fs.is_remote(path) and not stat.S_ISREG(os.stat(path).st_mode):
             return 0
-        fh = ArchiveFile(path, window=torchzip.REMOTE_WINDOW_BYTES, prefetch=torchzip.REMOTE_PREFETCH)
+        fh = ArchiveFile(path, window=torchzip.REMOTE_WINDOW_BYTES, prefetch=torchzip.REMOTE_PREFETCH,
+                         kept=facts.kept)
     except OSError:
         return 0
     bad, done = 0, set()

@@ -92,7 +92,7 @@ def check_index(run_dir: Path, index_rel: str, scan: UnitScan, cfg: dict, unit_n
     """Check an index and every shard it names; shards' tensors go into ``scan``."""
     base = Path(index_rel).parent
     scan.files_checked.append(index_rel)
-    read = read_index(run_dir, index_rel, scan)
+    read = read_index(run_dir, index_rel, scan, None if byte_facts is None else byte_facts.kept)
     if read is None:
         return
     doc, wm, outside = read
@@ -134,14 +134,15 @@ def _not_a_shard_file(run_dir: Path, rel: Path) -> str:
         return f"it cannot be examined ({e.strerror})"
 
 
-def read_index(run_dir: Path, index_rel: str, scan: UnitScan) -> Optional[tuple]:
+def read_index(run_dir: Path, index_rel: str, scan: UnitScan, kept=None) -> Optional[tuple]:
     """``(document, weight_map, {shard: where it leads} for shards outside the run)`` of an index, or None after
     ``index_invalid`` (unreadable, no ``weight_map`` object, a value that cannot name a shard file).
     Confinement first: a shard that resolves outside the run (absolute, "..", a link, a linked folder) is
-    reported where it points and never opened (:mod:`ckptaudit.confine`)."""
+    reported where it points and never opened (:mod:`ckptaudit.confine`).  ``kept``: bytes of remote objects
+    already read (:class:`ckptaudit.fs.kept.KeptBytes`), answered from memory."""
     base = Path(index_rel).parent
     try:
-        doc = fs.loads_json(fs.read_bounded(run_dir / index_rel, fs.SMALL_FILE_BYTES))
+        doc = fs.loads_json(fs.read_bounded(run_dir / index_rel, fs.SMALL_FILE_BYTES, kept=kept))
         wm = doc["weight_map"]
         if not isinstance(wm, dict):
             raise ValueError("weight_map is not an object")
@@ -214,6 +215,7 @@ class HFTrainer:
 
     def scan(self, run_dir: Path, unit: dict, cfg: dict, byte_facts=None) -> UnitScan:
         scan = UnitScan(unit["unit"], self.name)
+        kept = None if byte_facts is None else byte_facts.kept  # every read answers from the pass's bytes first
         files = unit["files"]
         names = {Path(f).name: f for f in files}
         index = [f for f in files if INDEX_RE.match(Path(f).name)]
@@ -235,13 +237,13 @@ class HFTrainer:
                 continue
             if n == "config.json":  # the model configuration, compared with expected_model_args
                 scan.files_checked.append(f)
-                cfg_doc = _read_json(run_dir / f)
+                cfg_doc = _read_json(run_dir / f, kept=kept)
                 if isinstance(cfg_doc, dict):
                     scan.tree["config.json"] = cfg_doc
                 continue
             if n == "trainer_state.json":
                 scan.files_checked.append(f)
-                self.read_trainer_state(run_dir, f, scan)
+                self.read_trainer_state(run_dir, f, scan, kept)
                 continue
             extra = ["transformers.training_args.TrainingArguments"] if n == "training_args.bin" else []
             scan_file(run_dir, f, unit["unit"], scan, cfg, extra_allowed=extra, tree_key=n,
@@ -249,13 +251,14 @@ class HFTrainer:
         self.completeness(unit["unit"], names, bool(index), scan)
         return scan
 
-    def read_trainer_state(self, run_dir: Path, f: str, scan: UnitScan) -> None:
+    def read_trainer_state(self, run_dir: Path, f: str, scan: UnitScan, kept=None) -> None:
         """``trainer_state.json``'s step, epoch, best metric and the loss logged last at or before the step into
         the scan's tree; ``state_file_unreadable`` when it is no JSON object or its ``global_step`` is not a
-        non-negative integer (``Trainer.train`` computes the epochs and batches to skip from it)."""
+        non-negative integer (``Trainer.train`` computes the epochs and batches to skip from it).  ``kept``: bytes
+        of remote objects already read (:class:`ckptaudit.fs.kept.KeptBytes`), answered from memory."""
         n = Path(f).name
         try:
-            st = fs.loads_json(fs.read_bounded(run_dir / f, fs.SMALL_FILE_BYTES))
+            st = fs.loads_json(fs.read_bounded(run_dir / f, fs.SMALL_FILE_BYTES, kept=kept))
             if not isinstance(st, dict):
                 raise ValueError(f"the top level is a JSON {type(st).__name__}, not an object")
             gs = st.get("global_step", 0)
@@ -296,12 +299,13 @@ class HFTrainer:
         scan.facts["trainer_files"] = sorted(names)
 
 
-def _read_json(path: Path, limit: int = 1 << 20):
-    """A small JSON document (at most ``limit`` bytes), or None when unreadable or larger."""
+def _read_json(path: Path, limit: int = 1 << 20, kept=None):
+    """A small JSON document (at most ``limit`` bytes), or None when unreadable or larger (``kept``: bytes of
+    remote objects already read, answered from memory)."""
     try:
         if fs.size(path) > limit:
             return None
-        with fs.open_binary(path) as fh:
+        with fs.open_binary(path, kept=kept) as fh:
             return fs.loads_json(fh.read(limit))
     except (OSError, ValueError):
         return None

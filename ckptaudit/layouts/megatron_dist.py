@@ -45,6 +45,7 @@ class MegatronDist(DCP):
 
     def scan(self, run_dir: Path, unit: dict, cfg: dict, byte_facts=None) -> UnitScan:
         scan = super().scan(run_dir, unit, cfg, byte_facts)
+        kept = None if byte_facts is None else byte_facts.kept  # every read answers from the pass's bytes first
         folder = run_dir / unit["unit"]
         rel = lambda n: f"{unit['unit']}/{n}" if unit["unit"] != "." else n  # noqa: E731
         names = set(fs.listdir(folder))
@@ -57,35 +58,37 @@ class MegatronDist(DCP):
             if common is None and info.get("obj") is not None:
                 common = describe(scan, rel("common.pt"), info["obj"], {})
         elif ".metadata" in names:
-            common, where = _common_item(folder, rel(".metadata"), cfg, scan)
+            common, where = _common_item(folder, rel(".metadata"), cfg, scan, kept)
             if where is None:
                 scan.add(F.make("megatron_common_state_missing", path=unit["unit"]))
         scan.facts["common_state"] = where or None
-        scan.facts["checkpointing_config"] = _config(folder / "metadata.json") if "metadata.json" in names else None
+        scan.facts["checkpointing_config"] = _config(folder / "metadata.json", kept) if "metadata.json" in names \
+            else None
         if isinstance(flat, dict):
             scan.tree["root"] = M.merged_state(flat, common)
         return scan
 
 
-def _config(path: Path):
+def _config(path: Path, kept=None):
     """``metadata.json`` (``{"sharded_backend": "torch_dist", "sharded_backend_version": 1, …}``), or None when
-    it cannot be read as a JSON object."""
+    it cannot be read as a JSON object (``kept``: bytes of remote objects already read, answered from memory)."""
     try:
-        v = json.loads(fs.read_bounded(path, MAX_CONFIG_BYTES))
+        v = json.loads(fs.read_bounded(path, MAX_CONFIG_BYTES, kept=kept))
     except (OSError, ValueError):
         return None
     return v if isinstance(v, dict) else None
 
 
-def _common_item(folder: Path, shown: str, cfg: dict, scan: UnitScan):
+def _common_item(folder: Path, shown: str, cfg: dict, scan: UnitScan, kept=None):
     """``(pruned tree, where)`` of the ``common_state`` ShardedObject of a save without ``common.pt``: its
     ``torch.save`` blob's pickle walked statically (its imports were judged by the DCP scan); ``(None, None)``
-    when ``.metadata`` lists no such item, ``(None, item)`` when it cannot be read."""
+    when ``.metadata`` lists no such item, ``(None, item)`` when it cannot be read.  ``kept``: bytes of remote
+    objects already read (:class:`ckptaudit.fs.kept.KeptBytes`), answered from memory."""
     from ..pickle_walk import walk
     from .dcp import item_fqn, state_fields
     from .dcp_bytes import pickle_of, read_item
 
-    sdm, storage, _ = read_metadata(folder, shown, cfg)
+    sdm, storage, _ = read_metadata(folder, shown, cfg, kept)
     if storage is None:
         return None, ""  # refused or unreadable: the DCP scan said so
     for idx, info in storage.items():
@@ -96,7 +99,7 @@ def _common_item(folder: Path, shown: str, cfg: dict, scan: UnitScan):
         if type(off) is not int or type(n) is not int or not isinstance(relp, str) or "/" in relp \
                 or n > MAX_METADATA_BYTES:
             return None, M.COMMON_STATE_ITEM
-        blob = read_item(folder / relp, off, n)
+        blob = read_item(folder / relp, off, n, kept)
         data = pickle_of(blob) if blob else b""
         res = walk(data) if data else None
         if res is None or res.error or res.budget_exhausted:

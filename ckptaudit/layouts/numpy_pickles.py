@@ -50,11 +50,12 @@ def _object_pickle(f: BinaryIO) -> bytes:
     return f.read(SWEEP_BYTES)
 
 
-def scan_numpy(path: Path, rel: str, kind: str, scan: UnitScan, allowed: List[str]) -> None:
+def scan_numpy(path: Path, rel: str, kind: str, scan: UnitScan, allowed: List[str], kept=None) -> None:
     """Walk the object-array pickle of an ``npy`` file, or of every ``.npy`` member of an ``npz`` (and every
     other member of it that is a pickle); add their
     security findings and import rows to ``scan``.  A header numpy refuses is skipped (the file layer already
-    says the file is no checkpoint)."""
+    says the file is no checkpoint).  ``kept``: bytes of a remote object already read
+    (:class:`ckptaudit.fs.kept.KeptBytes`), answered from memory."""
     from .. import security
     from ..pickle_walk import walk
 
@@ -65,7 +66,7 @@ def scan_numpy(path: Path, rel: str, kind: str, scan: UnitScan, allowed: List[st
     blobs, other = [], []
     left = SWEEP_BYTES
     try:
-        with fs.open_binary(path) as fh:
+        with fs.open_binary(path, kept=kept) as fh:
             if kind == "npy":
                 blobs.append(("(npy object array)", _object_pickle(fh)))
             else:

@@ -59,15 +59,16 @@ def content_role(node: Any) -> str:
     return roles.pop() if len(roles) == 1 else "mixed"
 
 
-def declared_roles(run_dir: Path, unit: dict) -> Dict[str, str]:
-    """{run-relative file: role} as the unit's manifest declares them ({} without a manifest)."""
+def declared_roles(run_dir: Path, unit: dict, kept=None) -> Dict[str, str]:
+    """{run-relative file: role} as the unit's manifest declares them ({} without a manifest; ``kept``: bytes of
+    remote objects already read, :class:`ckptaudit.fs.kept.KeptBytes`, answered from memory)."""
     from ..formats.manifest_entries import load_manifest
 
     if not unit.get("manifest"):
         return {}
     base = (Path(unit["manifest"]).parent).as_posix()
     out = {}
-    for inner, entry in load_manifest(run_dir / unit["manifest"]).items():
+    for inner, entry in load_manifest(run_dir / unit["manifest"], kept).items():
         role = entry.get("role") if isinstance(entry, dict) else None
         if isinstance(role, str) and role:
             out[f"{base}/{inner}" if base not in ("", ".") else inner] = role
@@ -87,7 +88,7 @@ class Published:
 
     def scan(self, run_dir: Path, unit: dict, cfg: dict, byte_facts=None) -> UnitScan:
         scan = UnitScan(unit["unit"], self.name)
-        declared = declared_roles(run_dir, unit)
+        declared = declared_roles(run_dir, unit, None if byte_facts is None else byte_facts.kept)
         hints: Dict[str, str] = {}
         prefix = unit["unit"].rstrip("/") + "/"
         for f in unit["files"]:

@@ -1,7 +1,9 @@
 """The byte-reading steps of the shared file scanner: the security sweep of pickle bytes, tensor rows and small values.
 
 :func:`ckptaudit.layouts.base.scan_file` runs these steps and builds the findings they lead to;
-each step here only reads bytes and records rows, imports, trees and timings on the ``UnitScan``.
+each step here only reads bytes and records rows, imports, trees and timings on the ``UnitScan``.  Each
+takes ``kept``: bytes of a remote object already read (:class:`ckptaudit.fs.kept.KeptBytes`, or None),
+which its reads answer from first.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ SWEEP_BYTES = 256 << 20
 _SWEEP_HEAD_BYTES = 1 << 20
 
 
-def security_sweep(path: Path, rel: str, s, scan: UnitScan, allowed: List[str]):
+def security_sweep(path: Path, rel: str, s, scan: UnitScan, allowed: List[str], kept=None):
     """Walk every pickle stream of a file that is not a zip or safetensors, whatever its name or
     what the file layer calls it; add its security findings.  Returns the combined walk when the
     bytes are a pickle, else None.  ``torch.load`` with weights-only off unpickles the first pickle
@@ -37,7 +39,7 @@ def security_sweep(path: Path, rel: str, s, scan: UnitScan, allowed: List[str]):
     if s.kind not in _SWEPT_KINDS or s.size_bytes == 0:
         return None
     t0 = time.perf_counter()
-    with fs.open_binary(path) as fh:
+    with fs.open_binary(path, kept=kept) as fh:
         data = fh.read(min(s.size_bytes, _SWEEP_HEAD_BYTES))  # most non-pickles fail in the first bytes
         first = walk(data)
         if s.kind not in ("torch_legacy", "pickle") and not first.globals \
@@ -80,7 +82,7 @@ def storages_needed(res) -> Dict[str, tuple]:
     return storages
 
 
-def zip_tensors(path: Path, rel: str, unit: str, scan: UnitScan, rep, res) -> Dict[int, Any]:
+def zip_tensors(path: Path, rel: str, unit: str, scan: UnitScan, rep, res, kept=None) -> Dict[int, Any]:
     """A TensorRow per tensor of a zip's data.pkl; returns the decoded values of its small tensors."""
     values: Dict[int, Any] = {}
     members = {m.name: m for m in rep.members}
@@ -94,11 +96,11 @@ def zip_tensors(path: Path, rel: str, unit: str, scan: UnitScan, rep, res) -> Di
             small.append((off, tm))
     small = [(off, tm, n) for off, tm in small if off >= 0 and (n := small_nbytes(tm.dtype, tm.numel))]
     if small:
-        _read_small_values(path, small, values)
+        _read_small_values(path, small, values, kept)
     return values
 
 
-def _read_small_values(path: Path, small: list, values: Dict[int, Any]) -> None:
+def _read_small_values(path: Path, small: list, values: Dict[int, Any], kept=None) -> None:
     """The values of the small tensors ``(offset, TensorMeta, bytes)`` into ``values`` (by the tensor's id):
     a remote object's in one batch of ranged reads, a local file's one read each; a read that fails leaves
     its tensor out."""
@@ -106,7 +108,7 @@ def _read_small_values(path: Path, small: list, values: Dict[int, Any]) -> None:
 
     if fs.is_remote(path) and torchzip.REMOTE_PREFETCH:  # all small values in one batch
         try:
-            raws = fs.read_ranges(path, [(off, n) for off, _, n in small])
+            raws = fs.read_ranges(path, [(off, n) for off, _, n in small], kept=kept)
         except OSError:
             raws = [None] * len(small)
         for (off, tm, n), raw in zip(small, raws):
@@ -114,7 +116,7 @@ def _read_small_values(path: Path, small: list, values: Dict[int, Any]) -> None:
             if v is not None:
                 values[id(tm)] = v
         return
-    with fs.open_binary(path, exact=True) as fh:
+    with fs.open_binary(path, exact=True, kept=kept) as fh:
         for off, tm, n in small:
             try:
                 v = read_small(fh, off, tm.dtype, tm.numel)
@@ -124,14 +126,14 @@ def _read_small_values(path: Path, small: list, values: Dict[int, Any]) -> None:
                 values[id(tm)] = v
 
 
-def safetensors_rows(path: Path, rel: str, unit: str, scan: UnitScan, header) -> Dict[str, Any]:
+def safetensors_rows(path: Path, rel: str, unit: str, scan: UnitScan, header, kept=None) -> Dict[str, Any]:
     """The tensors of the valid entries of a safetensors header (a dict, or the columns
     :func:`ckptaudit.formats.safetensors_check.check_safetensors` returns) into ``scan``; returns the file's tree,
     cut at :data:`ckptaudit.layouts.tree.TREE_MAX_ITEMS` entries (:func:`ckptaudit.layouts.tree.cut`)."""
     from ..formats.safetensors_check import ST_DTYPES, valid_entries
     from .tree import TREE_MAX_ITEMS, cut
 
-    hlen = _safetensors_header_len(path)
+    hlen = _safetensors_header_len(path, kept)
     if not isinstance(header, dict):  # the columns: a table, not a TensorRow per tensor (issue 45)
         return _safetensors_table(rel, unit, scan, header, 8 + hlen)
     tree: Dict[str, Any] = {}
@@ -199,16 +201,16 @@ def _safetensors_table(rel: str, unit: str, scan: UnitScan, cols, data_start: in
     return tree
 
 
-def json_tree(path: Path, scan: UnitScan, out: Dict[str, Any], key: str) -> None:
+def json_tree(path: Path, scan: UnitScan, out: Dict[str, Any], key: str, kept=None) -> None:
     """Read a small JSON file as the file's object and tree (nothing when it does not parse)."""
     try:
-        with fs.open_binary(path) as fh:
+        with fs.open_binary(path, kept=kept) as fh:
             out["obj"] = fs.loads_json(fh.read(16 << 20))
         scan.tree[key] = out["obj"]
     except (OSError, ValueError):
         pass
 
 
-def _safetensors_header_len(path: Path) -> int:
-    with fs.open_binary(path) as fh:
+def _safetensors_header_len(path: Path, kept=None) -> int:
+    with fs.open_binary(path, kept=kept) as fh:
         return struct.unpack("<Q", fh.read(8))[0]

@@ -46,21 +46,23 @@ TAR_REFUSED = ResumeLoad("torch.load(weights_only=True) refuses the legacy .tar 
 _WINDOW = 1 << 16
 
 
-def is_tar(path: Path) -> bool:
+def is_tar(path: Path, kept=None) -> bool:
     """Whether the file's first 512-byte block is a tar header: the ``ustar`` magic at byte 257 (POSIX.1-1988
-    and GNU tar, which Python's ``tarfile`` and so torch's legacy writer use)."""
+    and GNU tar, which Python's ``tarfile`` and so torch's legacy writer use).  ``kept``: bytes of a remote
+    object already read (:class:`ckptaudit.fs.kept.KeptBytes`), answered from memory."""
     try:
-        with fs.open_binary(path, exact=True) as fh:
+        with fs.open_binary(path, exact=True, kept=kept) as fh:
             head = fh.read(512)
     except OSError:
         return False
     return len(head) == 512 and head[257:262] == b"ustar"
 
 
-def scan_tar(path: Path, rel: str, scan: UnitScan, allowed: List[str]) -> None:
+def scan_tar(path: Path, rel: str, scan: UnitScan, allowed: List[str], kept=None) -> None:
     """Walk and judge the pickles of the tar file at ``path``: the legacy torch members by the resume's loader
     (unrestricted when it passes ``weights_only=False``, else :data:`TAR_REFUSED`), any other pickle member as
-    a record no loader reads.  A tar ``tarfile`` cannot read is left to the file layer's findings."""
+    a record no loader reads.  A tar ``tarfile`` cannot read is left to the file layer's findings.  ``kept``:
+    bytes of a remote object already read (:class:`ckptaudit.fs.kept.KeptBytes`), answered from memory."""
     from .scan_file import SWEEP_BYTES
 
     resume = security_resume.resume_load(scan.layout, rel)
@@ -68,7 +70,7 @@ def scan_tar(path: Path, rel: str, scan: UnitScan, allowed: List[str]) -> None:
     t0 = time.perf_counter()
     left = [SWEEP_BYTES]
     try:
-        with fs.open_binary(path) as fh, tarfile.open(fileobj=fh, mode="r:") as tar:
+        with fs.open_binary(path, kept=kept) as fh, tarfile.open(fileobj=fh, mode="r:") as tar:
             for n, ti in enumerate(tar):
                 if n >= MAX_MEMBERS or left[0] <= 0:
                     break

@@ -130,8 +130,8 @@ def load(rows, run_dir, tensor_bytes: bool = True, kinds: Optional[Iterable[str]
     """The facts of ``rows`` (of the ``bytefacts`` table: a Parquet file's path, read :data:`BATCH_ROWS` rows at a
     time, a ``pyarrow`` table, or a list of row dicts; files relative to ``run_dir``) as a :class:`ByteFacts`
     (``len()``: the facts kept).  Rows of a file whose size or version changed since the pass are dropped.  Kept
-    bytes of remote objects go to its ``kept`` (:class:`ckptaudit.fs.kept.KeptBytes`), which the stage serves
-    to its remote reads with ``with fs.kept.serving(facts.kept):``.  Memory: the kept columns (a few int64 per fact)
+    bytes of remote objects go to its ``kept`` (:class:`ckptaudit.fs.kept.KeptBytes`), which the stage's checks
+    hand to their remote reads as ``kept=facts.kept``.  Memory: the kept columns (a few int64 per fact)
     and one batch, not the table.  ``tensor_bytes``: the read depth's (:class:`ckptaudit.fs.read_depth.ReadDepth`),
     whether a check with no fact may stream tensor data.  ``kinds``: the kinds of fact the caller asks of it (default: every kind); the
     others are not kept (issue 45: a "values" fact per tensor is ~100 MiB at 1,000,000 tensors, which only the

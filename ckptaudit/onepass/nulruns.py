@@ -59,9 +59,9 @@ def _word_runs(view, a: np.ndarray, k: int) -> List[Tuple[int, int]]:
     """The NUL runs holding at least one whole aligned zero word among the first ``k`` 64-bit words of
     ``view`` (``a``: its bytes), each widened by the NUL bytes of the words around it."""
     w = np.frombuffer(view, dtype="<u8", count=k)
-    z = w == 0
-    if not z.any():
+    if w.min():  # no zero word (most float data): a reduction, no temporary (~2.5 x the rate of ``w == 0``)
         return []
+    z = w == 0
     d = np.diff(z.view(np.int8), prepend=np.int8(0), append=np.int8(0))
     s = np.flatnonzero(d == 1)
     e = np.flatnonzero(d == -1)

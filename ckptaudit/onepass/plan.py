@@ -76,13 +76,14 @@ class Plan:
         return [(int(o), int(n)) for o, n in self.tensor_data_range]
 
 
-def plan_file(path, data: Optional[bytes] = None, dcp_places: Optional[dict] = None) -> Plan:
+def plan_file(path, data: Optional[bytes] = None, dcp_places: Optional[dict] = None, *, kept=None) -> Plan:
     """The plan of ``path`` (empty when its format is neither a readable torch zip nor safetensors); ``data``:
     the whole file's bytes when the caller holds them already (a small remote object), so nothing is read.  A DCP
     data file (``__<rank>_<n>.distcp``: many ``torch.save`` zips back to back) is planned blob by blob from its
     folder's ``.metadata`` (:func:`ckptaudit.onepass.plan_dcp.distcp_ranges`; ``dcp_places``: that folder's
     places when the caller walked it, :func:`ckptaudit.onepass.plan_dcp.unit_places`); a remote one is not (yet)
-    planned."""
+    planned.  ``kept``: bytes of a remote object already read (:class:`ckptaudit.fs.kept.KeptBytes`; a later
+    stage's plan of an object the pass did not plan), answered from memory."""
     try:
         from . import plan_dcp
 
@@ -91,7 +92,7 @@ def plan_file(path, data: Optional[bytes] = None, dcp_places: Optional[dict] = N
         if data is not None:
             head = bytes(data[:16])
         elif fs.is_remote(path):
-            with fs.open_binary(path, exact=True) as fh:
+            with fs.open_binary(path, exact=True, kept=kept) as fh:
                 head = fh.read(16)
         else:
             fd = os.open(fs.fspath(path), os.O_RDONLY)
@@ -100,9 +101,9 @@ def plan_file(path, data: Optional[bytes] = None, dcp_places: Optional[dict] = N
             finally:
                 os.close(fd)
         if head[:4] == b"PK\x03\x04":
-            return _plan_zip(path, data)
+            return _plan_zip(path, data, kept)
         if len(head) >= 9 and head[8:9] == b"{":
-            return _plan_safetensors(path, struct.unpack("<Q", head[:8])[0], data)
+            return _plan_safetensors(path, struct.unpack("<Q", head[:8])[0], data, kept)
     except Exception:  # noqa: BLE001 - planning is an optimisation: the stages read what is not planned
         pass
     return Plan()
@@ -115,7 +116,7 @@ def _mem_file(path, data: bytes):
     class _Mem(ArchiveFile):
         def __init__(self) -> None:  # noqa: D401 - the parent's opens are not wanted
             self.path, self.size, self.fd, self.f = fs.fspath(path), len(data), -1, None
-            self.window_bytes, self.prefetch_enabled = 0, False
+            self.window_bytes, self.prefetch_enabled, self.facts, self.kept = 0, False, None, None
 
         def pread(self, off: int, n: int) -> bytes:
             return bytes(data[off:off + n]) if 0 <= off < self.size and n > 0 else b""
@@ -126,13 +127,13 @@ def _mem_file(path, data: bytes):
     return _Mem()
 
 
-def _plan_zip(path, data: Optional[bytes]) -> Plan:
+def _plan_zip(path, data: Optional[bytes], kept=None) -> Plan:
     from ..formats import torchzip
     from ..formats.zip.central import find_central_directory
     from ..formats.zip.reader import ArchiveFile
 
     fh = _mem_file(path, data) if data is not None else ArchiveFile(
-        fs.fspath(path), window=torchzip.REMOTE_WINDOW_BYTES, prefetch=torchzip.REMOTE_PREFETCH)
+        fs.fspath(path), window=torchzip.REMOTE_WINDOW_BYTES, prefetch=torchzip.REMOTE_PREFETCH, kept=kept)
     try:
         cd = find_central_directory(fh)
         if not isinstance(cd, dict):
@@ -145,7 +146,7 @@ def _plan_zip(path, data: Optional[bytes]) -> Plan:
             return plan
         at, n = int(rec.data_offset[pkl]), int(rec.usize[pkl])
         if data is None and fs.is_remote(path):  # one GET of exactly its bytes
-            pkl_bytes = fs.read_ranges(path, [(at, n)])[0] or b""
+            pkl_bytes = fs.read_ranges(path, [(at, n)], kept=kept)[0] or b""
         else:
             pkl_bytes = fh.pread(at, n)
     finally:
@@ -282,7 +283,7 @@ def skeleton_ranges(size: int, tensor_data) -> List[Tuple[int, int]]:
     return out
 
 
-def _plan_safetensors(path, hlen: int, data: Optional[bytes]) -> Plan:
+def _plan_safetensors(path, hlen: int, data: Optional[bytes], kept=None) -> Plan:
     """The data area and the value ranges of a safetensors file; its header is parsed one entry at a time
     (:func:`ckptaudit.formats.safetensors_check.iter_header`), the ranges kept as columns."""
     from array import array
@@ -295,7 +296,7 @@ def _plan_safetensors(path, hlen: int, data: Optional[bytes]) -> Plan:
     if data is not None:
         raw, size = bytes(data[8:8 + hlen]), len(data)
     else:
-        with fs.open_binary(path, exact=True) as fh:
+        with fs.open_binary(path, exact=True, kept=kept) as fh:
             fh.seek(8)
             raw = fh.read(hlen)
         size = fs.size(path) if fs.is_remote(path) else os.stat(fs.fspath(path)).st_size

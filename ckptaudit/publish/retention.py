@@ -130,7 +130,7 @@ def _ours(p: Path, target: str, what: str) -> Optional[os.stat_result]:
     """The ``lstat`` of ``p`` when it is a small regular file in exactly our format naming ``target`` (a
     ``sha256sum`` line, or a ``ckptaudit.manifest/1`` or ``/2`` whose ``unit`` is it: ``what`` says which),
     else None."""
-    from ..stages.hash import parse_sidecar
+    from ..formats.sidecar import parse_sidecar
 
     try:
         st = os.lstat(p)

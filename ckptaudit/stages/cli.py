@@ -1,9 +1,11 @@
-"""The rules' CLI and the stage functions it runs: ``python -m ckptaudit.stages STAGE …``.
+"""The rules' CLI: ``python -m ckptaudit.stages STAGE …``, the boundary where tables are read and written.
 
-Each stage is a plain function over files, so it is testable without
-Snakemake; the rules in ``rules/*.smk`` only wire paths.  Per-unit stages take
-a *part* (a group of units, see :func:`ckptaudit.discovery.assign_parts`) and
-write one Parquet table for it; the report stage concatenates the parts.
+Each per-part stage is a function over values, ``run(ctx, part, rows)`` of its module
+(:mod:`ckptaudit.stages.context`).  A ``stage_*`` function here builds the context from a job's arguments,
+reads the earlier stages' tables of its *part* (a group of units, see
+:func:`ckptaudit.stages.inventory.parts.assign_parts`), calls the stage's ``run`` and writes its Parquet
+table(s) and the bytes it read; the report stage concatenates the parts.  The rules in ``rules/*.smk``
+only wire paths.
 """
 
 from __future__ import annotations
@@ -18,10 +20,11 @@ from . import STAGES, TABLES, liveness  # noqa: F401 - STAGES, TABLES re-exporte
 from ..fs import read_depth
 from .inventory.parts import part_units, read_inventory  # noqa: F401 - part_units re-exported
 from .scan import iter_scans, object_store_findings, scan_units  # noqa: F401 - re-exported
+from .context import Part, StageContext
+from .rows import EarlierRows, HashRows, ScanRow, ScanRows, records
 from .target import load_reference  # noqa: F401 - re-exported
-from .work_paths import bytes_path, work_file  # noqa: F401 - re-exported
+from .work_paths import bytes_path, work_dir, work_file  # noqa: F401 - re-exported
 from .work_paths import write_bytes as _write_bytes
-
 
 
 def _inventory(path: str) -> dict:
@@ -58,240 +61,151 @@ def stage_inventory(run_dir: str, units_per_job, out_parquet: str, out_json: str
     return doc
 
 
-#: The kinds of the hash stage's facts each stage asks of them (:func:`ckptaudit.onepass.facts.load`; others: all).
-SCAN_FACT_KINDS = ("crc", "nul_run", "nul_scan", "nul_scan_run", "bytes")
-STATE_FACT_KINDS = ("values", "bytes")
+def _context(inv: dict, cfg: dict, out: Optional[str] = None, depth: read_depth.ReadDepth = read_depth.FULL,
+             target_path: Optional[str] = None, verify_plan: Optional[str] = None) -> StageContext:
+    """The stage context of a rule's job: the run folder (after the config's ``s3:`` block), the inventory, the
+    config, ``depth``, the target read from ``target_path`` (``work/target.json``; None: built from the config
+    where needed) and the work folder of the stage table ``out``."""
+    target = None
+    if target_path:
+        with open(target_path) as f:
+            target = json.load(f)
+    return StageContext(_run_dir(inv, cfg), inv, cfg, depth, target, work_dir(out) if out else None, verify_plan)
 
 
-def _load_facts(out: str, part: str, facts_path: Optional[str], run_dir,
-                depth: read_depth.ReadDepth = read_depth.FULL, kinds=None):
-    """The hash stage's facts of ``part`` (table ``bytefacts``) as a :class:`ckptaudit.onepass.facts.ByteFacts`
-    (empty when the hash stage wrote none), carrying ``depth``'s ``tensor_bytes`` to the file checks; ``kinds``:
-    those kept (default: all)."""
-    from ..onepass import facts
+def _part(inv: dict, part: str) -> Part:
+    return Part(part, tuple(part_units(inv, part)))
+
+
+def _hash_rows(out: str, part: str, facts_path: Optional[str]) -> HashRows:
+    """The hash stage's facts of ``part`` (table ``bytefacts`` at ``facts_path``, else :func:`work_file` beside the
+    stage table ``out``; none when the hash stage wrote none)."""
+    from .. import tables
 
     p = Path(facts_path) if facts_path else work_file(out, "bytefacts", part, "parquet")
-    return facts.load(p if p.is_file() else [], run_dir, depth.tensor_bytes, kinds)  # read a batch at a time
+    return HashRows((), (tables.read_table(p),) if p.is_file() else ())
+
+
+def _scan_rows(scan_path: str, tensors_path: Optional[str] = None, columns=None) -> ScanRows:
+    """The scan stage's rows of a part from its tables (``tensors_path`` None: no tensors read)."""
+    from .. import tables
+
+    tens = tables.read_table(tensors_path, columns) if tensors_path else tables.SCHEMAS["tensors"].empty_table()
+    return ScanRows(tuple(ScanRow.of(r) for r in tables.read_rows(scan_path)), tens, ())
 
 
 def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None,
                depth: read_depth.ReadDepth = read_depth.FULL, stop=None,
                verify_plan: Optional[str] = None) -> List[dict]:
-    """Hash every file of ``part`` in one pass per file, up to :data:`ckptaudit.stages.hash.PASSES_AT_ONCE` units
-    at once.  A part packs several units, and SHA-256, CRC32 and numpy release the GIL, so one job uses every
-    core the rule's ``threads`` reserve; with more units than cores the kernel time-slices the passes, so
-    three 1 GiB files on two cores finish together instead of two, then one (SHA-256 is serial per file).
-    ``PASSES_AT_ONCE`` bounds the passes in flight, so memory does not grow with the part.  Rows keep the
-    part's unit order.  Also writes the pass's facts (table ``bytefacts``, at ``out_facts`` or
-    :func:`work_file`) and the bytes read (:func:`bytes_path`).  ``depth``: which SHA-256s are computed
-    (:class:`ckptaudit.fs.read_depth.ReadDepth`); ``stop``: an event that, set, stops the passes at their next
-    buffer (the reader abandoning a pass it started ahead).  ``verify_plan`` (``work/verify_plan.json`` of a
-    ``verify_budget`` audit): the units it leaves out are not read, their previous rows are kept
-    (:class:`ckptaudit.verification.budget.JobSplit`); every unit's rows go to the ledger (``work/verified/<part>.json``).  Each file's digest is compared with the one
-    the previous audit into the same output folder recorded (:func:`ckptaudit.verification.reverify.changed_since_last_audit`)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    import functools
-
-    from .. import fs, layouts, tables
+    """The hash stage of ``part`` (:func:`ckptaudit.stages.hash.run`), written as table ``hash`` at ``out``, its
+    facts as table ``bytefacts`` (at ``out_facts`` or :func:`work_file`) and the bytes read (:func:`bytes_path`)."""
+    from .. import fs, tables
     from . import hash as hashing
-    from ..verification import reverify, budget as verify_budget, ledger as verify_ledger
-    from ..verification.reverify import now_utc
 
     before = fs.stage_bytes()  # no kept bytes are served here: this stage reads the objects themselves
-    run_dir = fs.path(inv["run_dir"])
-    units = part_units(inv, part)
-    fragment = work_file(out, verify_ledger.FRAGMENTS, part, "json")  # this part's additions to the ledger
-    split = verify_budget.JobSplit(inv, units, verify_plan, fragment)
-
-    facts_out = out_facts or work_file(out, "bytefacts", part, "parquet")
-    facts_writer = tables.BatchWriter("bytefacts", facts_out)  # each file's facts written as its pass ends
-    before_now = reverify.previous_digests(_ledger(out), [f for u in units for f in u["files"]])
-
-    def one(u: dict):
-        if (kept := split.carried(u["unit"])) is not None:  # outside this audit's verify budget: not read
-            return kept
-        facts: list = []
-        planned = functools.partial(layouts.reads_records, u)  # files a later stage reads by record
-        rows = liveness.guard("hash", u, lambda: hashing.hash_unit(run_dir, u, facts, planned, depth, stop),
-                              lambda f: [_hash_error_row(u, f)])
-        done_at = now_utc()  # when these bytes were last verified (the report's "last hashed")
-        for r in rows:
-            if r.get("digest_hex"):
-                r["hashed_at_utc"] = done_at
-        split.done(u["unit"], rows, done_at)  # digest_changed_unseen against the ledger's last verification
-        for r in rows:
-            if r.get("digest_hex") and r.get("verified") is not False and "digest_changed_unseen" not in (
-                    r.get("findings_json") or "") and (f := reverify.changed_since_last_audit(r, before_now.get(r["file"]))):
-                r["findings_json"] = json.dumps(json.loads(r.get("findings_json") or "[]") + [f.to_dict()])
-        for t in facts:
-            facts_writer.write(t)
-        return rows
-
-    workers = max(1, min(hashing.PASSES_AT_ONCE, len(units)))
-    with facts_writer:  # the facts file whole, or none (and no temp file) when a pass raises
-        if workers > 1:
-            with ThreadPoolExecutor(max_workers=workers) as pool:
-                done = list(pool.map(one, units))
-        else:
-            done = [one(u) for u in units]
-    rows = [r for unit_rows in done for r in unit_rows]
-    tables.write("hash", rows, out)
-    split.write(fragment)
+    # each unit's facts written as its passes end: the file whole, or none (and no temp file) when a pass raises
+    with tables.BatchWriter("bytefacts", out_facts or work_file(out, "bytefacts", part, "parquet")) as facts:
+        got = hashing.run(_context(inv, {}, out, depth, verify_plan=verify_plan), _part(inv, part), EarlierRows(),
+                          stop=stop, facts_to=facts.write)
+    written = records(got.rows)
+    tables.write("hash", written, out)
     _write_bytes(out, "hash", part, before)
-    return rows
+    return written
 
 
-def _ledger(out: str) -> Path:
-    """The previous audit's hash table (``<out>/tables/hash.parquet``, the report's) for a part table ``out``
-    (``<out>/tables/parts/hash/<part>.parquet``); beside ``out`` otherwise."""
-    o = Path(out)
-    if o.parent.parent.name == "parts" and o.parent.parent.parent.name == "tables":
-        return o.parents[2] / "hash.parquet"
-    return o.with_name(f"{o.stem}.previous.parquet")
+def write_facts(got: HashRows, path: str | Path) -> None:
+    """The hash stage's facts of a part as table ``bytefacts`` at ``path`` (the file whole, or none)."""
+    from .. import tables
 
-
-def _error_row(u: dict, f) -> dict:
-    """A stage row that carries only an ``audit_error`` finding (see :mod:`ckptaudit.stages.liveness`)."""
-    return {"unit": u["unit"], "findings_json": json.dumps([f.to_dict()])}
-
-
-def _hash_error_row(u: dict, f) -> dict:
-    return {"unit": u["unit"], "file": "", "findings_json": json.dumps([f.to_dict()])}
-
-
-def _with_object_store(inv: dict, units: List[dict]) -> List[dict]:
-    """Units with the inventory's object-store facts (``inv["object_store"][unit]``) attached."""
-    osd = inv.get("object_store") or {}
-    return [{**u, "object_store": osd[u["unit"]]} if u["unit"] in osd else u for u in units]
+    with tables.BatchWriter("bytefacts", path) as facts:
+        for t in got.facts:
+            facts.write(t)
 
 
 def stage_scan(inv: dict, part: str, cfg: dict, out: str, out_tensors: str, out_imports: str,
                facts_path: Optional[str] = None, depth: read_depth.ReadDepth = read_depth.FULL) -> List[dict]:
-    """The file and security layers of ``part``; the CRC32 of zip records comes from the hash stage's facts
-    (``facts_path``, else the ``bytefacts`` table at :func:`work_file`) where it has them.  At a ``depth``
-    without ``tensor_bytes`` (:data:`ckptaudit.fs.read_depth.METADATA_ONLY`) no check streams tensor data."""
-    from .. import fs, tables
+    """The scan stage of ``part`` (:func:`ckptaudit.stages.scan.run`) over the hash stage's facts (``facts_path``,
+    else the ``bytefacts`` table at :func:`work_file`), written as tables ``scan``, ``tensors`` and ``imports``."""
+    from .. import fs
+    from . import scan
 
     before = fs.stage_bytes()
-    run_dir = _run_dir(inv, cfg)
-    facts = _load_facts(out, part, facts_path, run_dir, depth, kinds=SCAN_FACT_KINDS)
-    scans, imports = [], []
-    # a unit's tensors as columns, written as scanned; remote reads served from the pass's kept bytes
-    with fs.kept.serving(facts.kept), tables.BatchWriter("tensors", out_tensors) as tensors:
-        for row, tens, imps in iter_scans(run_dir, _with_object_store(inv, part_units(inv, part)), cfg, facts):
-            scans.append(row)
-            tensors.write(tens)
-            imports.extend(imps)
-            del tens
-    tables.write("scan", scans, out)
-    tables.write("imports", imports, out_imports)
+    got = scan.run(_context(inv, cfg, out, depth), _part(inv, part), EarlierRows(_hash_rows(out, part, facts_path)))
+    write_scan(got, out, out_tensors, out_imports)
     _write_bytes(out, "scan", part, before)
-    return scans
+    return [s.row for s in got.scans]
 
 
-#: The columns of the ``tensors`` table the structure and state layers read (a dict per tensor each: no more).
-STRUCTURE_TENSOR_COLUMNS = ["unit", "file", "name", "dtype", "shape", "storage_key", "storage_offset"]
-STATE_TENSOR_COLUMNS = ["unit", "file", "name", "dtype", "data_offset", "nbytes"]
+def write_scan(got: ScanRows, out: str | Path, out_tensors: str | Path, out_imports: str | Path) -> None:
+    """The scan stage's rows as tables ``scan``, ``tensors`` and ``imports``."""
+    from .. import tables
+
+    tables.write("scan", [dict(s.row) for s in got.scans], out)
+    with tables.BatchWriter("tensors", out_tensors) as w:
+        w.write(got.tensors)
+    tables.write("imports", records(got.imports), out_imports)
 
 
 def stage_load(inv: dict, part: str, cfg: dict, scan_path: str, out: str,
                facts_path: Optional[str] = None, loader: Optional[Callable] = None) -> List[dict]:
-    """The load test of ``part``; a remote object's copy leaves out the tensor data the hash stage's facts name.
-    ``loader`` loads the files (:func:`ckptaudit.stages.load.loadtest.load_units`; default: in this process): the rule's,
-    :func:`ckptaudit.stages.load.server.loader` (the audit's load server, which has imported torch once), or the
-    reader's, :class:`ckptaudit.stages.load.reader.ReaderLoads`.  Its bytes file has ``loadtest_bytes``: what the
-    load children themselves read, and ``served_files``: files the load server loaded."""
+    """The load stage of ``part`` (:func:`ckptaudit.stages.load.run`) over its scan table, written as table
+    ``load``.  Its bytes file has ``loadtest_bytes``: what the load children themselves read, and ``served_files``:
+    files the load server loaded."""
     from .. import fs, tables
-    from .load import server as load_server, loadtest
+    from . import load
+    from .load import server as load_server
 
     before = fs.stage_bytes()
-    children_before = loadtest.child_bytes_read()  # the counter is per thread: this stage's share only
-    scans = {r["unit"]: r for r in tables.read_rows(scan_path)}
-    run_dir = _run_dir(inv, cfg)
-    # the facts only plan a remote object's sparse copy (ckptaudit.stages.load.remote_copy)
-    facts = _load_facts(out, part, facts_path, run_dir) if fs.is_remote(run_dir) else None
-    units = part_units(inv, part)
-    try:  # the part's units at once, so their small files share load children (ckptaudit.stages.load.child)
-        with fs.kept.serving(facts.kept if facts is not None else None):
-            rows = _in_unit_order(units, loadtest.load_units(run_dir, units, scans, cfg, loader, facts))
-    except Exception:  # noqa: BLE001 - again unit by unit: the error becomes a finding on the unit that raised it
-        rows = []
-        for u in units:
-            rows.extend(liveness.guard("load", u, lambda: loadtest.load_units(run_dir, [u], scans, cfg),
-                                       lambda f: [{**loadtest.skip_row(u["unit"], "", "the load stage failed on this "
-                                                                                      "unit"),
-                                                   "findings_json": json.dumps([f.to_dict()])}]))
-    tables.write("load", rows, out)
-    _write_bytes(out, "load", part, before, loadtest_bytes=loadtest.child_bytes_read() - children_before,
+    ctx = _context(inv, cfg, out)
+    earlier = EarlierRows(_hash_rows(out, part, facts_path) if fs.is_remote(ctx.run_dir) else None, _scan_rows(scan_path))
+    got = load.run(ctx, _part(inv, part), earlier, loader=loader)
+    written = records(got.rows)
+    tables.write("load", written, out)
+    _write_bytes(out, "load", part, before, loadtest_bytes=got.loadtest_bytes,
                  served_files=loader.files_served if isinstance(loader, load_server.ServerLoads) else 0)
-    return rows
-
-
-def _in_unit_order(units: List[dict], rows: List[dict]) -> List[dict]:
-    """``rows`` grouped by unit in the order of ``units`` (stable within a unit)."""
-    order = {u["unit"]: i for i, u in enumerate(units)}
-    return sorted(rows, key=lambda r: order.get(r["unit"], len(order)))
+    return written
 
 
 def stage_structure(inv: dict, part: str, cfg: dict, scan_path: str, tensors_path: str, out: str,
                     target_path: str | None = None) -> List[dict]:
-    from . import structure, target
+    """The structure stage of ``part`` (:func:`ckptaudit.stages.structure.run`) against ``target_path``
+    (``work/target.json``; None: built from ``cfg``), written as table ``structure``."""
     from .. import tables
+    from . import structure
 
-    scans = {r["unit"]: r for r in tables.read_rows(scan_path)}
-    tens = tables.UnitRows(tensors_path, columns=STRUCTURE_TENSOR_COLUMNS)  # a unit's rows as dicts while read
-    if target_path:
-        with open(target_path) as f:
-            reference = json.load(f).get("weights")
-    else:
-        reference = target.build(cfg).get("weights")
-    return _per_scanned_unit("structure", inv, part, scans, out, lambda u: structure.analyse_unit(
-        u, scans[u["unit"]], tens.of(u["unit"]), cfg, reference))
+    got = structure.run(_context(inv, cfg, out, target_path=target_path), _part(inv, part),
+                        EarlierRows(scan=_scan_rows(scan_path, tensors_path, structure.TENSOR_COLUMNS)))
+    written = records(got.rows)
+    tables.write("structure", written, out)
+    return written
 
 
 def stage_configdiff(inv: dict, part: str, cfg: dict, scan_path: str, out: str) -> List[dict]:
-    from . import configdiff
+    """The configdiff stage of ``part`` (:func:`ckptaudit.stages.configdiff.run`), written as table ``configdiff``."""
     from .. import tables
+    from . import configdiff
 
-    scans = {r["unit"]: r for r in tables.read_rows(scan_path)}
-    rows: List[dict] = []
-    for u in part_units(inv, part):
-        if u["unit"] in scans:
-            rows.extend(liveness.guard("configdiff", u, lambda: configdiff.diff_unit(u, scans[u["unit"]], cfg),
-                                       lambda f: [{**_error_row(u, f), "source": "", "key": ""}]))
-    tables.write("configdiff", rows, out)
-    return rows
+    got = configdiff.run(_context(inv, cfg, out), _part(inv, part), EarlierRows(scan=_scan_rows(scan_path)))
+    written = records(got.rows)
+    tables.write("configdiff", written, out)
+    return written
 
 
 def stage_state(inv: dict, part: str, cfg: dict, scan_path: str, tensors_path: str, out: str,
                 facts_path: Optional[str] = None) -> List[dict]:
-    """The state layer of ``part``; tensor value statistics come from the hash stage's facts where it has them."""
+    """The state stage of ``part`` (:func:`ckptaudit.stages.state.run`); tensor value statistics come from the
+    hash stage's facts where it has them; written as table ``state``."""
     from .. import fs, tables
     from . import state
 
     before = fs.stage_bytes()
-    scans = {r["unit"]: r for r in tables.read_rows(scan_path)}
-    tens = tables.UnitRows(tensors_path, columns=STATE_TENSOR_COLUMNS)  # a unit's rows as dicts while read
-    run_dir = _run_dir(inv, cfg)
-    facts = _load_facts(out, part, facts_path, run_dir, kinds=STATE_FACT_KINDS)
-    with fs.kept.serving(facts.kept):
-        rows = _per_scanned_unit("state", inv, part, scans, out, lambda u: state.analyse_unit(
-            u, scans[u["unit"]], tens.rows(u["unit"]), run_dir, cfg, facts))
+    got = state.run(_context(inv, cfg, out), _part(inv, part),
+                    EarlierRows(_hash_rows(out, part, facts_path),
+                                _scan_rows(scan_path, tensors_path, state.TENSOR_COLUMNS)))
+    written = records(got.rows)
+    tables.write("state", written, out)
     _write_bytes(out, "state", part, before)
-    return rows
-
-
-def _per_scanned_unit(stage: str, inv: dict, part: str, scans: Dict[str, dict], out: str,
-                      analyse: Callable[[dict], dict]) -> List[dict]:
-    """One row per unit of ``part`` that has a scan row: ``analyse(unit)``, or an ``audit_error`` row when it
-    raises; written as table ``stage``."""
-    from .. import tables
-
-    rows = [liveness.guard(stage, u, lambda: analyse(u), lambda f: _error_row(u, f))
-            for u in part_units(inv, part) if u["unit"] in scans]
-    tables.write(stage, rows, out)
-    return rows
+    return written
 
 
 #: each rule's arguments: (flag, required, help); the positional sub-command is the rule's name
@@ -343,7 +257,7 @@ def main(argv=None) -> int:
     # OpenBLAS's pool on top of them spent a third more CPU for the same wall (1 GiB: 0.52 → 0.30 CPU-s).
     # Read when numpy is first imported, which no stage has done yet; a value the user set is kept.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    from ..tables import job_memory_pool, without_pandas
+    from .job_process import job_memory_pool, without_pandas
 
     without_pandas()
     job_memory_pool()

@@ -13,12 +13,15 @@ from __future__ import annotations
 import functools
 import json
 import re
+from dataclasses import replace
 from importlib import metadata
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 from .. import components as C
 from .. import findings as F
 from .. import producers, roles
+from .context import Part, StageContext
+from .rows import EarlierRows, ConfigdiffRow, ConfigdiffRows
 
 BREAKING_RE = re.compile(
     r"^(n_?embd|d|d_model|dim|hidden(_size|_dim)?|n_?layers?|num_(hidden_)?layers|n_?heads?|num_attention_heads|"
@@ -50,12 +53,14 @@ def _fmt(v) -> str:
     return json.dumps(v, sort_keys=True, default=str) if not isinstance(v, str) else v
 
 
-def diff_unit(unit: dict, scan_row: dict, cfg: dict, torch_version: Optional[str] = None) -> List[dict]:
-    """Rows of the ``configdiff`` table for one unit (empty when nothing is compared)."""
+def diff_unit(unit: dict, scan_row: dict, cfg: dict, torch_version: Optional[str] = None,
+              parsed: Optional[Callable[[], tuple]] = None) -> List[ConfigdiffRow]:
+    """Rows of the ``configdiff`` table for one unit (empty when nothing is compared); ``parsed``: gives the scan
+    row's (components, tree, facts) already parsed (default: :func:`ckptaudit.components.of_scan_row`)."""
     p = unit["unit"]
     if not roles.weights_intact(scan_row):
         return []
-    c, tree, facts = C.of_scan_row(scan_row)
+    c, tree, facts = parsed() if parsed else C.of_scan_row(scan_row)
     exp = cfg.get("expected_model_args") or {}
     rows = _model_arg_rows(p, c, exp) if exp and c.model_args else []
     target_torch = (cfg.get("target") or {}).get("torch_version") or torch_version or installed_version("torch")
@@ -63,10 +68,10 @@ def diff_unit(unit: dict, scan_row: dict, cfg: dict, torch_version: Optional[str
     return rows
 
 
-def _model_arg_rows(p: str, c, exp: dict) -> List[dict]:
+def _model_arg_rows(p: str, c, exp: dict) -> List[ConfigdiffRow]:
     """A row per model argument whose saved value differs from ``expected_model_args``; the first breaking one
     carries ``model_args_mismatch`` (naming every breaking difference), a risky one ``config_value_differs``."""
-    rows: List[dict] = []
+    rows: List[ConfigdiffRow] = []
     breaking = []
     for key in sorted(exp):
         if key not in c.model_args:
@@ -80,30 +85,45 @@ def _model_arg_rows(p: str, c, exp: dict) -> List[dict]:
             breaking.append(f"{key}: saved {saved!r}, expected {want!r}")
         elif klass == "risky":
             fl.append(F.make("config_value_differs", path=p, key=key, saved=saved, target=want, klass=klass))
-        rows.append({"unit": p, "source": c.model_args_source, "key": key, "saved": _fmt(saved),
-                     "target": _fmt(want), "klass": klass, "findings_json": json.dumps([f.to_dict() for f in fl])})
+        rows.append(ConfigdiffRow(unit=p, source=c.model_args_source, key=key, saved=_fmt(saved),
+                                  target=_fmt(want), klass=klass, findings=tuple(fl)))
     if breaking:
         f = F.make("model_args_mismatch", path=p, examples="; ".join(breaking))
-        first = next(r for r in rows if r["klass"] == "breaking")
-        first["findings_json"] = json.dumps([f.to_dict()])
+        first = next(i for i, r in enumerate(rows) if r.klass == "breaking")
+        rows[first] = replace(rows[first], findings=(f,))
     return rows
 
 
-def _version_rows(p: str, versions: dict, target_torch: Optional[str]) -> List[dict]:
+def _version_rows(p: str, versions: dict, target_torch: Optional[str]) -> List[ConfigdiffRow]:
     """A row for the torch version the unit was saved with against ``target_torch`` (``torch_version_differs``
     when the release differs), and one per other library against the version installed here."""
-    rows: List[dict] = []
+    rows: List[ConfigdiffRow] = []
     saved_torch = versions.get("torch")
     if saved_torch and target_torch:
         same = saved_torch.split("+")[0] == target_torch.split("+")[0]
         fl = [] if same else [F.make("torch_version_differs", path=p, saved=saved_torch, target=target_torch)]
-        rows.append({"unit": p, "source": "versions", "key": "torch_version", "saved": saved_torch,
-                     "target": target_torch, "klass": "harmless" if same else "risky",
-                     "findings_json": json.dumps([f.to_dict() for f in fl])})
+        rows.append(ConfigdiffRow(unit=p, source="versions", key="torch_version", saved=saved_torch,
+                                  target=target_torch, klass="harmless" if same else "risky", findings=tuple(fl)))
     for lib, v in sorted(versions.items()):
         if lib == "torch":
             continue
         here = installed_version(producers.VERSION_DISTS.get(lib, lib))
-        rows.append({"unit": p, "source": "versions", "key": f"{lib}_version", "saved": v, "target": here or "",
-                     "klass": "harmless" if not here or here == v else "risky", "findings_json": "[]"})
+        rows.append(ConfigdiffRow(unit=p, source="versions", key=f"{lib}_version", saved=v, target=here or "",
+                                  klass="harmless" if not here or here == v else "risky"))
     return rows
+
+
+def run(ctx: StageContext, part: Part, rows: EarlierRows) -> ConfigdiffRows:
+    """The config diff of ``part``: rows per unit with a scan (``rows.scan``) against ``ctx.config``'s expected
+    model args and target; a unit whose diff raises gets one ``audit_error`` row."""
+    from . import liveness
+
+    scans = rows.scan.by_unit()
+    cfg = dict(ctx.config)
+    out: List[ConfigdiffRow] = []
+    for u in part.units:
+        if u["unit"] in scans:
+            out.extend(liveness.guard("configdiff", u, lambda: diff_unit(u, scans[u["unit"]].row, cfg,
+                                                                        parsed=lambda: scans[u["unit"]].parsed),
+                                      lambda f: [ConfigdiffRow(u["unit"], source="", key="", findings=(f,))]))
+    return ConfigdiffRows(tuple(out))

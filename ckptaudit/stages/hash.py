@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -40,12 +39,14 @@ from .. import confine
 from .. import findings as F
 from .. import fs
 from . import progress as _progress
+from .context import Part, StageContext
+from .rows import EarlierRows, HashRow, HashRows
 from ..formats.chunk_digest import SAID, damaged_ranges, entry_chunks
 from ..formats.digest_purpose import FAST_DIGEST
 from ..formats.manifest_entries import load_manifest  # noqa: F401 - re-exported
+from ..formats.sidecar import parse_sidecar
+from ..layouts.base import tensors_in_range
 from ..verification.reverify import mtime_ns_of
-
-_LINE = re.compile(r"^\\?([0-9a-fA-F]{64}) [ *](.+)$")
 
 
 def sha256_file(path: str | Path, progress=None) -> str:
@@ -56,42 +57,6 @@ def sha256_file(path: str | Path, progress=None) -> str:
     ``progress`` (a :class:`ckptaudit.stages.progress.ProgressWriter`) is told every block read."""
     with fs.open_binary(path, block_size=fs.STREAM_BLOCK_BYTES) as fh:
         return hashlib.file_digest(_progress.CountingReader(fh, progress) if progress else fh, "sha256").hexdigest()
-
-
-def parse_sidecar(text: str) -> Tuple[Dict[str, str], Optional[str]]:
-    """Parse sha256sum output: ({file name: hex}, error or None)."""
-    out: Dict[str, str] = {}
-    for i, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        m = _LINE.match(line.rstrip("\r"))
-        if not m:
-            bare = line.strip()
-            if re.fullmatch(r"[0-9a-fA-F]{64}", bare):  # hash only, no name: accepted
-                out[""] = bare.lower()
-                continue
-            return out, f"line {i} is not '<64 hex>  <name>': {line[:80]!r}"
-        out[m.group(2)] = m.group(1).lower()
-    if not out:
-        return out, "empty sidecar"
-    return out, None
-
-
-def _where(run_dir: Path, rel: str, unit: str, start: int, end: int) -> str:
-    """Which tensors of ``rel`` have bytes in [start, end), from a byte-level scan (never unpickled)."""
-    try:
-        from ..layouts.base import UnitScan, scan_file
-
-        scan = UnitScan(unit, "")
-        scan_file(run_dir, rel, unit, scan, {"security": {"allow_globals": []}})
-    except Exception as e:  # noqa: BLE001 - naming tensors is best effort on a damaged file
-        return f"the tensors in that range could not be named ({type(e).__name__})"
-    hit = [t.name for t in scan.iter_tensors() if t.data_offset >= 0 and t.data_offset < end
-           and t.data_offset + max(t.nbytes, 1) > start]
-    if not hit:
-        return "no tensor data lies in that range (headers, the pickle or the zip directory)"
-    more = f" and {len(hit) - 5} more" if len(hit) > 5 else ""
-    return "it holds tensor(s) " + ", ".join(hit[:5]) + more
 
 
 def _file_passes(run_dir: Path, unit: dict, manifest_entries: Dict[str, dict], sidecars, prog,
@@ -357,7 +322,7 @@ def _file_row(run_dir: Path, unit: dict, rel: str, ff, me: Optional[dict], sidec
                              chunks=", ".join(map(str, idx)), n_chunks=-(-size // me["chunk_bytes"]),
                              chunk_bytes=me["chunk_bytes"], source="manifest",
                              algorithm=SAID.get(algorithm, "SHA-256"),
-                             where_text=_where(run_dir, rel, unit["unit"], start, end),
+                             where_text=tensors_in_range(run_dir, rel, unit["unit"], start, end),
                              range_note="" if (start, end) == (0, size) else (
                                  " Only that byte range changed: an intact copy of the file can be compared or "
                                  "repaired over that range alone.")))
@@ -398,3 +363,38 @@ def _with_integrity(rel: str, digest: str, integ: Tuple[str, str], expected: str
         return want, integrity_json.NAME, False
     return want, f"{source}, {integrity_json.NAME}" if source else integrity_json.NAME, verified is not False
 
+
+
+def run(ctx: StageContext, part: Part, rows: EarlierRows, *, stop=None, facts_to=None) -> HashRows:
+    """Hash every file of ``part``, one pass per file and :data:`PASSES_AT_ONCE` units at once (the cores the rule
+    reserves); rows in unit order, with the passes' facts, or those handed to ``facts_to`` (thread-safe) as each
+    unit ends, not kept.  ``ctx.depth``: which SHA-256s; ``stop``: an event that stops the passes (the reader);
+    units a verify plan leaves out are not read (:class:`ckptaudit.verification.hash_job.HashJob`)."""
+    import functools
+
+    from .. import layouts
+    from . import liveness
+    from ..verification.hash_job import HashJob
+
+    units = list(part.units)
+    job = HashJob(ctx.inventory, units, part.name, ctx.work, ctx.verify_plan)
+
+    def one(u: dict) -> Tuple[List[dict], list]:
+        if (kept := job.carried(u["unit"])) is not None:  # outside this audit's verify budget: not read
+            return kept, []
+        facts: list = []
+        planned = functools.partial(layouts.reads_records, u)  # files a later stage reads by record
+        got = liveness.guard("hash", u, lambda: hash_unit(ctx.run_dir, u, facts, planned, ctx.depth, stop),
+                             lambda f: [{**liveness.error_row(u, f), "file": ""}])
+        for t in facts if facts_to is not None else ():
+            facts_to(t)
+        return job.done(u["unit"], got), facts if facts_to is None else []
+
+    workers = max(1, min(PASSES_AT_ONCE, len(units)))
+    if workers > 1:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            done = list(pool.map(one, units))
+    else:
+        done = [one(u) for u in units]
+    job.write()
+    return HashRows(tuple(HashRow.of(r) for got, _ in done for r in got), tuple(t for _, facts in done for t in facts))

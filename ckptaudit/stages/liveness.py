@@ -19,7 +19,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 from .. import findings as F
 from ..findings.build import STAGE_LAYER  # noqa: F401 - re-exported: make() gives audit_error its stage's layer
 
-__all__ = ["snapshot", "changed_files", "guard", "STAGE_LAYER"]
+__all__ = ["snapshot", "changed_files", "guard", "error_row", "STAGE_LAYER"]
 
 
 def _stat(root, f: str) -> Optional[Tuple]:
@@ -84,3 +84,10 @@ def guard(stage: str, unit: dict, fn: Callable[[], object], fallback: Callable[[
         logging.getLogger("ckptaudit").debug("audit_error in %s of %s", stage, unit["unit"], exc_info=True)
         return fallback(F.make("audit_error", path=unit["unit"], stage=stage, error_type=type(e).__name__,
                                error=str(e)[:300]))
+
+
+def error_row(unit: dict, f: F.Finding) -> dict:
+    """A stage row of ``unit`` that carries only ``f``, the ``audit_error`` finding :func:`guard` made."""
+    import json
+
+    return {"unit": unit["unit"], "findings_json": json.dumps([f.to_dict()])}

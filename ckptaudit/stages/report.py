@@ -14,6 +14,7 @@ from typing import Dict, List, Optional
 from .. import tables, verdict
 from .._version import __version__
 from .._io import atomic_write
+from .context import StageContext
 
 STAGES = ("hash", "scan", "tensors", "imports", "load", "structure", "configdiff", "state")
 #: Tables with a row per tensor or per import: concatenated into tables/ a batch at a time, never read here.
@@ -88,8 +89,7 @@ def run_report(inventory_json: str, parts: Dict[str, List[str]], cfg: dict, out_
     (:func:`ckptaudit.verification.budget.annotate`)."""
     with open(inventory_json) as f:
         inv = json.load(f)
-    out = Path(out_dir)
-    tdir = out / "tables"
+    tdir = Path(out_dir) / "tables"
     all_tables: Dict[str, List[dict]] = {}
     for stage in STAGES:
         if stage in ROW_PER_TENSOR:  # only copied to tables/: no Python row per tensor (issue 22)
@@ -97,10 +97,23 @@ def run_report(inventory_json: str, parts: Dict[str, List[str]], cfg: dict, out_
         else:
             all_tables[stage] = tables.concat(stage, parts.get(stage, []), tdir / f"{stage}.parquet")
     from .. import fs
+
+    ctx = StageContext(fs.path(inv["run_dir"]), inv, cfg, verify_plan=verify_plan)
+    return write_report(ctx, all_tables, out_dir, bench_dir, audit_id, reuse)
+
+
+def write_report(ctx: StageContext, all_tables: Dict[str, List[dict]], out_dir: str | Path,
+                 bench_dir: str = "", audit_id: Optional[str] = None, reuse: bool = False) -> dict:
+    """verdict.json, ``units.parquet`` and ``pointers.parquet`` (in ``out_dir/tables``) and report.html of the
+    audit of ``ctx`` (its inventory, config and ``verify_plan``) from the stages' rows ``all_tables`` ({table:
+    rows} of :data:`STAGES` but :data:`ROW_PER_TENSOR`, already written to ``out_dir/tables``); the other
+    arguments as :func:`run_report`'s.  Returns the verdict."""
     from . import liveness
 
-    root = fs.path(inv["run_dir"])
-    inv["changed_during_audit"] = {}
+    out = Path(out_dir)
+    tdir = out / "tables"
+    cfg, verify_plan, root = dict(ctx.config), ctx.verify_plan, ctx.run_dir
+    inv = {**ctx.inventory, "changed_during_audit": {}}
     for u in inv["units"]:
         changed = liveness.changed_files(root, u.get("snapshot") or {})
         if changed:
@@ -172,7 +185,7 @@ def _write_json(path: Path, doc: dict) -> None:
 
 
 def main(argv=None) -> int:
-    from ..tables import job_memory_pool, without_pandas
+    from .job_process import job_memory_pool, without_pandas
 
     without_pandas()
     job_memory_pool()

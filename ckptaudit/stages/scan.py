@@ -13,6 +13,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 from . import liveness
+from .context import Part, StageContext
+from .rows import EarlierRows, HashRows, ImportRow, ScanRow, ScanRows
 
 
 def scan_units(run_dir: Path, units: List[dict], cfg: dict):
@@ -98,3 +100,31 @@ def object_store_findings(u: dict):
     for rel, n in sorted((osd.get("small_objects") or {}).items()):
         out.append(F.make("suspiciously_small_object", path=rel, size_bytes=n))
     return out
+
+
+#: The kinds of the hash stage's facts the scan asks of them (:func:`ckptaudit.onepass.facts.load`).
+FACT_KINDS = ("crc", "nul_run", "nul_scan", "nul_scan_run", "bytes")
+
+
+def run(ctx: StageContext, part: Part, rows: EarlierRows) -> ScanRows:
+    """The file and security layers of ``part``: each unit through its layout adapter.  The CRC32 of zip records
+    comes from the hash stage's facts (``rows.hash``) where it has them; at a ``ctx.depth`` without
+    ``tensor_bytes`` (:data:`ckptaudit.fs.read_depth.METADATA_ONLY`) no check streams tensor data.  Remote reads
+    are served from the bytes the hash stage's pass kept.  Returns a row per unit, the part's tensors as one
+    ``tensors`` table (a unit's tensor rows are columns once scanned) and its imports."""
+    import pyarrow as pa
+
+    from .. import tables
+
+    facts = (rows.hash or HashRows(())).byte_facts(ctx.run_dir, ctx.depth, FACT_KINDS)
+    osd = ctx.inventory.get("object_store") or {}
+    units = [{**u, "object_store": osd[u["unit"]]} if u["unit"] in osd else u for u in part.units]
+    scans, tensors, imports = [], [], []
+    for row, tens, imps in iter_scans(ctx.run_dir, units, dict(ctx.config), facts):  # reads served from facts.kept
+        scans.append(row)
+        tensors.append(tens.cast(tables.SCHEMAS["tensors"]))
+        imports.extend(imps)
+    t = pa.concat_tables(tensors) if tensors else tables.SCHEMAS["tensors"].empty_table()
+    # each row with every column of the table, as the next stages read it
+    return ScanRows(tuple(ScanRow.of(r) for r in tables.rows_of(tables.table("scan", scans))), t,
+                    tuple(ImportRow(**i) for i in imports))

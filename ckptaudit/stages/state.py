@@ -15,7 +15,7 @@ import math
 import re
 import time
 from pathlib import Path
-from typing import Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from .. import components as C
 from .. import findings as F
@@ -24,6 +24,8 @@ from ..components.findings import missing_weights, step_counter_reset
 from .. import fs
 from ..onepass.values import FLOAT_DTYPES, chunk_stats, np_view
 from .weight_norms import WeightNorms, norms_json
+from .context import Part, StageContext
+from .rows import EarlierRows, StateRow, StateRows, findings_of
 
 
 def scan_values(run_dir: Path, tensors: List[dict], chunk_bytes: int, facts=None) -> Dict[str, dict]:
@@ -38,7 +40,7 @@ def value_stats(run_dir: Path, tensors: Iterable[dict], chunk_bytes: int, facts=
     """``(tensor row, (non-finite count, L2 norm, short))`` of each floating tensor of ``tensors`` (rows with
     ``file``, ``name``, ``dtype``, ``data_offset``, ``nbytes``): from the hash stage's one pass where ``facts``
     (:class:`ckptaudit.onepass.facts.ByteFacts`) has them, else streamed from the tensor's bytes (``short``:
-    the file ended first).
+    the file ended first; a remote object's bytes the pass kept, ``facts.kept``, are served, not fetched).
 
     Per run of rows of one file (the tensors table holds a file's tensors together), the tensors the pass
     answered come first, then the others in file order.  Tensors sharing bytes (tied weights) are read once.
@@ -48,6 +50,7 @@ def value_stats(run_dir: Path, tensors: Iterable[dict], chunk_bytes: int, facts=
     buffer is made only when a tensor is read, no larger than the largest such tensor (a unit the pass answered
     whole costs no ``chunk_bytes`` allocation: issue 45, 16 MiB zeroed per small unit was most of its cost)."""
     buf = _ChunkBuffer(chunk_bytes)
+    kept = None if facts is None else facts.kept
     rel, path, left = None, "", []
     for t in tensors:
         if not (t["dtype"] in FLOAT_DTYPES and t["data_offset"] is not None and t["data_offset"] >= 0
@@ -55,7 +58,7 @@ def value_stats(run_dir: Path, tensors: Iterable[dict], chunk_bytes: int, facts=
             continue
         if t["file"] != rel:
             if left:
-                yield from _read_values(run_dir / rel, left, buf)
+                yield from _read_values(run_dir / rel, left, buf, kept)
             rel, path, left = t["file"], fs.fspath(run_dir / t["file"]), []
         v = None if facts is None else facts.values_of(path, t["data_offset"], t["nbytes"], t["dtype"])  # the pass's
         if v is not None and v[2] == t["nbytes"]:
@@ -63,7 +66,7 @@ def value_stats(run_dir: Path, tensors: Iterable[dict], chunk_bytes: int, facts=
         else:
             left.append(t)
     if left:
-        yield from _read_values(run_dir / rel, left, buf)
+        yield from _read_values(run_dir / rel, left, buf, kept)
 
 
 class _ChunkBuffer:
@@ -83,10 +86,11 @@ class _ChunkBuffer:
         return self.buf
 
 
-def _read_values(path, ts: List[dict], chunks: _ChunkBuffer) -> Iterator[Tuple[dict, Tuple[int, float, bool]]]:
-    """:func:`value_stats` of tensors ``ts`` of one file, read from its bytes through ``chunks``' buffer."""
+def _read_values(path, ts: List[dict], chunks: _ChunkBuffer, kept=None) -> Iterator[Tuple[dict, Tuple[int, float, bool]]]:
+    """:func:`value_stats` of tensors ``ts`` of one file, read from its bytes through ``chunks``' buffer (answered
+    from ``kept`` first: bytes of a remote object already read)."""
     try:
-        fh = fs.open_binary(path, block_size=fs.STREAM_BLOCK_BYTES)
+        fh = fs.open_binary(path, block_size=fs.STREAM_BLOCK_BYTES, kept=kept)
     except OSError:
         return
     buf = chunks.for_tensors(ts)
@@ -143,28 +147,33 @@ def tensor_role(t: dict, c: C.Components) -> str:
 
 
 def analyse_unit(unit: dict, scan_row: dict, tensors: Iterable[dict], run_dir: Path, cfg: dict,
-                 byte_facts=None) -> dict:
+                 byte_facts=None, parsed: Optional[Callable[[], tuple]] = None,
+                 scan_findings: Optional[Sequence[F.Finding]] = None) -> StateRow:
     """One row of the ``state`` table (with its findings) for a unit; ``tensors`` (its rows of the tensors
     table) is iterated once, as it comes; ``byte_facts``: the hash stage's
-    (:class:`ckptaudit.onepass.facts.ByteFacts`), which answer for the value statistics it computed."""
+    (:class:`ckptaudit.onepass.facts.ByteFacts`), which answer for the value statistics it computed; ``parsed``:
+    gives the scan row's (components, tree, facts) already parsed (default: :func:`ckptaudit.components.of_scan_row`);
+    ``scan_findings``: the scan's findings on the unit as values (default: parsed from the row's ``findings_json``)."""
     scfg = cfg.get("state", {})
-    row = {"unit": unit["unit"], "findings_json": "[]"}
+    row: dict = {"unit": unit["unit"]}  # the row's columns as they are decided
     fl: List[F.Finding] = []
-    tree = json.loads(scan_row.get("tree_json") or "{}")
-    scan_findings = json.loads(scan_row.get("findings_json") or "[]")
-    cut = any(f.get("kind") == "pickle_too_complex" for f in scan_findings)  # the walk gave up: the tree is partial
+    parse = parsed or (lambda: C.of_scan_row(scan_row))  # (components, tree, facts), parsed once
+    tree = parse()[1] if parsed else json.loads(scan_row.get("tree_json") or "{}")
+    if scan_findings is None:
+        scan_findings = findings_of(scan_row.get("findings_json"))
+    cut = any(f.kind == "pickle_too_complex" for f in scan_findings)  # the walk gave up: the tree is partial
     if not roles.weights_intact(scan_row) or not tree:
         row.update(step=unit.get("step_from_name"), step_source="name" if unit.get("step_from_name") is not None else "")
         if tree and _pickle_proven(scan_findings):  # the damage lies in tensor bytes; the counters were read intact
-            c = C.of_scan_row(scan_row)[0]
+            c = parse()[0]
             if c.step is not None:
                 row.update(step=c.step, step_source=c.step_source)
-        scan_errors = [f for f in scan_findings if f.get("severity") == "error"]
+        scan_errors = [f for f in scan_findings if f.severity == "error"]
         if not tree and not scan_errors and not cut:  # an empty folder, or one with only metadata: nothing to resume from
             row.update(has_weights=False)
-            row["findings_json"] = json.dumps([missing_weights(unit["unit"], "none").to_dict()])
-        return row
-    c = C.of_scan_row(scan_row)[0]
+            fl.append(missing_weights(unit["unit"], "none"))
+        return StateRow(**row, findings=tuple(fl))
+    c = parse()[0]
     name_step = unit.get("step_from_name") if c.name_number == "step" else None
     p = unit["unit"]
     step = c.step
@@ -185,8 +194,7 @@ def analyse_unit(unit: dict, scan_row: dict, tensors: Iterable[dict], run_dir: P
     fl.extend(_counter_findings(p, c, step, name_step))
     if scfg.get("nan_scan", True) and c.weights:
         fl.extend(_value_findings(p, c, tensors, run_dir, scfg, row, byte_facts))
-    row["findings_json"] = json.dumps([f.to_dict() for f in fl])
-    return row
+    return StateRow(**row, findings=tuple(fl))
 
 
 #: File-layer errors confined to one record of a torch zip; with ``member`` a storage record (``…/data/<key>``),
@@ -195,14 +203,14 @@ _RECORD_DAMAGE = frozenset({"zip_crc_mismatch", "zip_member_header_corrupted", "
 _STORAGE_RECORD = re.compile(r"(^|/)data/\w+$")
 
 
-def _pickle_proven(scan_findings: List[dict]) -> bool:
+def _pickle_proven(scan_findings: Sequence[F.Finding]) -> bool:
     """True when every file-layer error of a unit names a tensor storage record of a torch zip (its CRC, its local
     header, a zeroed span inside it), so the tree walked from data.pkl is the saved one: a unit whose weights are
     damaged still shows the step it records (``ckpt.pt (step 40): not usable: …``, not ``(no step)``).  Any
     other file error (a cut archive, a damaged data.pkl, a safetensors header) leaves the name's step alone."""
-    errors = [f for f in scan_findings if f.get("layer") == "file" and f.get("severity") == "error"]
-    return bool(errors) and all(f.get("kind") in _RECORD_DAMAGE
-                                and _STORAGE_RECORD.search(str((f.get("detail") or {}).get("member", "")))
+    errors = [f for f in scan_findings if f.layer == "file" and f.severity == "error"]
+    return bool(errors) and all(f.kind in _RECORD_DAMAGE
+                                and _STORAGE_RECORD.search(str((f.detail or {}).get("member", "")))
                                 for f in errors)
 
 
@@ -331,3 +339,27 @@ def _step_repair(unit: str, step_source: str, true_step: Optional[int]) -> str:
         return ""
     access = "".join(f"[{k!r}]" for k in dotted.split("."))
     return f"ckpt{access} = {true_step}"
+
+
+#: The columns of the ``tensors`` table this layer reads, and the kinds of the hash stage's facts it asks for.
+TENSOR_COLUMNS = ["unit", "file", "name", "dtype", "data_offset", "nbytes"]
+FACT_KINDS = ("values", "bytes")
+
+
+def run(ctx: StageContext, part: Part, rows: EarlierRows) -> StateRows:
+    """The state layer of ``part``: a row per unit with a scan (``rows.scan``); tensor value statistics come from
+    the hash stage's facts (``rows.hash``) where it has them, remote reads from the bytes its pass kept."""
+    from .. import tables
+    from . import liveness
+    from .rows import HashRows
+
+    scans = rows.scan.by_unit()
+    tens = tables.UnitRows(None, TENSOR_COLUMNS, rows.scan.tensors)  # a unit's rows as dicts while read
+    facts = (rows.hash or HashRows(())).byte_facts(ctx.run_dir, kinds=FACT_KINDS)
+    cfg = dict(ctx.config)
+    return StateRows(tuple(
+        liveness.guard("state", u, lambda: analyse_unit(u, scans[u["unit"]].row, tens.rows(u["unit"]), ctx.run_dir,
+                                                        cfg, facts, lambda: scans[u["unit"]].parsed,
+                                                        scans[u["unit"]].findings),
+                       lambda f: StateRow(u["unit"], findings=(f,)))
+        for u in part.units if u["unit"] in scans))

@@ -13,15 +13,16 @@ stage, Megatron tensor/pipeline sizes) against ``target``.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 from collections import Counter
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 from .. import components as C
 from .. import findings as F
 from .. import producers, roles
 from ..components import weights_rows
+from .context import Part, StageContext
+from .rows import EarlierRows, StructureRow, StructureRows
 
 WRAPPER_PREFIXES = {"module.": "DistributedDataParallel/DataParallel", "_orig_mod.": "torch.compile"}
 # Buffers that are in a state_dict but are not parameters (no optimizer state).
@@ -95,14 +96,16 @@ def _examples(items: List[str], n: int = 4) -> str:
 
 
 def analyse_unit(unit: dict, scan_row: dict, tensors: Iterable[dict], cfg: dict,
-                 reference: Optional[Dict[str, dict]] = None) -> dict:
+                 reference: Optional[Dict[str, dict]] = None, parsed: Optional[Callable[[], tuple]] = None
+                 ) -> StructureRow:
     """One row of the ``structure`` table for a unit; ``tensors`` (its rows of the tensors table) may be
-    iterated more than once (:class:`ckptaudit.tables.UnitView`)."""
+    iterated more than once (:class:`ckptaudit.tables.UnitView`); ``parsed``: gives the scan row's (components,
+    tree, facts) already parsed (default: :func:`ckptaudit.components.of_scan_row`)."""
     p = unit["unit"]
-    row = {"unit": p, "findings_json": "[]"}
+    row: dict = {"unit": p}  # the row's columns as they are decided
     if not roles.weights_intact(scan_row):
-        return row
-    c, tree, facts = C.of_scan_row(scan_row)
+        return StructureRow(p)
+    c, tree, facts = parsed() if parsed else C.of_scan_row(scan_row)
     fl: List[F.Finding] = []
     target = cfg.get("target") or {}
     # parallel layout
@@ -112,8 +115,7 @@ def analyse_unit(unit: dict, scan_row: dict, tensors: Iterable[dict], cfg: dict,
         fl.extend(producer.parallel_findings(p, facts, target))
     w = weights_rows.complete(c, facts, tensors)  # every weight, where the scan tree kept 4,096
     if not w:
-        row["findings_json"] = json.dumps([f.to_dict() for f in fl])
-        return row
+        return StructureRow(**row, findings=tuple(fl))
     row.update(weights_component=c.weights_source, n_weight_keys=len(w), structure_hash=structure_hash(w))
     prefix, bare = _wrapper_prefix(p, c, w, reference, row, fl, producer.model_prefixes if producer else ())
     shape_bad: List[str] = []  # "name: saved …, expected …", against the reference or the expected model args
@@ -132,8 +134,7 @@ def analyse_unit(unit: dict, scan_row: dict, tensors: Iterable[dict], cfg: dict,
             fl.append(F.make("tied_weight_alias_missing", path=p, alias=repr(alias), kept=repr(kept)))
     # optimizer vs parameters
     fl.extend(_optimizer_checks(p, c, tensors, bare, prefix, row))
-    row["findings_json"] = json.dumps([f.to_dict() for f in fl])
-    return row
+    return StructureRow(**row, findings=tuple(fl))
 
 
 def _wrapper_prefix(p: str, c: C.Components, w: Dict[str, dict], reference: Optional[Dict[str, dict]], row: dict,
@@ -283,3 +284,24 @@ def _optimizer_checks(p: str, c: C.Components, tensors: Iterable[dict], bare: Di
                           examples=", ".join(f"{n} moment(s) of shape {s} with no parameter of that shape"
                                              for s, n in diff)))
     return out
+
+
+#: The columns of the ``tensors`` table this layer reads (a dict per tensor each: no more).
+TENSOR_COLUMNS = ["unit", "file", "name", "dtype", "shape", "storage_key", "storage_offset"]
+
+
+def run(ctx: StageContext, part: Part, rows: EarlierRows) -> StructureRows:
+    """The structure layer of ``part``: a row per unit with a scan (``rows.scan``), against the target's weights
+    (``ctx.target``, else built from ``ctx.config``); a unit whose analysis raises gets an ``audit_error`` row."""
+    from .. import tables
+    from . import liveness, target
+
+    scans = rows.scan.by_unit()
+    tens = tables.UnitRows(None, TENSOR_COLUMNS, rows.scan.tensors)  # a unit's rows as dicts while read
+    cfg = dict(ctx.config)
+    reference = (ctx.target if ctx.target is not None else target.build(cfg)).get("weights")
+    return StructureRows(tuple(
+        liveness.guard("structure", u, lambda: analyse_unit(u, scans[u["unit"]].row, tens.of(u["unit"]), cfg, reference,
+                                                       lambda: scans[u["unit"]].parsed),
+                       lambda f: StructureRow(u["unit"], findings=(f,)))
+        for u in part.units if u["unit"] in scans))

@@ -30,6 +30,15 @@ def bytes_path(out: str, stage: str, part: str) -> Path:
 def write_bytes(out: str, stage: str, part: str, before: Dict[str, int], **extra) -> dict:
     """Write the bytes this stage read from audited files since ``before`` (:func:`ckptaudit.fs.stage_bytes`):
     ``local``, ``remote_ranged``, ``remote_streamed`` and ``total`` (bytes), plus ``extra``."""
+    return _write_bytes_doc(bytes_path(out, stage, part), stage, part, before, extra)
+
+
+def write_bytes_at(work: Path, stage: str, part: str, before: Dict[str, int], **extra) -> dict:
+    """:func:`write_bytes` into the work folder ``work`` (``<work>/bytes/<stage>/<part>.json``)."""
+    return _write_bytes_doc(Path(work) / "bytes" / stage / f"{part}.json", stage, part, before, extra)
+
+
+def _write_bytes_doc(p: Path, stage: str, part: str, before: Dict[str, int], extra: dict) -> dict:
     from .. import fs
     from .._io import atomic_write
 
@@ -37,7 +46,15 @@ def write_bytes(out: str, stage: str, part: str, before: Dict[str, int], **extra
     doc = {"stage": stage, "part": part, **{k: now[k] - before.get(k, 0) for k in now}}
     doc["total"] = doc["local"] + doc["remote_ranged"] + doc["remote_streamed"]
     doc.update(extra)
-    p = bytes_path(out, stage, part)
     p.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(p, json.dumps(doc, indent=1).encode())
     return doc
+
+
+def work_dir(out: str) -> Path:
+    """The folder of a stage's internal files for a stage table ``out``: ``<out>/work`` for a table under
+    ``<out>/tables/parts/``, else ``<table>.work`` beside the table."""
+    o = Path(out)
+    if o.parent.parent.name == "parts" and o.parent.parent.parent.name == "tables":
+        return o.parents[3] / "work"
+    return o.with_name(f"{o.stem}.work")

@@ -270,20 +270,37 @@ class JobSplit:
                         self._carried[u["unit"]] = rows
                         self._entries[u["unit"]] = ledger[u["unit"]]
 
+    def previous_rows(self, unit: str) -> Optional[List[dict]]:
+        """The hash rows of ``unit``'s last verification this job knows of (its part's ledger fragment, or the
+        ledger under a budget), None when it knows none."""
+        prev = self._previous.get(unit)
+        return None if prev is None else list(prev.get("rows") or [])
+
     def carried(self, unit: str) -> Optional[List[dict]]:
         """The previous rows of ``unit`` when this job does not read it, else None."""
         return self._carried.get(unit)
 
-    def done(self, unit: str, rows: List[dict], recorded_utc: str) -> None:
+    def done(self, unit: str, rows: List[dict], recorded_utc: str,
+             recorded: Optional[Dict[str, dict]] = None) -> None:
         """Record the rows of ``unit`` read by this job, under the key taken before its pass, after comparing
-        their digests with its last verification's (:func:`digest_changed`, appended to a row's findings)."""
+        their digests with its last verification's, the one check for bit rot (a finding appended to a row's
+        findings): under the same strong key :func:`digest_changed` (``digest_changed_unseen``); else, with the
+        same size and mtime, :func:`ckptaudit.verification.reverify.changed_since_last_audit` (a write that put
+        the times back changes the ctime).  The last verification is the unit's ledger rows; ``recorded``
+        (:func:`ckptaudit.verification.reverify.previous_digests` of the report's table) stands in for a unit the
+        ledger does not know."""
+        from .reverify import changed_since_last_audit, recorded_digests
+
         prev = self._previous.get(unit)
-        if prev and prev.get("keys") == self.keys[unit]:
-            before = {r.get("file"): r for r in prev.get("rows") or [] if r.get("hashed_at_utc")}
-            for r in rows:
-                f = digest_changed(r, before.get(r.get("file")))
-                if f is not None:
-                    r["findings_json"] = json.dumps(json.loads(r.get("findings_json") or "[]") + [f.to_dict()])
+        same_key = bool(prev) and prev.get("keys") == self.keys[unit]
+        before = {r.get("file"): r for r in (prev or {}).get("rows") or [] if r.get("hashed_at_utc")}
+        then = recorded_digests((prev or {}).get("rows") or []) if prev else (recorded or {})
+        for r in rows:
+            f = digest_changed(r, before.get(r.get("file"))) if same_key else None
+            if f is None and r.get("digest_hex") and r.get("verified") is not False:
+                f = changed_since_last_audit(r, then.get(r.get("file")))
+            if f is not None:
+                r["findings_json"] = json.dumps(json.loads(r.get("findings_json") or "[]") + [f.to_dict()])
         self._entries[unit] = {"keys": self.keys[unit], "rows": rows, "recorded_utc": recorded_utc}
 
     def write(self, path: str | os.PathLike) -> None:

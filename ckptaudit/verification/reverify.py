@@ -18,8 +18,10 @@ units this audit re-verified and when the others were last hashed.
 
 Re-reading every byte finds bit rot only against something: a file with a sidecar or manifest has its recorded
 SHA-256, a zip record its CRC-32, and every file the digest the previous audit into the same output folder
-recorded (``tables/hash.parquet``; :func:`previous_digests`).  A file whose size and mtime are those of that
-record but whose digest, in the same algorithm, is not gets ``digest_changed_since_last_audit``
+recorded: its unit's rows in the verify ledger (:mod:`ckptaudit.verification.ledger`, the hash job's own part's
+fragment; :func:`recorded_digests`), else the report's ``tables/hash.parquet`` (:func:`previous_digests`).  A
+file whose size and mtime are those of that record but whose digest, in the same algorithm, is not gets
+``digest_changed_since_last_audit``
 (:func:`changed_since_last_audit`); digests of different algorithms (a sidecar added since: SHA-256 against the
 previous BLAKE3) are never compared.  The finding keeps the recorded digest, so the audits after it keep
 comparing with the bytes as they were, not the damaged ones.
@@ -34,7 +36,7 @@ from pathlib import Path
 from typing import Dict, Iterable, List, Optional
 
 __all__ = ["ENV", "audit_id", "started_utc", "stat_key", "now_utc", "summary", "mtime_ns_of", "previous_digests",
-           "changed_since_last_audit"]
+           "changed_since_last_audit", "recorded_digests"]
 
 #: The audit id travels to jobs (local shells and cluster jobs that re-read the Snakefile) in this variable.
 ENV = "CKPTAUDIT_AUDIT_ID"
@@ -104,16 +106,17 @@ def summary(hash_rows: Iterable[dict], aid: Optional[str], reuse: bool) -> Dict[
 CHANGED = "digest_changed_since_last_audit"
 
 
+_RECORD = ("size_bytes", "mtime_ns", "digest_algorithm", "digest_hex", "hashed_at_utc")
+
+
 def previous_digests(ledger: Path, files: Iterable[str]) -> Dict[str, dict]:
     """{file: ``{"size_bytes", "mtime_ns", "digest_algorithm", "digest_hex", "hashed_at_utc"}``} of ``files`` as the
-    previous audit recorded them in ``ledger`` (its ``tables/hash.parquet``); a file whose record carries a
-    :data:`CHANGED` finding keeps that finding's recorded digest and time (the bytes before they changed).  Files
-    without size, mtime or digest are left out; ``{}`` when the ledger is missing, unreadable, or from a ckptaudit
-    that recorded no mtime."""
+    previous audit recorded them in ``ledger`` (its ``tables/hash.parquet``), each as :func:`recorded_digests`
+    gives it; ``{}`` when the ledger is missing, unreadable, or from a ckptaudit that recorded no mtime."""
     from .. import tables
 
     want = sorted(set(files))
-    cols = ["file", "size_bytes", "mtime_ns", "digest_algorithm", "digest_hex", "hashed_at_utc", "findings_json"]
+    cols = ["file", *_RECORD, "findings_json"]
     try:
         if not want or not Path(ledger).is_file():
             return {}
@@ -124,16 +127,24 @@ def previous_digests(ledger: Path, files: Iterable[str]) -> Dict[str, dict]:
         rows = t.filter(pc.is_in(t["file"].cast(pa.string()), value_set=pa.array(want))).to_pylist()
     except (OSError, ValueError):  # an unreadable ledger compares with nothing
         return {}
+    return recorded_digests(rows)
+
+
+def recorded_digests(rows: Iterable[dict]) -> Dict[str, dict]:
+    """{file: ``{"size_bytes", "mtime_ns", "digest_algorithm", "digest_hex", "hashed_at_utc"}``} of hash rows
+    recorded by an earlier audit (the report's table, or a unit's rows in the verify ledger,
+    :mod:`ckptaudit.verification.ledger`); a row carrying a :data:`CHANGED` finding keeps that finding's recorded
+    digest and time (the bytes before they changed).  Rows without size, mtime or digest are left out."""
     out: Dict[str, dict] = {}
     for r in rows:
-        rec = {k: r[k] for k in cols[1:-1]}
-        if CHANGED in (r["findings_json"] or ""):
+        rec = {k: r.get(k) for k in _RECORD}
+        if CHANGED in (r.get("findings_json") or ""):
             for f in json.loads(r["findings_json"]):
                 if f.get("kind") == CHANGED:
                     d = f.get("detail", {})
                     rec.update(digest_hex=d.get("expected"), hashed_at_utc=d.get("last_hashed_utc"))
         if rec["size_bytes"] is not None and rec["mtime_ns"] is not None and rec["digest_algorithm"] and \
-                rec["digest_hex"]:
+                rec["digest_hex"] and r.get("file"):
             out[r["file"]] = rec
     return out
 

@@ -31,6 +31,7 @@ class BlobView:
         self.path = parent.path
         self.fd = getattr(parent, "fd", None)
         self.facts, self.window_bytes, self.prefetch_enabled = None, 0, False
+        self.kept = getattr(parent, "kept", None)  # reads go through the parent, which has its kept bytes
 
     def pread(self, off: int, n: int) -> bytes:
         if off < 0 or n <= 0 or off >= self.size:

@@ -59,7 +59,7 @@ def longest_zero_run(fh: ArchiveFile, off: int, n: int, chunk: int) -> Optional[
     if known:
         return run
 
-    runs = zero_runs(fh.path, min_run=64, chunk=chunk, start=off, end=off + n)
+    runs = zero_runs(fh.path, min_run=64, chunk=chunk, start=off, end=off + n, kept=fh.kept)
     return max(runs, key=lambda r: r[1]) if runs else None
 
 

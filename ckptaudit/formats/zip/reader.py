@@ -60,16 +60,19 @@ class ArchiveFile:
     ``window`` is the least bytes one small remote read fetches (``torchzip.REMOTE_WINDOW_BYTES``)
     and ``prefetch`` whether :meth:`prefetch` batches ranged GETs (``torchzip.REMOTE_PREFETCH``);
     the caller reads both when it opens the file.  ``facts``: the hash stage's
-    (:class:`ckptaudit.onepass.facts.ByteFacts`) for this file's records, or None.
+    (:class:`ckptaudit.onepass.facts.ByteFacts`) for this file's records, or None.  ``kept``: bytes of the
+    remote object already read (:class:`ckptaudit.fs.kept.KeptBytes`, or None), which every read of this
+    file answers from first, for its life.
     """
 
-    def __init__(self, path: str, *, window: int, prefetch: bool, facts=None) -> None:
+    def __init__(self, path: str, *, window: int, prefetch: bool, facts=None, kept=None) -> None:
         self.path = path
         self.facts = facts
+        self.kept = kept
         self.window_bytes = window
         self.prefetch_enabled = prefetch
         if fs.is_remote(path):
-            self.f = fs.open_binary(path, exact=True)
+            self.f = fs.open_binary(path, exact=True, kept=kept)
             self.fd = None
             self.size = fs.size(path)
         else:
@@ -84,7 +87,7 @@ class ArchiveFile:
         if self.fd is not None or not ranges or not self.prefetch_enabled:
             return
         ranges = sorted({(o, min(n, self.size - o)) for o, n in ranges if 0 <= o < self.size and n > 0})
-        blobs = fs.read_ranges(self.path, ranges)
+        blobs = fs.read_ranges(self.path, ranges, kept=self.kept)
         self._pre = sorted(getattr(self, "_pre", []) + [(o, b) for (o, _), b in zip(ranges, blobs) if b],
                            key=lambda t: t[0])
         self._pre_starts = [o for o, _ in self._pre]
@@ -116,7 +119,7 @@ class ArchiveFile:
         members that follow it (torch aligns members to 64 bytes) come with it."""
         if n >= (64 << 10):
             if getattr(self, "_blocks", None) is None:
-                self._blocks = fs.open_binary(self.path, block_size=1 << 20, cache_type="blockcache")
+                self._blocks = fs.open_binary(self.path, block_size=1 << 20, cache_type="blockcache", kept=self.kept)
             self._blocks.seek(off)
             return self._blocks.read(n)
         w0, win = getattr(self, "_win", (0, b""))
@@ -156,7 +159,7 @@ class ArchiveFile:
             crc, done = crc32(part, 0), len(part)
         if self.fd is None:  # remote: stream with large ranged GETs, not the small readahead
             if getattr(self, "_stream", None) is None:
-                self._stream = fs.open_binary(self.path, block_size=fs.STREAM_BLOCK_BYTES)
+                self._stream = fs.open_binary(self.path, block_size=fs.STREAM_BLOCK_BYTES, kept=self.kept)
             f = self._stream
         f.seek(off + done)
         k = 0

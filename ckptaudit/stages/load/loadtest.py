@@ -36,6 +36,7 @@ from typing import Callable, Dict, List, Tuple
 from ... import findings as F
 from ... import roles
 from ... import fs, producers
+from ..rows import LoadRow
 from . import whole_modules
 from .remote_copy import skeleton, with_tensor_data
 from .child import batched_loads, load_file, read_chars, resolve_benign  # noqa: F401 - resolve_benign re-exported
@@ -196,26 +197,28 @@ def unreadable(path: str, why: str) -> F.Finding:
 
 
 def load_units(run_dir: Path, units: List[dict], scans: Dict[str, dict], cfg: dict,
-               loader: Callable | None = None, facts=None) -> List[dict]:
-    """Rows of the ``load`` table for ``units``.
+               loader: Callable | None = None, facts=None) -> List[LoadRow]:
+    """Rows of the ``load`` table for ``units`` (:class:`ckptaudit.stages.rows.LoadRow`).
 
     ``scans`` maps unit → its ``scan`` row; ``facts``: the hash stage's
     (:class:`ckptaudit.onepass.facts.ByteFacts`), which name a remote object's tensor data for its sparse copy
-    (:mod:`ckptaudit.stages.load.remote_copy`); a unit with a file or security
-    error is skipped (and never opened by torch), as are all units when
+    (:mod:`ckptaudit.stages.load.remote_copy`) and hold the bytes that copy is served from (``facts.kept``); a
+    unit with a file or security error is skipped (and never opened by torch), as are all units when
     ``load.enabled`` is false.  ``loader``: what loads the files to load, with :func:`load_todo`'s
-    arguments and results (default: that function, in this process); the load stage passes the audit's load
-    server's (:func:`ckptaudit.stages.load.server.loader`), which gives the same rows.
+    arguments (``kept=`` among them: ``facts.kept``) and results (default: that function, in this process); the
+    load stage passes the audit's load server's (:func:`ckptaudit.stages.load.server.loader`), which gives the
+    same rows.
     """
     lcfg = cfg.get("load", {})
     timeout = float(lcfg.get("timeout_seconds", 120))
     limit = int(lcfg.get("memory_limit_mib", 8192)) << 20
-    rows: List[dict] = []
+    rows: List[LoadRow] = []
     todo: List[Tuple[dict, str, str, List[str]]] = []
     for u in units:
         _plan_unit(run_dir, u, scans.get(u["unit"]), lcfg, facts, rows, todo)
     if todo:
-        results = (loader or load_todo)(run_dir, todo, cfg, timeout, limit)
+        results = (loader or load_todo)(run_dir, todo, cfg, timeout, limit,
+                                        kept=None if facts is None else facts.kept)
         modules: Dict[str, Dict[str, List[str]]] = {}  # unit -> its whole-module pickles, read when one failed
         for (u, f, k, benign), res in zip(todo, results):
             if res.get("status") not in (None, "ok") and u["unit"] not in modules:
@@ -225,7 +228,7 @@ def load_units(run_dir: Path, units: List[dict], scans: Dict[str, dict], cfg: di
     return rows
 
 
-def _plan_unit(run_dir: Path, u: dict, s: dict | None, lcfg: dict, facts, rows: List[dict],
+def _plan_unit(run_dir: Path, u: dict, s: dict | None, lcfg: dict, facts, rows: List[LoadRow],
                todo: List[Tuple[dict, str, str, List[str]]]) -> None:
     """The files of unit ``u`` (its scan row ``s``) to load, appended to ``todo``; a row to ``rows`` for each
     file or the whole unit not loaded, and why."""
@@ -266,7 +269,7 @@ def _plan_unit(run_dir: Path, u: dict, s: dict | None, lcfg: dict, facts, rows: 
         todo.append((with_tensor_data(u, run_dir, f, facts), f, k, benign))
 
 
-def _load_row(unit: str, f: str, res: dict, timeout: float, limit: int, module_classes: List[str]) -> dict:
+def _load_row(unit: str, f: str, res: dict, timeout: float, limit: int, module_classes: List[str]) -> LoadRow:
     """The ``load`` row of file ``f`` from its child's result ``res``, with a finding when it did not load: a
     refusal of a file that pickles whole modules (``module_classes``) is :func:`ckptaudit.stages.load.whole_modules.refusal`,
     not ``load_failed``."""
@@ -280,21 +283,21 @@ def _load_row(unit: str, f: str, res: dict, timeout: float, limit: int, module_c
     elif res["status"] != "ok":
         fl.append(whole_modules.refusal(f, module_classes, res.get("error_message", ""))
                   or F.make("load_failed", path=f, why=explain(res.get("error_message", ""))))
-    return {"unit": unit, "file": f, "status": res["status"], "skipped_reason": "",
-            "error_type": res.get("error_type", ""), "error_message": res.get("error_message", ""),
-            "load_seconds": res["load_seconds"], "peak_rss_bytes": res["peak_rss_bytes"],
-            "n_top_level_keys": res.get("n_top_level_keys"), "n_tensors": res.get("n_tensors"),
-            "findings_json": json.dumps([x.to_dict() for x in fl])}
+    return LoadRow(unit=unit, file=f, status=res["status"], skipped_reason="",
+                   error_type=res.get("error_type", ""), error_message=res.get("error_message", ""),
+                   load_seconds=res["load_seconds"], peak_rss_bytes=res["peak_rss_bytes"],
+                   n_top_level_keys=res.get("n_top_level_keys"), n_tensors=res.get("n_tensors"), findings=tuple(fl))
 
 
 def load_todo(run_dir: Path, todo: List[Tuple[dict, str, str, List[str]]], cfg: dict, timeout: float,
-              limit: int) -> List[Dict]:
+              limit: int, kept=None) -> List[Dict]:
     """Load each (unit, file, kind, allowed globals) of ``todo`` in forked children (:func:`load_in_child`; small
     local files share a child, :mod:`ckptaudit.stages.load.child`); one result per item, in order: ``load_in_child``'s
     dict, or ``{"skipped_reason": why}`` for a remote object that could not be copied for the load.  Imports
     torch (once per process) so each child is a fork, not an import; the load server
     (:mod:`ckptaudit.stages.load.server`) runs this on a thread per load job.  Adds the children's reads to this
-    thread's :func:`child_bytes_read`."""
+    thread's :func:`child_bytes_read`.  ``kept``: bytes of remote objects already read
+    (:class:`ckptaudit.fs.kept.KeptBytes`, or None), which a remote object's copy is served from first."""
     import torch  # noqa: F401 - imported once here so each forked child is cheap
 
     batched = batched_loads(run_dir, todo, timeout, limit, alone=load_in_child)  # small local files
@@ -305,8 +308,8 @@ def load_todo(run_dir: Path, todo: List[Tuple[dict, str, str, List[str]]], cfg: 
             dl_limit = int((cfg.get("s3") or {}).get("download_limit_mib", 4096)) << 20
             scratch = tempfile.mkdtemp(prefix="ckptaudit-load-")
             try:
-                local = (skeleton(src, k, scratch, dl_limit, (u.get("tensor_data") or {}).get(f))
-                         or fs.download(src, scratch, dl_limit))
+                local = (skeleton(src, k, scratch, dl_limit, (u.get("tensor_data") or {}).get(f), kept)
+                         or fs.download(src, scratch, dl_limit, kept=kept))
             except OSError as e:
                 local, why = None, f"cannot download the object: {type(e).__name__}"
             else:
@@ -356,25 +359,22 @@ def missing_packages(qualnames: List[str]) -> List[str]:
     return sorted(out)
 
 
-def _not_checked(unit: str, file: str, packages: List[str]) -> dict:
+def _not_checked(unit: str, file: str, packages: List[str]) -> LoadRow:
     f = F.make("load_not_checked", path=file, packages=", ".join(packages),
                install=" ".join(PIP_NAMES.get(p, p) for p in packages))
-    row = _skip(unit, file, f"not checked: needs {', '.join(packages)} (import failed)")
-    row["findings_json"] = json.dumps([f.to_dict()])
-    return row
+    return _skip(unit, file, f"not checked: needs {', '.join(packages)} (import failed)", (f,))
 
 
 #: Module -> pip package, for the install line of a load that needs a framework (the producers' modules say).
 PIP_NAMES = producers.PIP_NAMES
 
 
-def skip_row(unit: str, file: str, why: str) -> dict:
-    """A ``load`` row for a file (or unit) that was not loaded, and why."""
-    return _skip(unit, file, why)
+def skip_row(unit: str, file: str, why: str, findings: Tuple[F.Finding, ...] = ()) -> LoadRow:
+    """A ``load`` row for a file (or unit) that was not loaded, and why, with ``findings``."""
+    return _skip(unit, file, why, findings)
 
 
-def _skip(unit: str, file: str, why: str) -> dict:
-    return {"unit": unit, "file": file, "status": "skipped", "skipped_reason": why, "error_type": "",
-            "error_message": "", "load_seconds": 0.0, "peak_rss_bytes": 0, "n_top_level_keys": None,
-            "n_tensors": None, "findings_json": "[]"}
+def _skip(unit: str, file: str, why: str, findings: Tuple[F.Finding, ...] = ()) -> LoadRow:
+    return LoadRow(unit=unit, file=file, status="skipped", skipped_reason=why, error_type="", error_message="",
+                   load_seconds=0.0, peak_rss_bytes=0, n_top_level_keys=None, n_tensors=None, findings=findings)
 

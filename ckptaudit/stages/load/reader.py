@@ -55,12 +55,12 @@ class ReaderLoads:
         self.in_process = map_location in (None, "cpu")
         self.kept: Dict[str, Any] = {}
 
-    def __call__(self, run_dir, todo: list, cfg: dict, timeout: float, limit: int) -> List[Dict]:
+    def __call__(self, run_dir, todo: list, cfg: dict, timeout: float, limit: int, kept=None) -> List[Dict]:
         from ... import fs
         from . import loadtest
 
         here = [self.in_process and k in IN_PROCESS_KINDS and not fs.is_remote(run_dir) for _, _, k, _ in todo]
-        rest = iter(loadtest.load_todo(run_dir, [t for t, h in zip(todo, here) if not h], cfg, timeout, limit)
+        rest = iter(loadtest.load_todo(run_dir, [t for t, h in zip(todo, here) if not h], cfg, timeout, limit, kept)
                     if not all(here) else [])
         return [self._load_here(run_dir, f, k, benign) if h else next(rest) for (_, f, k, benign), h in zip(todo, here)]
 

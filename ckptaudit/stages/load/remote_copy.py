@@ -24,25 +24,26 @@ def with_tensor_data(u: dict, run_dir, rel: str, facts) -> dict:
     return {**u, "tensor_data": {**(u.get("tensor_data") or {}), rel: [list(r) for r in ranges]}}
 
 
-def skeleton(src, kind: str, scratch: str, limit: int, tensor_data=None):
+def skeleton(src, kind: str, scratch: str, limit: int, tensor_data=None, kept=None):
     """A local sparse copy of remote ``src`` with every byte but its tensor data (those are holes: zeros), for a
     ``torch.load(mmap=True)`` or ``safe_open`` that builds the object tree without touching tensor data (whose
     bytes the hash stage's pass and the CRC check have read); the path, or None when ``src`` cannot be planned
-    (then it is downloaded whole) or the bytes to fetch exceed ``limit``."""
+    (then it is downloaded whole) or the bytes to fetch exceed ``limit``.  ``kept``: the bytes of ``src`` the
+    pass kept (:class:`ckptaudit.fs.kept.KeptBytes`, or None), served instead of fetched."""
     from ...onepass.plan import plan_file, skeleton_ranges
 
     if kind not in ("torch_zip", "safetensors"):
         return None
     tensor_data = [tuple(r) for r in tensor_data] if tensor_data is not None else None  # the pass's, else planned
     if tensor_data is None:
-        tensor_data = plan_file(src).tensor_data
+        tensor_data = plan_file(src, kept=kept).tensor_data
     if not tensor_data:
         return None
     size = fs.size(src)
     ranges = skeleton_ranges(size, tensor_data)
     if sum(n for _, n in ranges) > limit:
         return None
-    blobs = fs.read_ranges(src, ranges, purpose="streamed") if ranges else []  # the load test's (sparse) copy
+    blobs = fs.read_ranges(src, ranges, purpose="streamed", kept=kept) if ranges else []  # the load test's copy
     if any(b is None or len(b) != n for b, (_, n) in zip(blobs, ranges)):
         return None
     local = os.path.join(scratch, fs.path(src).name)

@@ -168,7 +168,7 @@ class ServerLoads:
         self.info = info
         self.files_served = 0  # files the load server loaded for this loader (the load stage's bytes file)
 
-    def __call__(self, run_dir, todo, cfg, timeout, limit):
+    def __call__(self, run_dir, todo, cfg, timeout, limit, kept=None):
         from ... import fs
         from . import loadtest
 
@@ -177,7 +177,7 @@ class ServerLoads:
             answer = request(self.info, str(run_dir), [[u["unit"], f, k, b] for u, f, k, b in todo], cfg, timeout,
                              limit)
         if answer is None:
-            return loadtest.load_todo(run_dir, todo, cfg, timeout, limit)
+            return loadtest.load_todo(run_dir, todo, cfg, timeout, limit, kept)
         loadtest.count_child_bytes(int(answer.get("child_bytes") or 0))
         self.files_served += len(todo)
         return answer["results"]
@@ -244,7 +244,7 @@ def serve(fd: int, parent: int, folder: str) -> int:
     """The server's main loop on the listening socket ``fd`` (see the module docstring); removes ``folder``
     (the socket's) when it ends; returns its exit status."""
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as the stage jobs (ckptaudit.stages.main)
-    from ...tables import without_pandas
+    from ..job_process import without_pandas
 
     without_pandas()
     listener = socket.socket(fileno=fd)
