@@ -82,7 +82,7 @@ class _Ahead:
     newest failed on its metadata: a save cut short), the pass is stopped at its next buffer
     (the ``stop`` event of :func:`ckptaudit.onepass.stream.run`) and its rows are never used."""
 
-    def __init__(self, inv: dict, out: Path, skip) -> None:
+    def __init__(self, inv: dict, out: Path, skip, loads=None) -> None:
         import threading
 
         from .fs import read_depth
@@ -97,6 +97,8 @@ class _Ahead:
             return
         part = _part(self.unit)
         one = {**inv, "parts": {part: [self.unit]}}
+        if loads is not None:  # the files' identity before their bytes are read: the load must find the same
+            loads.pin(inv["run_dir"], live[-1])
 
         def run() -> None:
             try:
@@ -162,7 +164,8 @@ def _examine(inv: dict, unit: str, cfg: dict, out: Path, target_path: str,
              loads=None, ahead: "_Ahead | None" = None) -> Dict[str, List[dict]]:
     """{table: rows of ``unit``} from every stage, in the audit's order, reading all of its bytes.  ``loads``: the
     reader's loader (:class:`ckptaudit.stages.load.reader.ReaderLoads`), which keeps what it loaded of ``unit`` only;
-    ``ahead``: a hash stage already started (:class:`_Ahead`), used when it is of ``unit``."""
+    ``ahead``: a hash stage already started (:class:`_Ahead`), used when it is of ``unit``.  ``loads`` is told the
+    identity of ``unit``'s files before the hash stage reads them (``ReaderLoads.pin``): it loads what was verified."""
     from .fs import read_depth
     from . import tables
     from .stages import cli as stages
@@ -174,6 +177,8 @@ def _examine(inv: dict, unit: str, cfg: dict, out: Path, target_path: str,
     one = {**inv, "parts": {part: [unit]}}
     p = _paths(out, part)
     if ahead is None or not ahead.take(unit):
+        if loads is not None:  # the files' identity before their bytes are read: the load must find the same
+            loads.pin(inv["run_dir"], next(u for u in inv["units"] if u["unit"] == unit))
         stages.stage_hash(one, part, p["hash"], depth=read_depth.CHECKED_DIGESTS_ONLY)
     stages.stage_scan(one, part, cfg, p["scan"], p["tensors"], p["imports"])
     stages.stage_load(one, part, cfg, p["scan"], p["load"], loader=loads)
@@ -240,7 +245,7 @@ def search(run_dir: str | Path, cfg: dict, out: Path, audit: str | Path | None =
     target_path = str(work / "target.json")
     target.write(cfg, target_path)
     prior = prior_rows(audit, inv) if audit is not None else {}
-    ahead = _Ahead(inv, out, prior)
+    ahead = _Ahead(inv, out, prior, loads)
     try:
         return _judge(inv, cfg, out, target_path, prior, loads, ahead)
     finally:

@@ -204,3 +204,114 @@ def test_the_read_depth_reaches_the_zip_check_on_the_facts_it_receives(tmp_path)
     assert [f.kind for f in full.findings if "crc" in f.kind] == ["zip_crc_mismatch"]
     assert not [f for f in meta.findings if "crc" in f.kind]
     assert read <= METADATA_SLACK < path.stat().st_size, (read, path.stat().st_size)
+
+
+def _swap_after_verification(monkeypatch, run, name, change):
+    """Run ``change(path)`` on ``run / name`` right after the hash stage has verified its bytes (on whichever
+    thread verifies it), before the load."""
+    from ckptaudit.stages import cli as stages
+
+    real = stages.stage_hash
+    done = []
+
+    def hash_then_change(inv, part, *a, **k):
+        rows = real(inv, part, *a, **k)
+        if not done and name in inv["parts"][part]:
+            done.append(name)
+            change(run / name)
+        return rows
+
+    monkeypatch.setattr(stages, "stage_hash", hash_then_change)
+    return done
+
+
+@pytest.mark.parametrize("how", ["renamed_over", "rewritten_in_place"])
+def test_a_file_changed_between_verification_and_load_is_never_returned(tmp_path, monkeypatch, how):
+    """The unit returned is the one verified: a valid checkpoint renamed over the newest unit after its bytes
+    were verified (a new inode), or the unit rewritten in place with its size and mtime put back (the ctime
+    moves), is not loaded; the reader falls back to the unit before, and says why."""
+    import torch
+
+    run = _run(tmp_path / "run", steps=(100, 200))
+    impostor = tmp_path / "impostor.pt"
+    good = torch.load(run / "ckpt_000200.pt", weights_only=True)
+    torch.save({**good, "iter_num": 999}, impostor)
+
+    def renamed_over(path):
+        os.replace(impostor, path)
+
+    def rewritten_in_place(path):
+        st = os.stat(path)
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0x10
+        with open(path, "r+b") as f:
+            f.write(data)
+        os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+        assert os.stat(path).st_ino == st.st_ino and os.stat(path).st_size == st.st_size
+
+    done = _swap_after_verification(monkeypatch, run, "ckpt_000200.pt",
+                                    renamed_over if how == "renamed_over" else rewritten_in_place)
+    ckpt = safe_load_checkpoint(run)
+    assert done == ["ckpt_000200.pt"]
+    assert (ckpt.unit, ckpt.step, ckpt["iter_num"]) == ("ckpt_000100.pt", 100, 100)
+    assert "changed after its bytes were verified" in ckpt.skipped["ckpt_000200.pt"]
+
+
+def test_the_final_load_of_a_file_loaded_apart_is_pinned_too(tmp_path, monkeypatch):
+    """With a ``map_location`` other than "cpu" the load test runs in a child and the file is loaded again for
+    the caller; a file renamed over the verified one before that load makes the reader refuse it."""
+    import torch
+
+    from ckptaudit.safe_load import NoUsableCheckpointError
+    from ckptaudit.stages.load import loadtest
+
+    run = tmp_path / "run"
+    run.mkdir()
+    torch.save({"model": {"w": torch.ones(4)}, "iter_num": 7}, run / "ckpt_000007.pt")
+    torch.save({"model": {"w": torch.zeros(4)}, "iter_num": 8}, tmp_path / "impostor.pt")
+    real = loadtest.load_in_child
+
+    def child_then_swap(path, *a, **k):
+        res = real(path, *a, **k)
+        os.replace(tmp_path / "impostor.pt", run / "ckpt_000007.pt")
+        return res
+
+    monkeypatch.setattr(loadtest, "load_in_child", child_then_swap)
+    with pytest.raises(NoUsableCheckpointError) as ei:
+        safe_load_checkpoint(run, map_location="meta")
+    assert "changed after its bytes were verified" in ei.value.reasons["ckpt_000007.pt"]
+
+
+def test_a_published_unit_whose_chunks_fail_is_read_once_by_the_reader(tmp_path):
+    """A published unit (sidecar, manifest with chunk digests) with a flipped tensor byte is rejected by its
+    chunk digest; the reader, which checks the whole-file SHA-256 against nothing more, does not re-read it
+    whole for that digest, and names the damaged tensors from the file's metadata: the examined units' bytes
+    are read once each (plus metadata), and the audit still records the damaged file's SHA-256."""
+    import hashlib
+    import json
+
+    import torch
+
+    from ckptaudit.publish import save
+
+    run = tmp_path / "run"
+    torch.manual_seed(0)
+    for step in (100, 200, 300):
+        save({"model": {f"w{k}": torch.randn(1 << 18) for k in range(8)}, "iter_num": step}, run, step=step)
+    _flip_a_tensor_byte(run / "ckpt_000300.pt")
+    ckpt = safe_load_checkpoint(run)
+    assert (ckpt.unit, ckpt.examined) == ("ckpt_000200.pt", ["ckpt_000300.pt", "ckpt_000200.pt"])
+    why = ckpt.skipped["ckpt_000300.pt"]
+    assert why.startswith("chunk_checksum_mismatch: ") and "it holds tensor(s) model.w" in why, why
+    sizes = {n: (run / n).stat().st_size for n in ckpt.examined}
+    assert sum(sizes.values()) <= ckpt.bytes_read <= sum(sizes.values()) + 3 * METADATA_SLACK, (ckpt.bytes_read, sizes)
+
+    audit = audit_in_process(run, {}, out_dir=tmp_path / "audit")
+    assert audit["rollback"]["unit"] == "ckpt_000200.pt"
+    from ckptaudit import tables
+
+    (row,) = [r for r in tables.read_rows(tmp_path / "audit" / "tables" / "hash.parquet")
+              if r["file"] == "ckpt_000300.pt"]
+    assert row["sha256_hex"] == hashlib.sha256((run / "ckpt_000300.pt").read_bytes()).hexdigest()
+    assert row["verified"] is False
+    assert [f["kind"] for f in json.loads(row["findings_json"])] == ["chunk_checksum_mismatch"]

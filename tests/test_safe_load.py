@@ -169,8 +169,8 @@ def test_the_reader_loads_the_unit_it_returns_once(tmp_path, monkeypatch):
     calls = []
     real_load = torch.load
 
-    def counting_load(f, *a, **k):
-        calls.append(os.path.basename(str(f)))
+    def counting_load(f, *a, **k):  # the reader loads by /proc/self/fd/N, the verified file's open descriptor
+        calls.append(os.path.basename(os.path.realpath(str(f))))
         return real_load(f, *a, **k)
 
     def no_child(*a, **k):
@@ -204,3 +204,42 @@ def test_a_map_location_other_than_cpu_keeps_the_forked_load_test(tmp_path, monk
     monkeypatch.setattr(loadtest, "load_in_child", spy)
     ckpt = safe_load_checkpoint(run, map_location="meta")
     assert forked == ["ckpt_000007.pt"] and ckpt["model"]["w"].device.type == "meta"
+
+
+def test_the_reader_scratch_is_on_a_tmpfs_unless_tmpdir_says(tmp_path, monkeypatch):
+    """The search's scratch tables go to /dev/shm (a tmpfs: no journaling per small table) when ``TMPDIR`` is not
+    set, to ``TMPDIR`` when it is, and are removed on return."""
+    import tempfile
+
+    import torch
+
+    from ckptaudit import safe_load
+
+    run = tmp_path / "run"
+    run.mkdir()
+    torch.save({"model": {"w": torch.ones(4)}, "iter_num": 7}, run / "ckpt_000007.pt")
+    monkeypatch.delenv("TMPDIR", raising=False)
+    shm = os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK | os.X_OK)
+    assert safe_load.scratch_root() == ("/dev/shm" if shm else None)
+
+    made = []
+    real = tempfile.TemporaryDirectory
+
+    def spy(*a, **k):
+        td = real(*a, **k)
+        made.append(td.name)
+        return td
+
+    monkeypatch.setattr(tempfile, "TemporaryDirectory", spy)
+    assert safe_load_checkpoint(run).step == 7
+    if shm:
+        assert os.path.dirname(made[-1]) == "/dev/shm"
+    assert not os.path.exists(made[-1])
+
+    mine = tmp_path / "tmpdir"
+    mine.mkdir()
+    monkeypatch.setenv("TMPDIR", str(mine))
+    monkeypatch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
+    assert safe_load.scratch_root() is None
+    assert safe_load_checkpoint(run).step == 7
+    assert os.path.dirname(made[-1]) == str(mine) and not os.listdir(mine)

@@ -10,7 +10,7 @@ of :func:`scan_file` in :mod:`.scan_file`; this module re-exports their names.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 from ..security import tricks as security_tricks
 from ..formats import pickles
@@ -91,7 +91,7 @@ def _zip_file(path: Path, rel: str, unit: str, scan: UnitScan, allowed: List[str
     kept = None if byte_facts is None else byte_facts.kept
     walked: Dict[str, Any] = {}
 
-    def tensor_names(data: bytes, n_records: int) -> Dict[str, List[str]]:  # data.pkl walked once, for the CRCs too
+    def tensor_names(data: bytes, n_records: int) -> Mapping[str, List[str]]:  # data.pkl walked once, for the CRCs too
         walked["res"], walked["streams"] = walk_data_pkl(scan, data, n_records)
         return _names_by_storage(walked["res"].tensors)
 
@@ -151,19 +151,47 @@ def _safetensors_file(path: Path, rel: str, unit: str, scan: UnitScan, out: Dict
         scan.tree[tree_key or rel] = {"__safetensors__": tree, "__metadata__": header.get("__metadata__")}
 
 
-def _names_by_storage(tensors) -> Dict[str, List[str]]:
-    """{storage key: names of the tensors it holds} of a data.pkl walk's ``tensors``."""
-    by_key: Dict[str, List[str]] = {}
-    for name, tm in tensors:
-        by_key.setdefault(str(tm.storage.key), []).append(name)
-    return by_key
+class _NamesByStorage(Mapping):
+    """{storage key: names of the tensors it holds} of a data.pkl walk's ``tensors``, built on the first lookup:
+    only a record that fails its CRC asks, and an intact archive of 300,000 tensors then holds no list per
+    storage (issue 45)."""
+
+    def __init__(self, tensors) -> None:
+        self._tensors = tensors
+        self._by_key: Optional[Dict[str, List[str]]] = None
+
+    def _built(self) -> Dict[str, List[str]]:
+        if self._by_key is None:
+            self._by_key = {}
+            for name, tm in self._tensors:
+                self._by_key.setdefault(str(tm.storage.key), []).append(name)
+        return self._by_key
+
+    def __getitem__(self, key: str) -> List[str]:
+        return self._built()[key]
+
+    def __iter__(self):
+        return iter(self._built())
+
+    def __len__(self) -> int:
+        return len(self._built())
+
+
+def _names_by_storage(tensors) -> Mapping:
+    """{storage key: names of the tensors it holds} of a data.pkl walk's ``tensors`` (built when first read)."""
+    return _NamesByStorage(tensors)
 
 
 def tensors_in_range(run_dir: Path, rel: str, unit: str, start: int, end: int) -> str:
-    """Which tensors of ``rel`` have bytes in [start, end), from a byte-level scan (never unpickled)."""
+    """Which tensors of ``rel`` have bytes in [start, end), from a byte-level scan of its metadata (never
+    unpickled; no tensor byte read: the caller's pass already checked them)."""
     try:
+        from ..fs.read_depth import METADATA_ONLY
+        from ..onepass.facts import ByteFacts
+
         scan = UnitScan(unit, "")
-        scan_file(run_dir, rel, unit, scan, {"security": {"allow_globals": []}})
+        scan_file(run_dir, rel, unit, scan, {"security": {"allow_globals": []}},
+                  byte_facts=ByteFacts(METADATA_ONLY.tensor_bytes))
     except Exception as e:  # noqa: BLE001 - naming tensors is best effort on a damaged file
         return f"the tensors in that range could not be named ({type(e).__name__})"
     hit = [t.name for t in scan.iter_tensors() if t.data_offset >= 0 and t.data_offset < end

@@ -16,7 +16,7 @@ from typing import Any, Dict, List
 
 from .. import fs
 from ..security import resume as security_resume
-from .result import TensorRow, UnitScan
+from .result import TENSOR_COLUMNS, TensorRow, UnitScan
 from .tree import SMALL_TENSOR_NUMEL, decode_small, read_small, small_nbytes
 
 #: Sniff kinds whose bytes may be a pickle (protocol 0 is text; protocol 1 starts with any opcode).
@@ -83,21 +83,56 @@ def storages_needed(res) -> Dict[str, tuple]:
 
 
 def zip_tensors(path: Path, rel: str, unit: str, scan: UnitScan, rep, res, kept=None) -> Dict[int, Any]:
-    """A TensorRow per tensor of a zip's data.pkl; returns the decoded values of its small tensors."""
+    """The tensors of a zip's data.pkl as one ``tensors`` table added to ``scan`` (a column per field, not a
+    :class:`TensorRow` per tensor: issue 45); returns the decoded values of its small tensors."""
+    from .. import tables
+
     values: Dict[int, Any] = {}
-    members = {m.name: m for m in rep.members}
-    small = []
+    at = {m.name: m.data_offset for m in rep.members}
+    small_off, small_tm = [], []  # two lists of references, not a tuple per small tensor
+    data_dir = f"{rep.prefix}/data/"
+    cols: Dict[str, list] = {c: [] for c in TENSOR_COLUMNS if c not in ("unit", "file")}
+    name_c, dtype_c, shape_c, numel_c, nbytes_c, key_c, off_c, param_c, soff_c = (
+        cols[c] for c in ("name", "dtype", "shape", "numel", "nbytes", "storage_key", "data_offset", "is_parameter",
+                          "storage_offset"))
     for name, tm in res.tensors:
-        m = members.get(f"{rep.prefix}/data/{tm.storage.key}")
-        off = m.data_offset + tm.storage_offset * tm.storage.itemsize if m else -1
-        scan.tensors.append(TensorRow(unit, rel, name, tm.dtype, list(tm.shape), tm.numel,
-                                      tm.nbytes, tm.storage.key, off, tm.is_parameter, tm.storage_offset))
-        if tm.numel <= SMALL_TENSOR_NUMEL and m is not None:
-            small.append((off, tm))
-    small = [(off, tm, n) for off, tm in small if off >= 0 and (n := small_nbytes(tm.dtype, tm.numel))]
-    if small:
-        _read_small_values(path, small, values, kept)
+        key = tm.storage.key
+        m_off = at.get(data_dir + key)
+        off = m_off + tm.storage_offset * tm.storage.itemsize if m_off is not None else -1
+        numel = tm.numel
+        name_c.append(name)
+        dtype_c.append(tm.dtype)
+        shape_c.append(tm.shape)
+        numel_c.append(numel)
+        nbytes_c.append(tm.nbytes)
+        key_c.append(key)
+        off_c.append(off)
+        param_c.append(tm.is_parameter)
+        soff_c.append(tm.storage_offset)
+        if numel <= SMALL_TENSOR_NUMEL and m_off is not None and off >= 0:
+            small_off.append(off)
+            small_tm.append(tm)
+    del at
+    n = len(name_c)
+    if n:
+        scan.add_tensor_table(tables.from_columns("tensors", {"unit": [unit] * n, "file": [rel] * n, **cols}))
+    del cols, name_c, dtype_c, shape_c, numel_c, nbytes_c, key_c, off_c, param_c, soff_c
+    small_n = [small_nbytes(tm.dtype, tm.numel) for tm in small_tm]
+    if any(small_n):
+        _read_small_values(path, [(off, tm, k) for off, tm, k in zip(small_off, small_tm, small_n) if k]
+                           if fs.is_remote(path) else _SmallTensors(small_off, small_tm, small_n), values, kept)
     return values
+
+
+class _SmallTensors:
+    """The ``(offset, TensorMeta, bytes)`` of the small tensors with a byte size, made one at a time from three
+    parallel lists (a local file reads them in turn; 300,000 tuples held at once were ~20 MiB)."""
+
+    def __init__(self, offs: list, tms: list, ns: list) -> None:
+        self._cols = (offs, tms, ns)
+
+    def __iter__(self):
+        return ((off, tm, k) for off, tm, k in zip(*self._cols) if k)
 
 
 def _read_small_values(path: Path, small: list, values: Dict[int, Any], kept=None) -> None:

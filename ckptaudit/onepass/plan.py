@@ -140,8 +140,8 @@ def _plan_zip(path, data: Optional[bytes], kept=None) -> Plan:
             return Plan()
         rec = _records(fh, cd, remote=data is None and fs.is_remote(path))
         plan = _record_plan(rec)
-        pkl = rec.index.get(f"{rec.prefix}/data.pkl" if rec.prefix else "data.pkl")
-        if pkl is None or rec.method[pkl] != 0 or rec.data_offset[pkl] < 0 or \
+        pkl = int(rec.rows_of([f"{rec.prefix}/data.pkl" if rec.prefix else "data.pkl"])[0])
+        if pkl < 0 or rec.method[pkl] != 0 or rec.data_offset[pkl] < 0 or \
                 rec.usize[pkl] > torchzip.MAX_DATA_PKL_BYTES:
             return plan
         at, n = int(rec.data_offset[pkl]), int(rec.usize[pkl])
@@ -174,11 +174,11 @@ def _plan_distcp(path, data: Optional[bytes], dcp_places: Optional[dict] = None)
 
 @dataclass
 class _Records:
-    """The stored records of a zip as columns: ``index`` {name: row}; per row ``data_offset`` (-1: the local
-    header disagrees), ``csize``, ``usize``, ``crc`` and ``method``; ``prefix``: the folder of the first record."""
+    """The stored records of a zip as columns: ``names`` (a ``pyarrow`` string array, one buffer); per row
+    ``data_offset`` (-1: the local header disagrees), ``csize``, ``usize``, ``crc`` and ``method`` (numpy int64);
+    ``prefix``: the folder of the first record.  No Python object per record (issue 45: 300,000 records)."""
 
-    names: List[str]
-    index: dict
+    names: object
     data_offset: object
     csize: object
     usize: object
@@ -186,12 +186,27 @@ class _Records:
     method: object
     prefix: str
 
+    def rows_of(self, names) -> "np.ndarray":  # noqa: F821 - numpy is imported inside, when called
+        """The row of each of ``names`` (a list or string array; the last record of that name, as a reader that
+        keeps one entry per name finds it), -1 where none is."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        n = len(self.names)
+        found = pc.index_in(pa.array(names, pa.string()), value_set=self.names[::-1])
+        back = found.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+        return np.where(back >= 0, n - 1 - back, -1)
+
 
 def _records(fh, cd: dict, remote: bool) -> _Records:
     """Every central-directory entry with its local header checked (:func:`ckptaudit.formats.zip.central.
     header_problem`), streamed: one entry dict at a time (a remote object's headers are fetched in batches
-    first, which needs the list)."""
+    first, which needs the list); the names gathered in one buffer."""
+    from array import array
+
     import numpy as np
+    import pyarrow as pa
 
     from ..formats.zip.central import header_problem, parse_central, prefetch_headers, iter_central
     from ..formats.zip.reader import Member
@@ -202,59 +217,75 @@ def _records(fh, cd: dict, remote: bool) -> _Records:
         prefetch_headers(fh, entries, cd["cd_offset"])
     else:
         entries = iter_central(fh, cd, problem)
-    names, cols = [], {k: [] for k in ("data_offset", "csize", "usize", "crc", "method")}
-    from array import array
-
-    cols = {k: array("q") for k in cols}
+    text, ends = bytearray(), array("q")
+    cols = {k: array("q") for k in ("data_offset", "csize", "usize", "crc", "method")}
     m = Member(name="", header_offset=0, data_offset=-1, size_bytes=0, crc32=0)
+    first = None
     for e in entries:
         m.data_offset = -1
         header_problem(fh, e, m, cd["cd_offset"])
-        names.append(e["name"])
+        if first is None:
+            first = e["name"]
+        text += e["name"].encode("utf-8", "surrogatepass")
+        ends.append(len(text))
         for k, v in (("data_offset", m.data_offset), ("csize", e["csize"]), ("usize", e["usize"]),
                      ("crc", e["crc"]), ("method", e["method"])):
             cols[k].append(v)
-    first = names[0] if names else ""
+    offsets = np.zeros(len(ends) + 1, np.int64)
+    offsets[1:] = np.frombuffer(ends, np.int64) if len(ends) else offsets[1:]
+    names = pa.LargeStringArray.from_buffers(len(ends), pa.py_buffer(offsets), pa.py_buffer(bytes(text))
+                                             ).cast(pa.string())
+    first = first or ""
     arr = {k: np.frombuffer(v, dtype=np.int64) if len(v) else np.zeros(0, np.int64) for k, v in cols.items()}
-    return _Records(names=names, index={n: i for i, n in enumerate(names)}, prefix=first.split("/", 1)[0]
-                    if "/" in first else "", **arr)
+    return _Records(names=names, prefix=first.split("/", 1)[0] if "/" in first else "", **arr)
 
 
 def _record_plan(rec: _Records) -> Plan:
     """The CRC ranges and tensor-data runs of a zip's records, sorted by offset."""
     import numpy as np
-    import pyarrow as pa
+    import pyarrow.compute as pc
 
     placed = (rec.data_offset >= 0) & (rec.method == 0)
     crc_rows = np.flatnonzero(placed & ~((rec.crc == 0) & (rec.usize > 0)))
     order = crc_rows[np.lexsort((rec.csize[crc_rows], rec.data_offset[crc_rows]))]
     data_dir = f"{rec.prefix}/data/" if rec.prefix else "data/"
-    is_data = np.fromiter((n.startswith(data_dir) for n in rec.names), dtype=bool, count=len(rec.names))
+    is_data = pc.starts_with(rec.names, data_dir).to_numpy(zero_copy_only=False).astype(bool)
     td = np.flatnonzero(placed & is_data)
     td = td[np.lexsort((rec.csize[td], rec.data_offset[td]))]
-    return Plan(crc_member=pa.array([rec.names[i] for i in order], pa.string()),
+    return Plan(crc_member=rec.names.take(order),
                 crc_range=np.stack([rec.data_offset[order], rec.csize[order]], axis=1),
                 tensor_data_range=np.stack([rec.data_offset[td], rec.csize[td]], axis=1))
 
 
 def _plan_values(plan: Plan, rec: _Records, pkl_bytes: bytes) -> None:
-    """The value ranges of the floating tensors data.pkl rebuilds (walked statically, nothing unpickled)."""
+    """The value ranges of the floating tensors data.pkl rebuilds (walked statically, nothing unpickled): each
+    tensor's storage record looked up in the records' names column once, for all tensors together."""
     from array import array
+
+    import numpy as np
 
     from ..pickle_walk import walk
     from ..pickle_walk.budgets import ops_for
 
-    res = walk(pkl_bytes, max_ops=ops_for(len(rec.names)))
-    offs, lens, codes = array("q"), array("q"), array("q")
+    res = walk(pkl_bytes, max_ops=ops_for(len(rec.names)), tensor_paths=False)  # names are not needed here
+    keys, views, lens, codes = [], array("q"), array("q"), array("q")
     for _name, tm in res.tensors:
-        i = rec.index.get(f"{rec.prefix}/data/{tm.storage.key}")
-        if i is None or rec.data_offset[i] < 0 or tm.dtype not in FLOAT_DTYPES or not tm.nbytes:
+        if tm.dtype not in FLOAT_DTYPES or not tm.nbytes:
             continue
-        offs.append(int(rec.data_offset[i]) + tm.storage_offset * tm.storage.itemsize)
+        keys.append(f"{rec.prefix}/data/{tm.storage.key}")
+        views.append(tm.storage_offset * tm.storage.itemsize)
         lens.append(tm.nbytes)
         codes.append(_DTYPE_CODE[tm.dtype])
     del res
-    _set_values(plan, offs, lens, codes)
+    if not keys:
+        return
+    rows = rec.rows_of(keys)
+    del keys
+    at = np.where(rows >= 0, rec.data_offset[np.maximum(rows, 0)], -1)
+    keep = at >= 0
+    offs = (at + np.frombuffer(views, np.int64))[keep]
+    _set_values(plan, array("q", offs.tobytes()), array("q", np.frombuffer(lens, np.int64)[keep].tobytes()),
+                array("q", np.frombuffer(codes, np.int64)[keep].tobytes()))
 
 
 def _set_values(plan: Plan, offs, lens, codes) -> None:

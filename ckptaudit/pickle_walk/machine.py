@@ -26,10 +26,13 @@ from .hidden import HiddenPickles  # noqa: E402
 from .memo import Memo  # noqa: E402
 from .model import GlobalImport, GlobalRef, TensorMeta, WalkResult  # noqa: E402
 from .objects import ObjectOps  # noqa: E402
-from .opcodes import genops  # noqa: E402
+from .opcodes import genops, memo_reads  # noqa: E402
 from .reader import BudgetError, raw_line_pair, WalkError  # noqa: E402
 from .salvage import fold_unfinished, tensor_paths  # noqa: E402
 
+#: Bytes from a walk's start from which its memo keeps only the slots the stream reads (:func:`.opcodes.memo_reads`,
+#: one quick pass over the opcodes first, ~10 % of a walk): below it every object is kept, as the memory is small.
+FORGET_UNREAD_FROM_BYTES = 1 << 20
 #: The handler names in table order; an opcode's index is its place here, and the frame-changing handlers
 #: (after which the loop reloads the current frame) come last, from :data:`_FIRST_FRAME_HANDLER` on.
 _NAMES: Tuple[str, ...] = tuple(sorted(set(HANDLERS.values()), key=lambda n: (n in FRAME_HANDLERS, n)))
@@ -44,7 +47,8 @@ class WalkState(OpcodeHandlers, HiddenPickles, ObjectOps):
     the opcode loop (:meth:`run`)."""
 
     __slots__ = ("res", "data", "persistent", "depth", "max_ops", "max_blocks", "n_tricks_dropped", "tensors_built", "names",
-                 "budget", "walker", "stack", "metastack", "memo", "stopped", "min_chars")
+                 "budget", "walker", "stack", "metastack", "memo", "stopped", "min_chars", "shapes",
+                 "tensor_paths")
 
     def __init__(self, res: WalkResult, data: Any, persistent: str, depth: int, max_ops: int,
                  budget: Optional[List[int]] = None, *, walker: Callable[..., WalkResult]) -> None:
@@ -59,11 +63,13 @@ class WalkState(OpcodeHandlers, HiddenPickles, ObjectOps):
         self.n_tricks_dropped = 0
         self.tensors_built: List[TensorMeta] = []
         self.names: Dict[int, Tuple[GlobalRef, str]] = {}  # id(GlobalRef) -> normalised "module.name"
+        self.shapes: Dict[Tuple[int, ...], Tuple[int, ...]] = {}  # each tensor shape/stride once (objects.py)
         self.stack: List[Any] = []  # the current frame: the items since the last MARK
         self.metastack: List[List[Any]] = []  # the frames below it
         self.memo = Memo()  # a list while torch's pickler fills slots in order (./memo.py)
         self.stopped = False
         self.min_chars = budgets._MIN_ENCODED_CHARS
+        self.tensor_paths = True  # False: res.tensors lists the tensors built, unnamed (streams.walk)
 
     # -- bookkeeping
     def trick(self, text: str) -> None:
@@ -87,6 +93,8 @@ class WalkState(OpcodeHandlers, HiddenPickles, ObjectOps):
 
     def _run(self, f: Any, start: int) -> None:
         res = self.res
+        if len(self.data) - start >= FORGET_UNREAD_FROM_BYTES:
+            self.memo = Memo(memo_reads(self.data, start))
         n = self._loop(f, start)
         res.n_ops = n
         res.end = f.tell()
@@ -97,7 +105,8 @@ class WalkState(OpcodeHandlers, HiddenPickles, ObjectOps):
         try:
             if not self.stopped:
                 res.obj = fold_unfinished(self.stack, self.metastack, self)
-            res.tensors = tensor_paths(res.obj, self.tensors_built)
+            res.tensors = tensor_paths(res.obj, self.tensors_built) if self.tensor_paths else \
+                [("", t) for t in self.tensors_built]
         except Exception as e:  # pragma: no cover - defensive: the result must still come back
             res.error = res.error or f"cannot describe the result: {type(e).__name__}: {e}"
         if self.n_tricks_dropped:

@@ -158,7 +158,9 @@ class ObjectOps:
                 dtype = DTYPE_ALIASES.get(dt.name, dt.name)
         elif full == R_QTENSOR and len(args) >= 6:
             rg = args[5] is True
-        t = TensorMeta(storage, offset, size, stride, dtype, rg, False)
+        shapes = self.shapes  # one tuple per distinct shape or stride: most of a checkpoint's repeat
+        t = TensorMeta(storage, offset, shapes.setdefault(size, size), shapes.setdefault(stride, stride), dtype, rg,
+                       False)
         self.tensors_built.append(t)
         return t
 

@@ -111,3 +111,70 @@ def _sized(data: Any, n: int, q: int, kind: int, f: Any) -> Tuple[Any, int]:
     f.seek(q)
     arg = op.arg.reader(f)
     return arg, f.tell()
+
+
+#: byte value → how :func:`memo_reads` steps over the opcode's operand: ``(0, n)`` n fixed bytes, ``(1, w)`` a
+#: w-byte little-endian length then that many bytes, ``(2, k)`` k newline-terminated lines, ``(3, n)`` a binary
+#: ``GET`` whose n-byte slot it records; None for a byte that is no opcode, or that this scan does not decode
+#: (the text ``GET``/``PUT``/``MEMOIZE``-free protocol 0 memo opcodes: it then gives up)
+_STEP: list = [None] * 256
+for _op in pickletools.opcodes:
+    _k = _NONE if _op.arg is None else _KIND_OF_ARG.get(_op.arg.name, _READER)
+    if _op.name in ("BINGET", "LONG_BINGET"):
+        _STEP[ord(_op.code)] = (3, _op.arg.n)
+    elif _op.name in ("GET", "PUT"):
+        continue
+    elif _k == _NONE:
+        _STEP[ord(_op.code)] = (0, 0)
+    elif _k in _WIDTH:
+        _STEP[ord(_op.code)] = (1, _WIDTH[_k])
+    elif _op.arg.n >= 0:
+        _STEP[ord(_op.code)] = (0, _op.arg.n)
+    elif _op.arg.name in ("long1", "long4"):
+        _STEP[ord(_op.code)] = (1, 1 if _op.arg.name == "long1" else 4)
+    else:  # newline-terminated operands: one line, or two for GLOBAL/INST
+        _STEP[ord(_op.code)] = (2, 2 if _op.arg.name == "stringnl_noescape_pair" else 1)
+del _op, _k
+
+
+def memo_reads(data: Any, start: int = 0) -> Any:
+    """The memo slots that the pickle at ``start`` of ``data`` ever reads (``BINGET``/``LONG_BINGET``
+    operands up to its ``STOP``), as a set of ints; None when this scan cannot tell them all (a protocol-0
+    ``GET``/``PUT``, an unknown opcode, an operand past the end, no ``STOP``).
+
+    A ``torch.save`` memoises almost every object it writes (~7 slots a tensor) and reads back a handful
+    (the storage tag, the location, the rebuild functions), so a walk told these keeps only those
+    (:class:`ckptaudit.pickle_walk.memo.Memo`).  Never a subset: every slot a ``genops`` decode of the same
+    bytes would read is here; one opcode at a time, no value decoded."""
+    step, n, p = _STEP, len(data), start
+    reads = set()
+    add = reads.add
+    u4 = _U4.unpack_from
+    while p < n:
+        code = data[p]
+        entry = step[code]
+        if entry is None:
+            return None
+        how, k = entry
+        p += 1
+        if how == 0:
+            p += k
+        elif how == 3:
+            if p + k > n:
+                return None
+            add(data[p] if k == 1 else u4(data, p)[0])
+            p += k
+        elif how == 1:
+            if p + k > n:
+                return None
+            size = data[p] if k == 1 else u4(data, p)[0] if k == 4 else _U8.unpack_from(data, p)[0]
+            p += k + size
+        else:
+            for _ in range(k):
+                e = bytes(data[p:p + 4096]).find(b"\n")
+                if e < 0:
+                    return None
+                p += e + 1
+        if code == 0x2E:  # STOP
+            return reads if p <= n else None
+    return None

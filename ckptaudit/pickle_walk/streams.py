@@ -11,7 +11,8 @@ from .model import WalkResult
 from .reader import MVReader
 
 def walk(data: bytes | bytearray | memoryview, start: int = 0, *, max_ops: int = MAX_OPS,
-         persistent: str = "torch", _depth: int = 0, _budget: Optional[List[int]] = None) -> WalkResult:
+         persistent: str = "torch", tensor_paths: bool = True, _depth: int = 0,
+         _budget: Optional[List[int]] = None) -> WalkResult:
     """Interpret the pickle that starts at byte ``start`` of ``data``, symbolically.
 
     Returns a :class:`WalkResult`; never raises on bad input (``error`` is set
@@ -28,6 +29,8 @@ def walk(data: bytes | bytearray | memoryview, start: int = 0, *, max_ops: int =
     ``imports_end`` says how far that got.  ``persistent="torch"``
     decodes torch storage persistent ids into :class:`StorageRef`;
     ``"raw"`` keeps every persistent id as a :class:`PersistentRef`.
+    ``tensor_paths=False``: ``tensors`` lists every tensor built, in the order built, each named ``""`` (for a
+    caller that wants the tensors' storages and sizes alone: no path string per tensor is made).
 
     The caller guarantees nothing about the bytes (random input is fine); a
     memoryview must be contiguous.  ``start`` outside ``data`` is an error
@@ -50,6 +53,7 @@ def walk(data: bytes | bytearray | memoryview, start: int = 0, *, max_ops: int =
         f.seek(start)
     res = WalkResult(obj=None, end=start)
     state = WalkState(res, data, persistent, _depth, max_ops, _budget, walker=walk)
+    state.tensor_paths = tensor_paths
     state.run(f, start)
     return res
 

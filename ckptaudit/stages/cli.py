@@ -79,11 +79,9 @@ def _part(inv: dict, part: str) -> Part:
 
 def _hash_rows(out: str, part: str, facts_path: Optional[str]) -> HashRows:
     """The hash stage's facts of ``part`` (table ``bytefacts`` at ``facts_path``, else :func:`work_file` beside the
-    stage table ``out``; none when the hash stage wrote none)."""
-    from .. import tables
-
+    stage table ``out``; none when the hash stage wrote none), as the file: read a batch at a time by the stage."""
     p = Path(facts_path) if facts_path else work_file(out, "bytefacts", part, "parquet")
-    return HashRows((), (tables.read_table(p),) if p.is_file() else ())
+    return HashRows((), facts_file=str(p) if p.is_file() else None)
 
 
 def _scan_rows(scan_path: str, tensors_path: Optional[str] = None, columns=None) -> ScanRows:

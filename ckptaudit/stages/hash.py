@@ -191,7 +191,7 @@ def hash_unit(run_dir: Path, unit: dict, facts: Optional[list] = None,
             continue
         try:
             row = _file_row(run_dir, unit, rel, ff, manifest_entries.get(rel), sidecar_map.get(rel),
-                            row_findings.get(rel, []), (listed[rel], integ.rel) if rel in listed else None)
+                            row_findings.get(rel, []), (listed[rel], integ.rel) if rel in listed else None, depth)
         except OSError as e:  # the whole-file re-read of a file whose chunks failed
             rows.append(_unreadable_row(unit, rel, e))
             continue
@@ -289,10 +289,10 @@ def _unreadable_row(unit: dict, rel: str, e: OSError) -> dict:
 
 
 def _file_row(run_dir: Path, unit: dict, rel: str, ff, me: Optional[dict], sidecar: Optional[Tuple[str, str]],
-              findings_before: List[F.Finding], integ: Optional[Tuple[str, str]] = None) -> dict:
+              findings_before: List[F.Finding], integ: Optional[Tuple[str, str]] = None, depth=None) -> dict:
     """The ``hash`` row of a file the pass read (``ff``) against its manifest entry ``me`` or else its sidecar
     digest, and against ``integ`` (the digest its folder's ``integrity.json`` lists, that manifest's path); raises
-    ``OSError`` when a file whose chunks failed cannot be re-read whole."""
+    ``OSError`` when a file whose chunks failed cannot be re-read whole (not at a depth without unchecked_digests)."""
     fl = list(findings_before)
     size = ff.size_bytes
     bad_chunks: List[int] = []
@@ -300,9 +300,9 @@ def _file_row(run_dir: Path, unit: dict, rel: str, ff, me: Optional[dict], sidec
     if ff.chunk_hex is not None:
         algorithm, want = entry_chunks(me, size) or ("", [])  # none when the file's size changed since the pass began
         got = ff.chunk_hex
-        bad_chunks = [i for i in range(max(len(got), len(want)))
-                      if i >= len(got) or i >= len(want) or got[i] != want[i]]
-        digest = sha256_file(run_dir / rel) if bad_chunks else str(me.get("sha256_hex", "")).lower()
+        bad_chunks = [i for i in range(max(len(got), len(want))) if i >= len(got) or i >= len(want) or got[i] != want[i]]
+        rehash = integ is not None or depth is None or depth.unchecked_digests  # the reader: checked by nothing
+        digest = (sha256_file(run_dir / rel) if rehash else "") if bad_chunks else str(me.get("sha256_hex", "")).lower()
     else:
         digest = ff.sha256_hex
     record = ("sha256", digest) if digest else (FAST_DIGEST, ff.fast_hex) if ff.fast_hex else ("", "")

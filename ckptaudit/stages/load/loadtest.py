@@ -66,6 +66,11 @@ _EXPLAIN: List[Tuple[str, str]] = [
     ("with TorchScript archives", "it is a TorchScript archive (torch.jit.save): torch.load refuses it under "
                                   "weights_only=True; torch.jit.load reads it"),
     ("legacy .tar format", "it is a legacy .tar torch file: torch.load refuses it under weights_only=True"),
+    # ckptaudit.stages.load.reader.ChangedSinceVerified: the reader loads only the bytes it verified
+    ("changed after its bytes were verified", "the file changed after its bytes were verified (renamed over or "
+                                              "rewritten): not loaded"),
+    ("was written while it was loaded", "the file changed after its bytes were verified (written while it was "
+                                        "loaded): not used"),
 ]
 
 
