@@ -46,8 +46,10 @@ def value_stats(run_dir: Path, tensors: Iterable[dict], chunk_bytes: int, facts=
     answered come first, then the others in file order.  Tensors sharing bytes (tied weights) are read once.
     Tensors whose offset is unknown (−1) are skipped.  Memory: one ``chunk_bytes`` buffer plus numpy
     temporaries of the same order, and a reference per tensor that the pass did not answer — nothing per
-    answered tensor, and ``tensors`` is read once, as it comes (issue 22: 100,000 tensors in one file)."""
-    buf = bytearray(chunk_bytes)
+    answered tensor, and ``tensors`` is read once, as it comes (issue 22: 100,000 tensors in one file).  The
+    buffer is made only when a tensor is read, no larger than the largest such tensor (a unit the pass answered
+    whole costs no ``chunk_bytes`` allocation: issue 45, 16 MiB zeroed per small unit was most of its cost)."""
+    buf = _ChunkBuffer(chunk_bytes)
     kept = None if facts is None else facts.kept
     rel, path, left = None, "", []
     for t in tensors:
@@ -67,13 +69,31 @@ def value_stats(run_dir: Path, tensors: Iterable[dict], chunk_bytes: int, facts=
         yield from _read_values(run_dir / rel, left, buf, kept)
 
 
-def _read_values(path, ts: List[dict], buf: bytearray, kept=None) -> Iterator[Tuple[dict, Tuple[int, float, bool]]]:
-    """:func:`value_stats` of tensors ``ts`` of one file, read from its bytes through ``buf`` (answered from
-    ``kept`` first: bytes of a remote object already read)."""
+class _ChunkBuffer:
+    """The read buffer of :func:`value_stats`: at most ``chunk_bytes``, made on first use and grown (up to
+    ``chunk_bytes``) only when a larger tensor is read."""
+
+    __slots__ = ("chunk_bytes", "buf")
+
+    def __init__(self, chunk_bytes: int) -> None:
+        self.chunk_bytes = chunk_bytes
+        self.buf = bytearray()
+
+    def for_tensors(self, ts: List[dict]) -> bytearray:
+        want = min(self.chunk_bytes, max(max((t["nbytes"] for t in ts), default=1), 8))
+        if len(self.buf) < want:
+            self.buf = bytearray(want)
+        return self.buf
+
+
+def _read_values(path, ts: List[dict], chunks: _ChunkBuffer, kept=None) -> Iterator[Tuple[dict, Tuple[int, float, bool]]]:
+    """:func:`value_stats` of tensors ``ts`` of one file, read from its bytes through ``chunks``' buffer (answered
+    from ``kept`` first: bytes of a remote object already read)."""
     try:
         fh = fs.open_binary(path, block_size=fs.STREAM_BLOCK_BYTES, kept=kept)
     except OSError:
         return
+    buf = chunks.for_tensors(ts)
     seen: Dict[Tuple[int, int, str], Tuple[int, float, bool]] = {}
     with fh:
         for t in sorted(ts, key=lambda x: x["data_offset"]):

@@ -4,7 +4,7 @@ Small files are load-tested by one forked child, one after another: a fork per b
 
 A fork of the load stage's process (which has imported torch) costs ~80 ms; the load of a small checkpoint
 ~30 ms (issue 22: 1,000 small units spent 75 ms each in the load stage).  :func:`load_many` forks one child
-for up to :data:`BATCH_FILES` local files; the child loads each exactly as :func:`ckptaudit.stages.load.loadtest.load_in_child`
+for up to :data:`BATCH_FILES` local files (:data:`BATCH_BYTES` in all); the child loads each exactly as :func:`ckptaudit.stages.load.loadtest.load_in_child`
 does (``weights_only=True``, the same ``RLIMIT_AS``), with each file's own allowed globals in force only while
 that file loads (``torch.serialization.safe_globals``, restored after), and writes one result line per file.
 
@@ -28,8 +28,10 @@ from typing import Callable, Dict, List, Tuple
 from ... import fs
 from . import loaded_object
 
-#: Files one child loads at most.
-BATCH_FILES = 32
+#: Files one child loads at most, and their bytes at most (at least one file): a fork per 32 small units cost
+#: more than their loads (issue 45: 2,000 units of 87 KB, 63 forks of a process that has imported torch).
+BATCH_FILES = 1024
+BATCH_BYTES = 256 << 20
 #: Files up to this size are batched; a bigger one gets a child of its own (its own peak RSS, its own limit).
 BATCH_FILE_BYTES = 64 << 20
 
@@ -58,8 +60,13 @@ def load_many(items: List[Tuple[str, str, List[str]]], *, timeout_seconds: float
     """Results for ``items`` (path, kind, allowed globals), in order, as ``alone`` (``load_in_child``) returns
     them; a file not ``ok`` in a batch is ``alone``'s."""
     out: List[Dict] = []
+    sizes = [max(0, _size(path)) for path, _, _ in items]
     while len(out) < len(items):
-        batch = items[len(out):len(out) + BATCH_FILES]
+        end, total = len(out) + 1, sizes[len(out)]
+        while end < len(items) and end - len(out) < BATCH_FILES and total + sizes[end] <= BATCH_BYTES:
+            total += sizes[end]
+            end += 1
+        batch = items[len(out):end]
         got = _batch(batch, timeout_seconds, memory_limit_bytes) if len(batch) > 1 else []
         out.extend(got)
         if len(got) < len(batch):  # not ok in the batch, or never reached: that one alone, then a new batch
