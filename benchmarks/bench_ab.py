@@ -34,7 +34,7 @@ def audit_once(code: Path, run: Path, cores: int, out: Path) -> dict:
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     p = subprocess.run([sys.executable, "-m", "ckptaudit.cli", "audit", str(run), "--out", str(out),
-                        "--cores", str(cores), "--json"], env=env, capture_output=True, text=True)
+                        "--cores", str(cores), "--json"], env=env, cwd=str(code), capture_output=True, text=True)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
