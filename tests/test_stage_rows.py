@@ -3,12 +3,9 @@ conversion to the table record (``to_record``) and one back (``of``), losing not
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
-CASES = Path(os.environ.get("CKPTAUDIT_CASES", Path(__file__).resolve().parents[1] / "cases"))
+from .conftest import CASES
 
 
 @pytest.fixture(scope="module")

@@ -39,9 +39,9 @@ class TableRow:
     def of(cls, record: Mapping[str, Any]):
         """The typed row of a record of its table (a column absent: None; ``findings_json`` parsed)."""
         kw = {f.name: record.get(f.name) for f in fields(cls) if f.name != "findings"}
-        if "findings" in cls.__dataclass_fields__:
-            kw["findings"] = findings_of(record.get("findings_json"))
-        return cls(**kw)
+        has = "findings" in cls.__dataclass_fields__
+        parsed = {"findings": findings_of(record.get("findings_json"))} if has else {}
+        return cls(**kw, **parsed)  # the row's own findings, as its table holds them: none added
 
 
 def findings_of(findings_json: Optional[str]) -> Tuple["Finding", ...]:
