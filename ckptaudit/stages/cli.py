@@ -92,6 +92,15 @@ def _scan_rows(scan_path: str, tensors_path: Optional[str] = None, columns=None)
     return ScanRows(tuple(ScanRow.of(r) for r in tables.read_rows(scan_path)), tens, ())
 
 
+def _write_rows(table: str, got, out: str) -> List[dict]:
+    """A per-part stage's typed rows (``got.rows``) written as its table ``table`` at ``out``; the records."""
+    from .. import tables
+
+    written = records(got.rows)
+    tables.write(table, written, out)
+    return written
+
+
 def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None,
                depth: read_depth.ReadDepth = read_depth.FULL, stop=None,
                verify_plan: Optional[str] = None) -> List[dict]:
@@ -105,8 +114,7 @@ def stage_hash(inv: dict, part: str, out: str, out_facts: Optional[str] = None,
     with tables.BatchWriter("bytefacts", out_facts or work_file(out, "bytefacts", part, "parquet")) as facts:
         got = hashing.run(_context(inv, {}, out, depth, verify_plan=verify_plan), _part(inv, part), EarlierRows(),
                           stop=stop, facts_to=facts.write)
-    written = records(got.rows)
-    tables.write("hash", written, out)
+    written = _write_rows("hash", got, out)
     _write_bytes(out, "hash", part, before)
     return written
 
@@ -149,7 +157,7 @@ def stage_load(inv: dict, part: str, cfg: dict, scan_path: str, out: str,
     """The load stage of ``part`` (:func:`ckptaudit.stages.load.run`) over its scan table, written as table
     ``load``.  Its bytes file has ``loadtest_bytes``: what the load children themselves read, and ``served_files``:
     files the load server loaded."""
-    from .. import fs, tables
+    from .. import fs
     from . import load
     from .load import server as load_server
 
@@ -157,8 +165,7 @@ def stage_load(inv: dict, part: str, cfg: dict, scan_path: str, out: str,
     ctx = _context(inv, cfg, out)
     earlier = EarlierRows(_hash_rows(out, part, facts_path) if fs.is_remote(ctx.run_dir) else None, _scan_rows(scan_path))
     got = load.run(ctx, _part(inv, part), earlier, loader=loader)
-    written = records(got.rows)
-    tables.write("load", written, out)
+    written = _write_rows("load", got, out)
     _write_bytes(out, "load", part, before, loadtest_bytes=got.loadtest_bytes,
                  served_files=loader.files_served if isinstance(loader, load_server.ServerLoads) else 0)
     return written
@@ -168,40 +175,33 @@ def stage_structure(inv: dict, part: str, cfg: dict, scan_path: str, tensors_pat
                     target_path: str | None = None) -> List[dict]:
     """The structure stage of ``part`` (:func:`ckptaudit.stages.structure.run`) against ``target_path``
     (``work/target.json``; None: built from ``cfg``), written as table ``structure``."""
-    from .. import tables
     from . import structure
 
     got = structure.run(_context(inv, cfg, out, target_path=target_path), _part(inv, part),
                         EarlierRows(scan=_scan_rows(scan_path, tensors_path, structure.TENSOR_COLUMNS)))
-    written = records(got.rows)
-    tables.write("structure", written, out)
-    return written
+    return _write_rows("structure", got, out)
 
 
 def stage_configdiff(inv: dict, part: str, cfg: dict, scan_path: str, out: str) -> List[dict]:
     """The configdiff stage of ``part`` (:func:`ckptaudit.stages.configdiff.run`), written as table ``configdiff``."""
-    from .. import tables
     from . import configdiff
 
     got = configdiff.run(_context(inv, cfg, out), _part(inv, part), EarlierRows(scan=_scan_rows(scan_path)))
-    written = records(got.rows)
-    tables.write("configdiff", written, out)
-    return written
+    return _write_rows("configdiff", got, out)
 
 
 def stage_state(inv: dict, part: str, cfg: dict, scan_path: str, tensors_path: str, out: str,
                 facts_path: Optional[str] = None) -> List[dict]:
     """The state stage of ``part`` (:func:`ckptaudit.stages.state.run`); tensor value statistics come from the
     hash stage's facts where it has them; written as table ``state``."""
-    from .. import fs, tables
+    from .. import fs
     from . import state
 
     before = fs.stage_bytes()
     got = state.run(_context(inv, cfg, out), _part(inv, part),
                     EarlierRows(_hash_rows(out, part, facts_path),
                                 _scan_rows(scan_path, tensors_path, state.TENSOR_COLUMNS)))
-    written = records(got.rows)
-    tables.write("state", written, out)
+    written = _write_rows("state", got, out)
     _write_bytes(out, "state", part, before)
     return written
 
