@@ -7,12 +7,9 @@ Snakemake's command line in this process (:func:`run_snakemake_cli`), which read
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
-import sys
 import threading
-import types
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -21,49 +18,6 @@ import click
 
 from ..config import workflow_dir
 from .common import Interrupted
-
-
-#: Modules that Snakemake's import pulls into the process that runs the workflow and that a local audit never uses:
-#: ``pandas`` (~0.45 s, ~0.9 CPU-s on this project's 2-core VM) comes with the SLURM executor plugin, which
-#: Snakemake's executor registry imports at ``import snakemake.api`` (its efficiency report, written at the end of
-#: a SLURM run, is pandas' only use there).
-DEFERRED_IMPORTS = ("pandas",)
-
-
-class _Deferred(types.ModuleType):
-    """Stands in ``sys.modules`` for a module not imported yet: ``import NAME`` returns it at no cost, and the
-    first attribute it lacks (``pd.isna``, a submodule import's ``__path__``) imports the real module, which
-    then replaces it in ``sys.modules``; each later attribute is read from the real module.
-
-    :class:`importlib.util.LazyLoader` cannot do this on Python 3.11: a second ``import NAME`` reads
-    ``NAME.__spec__``, which executes a lazy module.  Here ``__spec__`` is the real spec, set on the stand-in."""
-
-    def __init__(self, spec) -> None:
-        super().__init__(spec.name)
-        self.__spec__ = spec
-
-    def __getattr__(self, attr: str):
-        name = self.__spec__.name
-        if sys.modules.get(name) is self:
-            del sys.modules[name]
-        return getattr(importlib.import_module(name), attr)
-
-
-def defer_unused_imports(names=DEFERRED_IMPORTS) -> list:
-    """Put a :class:`_Deferred` stand-in in ``sys.modules`` for each module of ``names`` that is installed and
-    not yet imported: its import is paid at its first use, if any, instead of at ``import snakemake.api``.
-    Nothing else changes.  Returns the names deferred.  Called by :func:`run_workflow` and
-    :func:`run_snakemake_cli` before they import Snakemake."""
-    made = []
-    for name in names:
-        if name in sys.modules:
-            continue
-        spec = importlib.util.find_spec(name)
-        if spec is None:
-            continue
-        sys.modules[name] = _Deferred(spec)
-        made.append(name)
-    return made
 
 
 @contextmanager
@@ -181,7 +135,6 @@ def run_workflow(cfg: dict, workdir: Path, cores: int, targets=("audit",), quiet
     workdir.mkdir(parents=True, exist_ok=True)
     with _out_locked(workdir), _load_server_early(cfg, workdir, executor), _interrupts(workdir), _as_cli(workdir), \
             progress_line(workdir):
-        defer_unused_imports()
         from snakemake.api import SnakemakeApi  # after the load server's start: its import runs beside this one
         from snakemake.settings.enums import Quietness
         from snakemake.settings.types import (ConfigSettings, DAGSettings, ExecutionSettings, OutputSettings,
@@ -267,7 +220,6 @@ def run_snakemake_cli(cfg: dict, workdir: Path, *, profile: str | None = None, e
     """
     import yaml
 
-    defer_unused_imports()
     from snakemake.cli import args_to_api, parse_args
 
     _refuse_dotted_keys(extra_args)
