@@ -86,8 +86,9 @@ def _load_server_early(cfg: dict, workdir: Path, executor: str) -> Iterator[None
     from ..stages.load import server as load_server
 
     work = workdir.resolve() / "work"
-    early = (executor == "local" and (cfg.get("load") or {}).get("enabled", True) is not False
-             and not cfg.get("reuse") and not cfg.get("verify_budget"))
+    load = cfg.get("load")  # validated later, by the Snakefile: a malformed value only starts no server here
+    enabled = load.get("enabled", True) if isinstance(load, dict) else load is None
+    early = executor == "local" and enabled is True and not cfg.get("reuse") and not cfg.get("verify_budget")
     if early:
         (workdir / "logs").mkdir(parents=True, exist_ok=True)
         load_server.stop(work)  # a record left by a killed audit
