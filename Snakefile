@@ -27,6 +27,7 @@ rule audit:
     default_target: True
     input:
         get_report_outputs(),
+        load_server_done=f"{WORK}/load_server.done",  # beside the report, not before it (rules/load.smk)
 
 
 # One audit at a time per output folder: the lock is taken before the first job (not in a dry run); the load

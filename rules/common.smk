@@ -87,18 +87,26 @@ def hold_out_lock():
 def start_load_server():
     """One `import torch` for the audit's load jobs (ckptaudit/stages/load/server.py): started here, while the inventory
     and the hash stage run, when this machine runs the jobs in this interpreter (not on a cluster, not under
-    --use-conda) and a load job is to run, or the inventory (whose parts bring the load jobs)."""
-    load_server.stop(WORK)  # a record left by a killed audit is removed (its server, if any, is not this one)
-    if not workflow.local_exec or PYTHON != sys.executable or not config["load"]["enabled"]:
+    --use-conda) and a load job is to run, or the inventory (whose parts bring the load jobs).  A server that
+    `ckptaudit audit` started before this workflow was read (ckptaudit/cli/snakemake.py) is kept when one is
+    wanted, and stopped when none is."""
+    if not (workflow.local_exec and PYTHON == sys.executable and config["load"]["enabled"] and needs_loads()):
+        load_server.stop(WORK)  # a record left by a killed audit is removed (its server, if any, is not this one)
         return
+    if load_server.started_here(WORK):
+        return
+    load_server.stop(WORK)
+    os.makedirs(LOGS, exist_ok=True)
+    load_server.start(WORK, f"{LOGS}/load_server.log")
+
+
+def needs_loads():
+    """Whether a load job is to run, or the inventory (a checkpoint: the part jobs, load among them, join the
+    DAG when it has run)."""
     try:
-        # the inventory is a checkpoint: the part jobs, load among them, join the DAG when it has run
-        loads = any(job.rule.name in ("inventory", "load") for job in workflow.dag.needrun_jobs())
+        return any(job.rule.name in ("inventory", "load") for job in workflow.dag.needrun_jobs())
     except Exception:  # noqa: BLE001 - Snakemake's DAG API moved: start it; an unused server costs an import
-        loads = True
-    if loads:
-        os.makedirs(LOGS, exist_ok=True)
-        load_server.start(WORK, f"{LOGS}/load_server.log")
+        return True
 
 
 wildcard_constraints:

@@ -20,6 +20,7 @@ rule drill:
         "envs/ckptaudit.yaml"
     input:
         verdict=f"{OUT}/verdict.json",
+        load_server_done=f"{WORK}/load_server.done",  # the drill's loads do not share memory with the server's torch
     output:
         parquet=f"{DRILL}/drill.parquet",
         json=f"{DRILL}/drill.json",

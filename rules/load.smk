@@ -40,6 +40,8 @@ rule load:
 
 # The load server's work ends with the last load job: asked to exit then, it does not hold torch's ~230 MiB
 # while structure, state and the report run (issue 22: the audit's summed memory).  No server, no error.
+# A target of `audit` and an input of `drill`, not of the report: the report needs the load tables, not the
+# server gone, so it starts as soon as they are written instead of one job start later (issue 45).
 rule load_server_done:
     conda:
         "envs/ckptaudit.yaml"

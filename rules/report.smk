@@ -16,7 +16,6 @@ rule report:
         structure=get_parts_of("structure"),
         configdiff=get_parts_of("configdiff"),
         state=get_parts_of("state"),
-        load_server_done=f"{WORK}/load_server.done",
     output:
         verdict=f"{OUT}/verdict.json",
         html=f"{OUT}/report.html",

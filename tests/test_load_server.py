@@ -108,6 +108,28 @@ def test_stop_ends_the_server_and_forgets_it(tmp_path):
     load_server.stop(work)  # a second stop (onerror after onsuccess's): nothing to do
 
 
+def test_started_here_is_a_live_server_this_process_started(tmp_path):
+    """`ckptaudit audit` starts the server before it imports Snakemake (issue 45) and the Snakefile's onstart keeps
+    it: it must not keep a server that has died (its loads would all fall back to importing torch in the jobs),
+    nor one that another process's record names."""
+    work = tmp_path / "work"
+    assert load_server.started_here(work) is False
+    pid = load_server.start(work)
+    assert pid and load_server.started_here(work) is True
+    os.kill(pid, signal.SIGKILL)
+    for _ in range(100):
+        if not load_server.started_here(work):
+            break
+        time.sleep(0.05)
+    assert load_server.started_here(work) is False
+    load_server.stop(work)
+    assert load_server.started_here(work) is False
+    other = tmp_path / "other"  # a record this process did not write
+    other.mkdir()
+    load_server.info_path(other).write_text(json.dumps({"socket": "/nonexistent", "pid": os.getpid(), "folder": ""}))
+    assert load_server.started_here(other) is False
+
+
 @pytest.mark.skipif(os.getuid() != 0, reason="needs root to act as another user")
 def test_another_user_cannot_connect(server):
     """The socket's folder is the server's own (0700): another user's process cannot ask it to load."""

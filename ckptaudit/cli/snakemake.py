@@ -77,6 +77,30 @@ def _interrupts(workdir: Path) -> Iterator[None]:
 
 
 @contextmanager
+def _load_server_early(cfg: dict, workdir: Path, executor: str) -> Iterator[None]:
+    """Start the audit's load server (:mod:`ckptaudit.stages.load.server`) before Snakemake is imported, when
+    every load job will run on this machine (the local executor; no ``reuse``, no ``verify_budget``; loads
+    enabled): its ``import torch`` (~1.3 CPU-s) then runs beside Snakemake's own start (~2 s on one core) rather
+    than beside the hash pass, which wants both cores of a 2-core machine (issue 45).  The Snakefile's
+    ``onstart`` keeps it, or stops it when no load job is to run; it is stopped at the end whatever happens."""
+    from ..stages.load import server as load_server
+
+    work = workdir.resolve() / "work"
+    load = cfg.get("load")  # validated later, by the Snakefile: a malformed value only starts no server here
+    enabled = load.get("enabled", True) if isinstance(load, dict) else load is None
+    early = executor == "local" and enabled is True and not cfg.get("reuse") and not cfg.get("verify_budget")
+    if early:
+        (workdir / "logs").mkdir(parents=True, exist_ok=True)
+        load_server.stop(work)  # a record left by a killed audit
+        load_server.start(work, workdir / "logs" / "load_server.log")
+    try:
+        yield
+    finally:
+        if early:
+            load_server.stop(work)
+
+
+@contextmanager
 def _as_cli(workdir: Path) -> Iterator[None]:
     """Run a workflow for the CLI: its ``onsuccess``/``onerror`` handlers stay quiet (the CLI prints the
     summary itself) and a failure becomes one :class:`click.ClickException` that gives each failed job's own
@@ -107,27 +131,28 @@ def _as_cli(workdir: Path) -> Iterator[None]:
 def run_workflow(cfg: dict, workdir: Path, cores: int, targets=("audit",), quiet: bool = True,
                  keep_going: bool = True, executor: str = "local", profile_args=None) -> bool:
     """Run the workflow through ``snakemake.api``; True on success."""
-    from snakemake.api import SnakemakeApi
-    from snakemake.settings.enums import Quietness
-    from snakemake.settings.types import (ConfigSettings, DAGSettings, ExecutionSettings, OutputSettings,
-                                          ResourceSettings, StorageSettings)
-
     from .ticker import progress_line
 
     workdir.mkdir(parents=True, exist_ok=True)
-    out = OutputSettings(quiet={Quietness.ALL} if quiet else set(), show_failed_logs=not quiet)
-    with _out_locked(workdir), _interrupts(workdir), _as_cli(workdir), progress_line(workdir), \
-            SnakemakeApi(out) as api:
-        wf = api.workflow(
-            resource_settings=ResourceSettings(cores=cores),
-            config_settings=ConfigSettings(config=cfg),
-            storage_settings=StorageSettings(),
-            snakefile=workflow_dir() / "Snakefile",
-            workdir=workdir,
-        )
-        dag = wf.dag(dag_settings=DAGSettings(targets=set(targets), force_incomplete=True))
-        dag.execute_workflow(executor=executor,
-                             execution_settings=ExecutionSettings(keep_going=keep_going, lock=False))
+    with _out_locked(workdir), _load_server_early(cfg, workdir, executor), _interrupts(workdir), _as_cli(workdir), \
+            progress_line(workdir):
+        from snakemake.api import SnakemakeApi  # after the load server's start: its import runs beside this one
+        from snakemake.settings.enums import Quietness
+        from snakemake.settings.types import (ConfigSettings, DAGSettings, ExecutionSettings, OutputSettings,
+                                              ResourceSettings, StorageSettings)
+
+        out = OutputSettings(quiet={Quietness.ALL} if quiet else set(), show_failed_logs=not quiet)
+        with SnakemakeApi(out) as api:
+            wf = api.workflow(
+                resource_settings=ResourceSettings(cores=cores),
+                config_settings=ConfigSettings(config=cfg),
+                storage_settings=StorageSettings(),
+                snakefile=workflow_dir() / "Snakefile",
+                workdir=workdir,
+            )
+            dag = wf.dag(dag_settings=DAGSettings(targets=set(targets), force_incomplete=True))
+            dag.execute_workflow(executor=executor,
+                                 execution_settings=ExecutionSettings(keep_going=keep_going, lock=False))
     return True
 
 
@@ -195,6 +220,7 @@ def run_snakemake_cli(cfg: dict, workdir: Path, *, profile: str | None = None, e
     local executor it defaults to 2, as in :func:`run_workflow`.
     """
     import yaml
+
     from snakemake.cli import args_to_api, parse_args
 
     _refuse_dotted_keys(extra_args)

@@ -8,7 +8,9 @@ forks from it.
 
 Lifecycle (local execution only; on a cluster each load job imports torch itself, as without a server):
 
-* :func:`start` (the Snakefile's ``onstart``) binds a Unix socket and listens on it, spawns
+* :func:`start` (the Snakefile's ``onstart``; ``ckptaudit audit`` calls it earlier, before it imports Snakemake,
+  so that torch's import runs beside the workflow's own start on one core instead of beside the hash pass on
+  both, and ``onstart`` keeps that server: :func:`started_here`) binds a Unix socket and listens on it, spawns
   ``python -m ckptaudit.stages.load.server FD PARENT_PID FOLDER`` with the listening socket as ``FD``, and writes
   ``{"socket", "pid", "folder"}`` to ``<work>/load_server.json``.  The socket lies in a private temporary
   folder (mode 0700, so no other user can connect; Unix socket paths are limited to 107 bytes, which an
@@ -92,6 +94,18 @@ def start(work_dir: str | os.PathLike, log_path: str | os.PathLike | None = None
         return proc.pid
     except OSError:
         return None
+
+
+def started_here(work_dir: str | os.PathLike) -> bool:
+    """Whether this process started the server of ``work_dir`` with :func:`start`, has not stopped it, and it
+    still runs (``ckptaudit audit`` starts it before Snakemake's import; the Snakefile's ``onstart`` keeps it)."""
+    pid, _folder = _STARTED.get(str(Path(work_dir).resolve()), (0, ""))
+    if pid <= 0:
+        return False
+    try:
+        return os.waitpid(pid, os.WNOHANG)[0] == 0
+    except ChildProcessError:
+        return False
 
 
 def stop(work_dir: str | os.PathLike) -> None:
