@@ -243,20 +243,26 @@ def _keep_rows(out: "ByteFacts", run_dir, kind: str, t: "pa.Table") -> int:
 def _keep_columns(out: "ByteFacts", run_dir, kind: str, sub: "pa.Table") -> None:
     """The rows ``sub`` of one kind into ``out``, per file, sorted by ``(data_offset, length_bytes)``."""
     import numpy as np
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     enc = pc.dictionary_encode(sub["file"]).combine_chunks()
     idx = enc.indices.to_numpy(zero_copy_only=False)
     names = enc.dictionary.to_pylist()
-    cols = {c: sub[c].combine_chunks() if c == "dtype" else sub[c].to_numpy(zero_copy_only=False)
-            for c in sub.column_names if c != "file"}
+    cols = {c: sub[c].to_numpy(zero_copy_only=False) for c in sub.column_names if c not in ("file", "dtype")}
+    if "dtype" in sub.column_names:  # as codes into one list of names: a lookup compares ints, no Arrow scalar each
+        dt = pc.dictionary_encode(sub["dtype"].cast(pa.string()).fill_null("")).combine_chunks()
+        cols["dtype"] = dt.indices.to_numpy(zero_copy_only=False)
+        dtype_names = dt.dictionary.to_pylist()
     order = np.lexsort((cols["length_bytes"], cols["data_offset"], idx))
     if not np.array_equal(order, np.arange(len(order))):  # the hash stage writes them sorted: rarely taken
         cols = {c: v.take(order) for c, v in cols.items()}
         idx = idx[order]
     bounds = np.flatnonzero(np.diff(idx)) + 1
     for a, b in zip(np.r_[0, bounds].tolist(), np.r_[bounds, len(idx)].tolist()):
-        out._files.setdefault(fs.fspath(run_dir / names[idx[a]]), {})[kind] = {c: v[a:b] for c, v in cols.items()}
+        got = out._files.setdefault(fs.fspath(run_dir / names[idx[a]]), {})[kind] = {c: v[a:b] for c, v in cols.items()}
+        if "dtype" in cols:
+            got["dtype_names"] = dtype_names
 
 
 class ByteFacts:
@@ -333,12 +339,10 @@ class ByteFacts:
         cols = self._files.get(path, {}).get("values")
         if cols is None:
             return None
-        import numpy as np
-
-        offs, lens = cols["data_offset"], cols["length_bytes"]
-        i = int(np.searchsorted(offs, offset, side="left"))
-        while i < len(offs) and offs[i] == offset:
-            if lens[i] == nbytes and cols["dtype"][i].as_py() == dtype:
+        offs, lens, codes, names = cols["data_offset"], cols["length_bytes"], cols["dtype"], cols["dtype_names"]
+        i, n = int(offs.searchsorted(offset, side="left")), len(offs)  # one call per tensor: a state stage's most
+        while i < n and offs[i] == offset:
+            if lens[i] == nbytes and names[codes[i]] == dtype:
                 return int(cols["nonfinite"][i]), float(cols["sum_squares"][i]), int(cols["seen_bytes"][i])
             i += 1
         return None
