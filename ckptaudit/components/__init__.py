@@ -272,14 +272,18 @@ def _search(tree: Dict[str, Any], found: R.Found, keys: List[str], max_depth: in
         while todo:
             node, path, depth = todo.pop(0)
             for k, v in R.children(node):
+                wanted = k in keys and scalar(v) is not None
+                deeper = not wanted and isinstance(v, (dict, list)) and not R.is_tensor(v) and depth + 1 < max_depth
+                if not (wanted or deeper):  # a leaf of no interest: no need to ask whether a component holds it
+                    continue
                 p = f"{path}.{k}" if path else k
                 if _inside(found, fkey, p):
                     continue
-                if k in keys and scalar(v) is not None:
+                if wanted:
                     rank = (depth, keys.index(k))
                     if best is None or rank < best[0]:
                         best = (rank, scalar(v), f"{fkey}:{p}")
-                elif isinstance(v, (dict, list)) and not R.is_tensor(v) and depth + 1 < max_depth:
+                else:
                     todo.append((v, p, depth + 1))
     return (best[1], best[2]) if best else (None, "")
 

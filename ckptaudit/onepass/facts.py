@@ -71,27 +71,57 @@ def table_of(unit: str, rel: str, ff) -> "pa.Table":
     pieces = [(o + k, b[k:k + _PIECE]) for o, b in ff.kept for k in range(0, len(b), _PIECE)]
     part("bytes", len(pieces), data_offset=[p[0] for p in pieces], length_bytes=[len(p[1]) for p in pieces],
          data=[p[1] for p in pieces])
-    tables = [_part_table(schema, {"unit": unit, "file": rel, "kind": kind, "size_bytes": ff.size_bytes,
-                                   "version": ff.version}, n, cols) for kind, n, cols in parts]
-    return pa.concat_tables(tables) if tables else schema.empty_table()
+    if not parts:
+        return schema.empty_table()
+    return _file_table(schema, {"unit": unit, "file": rel, "size_bytes": ff.size_bytes, "version": ff.version}, parts)
 
 
-def _part_table(schema: "pa.Schema", same: dict, n: int, cols: dict) -> "pa.Table":
-    """``n`` rows of ``schema``: the values in ``same`` repeated on every row, ``cols`` as columns, the other
-    columns null."""
+def _file_table(schema: "pa.Schema", same: dict, parts: List[Tuple[str, int, dict]]) -> "pa.Table":
+    """The rows of one file's ``parts`` (``(kind, n, columns)``, in order) as one table of ``schema``: the values
+    in ``same`` repeated on every row, ``kind`` per part, each part's columns where it has them, null elsewhere.
+    Built column by column for the whole file (a small file's four kinds of fact cost one Arrow array per column,
+    not one per kind and column: issue 45, ~70 Arrow calls per small unit before)."""
+    import numpy as np
     import pyarrow as pa
 
+    total = sum(n for _k, n, _c in parts)
+    kinds = [k for k, _n, _c in parts]
     arrays = []
     for f in schema:
         if f.name in same and pa.types.is_string(f.type):  # a dictionary of one: 4 bytes a row, not the
-            arrays.append(_repeated_string(same[f.name], n))           # string's (issue 45: 1,000,000 facts)
+            arrays.append(_repeated_string(same[f.name], total))           # string's (issue 45: 1,000,000 facts)
         elif f.name in same:
-            arrays.append(pa.repeat(pa.scalar(same[f.name], f.type), n))  # one value, n rows (8× a take)
-        elif f.name in cols:
-            arrays.append(pa.array(cols[f.name], f.type))
+            arrays.append(pa.repeat(pa.scalar(same[f.name], f.type), total))  # one value, n rows (8× a take)
+        elif f.name == "kind":  # a dictionary of the kinds, one code per row
+            codes = np.repeat(np.arange(len(kinds), dtype=np.int32), [n for _k, n, _c in parts])
+            arrays.append(pa.DictionaryArray.from_arrays(pa.array(codes), pa.array(kinds, pa.string())))
         else:
-            arrays.append(pa.nulls(n, f.type))
+            arrays.append(_column(f, parts, total))
     return pa.Table.from_arrays(arrays, names=schema.names)
+
+
+def _column(f: "pa.Field", parts: List[Tuple[str, int, dict]], total: int) -> "pa.Array":
+    """Column ``f`` of :func:`_file_table`'s rows: each part's values, or nulls for a part without it."""
+    import numpy as np
+    import pyarrow as pa
+
+    have = [f.name in cols for _k, _n, cols in parts]
+    if not any(have):
+        return pa.nulls(total, f.type)
+    if all(have) and len(parts) == 1:
+        return pa.array(parts[0][2][f.name], f.type)
+    if pa.types.is_integer(f.type) or pa.types.is_floating(f.type):  # one array and one validity mask
+        values = np.zeros(total, f.type.to_pandas_dtype())
+        mask = np.ones(total, bool)
+        at = 0
+        for (_k, n, cols), h in zip(parts, have):
+            if h:
+                values[at:at + n] = cols[f.name]
+                mask[at:at + n] = False
+            at += n
+        return pa.array(values, f.type, mask=mask)
+    return pa.concat_arrays([pa.array(cols[f.name], f.type) if h else pa.nulls(n, f.type)
+                             for (_k, n, cols), h in zip(parts, have)])
 
 
 def _repeated_string(value: Optional[str], n: int) -> "pa.Array":
@@ -243,20 +273,26 @@ def _keep_rows(out: "ByteFacts", run_dir, kind: str, t: "pa.Table") -> int:
 def _keep_columns(out: "ByteFacts", run_dir, kind: str, sub: "pa.Table") -> None:
     """The rows ``sub`` of one kind into ``out``, per file, sorted by ``(data_offset, length_bytes)``."""
     import numpy as np
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     enc = pc.dictionary_encode(sub["file"]).combine_chunks()
     idx = enc.indices.to_numpy(zero_copy_only=False)
     names = enc.dictionary.to_pylist()
-    cols = {c: sub[c].combine_chunks() if c == "dtype" else sub[c].to_numpy(zero_copy_only=False)
-            for c in sub.column_names if c != "file"}
+    cols = {c: sub[c].to_numpy(zero_copy_only=False) for c in sub.column_names if c not in ("file", "dtype")}
+    if "dtype" in sub.column_names:  # as codes into one list of names: a lookup compares ints, no Arrow scalar each
+        dt = pc.dictionary_encode(sub["dtype"].cast(pa.string()).fill_null("")).combine_chunks()
+        cols["dtype"] = dt.indices.to_numpy(zero_copy_only=False)
+        dtype_names = dt.dictionary.to_pylist()
     order = np.lexsort((cols["length_bytes"], cols["data_offset"], idx))
     if not np.array_equal(order, np.arange(len(order))):  # the hash stage writes them sorted: rarely taken
         cols = {c: v.take(order) for c, v in cols.items()}
         idx = idx[order]
     bounds = np.flatnonzero(np.diff(idx)) + 1
     for a, b in zip(np.r_[0, bounds].tolist(), np.r_[bounds, len(idx)].tolist()):
-        out._files.setdefault(fs.fspath(run_dir / names[idx[a]]), {})[kind] = {c: v[a:b] for c, v in cols.items()}
+        got = out._files.setdefault(fs.fspath(run_dir / names[idx[a]]), {})[kind] = {c: v[a:b] for c, v in cols.items()}
+        if "dtype" in cols:
+            got["dtype_names"] = dtype_names
 
 
 class ByteFacts:
@@ -333,12 +369,10 @@ class ByteFacts:
         cols = self._files.get(path, {}).get("values")
         if cols is None:
             return None
-        import numpy as np
-
-        offs, lens = cols["data_offset"], cols["length_bytes"]
-        i = int(np.searchsorted(offs, offset, side="left"))
-        while i < len(offs) and offs[i] == offset:
-            if lens[i] == nbytes and cols["dtype"][i].as_py() == dtype:
+        offs, lens, codes, names = cols["data_offset"], cols["length_bytes"], cols["dtype"], cols["dtype_names"]
+        i, n = int(offs.searchsorted(offset, side="left")), len(offs)  # one call per tensor: a state stage's most
+        while i < n and offs[i] == offset:
+            if lens[i] == nbytes and names[codes[i]] == dtype:
                 return int(cols["nonfinite"][i]), float(cols["sum_squares"][i]), int(cols["seen_bytes"][i])
             i += 1
         return None

@@ -3,8 +3,9 @@
 The walk spends half its time in ``pickletools.genops``, which reads every opcode and every operand with a
 ``read`` call and a reader function (measured on 2,000,000 ``BININT1``: 0.77 s of a 1.58 s walk).  The walk
 holds the whole pickle in memory anyway, so :func:`genops` decodes the fixed-size operands and the
-length-prefixed strings and bytes straight from the buffer (``struct.unpack_from``, slices), and hands every
-other operand — the newline-terminated ones of protocol 0, ``LONG1``/``LONG4``, and any operand cut short by
+length-prefixed strings, bytes and ``LONG1``/``LONG4`` integers straight from the buffer (``struct.unpack_from``,
+slices, ``int.from_bytes``), and hands every other operand — the newline-terminated ones of protocol 0, and any
+operand cut short by
 the end of the buffer — to the reader ``pickletools`` itself uses, on the same file object.  Its results are
 those of ``pickletools.genops(f)`` exactly: the same ``(OpcodeInfo, operand, position)`` triples, the same
 ``ValueError`` (same message) at the same place, the file left at the same offset after each triple and
@@ -27,18 +28,19 @@ _U2, _I4, _U4, _U8, _F8 = Struct("<H"), Struct("<i"), Struct("<I"), Struct("<Q")
 # operand kinds decoded here; 0: none; -1: pickletools' reader
 _NONE, _UINT1, _UINT2, _INT4, _UINT4, _UINT8, _FLOAT8 = 0, 1, 2, 3, 4, 5, 6
 _TEXT1, _TEXT4, _TEXT8, _BYTES1, _BYTES4, _BYTES8, _BYTEARRAY8, _LATIN1_1, _LATIN1_4 = range(7, 16)
+_LONG1, _LONG4 = 16, 17  # a length, then that many bytes of a little-endian two's-complement integer
 _READER = -1
 _KIND_OF_ARG = {
     "uint1": _UINT1, "uint2": _UINT2, "int4": _INT4, "uint4": _UINT4, "uint8": _UINT8, "float8": _FLOAT8,
     "unicodestring1": _TEXT1, "unicodestring4": _TEXT4, "unicodestring8": _TEXT8,
     "bytes1": _BYTES1, "bytes4": _BYTES4, "bytes8": _BYTES8, "bytearray8": _BYTEARRAY8,
-    "string1": _LATIN1_1, "string4": _LATIN1_4,
+    "string1": _LATIN1_1, "string4": _LATIN1_4, "long1": _LONG1, "long4": _LONG4,
 }
 _WIDTH = {_TEXT1: 1, _BYTES1: 1, _LATIN1_1: 1, _TEXT4: 4, _BYTES4: 4, _LATIN1_4: 4,
-          _TEXT8: 8, _BYTES8: 8, _BYTEARRAY8: 8}  # bytes of the length prefix
+          _TEXT8: 8, _BYTES8: 8, _BYTEARRAY8: 8, _LONG1: 1, _LONG4: 4}  # bytes of the length prefix
 #: operand kind → (its struct's ``unpack_from``, bytes) for the fixed-size kinds after uint1, else None (the
 #: last entry answers for ``_READER``, -1)
-_FIXED: list = [None] * 17
+_FIXED: list = [None] * 19
 _FIXED[_UINT2], _FIXED[_INT4], _FIXED[_UINT4] = (_U2.unpack_from, 2), (_I4.unpack_from, 4), (_U4.unpack_from, 4)
 _FIXED[_UINT8], _FIXED[_FLOAT8] = (_U8.unpack_from, 8), (_F8.unpack_from, 8)
 #: byte value → (OpcodeInfo, operand kind), or None for a byte that is no opcode
@@ -91,7 +93,7 @@ def _sized(data: Any, n: int, q: int, kind: int, f: Any) -> Tuple[Any, int]:
     width = _WIDTH.get(kind)
     if width is not None and q + width <= n:
         size = data[q] if width == 1 else (_U4 if width == 4 else _U8).unpack_from(data, q)[0]
-        if kind == _LATIN1_4 and size >= 1 << 31:  # read_string4 reads a signed length
+        if (kind == _LATIN1_4 or kind == _LONG4) and size >= 1 << 31:  # read_string4/read_long4: a signed length
             size = -1
         a = q + width
         if 0 <= size and a + size <= n:
@@ -101,6 +103,8 @@ def _sized(data: Any, n: int, q: int, kind: int, f: Any) -> Tuple[Any, int]:
                     return str(raw, "utf-8", "surrogatepass"), a + size
                 except UnicodeDecodeError:
                     pass  # the reader raises it, with f where pickletools leaves it
+            elif kind == _LONG1 or kind == _LONG4:  # pickle.decode_long
+                return int.from_bytes(raw, "little", signed=True), a + size
             elif kind == _BYTEARRAY8:
                 return bytearray(raw), a + size
             elif kind in (_LATIN1_1, _LATIN1_4):
@@ -130,8 +134,6 @@ for _op in pickletools.opcodes:
         _STEP[ord(_op.code)] = (1, _WIDTH[_k])
     elif _op.arg.n >= 0:
         _STEP[ord(_op.code)] = (0, _op.arg.n)
-    elif _op.arg.name in ("long1", "long4"):
-        _STEP[ord(_op.code)] = (1, 1 if _op.arg.name == "long1" else 4)
     else:  # newline-terminated operands: one line, or two for GLOBAL/INST
         _STEP[ord(_op.code)] = (2, 2 if _op.arg.name == "stringnl_noescape_pair" else 1)
 del _op, _k
