@@ -97,7 +97,7 @@ def _zip_file(path: Path, rel: str, unit: str, scan: UnitScan, allowed: List[str
 
     rep = torchzip.check_zip(path, display=rel, tensor_names=tensor_names, facts=byte_facts)
     scan.add(rep.findings)
-    scan.add(security_tricks.mixed_archive(rel, [m.name for m in rep.members]))
+    scan.add(security_tricks.mixed_archive(rel, rep.members.names))
     member = f"{rep.prefix}/data.pkl" if rep.prefix else "data.pkl"
     # a TorchScript archive's pickles are read by torch.jit.load's C++ unpickler, not by torch.load's
     script = archive_pickles.torchscript_of(rep)

@@ -87,17 +87,24 @@ def zip_tensors(path: Path, rel: str, unit: str, scan: UnitScan, rep, res, kept=
     :class:`TensorRow` per tensor: issue 45); returns the decoded values of its small tensors."""
     from .. import tables
 
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     values: Dict[int, Any] = {}
-    at = {m.name: m.data_offset for m in rep.members}
     small_off, small_tm = [], []  # two lists of references, not a tuple per small tensor
     data_dir = f"{rep.prefix}/data/"
+    # the row of each tensor's storage record (the last of its name), looked up over the records' columns
+    keys = pa.array([tm.storage.key for _, tm in res.tensors], pa.string())
+    rows = rep.members.rows_of(pc.binary_join_element_wise(pa.scalar(data_dir), keys, pa.scalar("")))
+    del keys
+    record_offset = rep.members.column("data_offset")
     cols: Dict[str, list] = {c: [] for c in TENSOR_COLUMNS if c not in ("unit", "file")}
     name_c, dtype_c, shape_c, numel_c, nbytes_c, key_c, off_c, param_c, soff_c = (
         cols[c] for c in ("name", "dtype", "shape", "numel", "nbytes", "storage_key", "data_offset", "is_parameter",
                           "storage_offset"))
-    for name, tm in res.tensors:
+    for (name, tm), row in zip(res.tensors, rows):
         key = tm.storage.key
-        m_off = at.get(data_dir + key)
+        m_off = int(record_offset[row]) if row >= 0 else None
         off = m_off + tm.storage_offset * tm.storage.itemsize if m_off is not None else -1
         numel = tm.numel
         name_c.append(name)
@@ -112,7 +119,7 @@ def zip_tensors(path: Path, rel: str, unit: str, scan: UnitScan, rep, res, kept=
         if numel <= SMALL_TENSOR_NUMEL and m_off is not None and off >= 0:
             small_off.append(off)
             small_tm.append(tm)
-    del at
+    del rows, record_offset
     n = len(name_c)
     if n:
         scan.add_tensor_table(tables.from_columns("tensors", {"unit": [unit] * n, "file": [rel] * n, **cols}))

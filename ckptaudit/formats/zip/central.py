@@ -15,6 +15,7 @@ from ... import findings
 from ...findings import Finding
 from .reader import (CENTRAL_SIZE, EOCD_SIZE, LOCAL_SIZE, SIG_CENTRAL, SIG_DESCRIPTOR, SIG_EOCD, SIG_LOCAL,
                      SIG_ZIP64_EOCD, SIG_ZIP64_LOCATOR, Member, ArchiveFile, hex32, zip64_extra)
+from .records import Records
 
 
 def find_central_directory(fh: ArchiveFile, first_tail: Optional[int] = None):
@@ -287,13 +288,25 @@ def _data_problem(fh: ArchiveFile, e: dict, m: Member, cd_start: int) -> Optiona
     return None
 
 
-def overlapping_records(members: List[Member]) -> Optional[Tuple[Member, Member]]:
-    """The first two placed records that overlap (a damaged entry pointing into another record), or None."""
-    placed = sorted((m for m in members if m.data_offset >= 0), key=lambda m: m.header_offset)
-    for a, b in zip(placed, placed[1:]):
-        if a.data_offset + a.compressed_size_bytes > b.header_offset:
-            return a, b
-    return None
+def overlapping_records(members: Records) -> Optional[Tuple[Member, Member]]:
+    """The first two placed records (data offset known), in order of their header offsets, that overlap (a damaged
+    entry pointing into another record), or None.  Compares the records' columns, not a member object each."""
+    import numpy as np
+
+    placed = np.flatnonzero(members.column("data_offset") >= 0)
+    if len(placed) < 2:
+        return None
+    header = members.column("header_offset")
+    placed = placed[np.argsort(header[placed], kind="stable")]  # stable: records at one offset keep their order
+    size, header = members.column("compressed_size_bytes")[placed], header[placed]
+    # a damaged entry's sizes and offsets may fill 64 bits: then Python ints, else int64 (data offsets < 2**62)
+    kind = np.int64 if len(size) and max(int(size.max()), int(header.max())) < (1 << 62) else object
+    ends = members.column("data_offset")[placed].astype(kind) + size.astype(kind)
+    bad = np.flatnonzero(ends[:-1] > header[1:].astype(kind))
+    if not len(bad):
+        return None
+    i = int(bad[0])
+    return members[int(placed[i])], members[int(placed[i + 1])]
 
 
 # ------------------------------------------------------------------ findings
