@@ -185,8 +185,7 @@ def _check_with_cd(fh: ArchiveFile, display: str, cd: dict, rep: ZipReport, veri
     problem = problem or (problems[0] if problems else None)
     # overlapping records (a damaged central directory entry pointing into another record)
     overlap = overlapping_records(rep.members)
-    rep.intact_members = rep.members.names_where((rep.members.column("header_ok") == 1)
-                                                  & (rep.members.column("crc_ok") != 0))
+    rep.intact_members = rep.members.names_where(rep.members.intact_rows())
     load_data_pkl(fh, rep, MAX_DATA_PKL_BYTES)
     names = _names(rep, tensor_names)
 

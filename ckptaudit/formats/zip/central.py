@@ -290,23 +290,25 @@ def _data_problem(fh: ArchiveFile, e: dict, m: Member, cd_start: int) -> Optiona
 
 def overlapping_records(members: Records) -> Optional[Tuple[Member, Member]]:
     """The first two placed records (data offset known), in order of their header offsets, that overlap (a damaged
-    entry pointing into another record), or None.  Compares the records' columns, not a member object each."""
-    import numpy as np
-
-    placed = np.flatnonzero(members.column("data_offset") >= 0)
-    if len(placed) < 2:
-        return None
-    header = members.column("header_offset")
-    placed = placed[np.argsort(header[placed], kind="stable")]  # stable: records at one offset keep their order
-    size, header = members.column("compressed_size_bytes")[placed], header[placed]
-    # a damaged entry's sizes and offsets may fill 64 bits: then Python ints, else int64 (data offsets < 2**62)
-    kind = np.int64 if len(size) and max(int(size.max()), int(header.max())) < (1 << 62) else object
-    ends = members.column("data_offset")[placed].astype(kind) + size.astype(kind)
-    bad = np.flatnonzero(ends[:-1] > header[1:].astype(kind))
-    if not len(bad):
-        return None
-    i = int(bad[0])
-    return members[int(placed[i])], members[int(placed[i + 1])]
+    entry pointing into another record), or None.  Reads the records' columns, not a member object each; the rows
+    are sorted only when the archive does not already hold them in order (torch writes them so)."""
+    header, data = members.int_column("header_offset"), members.int_column("data_offset")
+    size = members.int_column("compressed_size_bytes")
+    placed = (i for i in range(len(members)) if data[i] >= 0)
+    prev = -1
+    for i in placed:
+        if prev >= 0 and header[i] < header[prev]:  # out of order: sort (stable, as records at one offset keep theirs)
+            placed = sorted((i for i in range(len(members)) if data[i] >= 0), key=header.__getitem__)
+            break
+        prev = i
+    else:
+        placed = (i for i in range(len(members)) if data[i] >= 0)
+    prev = -1
+    for i in placed:
+        if prev >= 0 and data[prev] + size[prev] > header[i]:
+            return members[prev], members[i]
+        prev = i
+    return None
 
 
 # ------------------------------------------------------------------ findings

@@ -108,12 +108,20 @@ class Records(Sequence[Member]):
         """Every record's name, in archive order."""
         return Names(self, None)
 
-    def names_where(self, rows) -> "Names":
-        """The names of the records at ``rows`` (a numpy index or boolean array), in their order."""
-        import numpy as np
+    def names_where(self, rows: Sequence[int]) -> "Names":
+        """The names of the records at ``rows`` (row numbers), in their order."""
+        return Names(self, rows)
 
-        rows = np.asarray(rows)
-        return Names(self, np.flatnonzero(rows) if rows.dtype == bool else rows.astype(np.int64))
+    def intact_rows(self) -> Sequence[int]:
+        """The rows whose local header agrees with the central directory and whose CRC did not fail (an
+        ``array`` of int64: no numpy, as the file layer imports none)."""
+        ok, crc = self._flags["header_ok"], self._flags["crc_ok"]
+        return array("q", (i for i in range(len(self)) if ok[i] == 1 and crc[i] != 0))
+
+    def int_column(self, field: str) -> Sequence[int]:
+        """Integer field ``field`` of :class:`Member` of every record (the column itself, an ``array``: read only;
+        -1 for None in ``crc_actual``)."""
+        return self._ints[field]
 
     def column(self, field: str):
         """Field ``field`` of :class:`Member` of every record as a numpy array (int64 or uint64 for the ints,
@@ -205,11 +213,9 @@ class Names(Sequence[str]):
             return False
         if self._rows is None:
             return self._records.row(name) >= 0
-        import numpy as np
-
         if self._records.row(name) < 0:
             return False
-        return any(self._records.name(int(r)) == name for r in np.asarray(self._rows))
+        return any(self._records.name(int(r)) == name for r in self._rows)
 
     def __eq__(self, other) -> bool:
         return isinstance(other, Sequence) and not isinstance(other, str) and list(self) == list(other)
