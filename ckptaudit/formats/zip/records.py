@@ -179,7 +179,8 @@ class Records(Sequence[Member]):
 
         offsets = np.zeros(len(self) + 1, np.int64)
         offsets[1:] = np.frombuffer(self._ends, np.int64)
-        return pa.LargeStringArray.from_buffers(len(self), pa.py_buffer(offsets), pa.py_buffer(bytes(self._text)))
+        # the buffer itself (no copy): the array lives only while a lookup runs, and no name is appended meanwhile
+        return pa.LargeStringArray.from_buffers(len(self), pa.py_buffer(offsets), pa.py_buffer(self._text))
 
 
 class Names(Sequence[str]):

@@ -30,10 +30,10 @@ def check_storages(report, storages: Dict[str, Tuple[int, str, int]], path: str)
     cut = report.cut_offset is not None or not report.has_central_directory
     pre = f"{report.prefix}/" if report.prefix else ""
 
-    def keyorder(k: str):
-        return (0, int(k), "") if k.isdigit() else (1, 0, k)
-
-    keys = sorted(storages, key=keyorder)
+    # numbered keys by number, then the others by name (no tuple per key: 300,000 storages, issue 45)
+    keys = [k for k in storages if k.isdigit()]
+    keys.sort(key=int)
+    keys += sorted(k for k in storages if not k.isdigit())
     if not keys:
         return out
     # the record of each storage (the last of its name, as a dict by name), looked up over the records' columns
