@@ -271,30 +271,21 @@ def iter_batches(path: str | Path, columns: List[str], batch_size: int, dictiona
                  where: Optional[Tuple[str, Collection[str]]] = None):
     """The record batches of a Parquet table, ``batch_size`` rows each, of those of ``columns`` it has (a file
     written before a column existed lacks it), string columns in ``dictionary`` read dictionary-encoded.
-    ``where``: ``(string column, values)``: row groups whose statistics show that column holds none of ``values``
-    are not read (the rows of those that are read still need filtering).  Raises what ``pyarrow`` raises for a
-    missing or damaged file."""
+    ``where``: ``(string column, values)``: row groups whose min/max statistics show none of ``values`` in that
+    column are not read (the rows read still need filtering).  Raises what ``pyarrow`` raises for a missing or
+    damaged file."""
     pf = pq.ParquetFile(path, read_dictionary=dictionary)
-    cols = [c for c in columns if c in pf.schema_arrow.names]
-    groups = None if where is None else _row_groups_holding(pf, *where)
-    return pf.iter_batches(batch_size=batch_size, columns=cols, use_threads=False, row_groups=groups)
-
-
-def _row_groups_holding(pf: pq.ParquetFile, column: str, values: Collection[str]) -> Optional[List[int]]:
-    """The row groups of ``pf`` whose min/max statistics of string ``column`` admit one of ``values`` (a group
-    without statistics is kept); None (every group) when the file has no such column."""
-    if column not in pf.schema_arrow.names:
-        return None
-    md = pf.metadata
-    i = pf.schema_arrow.get_field_index(column)
-    out = []
-    for g in range(md.num_row_groups):
-        st = md.row_group(g).column(i).statistics
-        lo, hi = (st.min, st.max) if st is not None and st.has_min_max else (None, None)
-        lo, hi = (x.decode("utf-8", "replace") if isinstance(x, bytes) else x for x in (lo, hi))
-        if not isinstance(lo, str) or not isinstance(hi, str) or any(lo <= v <= hi for v in values):
-            out.append(g)
-    return out
+    names = pf.schema_arrow.names
+    groups = None
+    if where is not None and where[0] in names:
+        i, groups = names.index(where[0]), []
+        for g in range(pf.metadata.num_row_groups):
+            st = pf.metadata.row_group(g).column(i).statistics
+            lo, hi = (st.min, st.max) if st is not None and st.has_min_max else (None, None)
+            if not (isinstance(lo, str) and isinstance(hi, str)) or any(lo <= v <= hi for v in where[1]):
+                groups.append(g)
+    return pf.iter_batches(batch_size=batch_size, columns=[c for c in columns if c in names], use_threads=False,
+                           row_groups=groups)
 
 
 def read_rows(path: str | Path, columns=None) -> List[dict]:
