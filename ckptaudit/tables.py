@@ -14,7 +14,7 @@ Only pyarrow is imported (≈0.2 s); pandas is not needed to write (a stage job 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional, Tuple
+from typing import Collection, Dict, Iterator, List, Optional, Tuple
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -267,13 +267,25 @@ def read_table(path: str | Path, columns=None) -> pa.Table:
     return f.read(columns=columns)
 
 
-def iter_batches(path: str | Path, columns: List[str], batch_size: int, dictionary: List[str]):
+def iter_batches(path: str | Path, columns: List[str], batch_size: int, dictionary: List[str],
+                 where: Optional[Tuple[str, Collection[str]]] = None):
     """The record batches of a Parquet table, ``batch_size`` rows each, of those of ``columns`` it has (a file
     written before a column existed lacks it), string columns in ``dictionary`` read dictionary-encoded.
-    Raises what ``pyarrow`` raises for a missing or damaged file."""
+    ``where``: ``(string column, values)``: row groups whose min/max statistics show none of ``values`` in that
+    column are not read (the rows read still need filtering).  Raises what ``pyarrow`` raises for a missing or
+    damaged file."""
     pf = pq.ParquetFile(path, read_dictionary=dictionary)
-    cols = [c for c in columns if c in pf.schema_arrow.names]
-    return pf.iter_batches(batch_size=batch_size, columns=cols, use_threads=False)
+    names = pf.schema_arrow.names
+    groups = None
+    if where is not None and where[0] in names:
+        i, groups = names.index(where[0]), []
+        for g in range(pf.metadata.num_row_groups):
+            st = pf.metadata.row_group(g).column(i).statistics
+            lo, hi = (st.min, st.max) if st is not None and st.has_min_max else (None, None)
+            if not (isinstance(lo, str) and isinstance(hi, str)) or any(lo <= v <= hi for v in where[1]):
+                groups.append(g)
+    return pf.iter_batches(batch_size=batch_size, columns=[c for c in columns if c in names], use_threads=False,
+                           row_groups=groups)
 
 
 def read_rows(path: str | Path, columns=None) -> List[dict]:

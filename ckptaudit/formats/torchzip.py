@@ -51,6 +51,7 @@ from .zip.crc import load_data_pkl, longest_zero_run, member_crc
 from .zip.crc_finding import crc_mismatch
 from .zip.cut import decide_tail, describe_cut, trailing_zero_start, walk_local, truncated
 from .zip.reader import Member, ArchiveFile, hex32
+from .zip.records import Records
 from .zip.storages import check_storages  # noqa: F401 - re-exported: an entry point of the zip checks
 
 #: Largest data.pkl kept in memory, bytes (a 10k-tensor model has a few MB).
@@ -77,21 +78,22 @@ class ZipReport:
 
     ``prefix`` is the archive folder (``'ckpt'`` for ``ckpt/data.pkl``);
     ``data_pkl`` the bytes of ``<prefix>/data.pkl`` when that record is intact
-    and at most :data:`MAX_DATA_PKL_BYTES`; ``intact_members`` the names whose
-    header (and CRC, when checked) are fine; ``cut_offset`` the byte where the
+    and at most :data:`MAX_DATA_PKL_BYTES`; ``members`` the records in archive order, as columns
+    (:class:`ckptaudit.formats.zip.records.Records`: a record per tensor storage costs no object);
+    ``intact_members`` the names whose header (and CRC, when checked) are fine; ``cut_offset`` the byte where the
     readable archive ends when the file was cut short or zero-filled, else None.
     ``data_pkl_any`` the bytes of that record as far as they can be read even when
     its CRC or local header is wrong (for the security walk only: a loader that
     ignores the CRC still unpickles them).
     """
 
-    members: List[Member] = field(default_factory=list)
+    members: Records = field(default_factory=Records)
     prefix: str = ""
     has_central_directory: bool = False
     data_pkl: Optional[bytes] = None
     data_pkl_any: Optional[bytes] = None
     findings: List[Finding] = field(default_factory=list)
-    intact_members: List[str] = field(default_factory=list)
+    intact_members: Sequence[str] = field(default_factory=list)
     cut_offset: Optional[int] = None
 
 
@@ -183,7 +185,7 @@ def _check_with_cd(fh: ArchiveFile, display: str, cd: dict, rep: ZipReport, veri
     problem = problem or (problems[0] if problems else None)
     # overlapping records (a damaged central directory entry pointing into another record)
     overlap = overlapping_records(rep.members)
-    rep.intact_members = [m.name for m in rep.members if m.header_ok and m.crc_ok is not False]
+    rep.intact_members = rep.members.names_where(rep.members.intact_rows())
     load_data_pkl(fh, rep, MAX_DATA_PKL_BYTES)
     names = _names(rep, tensor_names)
 
@@ -195,15 +197,15 @@ def _check_with_cd(fh: ArchiveFile, display: str, cd: dict, rep: ZipReport, veri
         a, b = overlap
         out.append(cd_corrupted(display, cd["cd_offset"], f"records {a.name!r} and {b.name!r} overlap",
                                 cd_bytes=cd["cd_size"]))
-    f = missing_data_pkl(display, [m.name for m in rep.members], rep.prefix)
+    f = missing_data_pkl(display, rep.members.names, rep.prefix)
     if f is not None:
         out.append(f)
 
 
 def _check_entries(fh: ArchiveFile, entries, rep: ZipReport, cd_start: int, verify_crc: bool, chunk: int,
                    buf: bytearray) -> list:
-    """Each central-directory entry as a :class:`Member` appended to ``rep.members``, its local header and (with
-    ``verify_crc``) its CRC checked; returns ``(member, why its header is damaged, CRC result of
+    """Each central-directory entry as a record of ``rep.members``, its local header and (with ``verify_crc``) its
+    CRC checked first (the :class:`Member` is added once they set its fields); returns ``(member, why its header is damaged, CRC result of
     :func:`_verify_member`)`` of the damaged records only."""
     checked = []
     for e in entries:
@@ -211,12 +213,12 @@ def _check_entries(fh: ArchiveFile, entries, rep: ZipReport, cd_start: int, veri
             rep.prefix = e["name"].split("/", 1)[0] if "/" in e["name"] else ""
         m = Member(name=e["name"], header_offset=e["lho"], data_offset=-1, size_bytes=e["usize"], crc32=e["crc"],
                    crc_ok=None, compressed_size_bytes=e["csize"], method=e["method"], flags=e["flags"])
-        rep.members.append(m)
         why = header_problem(fh, e, m, cd_start)
         if why:
             m.header_ok = False
             m.complete = m.data_offset >= 0
         crc = _verify_member(fh, m, chunk, buf) if verify_crc and m.data_offset >= 0 else None
+        rep.members.append(m)
         if why or crc is not None:
             checked.append((m, why, crc))
     return checked
@@ -281,7 +283,7 @@ def _check_without_cd(fh: ArchiveFile, display: str, rep: ZipReport, verify_crc:
     sizes = _storage_sizes(fh)
     st = walk_local(fh, verify_crc, chunk, buf, expected_size=sizes)
     members: List[Member] = st["members"]
-    rep.members = members
+    rep.members = Records.of(members)
     first = members[0].name if members else (st["cut_member"] or "")
     rep.prefix = first.split("/", 1)[0] if "/" in first else ""
     rep.data_pkl = _walked_data_pkl(fh, members, rep.prefix)

@@ -117,7 +117,7 @@ class _Located:
 def _pkl_proof(rep, prefix: str, proof: FileProof, located: _Located) -> Verdict:
     """How data.pkl (every tensor's name, dtype, shape, stride, storage and offset) is proven: its record's bytes
     by the manifest chunks, else by its CRC-32 (``check_zip`` keeps data.pkl only when that did not fail)."""
-    m = next((m for m in rep.members if m.name == prefix + "data.pkl"), None)
+    m = rep.members.find(prefix + "data.pkl")
     if m is None or m.data_offset < 0:
         return None, "data.pkl's record cannot be placed", ""
     ok, words, kind = proof.region(m.data_offset, m.data_offset + m.compressed_size_bytes)
@@ -137,7 +137,7 @@ def _byte_order(path: str, rep, prefix: str, proof: FileProof) -> Optional[str]:
     """None when the storages' bytes are little-endian as safetensors holds them (torch's ``byteorder`` record
     says ``little``, proven by its CRC-32 or the chunks, or is absent: torch then reads native order, and every
     machine torch builds for today is little-endian); else why no tensor of the file is proven as written."""
-    m = next((m for m in rep.members if m.name == prefix + "byteorder"), None)
+    m = rep.members.find(prefix + "byteorder")
     if m is None:
         return None
     if m.data_offset < 0 or not (m.crc_ok or proof.region(m.data_offset, m.data_offset + m.size_bytes)[0]):

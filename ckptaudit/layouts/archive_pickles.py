@@ -77,7 +77,7 @@ def judge(scan: UnitScan, rel: str, member: str, streams: WalkResult, allowed: L
 def torchscript_of(rep) -> Optional[Collection[str]]:
     """The code modules of a TorchScript archive (:func:`ckptaudit.security.torchscript.code_modules`) whose
     :class:`ckptaudit.formats.torchzip.ZipReport` is ``rep``, or None when it is no TorchScript archive."""
-    names = [m.name for m in rep.members]
+    names = rep.members.names
     return (security_torchscript.code_modules(names, rep.prefix)
             if security_torchscript.is_torchscript(names, rep.prefix) else None)
 

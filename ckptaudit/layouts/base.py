@@ -97,7 +97,7 @@ def _zip_file(path: Path, rel: str, unit: str, scan: UnitScan, allowed: List[str
 
     rep = torchzip.check_zip(path, display=rel, tensor_names=tensor_names, facts=byte_facts)
     scan.add(rep.findings)
-    scan.add(security_tricks.mixed_archive(rel, [m.name for m in rep.members]))
+    scan.add(security_tricks.mixed_archive(rel, rep.members.names))
     member = f"{rep.prefix}/data.pkl" if rep.prefix else "data.pkl"
     # a TorchScript archive's pickles are read by torch.jit.load's C++ unpickler, not by torch.load's
     script = archive_pickles.torchscript_of(rep)
@@ -110,14 +110,20 @@ def _zip_file(path: Path, rel: str, unit: str, scan: UnitScan, allowed: List[str
         archive_pickles.scan_zip_members(path, rel, scan, allowed, rep, torchscript=script,
                                          done=[member] if rep.data_pkl_any else [], kept=kept)
         return
-    res, all_streams = walked["res"], walked["streams"]
+    res, all_streams = walked.pop("res"), walked.pop("streams")
     archive_pickles.judge(scan, rel, member, all_streams, allowed, prefix=rep.prefix, torchscript=script,
                           data_pkl=True)
     archive_pickles.scan_zip_members(path, rel, scan, allowed, rep, torchscript=script, done=[member], kept=kept)
+    # judged and walked: data.pkl's bytes (~80 a tensor) go before the tensors' columns and tree are built
+    del all_streams
+    rep.data_pkl = rep.data_pkl_any = None
     if res.error:
         scan.add(walk_problem(res, rel, member))
     scan.add(torchzip.check_storages(rep, storages_needed(res), rel))
     values = zip_tensors(path, rel, unit, scan, rep, res, kept)
+    # the tensors are columns now: their (dotted name, TensorMeta) pairs go before the tree (it reaches each
+    # TensorMeta through res.obj; issue 45: ~140 bytes a tensor)
+    res.tensors = []
     out["obj"] = res.obj
     scan.tree[tree_key or rel] = describe(scan, rel, res.obj, values)
 

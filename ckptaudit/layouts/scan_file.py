@@ -12,7 +12,7 @@ import struct
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Mapping
 
 from .. import fs
 from ..security import resume as security_resume
@@ -73,50 +73,79 @@ def walk_data_pkl(scan: UnitScan, data: bytes, n_records: int):
     return res, all_streams
 
 
-def storages_needed(res) -> Dict[str, tuple]:
-    """Storage key -> ``(nbytes, dtype, numel)`` from a walk of data.pkl, for ``torchzip.check_storages``."""
-    storages = {}
-    for key, sref in res.storages.items():
-        if sref.numel is not None:
-            storages[key] = (sref.numel * sref.itemsize, sref.dtype, sref.numel)
-    return storages
+def storages_needed(res) -> Mapping[str, tuple]:
+    """Storage key -> ``(nbytes, dtype, numel)`` from a walk of data.pkl, for ``torchzip.check_storages``: the
+    storages whose ``numel`` is known, each tuple made when asked for (not one held per storage: issue 45)."""
+    return _StoragesNeeded(res.storages)
+
+
+class _StoragesNeeded(Mapping):
+    """:func:`storages_needed` over the walk's ``{key: StorageRef}``."""
+
+    def __init__(self, refs) -> None:
+        self._refs = refs
+
+    def __getitem__(self, key: str) -> tuple:
+        sref = self._refs[key]
+        if sref.numel is None:
+            raise KeyError(key)
+        return (sref.numel * sref.itemsize, sref.dtype, sref.numel)
+
+    def __iter__(self):
+        return (k for k, sref in self._refs.items() if sref.numel is not None)
+
+    def __len__(self) -> int:
+        return sum(1 for sref in self._refs.values() if sref.numel is not None)
+
+
+#: Tensors of a zip made into one ``tensors`` table at a time by :func:`zip_tensors` (its Python lists of values
+#: are one block's: ~35 MiB at 300,000 tensors were all of them at once).
+TENSOR_BLOCK = 1 << 16
 
 
 def zip_tensors(path: Path, rel: str, unit: str, scan: UnitScan, rep, res, kept=None) -> Dict[int, Any]:
-    """The tensors of a zip's data.pkl as one ``tensors`` table added to ``scan`` (a column per field, not a
-    :class:`TensorRow` per tensor: issue 45); returns the decoded values of its small tensors."""
+    """The tensors of a zip's data.pkl as ``tensors`` tables of :data:`TENSOR_BLOCK` rows added to ``scan`` (a
+    column per field, not a :class:`TensorRow` per tensor: issue 45); returns the decoded values of its small
+    tensors."""
     from .. import tables
 
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     values: Dict[int, Any] = {}
-    at = {m.name: m.data_offset for m in rep.members}
     small_off, small_tm = [], []  # two lists of references, not a tuple per small tensor
     data_dir = f"{rep.prefix}/data/"
-    cols: Dict[str, list] = {c: [] for c in TENSOR_COLUMNS if c not in ("unit", "file")}
-    name_c, dtype_c, shape_c, numel_c, nbytes_c, key_c, off_c, param_c, soff_c = (
-        cols[c] for c in ("name", "dtype", "shape", "numel", "nbytes", "storage_key", "data_offset", "is_parameter",
-                          "storage_offset"))
-    for name, tm in res.tensors:
-        key = tm.storage.key
-        m_off = at.get(data_dir + key)
-        off = m_off + tm.storage_offset * tm.storage.itemsize if m_off is not None else -1
-        numel = tm.numel
-        name_c.append(name)
-        dtype_c.append(tm.dtype)
-        shape_c.append(tm.shape)
-        numel_c.append(numel)
-        nbytes_c.append(tm.nbytes)
-        key_c.append(key)
-        off_c.append(off)
-        param_c.append(tm.is_parameter)
-        soff_c.append(tm.storage_offset)
-        if numel <= SMALL_TENSOR_NUMEL and m_off is not None and off >= 0:
-            small_off.append(off)
-            small_tm.append(tm)
-    del at
-    n = len(name_c)
-    if n:
+    # the row of each tensor's storage record (the last of its name), looked up over the records' columns
+    keys = pa.array([tm.storage.key for _, tm in res.tensors], pa.string())
+    rows = rep.members.rows_of(pc.binary_join_element_wise(pa.scalar(data_dir), keys, pa.scalar("")))
+    del keys
+    record_offset = rep.members.column("data_offset")
+    for a in range(0, len(res.tensors), TENSOR_BLOCK):  # a table per block: lists of one block's values at a time
+        cols: Dict[str, list] = {c: [] for c in TENSOR_COLUMNS if c not in ("unit", "file")}
+        name_c, dtype_c, shape_c, numel_c, nbytes_c, key_c, off_c, param_c, soff_c = (
+            cols[c] for c in ("name", "dtype", "shape", "numel", "nbytes", "storage_key", "data_offset",
+                              "is_parameter", "storage_offset"))
+        for (name, tm), row in zip(res.tensors[a:a + TENSOR_BLOCK], rows[a:a + TENSOR_BLOCK]):
+            key = tm.storage.key
+            m_off = int(record_offset[row]) if row >= 0 else None
+            off = m_off + tm.storage_offset * tm.storage.itemsize if m_off is not None else -1
+            numel = tm.numel
+            name_c.append(name)
+            dtype_c.append(tm.dtype)
+            shape_c.append(tm.shape)
+            numel_c.append(numel)
+            nbytes_c.append(tm.nbytes)
+            key_c.append(key)
+            off_c.append(off)
+            param_c.append(tm.is_parameter)
+            soff_c.append(tm.storage_offset)
+            if numel <= SMALL_TENSOR_NUMEL and m_off is not None and off >= 0:
+                small_off.append(off)
+                small_tm.append(tm)
+        n = len(name_c)
         scan.add_tensor_table(tables.from_columns("tensors", {"unit": [unit] * n, "file": [rel] * n, **cols}))
-    del cols, name_c, dtype_c, shape_c, numel_c, nbytes_c, key_c, off_c, param_c, soff_c
+        del cols, name_c, dtype_c, shape_c, numel_c, nbytes_c, key_c, off_c, param_c, soff_c
+    del rows, record_offset
     small_n = [small_nbytes(tm.dtype, tm.numel) for tm in small_tm]
     if any(small_n):
         _read_small_values(path, [(off, tm, k) for off, tm, k in zip(small_off, small_tm, small_n) if k]

@@ -222,6 +222,18 @@ def _file_version_schema():
     return pa.schema([("file", pa.string()), ("size_bytes", pa.int64()), ("version", pa.string())])
 
 
+def _columns_of(wanted: Optional[frozenset]) -> List[str]:
+    """The columns of :data:`LOAD_COLUMNS` that the kinds ``wanted`` keep (None: every kind)."""
+    if wanted is None:
+        return list(LOAD_COLUMNS)
+    need = {"file", "kind", "data_offset", "length_bytes", "size_bytes", "version"}
+    for kind in wanted:
+        need.update(_KEEP.get(kind, ()))
+    if wanted & set(_ROW_KINDS):  # what :func:`_keep_rows` reads of them
+        need.update(("seen_bytes", "zero_offset", "zero_bytes", "data"))
+    return [c for c in LOAD_COLUMNS if c in need]
+
+
 def _by_kind(rows, wanted: Optional[frozenset] = None) -> Dict[str, "pa.Table"]:
     """{kind: its rows} of ``rows`` (see :func:`load`), each with the columns of :data:`LOAD_COLUMNS` it has,
     dictionaries unified and one chunk; a file is read one batch at a time.  ``wanted``: the kinds kept (None: all)."""
@@ -230,8 +242,9 @@ def _by_kind(rows, wanted: Optional[frozenset] = None) -> Dict[str, "pa.Table"]:
 
     from ..tables import SCHEMAS, iter_batches
 
-    if isinstance(rows, (str, os.PathLike)):
-        batches = iter_batches(rows, list(LOAD_COLUMNS), BATCH_ROWS, ["file", "kind", "dtype", "version"])
+    if isinstance(rows, (str, os.PathLike)):  # the columns and row groups of the kinds asked for (issue 45)
+        batches = iter_batches(rows, _columns_of(wanted), BATCH_ROWS, ["file", "kind", "dtype", "version"],
+                               where=None if wanted is None else ("kind", wanted))
     else:
         t = rows if isinstance(rows, pa.Table) else pa.Table.from_pylist(list(rows), schema=SCHEMAS["bytefacts"])
         batches = t.select([c for c in LOAD_COLUMNS if c in t.column_names]).to_batches(BATCH_ROWS)

@@ -15,6 +15,7 @@ from ... import findings
 from ...findings import Finding
 from .reader import (CENTRAL_SIZE, EOCD_SIZE, LOCAL_SIZE, SIG_CENTRAL, SIG_DESCRIPTOR, SIG_EOCD, SIG_LOCAL,
                      SIG_ZIP64_EOCD, SIG_ZIP64_LOCATOR, Member, ArchiveFile, hex32, zip64_extra)
+from .records import Records
 
 
 def find_central_directory(fh: ArchiveFile, first_tail: Optional[int] = None):
@@ -287,12 +288,26 @@ def _data_problem(fh: ArchiveFile, e: dict, m: Member, cd_start: int) -> Optiona
     return None
 
 
-def overlapping_records(members: List[Member]) -> Optional[Tuple[Member, Member]]:
-    """The first two placed records that overlap (a damaged entry pointing into another record), or None."""
-    placed = sorted((m for m in members if m.data_offset >= 0), key=lambda m: m.header_offset)
-    for a, b in zip(placed, placed[1:]):
-        if a.data_offset + a.compressed_size_bytes > b.header_offset:
-            return a, b
+def overlapping_records(members: Records) -> Optional[Tuple[Member, Member]]:
+    """The first two placed records (data offset known), in order of their header offsets, that overlap (a damaged
+    entry pointing into another record), or None.  Reads the records' columns, not a member object each; the rows
+    are sorted only when the archive does not already hold them in order (torch writes them so)."""
+    header, data = members.int_column("header_offset"), members.int_column("data_offset")
+    size = members.int_column("compressed_size_bytes")
+    placed = (i for i in range(len(members)) if data[i] >= 0)
+    prev = -1
+    for i in placed:
+        if prev >= 0 and header[i] < header[prev]:  # out of order: sort (stable, as records at one offset keep theirs)
+            placed = sorted((i for i in range(len(members)) if data[i] >= 0), key=header.__getitem__)
+            break
+        prev = i
+    else:
+        placed = (i for i in range(len(members)) if data[i] >= 0)
+    prev = -1
+    for i in placed:
+        if prev >= 0 and data[prev] + size[prev] > header[i]:
+            return members[prev], members[i]
+        prev = i
     return None
 
 

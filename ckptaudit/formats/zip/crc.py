@@ -67,7 +67,7 @@ def load_data_pkl(fh: ArchiveFile, rep, limit: int) -> None:
     """Put data.pkl's bytes on ``rep`` (a ``ZipReport``): ``data_pkl_any`` as far as they read, ``data_pkl``
     when the record is whole and intact; nothing for a record over ``limit`` bytes (``MAX_DATA_PKL_BYTES``)."""
     want = f"{rep.prefix}/data.pkl" if rep.prefix else "data.pkl"
-    m = next((m for m in rep.members if m.name == want), None)
+    m = rep.members.find(want)
     start = -1 if m is None else m.data_offset if m.data_offset >= 0 else m.loose_data_offset
     if m is None or start < 0:
         return
