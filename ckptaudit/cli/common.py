@@ -36,6 +36,17 @@ class ExitThreeGroup(click.Group):
     """The ``ckptaudit`` group: a usage error of the group or of any sub-command (a missing argument, an
     unknown option or command, a bad option value) exits 3, whichever module defines the command."""
 
+    def __call__(self, *args, **kwargs):
+        """The ``ckptaudit`` process's entry point (click's ``main`` in standalone mode ends the process with
+        ``SystemExit``); tests call :meth:`main` and keep running, so only this path freezes the heap."""
+        try:
+            return super().__call__(*args, **kwargs)
+        finally:
+            if kwargs.get("standalone_mode", True):
+                from ..stages.job_process import freeze_before_exit
+
+                freeze_before_exit()
+
     def make_context(self, info_name, args, parent=None, **extra):
         try:
             return super().make_context(info_name, args, parent=parent, **extra)

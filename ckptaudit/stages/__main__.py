@@ -3,5 +3,8 @@
 import sys
 
 from .cli import main
+from .job_process import freeze_before_exit
 
-sys.exit(main())
+code = main()
+freeze_before_exit()  # the job ends here: skip the shutdown's full collection
+sys.exit(code)

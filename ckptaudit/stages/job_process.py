@@ -4,10 +4,9 @@ not changed."""
 
 from __future__ import annotations
 
+import gc
 import sys
 from importlib.abc import MetaPathFinder
-
-import pyarrow as pa
 
 
 class _NoPandas(MetaPathFinder):
@@ -37,8 +36,23 @@ def job_memory_pool() -> str:
     100,000 tensors (issue 22) the scan job peaked at 403 MB with mimalloc and 298 MB with jemalloc, the state
     job 354 and 279 MB, structure 224 and 195, hash 229 and 213 (GNU time, same inputs).  Where the wheel has
     no jemalloc (``NotImplementedError``) the default pool stays.  Library users' processes are not changed."""
+    import pyarrow as pa
+
     try:
         pa.set_memory_pool(pa.jemalloc_memory_pool())
     except NotImplementedError:
         pass
     return pa.default_memory_pool().backend_name
+
+
+def freeze_before_exit() -> None:
+    """Move every object alive now into the garbage collector's permanent generation (``gc.freeze``), for a
+    process that is about to exit (a stage job, the ``ckptaudit`` command).
+
+    The interpreter's shutdown runs a full collection over everything the process imported; with Snakemake,
+    pandas and pyarrow loaded that took 0.23-0.26 s of the ``ckptaudit`` command's wall time, and ~0.04 s of
+    each stage job's (``python -c "import snakemake.api"``: 0.98-1.02 s, 0.75 s with a freeze first; measured
+    here, 2 cores).  Exit handlers, ``finally`` blocks and files' flushing still run as before; only objects
+    in reference cycles alive at this point are not collected, which the exit returns to the system anyway.
+    Never call it in a process that goes on working (a library user's, pytest's)."""
+    gc.freeze()
