@@ -128,6 +128,57 @@ def _as_cli(workdir: Path) -> Iterator[None]:
             os.environ[job_errors.CLI_ENV] = old
 
 
+def _local_executors_only() -> bool:
+    """Before Snakemake's import, for a run on this machine: give Snakemake's executor registry the three
+    executors Snakemake itself ships (``local``, ``dryrun``, ``touch``) instead of letting it import every
+    installed ``snakemake_executor_plugin_*`` package; True when that was done.
+
+    Snakemake builds the registry when ``snakemake.api`` is imported (a module-level singleton of
+    ``snakemake_interface_executor_plugins``); collecting it imports each plugin.  Importing the SLURM plugin
+    (snakemake-executor-plugin-slurm 2.x) imports pandas and runs ``which sacct``, ``which squeue`` and
+    ``scontrol show config`` to word its help texts: 0.45-0.5 s of the command's start with the controller up
+    (measured here, 2 cores), and ~9 s when ``scontrol`` is installed but no controller answers (its 10 s
+    timeout), on a machine that then runs no SLURM job at all.  The singleton is made the way its own class
+    makes it (``__new__``, then ``plugins`` and ``register_plugin``); if that API is not there, the registry
+    is left to Snakemake (False), which costs only the time above.  ``--profile``/``--executor`` runs go
+    through Snakemake's command line and keep every plugin."""
+    try:
+        from snakemake_interface_executor_plugins.registry import ExecutorPluginRegistry
+
+        if ExecutorPluginRegistry._instance is not None:  # built already in this process: keep it
+            return False
+        from snakemake.executors import dryrun, local, touch
+
+        registry = ExecutorPluginRegistry.__new__(ExecutorPluginRegistry)
+        registry.plugins = {}
+        for name, module in (("local", local), ("dryrun", dryrun), ("touch", touch)):
+            registry.register_plugin(name, module)
+        registry._ckptaudit_local_only = True
+        return True
+    except Exception:  # noqa: BLE001 - another version's internals: Snakemake collects the plugins itself
+        try:
+            from snakemake_interface_executor_plugins.registry import ExecutorPluginRegistry
+
+            ExecutorPluginRegistry._instance = None
+        except Exception:  # noqa: BLE001
+            pass
+        return False
+
+
+def _every_executor() -> None:
+    """Before a run that may use any executor plugin: if :func:`_local_executors_only` built the registry
+    earlier in this process, let Snakemake collect every installed plugin now (its own
+    ``collect_plugins``, which registers ``local``, ``dryrun`` and ``touch`` again)."""
+    try:
+        from snakemake_interface_executor_plugins.registry import ExecutorPluginRegistry
+    except ImportError:
+        return
+    registry = ExecutorPluginRegistry._instance
+    if registry is not None and getattr(registry, "_ckptaudit_local_only", False):
+        registry.collect_plugins()
+        registry._ckptaudit_local_only = False
+
+
 def run_workflow(cfg: dict, workdir: Path, cores: int, targets=("audit",), quiet: bool = True,
                  keep_going: bool = True, executor: str = "local", profile_args=None) -> bool:
     """Run the workflow through ``snakemake.api``; True on success."""
@@ -136,6 +187,10 @@ def run_workflow(cfg: dict, workdir: Path, cores: int, targets=("audit",), quiet
     workdir.mkdir(parents=True, exist_ok=True)
     with _out_locked(workdir), _load_server_early(cfg, workdir, executor), _interrupts(workdir), _as_cli(workdir), \
             progress_line(workdir):
+        if executor == "local":
+            _local_executors_only()
+        else:
+            _every_executor()
         from snakemake.api import SnakemakeApi  # after the load server's start: its import runs beside this one
         from snakemake.settings.enums import Quietness
         from snakemake.settings.types import (ConfigSettings, DAGSettings, ExecutionSettings, OutputSettings,
@@ -243,6 +298,7 @@ def run_snakemake_cli(cfg: dict, workdir: Path, *, profile: str | None = None, e
     argv += [*extra_args, "--", *targets]
     from .ticker import progress_line
 
+    _every_executor()
     with _out_locked(workdir), _interrupts(workdir), _as_cli(workdir), progress_line(workdir):
         try:
             parser, args = parse_args(argv)
