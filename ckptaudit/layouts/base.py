@@ -10,7 +10,7 @@ of :func:`scan_file` in :mod:`.scan_file`; this module re-exports their names.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Union
 
 from ..security import tricks as security_tricks
 from ..formats import pickles
@@ -18,13 +18,14 @@ from ..formats.pickles import walk_problem  # noqa: F401 (face: the adapters' wa
 from . import archive_pickles, tar_pickles
 from .result import TensorRow, UnitScan
 from .scan_file import (SWEEP_BYTES, json_tree, safetensors_rows,  # noqa: F401 (face)
-                        security_sweep, storages_needed, walk_data_pkl, zip_tensors)
-from .tree import (PRUNE_NODE_BUDGET, SHARED_REPEAT_NODES, SMALL_TENSOR_NUMEL, PruneBudget, cut, decode_small, prune,  # noqa: F401 (face)
-                   read_small, small_nbytes)
+                        security_sweep, storages_needed, walk_data_pkl, zip_small_values, zip_tensors)
+from .tree import (PRUNE_NODE_BUDGET, SHARED_REPEAT_NODES, SMALL_TENSOR_NUMEL, PruneBudget, ShownValues, cut,  # noqa: F401 (face)
+                   decode_small, prune, read_small, small_nbytes)
 
 
-def describe(scan: "UnitScan", rel: str, obj: Any, values: Dict[int, Any]) -> Any:
-    """:func:`prune` of one file's object under a work budget; running out is a ``pickle_too_complex`` finding."""
+def describe(scan: "UnitScan", rel: str, obj: Any, values: Union[Dict[int, Any], ShownValues]) -> Any:
+    """:func:`prune` of one file's object under a work budget; running out is a ``pickle_too_complex`` finding.
+    ``values``: decoded small values by ``id(TensorMeta)``, or a :class:`ShownValues` gathering the tensors shown."""
     budget = PruneBudget()
     tree = prune(obj, values, budget=budget)
     if budget.exhausted:
@@ -120,12 +121,15 @@ def _zip_file(path: Path, rel: str, unit: str, scan: UnitScan, allowed: List[str
     if res.error:
         scan.add(walk_problem(res, rel, member))
     scan.add(torchzip.check_storages(rep, storages_needed(res), rel))
-    values = zip_tensors(path, rel, unit, scan, rep, res, kept)
+    zip_tensors(path, rel, unit, scan, rep, res)
     # the tensors are columns now: their (dotted name, TensorMeta) pairs go before the tree (it reaches each
     # TensorMeta through res.obj; issue 45: ~140 bytes a tensor)
     res.tensors = []
     out["obj"] = res.obj
-    scan.tree[tree_key or rel] = describe(scan, rel, res.obj, values)
+    shown = ShownValues()  # the small tensors the tree shows: their values read, not every small tensor's
+    tree = describe(scan, rel, res.obj, shown)
+    zip_small_values(path, rep, shown, kept)
+    scan.tree[tree_key or rel] = tree
 
 
 def _legacy_file(path: Path, rel: str, unit: str, scan: UnitScan, out: Dict[str, Any],

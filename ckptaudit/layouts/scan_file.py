@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Mapping
 from .. import fs
 from ..security import resume as security_resume
 from .result import TENSOR_COLUMNS, TensorRow, UnitScan
-from .tree import SMALL_TENSOR_NUMEL, decode_small, read_small, small_nbytes
+from .tree import decode_small, read_small, small_nbytes
 
 #: Sniff kinds whose bytes may be a pickle (protocol 0 is text; protocol 1 starts with any opcode).
 _SWEPT_KINDS = ("torch_legacy", "pickle", "text", "json", "html", "unknown")
@@ -103,22 +103,12 @@ class _StoragesNeeded(Mapping):
 TENSOR_BLOCK = 1 << 16
 
 
-def zip_tensors(path: Path, rel: str, unit: str, scan: UnitScan, rep, res, kept=None) -> Dict[int, Any]:
-    """The tensors of a zip's data.pkl as ``tensors`` tables of :data:`TENSOR_BLOCK` rows added to ``scan`` (a
-    column per field, not a :class:`TensorRow` per tensor: issue 45); returns the decoded values of its small
-    tensors."""
+def zip_tensors(path: Path, rel: str, unit: str, scan: UnitScan, rep, res) -> None:
+    """The tensors of a zip's data.pkl (``res.tensors``) as ``tensors`` tables of :data:`TENSOR_BLOCK` rows added
+    to ``scan`` (a column per field, not a :class:`TensorRow` per tensor: issue 45)."""
     from .. import tables
 
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    values: Dict[int, Any] = {}
-    small_off, small_tm = [], []  # two lists of references, not a tuple per small tensor
-    data_dir = f"{rep.prefix}/data/"
-    # the row of each tensor's storage record (the last of its name), looked up over the records' columns
-    keys = pa.array([tm.storage.key for _, tm in res.tensors], pa.string())
-    rows = rep.members.rows_of(pc.binary_join_element_wise(pa.scalar(data_dir), keys, pa.scalar("")))
-    del keys
+    rows = _record_rows(rep, (tm for _, tm in res.tensors))
     record_offset = rep.members.column("data_offset")
     for a in range(0, len(res.tensors), TENSOR_BLOCK):  # a table per block: lists of one block's values at a time
         cols: Dict[str, list] = {c: [] for c in TENSOR_COLUMNS if c not in ("unit", "file")}
@@ -126,42 +116,47 @@ def zip_tensors(path: Path, rel: str, unit: str, scan: UnitScan, rep, res, kept=
             cols[c] for c in ("name", "dtype", "shape", "numel", "nbytes", "storage_key", "data_offset",
                               "is_parameter", "storage_offset"))
         for (name, tm), row in zip(res.tensors[a:a + TENSOR_BLOCK], rows[a:a + TENSOR_BLOCK]):
-            key = tm.storage.key
-            m_off = int(record_offset[row]) if row >= 0 else None
-            off = m_off + tm.storage_offset * tm.storage.itemsize if m_off is not None else -1
-            numel = tm.numel
             name_c.append(name)
             dtype_c.append(tm.dtype)
             shape_c.append(tm.shape)
-            numel_c.append(numel)
+            numel_c.append(tm.numel)
             nbytes_c.append(tm.nbytes)
-            key_c.append(key)
-            off_c.append(off)
+            key_c.append(tm.storage.key)
+            off_c.append(int(record_offset[row]) + tm.storage_offset * tm.storage.itemsize if row >= 0 else -1)
             param_c.append(tm.is_parameter)
             soff_c.append(tm.storage_offset)
-            if numel <= SMALL_TENSOR_NUMEL and m_off is not None and off >= 0:
-                small_off.append(off)
-                small_tm.append(tm)
         n = len(name_c)
         scan.add_tensor_table(tables.from_columns("tensors", {"unit": [unit] * n, "file": [rel] * n, **cols}))
         del cols, name_c, dtype_c, shape_c, numel_c, nbytes_c, key_c, off_c, param_c, soff_c
-    del rows, record_offset
-    small_n = [small_nbytes(tm.dtype, tm.numel) for tm in small_tm]
-    if any(small_n):
-        _read_small_values(path, [(off, tm, k) for off, tm, k in zip(small_off, small_tm, small_n) if k]
-                           if fs.is_remote(path) else _SmallTensors(small_off, small_tm, small_n), values, kept)
-    return values
 
 
-class _SmallTensors:
-    """The ``(offset, TensorMeta, bytes)`` of the small tensors with a byte size, made one at a time from three
-    parallel lists (a local file reads them in turn; 300,000 tuples held at once were ~20 MiB)."""
+def zip_small_values(path: Path, rep, shown, kept=None) -> None:
+    """Read the values of the small tensors a zip's described tree shows (``shown``, a
+    :class:`ckptaudit.layouts.tree.ShownValues`) from their bytes and set them in its nodes: those of a storage
+    record at a data offset ≥ 0.  Only the tensors shown are read (at most
+    :data:`ckptaudit.layouts.tree.TREE_MAX_ITEMS` of a container), not every small tensor of the file."""
+    if not shown.tensors:
+        return
+    rows = _record_rows(rep, shown.tensors)
+    record_offset = rep.members.column("data_offset")
+    small = []
+    for tm, row in zip(shown.tensors, rows):
+        off = int(record_offset[row]) + tm.storage_offset * tm.storage.itemsize if row >= 0 else -1
+        if off >= 0:
+            small.append((off, tm, small_nbytes(tm.dtype, tm.numel)))
+    values: Dict[int, Any] = {}
+    _read_small_values(path, small, values, kept)
+    shown.fill(values)
 
-    def __init__(self, offs: list, tms: list, ns: list) -> None:
-        self._cols = (offs, tms, ns)
 
-    def __iter__(self):
-        return ((off, tm, k) for off, tm, k in zip(*self._cols) if k)
+def _record_rows(rep, tms):
+    """Row of the storage record (the last of its name, ``<prefix>/data/<key>``) of each of the TensorMetas
+    ``tms`` in ``rep.members``, -1 where none: an int64 numpy array, looked up over the records' columns."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    keys = pa.array([tm.storage.key for tm in tms], pa.string())
+    return rep.members.rows_of(pc.binary_join_element_wise(pa.scalar(f"{rep.prefix}/data/"), keys, pa.scalar("")))
 
 
 def _read_small_values(path: Path, small: list, values: Dict[int, Any], kept=None) -> None:

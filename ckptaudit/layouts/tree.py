@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import struct
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional, Union
 
 from ..pickle_walk import Call, GlobalRef, Instance, TensorMeta, short_repr
 
@@ -70,14 +70,40 @@ class PruneBudget:
         return True
 
 
-def prune(obj: Any, values: Dict[int, Any], depth: int = 0, max_items: int = TREE_MAX_ITEMS,
+class ShownValues:
+    """The small tensors a described tree shows, gathered while :func:`prune` builds it (given as its
+    ``values``): each tensor's :class:`TensorMeta` with the tree node that describes it, whose ``"value"``
+    :meth:`fill` sets once the bytes were read.  A tree shows at most :data:`TREE_MAX_ITEMS` entries of a
+    container, so a file's reader decodes those, not every small tensor it holds (issue 45: 300,000 optimizer
+    scalars held as values by ``id`` were ~26 MiB at the scan job's peak)."""
+
+    def __init__(self) -> None:
+        #: shown tensors of ≤ :data:`SMALL_TENSOR_NUMEL` elements of a decodable dtype, and their nodes, in order
+        self.tensors: List[TensorMeta] = []
+        self.nodes: List[Dict[str, Any]] = []
+
+    def want(self, tm: TensorMeta, node: Dict[str, Any]) -> None:
+        """Note that ``node`` describes ``tm`` (kept only when its value could be decoded)."""
+        if tm.numel <= SMALL_TENSOR_NUMEL and small_nbytes(tm.dtype, tm.numel):
+            self.tensors.append(tm)
+            self.nodes.append(node)
+
+    def fill(self, values: Dict[int, Any]) -> None:
+        """Set ``"value"`` of each node whose tensor has one in ``values`` (by ``id(TensorMeta)``)."""
+        for tm, node in zip(self.tensors, self.nodes):
+            if id(tm) in values:
+                node["value"] = values[id(tm)]
+
+
+def prune(obj: Any, values: Union[Dict[int, Any], ShownValues], depth: int = 0, max_items: int = TREE_MAX_ITEMS,
           budget: Optional[PruneBudget] = None) -> Any:
     """A JSON-able description of a walked pickle object.
 
     Tensors become ``{"__tensor__": dtype, "shape": [...], "value": x}``
     (``value`` only for tensors of ≤ 8 elements whose bytes were readable);
     symbolic instances keep their class name and state.  ``values`` maps
-    ``id(TensorMeta)`` to decoded small values.  A container met again (the pickle shares it) is described
+    ``id(TensorMeta)`` to decoded small values, or is a :class:`ShownValues` that gathers the small tensors
+    shown, for their values to be read and set afterwards.  A container met again (the pickle shares it) is described
     again while :data:`SHARED_REPEAT_NODES` allow, else it is :data:`SHARED`; text costs a node per
     :data:`CHARS_PER_NODE` characters: the tree is at most ``budget``'s nodes, whatever the pickle's sharing
     would rebuild.
@@ -110,7 +136,7 @@ def prune(obj: Any, values: Dict[int, Any], depth: int = 0, max_items: int = TRE
     return _prune_leaf(obj, values)
 
 
-def _prune_container(obj: Any, values: Dict[int, Any], depth: int, max_items: int, budget: "PruneBudget") -> Any:
+def _prune_container(obj: Any, values: Union[Dict[int, Any], ShownValues], depth: int, max_items: int, budget: "PruneBudget") -> Any:
     if isinstance(obj, dict):
         out = {}
         for i, (k, v) in enumerate(obj.items()):
@@ -216,10 +242,12 @@ def cut(d: Dict[str, Any], max_items: int = TREE_MAX_ITEMS) -> Dict[str, Any]:
     return out
 
 
-def _prune_leaf(obj: Any, values: Dict[int, Any]) -> Any:
+def _prune_leaf(obj: Any, values: Union[Dict[int, Any], ShownValues]) -> Any:
     if isinstance(obj, TensorMeta):
         d = {"__tensor__": obj.dtype, "shape": list(obj.shape)}
-        if id(obj) in values:
+        if type(values) is ShownValues:
+            values.want(obj, d)
+        elif id(obj) in values:
             d["value"] = values[id(obj)]
         return d
     if isinstance(obj, (str, int, float, bool)) or obj is None:
