@@ -539,3 +539,21 @@ def test_a_symbolic_link_in_a_folder_unit_is_never_opened(tmp_path):
     assert [(f["file"], f["kind"]) for f in rep["files"] if f["kind"] == "not read"] == [("optimizer.pt", "not read")]
     assert [t["name"] for t in rep["tensors"]] == ["model.w"]
     assert (outside / "secret.pt").stat().st_atime_ns == atime
+
+
+def test_verdict_offers_no_salvage_of_a_unit_whose_walk_was_cut(tmp_path, monkeypatch):
+    """The same cut newest unit as above, with the walk's opcode budget made smaller than its data.pkl: the scan
+    reports ``pickle_too_complex`` and the verdict offers no salvage, whose shares would then count only the
+    tensors named before the cut."""
+    from ckptaudit.pickle_walk import budgets
+    from ckptaudit.pipeline import audit_in_process
+
+    run = tmp_path / "run"
+    _run_with_cut_newest(run, 0.45)
+    monkeypatch.setattr(budgets, "MAX_OPS", 1500)  # of ~2,100 opcodes: most tensors named, then cut
+    monkeypatch.setattr(budgets, "OPS_PER_RECORD", 1)
+    v = audit_in_process(run, out_dir=tmp_path / "audit")
+    newest = next(u for u in v["units"] if u["unit"] == "ckpt_000300.pt")
+    assert "pickle_too_complex" in {f["kind"] for f in newest["findings"]}
+    assert newest["usable_for"] != "resume"
+    assert v["salvage"] is None

@@ -29,6 +29,7 @@ from typing import List, Optional, Tuple
 
 from ..formats.torchzip import check_zip
 from ..pickle_walk import walk
+from ..pickle_walk.budgets import ops_for
 from ..pickle_walk.dtypes import dtype_itemsize
 from ..pickle_walk.model import TensorMeta
 from ..pickle_walk.salvage import tensor_key_paths
@@ -48,7 +49,8 @@ def tensors(path: str, file: str, proof: FileProof
     rep = check_zip(path, display=file, verify_crc=True)
     if rep.data_pkl is None:
         return [], "data.pkl is missing or damaged: no tensor of this file can be named", "", None
-    res = walk(rep.data_pkl)
+    # the scan's budget for this data.pkl (more opcodes for more records): salvage names the tensors the scan named
+    res = walk(rep.data_pkl, max_ops=ops_for(len(rep.members)))
     if res.error and not res.tensors:
         return [], f"data.pkl could not be walked: {res.error}", "", None
     prefix = f"{rep.prefix}/" if rep.prefix else ""
