@@ -25,3 +25,34 @@ def test_local_run_registers_only_snakemakes_own_executors():
     assert got["imported"] == []
     # a later run with another executor in the same process gets every installed plugin back
     assert {"dryrun", "local", "touch", "slurm"} <= set(got["every"])
+
+
+_PARAMS_PROBE = r"""
+import json, sys
+from pathlib import Path
+from snakemake.persistence import PersistenceBase
+builtin = PersistenceBase._serialize_param_builtin
+types = []
+def recording(self, value):
+    types.append(type(value).__module__ + "." + type(value).__qualname__)
+    return builtin(self, value)
+PersistenceBase._serialize_param_builtin = recording
+from ckptaudit.cli.snakemake import run_workflow
+from ckptaudit.config import load_user_config
+cfg = load_user_config(None)
+cfg.update(run_dir=sys.argv[1], out_dir=sys.argv[2])
+ok = run_workflow(cfg, Path(sys.argv[2]), cores=2)
+print(json.dumps({"ok": ok, "types": sorted(set(types)), "n": len(types), "pandas": "pandas" in sys.modules}))
+"""
+
+
+def test_job_records_serialise_params_without_pandas(demo_run, tmp_path):
+    """Snakemake records every finished job's params; ours are never pandas objects, so the builtin serialiser
+    gives the records the pandas one would, and the scheduler does not import pandas to write them."""
+    out = subprocess.run([sys.executable, "-c", _PARAMS_PROBE, str(demo_run.run_dir), str(tmp_path / "audit")],
+                         capture_output=True, text=True, timeout=600)
+    got = json.loads(out.stdout.strip().splitlines()[-1]) if out.stdout.strip() else None
+    assert got is not None, out.stderr[-3000:]
+    assert got["n"] > 0 and got["pandas"] is False, got
+    assert not any(t.startswith("pandas.") for t in got["types"]), got["types"]
+    assert (tmp_path / "audit" / "verdict.json").exists()

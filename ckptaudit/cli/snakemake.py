@@ -165,6 +165,28 @@ def _local_executors_only() -> bool:
         return False
 
 
+def _params_without_pandas() -> bool:
+    """Before a run: let Snakemake's job records serialise this workflow's ``params`` with its own builtin
+    serialiser instead of the one that imports pandas first; True when that was done.
+
+    Snakemake records each finished job's params (to re-run a job whose params changed) through
+    ``PersistenceBase._serialize_param``, which picks ``_serialize_param_pandas`` whenever pandas is installed; that
+    imports pandas (~0.3 s here) in the scheduler's process when the first job finishes, while the next job
+    waits.  It differs from ``_serialize_param_builtin`` only for a pandas DataFrame, Series or Index, and the
+    rules in ``rules/*.smk`` pass strings, numbers and booleans: the records are the same strings either way
+    (``tests/test_executor_registry.py`` compares them).  If the class has no such property (another Snakemake
+    version), nothing is changed."""
+    try:
+        from snakemake.persistence import PersistenceBase as Persistence
+    except ImportError:
+        return False
+    if not isinstance(Persistence.__dict__.get("_serialize_param"), property) or not hasattr(
+            Persistence, "_serialize_param_builtin"):
+        return False
+    Persistence._serialize_param = property(lambda self: self._serialize_param_builtin)
+    return True
+
+
 def _every_executor() -> None:
     """Before a run that may use any executor plugin: if :func:`_local_executors_only` built the registry
     earlier in this process, let Snakemake collect every installed plugin now (its own
@@ -192,6 +214,8 @@ def run_workflow(cfg: dict, workdir: Path, cores: int, targets=("audit",), quiet
         else:
             _every_executor()
         from snakemake.api import SnakemakeApi  # after the load server's start: its import runs beside this one
+
+        _params_without_pandas()
         from snakemake.settings.enums import Quietness
         from snakemake.settings.types import (ConfigSettings, DAGSettings, ExecutionSettings, OutputSettings,
                                               ResourceSettings, StorageSettings)
