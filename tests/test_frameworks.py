@@ -1,7 +1,7 @@
 """Runs written by real frameworks (tests/frameworks/fw_*.py) are judged as the way they were made says.
 
 The fixtures are generated into a cache keyed by the fixture sources and the
-installed framework versions: ``<repo>/.fixture-cache/<key>/``
+framework versions of the interpreter they run under: ``<repo>/.fixture-cache/<key>/``
 (``CKPTAUDIT_FIXTURE_CACHE`` replaces ``<repo>/.fixture-cache``), and reused when
 present.  Each is generated when a test first asks for it (``fixture_cache / name``),
 under a lock of its own, so the two pytest-xdist workers generate different
@@ -32,56 +32,70 @@ FIXTURES = G.list_fixtures()
 NAMES = sorted(FIXTURES)
 
 
-def _cache_dir() -> Path:
-    base = Path(os.environ.get("CKPTAUDIT_FIXTURE_CACHE") or REPO / ".fixture-cache")
-    return base / G.cache_key()
+def _cache_base() -> Path:
+    return Path(os.environ.get("CKPTAUDIT_FIXTURE_CACHE") or REPO / ".fixture-cache")
 
 
 def _usable(d: Path) -> bool:
     return (d / "truth.json").exists() or (d / "skipped.json").exists()
 
 
-def _ensure_interpreters() -> None:
-    """Create the extra interpreters some fixtures run under (transformers 4.57 beside 5.x), once, under a lock:
-    two pytest workers must not build one venv at once, nor compute the cache key while it is half made.
+def _ensure_interpreter(spec: G.Spec) -> None:
+    """Create the extra interpreter ``spec`` runs under (transformers 4.57 beside 5.x), once, under a lock: two
+    pytest workers must not build one venv at once, nor compute its fixtures' cache key while it is half made.
+    Only the fixtures of that interpreter wait for it: the others' cache key does not depend on it.
 
     A failed set-up is not an error here: those fixtures are then skipped with the set-up command
     as the reason (generate.py writes skipped.json).
     """
-    base = Path(os.environ.get("CKPTAUDIT_FIXTURE_CACHE") or REPO / ".fixture-cache")
+    if not spec.python or not spec.python_setup:
+        return
+    base = _cache_base()
     base.mkdir(parents=True, exist_ok=True)
     with open(base / "interpreters.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        done = set()
-        for spec in G.fixture_specs().values():
-            if not spec.python or not spec.python_setup or spec.python in done:
-                continue
-            done.add(spec.python)
-            if not Path(spec.interpreter()).exists():
-                r = subprocess.run(spec.python_setup, shell=True, cwd=str(REPO), capture_output=True, text=True,
-                                   timeout=900)
-                sys.stderr.write(f"set-up of {spec.python}: exit {r.returncode}\n{r.stdout[-2000:]}"
-                                 f"{r.stderr[-2000:]}")
+        if not Path(spec.interpreter()).exists():
+            r = subprocess.run(spec.python_setup, shell=True, cwd=str(REPO), capture_output=True, text=True,
+                               timeout=900)
+            sys.stderr.write(f"set-up of {spec.python}: exit {r.returncode}\n{r.stdout[-2000:]}"
+                             f"{r.stderr[-2000:]}")
 
 
 class FixtureCache:
-    """The folder of generated fixtures; ``cache / name`` is ``<folder>/<name>``, generated first when it is not
-    there yet (``python -m tests.frameworks.generate --only name``, under the fixture's own file lock: every
-    pytest worker shares the folder, and one that asks for a fixture another is generating waits for it).
+    """The generated fixtures; ``cache / name`` is ``<base>/<key>/<name>``, generated first when it is not there
+    yet (``python -m tests.frameworks.generate --only name``, under the fixture's own file lock: every pytest
+    worker shares the folder, and one that asks for a fixture another is generating waits for it).  ``<key>``
+    hashes the fixture sources and the framework versions of the interpreter the fixture runs under
+    (:func:`tests.frameworks.generate.cache_key` of the fixtures that share it), so the fixtures of this
+    interpreter are found without building another one first.
     A fixture whose generation failed is tried once per process (its test reports failed.json)."""
 
-    def __init__(self, root: Path):
-        self.root = root
+    def __init__(self, base: Path):
+        self.base = base
+        self._specs = G.fixture_specs()
+        self._roots: dict = {}
         self._tried: set = set()
 
+    def root(self, python: str | None = None) -> Path:
+        """The folder of the fixtures run under ``python`` (None: this interpreter), made when missing."""
+        if python not in self._roots:
+            group = {n: s for n, s in self._specs.items() if s.python == python}
+            self._roots[python] = self.base / G.cache_key(group)
+            self._roots[python].mkdir(parents=True, exist_ok=True)
+        return self._roots[python]
+
     def __truediv__(self, name: str) -> Path:
-        d = self.root / name
+        spec = self._specs.get(name)
+        if spec is not None:
+            _ensure_interpreter(spec)
+        root = self.root(spec.python if spec is not None else None)
+        d = root / name
         if name in FIXTURES and name not in self._tried and not _usable(d):
             self._tried.add(name)
-            with open(self.root / f".{name}.lock", "w") as lock:
+            with open(root / f".{name}.lock", "w") as lock:
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 if not _usable(d):
-                    cmd = [sys.executable, "-m", "tests.frameworks.generate", "--out", str(self.root), "--only", name]
+                    cmd = [sys.executable, "-m", "tests.frameworks.generate", "--out", str(root), "--only", name]
                     r = subprocess.run(cmd, cwd=str(REPO), capture_output=True, text=True)
                     sys.stderr.write(r.stdout[-6000:])  # the fixture's time, shown with -s / on failure
         return d
@@ -90,10 +104,7 @@ class FixtureCache:
 @pytest.fixture(scope="session")
 def fixture_cache() -> FixtureCache:
     """The generated fixtures, each generated when first asked for (:class:`FixtureCache`)."""
-    _ensure_interpreters()
-    cache = _cache_dir()
-    cache.mkdir(parents=True, exist_ok=True)
-    return FixtureCache(cache)
+    return FixtureCache(_cache_base())
 
 
 def _summary(v: dict) -> str:

@@ -28,6 +28,7 @@ import ast
 import fcntl
 import hashlib
 import importlib
+import importlib.util
 import json
 import os
 import shutil
@@ -193,9 +194,17 @@ def _child(module: str, name: str, dest: str) -> int:
     mod = importlib.import_module(module)
     requires = list(getattr(mod, "REQUIRES", []))
     spec = Spec(name, module, tuple(requires), getattr(mod, "PYTHON", None), getattr(mod, "PYTHON_SETUP", ""))
+    # A module whose framework runs only in the ranks it launches (RANKS_IMPORT = True) is checked for presence
+    # here and imported by the ranks, which report a failed import in their logs (megatron.core costs ~4 CPU-s a
+    # process: once per fixture saved); the others import it here, where the make function runs it.
+    ranks_only = bool(getattr(mod, "RANKS_IMPORT", False))
     for r in requires:
         try:
-            importlib.import_module(r)
+            if ranks_only:
+                if importlib.util.find_spec(r) is None:
+                    raise ModuleNotFoundError(f"No module named {r!r}")
+            else:
+                importlib.import_module(r)
         except Exception as e:  # noqa: BLE001 - any import failure means "cannot run here"
             Path(dest, "skipped.json").write_text(json.dumps(
                 {"fixture": name, "reason": spec.skip_hint(r), "error": f"{type(e).__name__}: {e}"}, indent=1))
@@ -260,6 +269,7 @@ def generate(out: Path, only: list[str] | None = None, jobs: int = 1, timeout: f
     if unknown:
         raise SystemExit(f"unknown fixture(s): {', '.join(unknown)}; known: {', '.join(specs)}")
     todo = [specs[n] for n in (only or specs)]
+    out = Path(out).resolve()  # each fixture's child runs in its own folder: a relative --out would not be found
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
 
