@@ -6,6 +6,7 @@ Every module ``tests/frameworks/fw_*.py`` defines::
     FIXTURES = {"name": make_fn, ...}       # make_fn(dest: Path) -> truth dict
     PYTHON = ".fixture-cache/venv-tf4/bin/python"   # optional: the interpreter its fixtures run under
     PYTHON_SETUP = "..."                             # optional: how to create that interpreter
+    RANKS_IMPORT = True     # optional: only the ranks it launches import REQUIRES (checked here, not imported)
 
 Frameworks are imported only inside functions, so :func:`list_fixtures` reads
 the modules without importing any framework (it parses them; it imports a
@@ -16,7 +17,7 @@ runs each fixture's ``make_fn`` in a fresh subprocess (so SIGKILLs and imports
 stay isolated) with an empty ``DIR/NAME/``; the fixture writes its run folder to
 ``DIR/NAME/run`` and returns its truth, written to ``DIR/NAME/truth.json`` with
 ``framework_version`` and ``torch_version`` added.  A fixture whose REQUIRES do
-not import gets ``DIR/NAME/skipped.json`` (the reason) instead; one that fails
+not import (are not installed, with ``RANKS_IMPORT``) gets ``DIR/NAME/skipped.json`` (the reason) instead; one that fails
 gets ``DIR/NAME/failed.json``.  ``DIR/index.json`` lists every fixture's status
 and seconds.
 """
@@ -187,7 +188,7 @@ def child_env() -> dict:
 
 
 def _child(module: str, name: str, dest: str) -> int:
-    """In the fresh subprocess: import REQUIRES, run make_fn, write truth.json."""
+    """In the fresh subprocess: import REQUIRES (or, with RANKS_IMPORT, find them), run make_fn, write truth.json."""
     from . import _torchvision
 
     _torchvision.install()  # torchvision (timm's and ultralytics' dependency, torchmetrics' import) with the CPU torch
