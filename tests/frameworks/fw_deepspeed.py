@@ -19,9 +19,10 @@ the newest save, after rank 0 has written ``latest`` (rank 1 waits for it, as a 
 rank does).
 
 Needs: ``DS_ACCELERATOR=cpu`` (set here for the ranks), the gloo backend
-(``deepspeed.init_distributed(dist_backend="gloo")``).  Nothing is JIT-built; the ranks
-still get ``TORCH_EXTENSIONS_DIR=<repo>/.fixture-cache/torch_extensions`` in case a
-DeepSpeed version wants to.
+(``deepspeed.init_distributed(dist_backend="gloo")``).  On the CPU accelerator DeepSpeed's
+``TorchBackend`` JIT-builds its ``deepspeed_shm_comm`` op at init (``build_shm_op``; ~50 s the first
+time here), so the ranks get ``TORCH_EXTENSIONS_DIR=<repo>/.fixture-cache/torch_extensions`` and
+every later fixture loads the built op.
 """
 
 from __future__ import annotations
