@@ -5,14 +5,13 @@ import sys
 
 _PROBE = r"""
 import json, sys
-from ckptaudit.cli.snakemake import _every_executor, _local_executors_only
-done = _local_executors_only()
-import snakemake.api  # builds nothing more: the registry exists
-from snakemake_interface_executor_plugins.registry import ExecutorPluginRegistry
-local = sorted(ExecutorPluginRegistry().plugins)
-imported = sorted(m for m in ("pandas", "snakemake_executor_plugin_slurm") if m in sys.modules)
-_every_executor()
-every = sorted(ExecutorPluginRegistry().plugins)
+from ckptaudit.cli.snakemake import _local_executors_only
+with _local_executors_only() as done:
+    import snakemake.api  # builds nothing more: the registry exists
+    from snakemake_interface_executor_plugins.registry import ExecutorPluginRegistry
+    local = sorted(ExecutorPluginRegistry().plugins)
+    imported = sorted(m for m in ("pandas", "snakemake_executor_plugin_slurm") if m in sys.modules)
+every = sorted(ExecutorPluginRegistry().plugins)  # after the run: whoever builds it next collects every plugin
 print(json.dumps({"done": done, "local": local, "imported": imported, "every": every}))
 """
 
@@ -23,7 +22,7 @@ def test_local_run_registers_only_snakemakes_own_executors():
     assert got["done"] is True
     assert got["local"] == ["dryrun", "local", "touch"]
     assert got["imported"] == []
-    # a later run with another executor in the same process gets every installed plugin back
+    # after the run, a run with another executor in the same process (or a library caller) gets every plugin
     assert {"dryrun", "local", "touch", "slurm"} <= set(got["every"])
 
 
@@ -38,11 +37,13 @@ def recording(self, value):
     return builtin(self, value)
 PersistenceBase._serialize_param_builtin = recording
 from ckptaudit.cli.snakemake import run_workflow
+original = PersistenceBase.__dict__["_serialize_param"]
 from ckptaudit.config import load_user_config
 cfg = load_user_config(None)
 cfg.update(run_dir=sys.argv[1], out_dir=sys.argv[2])
 ok = run_workflow(cfg, Path(sys.argv[2]), cores=2)
-print(json.dumps({"ok": ok, "types": sorted(set(types)), "n": len(types), "pandas": "pandas" in sys.modules}))
+print(json.dumps({"ok": ok, "types": sorted(set(types)), "n": len(types), "pandas": "pandas" in sys.modules,
+                  "restored": PersistenceBase.__dict__["_serialize_param"] is original}))
 """
 
 
@@ -54,5 +55,6 @@ def test_job_records_serialise_params_without_pandas(demo_run, tmp_path):
     got = json.loads(out.stdout.strip().splitlines()[-1]) if out.stdout.strip() else None
     assert got is not None, out.stderr[-3000:]
     assert got["n"] > 0 and got["pandas"] is False, got
+    assert got["restored"] is True  # another workflow run later in this process gets Snakemake's own choice back
     assert not any(t.startswith("pandas.") for t in got["types"]), got["types"]
     assert (tmp_path / "audit" / "verdict.json").exists()

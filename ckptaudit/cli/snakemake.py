@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Iterator
 
@@ -128,10 +128,12 @@ def _as_cli(workdir: Path) -> Iterator[None]:
             os.environ[job_errors.CLI_ENV] = old
 
 
-def _local_executors_only() -> bool:
-    """Before Snakemake's import, for a run on this machine: give Snakemake's executor registry the three
-    executors Snakemake itself ships (``local``, ``dryrun``, ``touch``) instead of letting it import every
-    installed ``snakemake_executor_plugin_*`` package; True when that was done.
+@contextmanager
+def _local_executors_only() -> Iterator[bool]:
+    """While a run on this machine: Snakemake's executor registry holds the three executors Snakemake itself
+    ships (``local``, ``dryrun``, ``touch``) instead of every installed ``snakemake_executor_plugin_*`` package;
+    yields True when that was done.  On exit the registry is dropped, so whatever next builds it in this process
+    (a ``--profile``/``--executor`` run, a library caller's own Snakemake) collects every plugin as usual.
 
     Snakemake builds the registry when ``snakemake.api`` is imported (a module-level singleton of
     ``snakemake_interface_executor_plugins``); collecting it imports each plugin.  Importing the SLURM plugin
@@ -139,66 +141,59 @@ def _local_executors_only() -> bool:
     ``scontrol show config`` to word its help texts: 0.45-0.5 s of the command's start with the controller up
     (measured here, 2 cores), and ~9 s when ``scontrol`` is installed but no controller answers (its 10 s
     timeout), on a machine that then runs no SLURM job at all.  The singleton is made the way its own class
-    makes it (``__new__``, then ``plugins`` and ``register_plugin``); if that API is not there, the registry
-    is left to Snakemake (False), which costs only the time above.  ``--profile``/``--executor`` runs go
-    through Snakemake's command line and keep every plugin."""
+    makes it (``__new__``, then ``plugins`` and ``register_plugin``); if that API is not there, or the registry
+    exists already, it is left to Snakemake (False), which costs only the time above."""
     try:
         from snakemake_interface_executor_plugins.registry import ExecutorPluginRegistry
-
-        if ExecutorPluginRegistry._instance is not None:  # built already in this process: keep it
-            return False
-        from snakemake.executors import dryrun, local, touch
-
-        registry = ExecutorPluginRegistry.__new__(ExecutorPluginRegistry)
-        registry.plugins = {}
-        for name, module in (("local", local), ("dryrun", dryrun), ("touch", touch)):
-            registry.register_plugin(name, module)
-        registry._ckptaudit_local_only = True
-        return True
-    except Exception:  # noqa: BLE001 - another version's internals: Snakemake collects the plugins itself
+    except ImportError:
+        yield False
+        return
+    ours = False
+    if ExecutorPluginRegistry._instance is None:
         try:
-            from snakemake_interface_executor_plugins.registry import ExecutorPluginRegistry
+            from snakemake.executors import dryrun, local, touch
 
+            registry = ExecutorPluginRegistry.__new__(ExecutorPluginRegistry)
+            registry.plugins = {}
+            for name, module in (("local", local), ("dryrun", dryrun), ("touch", touch)):
+                registry.register_plugin(name, module)
+            ours = True
+        except Exception:  # noqa: BLE001 - another version's internals: Snakemake collects the plugins itself
             ExecutorPluginRegistry._instance = None
-        except Exception:  # noqa: BLE001
-            pass
-        return False
+    try:
+        yield ours
+    finally:
+        if ours:
+            ExecutorPluginRegistry._instance = None
 
 
-def _params_without_pandas() -> bool:
-    """Before a run: let Snakemake's job records serialise this workflow's ``params`` with its own builtin
-    serialiser instead of the one that imports pandas first; True when that was done.
+@contextmanager
+def _params_without_pandas() -> Iterator[bool]:
+    """While a run: Snakemake's job records serialise this workflow's ``params`` with Snakemake's builtin
+    serialiser instead of the one that imports pandas first; yields True when that was done, and puts the
+    original back on exit (another workflow in this process may pass DataFrames).
 
     Snakemake records each finished job's params (to re-run a job whose params changed) through
     ``PersistenceBase._serialize_param``, which picks ``_serialize_param_pandas`` whenever pandas is installed; that
     imports pandas (~0.3 s here) in the scheduler's process when the first job finishes, while the next job
     waits.  It differs from ``_serialize_param_builtin`` only for a pandas DataFrame, Series or Index, and the
     rules in ``rules/*.smk`` pass strings, numbers and booleans: the records are the same strings either way
-    (``tests/test_executor_registry.py`` compares them).  If the class has no such property (another Snakemake
-    version), nothing is changed."""
+    (``tests/test_executor_registry.py`` records every value serialised during an audit).  If the class has no
+    such property (another Snakemake version), nothing is changed."""
     try:
-        from snakemake.persistence import PersistenceBase as Persistence
+        from snakemake.persistence import PersistenceBase
     except ImportError:
-        return False
-    if not isinstance(Persistence.__dict__.get("_serialize_param"), property) or not hasattr(
-            Persistence, "_serialize_param_builtin"):
-        return False
-    Persistence._serialize_param = property(lambda self: self._serialize_param_builtin)
-    return True
-
-
-def _every_executor() -> None:
-    """Before a run that may use any executor plugin: if :func:`_local_executors_only` built the registry
-    earlier in this process, let Snakemake collect every installed plugin now (its own
-    ``collect_plugins``, which registers ``local``, ``dryrun`` and ``touch`` again)."""
-    try:
-        from snakemake_interface_executor_plugins.registry import ExecutorPluginRegistry
-    except ImportError:
+        yield False
         return
-    registry = ExecutorPluginRegistry._instance
-    if registry is not None and getattr(registry, "_ckptaudit_local_only", False):
-        registry.collect_plugins()
-        registry._ckptaudit_local_only = False
+    original = PersistenceBase.__dict__.get("_serialize_param")
+    if not isinstance(original, property) or not hasattr(PersistenceBase, "_serialize_param_builtin"):
+        yield False
+        return
+    PersistenceBase._serialize_param = property(lambda self: self._serialize_param_builtin)
+    try:
+        yield True
+    finally:
+        PersistenceBase._serialize_param = original
 
 
 def run_workflow(cfg: dict, workdir: Path, cores: int, targets=("audit",), quiet: bool = True,
@@ -208,14 +203,12 @@ def run_workflow(cfg: dict, workdir: Path, cores: int, targets=("audit",), quiet
 
     workdir.mkdir(parents=True, exist_ok=True)
     with _out_locked(workdir), _load_server_early(cfg, workdir, executor), _interrupts(workdir), _as_cli(workdir), \
-            progress_line(workdir):
+            progress_line(workdir), ExitStack() as stack:
         if executor == "local":
-            _local_executors_only()
-        else:
-            _every_executor()
+            stack.enter_context(_local_executors_only())
         from snakemake.api import SnakemakeApi  # after the load server's start: its import runs beside this one
 
-        _params_without_pandas()
+        stack.enter_context(_params_without_pandas())
         from snakemake.settings.enums import Quietness
         from snakemake.settings.types import (ConfigSettings, DAGSettings, ExecutionSettings, OutputSettings,
                                               ResourceSettings, StorageSettings)
@@ -322,7 +315,6 @@ def run_snakemake_cli(cfg: dict, workdir: Path, *, profile: str | None = None, e
     argv += [*extra_args, "--", *targets]
     from .ticker import progress_line
 
-    _every_executor()
     with _out_locked(workdir), _interrupts(workdir), _as_cli(workdir), progress_line(workdir):
         try:
             parser, args = parse_args(argv)
