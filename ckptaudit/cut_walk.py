@@ -15,10 +15,11 @@ import json
 from typing import Dict, Iterable, List
 
 from .components.findings import missing_weights
+from .formats.pickles import too_complex
 
 
 def _cut(scan_row: dict) -> bool:
-    return any(f.get("kind") == "pickle_too_complex" for f in json.loads(scan_row.get("findings_json") or "[]"))
+    return too_complex(json.loads(scan_row.get("findings_json") or "[]"))
 
 
 def _held(rows: List[dict]) -> str:

@@ -73,8 +73,8 @@ def offer(v: dict, run_root, out_dir, cfg: dict) -> Optional[dict]:
     """``{"unit", "step", "weights_share", "steps_kept", "command", "sentence"}`` when verdict ``v`` should
     offer salvage of its newest unit (local run ``run_root``; the command writes under ``out_dir``), else
     None.  Never raises for a unit it cannot read: no offer then.  No offer for a unit whose data.pkl the scan
-    could not walk to its end (``pickle_too_complex``): the tensors it does not name would be left out of both
-    shares."""
+    could not walk to its end (:func:`ckptaudit.formats.pickles.walk_cut`): the tensors it does not name would be
+    left out of both shares."""
     from .intact import unit_tensors
 
     newest, rollback = v.get("newest"), v.get("rollback")
@@ -88,7 +88,9 @@ def offer(v: dict, run_root, out_dir, cfg: dict) -> Optional[dict]:
 
     if resolved_outside(Path(run_root), unit["unit"]) or any(f["kind"] == "path_outside_run" for f in unit["findings"]):
         return None  # never read what lies outside the run
-    if any(f["kind"] == "pickle_too_complex" for f in unit["findings"]):
+    from .formats.pickles import walk_cut
+
+    if walk_cut(unit["findings"]):
         # the scan's walk of a data.pkl ran out of its budget; salvage's walk is the same walk under the same
         # budget, so it would name only the tensors before the cut: a share of a partial list is no measure of
         # the unit (and the walk would be paid a second time, in the report job, to learn that)

@@ -554,6 +554,12 @@ def test_verdict_offers_no_salvage_of_a_unit_whose_walk_was_cut(tmp_path, monkey
     monkeypatch.setattr(budgets, "OPS_PER_RECORD", 1)
     v = audit_in_process(run, out_dir=tmp_path / "audit")
     newest = next(u for u in v["units"] if u["unit"] == "ckpt_000300.pt")
-    assert "pickle_too_complex" in {f["kind"] for f in newest["findings"]}
+    cut = [f for f in newest["findings"] if f["kind"] == "pickle_too_complex"]
+    assert [f["detail"]["cut"] for f in cut] == ["walk"]  # the walk stopped, not only the described tree
     assert newest["usable_for"] != "resume"
     assert v["salvage"] is None
+    # `ckptaudit salvage` on the same unit says its list is partial instead of reporting shares as if whole
+    from ckptaudit.intact import unit_tensors
+
+    tensors, rows = unit_tensors(run / "ckpt_000300.pt", run)
+    assert 0 < len(tensors) < 50 and "stopped at its work budget" in rows[0]["problem"], rows

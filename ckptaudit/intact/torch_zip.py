@@ -42,7 +42,8 @@ Verdict = Tuple[Optional[bool], str, str]
 def tensors(path: str, file: str, proof: FileProof
             ) -> Tuple[List[TensorBytes], str, str, Optional[int]]:
     """``(tensors, problem, weights prefix, step)``: every tensor data.pkl names, with ``status`` and ``proof``
-    set; ``problem`` is why none can be named ("" when data.pkl was read); the prefix is the key of the saved
+    set; ``problem`` is why none can be named, or that the walk named only some ("" when data.pkl was read
+    whole); the prefix is the key of the saved
     dict that holds the model's state_dict (:func:`weights_prefix`); the step is :func:`saved_step` of the
     saved dict.  ``file``: the name the report gives ``path``.  Reads every byte of ``path`` once (the CRC pass)
     and data.pkl's again."""
@@ -53,6 +54,8 @@ def tensors(path: str, file: str, proof: FileProof
     res = walk(rep.data_pkl, max_ops=ops_for(len(rep.members)))
     if res.error and not res.tensors:
         return [], f"data.pkl could not be walked: {res.error}", "", None
+    partial = (f"data.pkl's walk stopped at its work budget ({res.error}): only the {len(res.tensors)} tensors named "
+               f"before the cut are listed, so its shares leave the rest out") if res.budget_exhausted else ""
     prefix = f"{rep.prefix}/" if rep.prefix else ""
     records, twice = {}, set()
     for m in rep.members:
@@ -86,7 +89,7 @@ def tensors(path: str, file: str, proof: FileProof
             if order is not None and t.status == INTACT:
                 t.status, t.proof, t.proven_by = UNPROVEN, order, None
         out.append(t)
-    return out, "", weights_prefix(res.obj, out), saved_step(res.obj)
+    return out, partial, weights_prefix(res.obj, out), saved_step(res.obj)
 
 
 class _Located:

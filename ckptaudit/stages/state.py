@@ -21,6 +21,7 @@ from .. import components as C
 from .. import findings as F
 from .. import roles
 from ..components.findings import missing_weights, step_counter_reset
+from ..formats.pickles import too_complex
 from .. import fs
 from ..onepass.values import FLOAT_DTYPES, chunk_stats, np_view
 from .weight_norms import WeightNorms, norms_json
@@ -161,7 +162,7 @@ def analyse_unit(unit: dict, scan_row: dict, tensors: Iterable[dict], run_dir: P
     tree = parse()[1] if parsed else json.loads(scan_row.get("tree_json") or "{}")
     if scan_findings is None:
         scan_findings = findings_of(scan_row.get("findings_json"))
-    cut = any(f.kind == "pickle_too_complex" for f in scan_findings)  # the walk gave up: the tree is partial
+    cut = too_complex(scan_findings)  # the walk or its tree gave up: the tree is partial
     if not roles.weights_intact(scan_row) or not tree:
         row.update(step=unit.get("step_from_name"), step_source="name" if unit.get("step_from_name") is not None else "")
         if tree and _pickle_proven(scan_findings):  # the damage lies in tensor bytes; the counters were read intact
