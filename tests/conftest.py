@@ -71,15 +71,15 @@ def pandas_importable_after():
 CHEAP_SHARED = {"tmp_path_factory", "worker_id", "testrun_uid", "monkeypatch_session", "fixture_cache"}
 FRAMEWORK_MODULES = {n: s.module.rsplit(".fw_", 1)[1] for n, s in fixture_specs().items()}
 
-#: seconds (one core) a group takes besides its tests' own runs, where that is most of it: a framework group
-#: generates its fixtures. Megatron-Core and Lightning: the generator's CPU-seconds for the module measured
-#: with /usr/bin/time -v (2026-12-06); the others estimated from their fixtures' launches (a training process,
-#: 2 ranks where distributed) until measured. Only the order matters: longest first.
+#: seconds a group takes besides its tests' own runs, where that is most of it: a framework group generates its
+#: fixtures. Each module's sum of its fixtures' generation seconds, `python -m tests.frameworks.generate --out DIR
+#: --jobs 2` on 2 cores (2026-12-06, the fixtures' processes forked from a fork server: tests/frameworks/_forked.py).
+#: Only the order matters: longest first.
 GROUP_SECONDS = {
-    "framework-megatron_core": 280, "framework-lightning": 120, "framework-hf_trainer": 150,
-    "framework-deepspeed": 150, "framework-torchtitan": 120, "framework-hf_trainer_tf4": 60,
-    "framework-ultralytics": 60, "framework-accelerate": 60, "framework-fsdp_dcp": 45, "framework-timm": 45,
-    "framework-plain": 30,
+    "framework-megatron_core": 80, "framework-hf_trainer": 58, "framework-lightning": 48,
+    "framework-deepspeed": 41, "framework-torchtitan": 39, "framework-hf_trainer_tf4": 31,
+    "framework-accelerate": 26, "framework-ultralytics": 23, "framework-plain": 19, "framework-fsdp_dcp": 15,
+    "framework-timm": 13,
 }
 
 

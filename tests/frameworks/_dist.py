@@ -3,10 +3,12 @@ processes (1 or 2 gloo ranks on localhost, torchrun-style environment), and
 SIGKILL a process partway through one file of the framework's own save.
 
 A fixture's make_fn cannot kill itself and still return its truth, so every
-training runs in children started here::
+training runs in child processes started here, from the fixture's fork server
+(:mod:`._forked`: torch and the framework already imported); ``main`` below runs
+the same function in a fresh interpreter, by hand::
 
     python -m tests.frameworks._dist --module tests.frameworks.fw_deepspeed --fn _train \
-        --rank R --world-size N --kwargs JSON
+        --kwargs JSON   # with RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set
 
 Each rank gets RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR=127.0.0.1
 and a free MASTER_PORT.  When a rank exits non-zero (a staged SIGKILL), the
@@ -25,11 +27,12 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Callable, Dict, Optional
+
+from . import _forked
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -58,10 +61,10 @@ def launch(module: str, fn: str, world_size: int, kwargs: dict, log_dir: Path,
         e = dict(base, RANK=str(r), LOCAL_RANK=str(r), WORLD_SIZE=str(world_size),
                  LOCAL_WORLD_SIZE=str(world_size), GROUP_RANK="0", NODE_RANK="0",
                  MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        log = open(log_dir / f"rank{r}.log", "wb")
-        procs[r] = (subprocess.Popen([sys.executable, "-m", "tests.frameworks._dist", "--module", module,
-                                      "--fn", fn, "--kwargs", json.dumps(kwargs)],
-                                     cwd=str(REPO), env=e, stdout=log, stderr=subprocess.STDOUT), log)
+        log = log_dir / f"rank{r}.log"
+        log.write_bytes(b"")
+        procs[r] = (_forked.start(module, fn, json.loads(json.dumps(kwargs)), stdout=str(log), stderr=str(log),
+                                  env=e, cwd=str(REPO), ranks=True), None)
     codes: Dict[int, int] = {}
     deadline = time.monotonic() + timeout
     failed_at = None
@@ -86,8 +89,6 @@ def launch(module: str, fn: str, world_size: int, kwargs: dict, log_dir: Path,
                 codes.setdefault(r2, p2.wait())
             break
         time.sleep(0.05)
-    for p, log in procs.values():
-        log.close()
     return codes
 
 

@@ -12,8 +12,8 @@ checkpoint bytes the frameworks then write are their own.
 :func:`install` puts that import in place of the plain one for the whole process, without importing anything
 itself.  It is needed beyond timm and ultralytics: once torchvision is installed (their dependency, so the
 ``frameworks`` extra brings it), torchmetrics imports it, and ``import lightning`` imports torchmetrics.  So the
-test session (tests/conftest.py) and every child the fixtures start (generate.py's ``_child``, ``_util._main``,
-``_dist.main``) install it first; the timm and ultralytics modules call it at their top as well.
+test session (tests/conftest.py), the fork server the fixtures' processes start from (``_preloaded``) and every
+fresh interpreter they start (generate.py's ``_child``, ``_util._main``, ``_dist.main``) install it first; the timm and ultralytics modules call it at their top as well.
 
 Where a framework calls ``torchvision.ops.nms`` (ultralytics' validation, ``ultralytics/utils/nms.py``
 ``non_max_suppression``), :func:`use_nms` puts a pure-torch NMS in its place: ultralytics' own ``TorchNMS.nms``,

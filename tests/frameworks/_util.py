@@ -121,9 +121,24 @@ def kill_in_safetensors_save(module, match, fraction: float = 0.5, attr: str = "
 # ---- running training in a child that may die
 def run_child(target: str, kwargs: dict, expect_kill: bool = False, timeout: float = 600,
               cwd: str | None = None) -> subprocess.CompletedProcess:
-    """Run ``module:function(**kwargs)`` in a fresh interpreter; check it exits 0, or dies by SIGKILL."""
-    cmd = [sys.executable, "-m", "tests.frameworks._util", target, json.dumps(kwargs)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd)
+    """Run ``module:function(**kwargs)`` in a child of the fork server (:mod:`._forked`: torch and the fixture's
+    framework imported; ``python -m tests.frameworks._util module:function JSON`` runs it in a fresh interpreter by
+    hand); check it exits 0, or dies by SIGKILL.  Returns its exit code and output; raises ``RuntimeError`` with
+    the output's tail otherwise, ``subprocess.TimeoutExpired`` (after killing it) past ``timeout`` seconds."""
+    import tempfile
+
+    from . import _forked
+
+    module, fn = target.split(":")
+    with tempfile.TemporaryDirectory(prefix="ckptaudit-child-") as td:
+        out, err = os.path.join(td, "stdout"), os.path.join(td, "stderr")
+        p = _forked.start(module, fn, json.loads(json.dumps(kwargs)), stdout=out, stderr=err, cwd=cwd)
+        if p.wait(timeout) is None:
+            p.kill()
+            p.wait()
+            raise subprocess.TimeoutExpired(target, timeout)
+        with open(out, errors="replace") as fo, open(err, errors="replace") as fe:
+            r = subprocess.CompletedProcess([target], p.returncode, fo.read(), fe.read())
     want = -signal.SIGKILL if expect_kill else 0
     if r.returncode != want:
         raise RuntimeError(f"{target} exited {r.returncode}, expected {want}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}")

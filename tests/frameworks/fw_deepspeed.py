@@ -33,8 +33,6 @@ import time
 from pathlib import Path
 
 REQUIRES = ["deepspeed"]
-#: the ranks import it; the generator only checks that it is installed (generate._child)
-RANKS_IMPORT = True
 
 FRAMEWORK = "deepspeed"
 MODEL_ARGS = {"d_in": 8, "hidden": 32, "d_out": 1}

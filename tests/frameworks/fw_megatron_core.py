@@ -53,8 +53,6 @@ import shutil
 from pathlib import Path
 
 REQUIRES = ["megatron.core"]
-#: the ranks import it; the generator only checks that it is installed (generate._child)
-RANKS_IMPORT = True
 
 FRAMEWORK = "megatron-core"
 PRODUCER = "Megatron-Core torch_dist"

@@ -6,7 +6,6 @@ Every module ``tests/frameworks/fw_*.py`` defines::
     FIXTURES = {"name": make_fn, ...}       # make_fn(dest: Path) -> truth dict
     PYTHON = ".fixture-cache/venv-tf4/bin/python"   # optional: the interpreter its fixtures run under
     PYTHON_SETUP = "..."                             # optional: how to create that interpreter
-    RANKS_IMPORT = True     # optional: only the ranks it launches import REQUIRES (checked here, not imported)
 
 Frameworks are imported only inside functions, so :func:`list_fixtures` reads
 the modules without importing any framework (it parses them; it imports a
@@ -16,8 +15,11 @@ module only when its ``FIXTURES`` is not a literal dict).
 runs each fixture's ``make_fn`` in a fresh subprocess (so SIGKILLs and imports
 stay isolated) with an empty ``DIR/NAME/``; the fixture writes its run folder to
 ``DIR/NAME/run`` and returns its truth, written to ``DIR/NAME/truth.json`` with
-``framework_version`` and ``torch_version`` added.  A fixture whose REQUIRES do
-not import (are not installed, with ``RANKS_IMPORT``) gets ``DIR/NAME/skipped.json`` (the reason) instead; one that fails
+``framework_version`` and ``torch_version`` added.  The processes the fixture
+starts (training ranks, resume probes: ``_dist.launch``, ``_util.run_child``) fork
+from a fork server that imported torch, REQUIRES and the module first
+(:mod:`._forked`).  A fixture whose REQUIRES are not
+installed gets ``DIR/NAME/skipped.json`` (the reason) instead; one that fails
 gets ``DIR/NAME/failed.json``.  ``DIR/index.json`` lists every fixture's status
 and seconds.
 """
@@ -33,6 +35,7 @@ import importlib.util
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -188,28 +191,28 @@ def child_env() -> dict:
 
 
 def _child(module: str, name: str, dest: str) -> int:
-    """In the fresh subprocess: import REQUIRES (or, with RANKS_IMPORT, find them), run make_fn, write truth.json."""
-    from . import _torchvision
+    """In the fresh subprocess: find REQUIRES, name them for the fork server, run make_fn, write truth.json."""
+    from . import _forked, _torchvision
 
     _torchvision.install()  # torchvision (timm's and ultralytics' dependency, torchmetrics' import) with the CPU torch
     mod = importlib.import_module(module)
     requires = list(getattr(mod, "REQUIRES", []))
     spec = Spec(name, module, tuple(requires), getattr(mod, "PYTHON", None), getattr(mod, "PYTHON_SETUP", ""))
-    # A module whose framework runs only in the ranks it launches (RANKS_IMPORT = True) is checked for presence
-    # here and imported by the ranks, which report a failed import in their logs (megatron.core costs ~4 CPU-s a
-    # process: once per fixture saved); the others import it here, where the make function runs it.
-    ranks_only = bool(getattr(mod, "RANKS_IMPORT", False))
+    # The framework runs in the processes the fixture starts, which fork from a server that imported it once
+    # (megatron.core costs ~4.3 CPU-s an import, lightning ~4.4); here it is only found, and a make function that
+    # runs it in this process imports it there.  A framework that is installed but does not import is then an
+    # error in the fixture's output, not a skip.
     for r in requires:
         try:
-            if ranks_only:
-                if importlib.util.find_spec(r) is None:
-                    raise ModuleNotFoundError(f"No module named {r!r}")
-            else:
-                importlib.import_module(r)
-        except Exception as e:  # noqa: BLE001 - any import failure means "cannot run here"
+            found = importlib.util.find_spec(r) is not None
+            err = None if found else f"ModuleNotFoundError: No module named {r!r}"
+        except Exception as e:  # noqa: BLE001 - a parent package that does not import: cannot run here
+            err = f"{type(e).__name__}: {e}"
+        if err:
             Path(dest, "skipped.json").write_text(json.dumps(
-                {"fixture": name, "reason": spec.skip_hint(r), "error": f"{type(e).__name__}: {e}"}, indent=1))
+                {"fixture": name, "reason": spec.skip_hint(r), "error": err}, indent=1))
             return SKIP_RC
+    _forked.set_preload([*requires, module])
     truth = mod.FIXTURES[name](Path(dest))
     if not isinstance(truth, dict):
         raise TypeError(f"{module}.FIXTURES[{name!r}] returned {type(truth).__name__}, not a dict")
@@ -221,6 +224,29 @@ def _child(module: str, name: str, dest: str) -> int:
     truth["torch_version"] = v.get("torch")
     Path(dest, "truth.json").write_text(json.dumps(truth, indent=1, sort_keys=False) + "\n")
     return 0
+
+
+def _run_child_session(py: str, spec: Spec, work: Path, timeout: float) -> tuple:
+    """``(exit code, output tail)`` of the fixture's child, run in a session of its own: its output goes to files
+    (a process it leaves behind cannot hold a pipe that this one waits on), and whatever of the session is still
+    running when the child has ended is killed (a worker a SIGKILLed rank had spawned, say)."""
+    cmd = [py, "-m", "tests.frameworks.generate", "--child", spec.module, spec.name, str(work)]
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        p = subprocess.Popen(cmd, cwd=str(work), env=child_env(), stdout=out, stderr=err, start_new_session=True)
+        try:
+            rc = p.wait(timeout)
+            note = ""
+        except subprocess.TimeoutExpired:
+            rc, note = -1, f"timed out after {timeout} s\n"
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait()
+        out.seek(0)
+        err.seek(0)
+        tail = note + out.read().decode("utf-8", "replace")[-3000:] + err.read().decode("utf-8", "replace")[-6000:]
+    return rc, tail
 
 
 def run_one(spec: Spec, out: Path, timeout: float = 900) -> dict:
@@ -237,12 +263,7 @@ def run_one(spec: Spec, out: Path, timeout: float = 900) -> dict:
             {"fixture": spec.name, "reason": spec.skip_hint("interpreter")}, indent=1))
         rc, tail = SKIP_RC, ""
     else:
-        cmd = [py, "-m", "tests.frameworks.generate", "--child", spec.module, spec.name, str(work)]
-        try:
-            r = subprocess.run(cmd, cwd=str(work), env=child_env(), capture_output=True, text=True, timeout=timeout)
-            rc, tail = r.returncode, (r.stdout[-3000:] + r.stderr[-6000:])
-        except subprocess.TimeoutExpired as e:
-            rc, tail = -1, f"timed out after {timeout} s\n{(e.stderr or b'')[-4000:]!r}"
+        rc, tail = _run_child_session(py, spec, work, timeout)
     secs = round(time.monotonic() - t0, 2)
     if rc == 0:
         status = "ok"
