@@ -216,6 +216,15 @@ def _seed(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def prepare_rank() -> None:
+    """What every rank does before its function, started here (``_forked``) or by hand (:func:`main`): one
+    intra-op thread, every generator seeded with 0."""
+    import torch
+
+    torch.set_num_threads(1)
+    _seed(0)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--module", required=True)
@@ -225,10 +234,7 @@ def main(argv=None) -> int:
     from . import _torchvision
 
     _torchvision.install()  # lightning imports torchmetrics, which imports torchvision when it is installed
-    import torch
-
-    torch.set_num_threads(1)
-    _seed(0)
+    prepare_rank()
     mod = importlib.import_module(a.module)
     getattr(mod, a.fn)(**json.loads(a.kwargs))
     return 0

@@ -67,12 +67,10 @@ def _child(spec: dict) -> None:
     sys.stderr = open(2, "w", buffering=1, closefd=False)
     code = 0
     try:
-        if spec["ranks"]:  # what _dist.main does before the rank's function
-            import torch
-
+        if spec["ranks"]:
             from . import _dist
-            torch.set_num_threads(1)
-            _dist._seed(0)
+
+            _dist.prepare_rank()
         getattr(importlib.import_module(spec["module"]), spec["fn"])(**spec["kwargs"])
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
@@ -113,7 +111,7 @@ def start(module: str, fn: str, kwargs: dict, *, stdout: str, stderr: str, env: 
           cwd: Optional[str] = None, ranks: bool = False) -> Started:
     """Start ``module.fn(**kwargs)`` in a child of the fork server; stdout and stderr append to the files named
     (the same file for both is allowed).  ``env`` (default: this process's) replaces the child's environment,
-    ``cwd`` (default: this process's) is its working folder; ``ranks``: seed and one thread, as ``_dist.main``."""
+    ``cwd`` (default: this process's) is its working folder; ``ranks``: :func:`._dist.prepare_rank` first, as ``_dist.main``."""
     for s in (sys.stdout, sys.stderr):
         s.flush()
     spec = {"module": module, "fn": fn, "kwargs": kwargs, "env": dict(os.environ if env is None else env),
