@@ -81,3 +81,33 @@ def test_run_child_checks_the_exit_and_returns_the_output(tmp_path):
     assert U.run_child(f"{__name__}:kill_self", {}, expect_kill=True).returncode == -signal.SIGKILL
     with pytest.raises(RuntimeError, match="ValueError: this child fails"):
         U.run_child(f"{__name__}:fail", {})
+
+
+# ---- the generator's child: a process it leaves behind neither hangs the generator nor outlives it
+def _leave_a_process_behind(dest):
+    import subprocess
+
+    (dest / "run").mkdir()
+    p = subprocess.Popen(["sleep", "600"])  # inherits the child's stdout and stderr, as a rank's spawned writer does
+    return {"left_behind": p.pid}
+
+
+FIXTURES = {"leaves_a_process": _leave_a_process_behind}
+
+
+def test_a_process_the_fixture_child_leaves_behind_is_ended_and_does_not_hang_the_generator(tmp_path):
+    """A Megatron rank SIGKILLed mid-save left a spawned writer that held the generator's output pipe open (the
+    generation hung until it was killed by hand): the child runs in a session of its own with its output in
+    files, and what of the session outlives it is killed."""
+    from tests.frameworks import generate as G
+
+    spec = G.Spec("leaves_a_process", __name__, (), None, "")
+    t0 = time.monotonic()
+    res = G.run_one(spec, tmp_path, timeout=120)
+    assert res["status"] == "ok", res
+    assert time.monotonic() - t0 < 60
+    pid = json.loads((tmp_path / "leaves_a_process" / "truth.json").read_text())["left_behind"]
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pid)
