@@ -63,29 +63,29 @@ def launch(module: str, fn: str, world_size: int, kwargs: dict, log_dir: Path,
                  MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         log = log_dir / f"rank{r}.log"
         log.write_bytes(b"")
-        procs[r] = (_forked.start(module, fn, json.loads(json.dumps(kwargs)), stdout=str(log), stderr=str(log),
-                                  env=e, cwd=str(REPO), ranks=True), None)
+        procs[r] = _forked.start(module, fn, kwargs, stdout=str(log), stderr=str(log), env=e, cwd=str(REPO),
+                                 ranks=True)
     codes: Dict[int, int] = {}
     deadline = time.monotonic() + timeout
     failed_at = None
     while len(codes) < world_size:
-        for r, (p, _) in procs.items():
+        for r, p in procs.items():
             if r not in codes and p.poll() is not None:
                 codes[r] = p.returncode
                 if p.returncode != 0 and failed_at is None:
                     failed_at = time.monotonic()
-                    for r2, (p2, _) in procs.items():
+                    for r2, p2 in procs.items():
                         if r2 not in codes and p2.poll() is None:
                             p2.terminate()
         if failed_at is not None and time.monotonic() - failed_at > 10:
-            for r2, (p2, _) in procs.items():
+            for r2, p2 in procs.items():
                 if r2 not in codes and p2.poll() is None:
                     p2.kill()
         if time.monotonic() > deadline:
-            for r2, (p2, _) in procs.items():
+            for r2, p2 in procs.items():
                 if p2.poll() is None:
                     p2.kill()
-            for r2, (p2, _) in procs.items():
+            for r2, p2 in procs.items():
                 codes.setdefault(r2, p2.wait())
             break
         time.sleep(0.05)

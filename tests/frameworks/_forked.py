@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import importlib
+import json
 import multiprocessing
 import os
 import sys
@@ -110,11 +111,11 @@ class Started:
 def start(module: str, fn: str, kwargs: dict, *, stdout: str, stderr: str, env: Optional[Dict[str, str]] = None,
           cwd: Optional[str] = None, ranks: bool = False) -> Started:
     """Start ``module.fn(**kwargs)`` in a child of the fork server; stdout and stderr append to the files named
-    (the same file for both is allowed).  ``env`` (default: this process's) replaces the child's environment,
-    ``cwd`` (default: this process's) is its working folder; ``ranks``: :func:`._dist.prepare_rank` first, as ``_dist.main``."""
-    for s in (sys.stdout, sys.stderr):
-        s.flush()
-    spec = {"module": module, "fn": fn, "kwargs": kwargs, "env": dict(os.environ if env is None else env),
+    (the same file for both is allowed).  ``kwargs`` reach the function as the hand-run command line carries them
+    (a JSON round trip: tuples become lists).  ``env`` (default: this process's) replaces the child's environment,
+    ``cwd`` (default: this process's) is its working folder; ``ranks``: :func:`._dist.prepare_rank` first, as
+    ``_dist.main``.  The child forks from the server, not from this process, so nothing of this one is copied."""
+    spec = {"module": module, "fn": fn, "kwargs": json.loads(json.dumps(kwargs)), "env": dict(os.environ if env is None else env),
             "cwd": cwd or os.getcwd(), "stdout": str(stdout), "stderr": str(stderr), "ranks": ranks}
     p = _context().Process(target=_child, args=(spec,), daemon=False)
     p.start()

@@ -132,7 +132,7 @@ def run_child(target: str, kwargs: dict, expect_kill: bool = False, timeout: flo
     module, fn = target.split(":")
     with tempfile.TemporaryDirectory(prefix="ckptaudit-child-") as td:
         out, err = os.path.join(td, "stdout"), os.path.join(td, "stderr")
-        p = _forked.start(module, fn, json.loads(json.dumps(kwargs)), stdout=out, stderr=err, cwd=cwd)
+        p = _forked.start(module, fn, kwargs, stdout=out, stderr=err, cwd=cwd)
         if p.wait(timeout) is None:
             p.kill()
             p.wait()
