@@ -34,6 +34,7 @@ rule audit:
 # server (ckptaudit/stages/load/server.py) starts importing torch while the first jobs run.
 onstart:
     hold_out_lock()
+    start_job_server()
     start_load_server()
     notice_sigint()  # Ctrl-C: "interrupted", exit 130 (ckptaudit/outputs/job_errors.py)
 
@@ -46,6 +47,7 @@ onsuccess:
     from ckptaudit.outputs import summary as _summary
 
     load_server.stop(WORK)
+    job_server.stop(WORK)
     _summary.on_success(workflow, OUT)
     outlock.release(OUT)
     _summary.exit_as_ckptaudit(workflow, OUT)
@@ -55,6 +57,7 @@ onerror:
     from ckptaudit.outputs import job_errors as _job_errors
 
     load_server.stop(WORK)
+    job_server.stop(WORK)
     _job_errors.on_error(workflow, OUT)
     outlock.release(OUT)
     _job_errors.exit_as_ckptaudit()

@@ -8,7 +8,7 @@ tensor or per key).  Units are in the column names: ``*_bytes`` are bytes,
 diagnosis and the report can join them.
 
 Only pyarrow is imported (≈0.2 s); pandas is not needed to write (a stage job blocks it:
-:mod:`ckptaudit.stages.job_process`).
+:mod:`ckptaudit.stages.jobs.process`).
 """
 
 from __future__ import annotations

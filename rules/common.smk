@@ -10,6 +10,7 @@ from snakemake.utils import validate
 
 import ckptaudit
 from ckptaudit.stages.load import server as load_server
+from ckptaudit.stages.jobs import server as job_server
 from ckptaudit.workflow import outlock
 from ckptaudit.verification import reverify, budget as verify_budget
 from ckptaudit.workflow import support as ws
@@ -98,6 +99,20 @@ def start_load_server():
     load_server.stop(WORK)
     os.makedirs(LOGS, exist_ok=True)
     load_server.start(WORK, f"{LOGS}/load_server.log")
+
+
+def start_job_server():
+    """The stage jobs forked from one process that has imported the stages (ckptaudit/stages/jobs/server.py), when
+    they run on this machine in this interpreter (not on a cluster, not under --use-conda).  A server that
+    `ckptaudit audit` started before this workflow was read (ckptaudit/cli/snakemake.py) is kept."""
+    if not (workflow.local_exec and PYTHON == sys.executable):
+        job_server.stop(WORK)
+        return
+    if job_server.started_here(WORK):
+        return
+    job_server.stop(WORK)
+    os.makedirs(LOGS, exist_ok=True)
+    job_server.start(WORK, f"{LOGS}/stage_server.log")
 
 
 def needs_loads():

@@ -51,12 +51,12 @@ def no_payload(tmp_path):
 @pytest.fixture(autouse=True)
 def pandas_importable_after():
     """A test that runs a stage job's ``main()`` in this process leaves ``import pandas`` blocked
-    (``job_process.without_pandas``, meant for short-lived job processes); later tests on the worker import torch,
+    (``ckptaudit.stages.jobs.process.without_pandas``, meant for short-lived job processes); later tests on the worker import torch,
     whose dynamo imports pandas if it can, and fail on the block.  Each test ends with the block removed."""
     import sys
 
     yield
-    from ckptaudit.stages import job_process
+    from ckptaudit.stages.jobs import process as job_process
 
     sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, job_process._NoPandas)]
 

@@ -170,7 +170,7 @@ MODULE_STATE: Dict[str, str] = {
     "ckptaudit.fs.counters._rounds": "process state: round trips, per purpose",
     "ckptaudit.fs.remote._snapshots": "process state: the listing of each remote run this process audits, taken "
                                       "once so every stage sees the run at one moment (refresh() re-lists)",
-    "ckptaudit.stages.load.server._STARTED": "process state: the load server this process started",
+    "ckptaudit.stages.jobs.helper_server._STARTED": "process state: the servers (load, stage jobs) this process started",
     "ckptaudit.workflow.outlock._HELD": "process state: output-folder locks held",
     "ckptaudit.publish.background._IN_FLIGHT": "process state: background saves not yet committed",
     "ckptaudit.publish.staging._LOCATIONS": "process state: staging buffers reused across saves",

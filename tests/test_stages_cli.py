@@ -45,7 +45,7 @@ def test_stage_jobs_allocate_arrow_memory_from_jemalloc():
     import subprocess
     import sys
 
-    code = "from ckptaudit.stages.job_process import job_memory_pool; print(job_memory_pool())"
+    code = "from ckptaudit.stages.jobs.process import job_memory_pool; print(job_memory_pool())"
     got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     if platform.system() == "Linux" and platform.machine() in ("x86_64", "aarch64"):
         assert got == "jemalloc"

@@ -43,7 +43,7 @@ class ExitThreeGroup(click.Group):
             return super().__call__(*args, **kwargs)
         finally:
             if kwargs.get("standalone_mode", True):
-                from ..stages.job_process import freeze_before_exit
+                from ..stages.jobs.process import freeze_before_exit
 
                 freeze_before_exit()
 

@@ -77,20 +77,27 @@ def _interrupts(workdir: Path) -> Iterator[None]:
 
 
 @contextmanager
-def _load_server_early(cfg: dict, workdir: Path, executor: str) -> Iterator[None]:
-    """Start the audit's load server (:mod:`ckptaudit.stages.load.server`) before Snakemake is imported, when
-    every load job will run on this machine (the local executor; no ``reuse``, no ``verify_budget``; loads
-    enabled): its ``import torch`` (~1.3 CPU-s) then runs beside Snakemake's own start (~2 s on one core) rather
-    than beside the hash pass, which wants both cores of a 2-core machine (issue 45).  The Snakefile's
-    ``onstart`` keeps it, or stops it when no load job is to run; it is stopped at the end whatever happens."""
+def _servers_early(cfg: dict, workdir: Path, executor: str) -> Iterator[None]:
+    """Start the audit's servers before Snakemake is imported, when their jobs will run on this machine (the
+    local executor): the stage job server (:mod:`ckptaudit.stages.jobs.server`: its imports, ~0.4 CPU-s, then run
+    beside Snakemake's own start), and the load server (:mod:`ckptaudit.stages.load.server`) when every load job
+    will run (no ``reuse``, no ``verify_budget``; loads enabled): its ``import torch`` (~1.3 CPU-s) then runs
+    beside Snakemake's own start (~2 s on one core) rather than beside the hash pass, which wants both cores of
+    a 2-core machine (issue 45).  The Snakefile's ``onstart`` keeps them, or stops one that is not wanted; both
+    are stopped at the end whatever happens."""
+    from ..stages.jobs import server as job_server
     from ..stages.load import server as load_server
 
     work = workdir.resolve() / "work"
     load = cfg.get("load")  # validated later, by the Snakefile: a malformed value only starts no server here
     enabled = load.get("enabled", True) if isinstance(load, dict) else load is None
-    early = executor == "local" and enabled is True and not cfg.get("reuse") and not cfg.get("verify_budget")
-    if early:
+    local = executor == "local"
+    early = local and enabled is True and not cfg.get("reuse") and not cfg.get("verify_budget")
+    if local:
         (workdir / "logs").mkdir(parents=True, exist_ok=True)
+        job_server.stop(work)  # a record left by a killed audit
+        job_server.start(work, workdir / "logs" / "stage_server.log")
+    if early:
         load_server.stop(work)  # a record left by a killed audit
         load_server.start(work, workdir / "logs" / "load_server.log")
     try:
@@ -98,6 +105,8 @@ def _load_server_early(cfg: dict, workdir: Path, executor: str) -> Iterator[None
     finally:
         if early:
             load_server.stop(work)
+        if local:
+            job_server.stop(work)
 
 
 @contextmanager
@@ -202,7 +211,7 @@ def run_workflow(cfg: dict, workdir: Path, cores: int, targets=("audit",), quiet
     from .ticker import progress_line
 
     workdir.mkdir(parents=True, exist_ok=True)
-    with _out_locked(workdir), _load_server_early(cfg, workdir, executor), _interrupts(workdir), _as_cli(workdir), \
+    with _out_locked(workdir), _servers_early(cfg, workdir, executor), _interrupts(workdir), _as_cli(workdir), \
             progress_line(workdir), ExitStack() as stack:
         if executor == "local":
             stack.enter_context(_local_executors_only())

@@ -255,7 +255,7 @@ def main(argv=None) -> int:
     # OpenBLAS's pool on top of them spent a third more CPU for the same wall (1 GiB: 0.52 → 0.30 CPU-s).
     # Read when numpy is first imported, which no stage has done yet; a value the user set is kept.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    from .job_process import job_memory_pool, without_pandas
+    from .jobs.process import job_memory_pool, without_pandas
 
     without_pandas()
     job_memory_pool()

@@ -28,14 +28,20 @@ NOT_AUDIT_STAGES = ("demo",)
 STAGE_OF_RULE = {"target": "structure"}
 
 
-def stage_costs(bench_dir: str) -> List[dict]:
+def stage_costs(bench_dir: str, work_dir: Optional[str] = None) -> List[dict]:
     """Per-stage cost of the audit from Snakemake ``benchmark:`` files (seconds, max RSS MiB); the rules of
-    :data:`NOT_AUDIT_STAGES` are left out, those of :data:`STAGE_OF_RULE` counted in the stage they serve."""
+    :data:`NOT_AUDIT_STAGES` are left out, those of :data:`STAGE_OF_RULE` counted in the stage they serve.  A job
+    that ran in the stage job server (``work_dir``'s :data:`ckptaudit.stages.jobs.costs.JOBS_NAME`) has its max RSS
+    from its forked child, whose memory the benchmark file (of the job's waiting process) does not see."""
+    from .jobs.costs import job_costs
+
+    forked = job_costs(work_dir) if work_dir else {}
     out: Dict[str, dict] = {}
     for p in sorted(glob.glob(os.path.join(bench_dir, "*", "*.tsv")) + glob.glob(os.path.join(bench_dir, "*.tsv"))):
         stage = Path(p).parent.name if Path(p).parent != Path(bench_dir) else Path(p).stem
         if stage in NOT_AUDIT_STAGES:
             continue
+        job = forked.get((stage, Path(p).stem), {})
         stage = STAGE_OF_RULE.get(stage, stage)
         try:
             lines = Path(p).read_text().splitlines()
@@ -46,7 +52,8 @@ def stage_costs(bench_dir: str) -> List[dict]:
             c["seconds"] += float(d.get("s", 0) or 0)
             # max_rss sums the job's processes (shared torch pages counted twice); PSS does not
             rss = d.get("max_pss", d.get("max_rss", "-"))
-            c["max_rss"] = max(c["max_rss"], float(rss) if rss not in ("-", "NA", "") else 0.0)
+            c["max_rss"] = max(c["max_rss"], float(rss) if rss not in ("-", "NA", "") else 0.0,
+                               float(job.get("max_rss_mib") or 0.0))
         except (OSError, IndexError, ValueError):
             continue
     for c in out.values():
@@ -148,7 +155,7 @@ def write_report(ctx: StageContext, all_tables: Dict[str, List[dict]], out_dir: 
     check_verdict(v)
     _write_json(out / "verdict.json", v)
     run_name = cfg.get("run_name") or Path(inv["run_dir"].rstrip("/")).name
-    html = render_html(v, all_tables, run_name, stage_costs(bench_dir) if bench_dir else [], inv["units"])
+    html = render_html(v, all_tables, run_name, stage_costs(bench_dir, str(out / "work")) if bench_dir else [], inv["units"])
     atomic_write(out / "report.html", html.encode())
     return v
 
@@ -185,7 +192,7 @@ def _write_json(path: Path, doc: dict) -> None:
 
 
 def main(argv=None) -> int:
-    from .job_process import job_memory_pool, without_pandas
+    from .jobs.process import job_memory_pool, without_pandas
 
     without_pandas()
     job_memory_pool()

@@ -10,11 +10,9 @@ Lifecycle (local execution only; on a cluster each load job imports torch itself
 
 * :func:`start` (the Snakefile's ``onstart``; ``ckptaudit audit`` calls it earlier, before it imports Snakemake,
   so that torch's import runs beside the workflow's own start on one core instead of beside the hash pass on
-  both, and ``onstart`` keeps that server: :func:`started_here`) binds a Unix socket and listens on it, spawns
-  ``python -m ckptaudit.stages.load.server FD PARENT_PID FOLDER`` with the listening socket as ``FD``, and writes
-  ``{"socket", "pid", "folder"}`` to ``<work>/load_server.json``.  The socket lies in a private temporary
-  folder (mode 0700, so no other user can connect; Unix socket paths are limited to 107 bytes, which an
-  output folder's path could exceed).
+  both, and ``onstart`` keeps that server: :func:`started_here`) spawns ``python -m ckptaudit.stages.load.server
+  FD PARENT_PID FOLDER`` on a private listening socket and records it in ``<work>/load_server.json``
+  (:mod:`ckptaudit.stages.jobs.helper_server`, shared with the stage job server).
 * The server imports torch, then accepts; a load job that connects during the import waits in the listen
   backlog.  Each connection is served on a thread of its own, which runs
   :func:`ckptaudit.stages.load.loadtest.load_todo`: the same forked, time- and memory-limited
@@ -44,19 +42,15 @@ import shutil
 import signal
 import socket
 import struct
-import subprocess
 import sys
-import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Optional
 
+from ..jobs import helper_server as server_process
+
 INFO_NAME = "load_server.json"
 _HEADER = struct.Struct(">Q")
-#: {work folder: (pid, socket folder)} of the servers this process started: :func:`stop` signals and removes
-#: only these, never what a ``load_server.json`` left by another (or a killed) audit names.
-_STARTED: dict = {}
 
 
 def info_path(work_dir: str | os.PathLike) -> Path:
@@ -65,71 +59,23 @@ def info_path(work_dir: str | os.PathLike) -> Path:
 
 
 def start(work_dir: str | os.PathLike, log_path: str | os.PathLike | None = None) -> Optional[int]:
-    """Spawn the server for this process's audit; return its pid, or None when it could not be started (the
-    load jobs then import torch themselves).  ``log_path``: where its stderr goes (default: discarded)."""
-    work = Path(work_dir)
-    try:
-        work.mkdir(parents=True, exist_ok=True)
-        folder = tempfile.mkdtemp(prefix="ckptaudit-load-")  # mode 0700
-        sock = os.path.join(folder, "s")
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:  # bound and listening before the server starts: a job that connects early waits in the backlog
-            listener.bind(sock)
-            listener.listen(64)
-            err = open(log_path, "ab") if log_path else subprocess.DEVNULL
-            try:
-                proc = subprocess.Popen([sys.executable, "-m", "ckptaudit.stages.load.server", str(listener.fileno()),
-                                         str(os.getpid()), folder],
-                                        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
-                                        pass_fds=(listener.fileno(),), start_new_session=True)
-            finally:
-                if log_path:
-                    err.close()
-        finally:
-            listener.close()
-        tmp = info_path(work).with_suffix(".json.tmp")
-        tmp.write_text(json.dumps({"socket": sock, "pid": proc.pid, "folder": folder}))
-        os.replace(tmp, info_path(work))
-        _STARTED[str(work.resolve())] = (proc.pid, folder)
-        return proc.pid
-    except OSError:
-        return None
+    """Spawn the server for this process's audit (:func:`ckptaudit.stages.jobs.helper_server.start`); return its pid, or
+    None when it could not be started (the load jobs then import torch themselves).  ``log_path``: where its stderr
+    goes (default: discarded)."""
+    doc = server_process.start(["ckptaudit.stages.load.server"], info_path(work_dir), log_path, "ckptaudit-load-")
+    return doc["pid"] if doc else None
 
 
 def started_here(work_dir: str | os.PathLike) -> bool:
     """Whether this process started the server of ``work_dir`` with :func:`start`, has not stopped it, and it
     still runs (``ckptaudit audit`` starts it before Snakemake's import; the Snakefile's ``onstart`` keeps it)."""
-    pid, _folder = _STARTED.get(str(Path(work_dir).resolve()), (0, ""))
-    if pid <= 0:
-        return False
-    try:
-        return os.waitpid(pid, os.WNOHANG)[0] == 0
-    except ChildProcessError:
-        return False
+    return server_process.started_here(info_path(work_dir))
 
 
 def stop(work_dir: str | os.PathLike) -> None:
     """End the server this process started for ``work_dir`` (if any) and remove ``load_server.json`` there (a
     stale one too).  A record this process did not write is only removed: its pid may be anyone's by now."""
-    try:
-        info_path(work_dir).unlink()
-    except OSError:
-        pass
-    pid, folder = _STARTED.pop(str(Path(work_dir).resolve()), (0, ""))
-    if pid > 0:
-        try:
-            os.kill(pid, signal.SIGTERM)
-        except OSError:
-            pass
-        try:  # reap it (it is this process's child)
-            for _ in range(50):
-                if os.waitpid(pid, os.WNOHANG)[0]:
-                    break
-                time.sleep(0.02)
-        except ChildProcessError:
-            pass
-    if folder:
-        shutil.rmtree(folder, ignore_errors=True)
+    server_process.stop(info_path(work_dir))
 
 
 def request(info: str | os.PathLike, run_dir: str, todo: list, cfg: dict, timeout: float,
@@ -155,9 +101,8 @@ def done(info: str | os.PathLike) -> bool:
 def _exchange(info: str | os.PathLike, message: dict, timeout: float):
     """Send ``message`` to the server named by ``info`` and return its JSON answer, or None (no record, no
     server, a socket error, a malformed answer) within ``timeout`` seconds."""
-    try:
-        sock_path = json.loads(Path(info).read_text())["socket"]
-    except (OSError, ValueError, KeyError, TypeError):
+    sock_path = server_process.socket_of(info)
+    if sock_path is None:
         return None
     payload = json.dumps(message).encode()
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -241,11 +186,6 @@ def _serve_one(conn: socket.socket) -> None:
         conn.close()
 
 
-def _peer_uid(conn: socket.socket) -> int:
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)[2]
-
-
 class _Stopped(Exception):
     """SIGTERM from :func:`stop`."""
 
@@ -258,7 +198,7 @@ def serve(fd: int, parent: int, folder: str) -> int:
     """The server's main loop on the listening socket ``fd`` (see the module docstring); removes ``folder``
     (the socket's) when it ends; returns its exit status."""
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as the stage jobs (ckptaudit.stages.main)
-    from ..job_process import without_pandas
+    from ..jobs.process import without_pandas
 
     without_pandas()
     listener = socket.socket(fileno=fd)
@@ -272,7 +212,7 @@ def serve(fd: int, parent: int, folder: str) -> int:
         while os.getppid() == parent:
             if select.select([listener], [], [], 1.0)[0]:
                 conn, _ = listener.accept()
-                if hasattr(socket, "SO_PEERCRED") and _peer_uid(conn) != os.getuid():
+                if server_process.other_user(conn):
                     conn.close()  # another user's process (the folder is 0700; this is a second guard)
                     continue
                 threading.Thread(target=_serve_one, args=(conn,), daemon=True).start()

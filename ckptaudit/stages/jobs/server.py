@@ -1,0 +1,391 @@
+"""The stage job server: every ``python -m ckptaudit.stages …`` job of an audit on one machine is forked from one
+process that has imported the stages, instead of importing them itself.
+
+Why (issue 45): a stage job's own work on a small part takes tens of milliseconds, its imports (pyarrow with
+numpy, ``pyarrow.compute``, the stage modules) 0.2–0.36 s of one core, and an audit runs its jobs in a chain
+(inventory → hash → scan → load, structure, configdiff, state → target → report): on a small run most of the
+audit's fixed cost was imports paid again by each job, and on a run of many parts ~0.3 CPU-s per job.  With
+this server a job costs a fork and the job's work; its command line, log, exit status and outputs are the same.
+
+How: the Snakefile's ``onstart`` (and ``ckptaudit audit``, before it imports Snakemake) starts the server
+(:mod:`ckptaudit.stages.jobs.helper_server`: ``<work>/stage_server.json``, a private socket) and sets
+:data:`ENV` to its socket in its own environment, which the jobs inherit.  A job's ``__main__`` first calls
+:func:`run_in_server`: it connects, sends its arguments, working folder and environment, and passes its stdin,
+stdout and stderr (``SCM_RIGHTS``); the server forks a child which takes those as its own (the job's log),
+runs :func:`ckptaudit.stages.cli.main` on the arguments, and ends as an interpreter ends (non-daemon threads
+joined, atexit handlers run, streams flushed; no module teardown).  The server sends the child's exit status
+(a signal's as a negative number) and the job exits with it, or dies of the same signal.
+
+Each child is the leader of a process group of its own; when its job process ends first (Snakemake killed it:
+Ctrl-C, a timeout), the server sends that group SIGINT (what a Ctrl-C gives a job in its own process) and, if it
+still runs :data:`GRACE_S` later, SIGKILL, so nothing of a killed job runs on.  The server is
+single-threaded (it forks from its only thread; it reaps children on ``SIGCHLD``) and imports what the stages
+import (:data:`PRELOAD`) before it accepts; a job that connects meanwhile waits in the listen backlog.
+
+When there is no server (a cluster, ``--use-conda``, a job run by hand, no :data:`ENV`), or it does not answer
+within :data:`START_TIMEOUT_S`, the job runs in its own process as before: the server changes the cost, never
+the result.  Wire format, both ways: an 8-byte big-endian length, then that many bytes of JSON.
+
+This module imports only the standard library at its top (it is the job process's first import).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+from pathlib import Path
+from typing import Callable, Optional
+
+#: ``python -m ckptaudit.stages job-server FD PARENT_PID FOLDER RECORD`` runs :func:`serve` (the stages' entry
+#: point, which hands it the job's ``main``)
+SERVE = "job-server"
+#: the environment variable naming the server's socket (set by :func:`start` for the jobs this process starts)
+ENV = "CKPTAUDIT_STAGE_SERVER"
+INFO_NAME = "stage_server.json"
+#: seconds a job waits for the server to take its job (it may still be importing) before it runs on its own
+START_TIMEOUT_S = 60.0
+#: seconds a job whose process was killed gets between SIGINT (its ``finally`` blocks run, as on a Ctrl-C in a
+#: terminal) and SIGKILL
+GRACE_S = 5.0
+_HEADER = struct.Struct(">Q")
+
+#: Modules the server imports before it serves: the stage modules and what their functions import lazily when
+#: they run (measured with ``sys.modules`` after each stage on a part).  A module missing here costs each job
+#: its import, nothing else.
+PRELOAD = (
+    "numpy", "pyarrow", "pyarrow.parquet", "pyarrow.compute",
+    "ckptaudit.stages.cli", "ckptaudit.stages.inventory", "ckptaudit.stages.hash", "ckptaudit.stages.scan",
+    "ckptaudit.stages.load", "ckptaudit.stages.load.server", "ckptaudit.stages.load.loadtest",
+    "ckptaudit.stages.target", "ckptaudit.stages.structure", "ckptaudit.stages.configdiff", "ckptaudit.stages.state",
+    "ckptaudit.stages.report",
+    "ckptaudit.stages.inventory.run_folder", "ckptaudit.discovery.folders", "ckptaudit.discovery.irregular",
+    "ckptaudit.discovery.object_store",
+    "ckptaudit.onepass.filepass", "ckptaudit.onepass.facts", "ckptaudit.onepass.plan", "ckptaudit.onepass.plan_dcp",
+    "ckptaudit.onepass.consumers", "ckptaudit.formats.torchzip", "ckptaudit.formats.integrity_json",
+    "ckptaudit.formats.zip.crc_finding", "ckptaudit.formats.zip.cut", "ckptaudit.verification.hash_job",
+    "ckptaudit.verification.budget", "ckptaudit.components.restore_rules",
+)
+
+
+def info_path(work_dir: str | os.PathLike) -> Path:
+    """Where :func:`start` records the server of an audit whose work folder is ``work_dir``."""
+    return Path(work_dir) / INFO_NAME
+
+
+def start(work_dir: str | os.PathLike, log_path: str | os.PathLike | None = None) -> Optional[int]:
+    """Spawn the server for this process's audit and set :data:`ENV` for the jobs it starts; return the server's
+    pid, or None when it could not be started (the jobs then import the stages themselves)."""
+    doc = _helper_server().start(["ckptaudit.stages", SERVE], info_path(work_dir), log_path, "ckptaudit-jobs-")
+    if doc is None:
+        return None
+    os.environ[ENV] = doc["socket"]
+    return doc["pid"]
+
+
+def started_here(work_dir: str | os.PathLike) -> bool:
+    """Whether this process started the server of ``work_dir``, has not stopped it, and it still runs."""
+    return _helper_server().started_here(info_path(work_dir))
+
+
+def stop(work_dir: str | os.PathLike) -> None:
+    """End the server this process started for ``work_dir`` (if any; jobs still running in it are killed),
+    remove its record, and unset :data:`ENV` when it named that server."""
+    sp = _helper_server()
+    sock = sp.socket_of(info_path(work_dir))
+    sp.stop(info_path(work_dir))
+    if sock is not None and os.environ.get(ENV) == sock:
+        del os.environ[ENV]
+
+
+def _helper_server():
+    from . import helper_server as server_process
+
+    return server_process
+
+
+# ---------------------------------------------------------------------------------------------------- the job
+
+
+def run_in_server(argv: list) -> Optional[int]:
+    """Run the stage job ``argv`` (``sys.argv``: the program, then the stage's arguments) in the server that
+    :data:`ENV` names; return its exit status, or None when there is no server to run it (the caller runs it
+    itself).  When the job's child died of a signal, this process dies of the same signal."""
+    sock_path = os.environ.get(ENV)
+    if not sock_path:
+        return None
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.settimeout(START_TIMEOUT_S)
+        s.connect(sock_path)
+        payload = json.dumps({"argv": list(argv), "cwd": os.getcwd(), "env": dict(os.environ),
+                              "executable": sys.executable}).encode()
+        socket.send_fds(s, [_HEADER.pack(len(payload)) + payload], [0, 1, 2])
+        replies = s.makefile("rb")
+        started = _read(replies)  # {"pid": …} once the child runs the job; {"refused": why} when it cannot
+        if not isinstance(started, dict) or "pid" not in started:
+            raise ValueError(started)
+    except (OSError, ValueError, EOFError):
+        s.close()
+        return None
+    try:
+        s.settimeout(None)  # the job's own time
+        status = _read(replies)["status"]
+    except (OSError, ValueError, EOFError, KeyError, TypeError):
+        sys.stderr.write("ckptaudit: the stage job server ended before this job did; run the audit again\n")
+        return 1
+    finally:
+        replies.close()
+        s.close()
+    if status < 0:  # died of signal -status: so does this process, as the job's own process would have
+        try:
+            signal.signal(-status, signal.SIG_DFL)
+        except (OSError, ValueError):  # SIGKILL, SIGSTOP: no handler to reset
+            pass
+        os.kill(os.getpid(), -status)
+        return 128 - status
+    return int(status)
+
+
+def _send(s: socket.socket, message: dict) -> None:
+    out = json.dumps(message).encode()
+    s.sendall(_HEADER.pack(len(out)) + out)
+
+
+def _read(replies):
+    """The next message from the buffered reader of a connection."""
+    head = replies.read(_HEADER.size)
+    if len(head) < _HEADER.size:
+        raise EOFError("connection closed")
+    body = replies.read(_HEADER.unpack(head)[0])
+    if len(body) < _HEADER.unpack(head)[0]:
+        raise EOFError("connection closed")
+    return json.loads(body)
+
+
+def _recv(s: socket.socket, first: bytes = b""):
+    """The one message a job sends (after ``first``, the bytes already received with its descriptors)."""
+    buf = bytearray(first)
+    while len(buf) < _HEADER.size or len(buf) < _HEADER.size + _HEADER.unpack_from(buf)[0]:
+        chunk = s.recv(1 << 16)
+        if not chunk:
+            raise EOFError("connection closed")
+        buf += chunk
+    return json.loads(bytes(buf[_HEADER.size:_HEADER.size + _HEADER.unpack_from(buf)[0]]))
+
+
+# ------------------------------------------------------------------------------------------------- the server
+
+
+class _Stopped(Exception):
+    """SIGTERM from :func:`stop`."""
+
+
+def _stop_now(*_) -> None:
+    raise _Stopped
+
+
+def _preload() -> None:
+    import importlib
+
+    from .process import without_pandas
+
+    without_pandas()
+    for name in PRELOAD:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:  # an optional module absent: its jobs import (and report) it themselves
+            print(f"ckptaudit stage job server: not preloaded: {name}: {e}", file=sys.stderr, flush=True)
+
+
+def serve(fd: int, parent: int, folder: str, record: str, main: Callable[[list], int]) -> int:
+    """The server's main loop on the listening socket ``fd`` (see the module docstring), running each job as
+    ``main(arguments)`` (:func:`ckptaudit.stages.cli.main`) in a forked child; writes each job's cost to
+    :data:`ckptaudit.stages.jobs.costs.JOBS_NAME` beside ``record`` (this audit's jobs only); removes ``folder``
+    (the socket's) and kills the jobs still running when it ends; returns its exit status."""
+    import shutil
+    import time
+
+    from .costs import JOBS_NAME
+
+    costs = open(Path(record).parent / JOBS_NAME, "w")  # this audit's jobs
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # as ckptaudit.stages.cli.main: read at numpy's import
+    listener = socket.socket(fileno=fd)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_r, False)
+    os.set_blocking(wake_w, False)
+    signal.signal(signal.SIGTERM, _stop_now)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    signal.set_wakeup_fd(wake_w)
+    jobs: dict = {}  # pid → (the job's connection, its arguments, when it started)
+    watched: dict = {}  # connection → pid, while its job process is there
+    ending: dict = {}  # pid → when a job whose process was killed gets SIGKILL
+    try:
+        _preload()
+        while os.getppid() == parent:
+            ready = select.select([listener, wake_r, *watched], [], [], 0.2 if ending else 1.0)[0]
+            if wake_r in ready:
+                try:
+                    os.read(wake_r, 4096)
+                except BlockingIOError:
+                    pass
+            _reap(jobs, watched, costs)
+            for conn in [c for c in ready if c in watched]:  # the job process closed its end: it was killed
+                pid = watched.pop(conn)
+                ending[pid] = time.monotonic() + GRACE_S
+                _kill_group(pid, signal.SIGINT)
+            for pid in [p for p, t in ending.items() if t <= time.monotonic()]:
+                del ending[pid]
+                if pid in jobs:
+                    _kill_group(pid)
+            if listener in ready:
+                _accept(listener, (listener.fileno(), wake_r, wake_w, costs.fileno()), jobs, watched, main)
+    except _Stopped:
+        pass
+    finally:
+        for pid in list(jobs):
+            _kill_group(pid)
+        listener.close()
+        costs.close()
+        shutil.rmtree(folder, ignore_errors=True)
+    return 0
+
+
+def _reap(jobs: dict, watched: dict, costs) -> None:
+    """Collect ended children; send each one's exit status to its job and write its cost to ``costs``."""
+    import time
+
+    while True:
+        try:
+            pid, status, usage = os.wait4(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        job = jobs.pop(pid, None)
+        if job is None:
+            continue
+        conn, argv, t0 = job
+        watched.pop(conn, None)
+        part = argv[argv.index("--part") + 1] if "--part" in argv[:-1] else ""
+        costs.write(json.dumps({"stage": argv[1] if len(argv) > 1 else "", "part": part,
+                                "status": os.waitstatus_to_exitcode(status), "wall_s": round(time.time() - t0, 3),
+                                "cpu_s": round(usage.ru_utime + usage.ru_stime, 3),
+                                "max_rss_mib": round(usage.ru_maxrss / 1024, 1)}) + "\n")
+        costs.flush()
+        try:
+            _send(conn, {"status": os.waitstatus_to_exitcode(status)})
+        except OSError:
+            pass
+        conn.close()
+
+
+def _kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
+    try:
+        os.killpg(pid, sig)
+    except OSError:
+        pass
+
+
+def _accept(listener: socket.socket, own_fds: tuple, jobs: dict, watched: dict, main: Callable[[list], int]) -> None:
+    """Take one job: read its request and the three descriptors it passed, fork its child."""
+    import time
+
+    conn, _ = listener.accept()
+    fds: list = []
+    try:
+        if _helper_server().other_user(conn):
+            conn.close()
+            return
+        conn.settimeout(10.0)
+        first, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 3)
+        if len(fds) != 3:
+            raise OSError("a job must pass its stdin, stdout and stderr")
+        req = _recv(conn, first)
+        conn.settimeout(None)
+        if (why := _not_ours(req)) is not None:
+            _send(conn, {"refused": why})  # the job runs in its own process
+            raise OSError(why)
+    except (OSError, ValueError, EOFError):
+        for fd in fds:
+            os.close(fd)
+        conn.close()
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        _child(req, fds, main, [*own_fds, conn.fileno(), *(c.fileno() for c in watched), *(
+            c.fileno() for c, _, _ in jobs.values() if c not in watched)])
+    try:
+        os.setpgid(pid, pid)  # also in the child: whichever runs first, the group exists before any kill
+    except OSError:
+        pass
+    for fd in fds:
+        os.close(fd)
+    try:
+        _send(conn, {"pid": pid})
+    except OSError:  # the job went away already
+        _kill_group(pid)
+    jobs[pid] = (conn, list(req["argv"]), time.time())
+    watched[conn] = pid
+
+
+def _not_ours(req: dict) -> Optional[str]:
+    """Why the job of ``req`` must not run in this server (another interpreter or import path than the one this
+    server imported the stages with), or None."""
+    if req.get("executable") != sys.executable:
+        return f"the job runs {req.get('executable')!r}, this server {sys.executable!r}"
+    if (req.get("env") or {}).get("PYTHONPATH") != os.environ.get("PYTHONPATH"):
+        return "the job's PYTHONPATH is not this server's"
+    return None
+
+
+def _child(req: dict, fds: list, main: Callable[[list], int], close_fds: list) -> None:
+    """In the forked child: become the job (its descriptors, folder, environment, arguments), run it, exit with
+    its status as an interpreter would."""
+    import atexit
+    import threading
+    import traceback
+
+    code = 1
+    try:
+        os.setpgid(0, 0)
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGTERM, signal.SIGCHLD):
+            signal.signal(sig, signal.SIG_DFL)
+        for fd in close_fds:
+            os.close(fd)
+        for i, fd in enumerate(fds):
+            os.dup2(fd, i)
+            os.close(fd)
+        os.chdir(req["cwd"])
+        os.environ.clear()
+        os.environ.update(req["env"])
+        os.environ.pop(ENV, None)  # a job the child starts runs in its own process
+        sys.argv = list(req["argv"])
+        atexit._clear()  # the server's handlers are not the job's
+        try:
+            code = main(sys.argv[1:])
+        except SystemExit as e:  # argparse's usage errors, a stage's own exit
+            code = e.code
+        if code is None:
+            code = 0
+        elif not isinstance(code, int):
+            print(code, file=sys.stderr)
+            code = 1
+    except BaseException:  # noqa: BLE001 - what a job's own process prints for an uncaught error
+        traceback.print_exc()
+        code = 1
+    finally:
+        try:
+            threading._shutdown()
+            atexit._run_exitfuncs()
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code if isinstance(code, int) else 1)
