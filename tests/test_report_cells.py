@@ -59,3 +59,26 @@ def test_stage_costs_leave_out_the_demo_training(tmp_path):
     # lists stages
     assert [(c["stage"], c["seconds"], c["jobs"]) for c in stage_costs(str(tmp_path))] == [
         ("hash", 1.25, 1), ("scan", 0.5, 1), ("structure", 0.75, 2)]
+
+
+def test_stage_costs_take_a_forked_jobs_memory_from_the_job_server(tmp_path):
+    """A job run in the stage job server: its benchmark file measured the process that waited (12 MiB); the
+    report's cost table takes the forked child's peak RSS from ``work/stage_jobs.jsonl`` (issue 45)."""
+    import json
+
+    from ckptaudit.stages.jobs.costs import JOBS_NAME
+    from ckptaudit.stages.report import stage_costs
+
+    bench, work = tmp_path / "benchmarks", tmp_path / "work"
+    (bench / "hash").mkdir(parents=True)
+    work.mkdir()
+    for part in ("p0000", "p0001"):
+        (bench / "hash" / f"{part}.tsv").write_text("s\th:m:s\tmax_rss\n1.5\t0:00:01\t12.0\n")
+    (bench / "target.tsv").write_text("s\th:m:s\tmax_rss\n0.5\t0:00:01\t11.0\n")
+    (work / JOBS_NAME).write_text("\n".join(json.dumps(d) for d in (
+        {"stage": "hash", "part": "p0000", "status": 0, "wall_s": 1.4, "cpu_s": 1.2, "max_rss_mib": 96.4},
+        {"stage": "hash", "part": "p0001", "status": 0, "wall_s": 1.4, "cpu_s": 1.2, "max_rss_mib": 131.0},
+        {"stage": "target", "part": "", "status": 0, "wall_s": 0.1, "cpu_s": 0.1, "max_rss_mib": 40.2})) + "\n")
+    got = {c["stage"]: (c["jobs"], c["seconds"], c["max_rss"]) for c in stage_costs(str(bench), str(work))}
+    assert got == {"hash": (2, 3.0, "131 MiB"), "structure": (1, 0.5, "40 MiB")}
+    assert {c["stage"]: c["max_rss"] for c in stage_costs(str(bench))} == {"hash": "12 MiB", "structure": "11 MiB"}

@@ -155,7 +155,8 @@ def write_report(ctx: StageContext, all_tables: Dict[str, List[dict]], out_dir: 
     check_verdict(v)
     _write_json(out / "verdict.json", v)
     run_name = cfg.get("run_name") or Path(inv["run_dir"].rstrip("/")).name
-    html = render_html(v, all_tables, run_name, stage_costs(bench_dir, str(out / "work")) if bench_dir else [], inv["units"])
+    costs = stage_costs(bench_dir, str(out / "work")) if bench_dir else []
+    html = render_html(v, all_tables, run_name, costs, inv["units"])
     atomic_write(out / "report.html", html.encode())
     return v
 
