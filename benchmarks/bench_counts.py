@@ -45,6 +45,7 @@ from typing import Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
+from ckptaudit.stages.jobs.server import NAME_PREFIX, SERVE  # noqa: E402 - stdlib only at import
 
 JOB_LIMIT_MIB = 400
 TREE_LIMIT_MIB = 1024
@@ -209,6 +210,21 @@ class TreeSampler:
             except self.psutil.Error:
                 cmd = []
             name = ""
+            try:  # a job forked by the stage job server is named after its stage (ckptaudit.stages.jobs.server)
+                comm = p.name()
+            except self.psutil.Error:
+                comm = ""
+            if comm.startswith(NAME_PREFIX):  # a fork of such a job (its load children) counts to that job
+                try:
+                    parent = p.parent()
+                    same = parent is not None and parent.name() == comm
+                except self.psutil.Error:
+                    same = False
+                self._names[p.pid] = self._job_of(parent) if same else f"{comm[len(NAME_PREFIX):]}:{p.pid}"
+                return self._names[p.pid]
+            if SERVE in cmd:  # the stage job server itself counts to the tree
+                self._names[p.pid] = ""
+                return ""
             try:  # a fork (the load test's child) keeps its parent's command line: it counts to the parent's job
                 parent = p.parent()
                 if parent is not None and parent.pid != self.root.pid and parent.cmdline() == cmd:

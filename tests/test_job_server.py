@@ -138,6 +138,8 @@ def test_a_killed_job_leaves_nothing_running(server, tmp_path):
     child = _wait_for(lambda: _children(pid))
     assert child, "the job did not reach the server"
     time.sleep(0.3)
+    with open(f"/proc/{child[0]}/comm") as f:  # ps and top name the stage a forked job runs
+        assert f.read().strip() == "ckpt-hash"
     assert p.poll() is None, p.communicate()
     p.kill()
     p.wait(timeout=10)

@@ -44,6 +44,8 @@ from typing import Callable, Optional
 #: ``python -m ckptaudit.stages job-server FD PARENT_PID FOLDER RECORD`` runs :func:`serve` (the stages' entry
 #: point, which hands it the job's ``main``)
 SERVE = "job-server"
+#: a forked job's process name is this and its stage (``ckpt-hash``, ``ckpt-configdiff``: ``ps -o comm``)
+NAME_PREFIX = "ckpt-"
 #: the environment variable naming the server's socket (set by :func:`start` for the jobs this process starts)
 ENV = "CKPTAUDIT_STAGE_SERVER"
 INFO_NAME = "stage_server.json"
@@ -58,7 +60,7 @@ _HEADER = struct.Struct(">Q")
 #: they run (measured with ``sys.modules`` after each stage on a part).  A module missing here costs each job
 #: its import, nothing else.
 PRELOAD = (
-    "numpy", "pyarrow", "pyarrow.parquet", "pyarrow.compute",
+    "ctypes", "numpy", "pyarrow", "pyarrow.parquet", "pyarrow.compute",
     "ckptaudit.stages.cli", "ckptaudit.stages.inventory", "ckptaudit.stages.hash", "ckptaudit.stages.scan",
     "ckptaudit.stages.load", "ckptaudit.stages.load.server", "ckptaudit.stages.load.loadtest",
     "ckptaudit.stages.target", "ckptaudit.stages.structure", "ckptaudit.stages.configdiff", "ckptaudit.stages.state",
@@ -335,6 +337,17 @@ def _accept(listener: socket.socket, own_fds: tuple, jobs: dict, watched: dict, 
     watched[conn] = pid
 
 
+def _name_process(name: str) -> None:
+    """Set this process's name (``/proc/PID/comm``, what ``ps``, ``top`` and psutil's ``name()`` show; at most 15
+    bytes) with ``prctl(PR_SET_NAME)``: a forked job's command line is still the server's."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(15, name.encode()[:15], 0, 0, 0)  # 15: PR_SET_NAME (linux/prctl.h)
+    except (OSError, AttributeError):  # not Linux: the name stays the server's
+        pass
+
+
 def _not_ours(req: dict) -> Optional[str]:
     """Why the job of ``req`` must not run in this server (another interpreter or import path than the one this
     server imported the stages with), or None."""
@@ -368,6 +381,7 @@ def _child(req: dict, fds: list, main: Callable[[list], int], close_fds: list) -
         os.environ.update(req["env"])
         os.environ.pop(ENV, None)  # a job the child starts runs in its own process
         sys.argv = list(req["argv"])
+        _name_process(f"{NAME_PREFIX}{sys.argv[1] if len(sys.argv) > 1 else ''}")
         atexit._clear()  # the server's handlers are not the job's
         try:
             code = main(sys.argv[1:])
