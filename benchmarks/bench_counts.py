@@ -45,7 +45,8 @@ from typing import Dict, List
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common as C  # noqa: E402
-from ckptaudit.stages.jobs.server import NAME_PREFIX, SERVE  # noqa: E402 - stdlib only at import
+from ckptaudit.stages.jobs.client import SERVE  # noqa: E402 - stdlib only at import
+from ckptaudit.stages.jobs.server import NAME_PREFIX  # noqa: E402
 
 JOB_LIMIT_MIB = 400
 TREE_LIMIT_MIB = 1024

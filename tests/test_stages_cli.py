@@ -51,3 +51,16 @@ def test_stage_jobs_allocate_arrow_memory_from_jemalloc():
         assert got == "jemalloc"
     else:
         assert got  # the wheel's own default where it has no jemalloc
+
+
+def test_a_forked_job_allocates_from_malloc_and_keeps_it():
+    """A job forked by the stage job server: jemalloc's purging threads do not survive the fork (the report of
+    10,000 units peaked 136 MiB higher), so the child takes the C library's malloc, and the stage's own
+    ``job_memory_pool`` keeps the pool chosen before it."""
+    import subprocess
+    import sys
+
+    code = ("from ckptaudit.stages.jobs.process import forked_job_memory_pool, job_memory_pool; "
+            "print(forked_job_memory_pool(), job_memory_pool())")
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert got == ["system", "system"]

@@ -1,10 +1,10 @@
 """``python -m ckptaudit.stages STAGE …``: the entry point of the workflow's rules.  Run in the audit's stage job
-server when there is one (:mod:`.jobs.server`), else here."""
+server when there is one (:mod:`.jobs.client`, :mod:`.jobs.server`), else here."""
 
 import os
 import sys
 
-from .jobs.server import SERVE, run_in_server
+from .jobs.client import SERVE, run_in_server
 
 if sys.argv[1:2] == [SERVE]:  # the audit's stage job server (started by ckptaudit.stages.jobs.server.start)
     from .cli import main

@@ -3,14 +3,14 @@ process that has imported the stages, instead of importing them itself.
 
 Why (issue 45): a stage job's own work on a small part takes tens of milliseconds, its imports (pyarrow with
 numpy, ``pyarrow.compute``, the stage modules) 0.2–0.36 s of one core, and an audit runs its jobs in a chain
-(inventory → hash → scan → load, structure, configdiff, state → target → report): on a small run most of the
+(inventory → hash → scan → load, structure, configdiff, state → report, the target beside): on a small run most of the
 audit's fixed cost was imports paid again by each job, and on a run of many parts ~0.3 CPU-s per job.  With
 this server a job costs a fork and the job's work; its command line, log, exit status and outputs are the same.
 
 How: the Snakefile's ``onstart`` (and ``ckptaudit audit``, before it imports Snakemake) starts the server
 (:mod:`ckptaudit.stages.jobs.helper_server`: ``<work>/stage_server.json``, a private socket) and sets
-:data:`ENV` to its socket in its own environment, which the jobs inherit.  A job's ``__main__`` first calls
-:func:`run_in_server`: it connects, sends its arguments, working folder and environment, and passes its stdin,
+:data:`~ckptaudit.stages.jobs.client.ENV` to its socket in its own environment, which the jobs inherit.  A job's
+``__main__`` first calls :func:`~ckptaudit.stages.jobs.client.run_in_server`: it connects, sends its arguments, working folder and environment, and passes its stdin,
 stdout and stderr (``SCM_RIGHTS``); the server forks a child which takes those as its own (the job's log),
 runs :func:`ckptaudit.stages.cli.main` on the arguments, and ends as an interpreter ends (non-daemon threads
 joined, atexit handlers run, streams flushed; no module teardown).  The server sends the child's exit status
@@ -22,9 +22,9 @@ still runs :data:`GRACE_S` later, SIGKILL, so nothing of a killed job runs on.  
 single-threaded (it forks from its only thread; it reaps children on ``SIGCHLD``) and imports what the stages
 import (:data:`PRELOAD`) before it accepts; a job that connects meanwhile waits in the listen backlog.
 
-When there is no server (a cluster, ``--use-conda``, a job run by hand, no :data:`ENV`), or it does not answer
-within :data:`START_TIMEOUT_S`, the job runs in its own process as before: the server changes the cost, never
-the result.  Wire format, both ways: an 8-byte big-endian length, then that many bytes of JSON.
+When there is no server (a cluster, ``--use-conda``, a job run by hand, no ``ENV``), or it does not answer within
+:data:`~ckptaudit.stages.jobs.client.START_TIMEOUT_S`, the job runs in its own process as before: the server
+changes the cost, never the result.  The wire format is :mod:`~ckptaudit.stages.jobs.client`'s.
 
 This module imports only the standard library at its top (it is the job process's first import).
 """
@@ -36,25 +36,18 @@ import os
 import select
 import signal
 import socket
-import struct
 import sys
 from pathlib import Path
 from typing import Callable, Optional
 
-#: ``python -m ckptaudit.stages job-server FD PARENT_PID FOLDER RECORD`` runs :func:`serve` (the stages' entry
-#: point, which hands it the job's ``main``)
-SERVE = "job-server"
+from .client import ENV, SERVE, recv, send
+
 #: a forked job's process name is this and its stage (``ckpt-hash``, ``ckpt-configdiff``: ``ps -o comm``)
 NAME_PREFIX = "ckpt-"
-#: the environment variable naming the server's socket (set by :func:`start` for the jobs this process starts)
-ENV = "CKPTAUDIT_STAGE_SERVER"
 INFO_NAME = "stage_server.json"
-#: seconds a job waits for the server to take its job (it may still be importing) before it runs on its own
-START_TIMEOUT_S = 60.0
 #: seconds a job whose process was killed gets between SIGINT (its ``finally`` blocks run, as on a Ctrl-C in a
 #: terminal) and SIGKILL
 GRACE_S = 5.0
-_HEADER = struct.Struct(">Q")
 
 #: Modules the server imports before it serves: the stage modules and what their functions import lazily when
 #: they run (measured with ``sys.modules`` after each stage on a part).  A module missing here costs each job
@@ -80,7 +73,7 @@ def info_path(work_dir: str | os.PathLike) -> Path:
 
 
 def start(work_dir: str | os.PathLike, log_path: str | os.PathLike | None = None) -> Optional[int]:
-    """Spawn the server for this process's audit and set :data:`ENV` for the jobs it starts; return the server's
+    """Spawn the server for this process's audit and set ``ENV`` (:mod:`.client`) for the jobs it starts; return the server's
     pid, or None when it could not be started (the jobs then import the stages themselves)."""
     doc = _helper_server().start(["ckptaudit.stages", SERVE], info_path(work_dir), log_path, "ckptaudit-jobs-")
     if doc is None:
@@ -96,7 +89,7 @@ def started_here(work_dir: str | os.PathLike) -> bool:
 
 def stop(work_dir: str | os.PathLike) -> None:
     """End the server this process started for ``work_dir`` (if any; jobs still running in it are killed),
-    remove its record, and unset :data:`ENV` when it named that server."""
+    remove its record, and unset ``ENV`` when it named that server."""
     sp = _helper_server()
     sock = sp.socket_of(info_path(work_dir))
     sp.stop(info_path(work_dir))
@@ -108,76 +101,6 @@ def _helper_server():
     from . import helper_server as server_process
 
     return server_process
-
-
-# ---------------------------------------------------------------------------------------------------- the job
-
-
-def run_in_server(argv: list) -> Optional[int]:
-    """Run the stage job ``argv`` (``sys.argv``: the program, then the stage's arguments) in the server that
-    :data:`ENV` names; return its exit status, or None when there is no server to run it (the caller runs it
-    itself).  When the job's child died of a signal, this process dies of the same signal."""
-    sock_path = os.environ.get(ENV)
-    if not sock_path:
-        return None
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    try:
-        s.settimeout(START_TIMEOUT_S)
-        s.connect(sock_path)
-        payload = json.dumps({"argv": list(argv), "cwd": os.getcwd(), "env": dict(os.environ),
-                              "executable": sys.executable}).encode()
-        socket.send_fds(s, [_HEADER.pack(len(payload)) + payload], [0, 1, 2])
-        replies = s.makefile("rb")
-        started = _read(replies)  # {"pid": …} once the child runs the job; {"refused": why} when it cannot
-        if not isinstance(started, dict) or "pid" not in started:
-            raise ValueError(started)
-    except (OSError, ValueError, EOFError):
-        s.close()
-        return None
-    try:
-        s.settimeout(None)  # the job's own time
-        status = _read(replies)["status"]
-    except (OSError, ValueError, EOFError, KeyError, TypeError):
-        sys.stderr.write("ckptaudit: the stage job server ended before this job did; run the audit again\n")
-        return 1
-    finally:
-        replies.close()
-        s.close()
-    if status < 0:  # died of signal -status: so does this process, as the job's own process would have
-        try:
-            signal.signal(-status, signal.SIG_DFL)
-        except (OSError, ValueError):  # SIGKILL, SIGSTOP: no handler to reset
-            pass
-        os.kill(os.getpid(), -status)
-        return 128 - status
-    return int(status)
-
-
-def _send(s: socket.socket, message: dict) -> None:
-    out = json.dumps(message).encode()
-    s.sendall(_HEADER.pack(len(out)) + out)
-
-
-def _read(replies):
-    """The next message from the buffered reader of a connection."""
-    head = replies.read(_HEADER.size)
-    if len(head) < _HEADER.size:
-        raise EOFError("connection closed")
-    body = replies.read(_HEADER.unpack(head)[0])
-    if len(body) < _HEADER.unpack(head)[0]:
-        raise EOFError("connection closed")
-    return json.loads(body)
-
-
-def _recv(s: socket.socket, first: bytes = b""):
-    """The one message a job sends (after ``first``, the bytes already received with its descriptors)."""
-    buf = bytearray(first)
-    while len(buf) < _HEADER.size or len(buf) < _HEADER.size + _HEADER.unpack_from(buf)[0]:
-        chunk = s.recv(1 << 16)
-        if not chunk:
-            raise EOFError("connection closed")
-        buf += chunk
-    return json.loads(bytes(buf[_HEADER.size:_HEADER.size + _HEADER.unpack_from(buf)[0]]))
 
 
 # ------------------------------------------------------------------------------------------------- the server
@@ -280,7 +203,7 @@ def _reap(jobs: dict, watched: dict, costs) -> None:
                                 "max_rss_mib": round(usage.ru_maxrss / 1024, 1)}) + "\n")
         costs.flush()
         try:
-            _send(conn, {"status": os.waitstatus_to_exitcode(status)})
+            send(conn, {"status": os.waitstatus_to_exitcode(status)})
         except OSError:
             pass
         conn.close()
@@ -307,10 +230,10 @@ def _accept(listener: socket.socket, own_fds: tuple, jobs: dict, watched: dict, 
         first, fds, _flags, _addr = socket.recv_fds(conn, 1 << 16, 3)
         if len(fds) != 3:
             raise OSError("a job must pass its stdin, stdout and stderr")
-        req = _recv(conn, first)
+        req = recv(conn, first)
         conn.settimeout(None)
         if (why := _not_ours(req)) is not None:
-            _send(conn, {"refused": why})  # the job runs in its own process
+            send(conn, {"refused": why})  # the job runs in its own process
             raise OSError(why)
     except (OSError, ValueError, EOFError):
         for fd in fds:
@@ -330,7 +253,7 @@ def _accept(listener: socket.socket, own_fds: tuple, jobs: dict, watched: dict, 
     for fd in fds:
         os.close(fd)
     try:
-        _send(conn, {"pid": pid})
+        send(conn, {"pid": pid})
     except OSError:  # the job went away already
         _kill_group(pid)
     jobs[pid] = (conn, list(req["argv"]), time.time())
@@ -383,6 +306,9 @@ def _child(req: dict, fds: list, main: Callable[[list], int], close_fds: list) -
         sys.argv = list(req["argv"])
         _name_process(f"{NAME_PREFIX}{sys.argv[1] if len(sys.argv) > 1 else ''}")
         atexit._clear()  # the server's handlers are not the job's
+        from .process import forked_job_memory_pool
+
+        forked_job_memory_pool()  # jemalloc's purging threads do not survive a fork
         try:
             code = main(sys.argv[1:])
         except SystemExit as e:  # argparse's usage errors, a stage's own exit
