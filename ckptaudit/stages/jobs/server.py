@@ -3,17 +3,19 @@ process that has imported the stages, instead of importing them itself.
 
 Why (issue 45): a stage job's own work on a small part takes tens of milliseconds, its imports (pyarrow with
 numpy, ``pyarrow.compute``, the stage modules) 0.2–0.36 s of one core, and an audit runs its jobs in a chain
-(inventory → hash → scan → load, structure, configdiff, state → report, the target beside): on a small run most of the
-audit's fixed cost was imports paid again by each job, and on a run of many parts ~0.3 CPU-s per job.  With
-this server a job costs a fork and the job's work; its command line, log, exit status and outputs are the same.
+(inventory → hash → scan → load, structure, configdiff, state → report, the target beside): on a small run most
+of the audit's fixed cost was imports paid again by each job, and on a run of many parts ~0.3 CPU-s per job.
+With this server a job costs a fork and the job's work; its command line, log, exit status and outputs are the
+same.
 
 How: the Snakefile's ``onstart`` (and ``ckptaudit audit``, before it imports Snakemake) starts the server
 (:mod:`ckptaudit.stages.jobs.helper_server`: ``<work>/stage_server.json``, a private socket) and sets
 :data:`~ckptaudit.stages.jobs.client.ENV` to its socket in its own environment, which the jobs inherit.  A job's
-``__main__`` first calls :func:`~ckptaudit.stages.jobs.client.run_in_server`: it connects, sends its arguments, working folder and environment, and passes its stdin,
-stdout and stderr (``SCM_RIGHTS``); the server forks a child which takes those as its own (the job's log),
-runs :func:`ckptaudit.stages.cli.main` on the arguments, and ends as an interpreter ends (non-daemon threads
-joined, atexit handlers run, streams flushed; no module teardown).  The server sends the child's exit status
+``__main__`` first calls :func:`~ckptaudit.stages.jobs.client.run_in_server`: it connects, sends its arguments,
+working folder and environment, and passes its stdin, stdout and stderr (``SCM_RIGHTS``); the server forks a
+child which takes those as its own (the job's log), runs :func:`ckptaudit.stages.cli.main` on the arguments, and
+ends as an interpreter ends (non-daemon threads joined, atexit handlers run, streams flushed; no module
+teardown).  The server sends the child's exit status
 (a signal's as a negative number) and the job exits with it, or dies of the same signal.
 
 Each child is the leader of a process group of its own; when its job process ends first (Snakemake killed it:
@@ -73,8 +75,8 @@ def info_path(work_dir: str | os.PathLike) -> Path:
 
 
 def start(work_dir: str | os.PathLike, log_path: str | os.PathLike | None = None) -> Optional[int]:
-    """Spawn the server for this process's audit and set ``ENV`` (:mod:`.client`) for the jobs it starts; return the server's
-    pid, or None when it could not be started (the jobs then import the stages themselves)."""
+    """Spawn the server for this process's audit and set ``ENV`` (:mod:`.client`) for the jobs it starts; return
+    the server's pid, or None when it could not be started (the jobs then import the stages themselves)."""
     doc = _helper_server().start(["ckptaudit.stages", SERVE], info_path(work_dir), log_path, "ckptaudit-jobs-")
     if doc is None:
         return None
