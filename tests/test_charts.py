@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from ckptaudit.charts import svg, timeline, values
 
 
@@ -26,6 +29,28 @@ def test_timeline_marks_irregular_gap_rollback_and_late_write():
     assert "Not drawn (no step): nostep." in c["caption"]
     assert timeline.late_writes(units, mtimes) == {"u300": {"unit": "u900", "step": 900, "seconds": 5.0}}
 
+
+
+def _late_writes_by_definition(units, mtimes):
+    """For each unit, the last unit after it in step order with a higher step and an earlier write time."""
+    known = sorted((u for u in units if u.get("step") is not None and mtimes.get(u["unit"])), key=lambda u: u["step"])
+    out = {}
+    for i, u in enumerate(known):
+        later = [v for v in known[i + 1:] if v["step"] > u["step"] and mtimes[v["unit"]] < mtimes[u["unit"]]]
+        if later:
+            out[u["unit"]] = {"unit": later[-1]["unit"], "step": later[-1]["step"],
+                              "seconds": (mtimes[u["unit"]] - mtimes[later[-1]["unit"]]) / 1e9}
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.one_of(st.none(), st.integers(0, 12)), st.integers(0, 9)), max_size=30))
+def test_late_writes_are_those_of_the_definition(rows):
+    """The bisection over suffix minima finds, for every unit, what the scan of every later unit finds (equal
+    steps, equal write times, units without a step or a write time among them)."""
+    units = [{"unit": f"u{i}", "step": step} for i, (step, _) in enumerate(rows)]
+    mtimes = {f"u{i}": m * 10**9 for i, (_, m) in enumerate(rows)}  # 0: no write time known
+    assert timeline.late_writes(units, mtimes) == _late_writes_by_definition(units, mtimes)
 
 def test_values_skip_non_finite_and_say_why_missing():
     units = [{"unit": "a", "step": 10}, {"unit": "b", "step": 20}, {"unit": "c", "step": 30}]

@@ -27,16 +27,25 @@ GAP = "#ef6c00"
 def late_writes(units: List[dict], mtimes: Dict[str, int]) -> Dict[str, dict]:
     """{unit: the newest unit with a higher step that was written before it} for units written out of order.
 
-    ``units`` carry ``unit`` and ``step``; ``mtimes`` are nanoseconds since the epoch."""
+    ``units`` carry ``unit`` and ``step``; ``mtimes`` are nanoseconds since the epoch.  "Newest" is the last such
+    unit in step order.  O(n log n): the suffix minima of the write times, in step order, are non-decreasing, so
+    the last unit written before ``t`` is found by bisection (a scan of every later unit for each unit took 22 s
+    of the report of 10,000 units)."""
+    from bisect import bisect_left, bisect_right
+
     known = sorted((u for u in units if u.get("step") is not None and mtimes.get(u["unit"])),
                    key=lambda u: u["step"])
+    steps = [u["step"] for u in known]
+    suffix_min = [mtimes[u["unit"]] for u in known]  # min of the write times from each position to the end
+    for j in range(len(known) - 2, -1, -1):
+        suffix_min[j] = min(suffix_min[j], suffix_min[j + 1])
     out: Dict[str, dict] = {}
-    for i, u in enumerate(known):
-        later = [v for v in known[i + 1:] if v["step"] > u["step"] and mtimes[v["unit"]] < mtimes[u["unit"]]]
-        if later:
-            v = later[-1]
-            out[u["unit"]] = {"unit": v["unit"], "step": v["step"],
-                              "seconds": (mtimes[u["unit"]] - mtimes[v["unit"]]) / 1e9}
+    for u in known:
+        t = mtimes[u["unit"]]
+        j = bisect_left(suffix_min, t) - 1  # the last position whose write time is before t
+        if j >= bisect_right(steps, u["step"]):  # ... and whose step is higher than u's
+            v = known[j]
+            out[u["unit"]] = {"unit": v["unit"], "step": v["step"], "seconds": (t - mtimes[v["unit"]]) / 1e9}
     return out
 
 
