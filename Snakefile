@@ -37,6 +37,7 @@ onstart:
     start_job_server()
     start_load_server()
     notice_sigint()  # Ctrl-C: "interrupted", exit 130 (ckptaudit/outputs/job_errors.py)
+    hand_sigterm_to_a_thread()  # `kill PID`: Snakemake's handler off the main thread (ckptaudit/workflow/sigterm.py)
 
 
 # The end of every run says what happened: the verdict's summary (ckptaudit/outputs/summary.py), or each

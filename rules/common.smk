@@ -12,6 +12,7 @@ import ckptaudit
 from ckptaudit.stages.load import server as load_server
 from ckptaudit.stages.jobs import server as job_server
 from ckptaudit.workflow import outlock
+from ckptaudit.workflow.sigterm import hand_sigterm_to_a_thread
 from ckptaudit.verification import reverify, budget as verify_budget
 from ckptaudit.workflow import support as ws
 from ckptaudit.config import typed_cli_values
