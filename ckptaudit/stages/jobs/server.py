@@ -42,6 +42,7 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional
 
+from . import helper_server
 from .client import ENV, SERVE, recv, send
 
 #: a forked job's process name is this and its stage (``ckpt-hash``, ``ckpt-configdiff``: ``ps -o comm``)
@@ -77,7 +78,7 @@ def info_path(work_dir: str | os.PathLike) -> Path:
 def start(work_dir: str | os.PathLike, log_path: str | os.PathLike | None = None) -> Optional[int]:
     """Spawn the server for this process's audit and set ``ENV`` (:mod:`.client`) for the jobs it starts; return
     the server's pid, or None when it could not be started (the jobs then import the stages themselves)."""
-    doc = _helper_server().start(["ckptaudit.stages", SERVE], info_path(work_dir), log_path, "ckptaudit-jobs-")
+    doc = helper_server.start(["ckptaudit.stages", SERVE], info_path(work_dir), log_path, "ckptaudit-jobs-")
     if doc is None:
         return None
     os.environ[ENV] = doc["socket"]
@@ -86,23 +87,16 @@ def start(work_dir: str | os.PathLike, log_path: str | os.PathLike | None = None
 
 def started_here(work_dir: str | os.PathLike) -> bool:
     """Whether this process started the server of ``work_dir``, has not stopped it, and it still runs."""
-    return _helper_server().started_here(info_path(work_dir))
+    return helper_server.started_here(info_path(work_dir))
 
 
 def stop(work_dir: str | os.PathLike) -> None:
     """End the server this process started for ``work_dir`` (if any; jobs still running in it are killed),
     remove its record, and unset ``ENV`` when it named that server."""
-    sp = _helper_server()
-    sock = sp.socket_of(info_path(work_dir))
-    sp.stop(info_path(work_dir))
+    sock = helper_server.socket_of(info_path(work_dir))
+    helper_server.stop(info_path(work_dir))
     if sock is not None and os.environ.get(ENV) == sock:
         del os.environ[ENV]
-
-
-def _helper_server():
-    from . import helper_server as server_process
-
-    return server_process
 
 
 # ------------------------------------------------------------------------------------------------- the server
@@ -225,7 +219,7 @@ def _accept(listener: socket.socket, own_fds: tuple, jobs: dict, watched: dict, 
     conn, _ = listener.accept()
     fds: list = []
     try:
-        if _helper_server().other_user(conn):
+        if helper_server.other_user(conn):
             conn.close()
             return
         conn.settimeout(10.0)
