@@ -39,6 +39,7 @@ import select
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -129,7 +130,6 @@ def serve(fd: int, parent: int, folder: str, record: str, main: Callable[[list],
     :data:`ckptaudit.stages.jobs.costs.JOBS_NAME` beside ``record`` (this audit's jobs only); removes ``folder``
     (the socket's) and kills the jobs still running when it ends; returns its exit status."""
     import shutil
-    import time
 
     from .costs import JOBS_NAME
 
@@ -178,8 +178,6 @@ def serve(fd: int, parent: int, folder: str, record: str, main: Callable[[list],
 
 def _reap(jobs: dict, watched: dict, costs) -> None:
     """Collect ended children; send each one's exit status to its job and write its cost to ``costs``."""
-    import time
-
     while True:
         try:
             pid, status, usage = os.wait4(-1, os.WNOHANG)
@@ -193,13 +191,13 @@ def _reap(jobs: dict, watched: dict, costs) -> None:
         conn, argv, t0 = job
         watched.pop(conn, None)
         part = argv[argv.index("--part") + 1] if "--part" in argv[:-1] else ""
-        costs.write(json.dumps({"stage": argv[1] if len(argv) > 1 else "", "part": part,
-                                "status": os.waitstatus_to_exitcode(status), "wall_s": round(time.time() - t0, 3),
+        code = os.waitstatus_to_exitcode(status)
+        costs.write(json.dumps({"stage": argv[1] if len(argv) > 1 else "", "part": part, "status": code, "wall_s": round(time.time() - t0, 3),
                                 "cpu_s": round(usage.ru_utime + usage.ru_stime, 3),
                                 "max_rss_mib": round(usage.ru_maxrss / 1024, 1)}) + "\n")
         costs.flush()
         try:
-            send(conn, {"status": os.waitstatus_to_exitcode(status)})
+            send(conn, {"status": code})
         except OSError:
             pass
         conn.close()
@@ -214,8 +212,6 @@ def _kill_group(pid: int, sig: int = signal.SIGKILL) -> None:
 
 def _accept(listener: socket.socket, own_fds: tuple, jobs: dict, watched: dict, main: Callable[[list], int]) -> None:
     """Take one job: read its request and the three descriptors it passed, fork its child."""
-    import time
-
     conn, _ = listener.accept()
     fds: list = []
     try:
