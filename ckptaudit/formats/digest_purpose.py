@@ -26,7 +26,7 @@ from typing import Optional
 #: :data:`ckptaudit.formats.chunk_digest.FIELDS`).
 FAST_DIGEST = "blake3"
 #: Threads one :data:`FAST_DIGEST` hasher splits each 8 MiB buffer over (-1: every core).  The hash stage passes
-#: several files at once (``hashing.PASSES_AT_ONCE``), so a part of many files keeps every core busy either way;
+#: several files at once (``onepass.at_once.PASSES_AT_ONCE``), so a part of many files keeps every core busy either way;
 #: one big file gets them all.  Measured on this project's 2-core VM at load 11–12 (3 GiB ``torch.save`` files,
 #: the pass with BLAKE3 and its other consumers, 3 interleaved rounds; docs/benchmarks-history.md, "hash by
 #: purpose"): the same CPU with 1 thread and with -1 (one file 1.42–1.45 against 1.46–1.52 CPU-s, three at once

@@ -89,7 +89,7 @@ SMALL_LOCAL_BYTES = 1 << 20
 #: values of small tensors (a step counter, a scalar learning rate) and the windows around record headers.
 KEEP_TENSOR_DATA_UNDER = 64 << 10
 #: At most this many bytes of one remote object are kept, the first in file order (headers, data.pkl); past
-#: it, a later stage fetches what it reads, as before.  Memory: ``hashing.PASSES_AT_ONCE`` times this.
+#: it, a later stage fetches what it reads, as before.  Memory: ``onepass.at_once.PASSES_AT_ONCE`` times this.
 KEEP_REMOTE_BYTES = 16 << 20
 
 

@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
@@ -46,6 +44,7 @@ from ..formats.digest_purpose import FAST_DIGEST
 from ..formats.manifest_entries import load_manifest  # noqa: F401 - re-exported
 from ..formats.sidecar import parse_sidecar
 from ..layouts.base import tensors_in_range
+from ..onepass.at_once import FILES_AT_ONCE, PASS_SLOTS, PASSES_AT_ONCE, map_in_order, small_unit
 from ..verification.reverify import mtime_ns_of
 
 
@@ -62,7 +61,7 @@ def sha256_file(path: str | Path, progress=None) -> str:
 def _file_passes(run_dir: Path, unit: dict, manifest_entries: Dict[str, dict], sidecars, prog,
                  planned: Callable[[str], bool], depth, stop) -> Dict[str, object]:
     """{file: its one pass (:class:`ckptaudit.onepass.filepass.FileFacts`) or the ``OSError`` that stopped it},
-    files passed in parallel (at most :data:`FILES_AT_ONCE`).  A file whose manifest entry has usable chunk
+    files passed in parallel (at most ``FILES_AT_ONCE``; one after another in a small unit).  A file whose manifest entry has usable chunk
     digests gets those instead of the whole-file SHA-256 (which they imply when all match); a file with a recorded
     digest (``sidecars``: the files a sidecar or an ``integrity.json`` gives one; a manifest entry) gets its
     SHA-256; any other the audit's own fast digest, or none at a ``depth`` without ``unchecked_digests``
@@ -83,7 +82,7 @@ def _file_passes(run_dir: Path, unit: dict, manifest_entries: Dict[str, dict], s
             me = manifest_entries.get(rel)
             chunks = entry_chunks(me, p.stat().st_size)
             whole = None if chunks is not None else whole_file_digest(rel in sidecars or me is not None, depth)
-            with _PASS_SLOTS:
+            with PASS_SLOTS:
                 ff = pass_file(p, whole_sha=whole == SHA256, fast_digest=whole == FAST_DIGEST, chunk_bytes=me["chunk_bytes"] if chunks else None,
                                chunk_algorithm=chunks[0] if chunks else "sha256",
                                progress=Progress(prog), plan=None if planned(rel) else Plan(), stop=stop,
@@ -93,19 +92,8 @@ def _file_passes(run_dir: Path, unit: dict, manifest_entries: Dict[str, dict], s
         ff.seconds = time.perf_counter() - t0
         return ff
 
-    if len(files := list(unit["files"])) < 2:
-        return {rel: one(rel) for rel in files}
-    with ThreadPoolExecutor(max_workers=min(len(files), FILES_AT_ONCE)) as pool:
-        return dict(zip(files, pool.map(one, files)))
-
-
-#: Files of one unit read at once by the hash stage (each holds two read buffers: memory stays bounded).
-FILES_AT_ONCE = 4
-#: File passes in flight in one process, whatever the units hashed at once (``stages.stage_hash``'s threads)
-#: and their files: each pass holds two buffers of ``onepass.stream.BUFFER_BYTES`` (8 MiB) plus the value
-#: scan's 1 MiB temporaries, so the hash job stays within ~100 MiB over its baseline.
-PASSES_AT_ONCE = 4
-_PASS_SLOTS = threading.BoundedSemaphore(PASSES_AT_ONCE)
+    files = list(unit["files"])
+    return dict(zip(files, map_in_order(one, files, [not small_unit(unit)] * len(files), FILES_AT_ONCE)))
 
 
 def _manifest_entries(run_dir: Path, unit: dict, rows: List[dict]) -> Dict[str, dict]:
@@ -366,9 +354,9 @@ def _with_integrity(rel: str, digest: str, integ: Tuple[str, str], expected: str
 
 
 def run(ctx: StageContext, part: Part, rows: EarlierRows, *, stop=None, facts_to=None) -> HashRows:
-    """Hash every file of ``part``, one pass per file and :data:`PASSES_AT_ONCE` units at once (the cores the rule
-    reserves); rows in unit order, with the passes' facts, or those handed to ``facts_to`` (thread-safe) as each
-    unit ends, not kept.  ``ctx.depth``: which SHA-256s; ``stop``: an event that stops the passes (the reader);
+    """Hash every file of ``part``, one pass per file and ``PASSES_AT_ONCE`` units at once (the cores the rule
+    reserves; the small units meanwhile on the calling thread, :mod:`ckptaudit.onepass.at_once`); rows in unit
+    order, with the passes' facts, or those handed to ``facts_to`` (thread-safe) as each unit ends, not kept.  ``ctx.depth``: which SHA-256s; ``stop``: an event that stops the passes (the reader);
     units a verify plan leaves out are not read (:class:`ckptaudit.verification.hash_job.HashJob`)."""
     import functools
 
@@ -390,11 +378,6 @@ def run(ctx: StageContext, part: Part, rows: EarlierRows, *, stop=None, facts_to
             facts_to(t)
         return job.done(u["unit"], got), facts if facts_to is None else []
 
-    workers = max(1, min(PASSES_AT_ONCE, len(units)))
-    if workers > 1:
-        with ThreadPoolExecutor(max_workers=workers) as pool:
-            done = list(pool.map(one, units))
-    else:
-        done = [one(u) for u in units]
+    done = map_in_order(one, units, [not small_unit(u) for u in units], PASSES_AT_ONCE)
     job.write()
     return HashRows(tuple(HashRow.of(r) for got, _ in done for r in got), tuple(t for _, facts in done for t in facts))

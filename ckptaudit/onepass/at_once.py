@@ -1,0 +1,54 @@
+"""How many file passes run at once in one process, and which run on the calling thread.
+
+A pass over a big file spends its time in digests and scans that release the GIL (``hashlib``, ``blake3``,
+``isal``, numpy), so the hash stage runs several on threads.  A pass over a small file is Python — its zip
+records, the data.pkl walk, the values record by record — and such passes on threads convoy on the GIL: on a part
+of 128 units of 87 KB (one ``torch.save`` file each, 274 records; issue 45) the hash job took 1.06 CPU-s and 1.1 s
+with every unit on one thread, 1.6 CPU-s and 1.45 s with four at once.  At :data:`SERIAL_UNIT_BYTES` the digests
+(SHA-256 ~2 GB/s a core on the project's VM) take about as long as that Python.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, List, Sequence, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+#: Files of one unit read at once by the hash stage (each holds two read buffers: memory stays bounded).
+FILES_AT_ONCE = 4
+#: File passes in flight in one process, whatever the units hashed at once (the hash stage's threads) and their
+#: files: each pass holds two buffers of ``onepass.stream.BUFFER_BYTES`` (8 MiB) plus the value scan's 1 MiB
+#: temporaries, so the hash job stays within ~100 MiB over its baseline.
+PASSES_AT_ONCE = 4
+PASS_SLOTS = threading.BoundedSemaphore(PASSES_AT_ONCE)
+#: A unit of at most this many bytes (the inventory's ``size_bytes``) is passed on the calling thread, its files
+#: one after another.
+SERIAL_UNIT_BYTES = 8 << 20
+
+
+def small_unit(unit: dict) -> bool:
+    """Whether ``unit`` (an inventory unit) is passed on the calling thread: its ``size_bytes`` is known and at
+    most :data:`SERIAL_UNIT_BYTES`."""
+    size = unit.get("size_bytes")
+    return isinstance(size, int) and 0 <= size <= SERIAL_UNIT_BYTES
+
+
+def map_in_order(one: Callable[[T], R], items: Sequence[T], on_threads: Sequence[bool], workers: int) -> List[R]:
+    """``[one(x) for x in items]``, in order: the items whose ``on_threads`` is true on up to ``workers`` threads,
+    the others meanwhile on the calling thread.  An exception of ``one`` is raised here (after the calling
+    thread's items; the threads' items already running finish first)."""
+    threaded = [i for i, t in enumerate(on_threads) if t]
+    if min(workers, len(threaded)) < 2:
+        return [one(x) for x in items]
+    done: List = [None] * len(items)
+    with ThreadPoolExecutor(max_workers=min(workers, len(threaded))) as pool:
+        running = {i: pool.submit(one, items[i]) for i in threaded}
+        for i, x in enumerate(items):
+            if i not in running:
+                done[i] = one(x)
+        for i, fut in running.items():
+            done[i] = fut.result()
+    return done
