@@ -29,6 +29,8 @@ _U2, _I4, _U4, _U8, _F8 = Struct("<H"), Struct("<i"), Struct("<I"), Struct("<Q")
 _NONE, _UINT1, _UINT2, _INT4, _UINT4, _UINT8, _FLOAT8 = 0, 1, 2, 3, 4, 5, 6
 _TEXT1, _TEXT4, _TEXT8, _BYTES1, _BYTES4, _BYTES8, _BYTEARRAY8, _LATIN1_1, _LATIN1_4 = range(7, 16)
 _LONG1, _LONG4 = 16, 17  # a length, then that many bytes of a little-endian two's-complement integer
+#: the kinds a decoding loop tests first (:meth:`ckptaudit.pickle_walk.machine.WalkState._loop`)
+NO_OPERAND, UINT1_OPERAND = _NONE, _UINT1
 _READER = -1
 _KIND_OF_ARG = {
     "uint1": _UINT1, "uint2": _UINT2, "int4": _INT4, "uint4": _UINT4, "uint8": _UINT8, "float8": _FLOAT8,
@@ -40,13 +42,14 @@ _WIDTH = {_TEXT1: 1, _BYTES1: 1, _LATIN1_1: 1, _TEXT4: 4, _BYTES4: 4, _LATIN1_4:
           _TEXT8: 8, _BYTES8: 8, _BYTEARRAY8: 8, _LONG1: 1, _LONG4: 4}  # bytes of the length prefix
 #: operand kind → (its struct's ``unpack_from``, bytes) for the fixed-size kinds after uint1, else None (the
 #: last entry answers for ``_READER``, -1)
-_FIXED: list = [None] * 19
-_FIXED[_UINT2], _FIXED[_INT4], _FIXED[_UINT4] = (_U2.unpack_from, 2), (_I4.unpack_from, 4), (_U4.unpack_from, 4)
-_FIXED[_UINT8], _FIXED[_FLOAT8] = (_U8.unpack_from, 8), (_F8.unpack_from, 8)
+FIXED_OPERAND: list = [None] * 19
+FIXED_OPERAND[_UINT2], FIXED_OPERAND[_INT4] = (_U2.unpack_from, 2), (_I4.unpack_from, 4)
+FIXED_OPERAND[_UINT4] = (_U4.unpack_from, 4)
+FIXED_OPERAND[_UINT8], FIXED_OPERAND[_FLOAT8] = (_U8.unpack_from, 8), (_F8.unpack_from, 8)
 #: byte value → (OpcodeInfo, operand kind), or None for a byte that is no opcode
-_TABLE: list = [None] * 256
+OPCODE_OF_BYTE: list = [None] * 256
 for _op in pickletools.opcodes:
-    _TABLE[ord(_op.code)] = (_op, _NONE if _op.arg is None else _KIND_OF_ARG.get(_op.arg.name, _READER))
+    OPCODE_OF_BYTE[ord(_op.code)] = (_op, _NONE if _op.arg is None else _KIND_OF_ARG.get(_op.arg.name, _READER))
 del _op
 
 
@@ -57,7 +60,7 @@ def genops(data: Any, f: Any) -> Iterator[Tuple[Any, Any, int]]:
     Yields ``(OpcodeInfo, operand, position)`` up to and including ``STOP``; raises ``ValueError`` where
     ``pickletools.genops`` would, with its message.  ``f`` is at the end of the opcode's operand whenever a
     triple is yielded, and where pickletools leaves it when an error is raised."""
-    table, fixed_of, n = _TABLE, _FIXED, len(data)
+    table, fixed_of, n = OPCODE_OF_BYTE, FIXED_OPERAND, len(data)
     seek, tell = f.seek, f.tell
     p = tell()
     while True:
@@ -79,7 +82,7 @@ def genops(data: Any, f: Any) -> Iterator[Tuple[Any, Any, int]]:
             arg = fixed[0](data, q)[0]
             q += fixed[1]
         else:
-            arg, q = _sized(data, n, q, kind, f)
+            arg, q = sized_operand(data, n, q, kind, f)
         seek(q)
         yield op, arg, p
         if op.code == ".":
@@ -87,7 +90,7 @@ def genops(data: Any, f: Any) -> Iterator[Tuple[Any, Any, int]]:
         p = q
 
 
-def _sized(data: Any, n: int, q: int, kind: int, f: Any) -> Tuple[Any, int]:
+def sized_operand(data: Any, n: int, q: int, kind: int, f: Any) -> Tuple[Any, int]:
     """(operand, offset after it) of a length-prefixed operand at ``q``; pickletools' own reader (on ``f``)
     for the other kinds and for an operand the buffer does not hold whole (it raises the error)."""
     width = _WIDTH.get(kind)
@@ -111,7 +114,7 @@ def _sized(data: Any, n: int, q: int, kind: int, f: Any) -> Tuple[Any, int]:
                 return bytes(raw).decode("latin-1"), a + size
             else:
                 return bytes(raw), a + size
-    op = _TABLE[data[q - 1]][0]
+    op = OPCODE_OF_BYTE[data[q - 1]][0]
     f.seek(q)
     arg = op.arg.reader(f)
     return arg, f.tell()
