@@ -59,7 +59,11 @@ def genops(data: Any, f: Any) -> Iterator[Tuple[Any, Any, int]]:
 
     Yields ``(OpcodeInfo, operand, position)`` up to and including ``STOP``; raises ``ValueError`` where
     ``pickletools.genops`` would, with its message.  ``f`` is at the end of the opcode's operand whenever a
-    triple is yielded, and where pickletools leaves it when an error is raised."""
+    triple is yielded, and where pickletools leaves it when an error is raised.
+
+    The walk's loop (:meth:`ckptaudit.pickle_walk.machine.WalkState._loop`) decodes with a copy of this body,
+    inlined for speed; tests/test_walk_loop.py fails when the two decode differently, and tests/test_pickle_walk.py
+    holds this one to ``pickletools``."""
     table, fixed_of, n = OPCODE_OF_BYTE, FIXED_OPERAND, len(data)
     seek, tell = f.seek, f.tell
     p = tell()
