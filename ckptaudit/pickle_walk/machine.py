@@ -115,12 +115,12 @@ class WalkState(OpcodeHandlers, HiddenPickles, ObjectOps):
         """Run the opcodes from ``start`` through their handlers; returns how many ran.  A walk that cannot go
         on leaves its reason in ``res.error`` (and, past a budget, the imports scan of what is left).
 
-        Each opcode is decoded here as :func:`.opcodes.genops` decodes it (a copy of its body, its tables, and
-        its ``sized_operand`` for the length-prefixed and the rare operands), not through the generator: on a torch data.pkl of 3,100
-        opcodes (issue 45's small unit) the walk took 2.0 ms with the generator, its per-opcode ``seek`` and the
-        ``islice``/``enumerate`` around it, 1.7 ms without.  ``f`` is moved only where the walk's readers look
-        at it: after the last opcode, before a budget's imports scan, when an operand cannot be decoded (where
-        ``genops`` would leave it), and after the opcode whose handler raised."""
+        Each opcode is decoded here as :func:`.opcodes.genops` decodes it (a copy of its body, its tables, and its
+        ``sized_operand`` for the length-prefixed and the rare operands), not through the generator: on a torch
+        data.pkl of 3,100 opcodes (issue 45's small unit) the walk took 2.0 ms with the generator, its per-opcode
+        ``seek`` and the ``islice``/``enumerate`` around it, 1.7 ms without. ``f`` is moved only where the walk's
+        readers look at it: after the last opcode, before a budget's imports scan, when an operand cannot be decoded
+        (where ``genops`` would leave it), and after the opcode whose handler raised."""
         table = [getattr(self, name) for name in _NAMES]  # bound once per walk
         index = _INDEX
         frame_changes = _FIRST_FRAME_HANDLER
