@@ -3,9 +3,11 @@
 A pass over a big file spends its time in digests and scans that release the GIL (``hashlib``, ``blake3``,
 ``isal``, numpy), so the hash stage runs several on threads.  A pass over a small file is Python — its zip
 records, the data.pkl walk, the values record by record — and such passes on threads convoy on the GIL: on a part
-of 128 units of 87 KB (one ``torch.save`` file each, 274 records; issue 45) the hash job took 1.06 CPU-s and 1.1 s
-with every unit on one thread, 1.6 CPU-s and 1.45 s with four at once.  At :data:`SERIAL_UNIT_BYTES` the digests
-(SHA-256 ~2 GB/s a core on the project's VM) take about as long as that Python.
+of 128 units of 87 KB (one ``torch.save`` file each, 72 zip records; issue 45) the hash job took 1.06 CPU-s and 1.1 s
+with every unit on one thread, 1.6 CPU-s and 1.45 s with four at once (the job alone on two cores; in a 10,000-unit
+audit, whose other jobs keep both cores busy, the hash jobs took 63.8 CPU-s either way).  At
+:data:`SERIAL_UNIT_BYTES` the digests (SHA-256 ~2 GB/s a core on the project's VM) take about as long as that
+Python.
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ def small_unit(unit: dict) -> bool:
 
 def map_in_order(one: Callable[[T], R], items: Sequence[T], on_threads: Sequence[bool], workers: int) -> List[R]:
     """``[one(x) for x in items]``, in order: the items whose ``on_threads`` is true on up to ``workers`` threads,
-    the others meanwhile on the calling thread.  An exception of ``one`` is raised here (after the calling
-    thread's items; the threads' items already running finish first)."""
+    the others meanwhile on the calling thread.  An exception of ``one`` is raised here once the items already
+    on threads have ended: at once from an item on the calling thread, after the calling thread's items from one
+    on a thread."""
     threaded = [i for i, t in enumerate(on_threads) if t]
     if min(workers, len(threaded)) < 2:
         return [one(x) for x in items]
