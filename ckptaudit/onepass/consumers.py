@@ -341,6 +341,9 @@ class RangeValues(Ranges):
         start, dtype = self._s[i], self._dtype(i)
         item = VALUE_BLOCK * itemsize(dtype)  # whole float32 blocks, as the state stage's own scan sums them
         self._seen[i] += len(piece)
+        if at == start and len(piece) == self._n[i] < item:  # a range shorter than a block, whole in one buffer:
+            self._add(i, piece, dtype)  # its one block, as the fragment it would otherwise be kept as, but no copy
+            return
         end = at + len(piece)
         first = start + -(-(at - start) // item) * item  # first element boundary at or after the piece start
         last = start + ((end - start) // item) * item  # last element boundary at or before its end
