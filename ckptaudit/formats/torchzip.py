@@ -139,7 +139,7 @@ def check_zip(path, *, display: Optional[str] = None, verify_crc: bool = True, c
     if not zip_like:
         pre = zeros.head(shown, s.detail.get("zero_head_bytes"), s.size_bytes) or generic_findings(s, shown)
     fh = ArchiveFile(path, window=REMOTE_WINDOW_BYTES, prefetch=REMOTE_PREFETCH,  # read now: benchmarks and tests set them
-               facts=facts, kept=kept)
+                     facts=facts, kept=kept, whole=verify_crc)  # every record checked: a small file read at once
     try:
         buf = bytearray(max(4096, chunk))
         cd = find_central_directory(fh)
