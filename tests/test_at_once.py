@@ -9,8 +9,13 @@ from ckptaudit.onepass import at_once
 
 @pytest.mark.parametrize("size,small", [(0, True), (87_005, True), (at_once.SERIAL_UNIT_BYTES, True),
                                         (at_once.SERIAL_UNIT_BYTES + 1, False), (None, False), (-1, False)])
-def test_small_unit_by_inventory_size(size, small):
-    assert at_once.small_unit({"unit": "u", "size_bytes": size}) is small
+def test_small_unit_by_inventory_size(size, small, tmp_path):
+    assert at_once.small_unit({"unit": "u", "size_bytes": size}, tmp_path) is small
+
+
+def test_a_remote_unit_keeps_the_threads():
+    """Its pass waits on round trips: on threads they overlap."""
+    assert not at_once.small_unit({"unit": "u", "size_bytes": 87_005}, "s3://bucket/run")
 
 
 def test_map_in_order_keeps_order_and_runs_only_the_marked_items_on_threads():

@@ -16,6 +16,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, List, Sequence, TypeVar
 
+from .. import fs
+
 T = TypeVar("T")
 R = TypeVar("R")
 
@@ -31,11 +33,12 @@ PASS_SLOTS = threading.BoundedSemaphore(PASSES_AT_ONCE)
 SERIAL_UNIT_BYTES = 8 << 20
 
 
-def small_unit(unit: dict) -> bool:
-    """Whether ``unit`` (an inventory unit) is passed on the calling thread: its ``size_bytes`` is known and at
-    most :data:`SERIAL_UNIT_BYTES`."""
+def small_unit(unit: dict, run_dir) -> bool:
+    """Whether ``unit`` (an inventory unit of the run at ``run_dir``) is passed on the calling thread: the run is
+    local (a remote unit's pass waits on round trips, not on the GIL, and overlaps them on threads) and the unit's
+    ``size_bytes`` is known and at most :data:`SERIAL_UNIT_BYTES`."""
     size = unit.get("size_bytes")
-    return isinstance(size, int) and 0 <= size <= SERIAL_UNIT_BYTES
+    return isinstance(size, int) and 0 <= size <= SERIAL_UNIT_BYTES and not fs.is_remote(run_dir)
 
 
 def map_in_order(one: Callable[[T], R], items: Sequence[T], on_threads: Sequence[bool], workers: int) -> List[R]:

@@ -61,8 +61,9 @@ def sha256_file(path: str | Path, progress=None) -> str:
 def _file_passes(run_dir: Path, unit: dict, manifest_entries: Dict[str, dict], sidecars, prog,
                  planned: Callable[[str], bool], depth, stop) -> Dict[str, object]:
     """{file: its one pass (:class:`ckptaudit.onepass.filepass.FileFacts`) or the ``OSError`` that stopped it},
-    files passed in parallel (at most ``FILES_AT_ONCE``; one after another in a small unit).  A file whose manifest entry has usable chunk
-    digests gets those instead of the whole-file SHA-256 (which they imply when all match); a file with a recorded
+    files passed in parallel (at most ``FILES_AT_ONCE``; one after another in a small local unit).  A file whose
+    manifest entry has usable chunk digests gets those instead of the whole-file SHA-256 (which they imply when all
+    match); a file with a recorded
     digest (``sidecars``: the files a sidecar or an ``integrity.json`` gives one; a manifest entry) gets its
     SHA-256; any other the audit's own fast digest, or none at a ``depth`` without ``unchecked_digests``
     (:data:`ckptaudit.fs.read_depth.CHECKED_DIGESTS_ONLY`; :func:`ckptaudit.formats.digest_purpose.whole_file_digest`).
@@ -93,7 +94,7 @@ def _file_passes(run_dir: Path, unit: dict, manifest_entries: Dict[str, dict], s
         return ff
 
     files = list(unit["files"])
-    return dict(zip(files, map_in_order(one, files, [not small_unit(unit)] * len(files), FILES_AT_ONCE)))
+    return dict(zip(files, map_in_order(one, files, [not small_unit(unit, run_dir)] * len(files), FILES_AT_ONCE)))
 
 
 def _manifest_entries(run_dir: Path, unit: dict, rows: List[dict]) -> Dict[str, dict]:
@@ -378,6 +379,6 @@ def run(ctx: StageContext, part: Part, rows: EarlierRows, *, stop=None, facts_to
             facts_to(t)
         return job.done(u["unit"], got), facts if facts_to is None else []
 
-    done = map_in_order(one, units, [not small_unit(u) for u in units], PASSES_AT_ONCE)
+    done = map_in_order(one, units, [not small_unit(u, ctx.run_dir) for u in units], PASSES_AT_ONCE)
     job.write()
     return HashRows(tuple(HashRow.of(r) for got, _ in done for r in got), tuple(t for _, facts in done for t in facts))

@@ -68,7 +68,7 @@ class ArchiveFile:
     file answers from first, for its life.  ``whole``: a local file of at most :data:`WHOLE_READ_BYTES` is read
     at once and every read answered from those bytes: a check that visits every record's local header pays one
     ``pread`` instead of two or three a record (issue 45: a small ``torch.save`` file of 72 records cost ~226
-    ``pread`` calls, a seventh of its scan).
+    ``pread`` calls, ~0.3 ms of its 6 ms scan).
     """
 
     def __init__(self, path: str, *, window: int, prefetch: bool, facts=None, kept=None, whole: bool = False) -> None:
