@@ -341,9 +341,6 @@ class RangeValues(Ranges):
         start, dtype = self._s[i], self._dtype(i)
         item = VALUE_BLOCK * itemsize(dtype)  # whole float32 blocks, as the state stage's own scan sums them
         self._seen[i] += len(piece)
-        if at == start and len(piece) == self._n[i] < item:  # a range shorter than a block, whole in one buffer:
-            self._add(i, piece, dtype)  # its one block, as the fragment it would otherwise be kept as, but no copy
-            return
         end = at + len(piece)
         first = start + -(-(at - start) // item) * item  # first element boundary at or after the piece start
         last = start + ((end - start) // item) * item  # last element boundary at or before its end
@@ -354,7 +351,9 @@ class RangeValues(Ranges):
             self._fragment(i, first - item, at, bytes(piece[:first - at]), item, dtype)
         if last > first:
             self._add(i, piece[first - at:last - at], dtype)
-        if end > last:
+        if end > last and end == start + self._n[i]:  # the range's last block, whole here: no fragment to keep
+            self._add(i, piece[last - at:], dtype)
+        elif end > last:
             self._fragment(i, last, last, bytes(piece[last - at:]), item, dtype)
 
     def _fragment(self, i: int, elem: int, at: int, data: bytes, item: int, dtype: str) -> None:
