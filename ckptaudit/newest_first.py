@@ -15,10 +15,11 @@ reaches the same answer in two passes:
    rollback chosen (:func:`choose`).  While the chosen unit has not been examined,
    it is: the hash stage (SHA-256 against its sidecar or manifest, or the manifest's chunk digests; no
    SHA-256 where nothing records one, :data:`ckptaudit.fs.read_depth.CHECKED_DIGESTS_ONLY`; the CRC32 of
-   every zip record, the value statistics), then scan, load test, config diff, structure and state with those facts, as the audit
-   runs them (in the reader, the load test of a torch zip or safetensors file is the load it returns, done
-   once in the caller's process: :mod:`ckptaudit.stages.load.reader`); its rows replace its metadata rows and the
-   verdict is built again.  A unit whose full check fails drops out, and the next rollback is examined.
+   every zip record, the value statistics), then scan (a record that fails its CRC32 is not read again for its
+   NUL runs), load test, config diff, structure and state with those facts, as the audit runs them (in the
+   reader, the load test of a torch zip or safetensors file is the load it returns, done once in the caller's
+   process: :mod:`ckptaudit.stages.load.reader`); its rows replace its metadata rows and the verdict is built
+   again.  A unit whose full check fails drops out, and the next rollback is examined.
    The newest unit's hash stage starts on a thread before pass 1 (:class:`_Ahead`): it is the first choice
    unless its metadata fails, and the two passes overlap (Python for the metadata, GIL-free hashing for the
    bytes); when the first choice is another unit, that pass is stopped.
@@ -180,7 +181,7 @@ def _examine(inv: dict, unit: str, cfg: dict, out: Path, target_path: str,
         if loads is not None:  # the files' identity before their bytes are read: the load must find the same
             loads.pin(inv["run_dir"], next(u for u in inv["units"] if u["unit"] == unit))
         stages.stage_hash(one, part, p["hash"], depth=read_depth.CHECKED_DIGESTS_ONLY)
-    stages.stage_scan(one, part, cfg, p["scan"], p["tensors"], p["imports"])
+    stages.stage_scan(one, part, cfg, p["scan"], p["tensors"], p["imports"], depth=read_depth.CHECKED_DIGESTS_ONLY)
     stages.stage_load(one, part, cfg, p["scan"], p["load"], loader=loads)
     stages.stage_structure(one, part, cfg, p["scan"], p["tensors"], p["structure"], target_path)
     stages.stage_configdiff(one, part, cfg, p["scan"], p["configdiff"])

@@ -29,10 +29,15 @@ from dataclasses import dataclass
 class ReadDepth:
     """What the file layer may read.  ``tensor_bytes``: file checks may stream tensor data (the CRC32 of zip
     records, the zero-block search); ``unchecked_digests``: the hash stage computes the SHA-256 of a file with
-    no sidecar or manifest entry to check it against."""
+    no sidecar or manifest entry to check it against; ``damage_detail``: a damaged record's bytes are read again
+    for what the finding tells of them."""
 
     tensor_bytes: bool = True
     unchecked_digests: bool = True
+    #: a zip record that fails its CRC32 is read again for its longest NUL run, a fact told with the finding
+    #: (:func:`ckptaudit.formats.zip.crc.longest_zero_run`); the reader, which passes over a damaged unit and
+    #: pays for each examined unit's bytes once, tells the mismatch without it
+    damage_detail: bool = True
     #: every file gets a SHA-256, recorded or not (``ckptaudit seal``, which writes sidecars of the audited bytes)
     all_sha256: bool = False
 
@@ -42,6 +47,6 @@ FULL = ReadDepth()
 #: The reader's run pass: metadata only, no stream over tensor data.
 METADATA_ONLY = ReadDepth(tensor_bytes=False)
 #: The reader's examination: every byte, a SHA-256 only where something records one to compare.
-CHECKED_DIGESTS_ONLY = ReadDepth(unchecked_digests=False)
+CHECKED_DIGESTS_ONLY = ReadDepth(unchecked_digests=False, damage_detail=False)
 #: ``ckptaudit seal``'s audit: every byte, and a SHA-256 of every file (the sidecars it writes record them).
 SEAL = ReadDepth(all_sha256=True)

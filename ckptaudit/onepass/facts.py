@@ -2,8 +2,8 @@
 
 The hash stage writes, for each file it read, one row per:
 
-* zip record CRC32 (``kind`` "crc") and longest NUL run (``kind`` "nul_run": what
-  :func:`ckptaudit.formats.zip.crc.longest_zero_run` asks of a record that fails its CRC);
+* zip record CRC32 (``kind`` "crc"; a record that fails it is read again for its longest NUL run,
+  :func:`ckptaudit.formats.zip.crc.longest_zero_run`);
 * safetensors data area scanned for NUL runs (``kind`` "nul_scan", its runs ``kind`` "nul_scan_run");
 * tensor value range (``kind`` "values") and range of bytes that only hold tensor data (``kind`` "tensor_data");
 * of a remote object, piece of the bytes later stages read again (``kind`` "bytes", served by
@@ -12,7 +12,7 @@ The hash stage writes, for each file it read, one row per:
 The scan stage (CRC32 of every record, zero spans), the state stage (non-finite counts and norms) and the load
 stage (which bytes a remote object's sparse copy may leave out) :func:`load` the rows of their part into a
 :class:`ByteFacts` value and hand it to the checks that read bytes, which ask its
-:meth:`~ByteFacts.crc_of`, :meth:`~ByteFacts.nul_run_of`, :meth:`~ByteFacts.nul_runs_in`,
+:meth:`~ByteFacts.crc_of`, :meth:`~ByteFacts.nul_runs_in`,
 :meth:`~ByteFacts.values_of` and :meth:`~ByteFacts.tensor_data_of` before reading any bytes (a check given no
 facts reads the bytes).  A fact is keyed by the file and the exact byte range, so a question the pass did not answer
 (a damaged archive, a view into a storage) reads bytes as before.  Facts of a file whose size or version (ETag;
@@ -53,7 +53,6 @@ def table_of(unit: str, rel: str, ff) -> "pa.Table":
         n = len(plan.crc_range)
         common = dict(member=plan.crc_member, data_offset=plan.crc_range[:, 0], length_bytes=plan.crc_range[:, 1])
         part("crc", n, crc32=ff.crc_value[:, 0], seen_bytes=ff.crc_value[:, 1], **common)
-        part("nul_run", n, zero_offset=ff.nul_run[:, 0], zero_bytes=ff.nul_run[:, 1], **common)
     for (o, n, m), runs in ff.nul_scans.items():  # a scan row (zero_bytes: the shortest run looked for), then its runs
         part("nul_scan", 1, data_offset=[o], length_bytes=[n], zero_bytes=[m],
              seen_bytes=[-1 if runs is None else len(runs)])
@@ -153,7 +152,7 @@ LOAD_COLUMNS = ["file", "kind", "data_offset", "length_bytes", "crc32", "dtype",
                 "seen_bytes", "size_bytes", "data", "zero_offset", "zero_bytes", "version"]
 #: The columns each kind of fact keeps, beside ``data_offset`` and ``length_bytes``.
 _KEEP = {"crc": ("crc32", "seen_bytes"), "values": ("dtype", "nonfinite", "sum_squares", "seen_bytes"),
-         "nul_run": ("zero_offset", "zero_bytes"), "tensor_data": ()}
+         "tensor_data": ()}
 
 
 def load(rows, run_dir, tensor_bytes: bool = True, kinds: Optional[Iterable[str]] = None) -> "ByteFacts":
@@ -314,12 +313,14 @@ class ByteFacts:
     Per file (``fs.fspath``) and kind, columns sorted by ``(data_offset, length_bytes)``: a lookup is a binary
     search, memory a few int64 per fact.  An empty ``ByteFacts()`` answers None to every question (the check then
     reads the bytes, unless ``tensor_bytes`` is false: the reader's run pass, which reads metadata only and skips
-    the streams over tensor data, :data:`ckptaudit.fs.read_depth.METADATA_ONLY`)."""
+    the streams over tensor data, :data:`ckptaudit.fs.read_depth.METADATA_ONLY`).  ``damage_detail``: the read
+    depth's (:class:`ckptaudit.fs.read_depth.ReadDepth`), whether a record that fails its CRC is read again."""
 
-    __slots__ = ("_files", "_nul_scan", "count", "kept", "tensor_bytes")
+    __slots__ = ("_files", "_nul_scan", "count", "damage_detail", "kept", "tensor_bytes")
 
-    def __init__(self, tensor_bytes: bool = True) -> None:
+    def __init__(self, tensor_bytes: bool = True, damage_detail: bool = True) -> None:
         self.tensor_bytes = tensor_bytes  # whether a check with no fact may stream tensor data
+        self.damage_detail = damage_detail  # whether a damaged record is read again for the finding's detail
         self._files: Dict[str, Dict[str, dict]] = {}  # file -> kind -> columns
         self._nul_scan: Dict[Tuple[str, int, int], Tuple[int, List[Tuple[int, int]]]] = {}  # -> (min_run, runs)
         self.count = 0  # facts kept
@@ -344,7 +345,7 @@ class ByteFacts:
         return None
 
     def knows(self, path: str, kind: str) -> bool:
-        """Whether the pass left facts of ``kind`` ("crc", "values", "tensor_data", "nul_run") for ``path``
+        """Whether the pass left facts of ``kind`` ("crc", "values", "tensor_data") for ``path``
         (``fs.fspath``): a check that would read bytes only to find no fact can skip the file."""
         return kind in self._files.get(path, {})
 
@@ -352,17 +353,6 @@ class ByteFacts:
         """``(crc32, bytes seen)`` of ``length`` bytes of ``path`` (``fs.fspath``) from ``offset``, or None."""
         hit = self._find(path, "crc", offset, length)
         return None if hit is None else (int(hit[0]["crc32"][hit[1]]), int(hit[0]["seen_bytes"][hit[1]]))
-
-    def nul_run_of(self, path: str, offset: int, length: int) -> Tuple[bool, Optional[Tuple[int, int]]]:
-        """``(known, run)``: whether the pass looked at ``length`` bytes of ``path`` (``fs.fspath``) from
-        ``offset``, and the ``(offset, length)`` of the longest run of at least 64 NUL bytes it found there (None:
-        none)."""
-        hit = self._find(path, "nul_run", offset, length)
-        if hit is None:
-            return False, None
-        cols, i = hit
-        n = int(cols["zero_bytes"][i])
-        return True, ((int(cols["zero_offset"][i]), n) if n else None)
 
     def nul_runs_in(self, path: str, offset: int, length: int, min_run: int) -> Optional[List[Tuple[int, int]]]:
         """Every ``(offset, length)`` NUL run of at least ``min_run`` bytes the pass listed in ``length`` bytes of

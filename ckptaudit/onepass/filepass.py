@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from .. import fs
-from .consumers import (ChunkDigest, FastDigest, KeepBytes, RangeAllNulRuns, RangeCrc32, RangeNulRuns, RangeValues, Sha256,
+from .consumers import (ChunkDigest, FastDigest, KeepBytes, RangeAllNulRuns, RangeCrc32, RangeValues, Sha256,
                         split_points)
 from .plan import DTYPES, Plan, plan_file
 from . import stream
@@ -26,8 +26,8 @@ from .stream import BUFFER_BYTES, run
 @dataclass
 class FileFacts:
     """What one pass computed, as columns aligned with the plan's ranges (no Python object per range):
-    ``crc_member``/``crc_range`` the plan's CRC ranges with ``crc_value`` ``(n, 2)`` ``[crc32, bytes seen]`` and
-    ``nul_run`` ``(n, 2)`` ``[offset or -1, length]`` of each record's longest NUL run; ``values_range``/
+    ``crc_member``/``crc_range`` the plan's CRC ranges with ``crc_value`` ``(n, 2)`` ``[crc32, bytes seen]``
+    (a record's NUL runs are not looked for here: see :func:`_consumers`); ``values_range``/
     ``values_dtype`` the plan's value ranges with ``values_nonfinite``, ``values_sum_squares`` and
     ``values_seen`` (non-finite count, Σx² of the finite values, bytes seen); ``nul_scans``
     {(start, length, min_run): [(offset, length), ...] or None}; ``sha256_hex`` "" when not computed;
@@ -37,7 +37,7 @@ class FileFacts:
     reads are counted by ``fs``); ``version``: :func:`ckptaudit.fs.version`'s tag of the file as the pass found
     it; ``tensor_data_range``: the plan's ``(offset, length)`` of bytes that only hold tensor data; ``kept``:
     ``(offset, bytes)`` of a remote object that later stages will read again (:func:`keep_ranges`), else empty.
-    ``crc``, ``nul_runs``, ``values`` and ``tensor_data`` give the same as dicts and lists (small files, tests)."""
+    ``crc``, ``values`` and ``tensor_data`` give the same as dicts and lists (small files, tests)."""
 
     size_bytes: int
     version: str = ""
@@ -46,7 +46,6 @@ class FileFacts:
     chunk_hex: Optional[List[str]] = None
     plan: Plan = field(default_factory=Plan)
     crc_value: object = None
-    nul_run: object = None
     values_nonfinite: object = None
     values_sum_squares: object = None
     values_seen: object = None
@@ -60,12 +59,6 @@ class FileFacts:
         """{(member, data offset, length): (crc32, bytes seen)}."""
         return {k: (int(c), int(n)) for k, (c, n) in zip(self.plan.crc, self.crc_value)} \
             if self.crc_value is not None else {}
-
-    @property
-    def nul_runs(self) -> Dict[Tuple[str, int, int], Optional[Tuple[int, int]]]:
-        """{(member, data offset, length): (offset, length) of the longest NUL run, or None}."""
-        return {k: ((int(o), int(n)) if n else None) for k, (o, n) in zip(self.plan.crc, self.nul_run)} \
-            if self.nul_run is not None else {}
 
     @property
     def values(self) -> Dict[Tuple[int, int, str], Tuple[int, float, int]]:
@@ -184,9 +177,14 @@ def pass_file(path, *, whole_sha: bool = True, chunk_bytes: Optional[int] = None
 
 def _consumers(plan: Plan, seg_start: int, chunks: Tuple[Optional[int], str], whole: Tuple[bool, bool],
                keep: list) -> dict:
-    """The consumers one segment from ``seg_start`` feeds, by name: the plan's CRC32 ranges and their NUL runs,
-    its value ranges, the manifest's chunk digests (``chunks``: bytes per chunk or None, the hash), the whole
-    SHA-256 and the whole fast digest (``whole``: whether each is wanted), the bytes to keep, the NUL scans."""
+    """The consumers one segment from ``seg_start`` feeds, by name: the plan's CRC32 ranges, its value ranges,
+    the manifest's chunk digests (``chunks``: bytes per chunk or None, the hash), the whole SHA-256 and the whole
+    fast digest (``whole``: whether each is wanted), the bytes to keep, the NUL scans.
+
+    A zip record's longest NUL run is not among them: it is told only with a record whose CRC fails
+    (:func:`ckptaudit.formats.zip.crc.longest_zero_run` reads that record again), and looking for it in every
+    record cost 0.05 CPU-s per GiB beside SHA-256's 0.6 (docs/benchmarks-history.md, issue 45), every night,
+    for a fact that one damaged record in many needs."""
     has_crc, has_values = len(plan.crc_range) > 0, len(plan.values_range) > 0
     crc_cols = dict(starts=plan.crc_range[:, 0], lengths=plan.crc_range[:, 1])
     cons = {"crc": RangeCrc32(**crc_cols) if has_crc else None,
@@ -195,8 +193,7 @@ def _consumers(plan: Plan, seg_start: int, chunks: Tuple[Optional[int], str], wh
             "chunks": ChunkDigest(chunks[0], seg_start, chunks[1]) if chunks[0] else None,
             "sha": Sha256() if whole[0] else None,
             "fast": FastDigest() if whole[1] else None,
-            "kept": KeepBytes(keep) if keep else None,
-            "nul_runs": RangeNulRuns(**crc_cols) if has_crc else None}
+            "kept": KeepBytes(keep) if keep else None}
     cons.update({("nul_scan", k): RangeAllNulRuns([((o, n, m), o, n)], m)
                  for k, (o, n, m) in enumerate(plan.nul_scans)})
     return {k: c for k, c in cons.items() if c is not None}
@@ -215,7 +212,6 @@ def _collect(out: FileFacts, cons: dict) -> FileFacts:
 
     if "crc" in cons:
         out.crc_value = np.stack(cons["crc"].arrays(), axis=1)
-        out.nul_run = np.stack(cons["nul_runs"].arrays(), axis=1)
     if "values" in cons:
         out.values_nonfinite, out.values_sum_squares, out.values_seen = cons["values"].arrays()
     out.kept = cons["kept"].results() if "kept" in cons else []

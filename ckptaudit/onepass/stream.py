@@ -6,7 +6,7 @@ while the consumers work on the last one), ``posix_fadvise(SEQUENTIAL)`` on the 
 (:func:`ckptaudit.fs.read_ranges_uncached`, counted as "streamed": the pass reads the object itself, never
 bytes an earlier pass kept).  Each buffer goes to every consumer; the
 SHA-256 consumers of one buffer run on threads (``hashlib`` releases the GIL on large buffers) while the
-reading thread feeds the others (CRC32, value statistics, NUL runs: less work than a thread hand-off
+reading thread feeds the others (CRC32, value statistics, a data area's NUL runs: less work than a thread hand-off
 each), and the pass waits for them before the buffer is reused, so memory is two buffers (local) or
 ``REMOTE_PARALLEL`` (remote) whatever the file size.
 """

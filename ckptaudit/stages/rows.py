@@ -180,16 +180,19 @@ class HashRows:
 
     def byte_facts(self, run_dir, depth: read_depth.ReadDepth = read_depth.FULL, kinds=None) -> "ByteFacts":
         """The facts as a :class:`ckptaudit.onepass.facts.ByteFacts` (those of ``kinds``; None: all), with
-        ``depth``'s ``tensor_bytes``."""
+        ``depth``'s ``tensor_bytes`` and ``damage_detail``."""
         import pyarrow as pa
 
         from ..onepass import facts as byte_facts
         from ..tables import SCHEMAS
 
         if self.facts_file is not None:
-            return byte_facts.load(self.facts_file, run_dir, depth.tensor_bytes, kinds)
-        rows = pa.concat_tables([t.cast(SCHEMAS["bytefacts"]) for t in self.facts]) if self.facts else []
-        return byte_facts.load(rows, run_dir, depth.tensor_bytes, kinds)
+            got = byte_facts.load(self.facts_file, run_dir, depth.tensor_bytes, kinds)
+        else:
+            rows = pa.concat_tables([t.cast(SCHEMAS["bytefacts"]) for t in self.facts]) if self.facts else []
+            got = byte_facts.load(rows, run_dir, depth.tensor_bytes, kinds)
+        got.damage_detail = depth.damage_detail
+        return got
 
 
 @dataclass(frozen=True)

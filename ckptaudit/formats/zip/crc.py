@@ -51,14 +51,14 @@ def _crc_deflated(fh: ArchiveFile, m: Member, chunk: int) -> Tuple[int, Optional
 
 
 def longest_zero_run(fh: ArchiveFile, off: int, n: int, chunk: int) -> Optional[Tuple[int, int]]:
-    """``(offset, length)`` of the longest run of at least 64 NUL bytes in ``n`` bytes from ``off`` (None: none);
-    the hash stage's one pass answers for the records it planned, else the bytes are read again."""
+    """``(offset, length)`` of the longest run of at least 64 NUL bytes in ``n`` bytes from ``off`` (None: none,
+    or not looked for), read from the file: asked only of a record whose CRC fails, it is not computed by the
+    hash stage's pass for every record (:mod:`ckptaudit.onepass.filepass` says why).  Not looked for when the
+    facts' read depth has no ``damage_detail`` (the reader: :data:`ckptaudit.fs.read_depth.CHECKED_DIGESTS_ONLY`)."""
     from ..sniff import zero_runs
 
-    known, run = (False, None) if fh.facts is None else fh.facts.nul_run_of(fh.path, off, n)
-    if known:
-        return run
-
+    if fh.facts is not None and not fh.facts.damage_detail:
+        return None
     runs = zero_runs(fh.path, min_run=64, chunk=chunk, start=off, end=off + n, kept=fh.kept)
     return max(runs, key=lambda r: r[1]) if runs else None
 
