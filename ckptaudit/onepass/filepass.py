@@ -19,7 +19,7 @@ from .. import fs
 from .consumers import (ChunkDigest, FastDigest, KeepBytes, RangeAllNulRuns, RangeCrc32, RangeValues, Sha256,
                         split_points)
 from .plan import DTYPES, Plan, plan_file
-from . import stream
+from . import at_once, stream
 from .stream import BUFFER_BYTES, run
 
 
@@ -151,8 +151,8 @@ def pass_file(path, *, whole_sha: bool = True, chunk_bytes: Optional[int] = None
             live = list(cons.values()) + ([progress] if progress is not None else [])
             if data is not None:
                 n = stream.feed_bytes(data, live, None if serial else pool)
-            elif len(segments) == 1:
-                n = run(path, live, seg[0], seg[1], pool=pool, stop=stop)
+            elif len(segments) == 1:  # the digest beside the rest while a core would otherwise idle
+                n = run(path, live, seg[0], seg[1], pool=pool, stop=stop, spread=lambda: at_once.spread(threads))
             else:  # one thread per segment: its consumers take turns
                 n = run(path, live, seg[0], seg[1], stop=stop)
             return cons, n

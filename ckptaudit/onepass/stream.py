@@ -1,13 +1,14 @@
 """The reader of one pass: every byte of a file (or of one segment of it) read once, in order, into a bounded buffer.
 
 Locally: ``os.preadv`` into two alternating buffers of :data:`BUFFER_BYTES` (the next read runs
-while the consumers work on the last one), ``posix_fadvise(SEQUENTIAL)`` on the descriptor.  An
+while a digest on its own thread works on the last one), ``posix_fadvise(SEQUENTIAL)`` on the descriptor.  An
 ``s3://`` object: ranged GETs of :data:`BUFFER_BYTES`, :data:`REMOTE_PARALLEL` at once
 (:func:`ckptaudit.fs.read_ranges_uncached`, counted as "streamed": the pass reads the object itself, never
-bytes an earlier pass kept).  Each buffer goes to every consumer; the
-SHA-256 consumers of one buffer run on threads (``hashlib`` releases the GIL on large buffers) while the
-reading thread feeds the others (CRC32, value statistics, a data area's NUL runs: less work than a thread hand-off
-each), and the pass waits for them before the buffer is reused, so memory is two buffers (local) or
+bytes an earlier pass kept).  Each buffer goes to every consumer; the SHA-256 consumers of one buffer
+run on threads (``hashlib`` releases the GIL on large buffers) while the reading thread feeds the others
+(CRC32, value statistics, a data area's NUL runs: less work than a thread hand-off each), as long as fewer
+passes are in flight than cores (:func:`ckptaudit.onepass.at_once.spread`; else all in turn on the reading
+thread), and the pass waits for them before the buffer is reused, so memory is two buffers (local) or
 ``REMOTE_PARALLEL`` (remote) whatever the file size.
 """
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 from .. import fs
 
@@ -62,9 +63,10 @@ def _wait(futures: List) -> None:
 
 def run(path, consumers: Sequence, start: int = 0, end: Optional[int] = None, *,
         pool: Optional[ThreadPoolExecutor] = None, buffer_bytes: int = BUFFER_BYTES,
-        stop: Optional[threading.Event] = None) -> int:
+        stop: Optional[threading.Event] = None, spread: Optional[Callable[[], bool]] = None) -> int:
     """Feed bytes ``[start, end)`` of ``path`` (``end`` None: to the end of the file) to every consumer, in
-    order; return the bytes read.  ``pool`` runs the consumers of one buffer concurrently (None: in turn).
+    order; return the bytes read.  ``pool`` runs the consumers of one buffer concurrently (None: in turn);
+    ``spread``, asked before each buffer of a local file, says whether this buffer's go on ``pool`` (None: yes).
     Once ``stop`` is set the pass stops at its next buffer, raising :class:`PassStopped` (an ``OSError``: the
     file's row says it was not read through); the reader uses it to abandon a pass it started ahead of need.
     Raises ``OSError`` when the file cannot be read."""
@@ -86,7 +88,7 @@ def run(path, consumers: Sequence, start: int = 0, end: Optional[int] = None, *,
             if n <= 0:
                 pending = []
                 break
-            pending = _feed_all(pool, consumers, off, view[:n])
+            pending = _feed_all(pool if spread is None or spread() else None, consumers, off, view[:n])
             off, done, k = off + n, done + n, 1 - k
         _wait(pending)
         return done
