@@ -15,7 +15,8 @@
      (cores × one process's rate), as ``bench_onepass.py``/``bench_scaling.py``);
    * the audit of the run **with sidecars**;
    * with ``--baseline-code DIR``: the audits without and with sidecars by the ckptaudit in ``DIR``
-     (``PYTHONPATH``), the code before this change, for the same ratios and fixed costs.
+     (``PYTHONPATH``), the code before this change, for the same ratios and fixed costs; in even rounds
+     before the four above, in odd rounds after them, so that neither code always runs in the same place.
 
 Reported per round and as medians of the per-round figures: the audit's marginal cost per GiB (slope between the
 smallest and the largest run) over ``cat``'s slope (target ≤ 4 × without sidecars) and over the SHA-256 limit's
@@ -109,6 +110,28 @@ def audit(run: Path, out: Path, cores: int, code: Optional[str] = None) -> Dict:
     return r
 
 
+def _current(run: List[Path], bare: Path, base: Path, g: float, cores: int) -> Dict:
+    """One round's ``cat``, audit without sidecars, SHA-256 limit and audit with sidecars of the run of ``g`` GiB."""
+    c = cat(run)
+    bare_audit = audit(bare, base / f"out_bare_{g:g}", cores)
+    assert bare_audit["algorithms"] == {"blake3": UNITS}, bare_audit["algorithms"]
+    h = O.subject_hash(run, cores)
+    side_audit = audit(base / f"run_{g:g}gib_total", base / f"out_side_{g:g}", cores)
+    assert side_audit["algorithms"] == {"sha256": UNITS}, side_audit["algorithms"]
+    return {"cat_s": c["wall_s"], "cat_cpu_s": c["cpu_s"], "bare_s": bare_audit["wall_s"],
+            "bare_cpu_s": bare_audit["cpu_s"], "limit_s": h["limit_s"], "limit_cpu_s": h["cpu_s"],
+            "side_s": side_audit["wall_s"], "side_cpu_s": side_audit["cpu_s"], "sha_rate": h["rate_bps"]}
+
+
+def _before(run: List[Path], bare: Path, base: Path, g: float, cores: int, code: str) -> Dict:
+    """The audits without and with sidecars by the checkout ``code`` (the code before)."""
+    before = audit(bare, base / f"out_before_{g:g}", cores, code)
+    side = audit(run[0].parent, base / f"out_before_side_{g:g}", cores, code)
+    assert side["algorithms"] == {"sha256": UNITS}, side["algorithms"]
+    return {"before_s": before["wall_s"], "before_cpu_s": before["cpu_s"], "before_side_s": side["wall_s"],
+            "before_side_cpu_s": side["cpu_s"]}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--run-gib", type=float, nargs="+", default=[1.0, 9.0], help="GiB of each run (3 units)")
@@ -137,21 +160,14 @@ def main(argv=None) -> int:
         order = sizes[r % len(sizes):] + sizes[:r % len(sizes)]
         row = {}
         for g in order:
-            c = cat(runs[g])
-            bare_audit = audit(bare[g], base / f"out_bare_{g:g}", a.cores)
-            assert bare_audit["algorithms"] == {"blake3": UNITS}, bare_audit["algorithms"]
-            h = O.subject_hash(runs[g], a.cores)
-            side_audit = audit(base / f"run_{g:g}gib_total", base / f"out_side_{g:g}", a.cores)
-            assert side_audit["algorithms"] == {"sha256": UNITS}, side_audit["algorithms"]
-            row[g] = {"cat_s": c["wall_s"], "cat_cpu_s": c["cpu_s"], "bare_s": bare_audit["wall_s"],
-                      "bare_cpu_s": bare_audit["cpu_s"], "limit_s": h["limit_s"], "limit_cpu_s": h["cpu_s"],
-                      "side_s": side_audit["wall_s"], "side_cpu_s": side_audit["cpu_s"], "sha_rate": h["rate_bps"],
-                      "load": os.getloadavg()[0]}
-            if a.baseline_code:
-                before = audit(bare[g], base / f"out_before_{g:g}", a.cores, a.baseline_code)
-                row[g]["before_s"], row[g]["before_cpu_s"] = before["wall_s"], before["cpu_s"]
-                before = audit(runs[g][0].parent, base / f"out_before_side_{g:g}", a.cores, a.baseline_code)
-                row[g]["before_side_s"], row[g]["before_side_cpu_s"] = before["wall_s"], before["cpu_s"]
+            row[g] = {}
+            # each audit right after its baseline (cat, the SHA-256 limit); the code before first in odd rounds
+            for who in (("before", "now") if a.baseline_code and r % 2 else ("now", "before")):
+                if who == "now":
+                    row[g].update(_current(runs[g], bare[g], base, g, a.cores))
+                elif a.baseline_code:
+                    row[g].update(_before(runs[g], bare[g], base, g, a.cores, a.baseline_code))
+            row[g]["load"] = os.getloadavg()[0]
             print(f"# round {r + 1} {g:g} GiB: " + ", ".join(f"{k} {v:.3g}" for k, v in row[g].items()),
                   file=sys.stderr)
         rounds.append(row)
