@@ -295,9 +295,9 @@ def test_longest_nul_run_per_record_equals_the_zero_run_search(tmp_path, step):
     c = RangeNulRuns([((m, o, n), o, n) for m, o, n in plan.crc])
     _feed([c], bytes(data), step)
     got = c.results()
-    for (m, o, n), run in got.items():
+    for (m, o, n), longest in got.items():
         runs = zero_runs(p, min_run=64, start=o, end=o + n)
-        assert run == (tuple(max(runs, key=lambda r: r[1])) if runs else None), m
+        assert longest == (tuple(max(runs, key=lambda r: r[1])) if runs else None), m
     assert got[next(k for k in got if k[0].endswith("data/2"))] == (r_off + 1000, 300)
 
 

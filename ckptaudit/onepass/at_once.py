@@ -28,6 +28,9 @@ FILES_AT_ONCE = 4
 #: files: each pass holds two buffers of ``onepass.stream.BUFFER_BYTES`` (8 MiB) plus the value scan's 1 MiB
 #: temporaries, so the hash job stays within ~100 MiB over its baseline.
 PASSES_AT_ONCE = 4
+#: A unit of at most this many bytes (the inventory's ``size_bytes``) is passed on the calling thread, its files
+#: one after another.
+SERIAL_UNIT_BYTES = 8 << 20
 
 
 class PassSlots:
@@ -68,9 +71,6 @@ def spread(cores: int) -> bool:
     8.05–8.60 CPU-s and 4.24–4.54 s with the digest on its own thread, 7.56–7.77 CPU-s and 3.87–4.06 s in
     turn (three rounds each, interleaved; issue 45's sidecar run, SHA-256)."""
     return PASS_SLOTS.in_flight < cores
-#: A unit of at most this many bytes (the inventory's ``size_bytes``) is passed on the calling thread, its files
-#: one after another.
-SERIAL_UNIT_BYTES = 8 << 20
 
 
 def small_unit(unit: dict, run_dir) -> bool:
