@@ -59,6 +59,21 @@ def test_parts_are_stable_as_the_run_grows():
     assert inventory_stage.auto_units_per_job(17) == 2
     assert inventory_stage.auto_units_per_job(1000) == 64
     assert inventory_stage.auto_units_per_job(4096) == 256
+    assert inventory_stage.auto_units_per_job(16 * 1024) == 1024
+    assert inventory_stage.auto_units_per_job(16 * 1024 + 1) == 1024  # parts stop growing: a job's memory too
+    assert inventory_stage.auto_units_per_job(50_000) == 1024
+
+
+def test_a_large_run_gets_more_parts_not_bigger_ones():
+    """50,000 small units: 49 parts of at most 1,024 (was 13 of 4,096, whose stage jobs held 417–476 MiB); a unit
+    added to the run touches only the last part."""
+    from ckptaudit.stages.inventory.parts import MAX_AUTO_UNITS_PER_JOB, assign_parts
+
+    sizes = [len(v) for v in assign_parts(_sized([87_005] * 50_000), "auto", None).values()]
+    assert sizes == [MAX_AUTO_UNITS_PER_JOB] * 48 + [50_000 - 48 * 1024]
+    grown = assign_parts(_sized([87_005] * 50_001), "auto", None)
+    before = assign_parts(_sized([87_005] * 50_000), "auto", None)
+    assert all(grown[p] == before[p] for p in list(before)[:-1])
 
 
 def _sized(sizes):

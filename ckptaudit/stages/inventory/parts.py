@@ -20,11 +20,19 @@ if TYPE_CHECKING:  # pragma: no cover
     from ...units import Unit
 
 
+#: Most units "auto" gives one part.  A stage job holds a little per unit of its part (its scan rows, its
+#: results): at 4,096 small units a part (a 50,000-unit run in 13 parts) the structure, configdiff and state jobs
+#: peaked at 417–476 MiB, against 74–92 MiB at 128 (issue 45, docs/benchmarks-history.md), so past 16,384 units
+#: a run gets more parts of this size instead of bigger ones, and a job's memory stops growing with the run.
+MAX_AUTO_UNITS_PER_JOB = 1024
+
+
 def auto_units_per_job(n_units: int) -> int:
     """The least units per part under "auto" (:func:`assign_parts` packs small units
     beyond it): one up to 16 units; beyond, the smallest power of two that keeps the
     part count at or under 16 (stable while a run grows: parts change only when the
-    run crosses 16·2^k units).
+    run crosses 16·2^k units), at most :data:`MAX_AUTO_UNITS_PER_JOB` (past 16,384 units
+    the part count grows with the run instead, and parts no longer change).
 
     Each part costs ~7 Snakemake jobs of a fresh Python process (~0.25 s each, the
     load job ~1.5 s for ``import torch``), and Snakemake's own scheduling cost grows
@@ -33,7 +41,7 @@ def auto_units_per_job(n_units: int) -> int:
     """
     if n_units <= 16:
         return 1
-    return 1 << math.ceil(math.log2(math.ceil(n_units / 16)))
+    return min(MAX_AUTO_UNITS_PER_JOB, 1 << math.ceil(math.log2(math.ceil(n_units / 16))))
 
 
 #: "auto" on a cluster packs consecutive units into one part while the part stays within this many bytes
