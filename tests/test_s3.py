@@ -328,6 +328,39 @@ def test_object_rewritten_with_the_same_size_drops_its_facts_and_changes_its_uni
     assert len(again) == 0 and not again.kept.has(fs.fspath(root / "ckpt_000007.pt"))
 
 
+def test_a_remote_record_failing_its_crc_is_told_from_the_pass_with_no_read_again(moto_s3, tmp_path):
+    """Of a remote object the pass looks for each zip record's longest NUL run (a local file's failing record is
+    read again instead): the scan tells a failing record's run from the pass's facts, as the local check tells
+    it, and fetches no byte of that record again."""
+    torch = pytest.importorskip("torch")
+    from ckptaudit import fs
+    from ckptaudit.formats.torchzip import check_zip
+    from ckptaudit.onepass import facts
+    from ckptaudit.onepass.filepass import pass_file
+    from ckptaudit.onepass.plan import plan_file
+
+    p = tmp_path / "bad.pt"
+    g = torch.Generator().manual_seed(1)
+    torch.save({"w": torch.randn(1024, 512, generator=g), "b": torch.randn(65536, generator=g)}, p)
+    w_off, w_len = next((o, n) for m, o, n in plan_file(p).crc if m.endswith("data/0"))
+    data = bytearray(p.read_bytes())
+    data[w_off + 1000:w_off + 1000 + 8192] = bytes(8192)
+    p.write_bytes(bytes(data))
+    moto_s3["client"].upload_file(str(p), BUCKET, "nulrun/ckpt_000007.pt")
+    root = fs.path(f"s3://{BUCKET}/nulrun")
+    fs.refresh(root)
+    ff = pass_file(root / "ckpt_000007.pt")
+    assert ff.nul_run is not None and len(ff.nul_run) == len(ff.crc_value)
+    rows = facts.rows_of("ckpt_000007.pt", "ckpt_000007.pt", ff)
+    assert "nul_run" in {r["kind"] for r in rows}
+    fs.reset_bytes_read()
+    got = check_zip(root / "ckpt_000007.pt", facts=facts.load(rows, root))
+    assert fs.bytes_read() < (64 << 10), fs.bytes_read()  # not the failing record's 2 MiB again
+    assert [f.kind for f in got.findings] == ["zip_crc_mismatch"]
+    assert got.findings[0].detail["longest_nul_run"] == [w_off + 1000, 8192]
+    assert got.findings[0].detail == check_zip(p).findings[0].detail  # as the local check tells it
+
+
 def test_thread_pool_tasks_read_from_the_kept_bytes_they_are_passed(moto_s3, tmp_path):
     """The kept bytes are a parameter of the reads (``kept=``), not a context: tasks of a thread pool, started with
     no copy of the caller's context, are served from the kept bytes they are handed (a range inside them costs no

@@ -2,8 +2,9 @@
 
 The hash stage writes, for each file it read, one row per:
 
-* zip record CRC32 (``kind`` "crc"; a record that fails it is read again for its longest NUL run,
-  :func:`ckptaudit.formats.zip.crc.longest_zero_run`);
+* zip record CRC32 (``kind`` "crc") and, of a remote object, its longest NUL run (``kind`` "nul_run": what
+  :func:`ckptaudit.formats.zip.crc.longest_zero_run` asks of a record that fails its CRC; a local file's
+  failing record is read again for it);
 * safetensors data area scanned for NUL runs (``kind`` "nul_scan", its runs ``kind`` "nul_scan_run");
 * tensor value range (``kind`` "values") and range of bytes that only hold tensor data (``kind`` "tensor_data");
 * of a remote object, piece of the bytes later stages read again (``kind`` "bytes", served by
@@ -12,7 +13,7 @@ The hash stage writes, for each file it read, one row per:
 The scan stage (CRC32 of every record, zero spans), the state stage (non-finite counts and norms) and the load
 stage (which bytes a remote object's sparse copy may leave out) :func:`load` the rows of their part into a
 :class:`ByteFacts` value and hand it to the checks that read bytes, which ask its
-:meth:`~ByteFacts.crc_of`, :meth:`~ByteFacts.nul_runs_in`,
+:meth:`~ByteFacts.crc_of`, :meth:`~ByteFacts.nul_run_of`, :meth:`~ByteFacts.nul_runs_in`,
 :meth:`~ByteFacts.values_of` and :meth:`~ByteFacts.tensor_data_of` before reading any bytes (a check given no
 facts reads the bytes).  A fact is keyed by the file and the exact byte range, so a question the pass did not answer
 (a damaged archive, a view into a storage) reads bytes as before.  Facts of a file whose size or version (ETag;
@@ -53,6 +54,8 @@ def table_of(unit: str, rel: str, ff) -> "pa.Table":
         n = len(plan.crc_range)
         common = dict(member=plan.crc_member, data_offset=plan.crc_range[:, 0], length_bytes=plan.crc_range[:, 1])
         part("crc", n, crc32=ff.crc_value[:, 0], seen_bytes=ff.crc_value[:, 1], **common)
+        if ff.nul_run is not None:
+            part("nul_run", n, zero_offset=ff.nul_run[:, 0], zero_bytes=ff.nul_run[:, 1], **common)
     for (o, n, m), runs in ff.nul_scans.items():  # a scan row (zero_bytes: the shortest run looked for), then its runs
         part("nul_scan", 1, data_offset=[o], length_bytes=[n], zero_bytes=[m],
              seen_bytes=[-1 if runs is None else len(runs)])
@@ -152,7 +155,7 @@ LOAD_COLUMNS = ["file", "kind", "data_offset", "length_bytes", "crc32", "dtype",
                 "seen_bytes", "size_bytes", "data", "zero_offset", "zero_bytes", "version"]
 #: The columns each kind of fact keeps, beside ``data_offset`` and ``length_bytes``.
 _KEEP = {"crc": ("crc32", "seen_bytes"), "values": ("dtype", "nonfinite", "sum_squares", "seen_bytes"),
-         "tensor_data": ()}
+         "nul_run": ("zero_offset", "zero_bytes"), "tensor_data": ()}
 
 
 def load(rows, run_dir, tensor_bytes: bool = True, kinds: Optional[Iterable[str]] = None) -> "ByteFacts":
@@ -345,7 +348,7 @@ class ByteFacts:
         return None
 
     def knows(self, path: str, kind: str) -> bool:
-        """Whether the pass left facts of ``kind`` ("crc", "values", "tensor_data") for ``path``
+        """Whether the pass left facts of ``kind`` ("crc", "values", "tensor_data", "nul_run") for ``path``
         (``fs.fspath``): a check that would read bytes only to find no fact can skip the file."""
         return kind in self._files.get(path, {})
 
@@ -353,6 +356,17 @@ class ByteFacts:
         """``(crc32, bytes seen)`` of ``length`` bytes of ``path`` (``fs.fspath``) from ``offset``, or None."""
         hit = self._find(path, "crc", offset, length)
         return None if hit is None else (int(hit[0]["crc32"][hit[1]]), int(hit[0]["seen_bytes"][hit[1]]))
+
+    def nul_run_of(self, path: str, offset: int, length: int) -> Tuple[bool, Optional[Tuple[int, int]]]:
+        """``(known, run)``: whether the pass looked at ``length`` bytes of ``path`` (``fs.fspath``) from
+        ``offset`` for NUL runs (a remote object's zip records only), and the ``(offset, length)`` of the longest
+        run of at least 64 NUL bytes it found there (None: none)."""
+        hit = self._find(path, "nul_run", offset, length)
+        if hit is None:
+            return False, None
+        cols, i = hit
+        n = int(cols["zero_bytes"][i])
+        return True, ((int(cols["zero_offset"][i]), n) if n else None)
 
     def nul_runs_in(self, path: str, offset: int, length: int, min_run: int) -> Optional[List[Tuple[int, int]]]:
         """Every ``(offset, length)`` NUL run of at least ``min_run`` bytes the pass listed in ``length`` bytes of

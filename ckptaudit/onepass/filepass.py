@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from .. import fs
-from .consumers import (ChunkDigest, FastDigest, KeepBytes, RangeAllNulRuns, RangeCrc32, RangeValues, Sha256,
-                        split_points)
+from .consumers import (ChunkDigest, FastDigest, KeepBytes, RangeAllNulRuns, RangeCrc32, RangeNulRuns, RangeValues,
+                        Sha256, split_points)
 from .plan import DTYPES, Plan, plan_file
 from . import at_once, stream
 from .stream import BUFFER_BYTES, run
@@ -26,8 +26,9 @@ from .stream import BUFFER_BYTES, run
 @dataclass
 class FileFacts:
     """What one pass computed, as columns aligned with the plan's ranges (no Python object per range):
-    ``crc_member``/``crc_range`` the plan's CRC ranges with ``crc_value`` ``(n, 2)`` ``[crc32, bytes seen]``
-    (a record's NUL runs are not looked for here: see :func:`_consumers`); ``values_range``/
+    ``crc_member``/``crc_range`` the plan's CRC ranges with ``crc_value`` ``(n, 2)`` ``[crc32, bytes seen]`` and,
+    of a remote object only, ``nul_run`` ``(n, 2)`` ``[offset or -1, length]`` of each record's longest NUL run
+    (None for a local file: see :func:`_consumers`); ``values_range``/
     ``values_dtype`` the plan's value ranges with ``values_nonfinite``, ``values_sum_squares`` and
     ``values_seen`` (non-finite count, Σx² of the finite values, bytes seen); ``nul_scans``
     {(start, length, min_run): [(offset, length), ...] or None}; ``sha256_hex`` "" when not computed;
@@ -46,6 +47,7 @@ class FileFacts:
     chunk_hex: Optional[List[str]] = None
     plan: Plan = field(default_factory=Plan)
     crc_value: object = None
+    nul_run: object = None
     values_nonfinite: object = None
     values_sum_squares: object = None
     values_seen: object = None
@@ -147,7 +149,8 @@ def pass_file(path, *, whole_sha: bool = True, chunk_bytes: Optional[int] = None
     # one segment: the whole-file digest, CRC32 and the value statistics of a buffer side by side; else one thread a segment
     with ThreadPoolExecutor(max_workers=max(3, len(segments))) as pool:
         def one(seg):
-            cons = _consumers(plan, seg[0], (chunk_bytes, chunk_algorithm), (whole_sha, fast_digest), keep)
+            cons = _consumers(plan, seg[0], (chunk_bytes, chunk_algorithm), (whole_sha, fast_digest), keep,
+                              record_nul_runs=fs.is_remote(path))
             live = list(cons.values()) + ([progress] if progress is not None else [])
             if data is not None:
                 n = stream.feed_bytes(data, live, None if serial else pool)
@@ -176,15 +179,18 @@ def pass_file(path, *, whole_sha: bool = True, chunk_bytes: Optional[int] = None
 
 
 def _consumers(plan: Plan, seg_start: int, chunks: Tuple[Optional[int], str], whole: Tuple[bool, bool],
-               keep: list) -> dict:
+               keep: list, record_nul_runs: bool = False) -> dict:
     """The consumers one segment from ``seg_start`` feeds, by name: the plan's CRC32 ranges, its value ranges,
     the manifest's chunk digests (``chunks``: bytes per chunk or None, the hash), the whole SHA-256 and the whole
-    fast digest (``whole``: whether each is wanted), the bytes to keep, the NUL scans.
+    fast digest (``whole``: whether each is wanted), the bytes to keep, the NUL scans, and with
+    ``record_nul_runs`` each zip record's longest NUL run.
 
-    A zip record's longest NUL run is not among them: it is told only with a record whose CRC fails
-    (:func:`ckptaudit.formats.zip.crc.longest_zero_run` reads that record again), and looking for it in every
-    record cost 0.05 CPU-s per GiB beside SHA-256's 0.6 (docs/benchmarks-history.md, issue 45), every night,
-    for a fact that one damaged record in many needs."""
+    That run is told only with a record whose CRC fails (:func:`ckptaudit.formats.zip.crc.longest_zero_run`).
+    Of a local file the pass does not look for it: that record is read again, and looking in every record cost
+    0.05 CPU-s per GiB beside SHA-256's 0.6 (docs/benchmarks-history.md, issue 45), every night, for a fact
+    that one damaged record in many needs.  Of a remote object it does: reading a record again is a GET
+    (issue 15: the whole audit fetches each object byte about once), and the pass waits on the network, not
+    on a core."""
     has_crc, has_values = len(plan.crc_range) > 0, len(plan.values_range) > 0
     crc_cols = dict(starts=plan.crc_range[:, 0], lengths=plan.crc_range[:, 1])
     cons = {"crc": RangeCrc32(**crc_cols) if has_crc else None,
@@ -193,7 +199,8 @@ def _consumers(plan: Plan, seg_start: int, chunks: Tuple[Optional[int], str], wh
             "chunks": ChunkDigest(chunks[0], seg_start, chunks[1]) if chunks[0] else None,
             "sha": Sha256() if whole[0] else None,
             "fast": FastDigest() if whole[1] else None,
-            "kept": KeepBytes(keep) if keep else None}
+            "kept": KeepBytes(keep) if keep else None,
+            "nul_runs": RangeNulRuns(**crc_cols) if has_crc and record_nul_runs else None}
     cons.update({("nul_scan", k): RangeAllNulRuns([((o, n, m), o, n)], m)
                  for k, (o, n, m) in enumerate(plan.nul_scans)})
     return {k: c for k, c in cons.items() if c is not None}
@@ -212,6 +219,8 @@ def _collect(out: FileFacts, cons: dict) -> FileFacts:
 
     if "crc" in cons:
         out.crc_value = np.stack(cons["crc"].arrays(), axis=1)
+    if "nul_runs" in cons:
+        out.nul_run = np.stack(cons["nul_runs"].arrays(), axis=1)
     if "values" in cons:
         out.values_nonfinite, out.values_sum_squares, out.values_seen = cons["values"].arrays()
     out.kept = cons["kept"].results() if "kept" in cons else []

@@ -103,7 +103,7 @@ def object_store_findings(u: dict):
 
 
 #: The kinds of the hash stage's facts the scan asks of them (:func:`ckptaudit.onepass.facts.load`).
-FACT_KINDS = ("crc", "nul_scan", "nul_scan_run", "bytes")
+FACT_KINDS = ("crc", "nul_run", "nul_scan", "nul_scan_run", "bytes")
 
 
 def run(ctx: StageContext, part: Part, rows: EarlierRows) -> ScanRows:

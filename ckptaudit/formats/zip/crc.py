@@ -52,11 +52,15 @@ def _crc_deflated(fh: ArchiveFile, m: Member, chunk: int) -> Tuple[int, Optional
 
 def longest_zero_run(fh: ArchiveFile, off: int, n: int, chunk: int) -> Optional[Tuple[int, int]]:
     """``(offset, length)`` of the longest run of at least 64 NUL bytes in ``n`` bytes from ``off`` (None: none,
-    or not looked for), read from the file: asked only of a record whose CRC fails, it is not computed by the
-    hash stage's pass for every record (:mod:`ckptaudit.onepass.filepass` says why).  Not looked for when the
-    facts' read depth has no ``damage_detail`` (the reader: :data:`ckptaudit.fs.read_depth.CHECKED_DIGESTS_ONLY`)."""
+    or not looked for), asked only of a record whose CRC fails: the hash stage's pass answers for a remote
+    object's records; a local file's record is read again (:mod:`ckptaudit.onepass.filepass` says why), unless
+    the facts' read depth has no ``damage_detail`` (the reader: :data:`ckptaudit.fs.read_depth.CHECKED_DIGESTS_ONLY`),
+    and then it is not looked for."""
     from ..sniff import zero_runs
 
+    known, run = (False, None) if fh.facts is None else fh.facts.nul_run_of(fh.path, off, n)
+    if known:
+        return run
     if fh.facts is not None and not fh.facts.damage_detail:
         return None
     runs = zero_runs(fh.path, min_run=64, chunk=chunk, start=off, end=off + n, kept=fh.kept)
