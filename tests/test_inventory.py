@@ -246,3 +246,46 @@ def test_save_folder_whose_files_reach_path_max_is_one_finding(tmp_path):
     assert (f.kind, f.layer, f.severity, f.caps) == ("path_too_long", "file", "error", "none")
     assert f.message.endswith("a training job cannot open it by this path either.") and "characters)…" in f.message
     assert f.next_step.startswith("Move or rename it to a shorter path")
+
+
+def test_each_part_job_reads_its_own_share_of_the_inventory(tmp_path):
+    """The inventory stage writes one document per part beside inventory.json; a part's job reads that
+    document, which holds exactly the units ``part_units`` gives from the whole inventory (in its order), the
+    part's object-store entries and the run folder.  A document cut from another inventory.json (the inventory
+    run again), a torn one or none: the job reads inventory.json whole.  A part the inventory no longer has
+    loses its document."""
+    import json
+
+    from ckptaudit.stages import cli
+    from ckptaudit.stages.inventory import part_docs
+    from ckptaudit.stages.inventory.parts import part_units, read_inventory
+
+    run = tmp_path / "run"
+    run.mkdir()
+    for i in range(1, 8):
+        (run / f"ckpt_{i:03d}.pt").write_bytes(b"PK\x05\x06" + bytes(18))
+    work = tmp_path / "work"
+    js = work / "inventory.json"
+    cli.stage_inventory(str(run), 3, str(tmp_path / "t" / "inv.parquet"), str(js), str(tmp_path / "t" / "p.parquet"))
+    whole = read_inventory(str(js))
+    assert sorted(whole["parts"]) == ["p0000", "p0001", "p0002"]
+    assert sorted(p.name for p in (work / part_docs.FOLDER).iterdir()) == ["p0000.json", "p0001.json", "p0002.json"]
+    for part in whole["parts"]:
+        one = part_docs.read_part_inventory(js, part)
+        assert one["units"] == part_units(whole, part) and len(one["units"]) == len(whole["parts"][part])
+        assert one["parts"] == {part: whole["parts"][part]} and one["run_dir"] == whole["run_dir"]
+        assert part_units(one, part) == one["units"] and "stray_files" not in one
+    doc = part_docs.part_doc_path(js, "p0001")
+    doc.write_text(doc.read_text()[:40])  # torn
+    assert part_docs.read_part_inventory(js, "p0001") == whole
+    doc.unlink()  # none
+    assert part_docs.read_part_inventory(js, "p0001") == whole
+    # the inventory run again with bigger parts: inventory.json is another file; p0002's old document is removed
+    # and no part's stale document is believed, even one left in place by hand
+    stale = part_docs.part_doc_path(js, "p0000").read_text()
+    cli.stage_inventory(str(run), 4, str(tmp_path / "t" / "inv.parquet"), str(js), str(tmp_path / "t" / "p.parquet"))
+    assert sorted(p.name for p in (work / part_docs.FOLDER).iterdir()) == ["p0000.json", "p0001.json"]
+    part_docs.part_doc_path(js, "p0000").write_text(stale)
+    again = read_inventory(str(js))
+    assert part_docs.read_part_inventory(js, "p0000") == again and len(again["parts"]["p0000"]) == 4
+    assert json.loads(part_docs.part_doc_path(js, "p0001").read_text())["units"] == part_units(again, "p0001")

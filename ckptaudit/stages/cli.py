@@ -18,6 +18,7 @@ from typing import Callable, Dict, List, Optional
 
 from . import STAGES, TABLES, liveness  # noqa: F401 - STAGES, TABLES re-exported
 from ..fs import read_depth
+from .inventory.part_docs import read_part_inventory
 from .inventory.parts import part_units, read_inventory  # noqa: F401 - part_units re-exported
 from .scan import iter_scans, object_store_findings, scan_units  # noqa: F401 - re-exported
 from .context import Part, StageContext
@@ -25,10 +26,6 @@ from .rows import EarlierRows, HashRows, ScanRow, ScanRows, records
 from .target import load_reference  # noqa: F401 - re-exported
 from .work_paths import bytes_path, work_dir, work_file  # noqa: F401 - re-exported
 from .work_paths import write_bytes as _write_bytes
-
-
-def _inventory(path: str) -> dict:
-    return read_inventory(path)
 
 
 def _config(path: str | None) -> dict:
@@ -52,10 +49,12 @@ def stage_inventory(run_dir: str, units_per_job, out_parquet: str, out_json: str
     """The inventory stage; ``part_bytes`` bounds an "auto" part's bytes (a cluster), None packs by count
     (one machine; :func:`ckptaudit.stages.inventory.parts.assign_parts`)."""
     from . import inventory
+    from .inventory import part_docs
     from .. import tables
 
     doc = inventory.run_inventory(run_dir, units_per_job, part_bytes)
     inventory.write_inventory(doc, out_parquet, out_json)
+    part_docs.write_part_docs(doc, out_json)  # after inventory.json: each part's document records its identity
     tables.write("pointers", [{**p, "ok": None, "finding_kind": "", "findings_json": "[]"} for p in doc["pointers"]],
                  out_pointers)
     return doc
@@ -275,7 +274,7 @@ def main(argv=None) -> int:
         part_bytes = None if a.part_bytes in (None, "none") else int(a.part_bytes)
         require_units(stage_inventory(a.run_dir, a.units_per_job, a.out, a.out_json, a.out_pointers, part_bytes))
         return 0
-    inv = _inventory(a.inventory)
+    inv = read_part_inventory(a.inventory, a.part)  # the part's own units, not the whole run's
     if a.stage == "hash":
         stage_hash(inv, a.part, a.out, a.out_facts, verify_plan=a.verify_plan)
         return 0
