@@ -8,14 +8,15 @@ document per part under :data:`FOLDER`; a job reads its part's.
 
 A part document holds what a part's stage reads of the inventory and nothing else: ``run_dir``, ``units`` (the
 part's, in the inventory's order), ``parts`` (the part alone) and ``object_store`` (the part's units' entries);
-the run's pointers and stray files stay in ``inventory.json`` for the report.  It records the
-``(size, mtime_ns, inode)`` of the ``inventory.json`` it was cut from: a job whose part document does not match
+the run's pointers and stray files stay in ``inventory.json`` for the report.  It records the size and
+SHA-256 of the ``inventory.json`` it was cut from: a job whose part document does not match
 the ``inventory.json`` beside it (an inventory stopped between the two writes, a document left by an earlier
 inventory) reads ``inventory.json`` whole, as before, so the part documents change the cost, never the result.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -27,9 +28,13 @@ from ..._io import atomic_write
 FOLDER = "inventory_parts"
 
 
-def _identity(json_path: str | os.PathLike) -> List[int]:
-    st = os.stat(json_path)
-    return [st.st_size, st.st_mtime_ns, st.st_ino]
+def _identity(json_path: str | os.PathLike) -> List:
+    """``[size, SHA-256 hex]`` of the bytes of ``json_path``: by content, since Snakemake touches a job's outputs
+    after it ends (a new mtime, the same bytes), and an inode can be reused.  ~10 ms for the 17 MB of 50,000
+    units, against 320 ms to parse them."""
+    with open(json_path, "rb") as f:
+        data = f.read()
+    return [len(data), hashlib.sha256(data).hexdigest()]
 
 
 def part_doc_path(json_path: str | os.PathLike, part: str) -> Path:
@@ -65,7 +70,9 @@ def read_part_inventory(json_path: str | os.PathLike, part: str) -> Dict:
     try:
         with open(part_doc_path(json_path, part)) as f:
             one = json.load(f)
-        if one.pop("inventory", None) == _identity(json_path):
+        cut_from = one.pop("inventory", None)
+        if isinstance(cut_from, list) and cut_from[:1] == [os.stat(json_path).st_size] \
+                and cut_from == _identity(json_path):
             return one
     except (OSError, ValueError):
         pass  # no document, or a torn one: the whole inventory answers
