@@ -8,10 +8,10 @@ document per part under :data:`FOLDER`; a job reads its part's.
 
 A part document holds what a part's stage reads of the inventory and nothing else: ``run_dir``, ``units`` (the
 part's, in the inventory's order), ``parts`` (the part alone) and ``object_store`` (the part's units' entries);
-the run's pointers and stray files stay in ``inventory.json`` for the report.  It records the size and
-SHA-256 of the ``inventory.json`` it was cut from: a job whose part document does not match
-the ``inventory.json`` beside it (an inventory stopped between the two writes, a document left by an earlier
-inventory) reads ``inventory.json`` whole, as before, so the part documents change the cost, never the result.
+the run's pointers and stray files stay in ``inventory.json`` for the report.  It records the size and SHA-256
+of the ``inventory.json`` it was cut from: a job whose part document does not match the ``inventory.json`` beside
+it (an inventory stopped between the two writes, a document left by an earlier inventory) reads
+``inventory.json`` whole, as before, so the part documents change the cost, never the result.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def write_part_docs(doc: Dict, json_path: str | os.PathLike) -> None:
     written (each records its identity); documents of parts ``doc`` no longer has are removed (the audit's own
     work folder, never the run's)."""
     ident = _identity(json_path)
-    folder = Path(json_path).parent / FOLDER
+    folder = part_doc_path(json_path, "-").parent
     folder.mkdir(parents=True, exist_ok=True)
     at = {u["unit"]: i for i, u in enumerate(doc["units"])}
     osd = doc.get("object_store") or {}
@@ -55,7 +55,7 @@ def write_part_docs(doc: Dict, json_path: str | os.PathLike) -> None:
         units = [doc["units"][i] for i in sorted(at[n] for n in set(names) if n in at)]
         one = {"inventory": ident, "run_dir": doc["run_dir"], "units": units, "parts": {part: list(names)},
                "object_store": {u["unit"]: osd[u["unit"]] for u in units if u["unit"] in osd}}
-        atomic_write(folder / f"{part}.json", json.dumps(one, sort_keys=True, separators=(",", ":")).encode())
+        atomic_write(part_doc_path(json_path, part), json.dumps(one, sort_keys=True, separators=(",", ":")).encode())
     for p in folder.glob("*.json"):
         if p.stem not in doc["parts"]:
             p.unlink(missing_ok=True)
