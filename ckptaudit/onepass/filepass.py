@@ -125,13 +125,14 @@ def _read_whole(path, size: int) -> bytes:
 def pass_file(path, *, whole_sha: bool = True, chunk_bytes: Optional[int] = None, chunk_algorithm: str = "sha256",
               threads: Optional[int] = None, plan: Optional[Plan] = None, progress=None,
               stop: Optional[threading.Event] = None, dcp_places: Optional[dict] = None,
-              fast_digest: bool = False) -> FileFacts:
+              fast_digest: bool = False, templates=None) -> FileFacts:
     """Read ``path`` once and compute every fact of it: the whole-file SHA-256 when ``whole_sha``, the whole-file
     :data:`~ckptaudit.formats.digest_purpose.FAST_DIGEST` when ``fast_digest``, the chunk digests of ``chunk_bytes`` slices
     with ``chunk_algorithm`` (:mod:`ckptaudit.formats.chunk_digest`) when ``chunk_bytes`` is given; ``progress`` (a
     consumer, e.g. :class:`~.consumers.Progress`) is fed too.  ``stop``: set, the pass stops at its next buffer
     (:class:`~.stream.PassStopped`); ``dcp_places``: a DCP data file's folder places
-    (:func:`~.plan_dcp.unit_places`), for its plan.  Raises ``OSError`` when it cannot be read."""
+    (:func:`~.plan_dcp.unit_places`), for its plan; ``templates``: the job's data.pkl shapes
+    (:class:`~.pickle_templates.PickleTemplates`), for its plan.  Raises ``OSError`` when it cannot be read."""
     size, version = fs.version(path)
     data = None
     if plan is None and fs.is_remote(path) and size <= stream.SMALL_REMOTE_BYTES:
@@ -139,7 +140,7 @@ def pass_file(path, *, whole_sha: bool = True, chunk_bytes: Optional[int] = None
     elif size <= SMALL_LOCAL_BYTES and not fs.is_remote(path):
         data = _read_whole(path, size)  # one read; the plan is made from these bytes
     serial = data is not None and not fs.is_remote(path)
-    plan = plan_file(path, data, dcp_places) if plan is None else plan
+    plan = plan_file(path, data, dcp_places, templates=templates) if plan is None else plan
     threads = max(1, threads or _cores())
     keep = keep_ranges(size, plan.tensor_data_range) if fs.is_remote(path) else []
     out = FileFacts(size_bytes=size, version=version, plan=plan)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import struct
+from array import array
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
@@ -76,14 +77,16 @@ class Plan:
         return [(int(o), int(n)) for o, n in self.tensor_data_range]
 
 
-def plan_file(path, data: Optional[bytes] = None, dcp_places: Optional[dict] = None, *, kept=None) -> Plan:
+def plan_file(path, data: Optional[bytes] = None, dcp_places: Optional[dict] = None, *, kept=None,
+              templates=None) -> Plan:
     """The plan of ``path`` (empty when its format is neither a readable torch zip nor safetensors); ``data``:
     the whole file's bytes when the caller holds them already (a small remote object), so nothing is read.  A DCP
     data file (``__<rank>_<n>.distcp``: many ``torch.save`` zips back to back) is planned blob by blob from its
     folder's ``.metadata`` (:func:`ckptaudit.onepass.plan_dcp.distcp_ranges`; ``dcp_places``: that folder's
     places when the caller walked it, :func:`ckptaudit.onepass.plan_dcp.unit_places`); a remote one is not (yet)
     planned.  ``kept``: bytes of a remote object already read (:class:`ckptaudit.fs.kept.KeptBytes`; a later
-    stage's plan of an object the pass did not plan), answered from memory."""
+    stage's plan of an object the pass did not plan), answered from memory.  ``templates``: the job's data.pkl
+    shapes walked so far (:class:`.pickle_templates.PickleTemplates`), or None to walk each data.pkl."""
     try:
         from . import plan_dcp
 
@@ -101,7 +104,7 @@ def plan_file(path, data: Optional[bytes] = None, dcp_places: Optional[dict] = N
             finally:
                 os.close(fd)
         if head[:4] == b"PK\x03\x04":
-            return _plan_zip(path, data, kept)
+            return _plan_zip(path, data, kept, templates)
         if len(head) >= 9 and head[8:9] == b"{":
             return _plan_safetensors(path, struct.unpack("<Q", head[:8])[0], data, kept)
     except Exception:  # noqa: BLE001 - planning is an optimisation: the stages read what is not planned
@@ -127,7 +130,7 @@ def _mem_file(path, data: bytes):
     return _Mem()
 
 
-def _plan_zip(path, data: Optional[bytes], kept=None) -> Plan:
+def _plan_zip(path, data: Optional[bytes], kept=None, templates=None) -> Plan:
     from ..formats import torchzip
     from ..formats.zip.central import find_central_directory
     from ..formats.zip.reader import ArchiveFile
@@ -151,7 +154,7 @@ def _plan_zip(path, data: Optional[bytes], kept=None) -> Plan:
             pkl_bytes = fh.pread(at, n)
     finally:
         fh.close()
-    _plan_values(plan, rec, pkl_bytes)
+    _plan_values(plan, rec, pkl_bytes, templates)
     return plan
 
 
@@ -203,8 +206,6 @@ def _records(fh, cd: dict, remote: bool) -> _Records:
     """Every central-directory entry with its local header checked (:func:`ckptaudit.formats.zip.central.
     header_problem`), streamed: one entry dict at a time (a remote object's headers are fetched in batches
     first, which needs the list); the names gathered in one buffer."""
-    from array import array
-
     import numpy as np
     import pyarrow as pa
 
@@ -257,35 +258,42 @@ def _record_plan(rec: _Records) -> Plan:
                 tensor_data_range=np.stack([rec.data_offset[td], rec.csize[td]], axis=1))
 
 
-def _plan_values(plan: Plan, rec: _Records, pkl_bytes: bytes) -> None:
-    """The value ranges of the floating tensors data.pkl rebuilds (walked statically, nothing unpickled): each
-    tensor's storage record looked up in the records' names column once, for all tensors together."""
-    from array import array
-
+def _plan_values(plan: Plan, rec: _Records, pkl_bytes: bytes, templates=None) -> None:
+    """The value ranges of the floating tensors data.pkl rebuilds (walked statically, nothing unpickled, or their
+    places taken from a same-shape data.pkl's walk by ``templates``, :class:`.pickle_templates.PickleTemplates`):
+    each tensor's storage record looked up in the records' names column once, for all tensors together."""
     import numpy as np
 
-    from ..pickle_walk import walk
-    from ..pickle_walk.budgets import ops_for
+    def walked(pkl: bytes):
+        return _float_views(pkl, len(rec.names))
 
-    res = walk(pkl_bytes, max_ops=ops_for(len(rec.names)), tensor_paths=False)  # names are not needed here
-    keys, views, lens, codes = [], array("q"), array("q"), array("q")
-    for _name, tm in res.tensors:
-        if tm.dtype not in FLOAT_DTYPES or not tm.nbytes:
-            continue
-        keys.append(f"{rec.prefix}/data/{tm.storage.key}")
-        views.append(tm.storage_offset * tm.storage.itemsize)
-        lens.append(tm.nbytes)
-        codes.append(_DTYPE_CODE[tm.dtype])
-    del res
+    keys, views, lens, codes = walked(pkl_bytes)[0] if templates is None else templates.views_of(pkl_bytes, walked)
     if not keys:
         return
-    rows = rec.rows_of(keys)
-    del keys
+    rows = rec.rows_of([f"{rec.prefix}/data/{k}" for k in keys])
     at = np.where(rows >= 0, rec.data_offset[np.maximum(rows, 0)], -1)
     keep = at >= 0
     offs = (at + np.frombuffer(views, np.int64))[keep]
     _set_values(plan, array("q", offs.tobytes()), array("q", np.frombuffer(lens, np.int64)[keep].tobytes()),
                 array("q", np.frombuffer(codes, np.int64)[keep].tobytes()))
+
+
+def _float_views(pkl_bytes: bytes, n_records: int):
+    """``((storage keys, byte offsets in the storages, bytes, dtype codes), clean)`` of the floating tensors of a
+    static walk of ``pkl_bytes`` (opcode budget from ``n_records``); ``clean``: the walk ended without an error."""
+    from ..pickle_walk import walk
+    from ..pickle_walk.budgets import ops_for
+
+    res = walk(pkl_bytes, max_ops=ops_for(n_records), tensor_paths=False)  # names are not needed here
+    keys, views, lens, codes = [], array("q"), array("q"), array("q")
+    for _name, tm in res.tensors:
+        if tm.dtype not in FLOAT_DTYPES or not tm.nbytes:
+            continue
+        keys.append(str(tm.storage.key))
+        views.append(tm.storage_offset * tm.storage.itemsize)
+        lens.append(tm.nbytes)
+        codes.append(_DTYPE_CODE[tm.dtype])
+    return (keys, views, lens, codes), res.error is None and not res.budget_exhausted
 
 
 def _set_values(plan: Plan, offs, lens, codes) -> None:
@@ -317,8 +325,6 @@ def skeleton_ranges(size: int, tensor_data) -> List[Tuple[int, int]]:
 def _plan_safetensors(path, hlen: int, data: Optional[bytes], kept=None) -> Plan:
     """The data area and the value ranges of a safetensors file; its header is parsed one entry at a time
     (:func:`ckptaudit.formats.safetensors_check.iter_header`), the ranges kept as columns."""
-    from array import array
-
     from ..formats.safetensors_check import MIN_ZERO_RUN_BYTES, ST_DTYPES, entry_problem, iter_header
 
     plan = Plan()

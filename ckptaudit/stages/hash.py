@@ -59,7 +59,7 @@ def sha256_file(path: str | Path, progress=None) -> str:
 
 
 def _file_passes(run_dir: Path, unit: dict, manifest_entries: Dict[str, dict], sidecars, prog,
-                 planned: Callable[[str], bool], depth, stop) -> Dict[str, object]:
+                 planned: Callable[[str], bool], depth, stop, templates=None) -> Dict[str, object]:
     """{file: its one pass (:class:`ckptaudit.onepass.filepass.FileFacts`) or the ``OSError`` that stopped it},
     files passed in parallel (at most ``FILES_AT_ONCE``; one after another in a small local unit).  A file whose
     manifest entry has usable chunk digests gets those instead of the whole-file SHA-256 (which they imply when all
@@ -68,7 +68,8 @@ def _file_passes(run_dir: Path, unit: dict, manifest_entries: Dict[str, dict], s
     SHA-256; any other the audit's own fast digest, or none at a ``depth`` without ``unchecked_digests``
     (:data:`ckptaudit.fs.read_depth.CHECKED_DIGESTS_ONLY`; :func:`ckptaudit.formats.digest_purpose.whole_file_digest`).
     A file for which ``planned`` is false gets no plan (no later stage asks for its record or value facts; a DCP
-    folder's ``.metadata`` is walked once for the rest).  ``stop``: an event that, set, stops every pass."""
+    folder's ``.metadata`` is walked once for the rest).  ``stop``: an event that, set, stops every pass;
+    ``templates``: the job's data.pkl shapes (:class:`ckptaudit.onepass.pickle_templates.PickleTemplates`)."""
     from ..formats.digest_purpose import FAST_DIGEST, SHA256, whole_file_digest
     from ..onepass.consumers import Progress
     from ..onepass.filepass import pass_file
@@ -87,7 +88,7 @@ def _file_passes(run_dir: Path, unit: dict, manifest_entries: Dict[str, dict], s
                 ff = pass_file(p, whole_sha=whole == SHA256, fast_digest=whole == FAST_DIGEST, chunk_bytes=me["chunk_bytes"] if chunks else None,
                                chunk_algorithm=chunks[0] if chunks else "sha256",
                                progress=Progress(prog), plan=None if planned(rel) else Plan(), stop=stop,
-                               dcp_places=dcp.get(fs.fspath(p)))
+                               dcp_places=dcp.get(fs.fspath(p)), templates=templates)
         except OSError as e:
             return e
         ff.seconds = time.perf_counter() - t0
@@ -131,7 +132,7 @@ def _manifest_entries(run_dir: Path, unit: dict, rows: List[dict]) -> Dict[str, 
 
 
 def hash_unit(run_dir: Path, unit: dict, facts: Optional[list] = None,
-              planned: Optional[Callable[[str], bool]] = None, depth=None, stop=None) -> List[dict]:
+              planned: Optional[Callable[[str], bool]] = None, depth=None, stop=None, templates=None) -> List[dict]:
     """Hash every file of ``unit``; return rows of the ``hash`` table.
 
     A unit whose files have neither sidecar nor manifest entry gets one
@@ -148,6 +149,7 @@ def hash_unit(run_dir: Path, unit: dict, facts: Optional[list] = None,
     the internal ``bytefacts`` table per file, :func:`ckptaudit.onepass.facts.table_of`) when given, for the
     scan and state stages; ``planned(file)`` false (the layout never reads that file by record:
     :func:`ckptaudit.layouts.reads_records`) skips them for that file.  ``depth``, ``stop``: :func:`_file_passes`'.
+    ``templates``: the job's data.pkl shapes walked so far, shared by its units (:func:`_file_passes`).
 
     A DCP folder's ``integrity.json`` (Megatron-Core's manifest, :mod:`ckptaudit.formats.integrity_json`) is read
     first, not passed: each file it lists is checked against it in the same pass (``integrity_mismatch``), the
@@ -172,7 +174,7 @@ def hash_unit(run_dir: Path, unit: dict, facts: Optional[list] = None,
     no_crc: List[str] = []  # files without a digest whose bytes no per-record CRC-32 covers either
     prog = _progress.for_unit(unit)  # bytes hashed, for the CLI's progress line ($CKPTAUDIT_PROGRESS_DIR)
     passes = _file_passes(run_dir, {**unit, "files": passed}, manifest_entries, sidecar_map.keys() | listed.keys(),
-                          prog, planned or (lambda rel: True), depth, stop)
+                          prog, planned or (lambda rel: True), depth, stop, templates)
     for rel in passed:
         ff = passes[rel]
         if isinstance(ff, OSError):
@@ -363,9 +365,11 @@ def run(ctx: StageContext, part: Part, rows: EarlierRows, *, stop=None, facts_to
 
     from .. import layouts
     from . import liveness
+    from ..onepass.pickle_templates import PickleTemplates
     from ..verification.hash_job import HashJob
 
     units = list(part.units)
+    templates = PickleTemplates()  # one walk per data.pkl shape in this job (its units share most)
     job = HashJob(ctx.inventory, units, part.name, ctx.work, ctx.verify_plan)
 
     def one(u: dict) -> Tuple[List[dict], list]:
@@ -373,7 +377,8 @@ def run(ctx: StageContext, part: Part, rows: EarlierRows, *, stop=None, facts_to
             return kept, []
         facts: list = []
         planned = functools.partial(layouts.reads_records, u)  # files a later stage reads by record
-        got = liveness.guard("hash", u, lambda: hash_unit(ctx.run_dir, u, facts, planned, ctx.depth, stop),
+        got = liveness.guard("hash", u,
+                             lambda: hash_unit(ctx.run_dir, u, facts, planned, ctx.depth, stop, templates),
                              lambda f: [{**liveness.error_row(u, f), "file": ""}])
         for t in facts if facts_to is not None else ():
             facts_to(t)

@@ -1,0 +1,99 @@
+"""One static walk per shape of data.pkl in a hash job: the floating tensors' places, shared by same-shape files.
+
+A run's checkpoints of one model come from one ``torch.save`` call site: their data.pkl files hold the same
+opcodes, byte for byte, except for the numbers stored as literal operands (the step, the loss, a learning rate).
+The hash stage plans each torch zip's value ranges from a static walk of its data.pkl (:func:`.plan._plan_values`:
+2.2 ms for the 3,100 opcodes of issue 45's small unit, a third of the hash job's cost per unit).
+:class:`PickleTemplates` walks one data.pkl of each shape and hands its floating tensors' places (storage key,
+byte offset in the storage, bytes, dtype) to each later data.pkl that *matches* it: the same length, and equal
+byte for byte outside the operands of ``BININT``, ``BININT1``, ``BININT2`` and ``BINFLOAT`` (fixed-width operands:
+the two decode to the same opcodes at the same offsets; operand layout from ``Lib/pickletools.py``).
+
+Sound whatever the match says, by the way the places are used: a plan only names the byte ranges over which the
+pass computes value statistics.  The state stage takes a statistic for a tensor only where that tensor's own
+``(offset, nbytes, dtype)`` — from the scan stage's walk of that very file — finds one
+(:meth:`ckptaudit.onepass.facts.ByteFacts.values_of`), and reads the bytes of any tensor that finds none
+(:func:`ckptaudit.stages.state.value_stats`).  A matching file whose differing numbers shape its tensors (a
+crafted file, or a model whose sizes change in place) costs those tensors a second read of their bytes, never a
+statistic of other bytes.  Memory: at most :data:`PickleTemplates.HELD` templates of at most
+:data:`PickleTemplates.MAX_PICKLE_BYTES` each (two bytes per pickle byte, plus one place per floating tensor).
+"""
+
+from __future__ import annotations
+
+import io
+import threading
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Tuple
+
+#: The floating tensors' places in a data.pkl: (storage keys, byte offsets in the storages, bytes, dtype codes)
+#: — the keys a list of ``str``, the rest ``array('q')`` — and whether the walk that found them ended cleanly.
+FloatViews = Tuple[list, object, object, object]
+
+#: opcode name → bytes of its operand, for the literal numbers a match may differ in
+_FREE_OPERAND_BYTES = {"BININT": 4, "BININT1": 1, "BININT2": 2, "BINFLOAT": 8}
+
+
+@dataclass
+class _Template:
+    raw: object  # numpy uint8 array: the data.pkl's bytes
+    free: object  # numpy bool array: True at the bytes of a literal number's operand
+    views: FloatViews
+
+
+class PickleTemplates:
+    """The data.pkl shapes one hash job has walked (thread-safe: the job's passes share it).  ``hits``: the walks
+    saved; ``walks``: the walks run."""
+
+    #: templates held at once (the most recently walked first)
+    HELD = 8
+    #: a data.pkl larger than this is walked every time: its walk is small beside its file's bytes
+    MAX_PICKLE_BYTES = 256 << 10
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: List[_Template] = []
+        self.hits = 0
+        self.walks = 0
+
+    def views_of(self, pkl: bytes, walk: Callable[[bytes], Tuple[FloatViews, bool]]) -> FloatViews:
+        """The floating tensors' places of data.pkl ``pkl``: a matching template's, else ``walk(pkl)``'s (a
+        ``(views, clean)`` pair; a clean walk's shape is kept for the files after it)."""
+        import numpy as np
+
+        if len(pkl) > self.MAX_PICKLE_BYTES:
+            return walk(pkl)[0]
+        u = np.frombuffer(pkl, np.uint8)
+        with self._lock:
+            held = list(self._held)
+        for t in held:
+            if t.raw.size == u.size and t.free[np.flatnonzero(u != t.raw)].all():
+                with self._lock:
+                    self.hits += 1
+                return t.views
+        views, clean = walk(pkl)
+        free = free_bytes(pkl) if clean else None
+        with self._lock:
+            self.walks += 1
+            if free is not None:
+                self._held.insert(0, _Template(u.copy(), free, views))
+                del self._held[self.HELD:]
+        return views
+
+
+def free_bytes(pkl: bytes) -> Optional[object]:
+    """A numpy bool array over ``pkl``: True at each byte of a ``BININT``/``BININT1``/``BININT2``/``BINFLOAT``
+    operand up to ``STOP``; None when the opcodes cannot be decoded to a ``STOP``."""
+    import numpy as np
+
+    from ..pickle_walk.opcodes import genops
+
+    free = np.zeros(len(pkl), dtype=bool)
+    try:
+        for op, _arg, pos in genops(pkl, io.BytesIO(pkl)):
+            n = _FREE_OPERAND_BYTES.get(op.name)
+            if n:
+                free[pos + 1:pos + 1 + n] = True
+    except ValueError:
+        return None
+    return free
