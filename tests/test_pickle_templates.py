@@ -4,14 +4,13 @@ read of its own bytes, never a statistic of other bytes."""
 
 import math
 
-import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
 
 from ckptaudit.onepass import facts  # noqa: E402
 from ckptaudit.onepass.filepass import pass_file  # noqa: E402
-from ckptaudit.onepass.pickle_templates import PickleTemplates, free_bytes  # noqa: E402
+from ckptaudit.onepass.pickle_templates import PickleTemplates  # noqa: E402
 from ckptaudit.onepass.plan import plan_file  # noqa: E402
 from ckptaudit.stages.state import value_stats  # noqa: E402
 
@@ -48,17 +47,6 @@ def test_a_pickle_that_differs_outside_a_literal_number_is_walked(tmp_path):
     plan_file(a, templates=t)
     plan_file(b, templates=t)
     assert (t.walks, t.hits) == (2, 0)
-
-
-def test_free_bytes_are_the_operands_of_the_literal_numbers():
-    import pickle
-
-    data = pickle.dumps({"step": 70000, "small": 7, "mid": 300, "loss": 0.5}, protocol=2)
-    free = free_bytes(data)
-    got = bytes(np.frombuffer(data, np.uint8)[free])
-    assert got == (70000).to_bytes(4, "little") + bytes([7]) + (300).to_bytes(2, "little") + \
-        np.array(0.5, ">f8").tobytes()
-    assert free_bytes(data[:-1]) is None  # no STOP: no template
 
 
 def test_a_template_that_misplaces_a_tensor_costs_a_read_not_a_wrong_statistic(tmp_path):

@@ -93,7 +93,8 @@ def _zip_file(path: Path, rel: str, unit: str, scan: UnitScan, allowed: List[str
     walked: Dict[str, Any] = {}
 
     def tensor_names(data: bytes, n_records: int) -> Mapping[str, List[str]]:  # data.pkl walked once, for the CRCs too
-        walked["res"], walked["streams"] = walk_data_pkl(scan, data, n_records)
+        walked["res"], walked["streams"] = walk_data_pkl(scan, data, n_records,
+                                                         None if byte_facts is None else byte_facts.walks)
         return _names_by_storage(walked["res"].tensors)
 
     rep = torchzip.check_zip(path, display=rel, tensor_names=tensor_names, facts=byte_facts)

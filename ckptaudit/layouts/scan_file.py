@@ -58,15 +58,17 @@ def security_sweep(path: Path, rel: str, s, scan: UnitScan, allowed: List[str], 
     return res
 
 
-def walk_data_pkl(scan: UnitScan, data: bytes, n_records: int):
+def walk_data_pkl(scan: UnitScan, data: bytes, n_records: int, walks=None):
     """Walk the intact data.pkl of a zip of ``n_records`` records (its opcode budget grows with them:
-    :func:`ckptaudit.pickle_walk.budgets.ops_for`) and gather its pickle streams; returns ``(walk, streams)``."""
+    :func:`ckptaudit.pickle_walk.budgets.ops_for`) and gather its pickle streams; returns ``(walk, streams)``.
+    ``walks``: the job's :class:`ckptaudit.pickle_walk.templates.WalkTemplates` (a data.pkl of a shape walked
+    before gets that walk's result with its own numbers in place), or None."""
     from .. import security
     from ..pickle_walk import walk
     from ..pickle_walk.budgets import ops_for
 
     t0 = time.perf_counter()
-    res = walk(data, max_ops=ops_for(n_records))
+    res = walk(data, max_ops=ops_for(n_records)) if walks is None else walks.walk(data, ops_for(n_records))
     all_streams = security.streams(data, res)
     scan.walk_seconds += time.perf_counter() - t0
     scan.pickle_bytes += len(data)

@@ -263,7 +263,7 @@ class ByteFacts:
     the streams over tensor data, :data:`ckptaudit.fs.read_depth.METADATA_ONLY`).  ``damage_detail``: the read
     depth's (:class:`ckptaudit.fs.read_depth.ReadDepth`), whether a record that fails its CRC is read again."""
 
-    __slots__ = ("_files", "_nul_scan", "count", "damage_detail", "kept", "tensor_bytes")
+    __slots__ = ("_files", "_nul_scan", "_walks", "count", "damage_detail", "kept", "tensor_bytes")
 
     def __init__(self, tensor_bytes: bool = True, damage_detail: bool = True) -> None:
         self.tensor_bytes = tensor_bytes  # whether a check with no fact may stream tensor data
@@ -272,6 +272,15 @@ class ByteFacts:
         self._nul_scan: Dict[Tuple[str, int, int], Tuple[int, List[Tuple[int, int]]]] = {}  # -> (min_run, runs)
         self.count = 0  # facts kept
         self.kept = fs.kept.KeptBytes()  # bytes of remote objects the pass kept for later reads
+        self._walks = None
+
+    @property
+    def walks(self):
+        """The checks' data.pkl walks, one per shape (:class:`ckptaudit.pickle_walk.templates.WalkTemplates`)."""
+        from ..pickle_walk.templates import WalkTemplates
+
+        self._walks = self._walks or WalkTemplates()
+        return self._walks
 
     def __len__(self) -> int:
         return self.count

@@ -6,8 +6,8 @@ The hash stage plans each torch zip's value ranges from a static walk of its dat
 2.2 ms for the 3,100 opcodes of issue 45's small unit, a third of the hash job's cost per unit).
 :class:`PickleTemplates` walks one data.pkl of each shape and hands its floating tensors' places (storage key,
 byte offset in the storage, bytes, dtype) to each later data.pkl that *matches* it: the same length, and equal
-byte for byte outside the operands of ``BININT``, ``BININT1``, ``BININT2`` and ``BINFLOAT`` (fixed-width operands:
-the two decode to the same opcodes at the same offsets; operand layout from ``Lib/pickletools.py``).
+byte for byte outside the operands of ``BININT``, ``BININT1``, ``BININT2`` and ``BINFLOAT``
+(:func:`ckptaudit.pickle_walk.templates.free_bytes`: the two decode to the same opcodes at the same offsets).
 
 Sound whatever the match says, by the way the places are used: a plan only names the byte ranges over which the
 pass computes value statistics.  The state stage takes a statistic for a tensor only where that tensor's own
@@ -21,17 +21,15 @@ statistic of other bytes.  Memory: at most :data:`PickleTemplates.HELD` template
 
 from __future__ import annotations
 
-import io
 import threading
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Tuple
+
+from ..pickle_walk.templates import free_bytes
 
 #: The floating tensors' places in a data.pkl: (storage keys, byte offsets in the storages, bytes, dtype codes)
 #: — the keys a list of ``str``, the rest ``array('q')`` — and whether the walk that found them ended cleanly.
 FloatViews = Tuple[list, object, object, object]
-
-#: opcode name → bytes of its operand, for the literal numbers a match may differ in
-_FREE_OPERAND_BYTES = {"BININT": 4, "BININT1": 1, "BININT2": 2, "BINFLOAT": 8}
 
 
 @dataclass
@@ -72,28 +70,11 @@ class PickleTemplates:
                     self.hits += 1
                 return t.views
         views, clean = walk(pkl)
-        free = free_bytes(pkl) if clean else None
+        owner = free_bytes(pkl) if clean else None
+        free = None if owner is None else owner >= 0
         with self._lock:
             self.walks += 1
             if free is not None:
                 self._held.insert(0, _Template(u.copy(), free, views))
                 del self._held[self.HELD:]
         return views
-
-
-def free_bytes(pkl: bytes) -> Optional[object]:
-    """A numpy bool array over ``pkl``: True at each byte of a ``BININT``/``BININT1``/``BININT2``/``BINFLOAT``
-    operand up to ``STOP``; None when the opcodes cannot be decoded to a ``STOP``."""
-    import numpy as np
-
-    from ..pickle_walk.opcodes import genops
-
-    free = np.zeros(len(pkl), dtype=bool)
-    try:
-        for op, _arg, pos in genops(pkl, io.BytesIO(pkl)):
-            n = _FREE_OPERAND_BYTES.get(op.name)
-            if n:
-                free[pos + 1:pos + 1 + n] = True
-    except ValueError:
-        return None
-    return free

@@ -1,0 +1,320 @@
+"""Pickles of one shape: one walk, and the walks of the others as copies with their own numbers in place.
+
+A run's checkpoints of one model come from one ``torch.save`` call site: their data.pkl files hold the same
+opcodes, byte for byte, except for the numbers stored as literal operands (the step, the loss, a learning rate).
+Two pickles *match* when they have the same length and differ only inside the operands of ``BININT``,
+``BININT1``, ``BININT2`` and ``BINFLOAT`` (fixed-width operands, so both decode to the same opcodes at the same
+offsets: operand layout from ``Lib/pickletools.py``).  :func:`free_bytes` marks those operands.
+
+What a match does not tell is where a differing number goes: into a tensor's size, a dict key, a call's argument
+— or only into a container, as a value.  :class:`WalkTemplates` learns it once per shape by walking the first
+pickle twice, once as :func:`.walk` does and once with each literal number tagged with its offset
+(:func:`literal_places`), and keeps a number *loose* only when its tagged value is found exactly once in the
+result, as a value of a plain ``dict`` or an item of a plain ``list`` or ``tuple``, on a path from the root whose
+every container is reached once (no memo ``GET`` shares it) and where the plain walk holds that same number.  A
+later pickle that matches and differs only in loose numbers gets the template's result with copies of the
+containers on those paths, its own numbers in them; any other pickle is walked.  A walk of that pickle gives the
+same result: the same opcodes run the same handlers on the same objects, and a loose number is only stored,
+never read by a handler.  Tagging can only turn a number bound, never loose: a tagged number a handler converts
+(a dict key, ``safe_key``) or builds into an object is not found as a plain value, and a shared container fails
+the count.  A template is made only from a walk without error, trick or nested pickle, of a pickle that binds no
+memo slot twice (a rebinding is a trick whose text depends on the values).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import pickletools
+import struct
+import threading
+from typing import Any, Dict, List, Optional, Tuple
+
+from .model import WalkResult
+
+#: opcode name → (its operand's struct format, bytes)
+_FREE = {"BININT": ("<i", 4), "BININT1": ("<B", 1), "BININT2": ("<H", 2), "BINFLOAT": (">d", 8)}
+_MEMO_PUTS = ("PUT", "BINPUT", "LONG_BINPUT")
+
+
+def free_bytes(pkl: bytes) -> Optional[Any]:
+    """A numpy int32 array over ``pkl``: at each byte of a ``BININT``/``BININT1``/``BININT2``/``BINFLOAT`` operand
+    the offset of its opcode, -1 elsewhere; None when the opcodes cannot be decoded to a ``STOP`` or a memo slot is
+    bound twice (``PUT``/``BINPUT``/``LONG_BINPUT``/``MEMOIZE``)."""
+    import numpy as np
+
+    from .opcodes import genops
+
+    owner = np.full(len(pkl), -1, dtype=np.int32)
+    slots, memoized = set(), 0
+    try:
+        for op, arg, pos in genops(pkl, io.BytesIO(pkl)):
+            free = _FREE.get(op.name)
+            if free:
+                owner[pos + 1:pos + 1 + free[1]] = pos
+            elif op.name in _MEMO_PUTS:
+                if arg in slots:
+                    return None
+                slots.add(arg)
+            elif op.name == "MEMOIZE":
+                memoized += 1
+    except ValueError:
+        return None
+    if memoized and slots:  # MEMOIZE takes the memo's size as its slot: mixed with PUTs they may meet
+        return None
+    return owner
+
+
+class _TagInt(int):
+    pos: int
+
+
+class _TagFloat(float):
+    pos: int
+
+
+def _tagged(value: Any, pos: int) -> Any:
+    out = (_TagInt if type(value) is int else _TagFloat)(value)
+    out.pos = pos
+    return out
+
+
+def literal_places(pkl: bytes, max_ops: int) -> Dict[int, tuple]:
+    """{opcode offset: path}: the literal numbers of :data:`_FREE` in ``pkl`` that are loose (see the module's
+    docstring), each with its path (dict keys and sequence indexes from the root), from a walk of ``pkl`` with each
+    such number tagged with its opcode's offset; numbers not in the map are bound.  A tagged number that reaches a
+    call, an object, a frozenset or a set (which the walk may compute with: a ``builtins.set`` of literals drops
+    equal ones) is bound wherever it ends up."""
+    from .machine import WalkState
+    from .streams import walk
+
+    bound: set = set()
+
+    class Tagging(WalkState):
+        def op_literal(self, stack: List[Any], arg: Any, pos: int, op: Any) -> None:
+            if op.name in _FREE:
+                stack.append(_tagged(arg, pos))
+            else:
+                super().op_literal(stack, arg, pos, op)
+
+        def reduce(self, func: Any, args: Any, pos: int) -> Any:
+            bound.update(_tags_in(args))
+            return super().reduce(func, args, pos)
+
+        def newobj(self, cls: Any, args: Any, kwargs: Any, pos: int, opname: str) -> Any:
+            bound.update(_tags_in((args, kwargs)))
+            return super().newobj(cls, args, kwargs, pos, opname)
+
+        def op_frozenset(self, stack: List[Any], arg: Any, pos: int, op: Any) -> None:
+            bound.update(_tags_in(stack))
+            super().op_frozenset(stack, arg, pos, op)
+
+        def op_additems(self, stack: List[Any], arg: Any, pos: int, op: Any) -> None:
+            bound.update(_tags_in(stack))
+            super().op_additems(stack, arg, pos, op)
+
+    res = WalkResult(obj=None, end=0)
+    state = Tagging(res, pkl, "torch", 0, max_ops, None, walker=walk)
+    state.tensor_paths = False
+    state.run(io.BytesIO(pkl), 0)
+    if res.error is not None or res.tricks:
+        return {}
+    return {pos: path for pos, path in _loose(res.obj).items() if pos not in bound}
+
+
+def _tags_in(x: Any) -> List[int]:
+    """The offsets of the tagged numbers anywhere under ``x``."""
+    out, seen, todo = [], set(), [x]
+    while todo:
+        o = todo.pop()
+        t = type(o)
+        if t is _TagInt or t is _TagFloat:
+            out.append(o.pos)
+        elif t not in (str, bytes, bool, int, float, type(None)) and id(o) not in seen:
+            seen.add(id(o))
+            todo.extend(_children(o))
+    return out
+
+
+def _loose(root: Any) -> Dict[int, tuple]:
+    """{offset: path} of the tagged numbers found once, loose, under ``root`` (a tagged walk's object)."""
+    refs: Dict[int, int] = {}
+    found: Dict[int, List[Optional[tuple]]] = {}
+    todo: List[Tuple[Any, Optional[tuple]]] = [(root, ())]
+    while todo:
+        o, path = todo.pop()  # path None: under a bound place
+        t = type(o)
+        if t is _TagInt or t is _TagFloat:
+            found.setdefault(o.pos, []).append(path)
+            continue
+        if t in (str, bytes, bool, int, float, type(None)):
+            continue
+        refs[id(o)] = refs.get(id(o), 0) + 1
+        if refs[id(o)] > 1:
+            continue
+        if t is dict:
+            for k, v in o.items():
+                todo.append((k, None))
+                todo.append((v, None if path is None else path + (k,)))
+        elif t is list or t is tuple:
+            todo.extend((v, None if path is None else path + (i,)) for i, v in enumerate(o))
+        else:
+            todo.extend((c, None) for c in _children(o))
+    out = {}
+    for pos, paths in found.items():
+        if len(paths) == 1 and paths[0] is not None and _unshared(root, paths[0], refs):
+            out[pos] = paths[0]
+    return out
+
+
+def _children(o: Any) -> List[Any]:
+    """The values an object of the walk holds (any type but the plain containers and scalars)."""
+    out: List[Any] = []
+    if isinstance(o, dict):
+        for k, v in o.items():
+            out += (k, v)
+        out.append(getattr(o, "attrs", None))
+    elif isinstance(o, (list, tuple, set, frozenset)):
+        out.extend(o)
+    elif dataclasses.is_dataclass(o):
+        out.extend(getattr(o, f.name) for f in dataclasses.fields(o))
+    elif hasattr(o, "__dict__"):
+        out.extend(vars(o).values())
+    return out
+
+
+def _unshared(root: Any, path: tuple, refs: Dict[int, int]) -> bool:
+    node = root
+    for step in path:
+        if refs.get(id(node)) != 1:
+            return False
+        node = node[step]
+    return True
+
+
+@dataclasses.dataclass
+class _Template:
+    raw: Any  # numpy uint8: the pickle's bytes
+    owner: Any  # free_bytes()
+    loose: Dict[int, tuple]  # opcode offset → path in ``res.obj``
+    res: WalkResult
+
+
+class WalkTemplates:
+    """The pickle shapes one job has walked (thread-safe).  ``hits``: walks saved; ``walks``: walks run."""
+
+    #: templates held at once (the most recently walked first)
+    HELD = 4
+    #: a pickle larger than this is walked every time (its walk is small beside the file it comes from)
+    MAX_PICKLE_BYTES = 256 << 10
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._held: List[_Template] = []
+        self.hits = 0
+        self.walks = 0
+
+    def walk(self, pkl: bytes, max_ops: int) -> WalkResult:
+        """:func:`.walk` of ``pkl`` (``max_ops``, every tensor's path), or the same result made from a template."""
+        import numpy as np
+
+        from .streams import walk
+
+        small = len(pkl) <= self.MAX_PICKLE_BYTES
+        u = np.frombuffer(pkl, np.uint8) if small else None
+        with self._lock:
+            held = list(self._held) if small else []
+        for t in held:
+            got = _from_template(t, pkl, u, max_ops)
+            if got is not None:
+                with self._lock:
+                    self.hits += 1
+                return got
+        res = walk(pkl, max_ops=max_ops)
+        with self._lock:
+            self.walks += 1
+        t = _template(pkl, u, res, max_ops) if small else None
+        if t is not None:
+            with self._lock:
+                self._held.insert(0, t)
+                del self._held[self.HELD:]
+        return res
+
+
+def _template(pkl: bytes, u: Any, res: WalkResult, max_ops: int) -> Optional[_Template]:
+    """A template of ``res`` (a plain walk of ``pkl``), or None when it may not be one."""
+    if res.error is not None or res.budget_exhausted or res.tricks or res.nested or not res.imports_complete:
+        return None
+    owner = free_bytes(pkl)
+    if owner is None:
+        return None
+    loose = literal_places(pkl, max_ops)
+    for pos, path in list(loose.items()):  # the plain walk holds the same number there, in plain containers
+        fmt, n = _FREE_AT[pkl[pos]]
+        want = struct.unpack_from(fmt, pkl, pos + 1)[0]
+        if not _holds(res.obj, path, want):
+            del loose[pos]
+    return _Template(u.copy(), owner, loose, _copy(res, res.obj))
+
+
+def _holds(root: Any, path: tuple, want: Any) -> bool:
+    node = root
+    try:
+        for step in path:
+            if type(node) not in (dict, list, tuple):
+                return False
+            node = node[step]
+    except (KeyError, IndexError, TypeError):
+        return False
+    return type(node) is type(want) and (node == want or (node != node and want != want))
+
+
+def _from_template(t: _Template, pkl: bytes, u: Any, max_ops: int) -> Optional[WalkResult]:
+    """``t``'s result with ``pkl``'s own loose numbers in place, or None when ``pkl`` does not match ``t``."""
+    import numpy as np
+
+    if t.raw.size != u.size or t.res.n_ops > max_ops:
+        return None
+    diff = np.flatnonzero(u != t.raw)
+    if not diff.size:
+        return _copy(t.res, t.res.obj)
+    owners = t.owner[diff]
+    if (owners < 0).any():
+        return None
+    patch: Dict[Any, Any] = {}
+    for pos in np.unique(owners).tolist():
+        path = t.loose.get(pos)
+        if path is None:
+            return None
+        fmt, _n = _FREE_AT[pkl[pos]]
+        node = patch
+        for step in path[:-1]:
+            node = node.setdefault(step, {})
+        node[path[-1]] = _Leaf(struct.unpack_from(fmt, pkl, pos + 1)[0])
+    return _copy(t.res, _patched(t.res.obj, patch))
+
+
+class _Leaf:
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+
+def _patched(node: Any, patch: Dict[Any, Any]) -> Any:
+    """A copy of ``node`` (a plain dict, list or tuple) with ``patch`` applied: nested patches to the containers
+    under it, :class:`_Leaf` values in place."""
+    items = dict(node) if type(node) is dict else list(node)
+    for k, sub in patch.items():
+        items[k] = sub.value if type(sub) is _Leaf else _patched(node[k], sub)
+    return tuple(items) if type(node) is tuple else items
+
+
+def _copy(res: WalkResult, obj: Any) -> WalkResult:
+    """A result the caller may change (its lists and dict are its own; the objects in them are shared)."""
+    return dataclasses.replace(res, obj=obj, globals=list(res.globals), storages=dict(res.storages),
+                               tensors=list(res.tensors), tricks=[], nested=[])
+
+
+#: opcode byte → (struct format, bytes) of the literal numbers of :data:`_FREE`
+_FREE_AT = {ord(op.code): _FREE[op.name] for op in pickletools.opcodes if op.name in _FREE}
