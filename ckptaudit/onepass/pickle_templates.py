@@ -21,11 +21,10 @@ statistic of other bytes.  Memory: at most :data:`PickleTemplates.HELD` template
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
-from typing import Callable, List, Tuple
+from typing import Callable, Tuple
 
-from ..pickle_walk.templates import free_bytes
+from ..pickle_walk.templates import TemplateShelf, free_bytes
 
 #: The floating tensors' places in a data.pkl: (storage keys, byte offsets in the storages, bytes, dtype codes)
 #: — the keys a list of ``str``, the rest ``array('q')`` — and whether the walk that found them ended cleanly.
@@ -39,20 +38,10 @@ class _Template:
     views: FloatViews
 
 
-class PickleTemplates:
-    """The data.pkl shapes one hash job has walked (thread-safe: the job's passes share it).  ``hits``: the walks
-    saved; ``walks``: the walks run."""
+class PickleTemplates(TemplateShelf):
+    """The data.pkl shapes one hash job has walked, each as its floating tensors' places."""
 
-    #: templates held at once (the most recently walked first)
     HELD = 8
-    #: a data.pkl larger than this is walked every time: its walk is small beside its file's bytes
-    MAX_PICKLE_BYTES = 256 << 10
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._held: List[_Template] = []
-        self.hits = 0
-        self.walks = 0
 
     def views_of(self, pkl: bytes, walk: Callable[[bytes], Tuple[FloatViews, bool]]) -> FloatViews:
         """The floating tensors' places of data.pkl ``pkl``: a matching template's, else ``walk(pkl)``'s (a
@@ -62,19 +51,11 @@ class PickleTemplates:
         if len(pkl) > self.MAX_PICKLE_BYTES:
             return walk(pkl)[0]
         u = np.frombuffer(pkl, np.uint8)
-        with self._lock:
-            held = list(self._held)
-        for t in held:
+        for t in self.held():
             if t.raw.size == u.size and t.free[np.flatnonzero(u != t.raw)].all():
-                with self._lock:
-                    self.hits += 1
+                self.hit()
                 return t.views
         views, clean = walk(pkl)
         owner = free_bytes(pkl) if clean else None
-        free = None if owner is None else owner >= 0
-        with self._lock:
-            self.walks += 1
-            if free is not None:
-                self._held.insert(0, _Template(u.copy(), free, views))
-                del self._held[self.HELD:]
+        self.walked(None if owner is None else _Template(u.copy(), owner >= 0, views))
         return views

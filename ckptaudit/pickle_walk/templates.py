@@ -200,19 +200,40 @@ class _Template:
     res: WalkResult
 
 
-class WalkTemplates:
-    """The pickle shapes one job has walked (thread-safe).  ``hits``: walks saved; ``walks``: walks run."""
+class TemplateShelf:
+    """The templates one job holds, the most recently made first (thread-safe: a job's passes share it).
+    ``hits``: walks saved; ``walks``: walks run."""
 
-    #: templates held at once (the most recently walked first)
+    #: templates held at once
     HELD = 4
     #: a pickle larger than this is walked every time (its walk is small beside the file it comes from)
     MAX_PICKLE_BYTES = 256 << 10
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._held: List[_Template] = []
+        self._held: List[Any] = []
         self.hits = 0
         self.walks = 0
+
+    def held(self) -> List[Any]:
+        with self._lock:
+            return list(self._held)
+
+    def hit(self) -> None:
+        with self._lock:
+            self.hits += 1
+
+    def walked(self, template: Any) -> None:
+        """Count a walk run, and hold ``template`` (None: nothing to hold) first."""
+        with self._lock:
+            self.walks += 1
+            if template is not None:
+                self._held.insert(0, template)
+                del self._held[self.HELD:]
+
+
+class WalkTemplates(TemplateShelf):
+    """The pickle shapes one job has walked, each as a walk's result and where its loose numbers are."""
 
     def walk(self, pkl: bytes, max_ops: int) -> WalkResult:
         """:func:`.walk` of ``pkl`` (``max_ops``, every tensor's path), or the same result made from a template."""
@@ -222,22 +243,13 @@ class WalkTemplates:
 
         small = len(pkl) <= self.MAX_PICKLE_BYTES
         u = np.frombuffer(pkl, np.uint8) if small else None
-        with self._lock:
-            held = list(self._held) if small else []
-        for t in held:
+        for t in self.held() if small else []:
             got = _from_template(t, pkl, u, max_ops)
             if got is not None:
-                with self._lock:
-                    self.hits += 1
+                self.hit()
                 return got
         res = walk(pkl, max_ops=max_ops)
-        with self._lock:
-            self.walks += 1
-        t = _template(pkl, u, res, max_ops) if small else None
-        if t is not None:
-            with self._lock:
-                self._held.insert(0, t)
-                del self._held[self.HELD:]
+        self.walked(_template(pkl, u, res, max_ops) if small else None)
         return res
 
 
