@@ -37,7 +37,7 @@ def file_table(schema: "pa.Schema", same: dict, parts: List[Tuple[str, int, dict
 
 
 def _column(f: "pa.Field", parts: List[Tuple[str, int, dict]], total: int) -> "pa.Array":
-    """Column ``f`` of :func:`_file_table`'s rows: each part's values, or nulls for a part without it."""
+    """Column ``f`` of :func:`file_table`'s rows: each part's values, or nulls for a part without it."""
     import numpy as np
     import pyarrow as pa
 
