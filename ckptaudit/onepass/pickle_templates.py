@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Tuple
 
-from ..pickle_walk.templates import TemplateShelf, free_bytes
+from ..pickle_walk.templates import TemplateShelf, changed_numbers, free_bytes
 
 #: The floating tensors' places in a data.pkl: (storage keys, byte offsets in the storages, bytes, dtype codes)
 #: — the keys a list of ``str``, the rest ``array('q')`` — and whether the walk that found them ended cleanly.
@@ -34,7 +34,7 @@ FloatViews = Tuple[list, object, object, object]
 @dataclass
 class _Template:
     raw: object  # numpy uint8 array: the data.pkl's bytes
-    free: object  # numpy bool array: True at the bytes of a literal number's operand
+    owner: object  # free_bytes(): at a literal number's operand bytes its opcode's offset, else -1
     views: FloatViews
 
 
@@ -52,10 +52,10 @@ class PickleTemplates(TemplateShelf):
             return walk(pkl)[0]
         u = np.frombuffer(pkl, np.uint8)
         for t in self.held():
-            if t.raw.size == u.size and t.free[np.flatnonzero(u != t.raw)].all():
+            if changed_numbers(t.raw, t.owner, u) is not None:
                 self.hit()
                 return t.views
         views, clean = walk(pkl)
         owner = free_bytes(pkl) if clean else None
-        self.walked(None if owner is None else _Template(u.copy(), owner >= 0, views))
+        self.walked(None if owner is None else _Template(u.copy(), owner, views))
         return views

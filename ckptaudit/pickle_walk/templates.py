@@ -281,20 +281,29 @@ def _holds(root: Any, path: tuple, want: Any) -> bool:
     return type(node) is type(want) and (node == want or (node != node and want != want))
 
 
-def _from_template(t: _Template, pkl: bytes, u: Any, max_ops: int) -> Optional[WalkResult]:
-    """``t``'s result with ``pkl``'s own loose numbers in place, or None when ``pkl`` does not match ``t``."""
+def changed_numbers(raw: Any, owner: Any, u: Any) -> Optional[List[int]]:
+    """The opcode offsets of the literal numbers in which pickle ``u`` (numpy uint8) differs from ``raw`` (its
+    :func:`free_bytes` ``owner``), in order; None when ``u`` does not match ``raw`` (another length, or a byte
+    outside those numbers' operands differs): the match rule of every template."""
     import numpy as np
 
-    if t.raw.size != u.size or t.res.n_ops > max_ops:
+    if raw.size != u.size:
         return None
-    diff = np.flatnonzero(u != t.raw)
-    if not diff.size:
-        return _copy(t.res, t.res.obj)
-    owners = t.owner[diff]
+    owners = owner[np.flatnonzero(u != raw)]
     if (owners < 0).any():
         return None
+    return np.unique(owners).tolist()
+
+
+def _from_template(t: _Template, pkl: bytes, u: Any, max_ops: int) -> Optional[WalkResult]:
+    """``t``'s result with ``pkl``'s own loose numbers in place, or None when ``pkl`` does not match ``t``."""
+    changed = changed_numbers(t.raw, t.owner, u) if t.res.n_ops <= max_ops else None
+    if changed is None:
+        return None
+    if not changed:
+        return _copy(t.res, t.res.obj)
     patch: Dict[Any, Any] = {}
-    for pos in np.unique(owners).tolist():
+    for pos in changed:
         path = t.loose.get(pos)
         if path is None:
             return None
