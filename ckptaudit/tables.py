@@ -76,7 +76,7 @@ SCHEMAS: Dict[str, pa.Schema] = {
     # load: one row per loadable file
     "load": pa.schema([
         ("unit", S), ("file", S), ("status", S), ("skipped_reason", S), ("error_type", S), ("error_message", S),
-        ("load_seconds", F), ("peak_rss_bytes", I), ("n_top_level_keys", I), ("n_tensors", I),
+        ("load_seconds", F), ("peak_rss_bytes", I), ("n_top_level_keys", I), ("n_tensors", I), ("loaded_as", S),
         ("findings_json", S),
     ]),
     # structure: one row per unit

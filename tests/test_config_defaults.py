@@ -72,5 +72,6 @@ def test_unknown_key_names_the_allowed_keys_in_one_line():
     c["load"]["timout"] = 3
     c["load"]["timeout_seconds"] = "abc"
     assert config_problems(c) == [
-        "load.timout: unknown key; allowed in load: enabled, timeout_seconds, memory_limit_mib",
+        "load.timout: unknown key; allowed in load: enabled, timeout_seconds, memory_limit_mib, "
+        "by_equivalence",
         "load.timeout_seconds: 'abc' is not of type 'number'"]

@@ -269,6 +269,25 @@ def _template(pkl: bytes, u: Any, res: WalkResult, max_ops: int) -> Optional[_Te
     return _Template(u.copy(), owner, loose, _copy(res, res.obj))
 
 
+def loose_operand_bytes(pkl: bytes, max_ops: int) -> Optional[Tuple[WalkResult, Any]]:
+    """``(walk, free)`` of ``pkl``: its plain :func:`.walk` (``max_ops``) and a numpy bool array over ``pkl``,
+    True at each byte of a loose number's operand (the module's docstring: a number only stored in a plain
+    container, never passed to a call); None when no template may be made of ``pkl`` (:class:`WalkTemplates`'
+    rule: an error, a trick, a nested pickle, a memo slot bound twice, or more than
+    :attr:`TemplateShelf.MAX_PICKLE_BYTES`)."""
+    import numpy as np
+
+    from .streams import walk
+
+    if len(pkl) > TemplateShelf.MAX_PICKLE_BYTES:
+        return None
+    res = walk(pkl, max_ops=max_ops)
+    t = _template(pkl, np.frombuffer(pkl, np.uint8), res, max_ops)
+    if t is None:
+        return None
+    return res, np.isin(t.owner, np.fromiter(t.loose, np.int32, len(t.loose)))
+
+
 def _holds(root: Any, path: tuple, want: Any) -> bool:
     node = root
     try:

@@ -81,8 +81,9 @@ class HashRow(TableRow):
 
 @dataclass(frozen=True)
 class LoadRow(TableRow):
-    """One file's (or a whole unit's, ``file`` "") row of table ``load``: loaded or skipped and why, the load's
-    seconds and peak RSS (bytes), what it found, and its findings."""
+    """One file's (or a whole unit's, ``file`` "") row of table ``load``: loaded, shown to load as another file
+    did (``loaded_as``; seconds and peak RSS 0), or skipped and why; the load's seconds and peak RSS (bytes), what
+    it found, and its findings."""
 
     TABLE: ClassVar[str] = "load"
     unit: str
@@ -95,6 +96,9 @@ class LoadRow(TableRow):
     peak_rss_bytes: Optional[int] = None
     n_top_level_keys: Optional[int] = None
     n_tensors: Optional[int] = None
+    #: the file whose load stands for this one's ("" when this file was loaded or skipped): the same bytes but
+    #: where torch's load does not look (:mod:`ckptaudit.stages.load.equivalent`)
+    loaded_as: Optional[str] = ""
     findings: Tuple["Finding", ...] = ()
 
 

@@ -37,7 +37,7 @@ from ... import findings as F
 from ... import roles
 from ... import fs, producers
 from ..rows import LoadRow
-from . import whole_modules
+from . import equivalent, whole_modules
 from .remote_copy import skeleton, with_tensor_data
 from .child import batched_loads, load_file, read_chars, resolve_benign  # noqa: F401 - resolve_benign re-exported
 
@@ -222,8 +222,8 @@ def load_units(run_dir: Path, units: List[dict], scans: Dict[str, dict], cfg: di
     for u in units:
         _plan_unit(run_dir, u, scans.get(u["unit"]), lcfg, facts, rows, todo)
     if todo:
-        results = (loader or load_todo)(run_dir, todo, cfg, timeout, limit,
-                                        kept=None if facts is None else facts.kept)
+        results = equivalent.load_or_follow(run_dir, todo, cfg, timeout, limit, loader or load_todo,
+                                            None if facts is None else facts.kept)
         modules: Dict[str, Dict[str, List[str]]] = {}  # unit -> its whole-module pickles, read when one failed
         for (u, f, k, benign), res in zip(todo, results):
             if res.get("status") not in (None, "ok") and u["unit"] not in modules:
@@ -291,7 +291,8 @@ def _load_row(unit: str, f: str, res: dict, timeout: float, limit: int, module_c
     return LoadRow(unit=unit, file=f, status=res["status"], skipped_reason="",
                    error_type=res.get("error_type", ""), error_message=res.get("error_message", ""),
                    load_seconds=res["load_seconds"], peak_rss_bytes=res["peak_rss_bytes"],
-                   n_top_level_keys=res.get("n_top_level_keys"), n_tensors=res.get("n_tensors"), findings=tuple(fl))
+                   n_top_level_keys=res.get("n_top_level_keys"), n_tensors=res.get("n_tensors"),
+                   loaded_as=res.get("loaded_as", ""), findings=tuple(fl))
 
 
 def load_todo(run_dir: Path, todo: List[Tuple[dict, str, str, List[str]]], cfg: dict, timeout: float,

@@ -100,6 +100,9 @@ class ReaderLoads:
     """The reader's ``loader`` (:func:`ckptaudit.stages.load.loadtest.load_units`) and what it loaded: ``kept`` maps a file
     (relative to the run) to its loaded object, for :func:`ckptaudit.safe_load._load_unit` to take."""
 
+    #: the reader returns the objects it loads: no file's load stands for another's (:mod:`.equivalent`)
+    loads_every_file = True
+
     def __init__(self, map_location: Any = "cpu") -> None:
         self.in_process = map_location in (None, "cpu")
         self.kept: Dict[str, Any] = {}

@@ -1,0 +1,201 @@
+"""A file's load stands for another's only where torch's own loader cannot tell them apart
+(ckptaudit.stages.load.equivalent): torch's checkpoints of one model at several steps follow the first; every change
+hypothesis makes to a follower's bytes either keeps it a follower and torch loads it as it loaded the first, or
+makes it load on its own; numbers in bound places, sparse tensors and other headers are loaded; a load that failed
+is never stood for."""
+
+import collections
+import io
+import struct
+import zipfile
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ckptaudit import discovery as inventory
+from ckptaudit.pipeline import audit_in_process
+from ckptaudit.stages.load import equivalent, loadtest
+from ckptaudit.stages.load.loaded_object import summary
+from ckptaudit.stages.load.reader import ReaderLoads
+from ckptaudit.stages.scan import scan_units
+
+torch = pytest.importorskip("torch")
+
+
+def _training_run(folder, steps=6, meta=dict):
+    """``torch.save`` checkpoints of one model (AdamW, LambdaLR, RNG state, step and loss in ``meta``) after
+    ``steps`` optimizer steps, one per step; their paths."""
+    torch.manual_seed(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    m = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    sch = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10))
+    paths = []
+    for step in range(1, steps + 1):
+        loss = m(torch.randn(2, 8)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        sch.step()
+        opt.zero_grad()
+        p = folder / f"ckpt_{step:06d}.pt"
+        torch.save({"model": m.state_dict(), "optimizer": opt.state_dict(), "scheduler": sch.state_dict(),
+                    "rng": torch.get_rng_state(), "meta": meta(step=step, loss=loss.item())}, p)
+        paths.append(p)
+    return paths
+
+
+def _load(path):
+    return summary(torch.load(path, map_location="cpu", weights_only=True, mmap=True))
+
+
+def _plan(paths, kind="torch_zip"):
+    return equivalent.plan([str(p) for p in paths], [kind] * len(paths), [[]] * len(paths))
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return _training_run(tmp_path_factory.mktemp("equivalent"))
+
+
+def _crc_fields(data: bytes):
+    return [at for r in equivalent._records(data) for at in r[1]]
+
+
+def test_torch_checks_no_crc_on_load(run, tmp_path):
+    """The rule's premise: torch 2.13 loads a file whose every CRC-32 field (central directory, local header, data
+    descriptor) is wrong, as it loads the file itself."""
+    data = run[0].read_bytes()
+    want = _load(run[0])
+    fields = _crc_fields(data)
+    assert len(fields) == 3 * len(zipfile.ZipFile(run[0]).infolist())
+    bad = bytearray(data)
+    for at in fields:
+        bad[at:at + 4] = bytes(b ^ 0xA5 for b in bad[at:at + 4])
+    p = tmp_path / run[0].name
+    p.write_bytes(bytes(bad))
+    assert _load(p) == want
+
+
+def test_steps_of_one_model_follow_the_first(run):
+    assert _plan(run) == {0: [1, 2, 3, 4, 5]}
+    want = _load(run[0])
+    assert want["n_tensors"] > 10
+    assert all(_load(p) == want for p in run[1:])
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_a_follower_loads_as_its_template_did(run, tmp_path, data):
+    """Random bytes at random places of a follower: if the template still matches, torch loads the file as it
+    loaded the template's; a change only where the template allows one always matches."""
+    raw = run[1].read_bytes()
+    t = equivalent.zip_template(0, str(run[0]), run[0].read_bytes())
+    names = set(t.prefixes.ravel().tolist())
+    free = [i for i in np.flatnonzero(t.free).tolist() if i not in names]
+    anywhere = data.draw(st.booleans())
+    k = data.draw(st.integers(1, 6))
+    pool = st.integers(0, len(raw) - 1) if anywhere else st.sampled_from(free)
+    at = data.draw(st.lists(pool, min_size=k, max_size=k))
+    new = data.draw(st.binary(min_size=k, max_size=k))
+    b = bytearray(raw)
+    for i, v in zip(at, new):
+        b[i] = v
+    p = tmp_path / run[1].name
+    p.write_bytes(bytes(b))
+    if not anywhere:
+        assert t.matches(bytes(b))
+    if t.matches(bytes(b)):
+        assert _load(p) == _load(run[0])
+
+
+def test_another_archive_name_in_every_record_matches_and_loads(run, tmp_path):
+    data = run[1].read_bytes()
+    old = run[1].stem.encode()
+    renamed = data.replace(old + b"/", b"x" * len(old) + b"/")
+    p = tmp_path / "renamed.pt"
+    p.write_bytes(renamed)
+    t = equivalent.zip_template(0, str(run[0]), run[0].read_bytes())
+    assert t.matches(renamed) and _load(p) == _load(run[0])
+    once = data.replace(old + b"/", b"y" * len(old) + b"/", 1)  # one record in another folder: torch refuses
+    assert not t.matches(once)
+    slash = data.replace(old + b"/", b"a/" + b"b" * (len(old) - 2) + b"/")
+    assert not t.matches(slash)
+
+
+def test_numbers_in_bound_places_are_loaded(tmp_path):
+    """The step inside an OrderedDict (a call, for the walk): no file follows another."""
+    paths = _training_run(tmp_path, steps=3, meta=lambda **kw: collections.OrderedDict(kw))
+    assert _plan(paths) == {}
+
+
+def test_a_sparse_tensor_gets_no_template(tmp_path):
+    """torch reads a sparse tensor's indices on load (_validate_loaded_sparse_tensors): its storage bytes
+    matter, so no file of that shape stands for another."""
+    for i in range(2):
+        torch.save({"w": torch.sparse_coo_tensor(torch.tensor([[0, 1]]), torch.tensor([1.0, 2.0 + i]), (4,))},
+                   tmp_path / f"s{i}.pt")
+    assert equivalent.zip_template(0, "", (tmp_path / "s0.pt").read_bytes()) is None
+    assert _plan([tmp_path / "s0.pt", tmp_path / "s1.pt"]) == {}
+
+
+def test_safetensors_of_one_header_follow(tmp_path):
+    from safetensors.torch import save_file
+
+    for i in range(3):
+        save_file({"a": torch.full((4, 4), float(i)), "b": torch.zeros(3)}, tmp_path / f"m{i}.safetensors")
+    save_file({"a": torch.zeros(4, 4), "c": torch.zeros(3)}, tmp_path / "other.safetensors")
+    paths = [tmp_path / f"m{i}.safetensors" for i in range(3)] + [tmp_path / "other.safetensors"]
+    assert _plan(paths, "safetensors") == {0: [1, 2]}
+
+
+def _todo(paths):
+    return [({"unit": p.name, "files": [p.name]}, p.name, "torch_zip", []) for p in paths]
+
+
+def test_a_failed_load_is_never_stood_for(run):
+    calls = []
+
+    def loader(run_dir, todo, cfg, timeout, limit, kept=None):
+        calls.append([f for _, f, _, _ in todo])
+        return [{"status": "failed" if f == run[0].name else "ok", "load_seconds": 0.1, "peak_rss_bytes": 1}
+                for _, f, _, _ in todo]
+
+    out = equivalent.load_or_follow(run[0].parent, _todo(run), {}, 10, 1 << 30, loader, None)
+    assert calls == [[run[0].name], [p.name for p in run[1:]]]
+    assert [r["status"] for r in out] == ["failed"] + ["ok"] * 5 and not any("loaded_as" in r for r in out)
+
+
+def test_the_reader_and_the_config_load_every_file(run):
+    seen = []
+
+    class Loader(ReaderLoads):
+        def __call__(self, run_dir, todo, cfg, timeout, limit, kept=None):
+            seen.append(len(todo))
+            return [{"status": "ok"} for _ in todo]
+
+    equivalent.load_or_follow(run[0].parent, _todo(run), {}, 10, 1 << 30, Loader(), None)
+    plain = Loader.__call__
+    equivalent.load_or_follow(run[0].parent, _todo(run), {"load": {"by_equivalence": False}}, 10, 1 << 30,
+                             lambda *a, **k: plain(None, *a, **k), None)
+    assert seen == [6, 6]
+
+
+def test_the_load_table_names_the_file_loaded(run):
+    units, _, _ = inventory.discover(run[0].parent)
+    ud = [u.to_dict() for u in units]
+    scans, _, _ = scan_units(run[0].parent, ud, {})
+    rows = loadtest.load_units(run[0].parent, ud, {s["unit"]: s for s in scans}, {})
+    assert [(r.status, r.loaded_as) for r in rows] == [("ok", "")] + [("ok", run[0].name)] * 5
+    assert rows[0].load_seconds > 0 and rows[1].load_seconds == 0 and rows[1].peak_rss_bytes == 0
+    assert {r.n_tensors for r in rows} == {rows[0].n_tensors}
+
+
+def test_verdicts_are_those_of_loading_every_file(run, tmp_path):
+    a = audit_in_process(run[0].parent, out_dir=tmp_path / "a")
+    b = audit_in_process(run[0].parent, {"load": {"by_equivalence": False}}, out_dir=tmp_path / "b")
+    assert (a["recommendation"], a["rollback"]) == (b["recommendation"], b["rollback"])
+    assert a["rollback"]["unit"] == run[-1].name
+    assert [(u["unit"], u["usable_for"], u["findings"]) for u in a["units"]] == \
+        [(u["unit"], u["usable_for"], u["findings"]) for u in b["units"]]
