@@ -149,6 +149,21 @@ def test_a_number_in_a_shared_container_is_bound():
     assert t.hits == 0 and r.obj["a"] == [8] and r.obj["b"] is r.obj["a"]
 
 
+@pytest.mark.parametrize("shared", [b"", b"\x85"], ids=["int", "tuple"])
+def test_a_number_shared_by_a_key_and_a_value_is_bound(shared):
+    """One memoized number (or 1-tuple) is a dict key and, by a memo GET, a value: changing it can merge two
+    keys, so it is bound (found by an adversarial review: the key's tag was lost to safe_key)."""
+    def pkl(k):  # {k: "a", 1: "b", "v": k}
+        return (b"\x80\x02}q\x00(K" + bytes([k]) + shared + b"q\x01X\x01\x00\x00\x00aK\x01"
+                b"X\x01\x00\x00\x00bX\x01\x00\x00\x00vh\x01u.")
+
+    assert literal_places(pkl(2), MAX_OPS) == {}
+    t = WalkTemplates()
+    t.walk(pkl(2), MAX_OPS)
+    r = t.walk(pkl(1), MAX_OPS)
+    assert t.hits == 0 and same_walk(r, walk(pkl(1), max_ops=MAX_OPS))
+
+
 def test_a_pickle_that_binds_a_memo_slot_twice_is_no_template():
     data = b"\x80\x02]q\x00(K\x01q\x01K\x02q\x01e."  # BINPUT 1 twice
     assert free_bytes(data) is None

@@ -15,10 +15,13 @@ every container is reached once (no memo ``GET`` shares it) and where the plain 
 later pickle that matches and differs only in loose numbers gets the template's result with copies of the
 containers on those paths, its own numbers in them; any other pickle is walked.  A walk of that pickle gives the
 same result: the same opcodes run the same handlers on the same objects, and a loose number is only stored,
-never read by a handler.  Tagging can only turn a number bound, never loose: a tagged number a handler converts
-(a dict key, ``safe_key``) or builds into an object is not found as a plain value, and a shared container fails
-the count.  A template is made only from a walk without error, trick or nested pickle, of a pickle that binds no
-memo slot twice (a rebinding is a trick whose text depends on the values).
+never read by a handler.  A number is bound as soon as its tagged value reaches anything but a plain container's
+value: a call, an object, a set, a persistent id, a ``BUILD`` state, a dict key, or a memo ``GET`` (which shares
+it with such a place); a tagged number the walk converts or drops is not found, and a shared container fails the
+count.  Tagging changes the walk's own ``type(x) is int`` tests, so a number is kept loose only where the plain
+walk holds the same number on the same path of plain containers.  A template is made only from a walk without
+error, trick or nested pickle, of a pickle that binds no memo slot twice (a rebinding is a trick whose text
+depends on the values).
 """
 
 from __future__ import annotations
@@ -84,7 +87,9 @@ def literal_places(pkl: bytes, max_ops: int) -> Dict[int, tuple]:
     docstring), each with its path (dict keys and sequence indexes from the root), from a walk of ``pkl`` with each
     such number tagged with its opcode's offset; numbers not in the map are bound.  A tagged number that reaches a
     call, an object, a frozenset or a set (which the walk may compute with: a ``builtins.set`` of literals drops
-    equal ones) is bound wherever it ends up."""
+    equal ones), a persistent id (a storage's key and size), a ``BUILD`` state, a dict key, an item set into
+    anything but a plain dict, or a memo ``GET`` (which shares it with a place the walk may convert, as a key is
+    by ``safe_key``) is bound wherever it ends up."""
     from .machine import WalkState
     from .streams import walk
 
@@ -113,6 +118,24 @@ def literal_places(pkl: bytes, max_ops: int) -> Dict[int, tuple]:
             bound.update(_tags_in(stack))
             super().op_additems(stack, arg, pos, op)
 
+        def persistent_load(self, pid: Any, pos: int) -> Any:  # a storage's key, numel: torch reads them
+            bound.update(_tags_in(pid))
+            return super().persistent_load(pid, pos)
+
+        def build(self, inst: Any, st: Any, pos: int) -> None:  # BUILD: torch calls __setstate__ or set_()
+            bound.update(_tags_in((inst, st)))
+            super().build(inst, st, pos)
+
+        def op_get(self, stack: List[Any], arg: Any, pos: int, op: Any) -> None:  # a memo GET shares it
+            super().op_get(stack, arg, pos, op)
+            bound.update(_tags_in(stack[-1]))
+
+        def setitems(self, target: Any, items: Any, pos: int, opname: str) -> None:  # keys are hashed, merged
+            bound.update(_tags_in(list(items[0::2])))
+            if type(target) is not dict:
+                bound.update(_tags_in(list(items[1::2])))
+            super().setitems(target, items, pos, opname)
+
     res = WalkResult(obj=None, end=0)
     state = Tagging(res, pkl, "torch", 0, max_ops, None, walker=walk)
     state.tensor_paths = False
@@ -132,7 +155,7 @@ def _tags_in(x: Any) -> List[int]:
             out.append(o.pos)
         elif t not in (str, bytes, bool, int, float, type(None)) and id(o) not in seen:
             seen.add(id(o))
-            todo.extend(_children(o))
+            todo.extend(held_values(o))
     return out
 
 
@@ -159,7 +182,7 @@ def _loose(root: Any) -> Dict[int, tuple]:
         elif t is list or t is tuple:
             todo.extend((v, None if path is None else path + (i,)) for i, v in enumerate(o))
         else:
-            todo.extend((c, None) for c in _children(o))
+            todo.extend((c, None) for c in held_values(o))
     out = {}
     for pos, paths in found.items():
         if len(paths) == 1 and paths[0] is not None and _unshared(root, paths[0], refs):
@@ -167,7 +190,7 @@ def _loose(root: Any) -> Dict[int, tuple]:
     return out
 
 
-def _children(o: Any) -> List[Any]:
+def held_values(o: Any) -> List[Any]:
     """The values an object of the walk holds (any type but the plain containers and scalars)."""
     out: List[Any] = []
     if isinstance(o, dict):
