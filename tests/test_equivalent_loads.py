@@ -199,3 +199,110 @@ def test_verdicts_are_those_of_loading_every_file(run, tmp_path):
     assert a["rollback"]["unit"] == run[-1].name
     assert [(u["unit"], u["usable_for"], u["findings"]) for u in a["units"]] == \
         [(u["unit"], u["usable_for"], u["findings"]) for u in b["units"]]
+
+
+# ---- pickles written by hand, the way a crafted or unusual file would be (opcodes: Lib/pickletools.py)
+
+def _g(mod, name):
+    return b"c" + mod.encode() + b"\n" + name.encode() + b"\n"
+
+
+def _u(s):
+    return b"X" + struct.pack("<I", len(s.encode())) + s.encode()
+
+
+def _i1(n):
+    return b"K" + bytes([n])
+
+
+def _l1(n):  # LONG1: a number no template may change
+    return b"\x8a\x01" + bytes([n])
+
+
+_PUT, _GET = (lambda i: b"q" + bytes([i])), (lambda i: b"h" + bytes([i]))
+
+
+def _zip(pkl, storages, prefix="archive"):
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+        z.writestr(f"{prefix}/data.pkl", pkl)
+        z.writestr(f"{prefix}/byteorder", "little")
+        for k, v in storages.items():
+            z.writestr(f"{prefix}/data/{k}", v)
+        z.writestr(f"{prefix}/version", "3\n")
+        z.writestr(f"{prefix}/.data/serialization_id", "1234567890" * 4)
+    return buf.getvalue()
+
+
+def _tensor(key, stype, numel_op, size_op):
+    return (_g("torch._utils", "_rebuild_tensor_v2") + b"((" + _u("storage") + _g("torch", stype) + _u(key)
+            + _u("cpu") + numel_op + b"tQ" + _l1(0) + size_op + _l1(1) + b"\x85\x89"
+            + _g("collections", "OrderedDict") + b")RtR")
+
+
+_F4 = np.arange(4, dtype=np.float32).tobytes()
+
+
+def _same_or_unmatched(tmp_path, template: bytes, candidate: bytes) -> bool:
+    """Whether ``candidate`` either does not follow ``template`` or torch loads both alike; True also asserts
+    that torch loads the template."""
+    (tmp_path / "t.pt").write_bytes(template)
+    (tmp_path / "c.pt").write_bytes(candidate)
+    want = _load(tmp_path / "t.pt")
+    if _plan([tmp_path / "t.pt", tmp_path / "c.pt"]) == {}:
+        return True
+    try:
+        return _load(tmp_path / "c.pt") == want
+    except Exception:  # noqa: BLE001 - a follower that does not load is the failure this test looks for
+        return False
+
+
+@pytest.mark.parametrize("case", ["numel", "key"])
+def test_numbers_of_a_persistent_id_shared_through_the_memo_are_bound(tmp_path, case):
+    def pkl(numel, key):
+        return (b"\x80\x02}" + _PUT(0) + b"(" + _u("w") + _g("torch._utils", "_rebuild_tensor_v2") + b"((" +
+                _u("storage") + _g("torch", "FloatStorage") + key + _u("cpu") + _i1(numel) + b"t" + _PUT(1) +
+                b"Q" + _i1(0) + _i1(4) + b"\x85" + _i1(1) + b"\x85\x89" + _g("collections", "OrderedDict") +
+                b")RtR" + _u("pid") + _GET(1) + b"u.")
+
+    a, b = ((pkl(4, _u("0")), pkl(0, _u("0"))) if case == "numel" else (pkl(4, _i1(0)), pkl(4, _i1(1))))
+    assert _same_or_unmatched(tmp_path, _zip(a, {"0": _F4}), _zip(b, {"0": _F4}))
+
+
+def test_a_number_used_as_a_key_through_the_memo_is_bound(tmp_path):
+    def pkl(k):  # root = {k: 1, "b": "v", "v"... }: the same int is a key and (by GET) a value
+        return b"\x80\x02}" + _PUT(0) + b"(" + _i1(k) + _PUT(1) + _u("a") + _i1(1) + _u("b") + _u("v") + _GET(1) + b"u."
+
+    assert _same_or_unmatched(tmp_path, _zip(pkl(2), {}), _zip(pkl(1), {}))
+
+
+def test_a_tensor_handed_to_a_call_or_a_build_gets_no_template():
+    shape = _tensor("0", "LongStorage", _l1(1), _l1(1) + b"\x85")  # torch.Size(shape) reads its values
+    size_from_tensor = (b"\x80\x02}" + _PUT(0) + b"(" + _u("shape") + shape + _PUT(1) + _u("w")
+                        + _tensor("1", "FloatStorage", _l1(4), _g("torch", "Size") + _GET(1) + b"\x85R") + b"u.")
+    built = (b"\x80\x02}" + _PUT(0) + b"(" + _u("w") + _tensor("0", "FloatStorage", _l1(4), _l1(4) + b"\x85") +
+             b"(" + _l1(0) + b"tb" + b"u.")
+    for pkl, stores in ((size_from_tensor, {"0": np.array([4], np.int64).tobytes(), "1": _F4}),
+                        (built, {"0": _F4})):
+        assert equivalent.zip_template(0, "", _zip(pkl, stores)) is None
+
+
+def test_the_serialization_id_and_the_folder_may_differ_only_as_torch_writes_them(run):
+    data = run[1].read_bytes()
+    t = equivalent.zip_template(0, str(run[0]), run[0].read_bytes())
+    (start, end), = [(r[2], r[3]) for r in equivalent._records(data) if r[0].endswith(".data/serialization_id")]
+    assert t.matches(data[:start] + b"7" * (end - start) + data[end:])
+    assert not t.matches(data[:start] + b"\xff" * (end - start) + data[end:])  # torch decodes it as text
+    old = run[1].stem.encode()
+    for other, follows in ((b"Q" * len(old), True), (b"\0" * len(old), False), (b" " * len(old), False)):
+        assert t.matches(data.replace(old + b"/", other + b"/")) is follows, other
+
+
+def test_two_records_of_one_name_get_no_template():
+    pkl = b"\x80\x02}."
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as z:
+        z.writestr("archive/data.pkl", pkl)
+        z.writestr("archive/DATA.pkl", pkl)
+        z.writestr("archive/version", "3\n")
+    assert equivalent.zip_template(0, "", buf.getvalue()) is None

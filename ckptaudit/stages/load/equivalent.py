@@ -2,26 +2,33 @@
 
 A run's checkpoints of one model come from one ``torch.save`` call: file for file, their bytes differ in the
 tensor data, in literal numbers of data.pkl (the step, the loss, a learning rate), in the random
-``.data/serialization_id`` and in the CRC-32 fields.  What ``torch.load(path, weights_only=True, mmap=True)``
-does with a file depends on none of them:
+``.data/serialization_id``, in the CRC-32 fields and in the archive's folder name (torch names it after the file).
+What ``torch.load(path, weights_only=True, mmap=True)`` does with a file depends on none of them, under the
+conditions a template checks:
 
-* tensor data is mapped, not read: torch/serialization.py ``_load`` makes each storage from its record's offset
-  and size, and a dense tensor's rebuild (:data:`VALUE_BLIND`, the only calls a template may hold) takes a
-  storage, an offset, sizes and strides, never a value; sparse tensors, whose indices
-  ``_validate_loaded_sparse_tensors`` reads, rebuild through other functions and get no template;
+* tensor data is mapped, not read, while dense tensors are rebuilt (torch/serialization.py ``_load``,
+  torch/_utils.py ``_rebuild_tensor_v2``): a template's data.pkl hands every storage only to its tensor's rebuild
+  and every tensor only to plain containers or a parameter's rebuild
+  (:func:`ckptaudit.pickle_walk.tensor_flow.only_rebuilt`; ``torch.Size`` of an int tensor, a ``BUILD`` on a
+  tensor or a quantized or sparse rebuild would read values), and imports nothing outside :data:`VALUE_BLIND`;
 * torch 2.13's zip reader checks no CRC-32 on a load (``tests/test_equivalent_loads.py`` flips each CRC field of
   a real file and loads it, so a torch that starts checking them fails that test);
-* ``.data/serialization_id`` is only logged (``_log_api_usage_metadata``);
+* ``.data/serialization_id`` is decoded as text and logged (``_log_api_usage_metadata``): torch writes decimal
+  digits there, and another file's may differ only by other digits;
+* the folder name may be another of the same length, the same in every record, of letters, digits, ``.``,
+  ``_`` or ``-`` (torch's reader takes the folder from the first record and looks the others up under it; a NUL
+  ends its lookup early);
 * a *loose* number of data.pkl (:func:`ckptaudit.pickle_walk.templates.loose_operand_bytes`) is only stored in a
-  plain container, never passed to a call.
+  plain container, never passed to a call, used as a key, shared through the memo or read by a persistent id.
 
 So a file of the same size and allowed globals whose bytes equal a loaded file's everywhere else loads as that
 file did: its ``load`` row says so (``loaded_as``, the file whose load stands for it) and no child loads it.  A
 file that matches no loaded file is loaded.  The records' payloads that may differ are known only from a zip
-whose records are stored (not deflated), lie one after another in the order of their local headers and end before
-the central directory: anything else gets no template.  safetensors: ``safe_open`` reads the 8-byte header length
-and the JSON header and checks the offsets in it against the file's size (safetensors' format page), and a tensor
-read copies bytes, so a file of the same size with the same header loads as the other did.
+whose records are stored (not deflated), have distinct names (ignoring case), lie one after another in the order
+of their local headers and end before the central directory: anything else gets no template.  safetensors:
+``safe_open`` reads the 8-byte header length and the JSON header and checks the offsets in it against the file's
+size (safetensors' format page), and a tensor read copies bytes, so a file of the same size with the same header
+loads as the other did.
 
 The reader (:class:`ckptaudit.stages.load.reader.ReaderLoads`) returns the objects it loads and loads every file.
 """
@@ -56,6 +63,19 @@ MAX_HEADER_BYTES = 8 << 20
 _LOCAL, _CENTRAL, _DESCRIPTOR = b"PK\x03\x04", b"PK\x01\x02", b"PK\x07\x08"
 
 
+def _byte_set(chars: bytes):
+    import numpy as np
+
+    out = np.zeros(256, dtype=bool)
+    out[np.frombuffer(chars, np.uint8)] = True
+    return out
+
+
+#: bytes a folder name may hold in a file that follows a template; decimal digits (a serialization id)
+_FOLDER_BYTES = _byte_set(b"abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+_DIGITS = _byte_set(b"0123456789")
+
+
 @dataclasses.dataclass
 class Template:
     """A loaded file's bytes (``raw``, numpy uint8: the whole file, or a safetensors file's header) and where
@@ -66,9 +86,11 @@ class Template:
     raw: Any
     free: Optional[Any]
     #: numpy int array (records × name prefix length): where each record's name holds the archive's name (torch
-    #: names the folder inside the zip after the file, ``ckpt_000100/data.pkl``), which may be another name,
-    #: the same in every record and without a ``/``; None: nowhere
+    #: names the folder inside the zip after the file, ``ckpt_000100/data.pkl``), which may be another name of
+    #: :data:`_FOLDER_BYTES`, the same in every record; None: nowhere
     prefixes: Optional[Any] = None
+    #: numpy int array: the bytes of ``.data/serialization_id``, which may be other decimal digits; None: none
+    digits: Optional[Any] = None
 
     def matches(self, data: bytes) -> bool:
         """Whether ``data`` (the same span of another file of the same size) equals :attr:`raw` outside
@@ -83,10 +105,12 @@ class Template:
             return True
         if self.free is None or not self.free[diff].all():
             return False
+        if self.digits is not None and not _DIGITS[u[self.digits]].all():
+            return False
         if self.prefixes is None:
             return True
         names = u[self.prefixes]
-        return bool((names == names[0]).all() and not (names[0] == ord("/")).any())
+        return bool((names == names[0]).all() and _FOLDER_BYTES[names[0]].all())
 
 
 def plan(paths: List[Optional[str]], kinds: List[str], benign: List[List[str]]) -> Dict[int, List[int]]:
@@ -193,6 +217,7 @@ def zip_template(index: int, path: str, data: bytes) -> Optional[Template]:
 
     from ...pickle_walk.streams import MAX_OPS
     from ...pickle_walk.templates import loose_operand_bytes
+    from ...pickle_walk.tensor_flow import only_rebuilt
 
     records = _records(data)
     if records is None:
@@ -210,17 +235,26 @@ def zip_template(index: int, path: str, data: bytes) -> Optional[Template]:
     res, loose = got
     if any(f"{g.module}.{g.name}" not in VALUE_BLIND and not _storage_type(g) for g in res.globals):
         return None
+    if not only_rebuilt(data[pkl_at[2]:pkl_at[3]], MAX_OPS):
+        return None
     free[pkl_at[2]:pkl_at[3]] = loose
     storages = {f"{prefix}/data/{k}" for k in res.storages}
+    raw = np.frombuffer(data, np.uint8).copy()
     n = len(prefix.encode())
     names = np.array([[at + i for i in range(n)] for r in records for at in r[4]], dtype=np.int64)
+    if not _FOLDER_BYTES[raw[names[0]]].all():
+        return None
     free[names.ravel()] = True
+    digits = None
     for name, crc_fields, start, end, _ in records:
         for at in crc_fields:
             free[at:at + 4] = True
-        if name in storages or name == f"{prefix}/.data/serialization_id":
+        if name in storages:
             free[start:end] = True
-    return Template(index, np.frombuffer(data, np.uint8).copy(), free, names)
+        elif name == f"{prefix}/.data/serialization_id" and _DIGITS[raw[start:end]].all():
+            digits = np.arange(start, end, dtype=np.int64)
+            free[start:end] = True
+    return Template(index, raw, free, names, digits)
 
 
 def _storage_type(g: Any) -> bool:
@@ -239,6 +273,8 @@ def _records(data: bytes) -> Optional[List[Tuple[str, Tuple[int, ...], int, int,
         infos = zf.infolist()
         cd = zf.start_dir
     except (zipfile.BadZipFile, OSError, ValueError, EOFError, struct.error):
+        return None
+    if len({i.filename.casefold() for i in infos}) != len(infos):  # a reader finds one of two equal names
         return None
     out = []
     at = cd
