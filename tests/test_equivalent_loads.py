@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from ckptaudit import discovery as inventory
 from ckptaudit.pipeline import audit_in_process
 from ckptaudit.stages.load import equivalent, loadtest
+from ckptaudit.stages.load.compared_bytes import Reader, stored_records
 from ckptaudit.stages.load.loaded_object import summary
 from ckptaudit.stages.load.reader import ReaderLoads
 from ckptaudit.stages.scan import scan_units
@@ -59,8 +60,12 @@ def run(tmp_path_factory):
     return _training_run(tmp_path_factory.mktemp("equivalent"))
 
 
+def _records(data: bytes):
+    return stored_records(Reader.of(data))
+
+
 def _crc_fields(data: bytes):
-    return [at for r in equivalent._records(data) for at in r[1]]
+    return [at for r in _records(data) for at in r[1]]
 
 
 def test_torch_checks_no_crc_on_load(run, tmp_path):
@@ -91,9 +96,13 @@ def test_a_follower_loads_as_its_template_did(run, tmp_path, data):
     """Random bytes at random places of a follower: if the template still matches, torch loads the file as it
     loaded the template's; a change only where the template allows one always matches."""
     raw = run[1].read_bytes()
-    t = equivalent.zip_template(0, str(run[0]), run[0].read_bytes())
-    names = set(t.prefixes.ravel().tolist())
-    free = [i for i in np.flatnonzero(t.free).tolist() if i not in names]
+    t = equivalent.zip_template(0, run[0].read_bytes())
+    inside = np.zeros(len(raw), dtype=bool)
+    for a, b in t.regions:
+        inside[a:b] = True
+    names = np.zeros(t.raw.size, dtype=bool)
+    names[t.prefixes.ravel()] = True
+    free = sorted(np.flatnonzero(~inside).tolist() + t.file_offsets(np.flatnonzero(t.free & ~names)).tolist())
     anywhere = data.draw(st.booleans())
     k = data.draw(st.integers(1, 6))
     pool = st.integers(0, len(raw) - 1) if anywhere else st.sampled_from(free)
@@ -116,7 +125,7 @@ def test_another_archive_name_in_every_record_matches_and_loads(run, tmp_path):
     renamed = data.replace(old + b"/", b"x" * len(old) + b"/")
     p = tmp_path / "renamed.pt"
     p.write_bytes(renamed)
-    t = equivalent.zip_template(0, str(run[0]), run[0].read_bytes())
+    t = equivalent.zip_template(0, run[0].read_bytes())
     assert t.matches(renamed) and _load(p) == _load(run[0])
     once = data.replace(old + b"/", b"y" * len(old) + b"/", 1)  # one record in another folder: torch refuses
     assert not t.matches(once)
@@ -136,7 +145,7 @@ def test_a_sparse_tensor_gets_no_template(tmp_path):
     for i in range(2):
         torch.save({"w": torch.sparse_coo_tensor(torch.tensor([[0, 1]]), torch.tensor([1.0, 2.0 + i]), (4,))},
                    tmp_path / f"s{i}.pt")
-    assert equivalent.zip_template(0, "", (tmp_path / "s0.pt").read_bytes()) is None
+    assert equivalent.zip_template(0, (tmp_path / "s0.pt").read_bytes()) is None
     assert _plan([tmp_path / "s0.pt", tmp_path / "s1.pt"]) == {}
 
 
@@ -284,13 +293,13 @@ def test_a_tensor_handed_to_a_call_or_a_build_gets_no_template():
              b"(" + _l1(0) + b"tb" + b"u.")
     for pkl, stores in ((size_from_tensor, {"0": np.array([4], np.int64).tobytes(), "1": _F4}),
                         (built, {"0": _F4})):
-        assert equivalent.zip_template(0, "", _zip(pkl, stores)) is None
+        assert equivalent.zip_template(0, _zip(pkl, stores)) is None
 
 
 def test_the_serialization_id_and_the_folder_may_differ_only_as_torch_writes_them(run):
     data = run[1].read_bytes()
-    t = equivalent.zip_template(0, str(run[0]), run[0].read_bytes())
-    (start, end), = [(r[2], r[3]) for r in equivalent._records(data) if r[0].endswith(".data/serialization_id")]
+    t = equivalent.zip_template(0, run[0].read_bytes())
+    (start, end), = [(r[2], r[3]) for r in _records(data) if r[0].endswith(".data/serialization_id")]
     assert t.matches(data[:start] + b"7" * (end - start) + data[end:])
     assert not t.matches(data[:start] + b"\xff" * (end - start) + data[end:])  # torch decodes it as text
     old = run[1].stem.encode()
@@ -305,4 +314,19 @@ def test_two_records_of_one_name_get_no_template():
         z.writestr("archive/data.pkl", pkl)
         z.writestr("archive/DATA.pkl", pkl)
         z.writestr("archive/version", "3\n")
-    assert equivalent.zip_template(0, "", buf.getvalue()) is None
+    assert equivalent.zip_template(0, buf.getvalue()) is None
+
+
+def test_a_large_file_is_compared_without_reading_its_tensor_data(tmp_path):
+    from ckptaudit import fs
+
+    paths = []
+    for step in range(3):
+        p = tmp_path / f"big_{step}.pt"
+        torch.save({"w": torch.full((1 << 20,), float(step)), "step": step + 1}, p)  # 4 MiB of tensor data
+        paths.append(p)
+    before = fs.local_bytes_read()
+    assert _plan(paths) == {0: [1, 2]}
+    read = fs.local_bytes_read() - before
+    assert 0 < read < 3 * (16 << 10), read
+    assert all(_load(p)["n_tensors"] == 1 for p in paths)

@@ -36,11 +36,12 @@ The reader (:class:`ckptaudit.stages.load.reader.ReaderLoads`) returns the objec
 from __future__ import annotations
 
 import dataclasses
-import io
 import os
 import struct
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from .compared_bytes import JoinedOffsets, Reader, outside, stored_records
 
 #: The imports a template's data.pkl may hold: none reads a storage's bytes when torch loads it (the tensor
 #: rebuilds of torch/_utils.py for dense tensors, the storage types named in persistent ids, and plain values).
@@ -51,17 +52,11 @@ VALUE_BLIND = frozenset({
     "numpy.core.multiarray.scalar", "numpy._core.multiarray.scalar", "argparse.Namespace", "builtins.set",
     "builtins.frozenset", "builtins.slice", "_codecs.encode",
 })
-#: Files up to this size get a template (both it and a candidate are read whole, from the page cache the hash
-#: stage left them in); a larger file's load costs little beside its hash.
-MAX_FILE_BYTES = 8 << 20
 #: Templates made per group of files of one kind, size and allowed globals: a group whose files keep failing to
 #: match (numbers in bound places) stops paying for the walks and loads its files.
 MAX_TEMPLATES = 4
 #: A safetensors header up to this size is compared.
 MAX_HEADER_BYTES = 8 << 20
-
-_LOCAL, _CENTRAL, _DESCRIPTOR = b"PK\x03\x04", b"PK\x01\x02", b"PK\x07\x08"
-
 
 def _byte_set(chars: bytes):
     import numpy as np
@@ -78,26 +73,45 @@ _DIGITS = _byte_set(b"0123456789")
 
 @dataclasses.dataclass
 class Template:
-    """A loaded file's bytes (``raw``, numpy uint8: the whole file, or a safetensors file's header) and where
-    another file may differ from them (``free``, numpy bool, or None: nowhere); ``index``: its place in the load
-    stage's list of files to load."""
+    """What a loaded file holds where another may not differ: ``raw`` (numpy uint8), its bytes at ``regions``
+    (numpy int64, rows ``(start, end)``: everything but its tensor data for a torch zip, the length field and
+    header of a safetensors file), and where in ``raw`` another file may differ anyway (``free``, numpy bool, or
+    None: nowhere); ``index``: its place in the load stage's list of files to load."""
 
     index: int
+    size: int
+    regions: Any
     raw: Any
-    free: Optional[Any]
-    #: numpy int array (records × name prefix length): where each record's name holds the archive's name (torch
-    #: names the folder inside the zip after the file, ``ckpt_000100/data.pkl``), which may be another name of
-    #: :data:`_FOLDER_BYTES`, the same in every record; None: nowhere
+    free: Optional[Any] = None
+    #: numpy int array (records × name prefix length), positions in ``raw``: where each record's name holds the
+    #: archive's name (torch names the folder inside the zip after the file, ``ckpt_000100/data.pkl``), which
+    #: may be another name of :data:`_FOLDER_BYTES`, the same in every record; None: nowhere
     prefixes: Optional[Any] = None
-    #: numpy int array: the bytes of ``.data/serialization_id``, which may be other decimal digits; None: none
+    #: numpy int array, positions in ``raw``: the bytes of ``.data/serialization_id``, which may be other decimal
+    #: digits; None: none
     digits: Optional[Any] = None
 
-    def matches(self, data: bytes) -> bool:
-        """Whether ``data`` (the same span of another file of the same size) equals :attr:`raw` outside
-        :attr:`free`, with one archive name of the same length in every record."""
+    def file_offsets(self, positions):
+        """The file offsets of ``positions`` in :attr:`raw` (a numpy int array)."""
         import numpy as np
 
-        if len(data) != self.raw.size:
+        lengths = self.regions[:, 1] - self.regions[:, 0]
+        before = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+        i = np.searchsorted(before, positions, side="right") - 1
+        return self.regions[i, 0] + positions - before[i]
+
+    def matches(self, other: "bytes | Reader") -> bool:
+        """Whether another file (a :class:`Reader`, or its bytes) of :attr:`size` bytes equals :attr:`raw` at
+        :attr:`regions` outside :attr:`free`, with one archive name of the same length in every record.  Reads
+        only :attr:`regions` of it."""
+        import numpy as np
+
+        if not isinstance(other, Reader):
+            other = Reader.of(other)
+        if other.size != self.size:
+            return False
+        data = other.spans(self.regions)
+        if data is None or len(data) != self.raw.size:
             return False
         u = np.frombuffer(data, np.uint8)
         diff = np.flatnonzero(u != self.raw)
@@ -117,12 +131,13 @@ def plan(paths: List[Optional[str]], kinds: List[str], benign: List[List[str]]) 
     """{index of a file to load: indexes of the files shown to load as it does}: ``paths[i]`` (a local path, or
     None for a file that must be loaded: a remote object), of kind ``kinds[i]``, loaded with ``benign[i]`` allowed.
     Files of one kind, size and allowed globals are compared with templates made from the first files of the
-    group that match none (at most :data:`MAX_TEMPLATES`); each template's file is loaded.  Reads the files of
-    groups of two or more (up to :data:`MAX_FILE_BYTES` each, a safetensors file's header only)."""
+    group that match none (at most :data:`MAX_TEMPLATES`); each template's file is loaded.  Reads, of the files
+    of groups of two or more, what a template compares (a zip's directory, headers, data.pkl and small records,
+    never its tensor data; a safetensors file's header), counted as the stage's reads."""
     groups: Dict[tuple, List[int]] = {}
     for i, p in enumerate(paths):
         size = _size(p) if p is not None and kinds[i] in ("torch_zip", "safetensors") else -1
-        if 0 < size and (kinds[i] == "safetensors" or size <= MAX_FILE_BYTES):
+        if size > 0:
             groups.setdefault((kinds[i], size, tuple(sorted(benign[i]))), []).append(i)
     out: Dict[int, List[int]] = {}
     for (kind, _size_, _), members in groups.items():
@@ -131,16 +146,18 @@ def plan(paths: List[Optional[str]], kinds: List[str], benign: List[List[str]]) 
         held: List[Template] = []
         made = 0
         for i in members:
-            data = _span(paths[i], kind)
-            hit = next((t for t in held if data is not None and t.matches(data)), None)
-            if hit is not None:
-                out.setdefault(hit.index, []).append(i)
-                continue
-            if made < MAX_TEMPLATES and data is not None:
-                made += 1
-                t = (zip_template if kind == "torch_zip" else safetensors_template)(i, paths[i], data)
-                if t is not None:
-                    held.insert(0, t)
+            reader = Reader(paths[i])
+            try:
+                hit = next((t for t in held if t.matches(reader)), None)
+                if hit is not None:
+                    out.setdefault(hit.index, []).append(i)
+                elif made < MAX_TEMPLATES:
+                    made += 1
+                    t = (zip_template if kind == "torch_zip" else safetensors_template)(i, reader)
+                    if t is not None:
+                        held.insert(0, t)
+            finally:
+                reader.close()
     return out
 
 
@@ -184,120 +201,76 @@ def _size(path: str) -> int:
         return -1
 
 
-def _span(path: str, kind: str) -> Optional[bytes]:
-    """The bytes a template compares: a torch zip whole (up to one byte past :data:`MAX_FILE_BYTES`), a safetensors
-    file's length field and JSON header (None past :data:`MAX_HEADER_BYTES` or unreadable)."""
-    try:
-        with open(path, "rb") as f:
-            if kind != "safetensors":
-                return f.read(MAX_FILE_BYTES + 1)
-            head = f.read(8)
-            n = struct.unpack("<Q", head)[0] if len(head) == 8 else MAX_HEADER_BYTES + 1
-            return head + f.read(n) if n <= MAX_HEADER_BYTES else None
-    except OSError:
-        return None
-
-
-def safetensors_template(index: int, path: str, data: bytes) -> Optional[Template]:
-    """A template of a safetensors file whose first bytes are ``data`` (its length field and header): another
-    file of the same size must hold the same header, byte for byte."""
+def safetensors_template(index: int, reader: "Reader | bytes") -> Optional[Template]:
+    """A template of a safetensors file (a :class:`Reader`, or its bytes): another file of the same size must hold
+    the same length field and header, byte for byte; None for a header past :data:`MAX_HEADER_BYTES`."""
     import numpy as np
 
-    if len(data) < 8 or len(data) != 8 + struct.unpack_from("<Q", data)[0]:
+    reader = reader if isinstance(reader, Reader) else Reader.of(reader)
+    head = reader.read(0, 8)
+    n = struct.unpack("<Q", head)[0] if len(head) == 8 else MAX_HEADER_BYTES + 1
+    if n > MAX_HEADER_BYTES or 8 + n > reader.size:
         return None
-    return Template(index, np.frombuffer(data, np.uint8).copy(), None)
+    regions = np.array([[0, 8 + n]], dtype=np.int64)
+    data = reader.spans(regions)
+    if data is None:
+        return None
+    return Template(index, reader.size, regions, np.frombuffer(data, np.uint8).copy())
 
 
-def zip_template(index: int, path: str, data: bytes) -> Optional[Template]:
-    """A template of a torch zip whose bytes are ``data``, or None when the module's conditions do not hold
-    (a deflated record, records out of order or overlapping, an import outside :data:`VALUE_BLIND`, a data.pkl
-    the walk does not make a template of).  Record layout: PKWARE APPNOTE 4.3.7 (local header), 4.3.9 (data
-    descriptor), 4.3.12 (central directory header), 4.3.16 (end of central directory)."""
+def zip_template(index: int, reader: "Reader | bytes") -> Optional[Template]:
+    """A template of a torch zip (a :class:`Reader`, or its bytes), or None when the module's conditions do not
+    hold (a deflated record, two records of one name, records out of order or overlapping, an import outside
+    :data:`VALUE_BLIND`, a storage or tensor handed elsewhere than its rebuild, a data.pkl the walk makes no
+    template of).  Its regions are the whole file but the tensor data.  Record layout: PKWARE APPNOTE 4.3.7
+    (local header), 4.3.9 (data descriptor), 4.3.12 (central directory header), 4.3.16 (end of central
+    directory)."""
     import numpy as np
 
     from ...pickle_walk.streams import MAX_OPS
     from ...pickle_walk.templates import loose_operand_bytes
     from ...pickle_walk.tensor_flow import only_rebuilt
 
-    records = _records(data)
+    reader = reader if isinstance(reader, Reader) else Reader.of(reader)
+    records = stored_records(reader)
     if records is None:
         return None
-    free = np.zeros(len(data), dtype=bool)
     prefix = records[0][0].split("/", 1)[0]
     if not prefix or not all(r[0].startswith(prefix + "/") for r in records):
         return None
     pkl_at = next((r for r in records if r[0] == f"{prefix}/data.pkl"), None)
-    if pkl_at is None:
-        return None
-    got = loose_operand_bytes(data[pkl_at[2]:pkl_at[3]], MAX_OPS)
+    pkl = reader.read(pkl_at[2], pkl_at[3] - pkl_at[2]) if pkl_at is not None else b""
+    got = loose_operand_bytes(pkl, MAX_OPS) if pkl and len(pkl) == pkl_at[3] - pkl_at[2] else None
     if got is None:
         return None
     res, loose = got
     if any(f"{g.module}.{g.name}" not in VALUE_BLIND and not _storage_type(g) for g in res.globals):
         return None
-    if not only_rebuilt(data[pkl_at[2]:pkl_at[3]], MAX_OPS):
+    if not only_rebuilt(pkl, MAX_OPS):
         return None
-    free[pkl_at[2]:pkl_at[3]] = loose
     storages = {f"{prefix}/data/{k}" for k in res.storages}
+    regions = outside(sorted((r[2], r[3]) for r in records if r[0] in storages), reader.size)
+    data = reader.spans(regions)
+    if data is None:
+        return None
     raw = np.frombuffer(data, np.uint8).copy()
+    at = JoinedOffsets(regions)
+    free = np.zeros(raw.size, dtype=bool)
+    free[at(pkl_at[2]) + np.flatnonzero(loose)] = True
     n = len(prefix.encode())
-    names = np.array([[at + i for i in range(n)] for r in records for at in r[4]], dtype=np.int64)
+    names = np.array([[at(o) + i for i in range(n)] for r in records for o in r[4]], dtype=np.int64)
     if not _FOLDER_BYTES[raw[names[0]]].all():
         return None
     free[names.ravel()] = True
     digits = None
     for name, crc_fields, start, end, _ in records:
-        for at in crc_fields:
-            free[at:at + 4] = True
-        if name in storages:
-            free[start:end] = True
-        elif name == f"{prefix}/.data/serialization_id" and _DIGITS[raw[start:end]].all():
-            digits = np.arange(start, end, dtype=np.int64)
-            free[start:end] = True
-    return Template(index, raw, free, names, digits)
+        for c in crc_fields:
+            free[at(c):at(c) + 4] = True
+        if name == f"{prefix}/.data/serialization_id" and _DIGITS[raw[at(start):at(start) + end - start]].all():
+            digits = np.arange(at(start), at(start) + end - start, dtype=np.int64)
+            free[digits] = True
+    return Template(index, reader.size, regions, raw, free, names, digits)
 
 
 def _storage_type(g: Any) -> bool:
     return g.module == "torch" and g.name.endswith("Storage") and g.literal
-
-
-def _records(data: bytes) -> Optional[List[Tuple[str, Tuple[int, ...], int, int, Tuple[int, int]]]]:
-    """``(name, offsets of its CRC-32 fields, payload start, payload end, offsets of its name in the central
-    directory and the local header)`` of each record of the zip ``data``, in archive order; None unless every
-    record is stored, the local headers agree with the central directory on the name, and the records follow one
-    another without overlap up to the central directory."""
-    import zipfile
-
-    try:
-        zf = zipfile.ZipFile(io.BytesIO(data))
-        infos = zf.infolist()
-        cd = zf.start_dir
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError, struct.error):
-        return None
-    if len({i.filename.casefold() for i in infos}) != len(infos):  # a reader finds one of two equal names
-        return None
-    out = []
-    at = cd
-    for info in infos:  # central directory entries, in their order (4.3.12: fixed 46 bytes, then n, m, k)
-        if data[at:at + 4] != _CENTRAL or info.compress_type != 0 or info.compress_size != info.file_size:
-            return None
-        n, m, k = struct.unpack_from("<HHH", data, at + 28)
-        lho = info.header_offset
-        if data[lho:lho + 4] != _LOCAL:
-            return None
-        ln, lm = struct.unpack_from("<HH", data, lho + 26)
-        start = lho + 30 + ln + lm
-        if data[lho + 30:lho + 30 + ln] != data[at + 46:at + 46 + n]:
-            return None
-        crcs = [at + 16, lho + 14]
-        end = start + info.compress_size
-        if info.flag_bits & 0x8:  # a data descriptor follows the payload, with or without its signature
-            crcs.append(end + 4 if data[end:end + 4] == _DESCRIPTOR else end)
-        out.append((info.filename, tuple(crcs), start, end, (at + 46, lho + 30)))
-        at += 46 + n + m + k
-    order = sorted(range(len(out)), key=lambda i: infos[i].header_offset)
-    limit = [infos[i].header_offset for i in order[1:]] + [cd]
-    for i, nxt in zip(order, limit):  # each record (and its descriptor's CRC) ends before the next one starts
-        if max([out[i][3]] + [c + 4 for c in out[i][1][1:]]) > nxt:
-            return None
-    return out if out else None

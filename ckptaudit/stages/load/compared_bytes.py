@@ -1,0 +1,172 @@
+"""The bytes of a file that :mod:`.equivalent` compares: read where asked and counted, and a zip's stored records.
+
+A template compares a file everywhere but its tensor data (:mod:`.equivalent`): :class:`Reader` reads those
+regions of another file (a small file once, whole), :func:`stored_records` finds a zip's records and the places
+of their CRC-32 fields and names, and :func:`outside` / :class:`JoinedOffsets` turn the tensor data's spans into
+the regions compared and map file offsets into their joined bytes.  Record layout: PKWARE APPNOTE 4.3.7 (local
+header), 4.3.9 (data descriptor), 4.3.12 (central directory header), 4.3.16 (end of central directory).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import struct
+from typing import List, Optional, Tuple
+
+#: A file up to this size is read whole, once, for a template or a match (from the page cache the hash stage
+#: left it in); a larger one only where a template compares it, a read per region.
+WHOLE_BYTES = 1 << 20
+
+_LOCAL, _CENTRAL, _DESCRIPTOR = b"PK\x03\x04", b"PK\x01\x02", b"PK\x07\x08"
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return -1
+
+
+class Reader:
+    """Bytes of one local file at given offsets, counted as the audit's reads (:func:`ckptaudit.fs.reads.pread`);
+    a file of up to :data:`WHOLE_BYTES` is read once, whole.  ``size``: the file's size in bytes."""
+
+    def __init__(self, path: Optional[str], data: Optional[bytes] = None) -> None:
+        self.path, self._data, self._fd = path, data, None
+        self.size = len(data) if data is not None else _size(path or "")
+
+    @classmethod
+    def of(cls, data: bytes) -> "Reader":
+        return cls(None, data)
+
+    def read(self, off: int, n: int) -> bytes:
+        """``n`` bytes from ``off`` (fewer at the end of the file; b"" when it cannot be read)."""
+        from ...fs.reads import pread
+
+        if self._data is None and 0 <= self.size <= WHOLE_BYTES:
+            self._data = self._pread(pread, 0, self.size)
+        if self._data is not None:
+            return self._data[max(0, off):max(0, off + n)]
+        return self._pread(pread, off, n)
+
+    def _pread(self, pread, off: int, n: int) -> bytes:
+        try:
+            if self._fd is None:
+                self._fd = os.open(self.path, os.O_RDONLY)
+            return pread(self._fd, n, off)
+        except OSError:
+            return b""
+
+    def spans(self, regions) -> Optional[bytes]:
+        """The bytes at ``regions`` (rows ``(start, end)``), joined; None when one is cut short."""
+        out = [self.read(int(a), int(b - a)) for a, b in regions]
+        return b"".join(out) if all(len(x) == b - a for x, (a, b) in zip(out, regions)) else None
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def outside(spans: List[Tuple[int, int]], size: int):
+    """Rows ``(start, end)`` of ``[0, size)`` outside ``spans`` (sorted, disjoint), as a numpy int64 array."""
+    import numpy as np
+
+    out, at = [], 0
+    for a, b in spans:
+        if a > at:
+            out.append((at, a))
+        at = max(at, b)
+    if at < size:
+        out.append((at, size))
+    return np.array(out, dtype=np.int64).reshape(-1, 2)
+
+
+class JoinedOffsets:
+    """Where a file offset inside one of ``regions`` lands in their joined bytes."""
+
+    def __init__(self, regions) -> None:
+        import numpy as np
+
+        self.starts = regions[:, 0]
+        self.before = np.concatenate([[0], np.cumsum(regions[:, 1] - regions[:, 0])[:-1]])
+
+    def __call__(self, off: int) -> int:
+        import numpy as np
+
+        i = int(np.searchsorted(self.starts, off, side="right")) - 1
+        return int(self.before[i]) + off - int(self.starts[i])
+
+
+def stored_records(reader: "Reader") -> Optional[List[Tuple[str, Tuple[int, ...], int, int, Tuple[int, int]]]]:
+    """``(name, offsets of its CRC-32 fields, payload start, payload end, offsets of its name in the central
+    directory and the local header)`` of each record of the zip ``reader`` reads, in archive order; None unless
+    every record is stored, no two names are equal ignoring case (a reader finds one of them), the local headers
+    agree with the central directory on the name, and the records follow one another without overlap up to the
+    central directory."""
+    import zipfile
+
+    try:
+        zf = zipfile.ZipFile(_File(reader))
+        infos = zf.infolist()
+        cd = zf.start_dir
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError, struct.error):
+        return None
+    if not infos or len({i.filename.casefold() for i in infos}) != len(infos):
+        return None
+    central = reader.read(cd, reader.size - cd)
+    out = []
+    at = 0
+    for info in infos:  # central directory entries, in their order (4.3.12: fixed 46 bytes, then n, m, k)
+        if central[at:at + 4] != _CENTRAL or info.compress_type != 0 or info.compress_size != info.file_size:
+            return None
+        n, m, k = struct.unpack_from("<HHH", central, at + 28)
+        lho = info.header_offset
+        local = reader.read(lho, 30 + n)
+        if local[:4] != _LOCAL:
+            return None
+        ln, lm = struct.unpack_from("<HH", local, 26)
+        start = lho + 30 + ln + lm
+        if local[30:30 + ln] != central[at + 46:at + 46 + n]:
+            return None
+        crcs = [cd + at + 16, lho + 14]
+        end = start + info.compress_size
+        if info.flag_bits & 0x8:  # a data descriptor follows the payload, with or without its signature
+            crcs.append(end + 4 if reader.read(end, 4) == _DESCRIPTOR else end)
+        out.append((info.filename, tuple(crcs), start, end, (cd + at + 46, lho + 30)))
+        at += 46 + n + m + k
+    order = sorted(range(len(out)), key=lambda i: infos[i].header_offset)
+    limit = [infos[i].header_offset for i in order[1:]] + [cd]
+    for i, nxt in zip(order, limit):  # each record (and its descriptor's CRC) ends before the next one starts
+        if max([out[i][3]] + [c + 4 for c in out[i][1][1:]]) > nxt:
+            return None
+    return out
+
+
+class _File(io.RawIOBase):
+    """A read-only file over a :class:`Reader`, for :class:`zipfile.ZipFile` (which reads the end records and the
+    central directory)."""
+
+    def __init__(self, reader: "Reader") -> None:
+        super().__init__()
+        self._r, self._at = reader, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, off: int, whence: int = 0) -> int:
+        self._at = off if whence == 0 else self._at + off if whence == 1 else self._r.size + off
+        return self._at
+
+    def tell(self) -> int:
+        return self._at
+
+    def readinto(self, b) -> int:
+        data = self._r.read(self._at, len(b))
+        b[:len(data)] = data
+        self._at += len(data)
+        return len(data)
