@@ -181,3 +181,15 @@ def test_free_bytes_mark_each_literal_numbers_operand_with_its_opcode():
     for pos in set(owner[owner >= 0].tolist()):
         assert data[pos:pos + 1] in (b"J", b"K", b"M", b"G")
     assert free_bytes(data[:-1]) is None  # no STOP
+
+
+def test_a_pickle_of_one_number_and_a_key_named_like_a_tag_walk_as_themselves():
+    """From a second review: a pickle that is one number (the root has no container to patch), and a str key
+    spelled as safe_key's stand-in for a tagged int key (the tagging walk must set keys as the plain walk does)."""
+    def keyed(a):  # {"<key <_TagInt>>": [7], 5: [a]}
+        return (b"\x80\x02}q\x00(X\x0f\x00\x00\x00<key <_TagInt>>]q\x01K\x07aK\x05]q\x02K" + bytes([a]) + b"au.")
+
+    for first, second in ((pickle.dumps(300, protocol=2), pickle.dumps(400, protocol=2)), (keyed(7), keyed(9))):
+        t = WalkTemplates()
+        t.walk(first, MAX_OPS)
+        assert same_walk(t.walk(second, MAX_OPS), walk(second, max_ops=MAX_OPS))

@@ -7,7 +7,7 @@ The hash stage plans each torch zip's value ranges from a static walk of its dat
 :class:`PickleTemplates` walks one data.pkl of each shape and hands its floating tensors' places (storage key,
 byte offset in the storage, bytes, dtype) to each later data.pkl that *matches* it: the same length, and equal
 byte for byte outside the operands of ``BININT``, ``BININT1``, ``BININT2`` and ``BINFLOAT``
-(:func:`ckptaudit.pickle_walk.templates.free_bytes`: the two decode to the same opcodes at the same offsets).
+(:func:`ckptaudit.pickle_walk.number_operands.free_bytes`: the two decode to the same opcodes at the same offsets).
 
 Sound whatever the match says, by the way the places are used: a plan only names the byte ranges over which the
 pass computes value statistics.  The state stage takes a statistic for a tensor only where that tensor's own
@@ -24,7 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Tuple
 
-from ..pickle_walk.templates import TemplateShelf, changed_numbers, free_bytes
+from ..pickle_walk.number_operands import changed_numbers, free_bytes
+from ..pickle_walk.templates import TemplateShelf
 
 #: The floating tensors' places in a data.pkl: (storage keys, byte offsets in the storages, bytes, dtype codes)
 #: — the keys a list of ``str``, the rest ``array('q')`` — and whether the walk that found them ended cleanly.

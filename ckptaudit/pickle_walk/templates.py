@@ -4,7 +4,7 @@ A run's checkpoints of one model come from one ``torch.save`` call site: their d
 opcodes, byte for byte, except for the numbers stored as literal operands (the step, the loss, a learning rate).
 Two pickles *match* when they have the same length and differ only inside the operands of ``BININT``,
 ``BININT1``, ``BININT2`` and ``BINFLOAT`` (fixed-width operands, so both decode to the same opcodes at the same
-offsets: operand layout from ``Lib/pickletools.py``).  :func:`free_bytes` marks those operands.
+offsets: operand layout from ``Lib/pickletools.py``).  :func:`.number_operands.free_bytes` marks those operands.
 
 What a match does not tell is where a differing number goes: into a tensor's size, a dict key, a call's argument
 — or only into a container, as a value.  :class:`WalkTemplates` learns it once per shape by walking the first
@@ -28,45 +28,12 @@ from __future__ import annotations
 
 import dataclasses
 import io
-import pickletools
 import struct
 import threading
 from typing import Any, Dict, List, Optional, Tuple
 
 from .model import WalkResult
-
-#: opcode name → (its operand's struct format, bytes)
-_FREE = {"BININT": ("<i", 4), "BININT1": ("<B", 1), "BININT2": ("<H", 2), "BINFLOAT": (">d", 8)}
-_MEMO_PUTS = ("PUT", "BINPUT", "LONG_BINPUT")
-
-
-def free_bytes(pkl: bytes) -> Optional[Any]:
-    """A numpy int32 array over ``pkl``: at each byte of a ``BININT``/``BININT1``/``BININT2``/``BINFLOAT`` operand
-    the offset of its opcode, -1 elsewhere; None when the opcodes cannot be decoded to a ``STOP`` or a memo slot is
-    bound twice (``PUT``/``BINPUT``/``LONG_BINPUT``/``MEMOIZE``)."""
-    import numpy as np
-
-    from .opcodes import genops
-
-    owner = np.full(len(pkl), -1, dtype=np.int32)
-    slots, memoized = set(), 0
-    try:
-        for op, arg, pos in genops(pkl, io.BytesIO(pkl)):
-            free = _FREE.get(op.name)
-            if free:
-                owner[pos + 1:pos + 1 + free[1]] = pos
-            elif op.name in _MEMO_PUTS:
-                if arg in slots:
-                    return None
-                slots.add(arg)
-            elif op.name == "MEMOIZE":
-                memoized += 1
-    except ValueError:
-        return None
-    if memoized and slots:  # MEMOIZE takes the memo's size as its slot: mixed with PUTs they may meet
-        return None
-    return owner
-
+from .number_operands import FREE, FREE_AT, changed_numbers, free_bytes
 
 class _TagInt(int):
     pos: int
@@ -83,21 +50,23 @@ def _tagged(value: Any, pos: int) -> Any:
 
 
 def literal_places(pkl: bytes, max_ops: int) -> Dict[int, tuple]:
-    """{opcode offset: path}: the literal numbers of :data:`_FREE` in ``pkl`` that are loose (see the module's
-    docstring), each with its path (dict keys and sequence indexes from the root), from a walk of ``pkl`` with each
-    such number tagged with its opcode's offset; numbers not in the map are bound.  A tagged number that reaches a
-    call, an object, a frozenset or a set (which the walk may compute with: a ``builtins.set`` of literals drops
-    equal ones), a persistent id (a storage's key and size), a ``BUILD`` state, a dict key, an item set into
-    anything but a plain dict, or a memo ``GET`` (which shares it with a place the walk may convert, as a key is
-    by ``safe_key``) is bound wherever it ends up."""
+    """{opcode offset: path}: the literal numbers of :data:`.number_operands.FREE` in ``pkl`` that are loose (see
+    the module's docstring), each with its path (dict keys and sequence indexes from the root), from a walk of
+    ``pkl`` with each such number tagged with its opcode's offset; numbers not in the map are bound.  A tagged
+    number that reaches a call, an object, a frozenset or a set (which the walk may compute with: a
+    ``builtins.set`` of literals drops equal ones), a persistent id (a storage's key and size), a ``BUILD`` state,
+    a dict key, an item set into anything but a plain dict, or a memo ``GET`` (which shares it with a place the
+    walk may convert, as a key is by ``safe_key``) is bound wherever it ends up; a key is set untagged, as the
+    plain walk sets it, and a pickle whose key keeps a tag (deeper than 32) has no loose number."""
     from .machine import WalkState
     from .streams import walk
 
     bound: set = set()
+    spoiled: List[int] = []  # a key still tagged after untagging: the walks may differ, no number is loose
 
     class Tagging(WalkState):
         def op_literal(self, stack: List[Any], arg: Any, pos: int, op: Any) -> None:
-            if op.name in _FREE:
+            if op.name in FREE:
                 stack.append(_tagged(arg, pos))
             else:
                 super().op_literal(stack, arg, pos, op)
@@ -131,7 +100,13 @@ def literal_places(pkl: bytes, max_ops: int) -> Dict[int, tuple]:
             bound.update(_tags_in(stack[-1]))
 
         def setitems(self, target: Any, items: Any, pos: int, opname: str) -> None:  # keys are hashed, merged
-            bound.update(_tags_in(list(items[0::2])))
+            keys = list(items[0::2])
+            tags = _tags_in(keys)
+            if tags:  # the key the plain walk makes: a tag would reach safe_key's text (its class name)
+                bound.update(tags)
+                keys = [_untagged(k) for k in keys]
+                spoiled.extend(_tags_in(keys))
+                items = [x for kv in zip(keys, items[1::2]) for x in kv]
             if type(target) is not dict:
                 bound.update(_tags_in(list(items[1::2])))
             super().setitems(target, items, pos, opname)
@@ -140,9 +115,21 @@ def literal_places(pkl: bytes, max_ops: int) -> Dict[int, tuple]:
     state = Tagging(res, pkl, "torch", 0, max_ops, None, walker=walk)
     state.tensor_paths = False
     state.run(io.BytesIO(pkl), 0)
-    if res.error is not None or res.tricks:
+    if res.error is not None or res.tricks or spoiled:
         return {}
     return {pos: path for pos, path in _loose(res.obj).items() if pos not in bound}
+
+
+def _untagged(k: Any, depth: int = 0) -> Any:
+    """Key ``k`` with its tagged numbers (in tuples and frozensets, up to 32 deep) plain again."""
+    t = type(k)
+    if t is _TagInt:
+        return int(k)
+    if t is _TagFloat:
+        return float(k)
+    if (t is tuple or t is frozenset) and depth < 32:
+        return t(_untagged(x, depth + 1) for x in k)
+    return k
 
 
 def _tags_in(x: Any) -> List[int]:
@@ -184,8 +171,8 @@ def _loose(root: Any) -> Dict[int, tuple]:
         else:
             todo.extend((c, None) for c in held_values(o))
     out = {}
-    for pos, paths in found.items():
-        if len(paths) == 1 and paths[0] is not None and _unshared(root, paths[0], refs):
+    for pos, paths in found.items():  # the root itself (a pickle of one number) has no container to patch
+        if len(paths) == 1 and paths[0] and _unshared(root, paths[0], refs):
             out[pos] = paths[0]
     return out
 
@@ -285,7 +272,7 @@ def _template(pkl: bytes, u: Any, res: WalkResult, max_ops: int) -> Optional[_Te
         return None
     loose = literal_places(pkl, max_ops)
     for pos, path in list(loose.items()):  # the plain walk holds the same number there, in plain containers
-        fmt, n = _FREE_AT[pkl[pos]]
+        fmt, n = FREE_AT[pkl[pos]]
         want = struct.unpack_from(fmt, pkl, pos + 1)[0]
         if not _holds(res.obj, path, want):
             del loose[pos]
@@ -323,20 +310,6 @@ def _holds(root: Any, path: tuple, want: Any) -> bool:
     return type(node) is type(want) and (node == want or (node != node and want != want))
 
 
-def changed_numbers(raw: Any, owner: Any, u: Any) -> Optional[List[int]]:
-    """The opcode offsets of the literal numbers in which pickle ``u`` (numpy uint8) differs from ``raw`` (its
-    :func:`free_bytes` ``owner``), in order; None when ``u`` does not match ``raw`` (another length, or a byte
-    outside those numbers' operands differs): the match rule of every template."""
-    import numpy as np
-
-    if raw.size != u.size:
-        return None
-    owners = owner[np.flatnonzero(u != raw)]
-    if (owners < 0).any():
-        return None
-    return np.unique(owners).tolist()
-
-
 def _from_template(t: _Template, pkl: bytes, u: Any, max_ops: int) -> Optional[WalkResult]:
     """``t``'s result with ``pkl``'s own loose numbers in place, or None when ``pkl`` does not match ``t``."""
     changed = changed_numbers(t.raw, t.owner, u) if t.res.n_ops <= max_ops else None
@@ -349,7 +322,7 @@ def _from_template(t: _Template, pkl: bytes, u: Any, max_ops: int) -> Optional[W
         path = t.loose.get(pos)
         if path is None:
             return None
-        fmt, _n = _FREE_AT[pkl[pos]]
+        fmt, _n = FREE_AT[pkl[pos]]
         node = patch
         for step in path[:-1]:
             node = node.setdefault(step, {})
@@ -377,7 +350,3 @@ def _copy(res: WalkResult, obj: Any) -> WalkResult:
     """A result the caller may change (its lists and dict are its own; the objects in them are shared)."""
     return dataclasses.replace(res, obj=obj, globals=list(res.globals), storages=dict(res.storages),
                                tensors=list(res.tensors), tricks=[], nested=[])
-
-
-#: opcode byte → (struct format, bytes) of the literal numbers of :data:`_FREE`
-_FREE_AT = {ord(op.code): _FREE[op.name] for op in pickletools.opcodes if op.name in _FREE}
