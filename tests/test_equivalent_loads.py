@@ -330,3 +330,15 @@ def test_a_large_file_is_compared_without_reading_its_tensor_data(tmp_path):
     read = fs.local_bytes_read() - before
     assert 0 < read < 3 * (16 << 10), read
     assert all(_load(p)["n_tensors"] == 1 for p in paths)
+
+
+def test_a_zip_two_readers_would_read_apart_gets_no_template(run):
+    """Bytes before the archive (Python's zipfile shifts every offset past them, torch's miniz does not) or a
+    ZIP64 locator that points elsewhere than the record before it: no template (a second review hid another
+    archive in a storage record's bytes both ways)."""
+    data = run[0].read_bytes()
+    assert equivalent.zip_template(0, data) is not None
+    assert equivalent.zip_template(0, b"\0" * 64 + data) is None
+    loc = data.rindex(b"PK\x06\x07")
+    moved = data[:loc + 8] + struct.pack("<Q", struct.unpack_from("<Q", data, loc + 8)[0] - 8) + data[loc + 16:]
+    assert equivalent.zip_template(0, moved) is None

@@ -113,7 +113,7 @@ def stored_records(reader: "Reader") -> Optional[List[Tuple[str, Tuple[int, ...]
         cd = zf.start_dir
     except (zipfile.BadZipFile, OSError, ValueError, EOFError, struct.error):
         return None
-    if not infos or len({i.filename.casefold() for i in infos}) != len(infos):
+    if not infos or len({i.filename.casefold() for i in infos}) != len(infos) or not _one_reading(reader, cd, infos):
         return None
     central = reader.read(cd, reader.size - cd)
     out = []
@@ -142,6 +142,32 @@ def stored_records(reader: "Reader") -> Optional[List[Tuple[str, Tuple[int, ...]
         if max([out[i][3]] + [c + 4 for c in out[i][1][1:]]) > nxt:
             return None
     return out
+
+
+def _one_reading(reader: "Reader", start_dir: int, infos: list) -> bool:
+    """Whether every zip reader finds the central directory where Python's :mod:`zipfile` did (``start_dir``): an
+    end record without comment closes the file and states that offset (no bytes before the archive, which zipfile
+    allows for and miniz does not), a ZIP64 end record, if any, lies right before its locator and states the same
+    offset, size and count, and the directory ends where the end records begin (APPNOTE 4.3.14-4.3.16)."""
+    size = reader.size
+    end = reader.read(size - 22, 22)
+    if len(end) != 22 or end[:4] != b"PK\x05\x06":
+        return False
+    _d, _cd, _n_here, n, cd_size, cd_off, comment = struct.unpack_from("<HHHHIIH", end, 4)
+    stop = size - 22
+    loc = reader.read(size - 42, 20) if size >= 42 else b""
+    if loc[:4] == b"PK\x06\x07":
+        rec_at = struct.unpack_from("<Q", loc, 8)[0]
+        rec = reader.read(rec_at, 56)
+        if len(rec) != 56 or rec[:4] != b"PK\x06\x06" or rec_at + 56 != size - 42 or \
+                struct.unpack_from("<Q", rec, 4)[0] != 44:
+            return False
+        n64, size64, off64 = struct.unpack_from("<QQQ", rec, 32)
+        if (n != 0xFFFF and n != n64) or (cd_size != 0xFFFFFFFF and cd_size != size64) or \
+                (cd_off != 0xFFFFFFFF and cd_off != off64):
+            return False
+        n, cd_size, cd_off, stop = n64, size64, off64, rec_at
+    return comment == 0 and cd_off == start_dir and cd_off + cd_size == stop and n == len(infos)
 
 
 class _File(io.RawIOBase):
