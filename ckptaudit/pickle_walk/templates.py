@@ -32,7 +32,7 @@ import struct
 import threading
 from typing import Any, Dict, List, Optional, Tuple
 
-from .model import WalkResult
+from .model import GlobalRef, WalkResult
 from .number_operands import FREE, FREE_AT, changed_numbers, free_bytes
 
 class _TagInt(int):
@@ -73,19 +73,29 @@ def literal_places(pkl: bytes, max_ops: int) -> Dict[int, tuple]:
 
         def reduce(self, func: Any, args: Any, pos: int) -> Any:
             bound.update(_tags_in(args))
+            if type(args) is tuple and len(args) == 1 and type(args[0]) in (list, tuple) and \
+                    type(func) is GlobalRef and self.full_name(func) in ("builtins.set", "builtins.frozenset"):
+                args = ([_untagged(x) for x in args[0]],)  # its items become keys (safe_key), as in the plain walk
+                spoiled.extend(_tags_in(args))
             return super().reduce(func, args, pos)
 
         def newobj(self, cls: Any, args: Any, kwargs: Any, pos: int, opname: str) -> Any:
             bound.update(_tags_in((args, kwargs)))
             return super().newobj(cls, args, kwargs, pos, opname)
 
-        def op_frozenset(self, stack: List[Any], arg: Any, pos: int, op: Any) -> None:
-            bound.update(_tags_in(stack))
+        def op_frozenset(self, stack: List[Any], arg: Any, pos: int, op: Any) -> None:  # ``stack``: its items
+            self.untag_items(stack)
             super().op_frozenset(stack, arg, pos, op)
 
         def op_additems(self, stack: List[Any], arg: Any, pos: int, op: Any) -> None:
-            bound.update(_tags_in(stack))
+            self.untag_items(stack)
             super().op_additems(stack, arg, pos, op)
+
+        def untag_items(self, items: List[Any]) -> None:
+            """Set members become keys (``safe_key``): plain, as in the plain walk, and bound."""
+            bound.update(_tags_in(items))
+            items[:] = [_untagged(x) for x in items]
+            spoiled.extend(_tags_in(items))
 
         def persistent_load(self, pid: Any, pos: int) -> Any:  # a storage's key, numel: torch reads them
             bound.update(_tags_in(pid))
