@@ -21,7 +21,8 @@ WHOLE_BYTES = 1 << 20
 _LOCAL, _CENTRAL, _DESCRIPTOR = b"PK\x03\x04", b"PK\x01\x02", b"PK\x07\x08"
 
 
-def _size(path: str) -> int:
+def file_size(path: str) -> int:
+    """The size of the file at ``path`` in bytes, -1 when it cannot be stat'ed."""
     try:
         return os.stat(path).st_size
     except OSError:
@@ -34,7 +35,7 @@ class Reader:
 
     def __init__(self, path: Optional[str], data: Optional[bytes] = None) -> None:
         self.path, self._data, self._fd = path, data, None
-        self.size = len(data) if data is not None else _size(path or "")
+        self.size = len(data) if data is not None else file_size(path or "")
 
     @classmethod
     def of(cls, data: bytes) -> "Reader":

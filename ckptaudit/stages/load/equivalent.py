@@ -36,12 +36,11 @@ The reader (:class:`ckptaudit.stages.load.reader.ReaderLoads`) returns the objec
 from __future__ import annotations
 
 import dataclasses
-import os
 import struct
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .compared_bytes import JoinedOffsets, Reader, outside, stored_records
+from .compared_bytes import JoinedOffsets, Reader, file_size, outside, stored_records
 
 #: The imports a template's data.pkl may hold: none reads a storage's bytes when torch loads it (the tensor
 #: rebuilds of torch/_utils.py for dense tensors, the storage types named in persistent ids, and plain values).
@@ -136,7 +135,7 @@ def plan(paths: List[Optional[str]], kinds: List[str], benign: List[List[str]]) 
     never its tensor data; a safetensors file's header), counted as the stage's reads."""
     groups: Dict[tuple, List[int]] = {}
     for i, p in enumerate(paths):
-        size = _size(p) if p is not None and kinds[i] in ("torch_zip", "safetensors") else -1
+        size = file_size(p) if p is not None and kinds[i] in ("torch_zip", "safetensors") else -1
         if size > 0:
             groups.setdefault((kinds[i], size, tuple(sorted(benign[i]))), []).append(i)
     out: Dict[int, List[int]] = {}
@@ -192,13 +191,6 @@ def load_or_follow(run_dir: Path, todo: List[Tuple[dict, str, str, List[str]]], 
                       if again else []):
         results[j] = res
     return results
-
-
-def _size(path: str) -> int:
-    try:
-        return os.stat(path).st_size
-    except OSError:
-        return -1
 
 
 def safetensors_template(index: int, reader: "Reader | bytes") -> Optional[Template]:
