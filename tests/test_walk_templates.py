@@ -211,3 +211,23 @@ def test_a_number_in_a_set_key_is_set_untagged(how):
     t = WalkTemplates()
     t.walk(pkl(7), MAX_OPS)
     assert same_walk(t.walk(pkl(9), MAX_OPS), walk(pkl(9), max_ops=MAX_OPS))
+
+
+@pytest.mark.parametrize("case", ["frozenset of list args", "storage keys 5 and '5'"])
+def test_keys_the_plain_walk_merges_keep_no_number_loose(case):
+    """From a fourth review: keys equal in the plain walk and apart in the tagging walk (a REDUCE of frozenset
+    with list args; storages keyed "5" and 5, one storage for the walk): a path must name the same entry in both
+    trees, container by container, for its number to be loose."""
+    def pid(key_op):
+        return b"(X\x07\x00\x00\x00storagectorch\nFloatStorage\n" + key_op + b"X\x03\x00\x00\x00cpuK\x04tQ"
+
+    def pkl(a):
+        if case.startswith("frozenset"):
+            k1, k2 = b"(K\x05\x91", b"cbuiltins\nfrozenset\n]]K\x05aaR"
+        else:
+            k1, k2 = pid(b"X\x01\x00\x00\x005"), pid(b"K\x05")
+        return b"\x80\x02}(" + k1 + b"]K" + bytes([a]) + b"a" + k2 + b"]K\x07au."
+
+    t = WalkTemplates()
+    t.walk(pkl(7), MAX_OPS)
+    assert same_walk(t.walk(pkl(9), MAX_OPS), walk(pkl(9), max_ops=MAX_OPS))

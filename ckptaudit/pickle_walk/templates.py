@@ -35,6 +35,9 @@ from typing import Any, Dict, List, Optional, Tuple
 from .model import GlobalRef, WalkResult
 from .number_operands import FREE, FREE_AT, changed_numbers, free_bytes
 
+_NO_PLAIN = object()  # literal_places without the plain walk's tree
+
+
 class _TagInt(int):
     pos: int
 
@@ -49,7 +52,7 @@ def _tagged(value: Any, pos: int) -> Any:
     return out
 
 
-def literal_places(pkl: bytes, max_ops: int) -> Dict[int, tuple]:
+def literal_places(pkl: bytes, max_ops: int, plain: Any = _NO_PLAIN) -> Dict[int, tuple]:
     """{opcode offset: path}: the literal numbers of :data:`.number_operands.FREE` in ``pkl`` that are loose (see
     the module's docstring), each with its path (dict keys and sequence indexes from the root), from a walk of
     ``pkl`` with each such number tagged with its opcode's offset; numbers not in the map are bound.  A tagged
@@ -57,7 +60,11 @@ def literal_places(pkl: bytes, max_ops: int) -> Dict[int, tuple]:
     ``builtins.set`` of literals drops equal ones), a persistent id (a storage's key and size), a ``BUILD`` state,
     a dict key, an item set into anything but a plain dict, or a memo ``GET`` (which shares it with a place the
     walk may convert, as a key is by ``safe_key``) is bound wherever it ends up; a key is set untagged, as the
-    plain walk sets it, and a pickle whose key keeps a tag (deeper than 32) has no loose number."""
+    plain walk sets it, and a pickle whose key keeps a tag (deeper than 32) has no loose number.  With ``plain``
+    (the plain walk's object), a number is loose only where every container on its path has the same type and
+    keys (or length) in both walks and the plain walk holds the same number at its end: wherever the walker
+    turns a tagged number into something else (a storage key's text, a stand-in key) the two trees part, and
+    the path would name another entry."""
     from .machine import WalkState
     from .streams import walk
 
@@ -73,7 +80,8 @@ def literal_places(pkl: bytes, max_ops: int) -> Dict[int, tuple]:
 
         def reduce(self, func: Any, args: Any, pos: int) -> Any:
             bound.update(_tags_in(args))
-            if type(args) is tuple and len(args) == 1 and type(args[0]) in (list, tuple) and \
+            args = args if type(args) is tuple else tuple(args) if type(args) is list else (args,)  # as the call
+            if len(args) == 1 and type(args[0]) in (list, tuple) and \
                     type(func) is GlobalRef and self.full_name(func) in ("builtins.set", "builtins.frozenset"):
                 args = ([_untagged(x) for x in args[0]],)  # its items become keys (safe_key), as in the plain walk
                 spoiled.extend(_tags_in(args))
@@ -98,7 +106,11 @@ def literal_places(pkl: bytes, max_ops: int) -> Dict[int, tuple]:
             spoiled.extend(_tags_in(items))
 
         def persistent_load(self, pid: Any, pos: int) -> Any:  # a storage's key, numel: torch reads them
-            bound.update(_tags_in(pid))
+            tags = _tags_in(pid)
+            if tags:  # the storage the plain walk makes (a tagged key would become another text)
+                bound.update(tags)
+                pid = _untagged(pid)
+                spoiled.extend(_tags_in(pid))
             return super().persistent_load(pid, pos)
 
         def build(self, inst: Any, st: Any, pos: int) -> None:  # BUILD: torch calls __setstate__ or set_()
@@ -127,7 +139,11 @@ def literal_places(pkl: bytes, max_ops: int) -> Dict[int, tuple]:
     state.run(io.BytesIO(pkl), 0)
     if res.error is not None or res.tricks or spoiled:
         return {}
-    return {pos: path for pos, path in _loose(res.obj).items() if pos not in bound}
+    places = {pos: path for pos, path in _loose(res.obj).items() if pos not in bound}
+    if places and plain is not _NO_PLAIN:
+        same = _SamePaths(res.obj, plain)
+        places = {pos: path for pos, path in places.items() if same(path, _number_at(pkl, pos))}
+    return places
 
 
 def _untagged(k: Any, depth: int = 0) -> Any:
@@ -280,12 +296,7 @@ def _template(pkl: bytes, u: Any, res: WalkResult, max_ops: int) -> Optional[_Te
     owner = free_bytes(pkl)
     if owner is None:
         return None
-    loose = literal_places(pkl, max_ops)
-    for pos, path in list(loose.items()):  # the plain walk holds the same number there, in plain containers
-        fmt, n = FREE_AT[pkl[pos]]
-        want = struct.unpack_from(fmt, pkl, pos + 1)[0]
-        if not _holds(res.obj, path, want):
-            del loose[pos]
+    loose = literal_places(pkl, max_ops, res.obj)
     return _Template(u.copy(), owner, loose, _copy(res, res.obj))
 
 
@@ -308,16 +319,35 @@ def loose_operand_bytes(pkl: bytes, max_ops: int) -> Optional[Tuple[WalkResult, 
     return res, np.isin(t.owner, np.fromiter(t.loose, np.int32, len(t.loose)))
 
 
-def _holds(root: Any, path: tuple, want: Any) -> bool:
-    node = root
-    try:
-        for step in path:
-            if type(node) not in (dict, list, tuple):
-                return False
-            node = node[step]
-    except (KeyError, IndexError, TypeError):
-        return False
-    return type(node) is type(want) and (node == want or (node != node and want != want))
+def _number_at(pkl: bytes, pos: int) -> Any:
+    """The literal number of the opcode at ``pos``."""
+    fmt, _n = FREE_AT[pkl[pos]]
+    return struct.unpack_from(fmt, pkl, pos + 1)[0]
+
+
+class _SamePaths:
+    """Whether a path names the same entry in the tagged walk's tree (``tagged``) and the plain walk's (``plain``),
+    through plain containers of the same type with the same keys or length, and ends at ``want`` in the plain
+    tree.  Each pair of containers is compared once."""
+
+    def __init__(self, tagged: Any, plain: Any) -> None:
+        self.roots, self.checked = (tagged, plain), set()
+
+    def __call__(self, path: tuple, want: Any) -> bool:
+        t, p = self.roots
+        try:
+            for step in path:
+                kind = type(p)
+                if kind not in (dict, list, tuple) or type(t) is not kind:
+                    return False
+                if (id(t), id(p)) not in self.checked:
+                    if len(t) != len(p) or (kind is dict and list(t) != list(p)):
+                        return False
+                    self.checked.add((id(t), id(p)))
+                t, p = t[step], p[step]
+        except (KeyError, IndexError, TypeError):
+            return False
+        return type(p) is type(want) and (p == want or (p != p and want != want))
 
 
 def _from_template(t: _Template, pkl: bytes, u: Any, max_ops: int) -> Optional[WalkResult]:
