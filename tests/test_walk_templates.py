@@ -231,3 +231,18 @@ def test_keys_the_plain_walk_merges_keep_no_number_loose(case):
     t = WalkTemplates()
     t.walk(pkl(7), MAX_OPS)
     assert same_walk(t.walk(pkl(9), MAX_OPS), walk(pkl(9), max_ops=MAX_OPS))
+
+
+def test_a_template_serves_only_the_budget_it_was_walked_with():
+    """From a fifth review: a nested pickle's walk gets the outer walk's budget, so a template walked at a small
+    max_ops (nested walk cut short: no nested pickle, no trick) must not answer for a larger one."""
+    inner = b"\x80\x02cbuiltins\nlist\n)R" + b"N0" * 1500 + b"."  # ~3,000 opcodes
+
+    def outer(n):
+        return (b"\x80\x02}(X\x01\x00\x00\x00pB" + struct.pack("<I", len(inner)) + inner
+                + b"X\x01\x00\x00\x00sK" + bytes([n]) + b"u.")
+
+    t = WalkTemplates()
+    t.walk(outer(5), 1000)
+    got = t.walk(outer(9), 1 << 20)
+    assert same_walk(got, walk(outer(9), max_ops=1 << 20)) and got.nested

@@ -234,6 +234,7 @@ class _Template:
     owner: Any  # free_bytes()
     loose: Dict[int, tuple]  # opcode offset → path in ``res.obj``
     res: WalkResult
+    max_ops: int  # the budget it was walked with: a nested pickle's walk gets one as large (hidden.maybe_nested)
 
 
 class TemplateShelf:
@@ -297,7 +298,7 @@ def _template(pkl: bytes, u: Any, res: WalkResult, max_ops: int) -> Optional[_Te
     if owner is None:
         return None
     loose = literal_places(pkl, max_ops, res.obj)
-    return _Template(u.copy(), owner, loose, _copy(res, res.obj))
+    return _Template(u.copy(), owner, loose, _copy(res, res.obj), max_ops)
 
 
 def loose_operand_bytes(pkl: bytes, max_ops: int) -> Optional[Tuple[WalkResult, Any]]:
@@ -352,7 +353,7 @@ class _SamePaths:
 
 def _from_template(t: _Template, pkl: bytes, u: Any, max_ops: int) -> Optional[WalkResult]:
     """``t``'s result with ``pkl``'s own loose numbers in place, or None when ``pkl`` does not match ``t``."""
-    changed = changed_numbers(t.raw, t.owner, u) if t.res.n_ops <= max_ops else None
+    changed = changed_numbers(t.raw, t.owner, u) if t.max_ops == max_ops else None
     if changed is None:
         return None
     if not changed:
