@@ -363,11 +363,10 @@ def _from_template(t: _Template, pkl: bytes, u: Any, max_ops: int) -> Optional[W
         path = t.loose.get(pos)
         if path is None:
             return None
-        fmt, _n = FREE_AT[pkl[pos]]
         node = patch
         for step in path[:-1]:
             node = node.setdefault(step, {})
-        node[path[-1]] = _Leaf(struct.unpack_from(fmt, pkl, pos + 1)[0])
+        node[path[-1]] = _Leaf(_number_at(pkl, pos))
     return _copy(t.res, _patched(t.res.obj, patch))
 
 
