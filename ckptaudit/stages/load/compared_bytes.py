@@ -14,11 +14,8 @@ import os
 import struct
 from typing import List, Optional, Tuple
 
-#: A file up to this size is read whole, once, for a template or a match (from the page cache the hash stage
-#: left it in); a larger one only where a template compares it, a read per region.
-WHOLE_BYTES = 1 << 20
-
-_LOCAL, _CENTRAL, _DESCRIPTOR = b"PK\x03\x04", b"PK\x01\x02", b"PK\x07\x08"
+from ...formats.zip.reader import (EOCD_SIZE, SIG_CENTRAL, SIG_DESCRIPTOR, SIG_EOCD, SIG_LOCAL, SIG_ZIP64_EOCD,
+                                   SIG_ZIP64_LOCATOR, ArchiveFile)
 
 
 def file_size(path: str) -> int:
@@ -30,12 +27,18 @@ def file_size(path: str) -> int:
 
 
 class Reader:
-    """Bytes of one local file at given offsets, counted as the audit's reads (:func:`ckptaudit.fs.reads.pread`);
-    a file of up to :data:`WHOLE_BYTES` is read once, whole.  ``size``: the file's size in bytes."""
+    """Bytes of one local file at given offsets, through :class:`ckptaudit.formats.zip.reader.ArchiveFile` (counted
+    as the audit's reads; a file of up to ``WHOLE_READ_BYTES`` read once, whole), or of bytes in memory
+    (:meth:`of`).  ``size``: the file's size in bytes (-1 when it cannot be opened)."""
 
     def __init__(self, path: Optional[str], data: Optional[bytes] = None) -> None:
-        self.path, self._data, self._fd = path, data, None
-        self.size = len(data) if data is not None else file_size(path or "")
+        self._data, self._file = data, None
+        if data is None:
+            try:
+                self._file = ArchiveFile(path or "", window=0, prefetch=False, whole=True)
+            except OSError:
+                pass
+        self.size = len(data) if data is not None else self._file.size if self._file is not None else -1
 
     @classmethod
     def of(cls, data: bytes) -> "Reader":
@@ -43,19 +46,10 @@ class Reader:
 
     def read(self, off: int, n: int) -> bytes:
         """``n`` bytes from ``off`` (fewer at the end of the file; b"" when it cannot be read)."""
-        from ...fs.reads import pread
-
-        if self._data is None and 0 <= self.size <= WHOLE_BYTES:
-            self._data = self._pread(pread, 0, self.size)
         if self._data is not None:
             return self._data[max(0, off):max(0, off + n)]
-        return self._pread(pread, off, n)
-
-    def _pread(self, pread, off: int, n: int) -> bytes:
         try:
-            if self._fd is None:
-                self._fd = os.open(self.path, os.O_RDONLY)
-            return pread(self._fd, n, off)
+            return self._file.pread(off, n) if self._file is not None else b""
         except OSError:
             return b""
 
@@ -65,9 +59,9 @@ class Reader:
         return b"".join(out) if all(len(x) == b - a for x, (a, b) in zip(out, regions)) else None
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        if self._file is not None:
+            self._file.close()
+            self._file = None
 
 
 def outside(spans: List[Tuple[int, int]], size: int):
@@ -120,12 +114,12 @@ def stored_records(reader: "Reader") -> Optional[List[Tuple[str, Tuple[int, ...]
     out = []
     at = 0
     for info in infos:  # central directory entries, in their order (4.3.12: fixed 46 bytes, then n, m, k)
-        if central[at:at + 4] != _CENTRAL or info.compress_type != 0 or info.compress_size != info.file_size:
+        if central[at:at + 4] != SIG_CENTRAL or info.compress_type != 0 or info.compress_size != info.file_size:
             return None
         n, m, k = struct.unpack_from("<HHH", central, at + 28)
         lho = info.header_offset
         local = reader.read(lho, 30 + n)
-        if local[:4] != _LOCAL:
+        if local[:4] != SIG_LOCAL:
             return None
         ln, lm = struct.unpack_from("<HH", local, 26)
         start = lho + 30 + ln + lm
@@ -134,7 +128,7 @@ def stored_records(reader: "Reader") -> Optional[List[Tuple[str, Tuple[int, ...]
         crcs = [cd + at + 16, lho + 14]
         end = start + info.compress_size
         if info.flag_bits & 0x8:  # a data descriptor follows the payload, with or without its signature
-            crcs.append(end + 4 if reader.read(end, 4) == _DESCRIPTOR else end)
+            crcs.append(end + 4 if reader.read(end, 4) == SIG_DESCRIPTOR else end)
         out.append((info.filename, tuple(crcs), start, end, (cd + at + 46, lho + 30)))
         at += 46 + n + m + k
     order = sorted(range(len(out)), key=lambda i: infos[i].header_offset)
@@ -151,16 +145,16 @@ def _one_reading(reader: "Reader", start_dir: int, infos: list) -> bool:
     allows for and miniz does not), a ZIP64 end record, if any, lies right before its locator and states the same
     offset, size and count, and the directory ends where the end records begin (APPNOTE 4.3.14-4.3.16)."""
     size = reader.size
-    end = reader.read(size - 22, 22)
-    if len(end) != 22 or end[:4] != b"PK\x05\x06":
+    end = reader.read(size - EOCD_SIZE, EOCD_SIZE)
+    if len(end) != EOCD_SIZE or end[:4] != SIG_EOCD:
         return False
     _d, _cd, _n_here, n, cd_size, cd_off, comment = struct.unpack_from("<HHHHIIH", end, 4)
-    stop = size - 22
+    stop = size - EOCD_SIZE
     loc = reader.read(size - 42, 20) if size >= 42 else b""
-    if loc[:4] == b"PK\x06\x07":
+    if loc[:4] == SIG_ZIP64_LOCATOR:
         rec_at = struct.unpack_from("<Q", loc, 8)[0]
         rec = reader.read(rec_at, 56)
-        if len(rec) != 56 or rec[:4] != b"PK\x06\x06" or rec_at + 56 != size - 42 or \
+        if len(rec) != 56 or rec[:4] != SIG_ZIP64_EOCD or rec_at + 56 != size - 42 or \
                 struct.unpack_from("<Q", rec, 4)[0] != 44:
             return False
         n64, size64, off64 = struct.unpack_from("<QQQ", rec, 32)
