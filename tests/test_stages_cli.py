@@ -53,6 +53,19 @@ def test_stage_jobs_allocate_arrow_memory_from_jemalloc():
         assert got  # the wheel's own default where it has no jemalloc
 
 
+def test_only_the_stages_that_gain_collect_garbage_less_often():
+    """A scan, structure, configdiff, state or report job raises the collector's first threshold (its many
+    short-lived rows are no cycles); a hash job keeps the default (its passes' buffers are freed by the
+    collector)."""
+    import subprocess
+    import sys
+
+    code = ("import gc; from ckptaudit.stages.jobs.process import fewer_collections as f; d = gc.get_threshold(); "
+            "print(f('hash'), gc.get_threshold() == d, f('report'), gc.get_threshold()[0], gc.get_threshold()[1:] == d[1:])")
+    got = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert got == ["False", "True", "True", "50000", "True"]
+
+
 def test_a_forked_job_allocates_from_malloc_and_keeps_it():
     """A job forked by the stage job server: jemalloc's purging threads do not survive the fork (the report of
     10,000 units peaked 136 MiB higher), so the child takes the C library's malloc, and the stage's own

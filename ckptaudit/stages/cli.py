@@ -14,7 +14,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, List, Optional
 
 from . import STAGES, TABLES, liveness  # noqa: F401 - STAGES, TABLES re-exported
 from ..fs import read_depth
@@ -254,11 +254,12 @@ def main(argv=None) -> int:
     # OpenBLAS's pool on top of them spent a third more CPU for the same wall (1 GiB: 0.52 → 0.30 CPU-s).
     # Read when numpy is first imported, which no stage has done yet; a value the user set is kept.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    from .jobs.process import job_memory_pool, without_pandas
+    from .jobs.process import fewer_collections, job_memory_pool, without_pandas
 
     without_pandas()
     job_memory_pool()
     argv = sys.argv[1:] if argv is None else list(argv)
+    fewer_collections(argv[0] if argv else "")
     if argv[:1] == ["target"]:  # the target and report rules parse their own arguments
         from .target import main as target_main
 
