@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
 from .. import fs
+from ..formats.zip.reader import ArchiveFile
 from .values import DTYPES, FLOAT_DTYPES
 
 #: Largest safetensors header read for planning (bytes); the file layer checks the header itself.
@@ -112,30 +113,28 @@ def plan_file(path, data: Optional[bytes] = None, dcp_places: Optional[dict] = N
     return Plan()
 
 
-def _mem_file(path, data: bytes):
-    """A :class:`ckptaudit.formats.zip.reader.ArchiveFile` over bytes in memory (no reads, no prefetch)."""
-    from ..formats.zip.reader import ArchiveFile
+class _MemFile(ArchiveFile):
+    """An :class:`~ckptaudit.formats.zip.reader.ArchiveFile` over bytes in memory (no reads, no prefetch).  One
+    class for every file: a class made per file (as before) is a reference cycle, and it held the file's bytes
+    until the garbage collector's next pass."""
 
-    class _Mem(ArchiveFile):
-        def __init__(self) -> None:  # noqa: D401 - the parent's opens are not wanted
-            self.path, self.size, self.fd, self.f = fs.fspath(path), len(data), -1, None
-            self.window_bytes, self.prefetch_enabled, self.facts, self.kept = 0, False, None, None
+    def __init__(self, path, data: bytes) -> None:  # noqa: D401 - the parent's opens are not wanted
+        self.path, self.size, self.fd, self.f = fs.fspath(path), len(data), -1, None
+        self.window_bytes, self.prefetch_enabled, self.facts, self.kept = 0, False, None, None
+        self.data = data
 
-        def pread(self, off: int, n: int) -> bytes:
-            return bytes(data[off:off + n]) if 0 <= off < self.size and n > 0 else b""
+    def pread(self, off: int, n: int) -> bytes:
+        return bytes(self.data[off:off + n]) if 0 <= off < self.size and n > 0 else b""
 
-        def close(self) -> None:
-            pass
-
-    return _Mem()
+    def close(self) -> None:
+        pass
 
 
 def _plan_zip(path, data: Optional[bytes], kept=None, templates=None) -> Plan:
     from ..formats import torchzip
     from ..formats.zip.central import find_central_directory
-    from ..formats.zip.reader import ArchiveFile
 
-    fh = _mem_file(path, data) if data is not None else ArchiveFile(
+    fh = _MemFile(path, data) if data is not None else ArchiveFile(
         fs.fspath(path), window=torchzip.REMOTE_WINDOW_BYTES, prefetch=torchzip.REMOTE_PREFETCH, kept=kept)
     try:
         cd = find_central_directory(fh)
@@ -161,10 +160,9 @@ def _plan_zip(path, data: Optional[bytes], kept=None, templates=None) -> Plan:
 def _plan_distcp(path, data: Optional[bytes], dcp_places: Optional[dict] = None) -> Plan:
     """The CRC ranges and tensor-data runs of every ``torch.save`` blob of a DCP data file (:mod:`.plan_dcp`)."""
     from ..formats import torchzip
-    from ..formats.zip.reader import ArchiveFile
     from .plan_dcp import distcp_ranges
 
-    fh = _mem_file(path, data) if data is not None else ArchiveFile(
+    fh = _MemFile(path, data) if data is not None else ArchiveFile(
         fs.fspath(path), window=torchzip.REMOTE_WINDOW_BYTES, prefetch=torchzip.REMOTE_PREFETCH)
     try:
         cols = distcp_ranges(fh, path, dcp_places)

@@ -259,7 +259,7 @@ def main(argv=None) -> int:
     without_pandas()
     job_memory_pool()
     argv = sys.argv[1:] if argv is None else list(argv)
-    fewer_collections(argv[0] if argv else "")
+    fewer_collections()
     if argv[:1] == ["target"]:  # the target and report rules parse their own arguments
         from .target import main as target_main
 

@@ -64,26 +64,22 @@ def forked_job_memory_pool() -> str:
     return pa.default_memory_pool().backend_name
 
 
-#: the stage jobs whose garbage collector runs a young collection every :data:`YOUNG_COLLECTION_EVERY` allocations
-FEWER_COLLECTIONS = ("scan", "structure", "configdiff", "state", "report")
+#: a stage job's garbage collector runs a young collection every this many allocations (Python's default: 700)
 YOUNG_COLLECTION_EVERY = 50_000
 
 
-def fewer_collections(stage: str) -> bool:
-    """Raise the garbage collector's first threshold to :data:`YOUNG_COLLECTION_EVERY` (Python's default: 700) in a
-    job of a stage in :data:`FEWER_COLLECTIONS` (stage jobs only); returns whether it did.
+def fewer_collections() -> None:
+    """Raise the garbage collector's first threshold to :data:`YOUNG_COLLECTION_EVERY` (stage jobs only).
 
-    These stages build a unit's rows, trees and findings as many short-lived dicts and lists, none of them in
+    The stages build a unit's rows, trees and findings as many short-lived dicts and lists, none of them in
     reference cycles, and the collector's default walked them, and every object alive, thousands of times a job:
     the report of a 10,000-unit run took 14.7 s with the default and 9.5 s with this, the scan of a 1,000-unit
-    part 5.0 and 4.5 s, state 1.9 and 1.6, structure 1.5 and 1.2, peak RSS unchanged (GNU time, one process each,
-    this machine, 2026-12-07).  The hash job is left at the default: its passes' buffers are freed by the
-    collector, and with this threshold its 1,000-unit part took 5.0 s instead of 3.7 at 228 MiB instead of 144.
-    Cycles are still collected, later; library users' processes are not changed."""
-    if stage not in FEWER_COLLECTIONS:
-        return False
+    part 5.0 and 4.5 s, state 1.9 and 1.6, structure 1.5 and 1.2, hash 3.3-3.4 and 3.3; peak RSS unchanged
+    (GNU time, one process each, this machine, 2026-12-07).  A job's work leaves a few dozen objects in cycles
+    (``json``'s encoder closures); a cycle that held a file's bytes (a class made per file in the hash stage's
+    plan) made the hash job 35 % slower and 84 MiB larger with this threshold until it was removed, so a
+    new one shows in the hash job's peak RSS (``bench_memory.py``).  Library users' processes are not changed."""
     gc.set_threshold(YOUNG_COLLECTION_EVERY, *gc.get_threshold()[1:])
-    return True
 
 
 def freeze_before_exit() -> None:
