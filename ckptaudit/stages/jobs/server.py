@@ -112,6 +112,7 @@ def _stop_now(*_) -> None:
 
 
 def _preload() -> None:
+    import gc
     import importlib
 
     from .process import without_pandas
@@ -122,6 +123,10 @@ def _preload() -> None:
             importlib.import_module(name)
         except ImportError as e:  # an optional module absent: its jobs import (and report) it themselves
             print(f"ckptaudit stage job server: not preloaded: {name}: {e}", file=sys.stderr, flush=True)
+    # what was imported goes to the collector's permanent generation: a forked job's collections never walk
+    # those objects again, nor write to their pages (Python's ``gc.freeze`` documentation: before a fork)
+    gc.collect()
+    gc.freeze()
 
 
 def serve(fd: int, parent: int, folder: str, record: str, main: Callable[[list], int]) -> int:
