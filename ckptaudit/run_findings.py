@@ -241,10 +241,17 @@ def name_counts_saves(units_out: List[dict]) -> bool:
     return all(b[1] > a[1] for a, b in zip(both, both[1:]))
 
 
-def _judged(s: Optional[dict], c) -> bool:
-    """True for a unit the state stage judged as a training checkpoint (weights and training state)."""
-    return bool(s) and s.get("has_weights") is True and s.get("has_optimizer") is not None and \
-        not c.weights_only_format and (c.optimizer is not None or c.scheduler is not None or c.step is not None)
+def _run_needs(unit: str, s: Optional[dict], scan_row: dict):
+    """The :class:`~ckptaudit.components.run_needs.RunNeeds` of ``unit``: from its state row's
+    ``run_needs_json`` (the state stage's), else collected from its scan row."""
+    from .components import of_scan_row
+    from .components.run_needs import RunNeeds, judged
+
+    got = RunNeeds.of_json((s or {}).get("run_needs_json"))
+    if got is not None:
+        return got
+    c = of_scan_row(scan_row)[0]
+    return RunNeeds.of(unit, c, judged(s, c))
 
 
 def missing_components(units: List[dict], state_rows: Dict[str, dict],
@@ -262,25 +269,22 @@ def missing_components(units: List[dict], state_rows: Dict[str, dict],
     unit's own optimizer param groups carry ``initial_lr``, which a torch LR scheduler sets.  A
     producer that never saves a component is never judged on it.
     """
-    from . import components as C
-    from .components import restore_rules
-
     comps = {}
     for u in units:
         if u.get("in_progress") or u["unit"] not in scan_rows:
             continue
-        c = C.of_scan_row(scan_rows[u["unit"]])[0]
-        if _judged(state_rows.get(u["unit"]), c):
+        c = _run_needs(u["unit"], state_rows.get(u["unit"]), scan_rows[u["unit"]])
+        if c.judged:
             comps[u["unit"]] = (u, c)
-    have = {"scheduler": [n for n, (_, c) in comps.items() if c.scheduler is not None],
+    have = {"scheduler": [n for n, (_, c) in comps.items() if c.scheduler],
             "rng": [n for n, (_, c) in comps.items() if c.rng]}
     out = []
     for name, (u, c) in comps.items():
         s = state_rows[name]
-        broken = restore_rules.broken(name, c)  # the producer's own resume rule speaks for the needs it names
+        broken = c.broken  # the producer's own resume rule speaks for the needs it names
         out.extend((name, f) for f, _ in broken)
         covered = {n for _, needs in broken for n in needs}
-        for comp, lacks in (("scheduler", c.scheduler is None), ("rng", not c.rng)):
+        for comp, lacks in (("scheduler", not c.scheduler), ("rng", not c.rng)):
             if not lacks or comp in c.never_saves or comp in covered:
                 continue
             evidence = _component_evidence(comp, u, c, have[comp])
@@ -326,7 +330,7 @@ def _fast_forward(c, step: Optional[int], state_rows: Dict[str, dict], with_sche
     when the run shows none; the assertion compares the scheduler's learning rates with the saved
     ones, so a wrong cadence or schedule stops the resume instead of training on a wrong LR.
     """
-    lrs = c.group_lrs
+    lrs = list(c.group_lrs)
     if not c.scheduled_by_torch or step is None or step <= 0 or not lrs:
         return ""
     ratios = [state_rows[n]["scheduler_last_epoch"] / state_rows[n]["step"] for n in with_scheduler

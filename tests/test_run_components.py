@@ -148,3 +148,42 @@ def test_trainer_folder_without_rng_state_is_missing_it(tmp_path, monkeypatch, c
     assert g["detail"]["component"] == "optimizer" and g["detail"]["needs"] == "scheduler" and g["caps"] == "warm-start"
     assert "_load_optimizer_and_scheduler" in g["message"] and g["repair"] == ""
     assert v["units"][0]["usable_for"] == "warm-start"
+
+
+def _trainer_folder(run):
+    """A Trainer checkpoint folder without scheduler.pt and rng_state.pth (a restore rule of its producer)."""
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    d = run / "checkpoint-1"
+    d.mkdir()
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(d / "model.safetensors"))
+    torch.save(opt.state_dict(), d / "optimizer.pt")
+    (d / "trainer_state.json").write_text(json.dumps({"global_step": 1, "epoch": 1.0}))
+
+
+@pytest.mark.parametrize("make", [
+    lambda run: _train(run, (2, 4, 6, 8), scheduler=_warmup, drop=(4, 6)),
+    _trainer_folder,
+], ids=["scheduler-and-rng-dropped", "trainer-restore-rule"])
+def test_the_state_stage_needs_judge_as_the_scan_tree_does(tmp_path, make):
+    """The report reads each unit's ``run_needs_json`` (written by the state stage) instead of collecting its
+    components from the scan tree again: the run's findings are the same either way, repairs included."""
+    from ckptaudit import tables
+    from ckptaudit.run_findings import missing_components
+
+    run, out = tmp_path / "run", tmp_path / "out"
+    run.mkdir()
+    make(run)
+    v = audit_in_process(run, out_dir=out)
+    state = {r["unit"]: r for r in tables.read_rows(str(out / "tables" / "state.parquet"))}
+    scan = {r["unit"]: r for r in tables.read_rows(str(out / "tables" / "scan.parquet"))}
+    units = [{"unit": u["unit"], "layout": u["layout"]} for u in v["units"]]
+    assert all(r["run_needs_json"] for r in state.values())
+    via_state = missing_components(units, state, scan)
+    via_scan = missing_components(units, {k: {**r, "run_needs_json": None} for k, r in state.items()}, scan)
+    assert via_state and [(n, f.to_dict()) for n, f in via_state] == [(n, f.to_dict()) for n, f in via_scan]

@@ -140,8 +140,9 @@ class ConfigdiffRow(TableRow):
 @dataclass(frozen=True)
 class StateRow(TableRow):
     """One unit's row of table ``state``: its step and counters, what it holds to resume from, its tensors'
-    value statistics (``tensor_norms_json``: the weights' L2 norms, :mod:`ckptaudit.stages.weight_norms`), its
-    findings."""
+    value statistics (``tensor_norms_json``: the weights' L2 norms, :mod:`ckptaudit.stages.weight_norms`), what the
+    run-wide judgement of missing components reads of it (``run_needs_json``, :mod:`ckptaudit.components.run_needs`),
+    its findings."""
 
     TABLE: ClassVar[str] = "state"
     unit: str
@@ -167,6 +168,7 @@ class StateRow(TableRow):
     tensor_norms_json: Optional[str] = None
     scanned_bytes: Optional[int] = None
     scan_seconds: Optional[float] = None
+    run_needs_json: Optional[str] = None
     findings: Tuple["Finding", ...] = ()
 
 

@@ -21,6 +21,7 @@ from .. import components as C
 from .. import findings as F
 from .. import roles
 from ..components.findings import missing_weights, step_counter_reset
+from ..components.run_needs import RunNeeds, judged
 from ..formats.pickles import too_complex
 from .. import fs
 from ..onepass.values import FLOAT_DTYPES, chunk_stats, np_view
@@ -173,7 +174,7 @@ def analyse_unit(unit: dict, scan_row: dict, tensors: Iterable[dict], run_dir: P
         if not tree and not scan_errors and not cut:  # an empty folder, or one with only metadata: nothing to resume from
             row.update(has_weights=False)
             fl.append(missing_weights(unit["unit"], "none"))
-        return StateRow(**row, findings=tuple(fl))
+        return StateRow(**row, run_needs_json=RunNeeds(False).to_json(), findings=tuple(fl))
     c = parse()[0]
     name_step = unit.get("step_from_name") if c.name_number == "step" else None
     p = unit["unit"]
@@ -187,6 +188,7 @@ def analyse_unit(unit: dict, scan_row: dict, tensors: Iterable[dict], run_dir: P
         has_scaler=c.scaler, has_rng=c.rng, has_sampler=c.sampler, has_ema=c.ema,
         epoch=c.epoch, best_metric=c.best_metric, loss=c.loss,
     )
+    row.update(run_needs_json=RunNeeds.of(p, c, judged(row, c)).to_json())  # read by the report (run_findings)
     if not cut:  # a partial tree cannot show what is missing (the scan's pickle_too_complex says so)
         from ..components.restore_rules import missing_keys
 
