@@ -40,9 +40,16 @@ class _Template:
 
 
 class PickleTemplates(TemplateShelf):
-    """The data.pkl shapes one hash job has walked, each as its floating tensors' places."""
+    """The data.pkl shapes one hash job has walked, each as its floating tensors' places; ``zip_layouts``: the
+    zip layouts it has parsed (:class:`.zip_layouts.ZipLayouts`), shared the same way."""
 
     HELD = 8
+
+    def __init__(self) -> None:
+        from .zip_layouts import ZipLayouts
+
+        super().__init__()
+        self.zip_layouts = ZipLayouts()
 
     def views_of(self, pkl: bytes, walk: Callable[[bytes], Tuple[FloatViews, bool]]) -> FloatViews:
         """The floating tensors' places of data.pkl ``pkl``: a matching template's, else ``walk(pkl)``'s (a

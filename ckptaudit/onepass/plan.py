@@ -122,8 +122,11 @@ class _MemFile(ArchiveFile):
         self.path, self.size, self.fd, self.f = fs.fspath(path), len(data), -1, None
         self.window_bytes, self.prefetch_enabled, self.facts, self.kept = 0, False, None, None
         self.data = data
+        self.reads: Optional[List[Tuple[int, int]]] = None  # a list: each pread's (offset, length) is logged
 
     def pread(self, off: int, n: int) -> bytes:
+        if self.reads is not None:
+            self.reads.append((off, n))
         return bytes(self.data[off:off + n]) if 0 <= off < self.size and n > 0 else b""
 
     def close(self) -> None:
@@ -136,11 +139,21 @@ def _plan_zip(path, data: Optional[bytes], kept=None, templates=None) -> Plan:
 
     fh = _MemFile(path, data) if data is not None else ArchiveFile(
         fs.fspath(path), window=torchzip.REMOTE_WINDOW_BYTES, prefetch=torchzip.REMOTE_PREFETCH, kept=kept)
+    layouts = templates.zip_layouts if templates is not None and data is not None else None
     try:
-        cd = find_central_directory(fh)
-        if not isinstance(cd, dict):
-            return Plan()
-        rec = _records(fh, cd, remote=data is None and fs.is_remote(path))
+        rec = layouts.records_of(data) if layouts is not None else None  # a file of a layout parsed before
+        if rec is None:
+            fh.reads = [] if layouts is not None else None
+            # a layout compares the bytes its parse read: the end record's own 22 bytes are looked at first, not
+            # the last 4 KiB (a small file's tensor data).  The same record results: the search runs from the
+            # end, and the longer window's first look finds a record at the very end first
+            cd = find_central_directory(fh, 0 if layouts is not None else None)
+            if not isinstance(cd, dict):
+                return Plan()
+            rec = _records(fh, cd, remote=data is None and fs.is_remote(path))
+            if layouts is not None:
+                layouts.add(data, cd["cd_offset"], fh.reads, rec)
+                fh.reads = None
         plan = _record_plan(rec)
         pkl = int(rec.rows_of([f"{rec.prefix}/data.pkl" if rec.prefix else "data.pkl"])[0])
         if pkl < 0 or rec.method[pkl] != 0 or rec.data_offset[pkl] < 0 or \
