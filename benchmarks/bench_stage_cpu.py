@@ -44,7 +44,7 @@ def _child(audit_out: str, out: str, parts: list) -> None:
     import pyarrow.parquet  # noqa: F401
 
     w = f"{audit_out}/work"
-    inv, cfg = cli._inventory(f"{w}/inventory.json"), cli._config(f"{w}/config.json")
+    inv, cfg = cli.read_inventory(f"{w}/inventory.json"), cli._config(f"{w}/config.json")
     cpu = dict.fromkeys(STAGES, 0.0)
     n = 0
     for k, part in enumerate(parts):

@@ -123,3 +123,92 @@ def test_whatever_the_bytes_a_layouts_records_are_the_files_own(saved, data):
         plan, hit = _with_layout(layouts, follower)
         fresh = P.plan_file("x.pt", follower)
         assert hit and plan.crc == fresh.crc and plan.tensor_data == fresh.tensor_data
+
+
+# ----------------------------------------------------------------- the file layer's check of a follower
+
+def _report(rep) -> tuple:
+    return (list(rep.members), rep.prefix, list(rep.intact_members), [f.to_dict() for f in rep.findings],
+            rep.data_pkl)
+
+
+def _checked(files, shared: bool):
+    """check_zip of each of ``files`` (paths) with the hash stage's facts: one ByteFacts for all (the scan job's:
+    its zip layouts shared), or a fresh one each; (reports, layouts' hits)."""
+    from ckptaudit.formats.torchzip import check_zip
+    from ckptaudit.onepass import facts
+    from ckptaudit.onepass.filepass import pass_file
+
+    rows = [[r for r in facts.rows_of("u", p.name, pass_file(p))] for p in files]
+    one = facts.load([r for rs in rows for r in rs], files[0].parent)
+    got = [check_zip(p, display=p.name, facts=one if shared else facts.load(rs, p.parent))
+           for p, rs in zip(files, rows)]
+    return [_report(r) for r in got], one.zip_layouts.hits if shared else 0
+
+
+def _written(tmp_path, saved, edit=None):
+    """The saved checkpoints written back under their own names (the archive folder is each file's stem), the
+    last one changed by ``edit`` (a function of its bytes)."""
+    out = []
+    for i, data in enumerate(saved):
+        p = tmp_path / f"ckpt_{300 + 100 * i}.pt"
+        p.write_bytes(edit(bytearray(data)) if edit and i == len(saved) - 1 else data)
+        out.append(p)
+    return out
+
+
+def test_the_scan_checks_a_models_checkpoints_once_and_reports_each_as_its_own(tmp_path, saved):
+    files = _written(tmp_path, saved)
+    shared, hits = _checked(files, True)
+    alone, _ = _checked(files, False)
+    assert hits == 3 and shared == alone
+    assert [r[1] for r in shared] == ["ckpt_300", "ckpt_400", "ckpt_500", "ckpt_600"]
+    assert all(m.crc_ok and m.header_ok for r in shared for m in r[0]) and not any(r[3] for r in shared)
+
+
+def _flip_last_record_byte(b: bytearray) -> bytes:
+    i = bytes(b).rindex(b"PK\x07\x08")  # the last record's data descriptor: its data ends there
+    b[i - 1] ^= 0xFF
+    return bytes(b)
+
+
+def _descriptor_crc_changed(b: bytearray) -> bytes:
+    i = bytes(b).rindex(b"PK\x07\x08")
+    b[i + 4] ^= 0x01
+    return bytes(b)
+
+
+@pytest.mark.parametrize("edit, kinds", [(_flip_last_record_byte, ["zip_crc_mismatch"]),
+                                         (_descriptor_crc_changed, ["zip_member_header_corrupted"])],
+                         ids=["tensor-byte", "descriptor-crc"])
+def test_a_follower_with_damage_is_checked_record_by_record(tmp_path, saved, edit, kinds):
+    files = _written(tmp_path, saved, edit)
+    shared, hits = _checked(files, True)
+    alone, _ = _checked(files, False)
+    assert hits == 2 and shared == alone
+    assert [f["kind"] for f in shared[-1][3]] == kinds
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_whatever_the_bytes_the_scans_check_of_a_follower_is_its_own(tmp_path_factory, saved, data):
+    """Bytes written at random places of a checkpoint after one of the same model (among the bytes a layout
+    compares, its CRC and descriptor fields, or anywhere): the file layer's check with the job's shared layouts
+    reports what a check of that file alone reports."""
+    layouts = ZipLayouts()
+    _with_layout(layouts, saved[0])
+    t = layouts._held[0]
+    places = st.one_of(st.sampled_from(t.at.tolist()), st.sampled_from(t.crc_at.tolist()),
+                       st.sampled_from(t.desc_at.tolist()), st.sampled_from(t.folder_at.ravel().tolist()),
+                       st.integers(0, len(saved[1]) - 1))
+    edits = data.draw(st.lists(st.tuples(places, st.integers(0, 3), st.integers(0, 255)), min_size=1, max_size=3))
+
+    def edit(b: bytearray) -> bytes:
+        for at, k, v in edits:
+            b[min(at + k, len(b) - 1)] = v
+        return bytes(b)
+
+    files = _written(tmp_path_factory.mktemp("edited"), saved[:2], edit)
+    shared, hits = _checked(files, True)
+    event("followed" if hits else "checked itself")
+    assert shared == _checked(files, False)[0]

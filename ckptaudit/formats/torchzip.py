@@ -142,10 +142,15 @@ def check_zip(path, *, display: Optional[str] = None, verify_crc: bool = True, c
                      facts=facts, kept=kept, whole=verify_crc)  # every record checked: a small file read at once
     try:
         buf = bytearray(max(4096, chunk))
-        cd = find_central_directory(fh)
+        # a local file read whole, with the hash stage's CRC-32s: a clean file of its layout may answer for its
+        # records (zip/same_layout.py), compared where the check reads: the end record's own 22 bytes are looked
+        # at first, not the last 4 KiB (the same record results: the search runs from the end)
+        same = verify_crc and facts is not None and fh.whole_bytes() is not None
+        fh.reads = [] if same else None
+        cd = find_central_directory(fh, 0 if same else None)
         if isinstance(cd, dict):
             rep.has_central_directory = True
-            _check_with_cd(fh, shown, cd, rep, verify_crc, chunk, buf, tensor_names)
+            _check_with_cd(fh, shown, cd, rep, verify_crc, chunk, buf, tensor_names, same)
             rep.findings[:0] = pre
         elif not zip_like:
             rep.findings = pre or [missing_record(
@@ -170,21 +175,29 @@ def _names(rep: ZipReport, tensor_names: Optional[TensorNames]) -> Mapping[str, 
 
 
 def _check_with_cd(fh: ArchiveFile, display: str, cd: dict, rep: ZipReport, verify_crc: bool, chunk: int,
-                   buf: bytearray, tensor_names: Optional[TensorNames]) -> None:
+                   buf: bytearray, tensor_names: Optional[TensorNames], same: bool = False) -> None:
     """Check every central-directory entry (local header, data descriptor, CRC), load data.pkl, then
-    build the findings in archive order."""
+    build the findings in archive order.  ``same``: a clean file of the same layout may answer for the records
+    (:mod:`.zip.same_layout`; ``fh.reads`` logs the reads), and a clean file is kept as one."""
+    from .zip import same_layout
+
     cd_start = cd["cd_offset"]
     problems: List[str] = []
-    if fh.fd is None:  # remote: every local header is fetched in batches first (needs every entry)
-        entries, problem = parse_central(fh, cd)
-        prefetch_headers(fh, entries, cd_start)
-    else:  # local: one entry at a time (a 200,000-member archive holds no list of entries)
-        entries, problem = iter_central(fh, cd, problems), None
-    checked = _check_entries(fh, entries, rep, cd_start, verify_crc, chunk, buf)
-    del entries
-    problem = problem or (problems[0] if problems else None)
-    # overlapping records (a damaged central directory entry pointing into another record)
-    overlap = overlapping_records(rep.members)
+    checked, problem, overlap = [], None, None
+    if not (same and same_layout.follow(fh, rep)):
+        if fh.fd is None:  # remote: every local header is fetched in batches first (needs every entry)
+            entries, problem = parse_central(fh, cd)
+            prefetch_headers(fh, entries, cd_start)
+        else:  # local: one entry at a time (a 200,000-member archive holds no list of entries)
+            entries, problem = iter_central(fh, cd, problems), None
+        checked = _check_entries(fh, entries, rep, cd_start, verify_crc, chunk, buf)
+        del entries
+        problem = problem or (problems[0] if problems else None)
+        # overlapping records (a damaged central directory entry pointing into another record)
+        overlap = overlapping_records(rep.members)
+        if same:
+            same_layout.keep(fh, cd_start, fh.reads, rep, not (problem or checked or overlap))
+    fh.reads = None
     rep.intact_members = rep.members.names_where(rep.members.intact_rows())
     load_data_pkl(fh, rep, MAX_DATA_PKL_BYTES)
     names = _names(rep, tensor_names)

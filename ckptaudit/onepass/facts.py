@@ -263,7 +263,7 @@ class ByteFacts:
     the streams over tensor data, :data:`ckptaudit.fs.read_depth.METADATA_ONLY`).  ``damage_detail``: the read
     depth's (:class:`ckptaudit.fs.read_depth.ReadDepth`), whether a record that fails its CRC is read again."""
 
-    __slots__ = ("_files", "_nul_scan", "_walks", "count", "damage_detail", "kept", "tensor_bytes")
+    __slots__ = ("_files", "_layouts", "_nul_scan", "_walks", "count", "damage_detail", "kept", "tensor_bytes")
 
     def __init__(self, tensor_bytes: bool = True, damage_detail: bool = True) -> None:
         self.tensor_bytes = tensor_bytes  # whether a check with no fact may stream tensor data
@@ -273,6 +273,7 @@ class ByteFacts:
         self.count = 0  # facts kept
         self.kept = fs.kept.KeptBytes()  # bytes of remote objects the pass kept for later reads
         self._walks = None
+        self._layouts = None
 
     @property
     def walks(self):
@@ -304,6 +305,30 @@ class ByteFacts:
         """Whether the pass left facts of ``kind`` ("crc", "values", "tensor_data", "nul_run") for ``path``
         (``fs.fspath``): a check that would read bytes only to find no fact can skip the file."""
         return kind in self._files.get(path, {})
+
+    @property
+    def zip_layouts(self):
+        """The checks' zip layouts, one parse each (:class:`ckptaudit.onepass.zip_layouts.ZipLayouts`)."""
+        from .zip_layouts import ZipLayouts
+
+        self._layouts = self._layouts or ZipLayouts()
+        return self._layouts
+
+    def crcs_of(self, path: str, offsets, lengths):
+        """``(crc32s, bytes seen)`` (numpy int64) of each ``(offset, length)`` range of ``path`` (``fs.fspath``;
+        ``offsets``, ``lengths``: numpy int64), as :meth:`crc_of` answers each; None when one finds no fact."""
+        import numpy as np
+
+        cols = self._files.get(path, {}).get("crc")
+        if cols is None or not len(offsets):
+            return None
+        offs, lens = np.asarray(cols["data_offset"]), np.asarray(cols["length_bytes"])
+        i = np.searchsorted(offs, offsets, side="left")
+        if (i >= len(offs)).any():
+            return None
+        if not ((offs[i] == offsets) & (lens[i] == lengths)).all():
+            return None  # a range without its fact, or one of several facts at one offset: asked one by one
+        return np.asarray(cols["crc32"])[i].astype(np.int64), np.asarray(cols["seen_bytes"])[i].astype(np.int64)
 
     def crc_of(self, path: str, offset: int, length: int) -> Optional[Tuple[int, int]]:
         """``(crc32, bytes seen)`` of ``length`` bytes of ``path`` (``fs.fspath``) from ``offset``, or None."""

@@ -122,7 +122,6 @@ class _MemFile(ArchiveFile):
         self.path, self.size, self.fd, self.f = fs.fspath(path), len(data), -1, None
         self.window_bytes, self.prefetch_enabled, self.facts, self.kept = 0, False, None, None
         self.data = data
-        self.reads: Optional[List[Tuple[int, int]]] = None  # a list: each pread's (offset, length) is logged
 
     def pread(self, off: int, n: int) -> bytes:
         if self.reads is not None:
@@ -152,7 +151,7 @@ def _plan_zip(path, data: Optional[bytes], kept=None, templates=None) -> Plan:
                 return Plan()
             rec = _records(fh, cd, remote=data is None and fs.is_remote(path))
             if layouts is not None:
-                layouts.add(data, cd["cd_offset"], fh.reads, rec)
+                layouts.add(data, cd["cd_offset"], fh.reads, rec.data_offset, rec.csize, rec.prefix, rec)
                 fh.reads = None
         plan = _record_plan(rec)
         pkl = int(rec.rows_of([f"{rec.prefix}/data.pkl" if rec.prefix else "data.pkl"])[0])

@@ -1,15 +1,16 @@
-"""One parse per layout of zip in a hash job: a torch zip's records, shared by files whose structure bytes match.
+"""One parse per layout of zip in a job: a torch zip's records, shared by files whose structure bytes match.
 
 A run's checkpoints of one model, saved by one ``torch.save`` call site, hold the same records at the same
-offsets: their central directories, local headers and end records are equal byte for byte except for each
-record's CRC-32 (and the data descriptor that repeats it).  The hash stage plans each torch zip's CRC ranges from
-its records (:func:`.plan._records`: the central directory parsed and every local header checked, ~1 ms for issue
-45's small unit of 72 records).  :class:`ZipLayouts` keeps the records of one parse per layout, and the byte
-ranges that parse read (:class:`.plan._MemFile` logs them); a later file of the same size whose bytes in those
-ranges are equal, outside the CRC fields, gets the same records with its own CRC-32s, read from its central
-directory.
+offsets: their central directories, local headers, data descriptors and end records are equal byte for byte
+except for each record's CRC-32 fields and the archive folder (torch names it after the file's stem).  A job
+parses each torch zip's records: the hash stage to plan its CRC ranges (:func:`.plan._records`, ~1 ms for issue
+45's small unit of 72 records), the scan to check them (:mod:`ckptaudit.formats.zip.same_layout`).
+:class:`ZipLayouts` keeps what one parse per layout gave, and the byte ranges it read (the readers log them); a
+later file of the same size whose bytes in those ranges are equal, outside the CRC fields and one archive folder
+of the same length used in every name, matches it (:meth:`ZipLayouts.match`) and gets those records with its own
+CRC-32s and folder.
 
-Why equal bytes give equal records: :func:`~ckptaudit.formats.zip.central.find_central_directory` and
+Why equal bytes give the hash plan equal records (the scan adds conditions of its own, :mod:`ckptaudit.formats.zip.same_layout`): :func:`~ckptaudit.formats.zip.central.find_central_directory` and
 :func:`.plan._records` are functions of the bytes they read and the file's size; a CRC field's value reaches the
 records only as their ``crc`` column (taken from the file itself) and in two comparisons that cannot move a
 record: the local header's CRC and sizes against the central directory's (a layout is kept only when every local
@@ -20,12 +21,14 @@ computes CRC-32s; the scan stage takes a CRC-32 only for a record whose own ``(o
 parse of that file — finds one (:meth:`ckptaudit.onepass.facts.ByteFacts.crc_of`), and reads any other record.
 
 Memory: at most :data:`ZipLayouts.HELD` layouts, each its records' columns and the bytes it compares (the
-files' structure bytes, ~130 a record); only files held whole in memory (:data:`.filepass.SMALL_LOCAL_BYTES`).
+files' structure bytes, ~130 a record); only files held whole in memory (:data:`.filepass.SMALL_LOCAL_BYTES`,
+:data:`ckptaudit.formats.zip.reader.WHOLE_READ_BYTES`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import struct
 import threading
 from typing import List, Optional, Tuple
@@ -45,13 +48,28 @@ class _Layout:
     at: object  # numpy int64: the compared byte positions (read by the parse, outside the CRC fields and folder)
     want: bytes  # the layout's bytes at those positions
     crc_at: object  # numpy int64: each record's central-directory CRC field, in record order
+    desc_rows: object  # numpy int64: the records with a data descriptor (flag bit 3) …
+    desc_at: object  # numpy int64: … and the offset of that descriptor's CRC field
     folder_at: object  # numpy int64 (names, folder length): the folder's bytes in every name, both directories
     folder: bytes  # the layout's archive folder
-    records: object  # the parse's plan._Records
+    payload: object  # what the parse gave (the hash plan's records, the scan's checked records)
+
+
+@dataclasses.dataclass(frozen=True)
+class Match:
+    """A file that matches a layout: ``payload`` (the layout's parse), the file's own central-directory CRC-32s
+    (``crc``: numpy int64, in record order), its archive folder (``folder``; ``old_folder``: the layout's), and
+    ``descriptors_agree``: whether each data descriptor states its record's central-directory CRC-32."""
+
+    payload: object
+    crc: object
+    folder: bytes
+    old_folder: bytes
+    descriptors_agree: bool
 
 
 class ZipLayouts:
-    """The zip layouts one hash job has parsed (thread-safe: a job's passes share it).  ``hits``: parses saved."""
+    """The zip layouts one job has parsed (thread-safe: a job's threads share it).  ``hits``: parses saved."""
 
     HELD = 4
     #: a layout compares at most this many bytes (a larger structure is parsed every time)
@@ -62,9 +80,9 @@ class ZipLayouts:
         self._held: List[_Layout] = []
         self.hits = 0
 
-    def records_of(self, data: bytes):
-        """The records of the zip ``data`` (a whole file) from a layout it matches, with its own CRC-32s and
-        archive folder; None when it matches none."""
+    def match(self, data: bytes) -> Optional[Match]:
+        """The layout the zip ``data`` (a whole file) matches, with its own CRC-32s and archive folder; None when
+        it matches none.  A caller that takes its records counts it (:meth:`hit`)."""
         import numpy as np
 
         with self._lock:
@@ -77,51 +95,78 @@ class ZipLayouts:
             folder = names[0].tobytes()
             if not (names == names[0]).all() or not _FOLDER_BYTES.issuperset(folder):
                 continue
-            crc = np.array([struct.unpack_from("<I", data, o)[0] for o in t.crc_at.tolist()], np.int64)
-            with self._lock:
-                self.hits += 1
-            return dataclasses.replace(t.records, crc=crc, **_renamed(t.records, t.folder, folder))
+            crc = _u32_at(data, t.crc_at)
+            return Match(t.payload, crc, folder, t.folder,
+                         bool((crc[t.desc_rows] == _u32_at(data, t.desc_at)).all()))
         return None
-    def add(self, data: bytes, cd_offset: int, reads: List[Tuple[int, int]], records) -> None:
-        """Keep the layout of ``data`` whose parse read ``reads`` (``(offset, length)`` pairs) and gave
-        ``records`` (:class:`.plan._Records`; its central directory at ``cd_offset``), when every record is
-        placed and every local header states CRC and sizes as 0; the CRC fields of its central directory and data
-        descriptors are left out of the bytes compared."""
+
+    def hit(self) -> None:
+        """Count a parse saved (a caller took a :meth:`match`'s records)."""
+        with self._lock:
+            self.hits += 1
+
+    def records_of(self, data: bytes):
+        """The hash plan's records (:class:`.plan._Records`) of the zip ``data`` from a layout it matches, with its
+        own CRC-32s and archive folder; None when it matches none."""
+        got = self.match(data)
+        if got is None:
+            return None
+        self.hit()
+        return dataclasses.replace(got.payload, crc=got.crc, **_renamed(got.payload, got.old_folder, got.folder))
+
+    def add(self, data: bytes, cd_offset: int, reads: List[Tuple[int, int]], data_offset, csize, folder: str,
+            payload) -> None:
+        """Keep the layout of zip ``data`` whose parse read ``reads`` (``(offset, length)`` pairs) and gave
+        ``payload``: its central directory at ``cd_offset``, its records' data offsets and stored sizes
+        ``data_offset`` and ``csize`` (numpy int64, in central-directory order) and archive folder ``folder``.
+        Kept when every record is placed and every local header states CRC and sizes as 0; the CRC fields of its
+        central directory and data descriptors, and the folder in its names, are left out of the bytes compared."""
         import numpy as np
 
         n = len(data)
-        if not len(records.data_offset) or (records.data_offset < 0).any():
+        if not len(data_offset) or (data_offset < 0).any():
             return
-        fields = _crc_fields(data, cd_offset, records)
-        folder = records.prefix.encode("utf-8", "surrogatepass")
-        if fields is None or not folder or not _FOLDER_BYTES.issuperset(folder):
+        fields = _crc_fields(data, cd_offset, data_offset, csize)
+        name = folder.encode("utf-8", "surrogatepass")
+        if fields is None or not name or not _FOLDER_BYTES.issuperset(name):
             return
+        central, desc_rows, desc_at, names = fields
         marks = np.zeros(n, np.bool_)
         for off, k in reads:
             marks[max(0, off):max(0, min(n, off + k))] = True
-        for off in fields[0] + fields[1]:
+        for off in central + desc_at:
             marks[off:off + 4] = False
-        folder_at = np.array(fields[2], np.int64)[:, None] + np.arange(len(folder), dtype=np.int64)[None, :]
-        if any(data[o:o + len(folder) + 1] != folder + b"/" for o in fields[2]):
+        folder_at = np.array(names, np.int64)[:, None] + np.arange(len(name), dtype=np.int64)[None, :]
+        if any(data[o:o + len(name) + 1] != name + b"/" for o in names):
             return
         marks[folder_at.ravel()] = False
         at = np.flatnonzero(marks)
         if len(at) > self.MAX_COMPARED:
             return
+        i64 = functools.partial(np.array, dtype=np.int64)
         with self._lock:
-            self._held.insert(0, _Layout(n, at, np.frombuffer(data, np.uint8)[at].tobytes(),
-                                         np.array(fields[0], np.int64), folder_at, folder, records))
+            self._held.insert(0, _Layout(n, at, np.frombuffer(data, np.uint8)[at].tobytes(), i64(central),
+                                         i64(desc_rows), i64(desc_at), folder_at, name, payload))
             del self._held[self.HELD:]
 
 
-def _crc_fields(data: bytes, cd_offset: int, records) -> Optional[Tuple[List[int], List[int], List[int]]]:
-    """``(central-directory CRC fields, data-descriptor CRC fields, names)``: the offset of each CRC field of the
-    central directory's entries from ``cd_offset`` (one per record, in record order), of the data descriptor
-    after each record with flag bit 3, and of each record's name in the central directory and in its local
-    header; None when an entry is not where the one before it ends, a local header offset is a ZIP64 one, or a
-    local header states a CRC or size."""
-    central, descriptors, names, at = [], [], [], cd_offset
-    for off, size in zip(records.data_offset.tolist(), records.csize.tolist()):
+def _u32_at(data: bytes, at) -> "np.ndarray":  # noqa: F821 - numpy is imported inside, when called
+    """The little-endian unsigned 32-bit numbers of ``data`` at offsets ``at`` (numpy int64), as int64."""
+    import numpy as np
+
+    u = np.frombuffer(data, np.uint8)
+    idx = at[:, None] + np.arange(4, dtype=np.int64)[None, :]
+    return np.ascontiguousarray(u[idx]).view("<u4").reshape(-1).astype(np.int64)
+
+
+def _crc_fields(data: bytes, cd_offset: int, data_offset, csize):
+    """``(central-directory CRC fields, records with a data descriptor, their descriptors' CRC fields, names)``:
+    the offset of each CRC field of the central directory's entries from ``cd_offset`` (one per record, in record
+    order), the records with flag bit 3 and the offset of the CRC field of the data descriptor after each, and the
+    offset of each record's name in the central directory and in its local header; None when an entry is not
+    where the one before it ends, a local header offset is a ZIP64 one, or a local header states a CRC or size."""
+    central, desc_rows, desc_at, names, at = [], [], [], [], cd_offset
+    for row, (off, size) in enumerate(zip(data_offset.tolist(), csize.tolist())):
         if at + _CENTRAL_FIXED > len(data) or data[at:at + 4] != _CENTRAL_SIG:
             return None
         flags = struct.unpack_from("<H", data, at + 8)[0]
@@ -133,9 +178,12 @@ def _crc_fields(data: bytes, cd_offset: int, records) -> Optional[Tuple[List[int
         names += [at + _CENTRAL_FIXED, lho + _LOCAL_FIXED]
         if flags & 8:
             end = off + size
-            descriptors.append(end + 4 if data[end:end + 4] == _DESCRIPTOR_SIG else end)
+            desc_rows.append(row)
+            desc_at.append(end + 4 if data[end:end + 4] == _DESCRIPTOR_SIG else end)
         at += _CENTRAL_FIXED + nlen + xlen + clen
-    return central, descriptors, names
+    if any(o + 4 > len(data) for o in desc_at):
+        return None
+    return central, desc_rows, desc_at, names
 
 
 def _renamed(records, old: bytes, new: bytes) -> dict:

@@ -111,8 +111,18 @@ class ArchiveFile:
                 return b[off - o: off - o + n]
         return None
 
+    #: a list while a caller logs the reads: each :meth:`pread`'s ``(offset, length)`` is appended
+    reads: Optional[List[Tuple[int, int]]] = None
+
+    def whole_bytes(self) -> Optional[bytes]:
+        """The whole local file, when it was read at once (``whole``), else None."""
+        b0, blk = getattr(self, "_last", (0, b""))
+        return blk if self.fd is not None and b0 == 0 and len(blk) == self.size > 0 else None
+
     def pread(self, off: int, n: int) -> bytes:
         """``n`` bytes of the archive from byte ``off`` (fewer at its end; ``b""`` outside it)."""
+        if self.reads is not None:
+            self.reads.append((off, n))
         if off < 0 or n <= 0 or off >= self.size:
             return b""
         n = min(n, self.size - off)

@@ -59,6 +59,21 @@ class Records(Sequence[Member]):
             v = getattr(m, k)
             col.append(-1 if v is None else int(v))
 
+    def of_another_file(self, crc32, old_folder: bytes, new_folder: bytes) -> "Records":
+        """These records as another file of the same layout holds them (:mod:`ckptaudit.onepass.zip_layouts`): a
+        copy with ``crc32`` (one per record, in order) and, in every name, archive folder ``new_folder`` (of the
+        same length: ASCII bytes) where ``old_folder`` stands, each name beginning with it and ``/``."""
+        out = Records()
+        out._ends = array("q", self._ends)
+        out._ints = {k: array(col.typecode, col) for k, col in self._ints.items()}
+        out._ints["crc32"] = array(self._ints["crc32"].typecode, (int(c) for c in crc32))
+        out._flags = {k: array("b", col) for k, col in self._flags.items()}
+        out._text = bytearray(self._text)
+        if new_folder != old_folder:
+            for start in (0, *self._ends[:-1]):
+                out._text[start:start + len(old_folder)] = new_folder
+        return out
+
     def __len__(self) -> int:
         return len(self._ends)
 
