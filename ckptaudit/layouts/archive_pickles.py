@@ -96,8 +96,10 @@ def scan_zip_members(path: Path, rel: str, scan: UnitScan, allowed: List[str], r
     from .scan_file import SWEEP_BYTES
 
     ts = torchscript
-    todo = [m for m in rep.members[:MAX_MEMBERS] if m.name not in done and not _STORAGE_RECORD.match(m.name)
-            and m.method in (0, 8) and (m.data_offset >= 0 or m.loose_data_offset >= 0)]
+    named = [i for i, n in enumerate(rep.members.name_list()[:MAX_MEMBERS])
+             if n not in done and not _STORAGE_RECORD.match(n)]  # a record object only for these
+    todo = [m for m in (rep.members[i] for i in named)
+            if m.method in (0, 8) and (m.data_offset >= 0 or m.loose_data_offset >= 0)]
     if not todo:
         return
     t0 = time.perf_counter()

@@ -84,6 +84,14 @@ class Records(Sequence[Member]):
         """The name of record ``i``."""
         return self._text[self._start(i): self._ends[i]].decode(_TEXT, _ERRORS)
 
+    def name_list(self) -> List[str]:
+        """Every record's name, in archive order, as a list (an ASCII buffer is decoded once, not a name at a
+        time)."""
+        if not self._text.isascii():
+            return [self.name(i) for i in range(len(self))]
+        text, ends = self._text.decode("ascii"), self._ends
+        return [text[a:b] for a, b in zip((0, *ends[:-1]), ends)]
+
     def _member(self, i: int) -> Member:
         ints = {k: col[i] for k, col in self._ints.items()}
         if ints["crc_actual"] < 0:
@@ -221,6 +229,9 @@ class Names(Sequence[str]):
         return self._records.name(self._row(i % n))
 
     def __iter__(self) -> Iterator[str]:
+        if self._rows is None:
+            yield from self._records.name_list()
+            return
         for i in range(len(self)):
             yield self._records.name(self._row(i))
 
