@@ -194,4 +194,4 @@ def _renamed(records, old: bytes, new: bytes) -> dict:
     import pyarrow.compute as pc
 
     text = new.decode("ascii")
-    return {"names": pc.utf8_replace_slice(records.names, 0, len(old), text), "prefix": text}
+    return {"names": pc.utf8_replace_slice(records.names, 0, len(old), text), "prefix": text, "_by_name": None}
