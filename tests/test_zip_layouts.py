@@ -133,13 +133,16 @@ def _report(rep) -> tuple:
 
 
 def _checked(files, shared: bool):
-    """check_zip of each of ``files`` (paths) with the hash stage's facts: one ByteFacts for all (the scan job's:
-    its zip layouts shared), or a fresh one each; (reports, layouts' hits)."""
+    """check_zip of each of ``files`` (paths) with the hash stage's facts: of one hash job and one ByteFacts for all
+    (the scan job's: its zip layouts shared), or of a pass and a ByteFacts of each file alone; (reports, the scan's
+    layouts' hits)."""
     from ckptaudit.formats.torchzip import check_zip
     from ckptaudit.onepass import facts
     from ckptaudit.onepass.filepass import pass_file
+    from ckptaudit.onepass.pickle_templates import PickleTemplates
 
-    rows = [[r for r in facts.rows_of("u", p.name, pass_file(p))] for p in files]
+    job = PickleTemplates()  # the hash job's, shared by its passes (its zip layouts plan a follower)
+    rows = [[r for r in facts.rows_of("u", p.name, pass_file(p, templates=job if shared else None))] for p in files]
     one = facts.load([r for rs in rows for r in rs], files[0].parent)
     got = [check_zip(p, display=p.name, facts=one if shared else facts.load(rs, p.parent))
            for p, rs in zip(files, rows)]
@@ -212,3 +215,70 @@ def test_whatever_the_bytes_the_scans_check_of_a_follower_is_its_own(tmp_path_fa
     shared, hits = _checked(files, True)
     event("followed" if hits else "checked itself")
     assert shared == _checked(files, False)[0]
+
+
+# ------------------------------------------------ zips where a CRC field is not only a CRC (an adversarial review)
+
+def _torch_records(tmp_path, step: int, folder: str):
+    from .zip_craft import torch_entries
+
+    p = tmp_path / "src.pt"
+    torch.save(_checkpoint(step), p)
+    return [(folder + n[n.index("/"):], d) for n, d in torch_entries(p.read_bytes())]
+
+
+def test_descriptors_without_their_signature_keep_no_layout(tmp_path):
+    """Data descriptors without a signature (APPNOTE: optional): a follower's CRC-32 of 0x08074b50 puts the
+    signature's bytes where a reader looks for one, and the record-by-record check reads its sizes 4 bytes later."""
+    from .zip_craft import build, forge_crc
+
+    first, second = _torch_records(tmp_path, 300, "ckpt_300"), _torch_records(tmp_path, 400, "ckpt_400")
+    k = next(i for i, (n, _) in enumerate(second) if n.endswith("/data/0"))
+    second[k] = (second[k][0], forge_crc(second[k][1], 0x08074B50))
+    files = [tmp_path / "ckpt_300.pt", tmp_path / "ckpt_400.pt"]
+    files[0].write_bytes(build(first, desc="nosig")[0])
+    files[1].write_bytes(build(second, desc="nosig")[0])
+    shared, hits = _checked(files, True)
+    assert hits == 0 and shared == _checked(files, False)[0]
+    assert [f["kind"] for f in shared[1][3]] == ["zip_member_header_corrupted"]
+
+
+def test_a_central_directory_read_as_a_descriptor_keeps_no_layout(tmp_path):
+    """The last record (flag bit 3, no descriptor) ends where the central directory starts: its first 12 bytes
+    serve as that record's descriptor, and the follower's damaged central-directory signature is found."""
+    import pickle
+
+    from .zip_craft import build, forge_crc
+
+    def made(folder, crc, cd_sig):
+        blob = forge_crc(bytes(range(256)) * 8 + bytes(8), crc)
+        entries = [(folder + "/data.pkl", pickle.dumps({"a": 1}, protocol=2)), (folder + "/data/0", bytes(64)),
+                   (folder + "/blob", blob)]
+        return build(entries, desc=["sig", "sig", "none"], flags=0x0808, vn=0, vm=0x0808, cd_sig=cd_sig)[0]
+
+    files = [tmp_path / "ckpt_300.pt", tmp_path / "ckpt_400.pt"]
+    files[0].write_bytes(made("ckpt_300", 0x02014B50, b"PK\x01\x02"))
+    files[1].write_bytes(made("ckpt_400", 0x03014B50, b"PK\x01\x03"))
+    shared, hits = _checked(files, True)
+    assert hits == 0 and shared == _checked(files, False)[0]
+    assert {f["kind"] for f in shared[1][3]} >= {"zip_central_directory_corrupted"}
+
+
+@pytest.mark.parametrize("where", ["next-local-header", "central-directory"])
+def test_records_without_their_descriptors_keep_no_layout(where):
+    """Flag bit 3 set and no descriptors: the 4 bytes after a record's data are the next local header's signature
+    (or the central directory's), which a layout must compare."""
+    import pickle
+
+    from .zip_craft import build
+
+    entries = [("arch/data.pkl", pickle.dumps({"a": 1}, protocol=2)), ("arch/data/0", bytes(range(64))),
+               ("arch/version", b"3\n")]
+    first, pos = build(entries, desc="none")
+    layouts = ZipLayouts()
+    _with_layout(layouts, first)
+    edited = bytearray(first)
+    at = pos["arch/data/0"]["lho"] if where == "next-local-header" else pos["arch/version"]["end"]
+    edited[at:at + 4] = b"XXXX"
+    assert not layouts._held and layouts.records_of(bytes(edited)) is None
+    assert _with_layout(layouts, bytes(edited))[0].crc == P.plan_file("x.pt", bytes(edited)).crc

@@ -36,6 +36,8 @@ from typing import List, Optional, Tuple
 #: zip signatures and field offsets (PKWARE APPNOTE 4.3.7, 4.3.9, 4.3.12)
 _CENTRAL_SIG, _DESCRIPTOR_SIG = b"PK\x01\x02", b"PK\x07\x08"
 _CENTRAL_FIXED, _CENTRAL_CRC, _LOCAL_FIXED, _LOCAL_SIZES = 46, 16, 30, (14, 26)
+#: a data descriptor with its signature and 32-bit sizes (APPNOTE 4.3.9)
+_DESCRIPTOR_BYTES = 16
 
 
 #: the bytes a follower's archive folder may hold (torch names it after the file: its stem)
@@ -163,25 +165,39 @@ def _crc_fields(data: bytes, cd_offset: int, data_offset, csize):
     """``(central-directory CRC fields, records with a data descriptor, their descriptors' CRC fields, names)``:
     the offset of each CRC field of the central directory's entries from ``cd_offset`` (one per record, in record
     order), the records with flag bit 3 and the offset of the CRC field of the data descriptor after each, and the
-    offset of each record's name in the central directory and in its local header; None when an entry is not
-    where the one before it ends, a local header offset is a ZIP64 one, or a local header states a CRC or size."""
-    central, desc_rows, desc_at, names, at = [], [], [], [], cd_offset
+    offset of each record's name in the central directory and in its local header.
+
+    None (no layout) unless every structure a CRC field could be read as is where a writer puts it, apart from the
+    others: an entry where the one before it ends, a 32-bit local header offset, a local header stating CRC and
+    sizes as 0, each data descriptor (flag bit 3) with its signature (APPNOTE 4.3.9.3: optional; without it the
+    CRC's 4 bytes are the place a reader looks for one) right after its record's data, and the local headers,
+    records' data and descriptors not overlapping one another nor the central directory.  So a CRC field left out
+    of the bytes compared is read as nothing but that CRC: by the central directory's entry, or by
+    :func:`~ckptaudit.formats.zip.central.read_descriptor` (whose 24-byte read past a 16-byte descriptor
+    reaches only bytes compared)."""
+    central, desc_rows, desc_at, names, spans, at = [], [], [], [], [], cd_offset
     for row, (off, size) in enumerate(zip(data_offset.tolist(), csize.tolist())):
         if at + _CENTRAL_FIXED > len(data) or data[at:at + 4] != _CENTRAL_SIG:
             return None
         flags = struct.unpack_from("<H", data, at + 8)[0]
         nlen, xlen, clen = struct.unpack_from("<HHH", data, at + 28)
         lho = struct.unpack_from("<I", data, at + 42)[0]
-        if lho == 0xFFFFFFFF or data[lho + _LOCAL_SIZES[0]:lho + _LOCAL_SIZES[1]] != bytes(12):
+        if lho == 0xFFFFFFFF or lho + _LOCAL_FIXED > len(data) or \
+                data[lho + _LOCAL_SIZES[0]:lho + _LOCAL_SIZES[1]] != bytes(12):
             return None
         central.append(at + _CENTRAL_CRC)
         names += [at + _CENTRAL_FIXED, lho + _LOCAL_FIXED]
+        spans += [(lho, lho + _LOCAL_FIXED + sum(struct.unpack_from("<HH", data, lho + 26))), (off, off + size)]
         if flags & 8:
             end = off + size
+            if data[end:end + 4] != _DESCRIPTOR_SIG:
+                return None
             desc_rows.append(row)
-            desc_at.append(end + 4 if data[end:end + 4] == _DESCRIPTOR_SIG else end)
+            desc_at.append(end + 4)
+            spans.append((end, end + _DESCRIPTOR_BYTES))
         at += _CENTRAL_FIXED + nlen + xlen + clen
-    if any(o + 4 > len(data) for o in desc_at):
+    spans.sort()
+    if any(b > a for (_, b), (a, _) in zip(spans, spans[1:])) or (spans and spans[-1][1] > cd_offset):
         return None
     return central, desc_rows, desc_at, names
 

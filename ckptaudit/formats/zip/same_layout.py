@@ -12,7 +12,9 @@ wherever the clean file's check read, outside the CRC fields and one archive fol
 every name — gets that file's records with its own CRC-32s and folder, when also
 
 * each of its data descriptors states its record's central-directory CRC-32 (the one comparison the check makes
-  of a CRC field that a match leaves out; a local header that states a CRC or size keeps no layout), and
+  of a CRC field that a match leaves out: a layout is kept only where each CRC field is read as nothing else, a
+  local header states no CRC or size, and each descriptor carries its signature;
+  :func:`ckptaudit.onepass.zip_layouts.ZipLayouts.add`), and
 * the hash stage's pass computed every record's CRC-32 over exactly the record's bytes of this file, and each
   equals the record's and covers its size (:meth:`ckptaudit.onepass.facts.ByteFacts.crcs_of`).
 
