@@ -282,3 +282,63 @@ def test_records_without_their_descriptors_keep_no_layout(where):
     edited[at:at + 4] = b"XXXX"
     assert not layouts._held and layouts.records_of(bytes(edited)) is None
     assert _with_layout(layouts, bytes(edited))[0].crc == P.plan_file("x.pt", bytes(edited)).crc
+
+
+def _crc_as_zip64_end_record(crc_of_last: int) -> bytes:
+    """The last central entry's comment ends in a zip64 locator naming that entry's own CRC field (a field a
+    layout leaves out) as the zip64 end record: a follower whose CRC there reads ``PK\\x06\\x06`` moves its central
+    directory to the numbers its name holds."""
+    import pickle
+    import struct
+
+    from .zip_craft import build_fields, forge_crc
+
+    blob = forge_crc(bytes(range(64)) * 2, crc_of_last)
+    pkl = pickle.dumps({"a": 1}, protocol=2)
+
+    def entries(n64, size64, off64):
+        return [(b"a/data.pkl", pkl), (b"a/data/0", bytes(64)), (b"a/" + struct.pack("<QQQ", n64, size64, off64), blob)]
+
+    def locator(z64_off):
+        return b"PK\x06\x07" + struct.pack("<IQI", 0, z64_off, 1)
+
+    _, info = build_fields(entries(0, 0, 0), cd_comment={2: locator(0)})
+    at, cd = info["records"][2]["cen"], info["cd"]
+    return build_fields(entries(2, at + 16 - cd, cd), cd_comment={2: locator(at + 16)})[0]
+
+
+def _folder_as_zip64_locator_offset(folder: bytes) -> bytes:
+    """The last central entry's external attributes read as a zip64 locator whose offset is that entry's name:
+    the folder (left out of a layout's comparison) then names a zip64 end record inside tensor data."""
+    import pickle
+    import struct
+
+    from .zip_craft import build_fields
+
+    pkl = pickle.dumps({"a": 1}, protocol=2)
+    blob = bytearray(16384)
+    _, info = build_fields([(folder + b"/data.pkl", pkl), (folder + b"/data/0", bytes(blob)),
+                            (folder + b"/" + bytes(6), b"3\n")])
+    d0 = info["records"][1]["data"]
+    blob[0x2f62 - d0:0x2f62 - d0 + 56] = struct.pack("<4sQHHIIQQQQ", b"PK\x06\x06", 44, 45, 45, 0, 0, 0, 0, 0, 0x2f62)
+    blob[0x2f61 - d0] = ord("x")
+    entries = [(folder + b"/data.pkl", pkl), (folder + b"/data/0", bytes(blob)), (folder + b"/" + bytes(6), b"3\n")]
+    return build_fields(entries, cd_extra={2: b"\x01\x00\x00\x00"}, ext_attr={2: 0x07064B50})[0]
+
+
+@pytest.mark.parametrize("pair", [
+    lambda: (_crc_as_zip64_end_record(0x12345678), _crc_as_zip64_end_record(0x06064B50)),
+    lambda: (_folder_as_zip64_locator_offset(b"a"), _folder_as_zip64_locator_offset(b"b")),
+], ids=["crc-as-zip64-end-record", "folder-as-zip64-locator-offset"])
+def test_a_byte_left_out_that_another_read_covers_keeps_no_layout(tmp_path, pair):
+    """A CRC field or a folder byte that the end records' reads cover too (a second adversarial review): the
+    layout is refused, and each file is checked and planned as alone."""
+    first, second = pair()
+    layouts = ZipLayouts()
+    _with_layout(layouts, first)
+    assert not layouts._held and layouts.records_of(second) is None
+    files = [tmp_path / "one.pt", tmp_path / "two.pt"]
+    files[0].write_bytes(first)
+    files[1].write_bytes(second)
+    shared, hits = _checked(files, True)
+    assert hits == 0 and shared == _checked(files, False)[0]

@@ -82,3 +82,35 @@ def forge_crc(data: bytes, target: int) -> bytes:
     b[-4:] = x.to_bytes(4, "little")
     assert zlib.crc32(bytes(b)) == target
     return bytes(b)
+
+
+def build_fields(entries, cd_extra=None, cd_comment=None, eocd_comment=b"", ext_attr=None):
+    """``(zip bytes, {"records": [{"lho", "data", "end", "crc", "cen"}], "cd", "eocd"})`` of ``entries``
+    (``[(name bytes, data)]``, stored, flags 0x0808, 16-byte descriptors with their signature), with chosen
+    central-directory extra fields, comments and external attributes (``{entry index: value}``) and end-record
+    comment: fields a reader of the end records may take for a zip64 locator or record."""
+    cd_extra = cd_extra or {}
+    cd_comment = cd_comment or {}
+    out = bytearray()
+    info = []
+    for k, (nb, data) in enumerate(entries):
+        lho = len(out)
+        out += struct.pack("<4sHHHHHIIIHH", b"PK\x03\x04", 20, 0x0808, 0, 0, 0x21, 0, 0, 0, len(nb), 0) + nb
+        d0 = len(out)
+        out += data
+        end = len(out)
+        crc = zlib.crc32(data)
+        out += struct.pack("<4sIII", b"PK\x07\x08", crc, len(data), len(data))
+        info.append({"lho": lho, "data": d0, "end": end, "crc": crc})
+    cd = len(out)
+    cen = bytearray()
+    for k, (nb, data) in enumerate(entries):
+        info[k]["cen"] = cd + len(cen)
+        x, c = cd_extra.get(k, b""), cd_comment.get(k, b"")
+        cen += struct.pack("<4sHHHHHHIIIHHHHHII", b"PK\x01\x02", 20, 20, 0x0808, 0, 0, 0x21, info[k]["crc"],
+                           len(data), len(data), len(nb), len(x), len(c), 0, 0, (ext_attr or {}).get(k, 0), info[k]["lho"]) + nb + x + c
+    out += cen
+    eocd = len(out)
+    out += struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, len(entries), len(entries), len(cen), cd,
+                       len(eocd_comment)) + eocd_comment
+    return bytes(out), {"records": info, "cd": cd, "eocd": eocd}

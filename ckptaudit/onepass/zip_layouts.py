@@ -121,8 +121,9 @@ class ZipLayouts:
         """Keep the layout of zip ``data`` whose parse read ``reads`` (``(offset, length)`` pairs) and gave
         ``payload``: its central directory at ``cd_offset``, its records' data offsets and stored sizes
         ``data_offset`` and ``csize`` (numpy int64, in central-directory order) and archive folder ``folder``.
-        Kept when every record is placed and every local header states CRC and sizes as 0; the CRC fields of its
-        central directory and data descriptors, and the folder in its names, are left out of the bytes compared."""
+        Kept when every record is placed and every local header states CRC and sizes as 0 (:func:`_crc_fields`); the
+        CRC fields of its central directory and data descriptors, and the folder in its names, are left out of the
+        bytes compared, when each of those bytes was read exactly once."""
         import numpy as np
 
         n = len(data)
@@ -133,15 +134,24 @@ class ZipLayouts:
         if fields is None or not name or not _FOLDER_BYTES.issuperset(name):
             return
         central, desc_rows, desc_at, names = fields
-        marks = np.zeros(n, np.bool_)
-        for off, k in reads:
-            marks[max(0, off):max(0, min(n, off + k))] = True
-        for off in central + desc_at:
-            marks[off:off + 4] = False
         folder_at = np.array(names, np.int64)[:, None] + np.arange(len(name), dtype=np.int64)[None, :]
         if any(data[o:o + len(name) + 1] != name + b"/" for o in names):
             return
-        marks[folder_at.ravel()] = False
+        left_out = np.concatenate([(np.array(central + desc_at, np.int64)[:, None] + np.arange(4)).ravel(),
+                                   folder_at.ravel()])
+        reads_of = np.zeros(n + 1, np.int64)  # how many reads covered each byte (a running sum of their ends)
+        for off, k in reads:
+            a, b = max(0, off), max(0, min(n, off + k))
+            if b > a:
+                reads_of[a] += 1
+                reads_of[b] -= 1
+        reads_of = np.cumsum(reads_of[:n])
+        # a byte left out is read once, by the parse that reads it as a CRC or a name: a second read (the end
+        # records' zip64 locator and record, a window over the whole tail) could take it for something else
+        if (reads_of[left_out] != 1).any():
+            return
+        marks = reads_of > 0
+        marks[left_out] = False
         at = np.flatnonzero(marks)
         if len(at) > self.MAX_COMPARED:
             return
