@@ -417,3 +417,36 @@ def test_safetensors_nul_runs_come_from_the_pass_and_match_the_scans_own_search(
     assert [f.to_dict() for f in with_facts] == [f.to_dict() for f in without]
     assert any(f.kind == "zero_filled_span" for f in with_facts)
     assert read_without - read >= n - 16384, (read, read_without)  # the sniff's first 16 KiB, not the data area
+
+
+def test_a_small_float32_range_sums_as_the_block_path(monkeypatch):
+    """A whole float32 range of one block takes its dot product directly; the sums, non-finite counts and bytes
+    seen are those of the block path, with NaN/Inf (counted by the block path), a range over one block, a
+    range split between two buffers and other dtypes beside it."""
+    import numpy as np
+
+    from ckptaudit.onepass import consumers as C
+
+    rng = np.random.default_rng(0)
+    parts = [rng.standard_normal(n).astype(np.float32) for n in (1, 7, 4096, 70_000)]
+    parts[1][3] = np.nan
+    parts.append(np.array([np.inf, 1.0], np.float32))
+    parts.append(rng.standard_normal(33).astype(np.float16))
+    buf = b"".join(p.tobytes() for p in parts)
+    starts = np.cumsum([0] + [p.nbytes for p in parts[:-1]])
+    lengths = np.array([p.nbytes for p in parts])
+    names = ["float16", "float32"]
+    dtypes = np.array([1, 1, 1, 1, 1, 0])
+
+    def fed(split: int):
+        r = C.RangeValues(starts=starts, lengths=lengths, dtypes=dtypes, dtype_names=names)
+        r.feed(0, memoryview(buf)[:split])
+        r.feed(split, memoryview(buf)[split:])
+        return r.arrays()
+
+    got = [fed(len(buf)), fed(int(starts[2]) + 100)]
+    monkeypatch.setattr(C, "_ONE_BLOCK_F32", -1)
+    want = [fed(len(buf)), fed(int(starts[2]) + 100)]
+    for g, w in zip(got, want):
+        assert all(np.array_equal(a, b) for a, b in zip(g, w))
+    assert got[0][0].tolist() == [0, 1, 0, 0, 1, 0]  # the NaN and the Inf counted
