@@ -296,8 +296,7 @@ class KeepBytes(Ranges):
 
 #: Bytes of one value-statistics call (a multiple of every dtype's block of ``values._BLOCK`` elements).
 _STATS_BYTES = 1 << 20
-#: bytes of a float32 range of one value block (:data:`~.values.VALUE_BLOCK` elements)
-_ONE_BLOCK_F32 = VALUE_BLOCK * 4
+_ONE_BLOCK_F32 = VALUE_BLOCK * 4  #: bytes of a float32 range of one value block
 
 
 class RangeValues(Ranges):
@@ -342,9 +341,7 @@ class RangeValues(Ranges):
     def _piece(self, i: int, at: int, piece) -> None:
         start, dtype = self._s[i], self._dtype(i)
         if dtype == "float32" and at == start and len(piece) == self._n[i] <= _ONE_BLOCK_F32 and not len(piece) % 4:
-            # a whole float32 range of one block (a small tensor, the most common): the dot product _blocks takes
-            # of it, without the layers around it; a non-finite sum is counted by them
-            import numpy as np
+            import numpy as np  # a small tensor whole: the dot product _blocks takes (a non-finite one: there)
 
             q = float(np.dot(f := np.frombuffer(piece, np.float32), f))
             if q == q and q not in (float("inf"), float("-inf")):
