@@ -95,7 +95,8 @@ SCHEMAS: Dict[str, pa.Schema] = {
         ("optimizer_nonempty", B), ("optimizer_step", F), ("has_scheduler", B), ("scheduler_last_epoch", I),
         ("has_scaler", B), ("has_rng", B), ("has_sampler", B), ("has_ema", B), ("epoch", F), ("best_metric", F), ("loss", F),
         ("n_float_tensors", I), ("n_nonfinite_tensors", I), ("nonfinite_tensors", LS), ("weight_norm", F),
-        ("tensor_norms_json", S), ("scanned_bytes", I), ("scan_seconds", F), ("run_needs_json", S), ("findings_json", S),
+        ("tensor_norms_json", S), ("scanned_bytes", I), ("scan_seconds", F), ("run_needs_json", S),
+        ("findings_json", S),
     ]),
     # units: the joined verdict, one row per unit
     "units": pa.schema([

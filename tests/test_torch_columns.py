@@ -129,14 +129,15 @@ def test_a_small_archives_name_lookup_answers_as_the_large_ones(monkeypatch):
     from ckptaudit.onepass import plan
 
     names = ["a/data.pkl", "a/data/0", "a/data/1", "a/data/0", "a/é", "a/version"]
-    recs = R.Records.of(Member(name=n, header_offset=i, data_offset=i, size_bytes=1, crc32=0) for i, n in enumerate(names))
+    recs = R.Records.of(Member(name=n, header_offset=i, data_offset=i, size_bytes=1, crc32=0)
+                        for i, n in enumerate(names))
     cols = plan._Records(pa.array(names), *(np.arange(len(names)),) * 5, prefix="a")
     asked = ["a/data/0", "nope", "a/é", "a/data.pkl"]
     small = [recs.rows_of(asked).tolist(), recs.rows_of(pa.array(asked)).tolist(), cols.rows_of(asked).tolist()]
     recs.append(Member(name="a/late", header_offset=9, data_offset=9, size_bytes=1, crc32=0))
     late = recs.rows_of(["a/late"]).tolist()
-    monkeypatch.setattr(R, "_DICT_ROWS", 0)
-    monkeypatch.setattr(plan, "_DICT_ROWS", 0)
+    monkeypatch.setattr(R, "DICT_ROWS", 0)
+    monkeypatch.setattr(plan, "DICT_ROWS", 0)
     cols = plan._Records(pa.array(names), *(np.arange(len(names)),) * 5, prefix="a")
     large = [recs.rows_of(asked).tolist(), recs.rows_of(pa.array(asked)).tolist(), cols.rows_of(asked).tolist()]
     assert small == large == [[3, -1, 4, 0]] * 3 and late == recs.rows_of(["a/late"]).tolist() == [6]

@@ -108,7 +108,8 @@ def build_fields(entries, cd_extra=None, cd_comment=None, eocd_comment=b"", ext_
         info[k]["cen"] = cd + len(cen)
         x, c = cd_extra.get(k, b""), cd_comment.get(k, b"")
         cen += struct.pack("<4sHHHHHHIIIHHHHHII", b"PK\x01\x02", 20, 20, 0x0808, 0, 0, 0x21, info[k]["crc"],
-                           len(data), len(data), len(nb), len(x), len(c), 0, 0, (ext_attr or {}).get(k, 0), info[k]["lho"]) + nb + x + c
+                           len(data), len(data), len(nb), len(x), len(c), 0, 0, (ext_attr or {}).get(k, 0),
+                           info[k]["lho"]) + nb + x + c
     out += cen
     eocd = len(out)
     out += struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, len(entries), len(entries), len(cen), cd,

@@ -45,8 +45,9 @@ from .. import fs
 from ..findings import Finding
 from . import zeros
 from .sniff import generic_findings, sniff
-from .zip.central import (find_central_directory, header_problem, overlapping_records, parse_central, prefetch_headers,
-                          cd_corrupted, iter_central, member_header_corrupted, missing_data_pkl, missing_record)
+from .zip.central import (find_central_directory, header_problem, overlapping_records, parse_central,
+                          prefetch_headers, END_RECORD_ALONE, cd_corrupted, iter_central, member_header_corrupted,
+                          missing_data_pkl, missing_record)
 from .zip.crc import load_data_pkl, longest_zero_run, member_crc
 from .zip.crc_finding import crc_mismatch
 from .zip.cut import decide_tail, describe_cut, trailing_zero_start, walk_local, truncated
@@ -143,11 +144,10 @@ def check_zip(path, *, display: Optional[str] = None, verify_crc: bool = True, c
     try:
         buf = bytearray(max(4096, chunk))
         # a local file read whole, with the hash stage's CRC-32s: a clean file of its layout may answer for its
-        # records (zip/same_layout.py), compared where the check reads: the end record's own 22 bytes are looked
-        # at first, not the last 4 KiB (the same record results: the search runs from the end)
+        # records (zip/same_layout.py), compared where the check reads
         same = verify_crc and facts is not None and fh.whole_bytes() is not None
         fh.reads = [] if same else None
-        cd = find_central_directory(fh, 0 if same else None)
+        cd = find_central_directory(fh, END_RECORD_ALONE if same else None)
         if isinstance(cd, dict):
             rep.has_central_directory = True
             _check_with_cd(fh, shown, cd, rep, verify_crc, chunk, buf, tensor_names, same)

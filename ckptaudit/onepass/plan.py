@@ -18,6 +18,7 @@ from typing import List, Optional, Tuple
 
 from .. import fs
 from ..formats.zip.reader import ArchiveFile
+from ..formats.zip.records import DICT_ROWS, rows_in
 from .values import DTYPES, FLOAT_DTYPES
 
 #: Largest safetensors header read for planning (bytes); the file layer checks the header itself.
@@ -134,7 +135,7 @@ class _MemFile(ArchiveFile):
 
 def _plan_zip(path, data: Optional[bytes], kept=None, templates=None) -> Plan:
     from ..formats import torchzip
-    from ..formats.zip.central import find_central_directory
+    from ..formats.zip.central import END_RECORD_ALONE, find_central_directory
 
     fh = _MemFile(path, data) if data is not None else ArchiveFile(
         fs.fspath(path), window=torchzip.REMOTE_WINDOW_BYTES, prefetch=torchzip.REMOTE_PREFETCH, kept=kept)
@@ -142,11 +143,8 @@ def _plan_zip(path, data: Optional[bytes], kept=None, templates=None) -> Plan:
     try:
         rec = layouts.records_of(data) if layouts is not None else None  # a file of a layout parsed before
         if rec is None:
-            fh.reads = [] if layouts is not None else None
-            # a layout compares the bytes its parse read: the end record's own 22 bytes are looked at first, not
-            # the last 4 KiB (a small file's tensor data).  The same record results: the search runs from the
-            # end, and the longer window's first look finds a record at the very end first
-            cd = find_central_directory(fh, 0 if layouts is not None else None)
+            fh.reads = [] if layouts is not None else None  # a layout compares the bytes its parse read
+            cd = find_central_directory(fh, END_RECORD_ALONE if layouts is not None else None)
             if not isinstance(cd, dict):
                 return Plan()
             rec = _records(fh, cd, remote=data is None and fs.is_remote(path))
@@ -185,10 +183,6 @@ def _plan_distcp(path, data: Optional[bytes], dcp_places: Optional[dict] = None)
     return Plan(crc_member=cols[0], crc_range=cols[1], tensor_data_range=cols[2])
 
 
-#: :meth:`_Records.rows_of` of an archive of at most this many records looks names up in a dict of them
-_DICT_ROWS = 4096
-
-
 @dataclass
 class _Records:
     """The stored records of a zip as columns: ``names`` (a ``pyarrow`` string array, one buffer); per row
@@ -212,11 +206,10 @@ class _Records:
         import pyarrow.compute as pc
 
         n = len(self.names)
-        if n <= _DICT_ROWS:  # a small archive: a dict of its names answers (one pyarrow lookup cost ~70 µs)
+        if n <= DICT_ROWS:  # a small archive: a dict of its names answers
             if self._by_name is None:
                 self._by_name = {name: i for i, name in enumerate(self.names.to_pylist())}
-            asked = names.to_pylist() if isinstance(names, (pa.Array, pa.ChunkedArray)) else list(names)
-            return np.fromiter((self._by_name.get(k, -1) for k in asked), np.int64, len(asked))
+            return rows_in(self._by_name, names)
         found = pc.index_in(pa.array(names, pa.string()), value_set=self.names[::-1])
         back = found.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
         return np.where(back >= 0, n - 1 - back, -1)

@@ -10,7 +10,8 @@ later file of the same size whose bytes in those ranges are equal, outside the C
 of the same length used in every name, matches it (:meth:`ZipLayouts.match`) and gets those records with its own
 CRC-32s and folder.
 
-Why equal bytes give the hash plan equal records (the scan adds conditions of its own, :mod:`ckptaudit.formats.zip.same_layout`): :func:`~ckptaudit.formats.zip.central.find_central_directory` and
+Why equal bytes give the hash plan equal records (the scan adds conditions of its own,
+:mod:`ckptaudit.formats.zip.same_layout`): :func:`~ckptaudit.formats.zip.central.find_central_directory` and
 :func:`.plan._records` are functions of the bytes they read and the file's size; a CRC field's value reaches the
 records only as their ``crc`` column (taken from the file itself) and in two comparisons that cannot move a
 record: the local header's CRC and sizes against the central directory's (a layout is kept only when every local

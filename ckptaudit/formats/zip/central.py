@@ -46,6 +46,11 @@ def find_central_directory(fh: ArchiveFile, first_tail: Optional[int] = None):
 
 #: Bytes before the end record's fixed part read in the first look for it.
 _FIRST_TAIL_BYTES = 4096
+#: ``first_tail`` of a caller that compares the bytes its parse read with another file's
+#: (:mod:`ckptaudit.onepass.zip_layouts`): the end record's own 22 bytes are looked at first, not a small file's
+#: tensor data.  The same record results: the search runs from the end backwards in either window, and a
+#: candidate's consistency does not depend on the window.
+END_RECORD_ALONE = 0
 
 
 def _search_end_records(fh: ArchiveFile, size: int, tail_len: int):

@@ -19,9 +19,9 @@ from .reader import Member
 #: unknown, ``crc_actual`` is -1 for None.
 _INTS = {"header_offset": "Q", "data_offset": "q", "size_bytes": "Q", "crc32": "Q", "compressed_size_bytes": "Q",
          "method": "H", "flags": "H", "loose_data_offset": "q", "crc_actual": "q"}
-#: :meth:`Records.rows_of` of an archive of at most this many records looks names up in a dict of them (one
-#: pyarrow lookup cost ~70 µs, a small unit's scan asks three times)
-_DICT_ROWS = 4096
+#: an archive of at most this many records looks names up in a dict of them (:func:`rows_in`; one pyarrow lookup
+#: cost ~70 µs, and a small unit's scan asks three times, its hash plan twice)
+DICT_ROWS = 4096
 #: Fields that are True / False (``crc_ok`` also None): one signed byte each, -1 for None.
 _FLAGS = ("crc_ok", "header_ok", "complete")
 _TEXT = "utf-8"
@@ -191,12 +191,10 @@ class Records(Sequence[Member]):
         import pyarrow.compute as pc
 
         n = len(self)
-        if n <= _DICT_ROWS:  # a small archive: a dict of its names (kept until a record is added) answers
+        if n <= DICT_ROWS:  # a small archive: a dict of its names (kept until a record is added) answers
             if self._rows_by_name is None or self._rows_by_name[0] != n:
                 self._rows_by_name = (n, {name: i for i, name in enumerate(self.name_list())})
-            by_name = self._rows_by_name[1]
-            asked = names.to_pylist() if isinstance(names, (pa.Array, pa.ChunkedArray)) else list(names)
-            return np.fromiter((by_name.get(k, -1) for k in asked), np.int64, len(asked))
+            return rows_in(self._rows_by_name[1], names)
         want = (names if isinstance(names, (pa.Array, pa.ChunkedArray)) else pa.array(list(names), pa.string())
                 ).cast(pa.large_string())
         if n == 0 or len(want) == 0:
@@ -214,6 +212,16 @@ class Records(Sequence[Member]):
         offsets[1:] = np.frombuffer(self._ends, np.int64)
         # the buffer itself (no copy): the array lives only while a lookup runs, and no name is appended meanwhile
         return pa.LargeStringArray.from_buffers(len(self), pa.py_buffer(offsets), pa.py_buffer(self._text))
+
+
+def rows_in(by_name: dict, names) -> "np.ndarray":  # noqa: F821 - numpy is imported inside, when called
+    """The row ``by_name`` (``{name: row}``) gives each of ``names`` (a sequence of ``str`` or a pyarrow string
+    array), -1 where none, as an int64 numpy array."""
+    import numpy as np
+    import pyarrow as pa
+
+    asked = names.to_pylist() if isinstance(names, (pa.Array, pa.ChunkedArray)) else list(names)
+    return np.fromiter((by_name.get(k, -1) for k in asked), np.int64, len(asked))
 
 
 class Names(Sequence[str]):
