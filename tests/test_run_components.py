@@ -122,24 +122,30 @@ def test_scheduler_never_in_run_and_no_initial_lr(tmp_path):
     assert _findings(audit_in_process(tmp_path)) == {"ckpt_000001.pt": [], "ckpt_000002.pt": []}
 
 
+def _trainer_folder(run, steps: int = 1):
+    """A Trainer checkpoint folder ``checkpoint-<steps>`` without scheduler.pt and rng_state.pth (a restore rule of
+    its producer), after ``steps`` AdamW steps."""
+    from safetensors.torch import save_file
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(steps):
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+    d = run / f"checkpoint-{steps}"
+    d.mkdir()
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(d / "model.safetensors"))
+    torch.save(opt.state_dict(), d / "optimizer.pt")
+    (d / "trainer_state.json").write_text(json.dumps({"global_step": steps, "epoch": 1.0}))
+
+
 @pytest.mark.parametrize("contracts", ["1", "0"])
 def test_trainer_folder_without_rng_state_is_missing_it(tmp_path, monkeypatch, contracts):
     """A Trainer saves rng_state.pth and scheduler.pt in every checkpoint: one alone without them lacks them, and
     its resume then starts the optimizer fresh too (the fast-forward repair cannot run inside it)."""
-    from safetensors.torch import save_file
-
     monkeypatch.setenv("CKPTAUDIT_PRODUCER_CONTRACTS", contracts)
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 4)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    for _ in range(3):
-        model(torch.randn(2, 4)).sum().backward()
-        opt.step()
-    d = tmp_path / "checkpoint-3"
-    d.mkdir()
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(d / "model.safetensors"))
-    torch.save(opt.state_dict(), d / "optimizer.pt")
-    (d / "trainer_state.json").write_text(json.dumps({"global_step": 3, "epoch": 1.0}))
+    _trainer_folder(tmp_path, 3)
     v = audit_in_process(tmp_path)
     f = {f["kind"]: f for f in v["units"][0]["findings"]}
     # the Trainer's resume restores optimizer.pt only beside scheduler.pt (a rule of the producer, by layout)
@@ -148,22 +154,6 @@ def test_trainer_folder_without_rng_state_is_missing_it(tmp_path, monkeypatch, c
     assert g["detail"]["component"] == "optimizer" and g["detail"]["needs"] == "scheduler" and g["caps"] == "warm-start"
     assert "_load_optimizer_and_scheduler" in g["message"] and g["repair"] == ""
     assert v["units"][0]["usable_for"] == "warm-start"
-
-
-def _trainer_folder(run):
-    """A Trainer checkpoint folder without scheduler.pt and rng_state.pth (a restore rule of its producer)."""
-    from safetensors.torch import save_file
-
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 4)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    model(torch.randn(2, 4)).sum().backward()
-    opt.step()
-    d = run / "checkpoint-1"
-    d.mkdir()
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(d / "model.safetensors"))
-    torch.save(opt.state_dict(), d / "optimizer.pt")
-    (d / "trainer_state.json").write_text(json.dumps({"global_step": 1, "epoch": 1.0}))
 
 
 @pytest.mark.parametrize("make", [
