@@ -109,7 +109,7 @@ def test_whatever_the_bytes_a_layouts_records_are_the_files_own(saved, data):
     gives, and its plan that of a plan made alone."""
     layouts = ZipLayouts()
     _with_layout(layouts, saved[0])
-    t = layouts._held[0]
+    t = layouts.held()[0]
     follower = bytearray(saved[1 + data.draw(st.integers(0, 2))])
     places = st.one_of(st.sampled_from(t.at.tolist()), st.sampled_from(t.crc_at.tolist()),
                        st.sampled_from(t.folder_at.ravel().tolist()), st.integers(0, len(follower) - 1))
@@ -200,7 +200,7 @@ def test_whatever_the_bytes_the_scans_check_of_a_follower_is_its_own(tmp_path_fa
     reports what a check of that file alone reports."""
     layouts = ZipLayouts()
     _with_layout(layouts, saved[0])
-    t = layouts._held[0]
+    t = layouts.held()[0]
     places = st.one_of(st.sampled_from(t.at.tolist()), st.sampled_from(t.crc_at.tolist()),
                        st.sampled_from(t.desc_at.tolist()), st.sampled_from(t.folder_at.ravel().tolist()),
                        st.integers(0, len(saved[1]) - 1))
@@ -280,7 +280,7 @@ def test_records_without_their_descriptors_keep_no_layout(where):
     edited = bytearray(first)
     at = pos["arch/data/0"]["lho"] if where == "next-local-header" else pos["arch/version"]["end"]
     edited[at:at + 4] = b"XXXX"
-    assert not layouts._held and layouts.records_of(bytes(edited)) is None
+    assert not layouts.held() and layouts.records_of(bytes(edited)) is None
     assert _with_layout(layouts, bytes(edited))[0].crc == P.plan_file("x.pt", bytes(edited)).crc
 
 
@@ -336,7 +336,7 @@ def test_a_byte_left_out_that_another_read_covers_keeps_no_layout(tmp_path, pair
     first, second = pair()
     layouts = ZipLayouts()
     _with_layout(layouts, first)
-    assert not layouts._held and layouts.records_of(second) is None
+    assert not layouts.held() and layouts.records_of(second) is None
     files = [tmp_path / "one.pt", tmp_path / "two.pt"]
     files[0].write_bytes(first)
     files[1].write_bytes(second)

@@ -31,8 +31,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import struct
-import threading
 from typing import List, Optional, Tuple
+
+from ..pickle_walk.templates import TemplateShelf
 
 #: zip signatures and field offsets (PKWARE APPNOTE 4.3.7, 4.3.9, 4.3.12)
 _CENTRAL_SIG, _DESCRIPTOR_SIG = b"PK\x01\x02", b"PK\x07\x08"
@@ -71,27 +72,22 @@ class Match:
     descriptors_agree: bool
 
 
-class ZipLayouts:
-    """The zip layouts one job has parsed (thread-safe: a job's threads share it).  ``hits``: parses saved."""
+class ZipLayouts(TemplateShelf):
+    """The zip layouts one job has parsed (thread-safe: a job's threads share it), at most :attr:`HELD`, the most
+    recent first.  ``hits``: parses saved; ``walks``: layouts kept."""
 
     HELD = 4
     #: a layout compares at most this many bytes (a larger structure is parsed every time)
     MAX_COMPARED = 1 << 20
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._held: List[_Layout] = []
-        self.hits = 0
-
     def match(self, data: bytes) -> Optional[Match]:
         """The layout the zip ``data`` (a whole file) matches, with its own CRC-32s and archive folder; None when
-        it matches none.  A caller that takes its records counts it (:meth:`hit`)."""
+        it matches none.  A caller that takes its records counts it (:meth:`~ckptaudit.pickle_walk.templates.
+        TemplateShelf.hit`)."""
         import numpy as np
 
-        with self._lock:
-            held = list(self._held)
         u = np.frombuffer(data, np.uint8)
-        for t in held:
+        for t in self.held():
             if t.size != len(data) or u[t.at].tobytes() != t.want:
                 continue
             names = u[t.folder_at]
@@ -102,11 +98,6 @@ class ZipLayouts:
             return Match(t.payload, crc, folder, t.folder,
                          bool((crc[t.desc_rows] == _u32_at(data, t.desc_at)).all()))
         return None
-
-    def hit(self) -> None:
-        """Count a parse saved (a caller took a :meth:`match`'s records)."""
-        with self._lock:
-            self.hits += 1
 
     def records_of(self, data: bytes):
         """The hash plan's records (:class:`.plan._Records`) of the zip ``data`` from a layout it matches, with its
@@ -157,10 +148,8 @@ class ZipLayouts:
         if len(at) > self.MAX_COMPARED:
             return
         i64 = functools.partial(np.array, dtype=np.int64)
-        with self._lock:
-            self._held.insert(0, _Layout(n, at, np.frombuffer(data, np.uint8)[at].tobytes(), i64(central),
-                                         i64(desc_rows), i64(desc_at), folder_at, name, payload))
-            del self._held[self.HELD:]
+        self.walked(_Layout(n, at, np.frombuffer(data, np.uint8)[at].tobytes(), i64(central), i64(desc_rows),
+                            i64(desc_at), folder_at, name, payload))
 
 
 def _u32_at(data: bytes, at) -> "np.ndarray":  # noqa: F821 - numpy is imported inside, when called
