@@ -33,13 +33,12 @@ import functools
 import struct
 from typing import List, Optional, Tuple
 
+from ..formats.zip.reader import CENTRAL_SIZE, LOCAL_SIZE, SIG_CENTRAL, SIG_DESCRIPTOR
 from ..pickle_walk.templates import TemplateShelf
 
-#: zip signatures and field offsets (PKWARE APPNOTE 4.3.7, 4.3.9, 4.3.12)
-_CENTRAL_SIG, _DESCRIPTOR_SIG = b"PK\x01\x02", b"PK\x07\x08"
-_CENTRAL_FIXED, _CENTRAL_CRC, _LOCAL_FIXED, _LOCAL_SIZES = 46, 16, 30, (14, 26)
-#: a data descriptor with its signature and 32-bit sizes (APPNOTE 4.3.9)
-_DESCRIPTOR_BYTES = 16
+#: field offsets inside a central-directory entry and a local header (PKWARE APPNOTE 4.3.7, 4.3.12): the CRC-32,
+#: and the local header's CRC and sizes; a data descriptor with its signature and 32-bit sizes (4.3.9), in bytes
+_CENTRAL_CRC, _LOCAL_SIZES, _DESCRIPTOR_BYTES = 16, (14, 26), 16
 
 
 #: the bytes a follower's archive folder may hold (torch names it after the file: its stem)
@@ -177,25 +176,25 @@ def _crc_fields(data: bytes, cd_offset: int, data_offset, csize):
     reaches only bytes compared)."""
     central, desc_rows, desc_at, names, spans, at = [], [], [], [], [], cd_offset
     for row, (off, size) in enumerate(zip(data_offset.tolist(), csize.tolist())):
-        if at + _CENTRAL_FIXED > len(data) or data[at:at + 4] != _CENTRAL_SIG:
+        if at + CENTRAL_SIZE > len(data) or data[at:at + 4] != SIG_CENTRAL:
             return None
         flags = struct.unpack_from("<H", data, at + 8)[0]
         nlen, xlen, clen = struct.unpack_from("<HHH", data, at + 28)
         lho = struct.unpack_from("<I", data, at + 42)[0]
-        if lho == 0xFFFFFFFF or lho + _LOCAL_FIXED > len(data) or \
+        if lho == 0xFFFFFFFF or lho + LOCAL_SIZE > len(data) or \
                 data[lho + _LOCAL_SIZES[0]:lho + _LOCAL_SIZES[1]] != bytes(12):
             return None
         central.append(at + _CENTRAL_CRC)
-        names += [at + _CENTRAL_FIXED, lho + _LOCAL_FIXED]
-        spans += [(lho, lho + _LOCAL_FIXED + sum(struct.unpack_from("<HH", data, lho + 26))), (off, off + size)]
+        names += [at + CENTRAL_SIZE, lho + LOCAL_SIZE]
+        spans += [(lho, lho + LOCAL_SIZE + sum(struct.unpack_from("<HH", data, lho + 26))), (off, off + size)]
         if flags & 8:
             end = off + size
-            if data[end:end + 4] != _DESCRIPTOR_SIG:
+            if data[end:end + 4] != SIG_DESCRIPTOR:
                 return None
             desc_rows.append(row)
             desc_at.append(end + 4)
             spans.append((end, end + _DESCRIPTOR_BYTES))
-        at += _CENTRAL_FIXED + nlen + xlen + clen
+        at += CENTRAL_SIZE + nlen + xlen + clen
     spans.sort()
     if any(b > a for (_, b), (a, _) in zip(spans, spans[1:])) or (spans and spans[-1][1] > cd_offset):
         return None
