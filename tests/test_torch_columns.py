@@ -141,3 +141,14 @@ def test_a_small_archives_name_lookup_answers_as_the_large_ones(monkeypatch):
     cols = plan._Records(pa.array(names), *(np.arange(len(names)),) * 5, prefix="a")
     large = [recs.rows_of(asked).tolist(), recs.rows_of(pa.array(asked)).tolist(), cols.rows_of(asked).tolist()]
     assert small == large == [[3, -1, 4, 0]] * 3 and late == recs.rows_of(["a/late"]).tolist() == [6]
+
+
+def test_the_first_names_of_an_archive_are_its_names_in_order():
+    """``Records.name_list(first)``: the first names as ``names`` gives them, ASCII or not, none past the end."""
+    from ckptaudit.formats.zip import records as R
+    from ckptaudit.formats.zip.reader import Member
+
+    names = ["a/data.pkl", "a/é", "a/data/0"]
+    recs = R.Records.of(Member(name=n, header_offset=0, data_offset=0, size_bytes=1, crc32=0) for n in names)
+    assert [recs.name_list(k) for k in (0, 1, 2, 9)] == [[], names[:1], names[:2], names]
+    assert recs.name_list() == list(recs.names) == names and R.Records().name_list() == []

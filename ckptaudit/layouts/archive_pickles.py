@@ -96,7 +96,7 @@ def scan_zip_members(path: Path, rel: str, scan: UnitScan, allowed: List[str], r
     from .scan_file import SWEEP_BYTES
 
     ts = torchscript
-    named = [i for i, n in enumerate(rep.members.name_list()[:MAX_MEMBERS])
+    named = [i for i, n in enumerate(rep.members.name_list(MAX_MEMBERS))
              if n not in done and not _STORAGE_RECORD.match(n)]  # a record object only for these
     todo = [m for m in (rep.members[i] for i in named)
             if m.method in (0, 8) and (m.data_offset >= 0 or m.loose_data_offset >= 0)]

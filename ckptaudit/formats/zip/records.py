@@ -88,12 +88,15 @@ class Records(Sequence[Member]):
         """The name of record ``i``."""
         return self._text[self._start(i): self._ends[i]].decode(_TEXT, _ERRORS)
 
-    def name_list(self) -> List[str]:
-        """Every record's name, in archive order, as a list (an ASCII buffer is decoded once, not a name at a
-        time)."""
-        if not self._text.isascii():
-            return [self.name(i) for i in range(len(self))]
-        text, ends = self._text.decode("ascii"), self._ends
+    def name_list(self, first: Optional[int] = None) -> List[str]:
+        """The names of the first ``first`` records (None: every record), in archive order, as a list (an ASCII
+        buffer is decoded once, not a name at a time)."""
+        n = len(self) if first is None else min(first, len(self))
+        ends = self._ends[:n]
+        text = self._text[:ends[-1]] if n else b""
+        if not text.isascii():
+            return [self.name(i) for i in range(n)]
+        text = text.decode("ascii")
         return [text[a:b] for a, b in zip((0, *ends[:-1]), ends)]
 
     def _member(self, i: int) -> Member:
@@ -247,7 +250,7 @@ class Names(Sequence[str]):
         return self._records.name(self._row(i % n))
 
     def __iter__(self) -> Iterator[str]:
-        if self._rows is None:
+        if self._rows is None and len(self) <= DICT_ROWS:  # a small archive's names decoded at once
             yield from self._records.name_list()
             return
         for i in range(len(self)):
