@@ -189,7 +189,23 @@ def _add_reverified(v: dict, hash_rows: List[dict], audit_id: Optional[str], reu
 
 def _write_json(path: Path, doc: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write(path, (json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n").encode())
+    atomic_write(path, json_text(doc).encode())
+
+
+def json_text(doc: dict) -> str:
+    """``doc`` (verdict.json) as JSON text: one top-level key a line, each element of a top-level list on a line of
+    its own (a unit, a finding, a reason: what ``grep`` and a diff of two nights find), every other value indented
+    by two.  The same document as ``json.dumps(doc, indent=2)``; its elements go through the C encoder, which the
+    standard library uses only without ``indent`` (10,000 units: 0.64 s with ``indent=2``)."""
+    lines = []
+    for k, v in doc.items():
+        if isinstance(v, list) and v:
+            items = ",\n".join("    " + json.dumps(e, default=str) for e in v)
+            body = f"[\n{items}\n  ]"
+        else:
+            body = json.dumps(v, indent=2, default=str).replace("\n", "\n  ")
+        lines.append(f"  {json.dumps(k)}: {body}")
+    return "{\n" + ",\n".join(lines) + "\n}\n" if lines else "{}\n"
 
 
 def main(argv=None) -> int:
