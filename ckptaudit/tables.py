@@ -112,10 +112,7 @@ SCHEMAS: Dict[str, pa.Schema] = {
 
 
 def write(name: str, rows: List[dict], path: str | Path) -> None:
-    """Write ``rows`` as table ``name`` to ``path`` (Parquet), atomically.
-
-    Missing columns become null; extra keys are an error (a schema drift).
-    """
+    """Write ``rows`` as table ``name`` to ``path`` (Parquet), atomically; as :func:`table` builds it."""
     write_table(name, table(name, rows), path)
 
 
@@ -306,10 +303,9 @@ def rows_of(t: pa.Table) -> List[dict]:
 
 
 class UnitRows:
-    """The rows of a table with a ``unit`` column, one unit at a time: the table is held as Arrow columns and
-    a unit's rows become dicts :data:`UNIT_BATCH_ROWS` at a time as they are iterated, so a consumer that
-    reads them once holds one batch of dicts, not one per row of the part (issue 22: the state stage at
-    100,000 tensors)."""
+    """The rows of a table with a ``unit`` column, one unit at a time: the table is held as Arrow columns, made
+    Python values :data:`UNIT_BATCH_ROWS` rows at a time, and a unit's rows become dicts as they are iterated, so
+    a consumer holds one window of values, not a dict per row of the part (issue 22: state at 100,000 tensors)."""
 
     def __init__(self, path: Optional[str | Path], columns=None, table: Optional[pa.Table] = None) -> None:
         """The rows of the Parquet table at ``path``, or of ``table`` (in memory, ``path`` None)."""
@@ -322,6 +318,7 @@ class UnitRows:
                                                                if columns is None or c in columns]
                                       ).read(columns=columns).unify_dictionaries()
         self.ranges: Dict[str, List[Tuple[int, int]]] = {}  # unit -> its runs of rows [start, stop)
+        self._win: Tuple[int, int, list] = (0, 0, [])  # (first row, rows, column values): the window :meth:`rows` made
         if self.table.num_rows:
             enc = self.table.column("unit").combine_chunks()
             if not pa.types.is_dictionary(enc.type):
@@ -337,12 +334,19 @@ class UnitRows:
         return UnitView(self, unit)
 
     def rows(self, unit: str) -> Iterator[dict]:
-        """The rows of ``unit`` in table order, as dicts (a repeated string value shared, :func:`read_rows`)."""
+        """The rows of ``unit`` in table order, as dicts (a repeated string value shared, :func:`read_rows`).  The
+        column values of :data:`UNIT_BATCH_ROWS` rows are made at once and kept for the next units, whose rows
+        usually follow: Arrow's cost per call is paid per window of rows, not per unit (issue 45)."""
         names = self.table.column_names
         for a, b in self.ranges.get(unit, ()):
-            for batch in self.table.slice(a, b - a).to_batches(max_chunksize=UNIT_BATCH_ROWS):
-                cols = [_column_values(batch.column(i)) for i in range(batch.num_columns)]
-                yield from (dict(zip(names, vals)) for vals in zip(*cols))
+            while a < b:
+                if not self._win[0] <= a < self._win[0] + self._win[1]:
+                    t = self.table.slice(a, UNIT_BATCH_ROWS)
+                    self._win = (a, t.num_rows, [_column_values(t.column(i)) for i in range(t.num_columns)])
+                w0, n, cols = self._win
+                end = min(b, w0 + n)
+                yield from (dict(zip(names, vals)) for vals in zip(*(c[a - w0:end - w0] for c in cols)))
+                a = end
 
 
 class UnitView:
@@ -355,7 +359,7 @@ class UnitView:
         return self.owner.rows(self.unit)
 
 
-#: Rows of a unit made dicts at once by :meth:`UnitRows.rows`.
+#: Rows made Python values at once by :meth:`UnitRows.rows` (the most it holds).
 UNIT_BATCH_ROWS = 1 << 14
 
 
