@@ -48,8 +48,8 @@ def job_memory_pool() -> str:
     return pa.default_memory_pool().backend_name
 
 
-def forked_job_memory_pool() -> str:
-    """Make Arrow allocate from the C library's ``malloc`` in a job forked by the stage job server
+def forked_job_memory_pool(stage: str = "") -> str:
+    """Make Arrow allocate from the C library's ``malloc`` in a job of ``stage`` forked by the stage job server
     (:mod:`ckptaudit.stages.jobs.server`); returns the pool's backend name.
 
     jemalloc returns freed pages to the system from its background threads (``background_thread:true`` in the
@@ -59,29 +59,34 @@ def forked_job_memory_pool() -> str:
     ``malloc`` (30.5 s) and 667 MiB with mimalloc (32.0 s); jemalloc with immediate purging
     (``jemalloc_set_decay_ms(0)``) at 611 MiB but 39.7 s (this machine, 2026-12-07).
 
-    ``malloc``'s threshold for serving a request by its own ``mmap`` is fixed at :data:`MMAP_THRESHOLD_BYTES`
-    (``mallopt(M_MMAP_THRESHOLD)``, glibc's ``mallopt(3)``): by default it rises to the size of each mapped block
-    freed, up to 32 MiB, and the blocks below it come from the heap, whose free space is returned to the system
-    only from its top.  The structure job of a safetensors header of 1,000,000 entries peaked at 338-474 MiB
-    forked (284 MiB in its own process, with jemalloc) and at 271-276 MiB with the threshold fixed at 2 MiB; a
-    scan job of 1,000 small units took 2.24-2.27 CPU-s against 2.17-2.22 (at 128 KiB: 2.8-3.2 CPU-s, each unit's
-    bytes mapped and unmapped).  Where the C library has no ``mallopt`` (not glibc) nothing changes."""
+    In the stages that hold a part's tensor rows as columns (:data:`FIXED_MMAP_STAGES`), ``malloc``'s threshold
+    for serving a request by a mapping of its own is fixed at :data:`MMAP_THRESHOLD_BYTES` (``mallopt``'s
+    ``M_MMAP_THRESHOLD``, glibc's ``mallopt(3)``): by default it rises to the size of each mapped block freed, up
+    to 32 MiB, and the blocks below it come from the heap, whose free space goes back to the system only from its
+    top.  The structure job of a safetensors header of 1,000,000 entries peaked at 338-474 MiB forked (284 MiB
+    in its own process, with jemalloc), 271-276 MiB with the threshold fixed; the structure and state jobs of
+    1,000 small units took the same CPU either way (medians of five: 0.93 / 0.94 s, 1.38 / 1.42 s), while a scan
+    job of them took 13 % more (2.36 / 2.68 s, six each), so the other stages keep the default.  Where the C
+    library has no ``mallopt`` (not glibc) nothing changes."""
     import pyarrow as pa
 
     pa.set_memory_pool(pa.system_memory_pool())
-    try:
-        import ctypes
+    if stage in FIXED_MMAP_STAGES:
+        try:
+            import ctypes
 
-        ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
-    except (OSError, AttributeError):
-        pass
+            ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+        except (OSError, AttributeError):
+            pass
     return pa.default_memory_pool().backend_name
 
 
 #: glibc ``<malloc.h>``: the ``mallopt`` parameter of the mmap threshold
 M_MMAP_THRESHOLD = -3
-#: a forked job's ``malloc`` maps a request of at least this many bytes on its own (:func:`forked_job_memory_pool`)
+#: a request of at least this many bytes is mapped on its own in a job of :data:`FIXED_MMAP_STAGES`
 MMAP_THRESHOLD_BYTES = 2 * 1024 * 1024
+#: the stages whose forked jobs fix ``malloc``'s mmap threshold (:func:`forked_job_memory_pool`)
+FIXED_MMAP_STAGES = frozenset({"structure", "state"})
 
 
 #: a stage job's garbage collector runs a young collection every this many allocations (Python's default: 700)

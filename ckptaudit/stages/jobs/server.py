@@ -305,7 +305,7 @@ def _child(req: dict, fds: list, main: Callable[[list], int], close_fds: list) -
         atexit._clear()  # the server's handlers are not the job's
         from .process import forked_job_memory_pool
 
-        forked_job_memory_pool()  # jemalloc's purging threads do not survive a fork
+        forked_job_memory_pool(sys.argv[1] if len(sys.argv) > 1 else "")  # jemalloc's threads do not survive a fork
         try:
             code = main(sys.argv[1:])
         except SystemExit as e:  # argparse's usage errors, a stage's own exit
