@@ -1,11 +1,9 @@
 """One pyarrow schema per table, in one place.
 
-Every stage writes exactly one of these tables (one row per unit, per file, per
-tensor or per key).  Units are in the column names: ``*_bytes`` are bytes,
-``*_seconds`` wall-clock seconds, ``*_ns`` nanoseconds since the epoch,
-``step`` optimizer steps.  ``findings_json`` holds a JSON list of findings
-(see :class:`ckptaudit.findings.Finding`) so every table carries its own
-diagnosis and the report can join them.
+Every stage writes exactly one of these tables (one row per unit, per file, per tensor or per key).  Units are in
+the column names: ``*_bytes`` are bytes, ``*_seconds`` wall-clock seconds, ``*_ns`` nanoseconds since the epoch,
+``step`` optimizer steps.  ``findings_json`` holds a JSON list of findings (see :class:`ckptaudit.findings.Finding`)
+so every table carries its own diagnosis and the report can join them.
 
 Only pyarrow is imported (≈0.2 s); pandas is not needed to write (a stage job blocks it:
 :mod:`ckptaudit.stages.jobs.process`).
@@ -137,8 +135,7 @@ def write_table(name: str, t: pa.Table, path: str | Path) -> None:
     schema = SCHEMAS[name]
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    # a JSON cell can be tens of MB (the state table's norms of 1,000,000 weights): no dictionary and no min/max
-    # statistics of it, each of which copied it (issue 45: +107 MiB to write one state row)
+    # a JSON cell can be tens of MB (norms of 1,000,000 weights): no dictionary or min/max of it (issue 45: +107 MiB)
     plain = [c for c in schema.names if not c.endswith("_json")]
     atomic_write(path, lambda f: pq.write_table(t, f, use_dictionary=plain, write_statistics=plain))
 
@@ -156,9 +153,8 @@ def from_columns(name: str, cols: Dict[str, list]) -> pa.Table:
 
 
 class BatchWriter:
-    """Table ``name`` written to ``path`` (Parquet) a ``pyarrow`` table at a time, as its rows are produced, so
-    the writer holds one batch, not the whole table; the file appears whole at :meth:`close` (a temp file
-    beside it, renamed), or not at all.  :meth:`write` is safe to call from threads.
+    """Table ``name`` written to ``path`` (Parquet) a ``pyarrow`` table at a time, as its rows are produced; the
+    file appears whole at :meth:`close` (a temp file renamed), or not at all; :meth:`write` is thread-safe.
 
     Small tables are gathered into row groups of at least :data:`ROW_GROUP_ROWS` rows: the hash stage writes a
     few facts per file, and 49,200 rank files made as many row groups of 7 rows, which every reader then
@@ -257,9 +253,8 @@ def _saturated(data: List[dict], schema: pa.Schema) -> List[dict]:
 
 
 def read_table(path: str | Path, columns=None) -> pa.Table:
-    """A Parquet table (its ``columns``, default all) as a ``pyarrow`` table (no pandas, no Python object per
-    row); string columns stay dictionary-encoded where the file has them so (a value repeated per row is
-    stored once)."""
+    """A Parquet table (its ``columns``, default all) as a ``pyarrow`` table (no pandas, no Python object per row);
+    string columns stay dictionary-encoded where the file has them so (a value repeated per row stored once)."""
     f = pq.ParquetFile(path, read_dictionary=[c for c in (columns or []) if c in ("file", "kind", "dtype",
                                                                                     "unit", "version")])
     return f.read(columns=columns)
@@ -364,8 +359,7 @@ UNIT_BATCH_ROWS = 1 << 14
 
 
 def _column_values(col) -> list:
-    """The Python values of ``col`` (an Arrow array or chunked array); a string column's repeated values as
-    one shared object each."""
+    """The Python values of ``col`` (Arrow array or chunked array); a string column's repeats one object each."""
     if pa.types.is_dictionary(col.type):  # read as a dictionary: its values made Python objects once
         enc = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
         values = enc.dictionary.to_pylist()
@@ -380,9 +374,8 @@ def _column_values(col) -> list:
 
 
 def concat_batches(name: str, paths: List[str], out: str | Path) -> int:
-    """Concatenate the part tables ``paths`` of table ``name`` into ``out`` a record batch at a time, without
-    a Python object per row (the ``tensors`` table has a row per tensor: 1,000,000 rows of one safetensors
-    header); returns the rows written."""
+    """Concatenate the part tables ``paths`` of table ``name`` into ``out`` a record batch at a time, no Python
+    object per row (``tensors``: 1,000,000 rows of one safetensors header); returns the rows written."""
     n = 0
     with BatchWriter(name, out) as w:
         for p in paths:
@@ -393,8 +386,15 @@ def concat_batches(name: str, paths: List[str], out: str | Path) -> int:
 
 
 def concat(name: str, paths: List[str], out: str | Path) -> List[dict]:
-    rows: List[dict] = []
-    for p in paths:
-        rows.extend(read_rows(p))
-    write(name, rows, out)
-    return rows
+    """The part tables ``paths`` of ``name`` joined into ``out`` (no Python row in between); their rows."""
+    schema = SCHEMAS[name]
+    t = pa.concat_tables([_conformed(pq.ParquetFile(p).read(), schema) for p in paths]) if paths else \
+        schema.empty_table()
+    write_table(name, t, out)
+    return rows_of(t)
+
+
+def _conformed(t: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``t`` as ``schema``; a column ``t`` lacks (written before it existed) null, as :func:`write` makes it."""
+    return pa.table([t.column(c).cast(f.type) if c in t.column_names else pa.nulls(t.num_rows, f.type)
+                     for c, f in zip(schema.names, schema)], schema=schema)

@@ -40,3 +40,20 @@ def test_concat_batches_equals_concat(tmp_path):
     assert tables.read_rows(tmp_path / "a.parquet") == want and len(want) == 21
     assert tables.concat_batches("tensors", [], tmp_path / "none.parquet") == 0
     assert tables.read_rows(tmp_path / "none.parquet") == []
+
+
+def test_concat_of_a_part_written_before_a_column_existed(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    new = tmp_path / "new.parquet"
+    tables.write("state", [{"unit": "b", "step": 2, "run_needs_json": "{}"}], new)
+    old = tmp_path / "old.parquet"  # the state table of a part written before run_needs_json existed
+    schema = tables.SCHEMAS["state"]
+    two = pa.schema([schema.field("unit"), schema.field("step")])
+    pq.write_table(pa.table({"unit": ["a"], "step": [1]}, schema=two), old)
+    rows = tables.concat("state", [str(old), str(new)], tmp_path / "all.parquet")
+    assert [(r["unit"], r["step"], r["run_needs_json"]) for r in rows] == [("a", 1, None), ("b", 2, "{}")]
+    assert rows == tables.read_rows(tmp_path / "all.parquet") and list(rows[0]) == schema.names
+    assert tables.concat("state", [], tmp_path / "none.parquet") == []
+    assert pq.read_table(tmp_path / "none.parquet").schema == schema
