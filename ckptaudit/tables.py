@@ -386,12 +386,12 @@ def concat_batches(name: str, paths: List[str], out: str | Path) -> int:
 
 
 def concat(name: str, paths: List[str], out: str | Path) -> List[dict]:
-    """The part tables ``paths`` of ``name`` joined into ``out`` (no Python row in between); their rows."""
+    """The part tables ``paths`` of ``name`` joined into ``out`` (no Python row in between); their rows, made a
+    part at a time (:func:`rows_of` of the whole would copy a mostly distinct column twice to look for repeats)."""
     schema = SCHEMAS[name]
-    t = pa.concat_tables([_conformed(pq.ParquetFile(p).read(), schema) for p in paths]) if paths else \
-        schema.empty_table()
-    write_table(name, t, out)
-    return rows_of(t)
+    parts = [_conformed(pq.ParquetFile(p).read(), schema) for p in paths]
+    write_table(name, pa.concat_tables(parts) if parts else schema.empty_table(), out)
+    return [r for t in parts for r in rows_of(t)]
 
 
 def _conformed(t: pa.Table, schema: pa.Schema) -> pa.Table:
