@@ -15,7 +15,9 @@ each end to end (``python -m ckptaudit.cli audit RUN --out OUT --json``, the rea
 
 While an audit runs, a sampler (psutil, every :data:`SAMPLE_S` s) sums RSS over the audit's whole process
 tree and, per job (a ``ckptaudit.stages`` process and its children, e.g. the load test's forked child),
-over that job's tree; the table reports the largest job's peak and the tree's peak.  Time per tensor is
+over that job's tree; the table reports the largest job's peak and the tree's peak, and the log line each
+forked job's own peak as the stage job server recorded it (``work/stage_jobs.jsonl``: the kernel's ``ru_maxrss``
+from ``wait4``, which no sampling misses or overcounts).  Time per tensor is
 the slope of wall time between consecutive sizes of a kind.  The verdict is right when an intact single
 unit is recommended for resume (exit 0).  Beside them, the floor: the peak RSS of the framework's own loader of
 the run's largest file alone in a fresh process (:func:`loader_floor_mib`), which the load test runs and cannot
@@ -302,7 +304,12 @@ def audit(run_dir: Path, out_dir: Path, timeout_s: float) -> Dict:
     except ValueError:
         verdict = {}
     worst = max(s.job_peak.items(), key=lambda kv: kv[1], default=("-", 0))
-    return {"wall_s": wall, "rc": p.returncode, "verdict": verdict, "tree_mib": s.tree_peak / C.MIB,
+    from ckptaudit.stages.jobs.costs import job_costs
+
+    own: Dict[str, float] = {}  # the kernel's peak RSS of each forked job (wait4's ru_maxrss), not sampled
+    for (stage, _part), d in job_costs(out_dir / "work").items():
+        own[stage] = max(own.get(stage, 0.0), float(d.get("max_rss_mib") or 0))
+    return {"own_max_rss_mib": own, "wall_s": wall, "rc": p.returncode, "verdict": verdict, "tree_mib": s.tree_peak / C.MIB,
             "job_mib": worst[1] / C.MIB, "worst_job": worst[0].split(":")[0], "stderr": err,
             "stages": {k.split(":")[0]: max(v / C.MIB, 0) for k, v in sorted(s.job_peak.items(), key=lambda kv: kv[1])},
             "at_tree_peak": {k: round(v / C.MIB) for k, v in s.at_peak.items()}, "tree_pss_mib": s.tree_pss_peak / C.MIB,
@@ -356,7 +363,7 @@ def main(argv=None) -> int:
                 prev = (n, r["wall_s"])
                 print(f"# {kind} n={n}: the framework's loader alone {floor} MiB", file=sys.stderr)
                 print(f"# {kind} n={n}: rc {r['rc']}, {r['wall_s']:.1f} s, job {r['job_mib']:.0f} MiB "
-                      f"({r['worst_job']}), tree {r['tree_mib']:.0f} MiB (PSS {r['tree_pss_mib']:.0f}); largest process {r['largest_process']}; per stage {r['stages']}; at the tree's peak {r['at_tree_peak']}", file=sys.stderr)
+                      f"({r['worst_job']}), each forked job's own peak (ru_maxrss, MiB) {r['own_max_rss_mib']}, tree {r['tree_mib']:.0f} MiB (PSS {r['tree_pss_mib']:.0f}); largest process {r['largest_process']}; per stage {r['stages']}; at the tree's peak {r['at_tree_peak']}", file=sys.stderr)
                 if not right:
                     print(r["stderr"][-2000:], file=sys.stderr)
                 rows.append([kind, f"{n:,}", f"{run_bytes / C.MIB:.1f}", f"{r['job_mib']:.0f} ({r['worst_job']})",
