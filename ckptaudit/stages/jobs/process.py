@@ -59,15 +59,17 @@ def forked_job_memory_pool(stage: str = "") -> str:
     ``malloc`` (30.5 s) and 667 MiB with mimalloc (32.0 s); jemalloc with immediate purging
     (``jemalloc_set_decay_ms(0)``) at 611 MiB but 39.7 s (this machine, 2026-12-07).
 
-    In the stages that hold a part's tensor rows as columns (:data:`FIXED_MMAP_STAGES`), ``malloc``'s threshold
-    for serving a request by a mapping of its own is fixed at :data:`MMAP_THRESHOLD_BYTES` (``mallopt``'s
-    ``M_MMAP_THRESHOLD``, glibc's ``mallopt(3)``): by default it rises to the size of each mapped block freed, up
-    to 32 MiB, and the blocks below it come from the heap, whose free space goes back to the system only from its
-    top.  The structure job of a safetensors header of 1,000,000 entries peaked at 338-474 MiB forked (284 MiB
+    In the stages that hold a part's tensor rows as columns, and in the report, which holds every part's rows
+    (:data:`FIXED_MMAP_STAGES`), ``malloc``'s threshold for serving a request by a mapping of its own is fixed at
+    :data:`MMAP_THRESHOLD_BYTES` (``mallopt``'s ``M_MMAP_THRESHOLD``, glibc's ``mallopt(3)``): by default it rises
+    to the size of each mapped block freed, up to 32 MiB, and the blocks below it come from the heap, whose free
+    space goes back to the system only from its top.  The structure job of a safetensors header of 1,000,000 entries peaked at 338-474 MiB forked (284 MiB
     in its own process, with jemalloc), 271-276 MiB with the threshold fixed; the structure and state jobs of
     1,000 small units took the same CPU either way (medians of five: 0.93 / 0.94 s, 1.38 / 1.42 s), while a scan
-    job of them took 13 % more (2.36 / 2.68 s, six each), so the other stages keep the default.  Where the C
-    library has no ``mallopt`` (not glibc) nothing changes."""
+    job of them took 13 % more (2.36 / 2.68 s, six each), so the other stages keep the default.  The report job
+    of 50,000 small units peaked at 2,308 MiB forked, 2,118 with the threshold fixed (28.0 / 28.5 CPU-s; 10,000
+    units: 538-557 / 511-521 MiB, 4.5-4.9 / 4.3-4.8 CPU-s).  Where the C library has no ``mallopt`` (not glibc)
+    nothing changes."""
     import pyarrow as pa
 
     pa.set_memory_pool(pa.system_memory_pool())
@@ -86,7 +88,7 @@ M_MMAP_THRESHOLD = -3
 #: a request of at least this many bytes is mapped on its own in a job of :data:`FIXED_MMAP_STAGES`
 MMAP_THRESHOLD_BYTES = 2 * 1024 * 1024
 #: the stages whose forked jobs fix ``malloc``'s mmap threshold (:func:`forked_job_memory_pool`)
-FIXED_MMAP_STAGES = frozenset({"structure", "state"})
+FIXED_MMAP_STAGES = frozenset({"structure", "state", "report"})
 
 
 #: a stage job's garbage collector runs a young collection every this many allocations (Python's default: 700)
