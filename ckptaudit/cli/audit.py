@@ -79,7 +79,7 @@ def audit_command(run_dir, snakemake_args, out_dir, config_file, cores, profile,
         except ValueError as e:
             raise click.BadParameter(str(e), param_hint="--verify-budget") from None
     try:
-        v, out = _audit(run_dir, snakemake_args, out_dir, config_file, cores, profile, executor, reuse, sarif_path,
+        v, out, text = _audit(run_dir, snakemake_args, out_dir, config_file, cores, profile, executor, reuse, sarif_path,
                         metrics_path, junit_path, verbose, start, verify_budget)
     except SystemExit as e:
         if e.code == EXIT_FAILED:  # a failed audit is a result too: alerts fire on it, CI shows it
@@ -87,7 +87,7 @@ def audit_command(run_dir, snakemake_args, out_dir, config_file, cores, profile,
             failed_outputs(run, metrics_path, junit_path, time.time() - start,
                            f"ckptaudit audit {run} failed (exit 3); its stderr says why")
         raise
-    click.echo(json.dumps(v, indent=2) if as_json else summary(v, out))
+    click.echo(text.rstrip("\n") if as_json else summary(v, out))  # verdict.json as the report wrote it
     sys.exit(exit_code(v))
 
 
@@ -112,7 +112,7 @@ def failed_outputs(run: str, metrics_path, junit_path, seconds: float, why: str)
 
 def _audit(run_dir, snakemake_args, out_dir, config_file, cores, profile, executor, reuse, sarif_path, metrics_path,
            junit_path, verbose, start, verify_budget=None):
-    """The audit itself: ``(verdict, output folder)``; exits 3 (``SystemExit``) when it fails."""
+    """The audit itself: ``(verdict, output folder, verdict.json's text)``; exits 3 (``SystemExit``) when it fails."""
     import time
 
     from ..verdict import exit_code
@@ -139,7 +139,8 @@ def _audit(run_dir, snakemake_args, out_dir, config_file, cores, profile, execut
                               extra_args=snakemake_args)
         else:
             run_workflow(cfg, out, cores or 2, quiet=not verbose)
-        v = json.loads((out / "verdict.json").read_text())
+        text = (out / "verdict.json").read_text()
+        v = json.loads(text)
         if sarif_path:
             from ..outputs.sarif import write
 
@@ -152,4 +153,4 @@ def _audit(run_dir, snakemake_args, out_dir, config_file, cores, profile, execut
             from ..outputs import junit
 
             junit.write(junit_path, v, audit_seconds=time.time() - start)
-    return v, out
+    return v, out, text
